@@ -1,0 +1,1 @@
+"""The `armid` console command."""

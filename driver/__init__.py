@@ -1,0 +1,1 @@
+"""armid driver package (grows with its issue)."""

@@ -1,0 +1,1 @@
+"""armid firmware_bridge package (grows with its issue)."""

@@ -1,0 +1,1 @@
+"""armid sim package (grows with its issue)."""
