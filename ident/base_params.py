@@ -1,0 +1,145 @@
+"""Minimal (base) parameters of a Model: the identifiable linear combinations of standard parameters.
+
+Two independent ways, which the tests hold against each other:
+  * "qr": numerically, from the regressor at random samples (seed 000 eqs. 6-9). The rank comes from
+    QR with column pivoting; the base columns are then chosen in standard-parameter order (the first
+    columns independent of those before them), which reproduces the names of Gautier-Khalil's
+    regrouping (XXR2 = XX2 - YY2 - ...). K_d = R_b^-1 R_d from the QR of [W_b W_d].
+  * "closed-form": the Gautier-Khalil rules for modified-DH chains (seed 004), in ident.gautier_khalil.
+
+Both return a BaseParameters: beta = P @ chi, and Y_base = Y[..., indices], so that Y @ chi == Y_base @ beta.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+
+from ident import dynamics
+from ident.model import Model
+
+ZERO_TOL = 1e-9  # coefficients below this (relative to the row's largest) are exact zeros
+
+
+@dataclass(frozen=True, eq=False)
+class BaseParameters:
+    """The base parameters of a model.
+
+    indices  (b,) standard-parameter columns kept (their regressor columns form the base regressor)
+    P        (b, 14n) with beta = P @ chi
+    names    e.g. ["ZZR1", "fc1", ...]; an R marks a regrouped parameter
+    """
+
+    indices: np.ndarray
+    P: np.ndarray
+    standard_names: tuple[str, ...]
+    method: str
+
+    @property
+    def count(self) -> int:
+        return len(self.indices)
+
+    @property
+    def names(self) -> list[str]:
+        out = []
+        for row, k in zip(self.P, self.indices):
+            base = self.standard_names[k]
+            regrouped = np.count_nonzero(row) > 1 or row[k] != 1.0
+            if regrouped:
+                i = len(base.rstrip("0123456789"))
+                base = base[:i] + "R" + base[i:]
+            out.append(base)
+        return out
+
+    @property
+    def expressions(self) -> list[str]:
+        """Readable definitions, e.g. 'XXR2 = XX2 - YY2 - 0.1849*m3'."""
+        return [f"{name} = {_linear_text(row, self.standard_names)}" for name, row in zip(self.names, self.P)]
+
+    @property
+    def eliminated(self) -> list[str]:
+        """Standard parameters that are not kept as base columns (no effect, or regrouped into others)."""
+        kept = set(self.indices.tolist())
+        return [nm for k, nm in enumerate(self.standard_names) if k not in kept]
+
+    def from_standard(self, chi: np.ndarray) -> np.ndarray:
+        """Base parameter values (b,) of a standard parameter vector (14n,)."""
+        return self.P @ np.asarray(chi, dtype=float)
+
+    def regressor(self, Y: np.ndarray) -> np.ndarray:
+        """Base regressor from a standard regressor (..., 14n) -> (..., b)."""
+        return Y[..., self.indices]
+
+
+def _linear_text(row: np.ndarray, names) -> str:
+    parts = []
+    for k in np.flatnonzero(row):
+        c = row[k]
+        sign = "-" if c < 0 else "+"
+        mag = abs(c)
+        term = names[k] if np.isclose(mag, 1.0, rtol=1e-12, atol=0) else f"{mag:.6g}*{names[k]}"
+        parts.append((sign, term))
+    if not parts:
+        return "0"
+    first_sign, first = parts[0]
+    text = ("-" if first_sign == "-" else "") + first
+    return text + "".join(f" {s} {t}" for s, t in parts[1:])
+
+
+def _clean(P: np.ndarray) -> np.ndarray:
+    """Round numerical noise: exact zeros, and coefficients within 1e-9 of an integer to that integer."""
+    P = P.copy()
+    scale = np.maximum(np.abs(P).max(axis=1, keepdims=True), 1.0)
+    P[np.abs(P) < ZERO_TOL * scale] = 0.0
+    near = np.abs(P - np.round(P)) < ZERO_TOL * scale
+    P[near] = np.round(P[near])
+    return P
+
+
+def random_states(model: Model, samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random (q, qd, qdd) within the position limits (±pi where unbounded) and of order one."""
+    rng = np.random.default_rng(seed)
+    lo = np.where(np.isfinite(model.q_min), model.q_min, -np.pi)
+    hi = np.where(np.isfinite(model.q_max), model.q_max, np.pi)
+    q = rng.uniform(lo, hi, size=(samples, model.n))
+    qd = rng.normal(0.0, 1.0, size=(samples, model.n))
+    qdd = rng.normal(0.0, 2.0, size=(samples, model.n))
+    return q, qd, qdd
+
+
+def numerical_base(model: Model, samples: int = 200, seed: int = 0, tol: float = 1e-10) -> BaseParameters:
+    """Base parameters by QR of the regressor stacked over random samples."""
+    q, qd, qdd = random_states(model, samples, seed)
+    W = dynamics.regressor(model, q, qd, qdd).reshape(-1, 14 * model.n)
+    norms = np.linalg.norm(W, axis=0)
+    live = norms > tol * max(norms.max(), 1.0)
+    Wn = np.zeros_like(W)
+    Wn[:, live] = W[:, live] / norms[live]
+    # rank from the pivoted QR (rank revealing)
+    _, R_piv, _ = scipy.linalg.qr(Wn, mode="economic", pivoting=True)
+    diag = np.abs(np.diag(R_piv))
+    rank = int(np.sum(diag > tol * diag[0] * np.sqrt(W.shape[1])))
+    # base columns in standard order: a column is kept when it is independent of those kept before it
+    _, R_nat = scipy.linalg.qr(Wn, mode="economic")
+    keep = np.flatnonzero(np.abs(np.diag(R_nat)) > 1e-7)
+    if len(keep) != rank:
+        raise ArithmeticError(f"base parameters: ordered selection found {len(keep)} columns, pivoted QR rank {rank}")
+    drop = np.setdiff1d(np.arange(W.shape[1]), keep)
+    _, R = scipy.linalg.qr(W[:, np.concatenate([keep, drop])], mode="economic")
+    Kd = scipy.linalg.solve_triangular(R[:rank, :rank], R[:rank, rank:])
+    P = np.zeros((rank, W.shape[1]))
+    P[:, keep] = np.eye(rank)
+    P[:, drop] = Kd
+    return BaseParameters(indices=keep, P=_clean(P), standard_names=tuple(model.parameter_names()), method="qr")
+
+
+def base_parameters(model: Model, method: str = "qr", **options) -> BaseParameters:
+    """The base parameters of the model, by "qr" (any model) or "closed-form" (modified-DH models)."""
+    if method == "qr":
+        return numerical_base(model, **options)
+    if method == "closed-form":
+        from ident import gautier_khalil
+
+        return gautier_khalil.closed_form_base(model, **options)
+    raise ValueError(f"method: expected 'qr' or 'closed-form', got {method!r}")
