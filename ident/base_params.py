@@ -108,8 +108,12 @@ def random_states(model: Model, samples: int, seed: int = 0) -> tuple[np.ndarray
     return q, qd, qdd
 
 
-def numerical_base(model: Model, samples: int = 200, seed: int = 0, tol: float = 1e-10) -> BaseParameters:
-    """Base parameters by QR of the regressor stacked over random samples."""
+def numerical_base(model: Model, samples: int = 200, seed: int = 0, tol: float = 1e-8) -> BaseParameters:
+    """Base parameters by QR of the regressor stacked over random samples.
+
+    tol is relative to each column's norm: a column whose part independent of the others is smaller is
+    dependent. A geometry within tol of a special value (a length of 1e-9 m) is ambiguous and refused.
+    """
     q, qd, qdd = random_states(model, samples, seed)
     W = dynamics.regressor(model, q, qd, qdd).reshape(-1, 14 * model.n)
     norms = np.linalg.norm(W, axis=0)
@@ -119,12 +123,13 @@ def numerical_base(model: Model, samples: int = 200, seed: int = 0, tol: float =
     # rank from the pivoted QR (rank revealing)
     _, R_piv, _ = scipy.linalg.qr(Wn, mode="economic", pivoting=True)
     diag = np.abs(np.diag(R_piv))
-    rank = int(np.sum(diag > tol * diag[0] * np.sqrt(W.shape[1])))
+    rank = int(np.sum(diag > tol))
     # base columns in standard order: a column is kept when it is independent of those kept before it
     _, R_nat = scipy.linalg.qr(Wn, mode="economic")
-    keep = np.flatnonzero(np.abs(np.diag(R_nat)) > 1e-7)
+    keep = np.flatnonzero(np.abs(np.diag(R_nat)) > tol)
     if len(keep) != rank:
-        raise ArithmeticError(f"base parameters: ordered selection found {len(keep)} columns, pivoted QR rank {rank}")
+        raise ArithmeticError(f"{model.source}: base parameters are ambiguous: ordered selection finds {len(keep)} "
+                              f"columns, pivoted QR rank {rank}; is a length or angle within {tol:g} of a special value?")
     drop = np.setdiff1d(np.arange(W.shape[1]), keep)
     _, R = scipy.linalg.qr(W[:, np.concatenate([keep, drop])], mode="economic")
     Kd = scipy.linalg.solve_triangular(R[:rank, :rank], R[:rank, rank:])

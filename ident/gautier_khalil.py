@@ -1,7 +1,8 @@
 """Closed-form base parameters of modified-DH chains: Gautier & Khalil (1990), seed 004.
 
 The rules act on rows of P (beta = P chi), starting from the identity:
-  1. no-effect rules (prismatic links before r1; r1 parallel to gravity; links parallel to r1 up to r2);
+  1. no-effect rules (prismatic links before r1; r1 parallel to gravity, extended to the links that spin
+     about joint 1's fixed axis; links parallel to r1 up to r2);
   2. regrouping from link n down to link 2: eq. (15) for revolute joints (YY, mZ, m move to link j-1),
      eq. (16) for prismatic joints (the inertia tensor moves to link j-1);
   3. the drive columns (an extension of the paper, whose model has no drives):
@@ -78,8 +79,15 @@ def closed_form_base(model: Model) -> BaseParameters:
         gravity_along_r1 = np.linalg.norm(g) > 0 and abs(abs(z[r1] @ g) - np.linalg.norm(g)) < PAR_TOL * np.linalg.norm(g)
         if gravity_along_r1 and all(parallel_to_r1(j) for j in range(r1)):  # rule 2
             no_effect.update((ix(r1, MX), ix(r1, MY)))
-        if r1 == 0:
-            no_effect.add(ix(0, M))
+        # rule 2 extended to links whose origin stays on the fixed axis of joint 1: joints 1..j revolute and
+        # coaxial (alpha in {0, pi}, d = 0). Such a link only spins about that axis: its mass has no effect,
+        # nor have its first moments when gravity is along the axis.
+        j = 0
+        while j < r2 and sigma[j] == REVOLUTE and (j == 0 or (abs(np.sin(alpha[j])) < PAR_TOL and abs(d[j]) < PAR_TOL)):
+            no_effect.add(ix(j, M))
+            if gravity_along_r1:
+                no_effect.update((ix(j, MX), ix(j, MY)))
+            j += 1
         for j in range(r1, r2):  # rule 3
             if parallel_to_r1(j):
                 no_effect.update(ix(j, k) for k in (XX, XY, XZ, YY, YZ, MZ))
