@@ -23,9 +23,9 @@ def _cross(a0, a1, a2, b0, b1, b2):
 
 
 @njit(cache=True)
-def _joint_rotation(axis, angle, out):
-    """Rodrigues rotation about the unit axis."""
-    x, y, z = axis[0], axis[1], axis[2]
+def _joint_rotation(axis, j, angle, out):
+    """Rodrigues rotation about the unit axis[j]."""
+    x, y, z = axis[j, 0], axis[j, 1], axis[j, 2]
     c, s = np.cos(angle), np.sin(angle)
     t = 1.0 - c
     out[0, 0] = c + x * x * t
@@ -39,7 +39,7 @@ def _joint_rotation(axis, angle, out):
     out[2, 2] = c + z * z * t
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def forward_pass(jtype, Rpl, ppl, axis, grav, q, qd, qdd, R0, o, u, w, wd, a, Rq, M):
     """Kinematics and link motion of one sample, into the scratch arrays R0 (n,3,3), o, u, w, wd, a (n,3).
 
@@ -81,7 +81,7 @@ def forward_pass(jtype, Rpl, ppl, axis, grav, q, qd, qdd, R0, o, u, w, wd, a, Rq
         o[j, 0], o[j, 1], o[j, 2] = po0 + r0, po1 + r1, po2 + r2
         # orientation of frame j
         if jtype[j] == 0:
-            _joint_rotation(axis[j], q[j], Rq)
+            _joint_rotation(axis, j, q[j], Rq)
             for rr in range(3):
                 for c in range(3):
                     R0[j, rr, c] = M[rr, 0] * Rq[0, c] + M[rr, 1] * Rq[1, c] + M[rr, 2] * Rq[2, c]
@@ -134,52 +134,72 @@ def _to_local(R0, j, v):
     return _to_local3(R0, j, v[0], v[1], v[2])
 
 
-@njit(cache=True)
-def link_columns(jtype, j, R0, o, u, w, wd, a, cols, col0, rows_to):
+@njit(cache=True, inline="always")
+def _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, v0, v1, v2):
+    """R^T v for R given by its entries."""
+    return (r00 * v0 + r10 * v1 + r20 * v2, r01 * v0 + r11 * v1 + r21 * v2, r02 * v0 + r12 * v1 + r22 * v2)
+
+
+@njit(cache=True, inline="always")
+def link_columns(jtype, j, R0, o, u, w, wd, a, out, s, col0, rows_to):
     """Torque coefficients of link j's 10 inertial parameters (frame-j values) on joints 0..rows_to-1.
 
-    Writes cols[i, col0:col0+10] for i <= j (and zeros for j < i < rows_to). Uses
+    Writes out[s, i, col0:col0+10] for i <= j (and zeros for j < i < rows_to). Uses
       revolute i:  tau_i = u_i . n + (u_i x (o_j - o_i)) . f,  prismatic i: tau_i = u_i . f,
     with the link wrench f = m a + ω̇ x h + ω x (ω x h), n = I ω̇ + ω x I ω + h x a, all in frame j.
+    Everything read more than once is held in locals (the stores to out could alias the inputs), and no
+    array view is made: views cost reference counting on every call.
     """
-    w0, w1, w2 = _to_local(R0, j, w[j])
-    d0, d1, d2 = _to_local(R0, j, wd[j])
-    a0, a1, a2 = _to_local(R0, j, a[j])
+    r00, r01, r02 = R0[j, 0, 0], R0[j, 0, 1], R0[j, 0, 2]
+    r10, r11, r12 = R0[j, 1, 0], R0[j, 1, 1], R0[j, 1, 2]
+    r20, r21, r22 = R0[j, 2, 0], R0[j, 2, 1], R0[j, 2, 2]
+    oj0, oj1, oj2 = o[j, 0], o[j, 1], o[j, 2]
+    w0, w1, w2 = _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, w[j, 0], w[j, 1], w[j, 2])
+    d0, d1, d2 = _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, wd[j, 0], wd[j, 1], wd[j, 2])
+    a0, a1, a2 = _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, a[j, 0], a[j, 1], a[j, 2])
     ww = w0 * w0 + w1 * w1 + w2 * w2
     for i in range(rows_to):
         if i > j:
             for k in range(10):
-                cols[i, col0 + k] = 0.0
+                out[s, i, col0 + k] = 0.0
             continue
-        x0, x1, x2 = _to_local(R0, j, u[i])   # joint i axis in frame j
+        ui0, ui1, ui2 = u[i, 0], u[i, 1], u[i, 2]
+        x0, x1, x2 = _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, ui0, ui1, ui2)  # joint i axis, frame j
         if jtype[i] == 0:
-            b0, b1, b2 = _cross(u[i, 0], u[i, 1], u[i, 2], o[j, 0] - o[i, 0], o[j, 1] - o[i, 1], o[j, 2] - o[i, 2])
-            v0, v1, v2 = _to_local3(R0, j, b0, b1, b2)  # w = u_i x (o_j - o_i) in frame j
+            b0, b1, b2 = _cross(ui0, ui1, ui2, oj0 - o[i, 0], oj1 - o[i, 1], oj2 - o[i, 2])
+            v0, v1, v2 = _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, b0, b1, b2)  # u_i x (o_j - o_i)
             t0, t1, t2 = _cross(x0, x1, x2, w0, w1, w2)
-            # x^T L(ω̇) + t^T L(ω): [XX XY XZ YY YZ ZZ]
-            cols[i, col0 + 0] = x0 * d0 + t0 * w0
-            cols[i, col0 + 1] = x0 * d1 + x1 * d0 + t0 * w1 + t1 * w0
-            cols[i, col0 + 2] = x0 * d2 + x2 * d0 + t0 * w2 + t2 * w0
-            cols[i, col0 + 3] = x1 * d1 + t1 * w1
-            cols[i, col0 + 4] = x1 * d2 + x2 * d1 + t1 * w2 + t2 * w1
-            cols[i, col0 + 5] = x2 * d2 + t2 * w2
-            # first moments: a x u + w x ω̇ + (w.ω) ω - |ω|^2 w
             p0, p1, p2 = _cross(a0, a1, a2, x0, x1, x2)
             q0, q1, q2 = _cross(v0, v1, v2, d0, d1, d2)
             vw = v0 * w0 + v1 * w1 + v2 * w2
-            cols[i, col0 + 6] = p0 + q0 + vw * w0 - ww * v0
-            cols[i, col0 + 7] = p1 + q1 + vw * w1 - ww * v1
-            cols[i, col0 + 8] = p2 + q2 + vw * w2 - ww * v2
-            cols[i, col0 + 9] = v0 * a0 + v1 * a1 + v2 * a2
+            c0 = x0 * d0 + t0 * w0  # x^T L(ω̇) + t^T L(ω): [XX XY XZ YY YZ ZZ]
+            c1 = x0 * d1 + x1 * d0 + t0 * w1 + t1 * w0
+            c2 = x0 * d2 + x2 * d0 + t0 * w2 + t2 * w0
+            c3 = x1 * d1 + t1 * w1
+            c4 = x1 * d2 + x2 * d1 + t1 * w2 + t2 * w1
+            c5 = x2 * d2 + t2 * w2
+            c6 = p0 + q0 + vw * w0 - ww * v0  # first moments: a x u + w x ω̇ + (w.ω) ω - |ω|^2 w
+            c7 = p1 + q1 + vw * w1 - ww * v1
+            c8 = p2 + q2 + vw * w2 - ww * v2
+            c9 = v0 * a0 + v1 * a1 + v2 * a2
         else:
-            for k in range(6):
-                cols[i, col0 + k] = 0.0
             q0, q1, q2 = _cross(x0, x1, x2, d0, d1, d2)
             xw = x0 * w0 + x1 * w1 + x2 * w2
-            cols[i, col0 + 6] = q0 + xw * w0 - ww * x0
-            cols[i, col0 + 7] = q1 + xw * w1 - ww * x1
-            cols[i, col0 + 8] = q2 + xw * w2 - ww * x2
-            cols[i, col0 + 9] = x0 * a0 + x1 * a1 + x2 * a2
+            c0 = c1 = c2 = c3 = c4 = c5 = 0.0
+            c6 = q0 + xw * w0 - ww * x0
+            c7 = q1 + xw * w1 - ww * x1
+            c8 = q2 + xw * w2 - ww * x2
+            c9 = x0 * a0 + x1 * a1 + x2 * a2
+        out[s, i, col0 + 0] = c0
+        out[s, i, col0 + 1] = c1
+        out[s, i, col0 + 2] = c2
+        out[s, i, col0 + 3] = c3
+        out[s, i, col0 + 4] = c4
+        out[s, i, col0 + 5] = c5
+        out[s, i, col0 + 6] = c6
+        out[s, i, col0 + 7] = c7
+        out[s, i, col0 + 8] = c8
+        out[s, i, col0 + 9] = c9
 
 
 @njit(cache=True)
@@ -195,23 +215,25 @@ def regressor(jtype, Rpl, ppl, axis, grav, Q, QD, QDD, out):
     nchunks = (N + CHUNK - 1) // CHUNK
     for c in prange(nchunks):
         R0, o, u, w, wd, a, Rq, Ms = _scratch(n)
+        q, qd, qdd = np.empty(n), np.empty(n), np.empty(n)
         for s in range(c * CHUNK, min(N, (c + 1) * CHUNK)):
-            forward_pass(jtype, Rpl, ppl, axis, grav, Q[s], QD[s], QDD[s], R0, o, u, w, wd, a, Rq, Ms)
-            Y = out[s]
             for j in range(n):
-                link_columns(jtype, j, R0, o, u, w, wd, a, Y, 14 * j, n)
+                q[j], qd[j], qdd[j] = Q[s, j], QD[s, j], QDD[s, j]
+            forward_pass(jtype, Rpl, ppl, axis, grav, q, qd, qdd, R0, o, u, w, wd, a, Rq, Ms)
+            for j in range(n):
+                link_columns(jtype, j, R0, o, u, w, wd, a, out, s, 14 * j, n)
+                col = 14 * j + 10
                 for i in range(n):
-                    col = 14 * j + 10
                     if i == j:
-                        Y[i, col] = QDD[s, j]
-                        Y[i, col + 1] = np.sign(QD[s, j])
-                        Y[i, col + 2] = QD[s, j]
-                        Y[i, col + 3] = 1.0
+                        out[s, i, col] = qdd[j]
+                        out[s, i, col + 1] = np.sign(qd[j])
+                        out[s, i, col + 2] = qd[j]
+                        out[s, i, col + 3] = 1.0
                     else:
-                        Y[i, col] = 0.0
-                        Y[i, col + 1] = 0.0
-                        Y[i, col + 2] = 0.0
-                        Y[i, col + 3] = 0.0
+                        out[s, i, col] = 0.0
+                        out[s, i, col + 1] = 0.0
+                        out[s, i, col + 2] = 0.0
+                        out[s, i, col + 3] = 0.0
 
 
 @njit(cache=True, parallel=True)
@@ -221,19 +243,19 @@ def load_regressor(jtype, Rpl, ppl, axis, grav, T, Q, QD, QDD, out):
     nchunks = (N + CHUNK - 1) // CHUNK
     for c in prange(nchunks):
         R0, o, u, w, wd, a, Rq, Ms = _scratch(n)
-        cols = np.empty((n, 10))
+        cols = np.empty((1, n, 10))
         for s in range(c * CHUNK, min(N, (c + 1) * CHUNK)):
             forward_pass(jtype, Rpl, ppl, axis, grav, Q[s], QD[s], QDD[s], R0, o, u, w, wd, a, Rq, Ms)
-            link_columns(jtype, n - 1, R0, o, u, w, wd, a, cols, 0, n)
+            link_columns(jtype, n - 1, R0, o, u, w, wd, a, cols, 0, 0, n)
             for i in range(n):
                 for k in range(10):
                     acc = 0.0
                     for m in range(10):
-                        acc += cols[i, m] * T[m, k]
+                        acc += cols[0, i, m] * T[m, k]
                     out[s, i, k] = acc
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _rnea_one(jtype, R0, o, u, w, wd, a, P, qd, qdd, drive, tau, F, Nm):
     """Backward pass of RNEA for one sample (after forward_pass). P is (n, 14) parameters."""
     n = qd.shape[0]
@@ -301,7 +323,7 @@ def rnea(jtype, Rpl, ppl, axis, grav, P, Q, QD, QDD, drive, out):
             _rnea_one(jtype, R0, o, u, w, wd, a, P, QD[s], QDD[s], drive, out[s], F, Nm)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _crba_one(jtype, R0, o, u, P, drive, M, Jc, hc, mc):
     """Composite-rigid-body mass matrix for one sample (after forward_pass), into M (n, n).
 
