@@ -87,7 +87,7 @@ def _linear_text(row: np.ndarray, names) -> str:
     return text + "".join(f" {s} {t}" for s, t in parts[1:])
 
 
-def _clean(P: np.ndarray) -> np.ndarray:
+def clean_coefficients(P: np.ndarray) -> np.ndarray:
     """Round numerical noise: exact zeros, and coefficients within 1e-9 of an integer to that integer."""
     P = P.copy()
     scale = np.maximum(np.abs(P).max(axis=1, keepdims=True), 1.0)
@@ -136,7 +136,7 @@ def numerical_base(model: Model, samples: int = 200, seed: int = 0, tol: float =
     P = np.zeros((rank, W.shape[1]))
     P[:, keep] = np.eye(rank)
     P[:, drop] = Kd
-    return BaseParameters(indices=keep, P=_clean(P), standard_names=tuple(model.parameter_names()), method="qr")
+    return BaseParameters(indices=keep, P=clean_coefficients(P), standard_names=tuple(model.parameter_names()), method="qr")
 
 
 def base_parameters(model: Model, method: str = "qr", **options) -> BaseParameters:

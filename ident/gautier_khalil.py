@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ident import spatial
-from ident.base_params import BaseParameters, _clean
+from ident.base_params import BaseParameters, clean_coefficients
 from ident.model import PARAMS_PER_JOINT, PRISMATIC, REVOLUTE, Model
 
 XX, XY, XZ, YY, YZ, ZZ, MX, MY, MZ, M, IA, FC, FV, OFFSET = range(14)
@@ -132,7 +132,7 @@ def closed_form_base(model: Model) -> BaseParameters:
 
     alive[list(no_effect)] = False
     keep = np.flatnonzero(alive)
-    return BaseParameters(indices=keep, P=_clean(P[keep]), standard_names=tuple(model.parameter_names()),
+    return BaseParameters(indices=keep, P=clean_coefficients(P[keep]), standard_names=tuple(model.parameter_names()),
                           method="closed-form")
 
 

@@ -121,20 +121,6 @@ def forward_pass(jtype, Rpl, ppl, axis, grav, q, qd, qdd, R0, o, u, w, wd, a, Rq
 
 
 @njit(cache=True, inline="always")
-def _to_local3(R0, j, v0, v1, v2):
-    """R0[j]^T v."""
-    return (R0[j, 0, 0] * v0 + R0[j, 1, 0] * v1 + R0[j, 2, 0] * v2,
-            R0[j, 0, 1] * v0 + R0[j, 1, 1] * v1 + R0[j, 2, 1] * v2,
-            R0[j, 0, 2] * v0 + R0[j, 1, 2] * v1 + R0[j, 2, 2] * v2)
-
-
-@njit(cache=True, inline="always")
-def _to_local(R0, j, v):
-    """R0[j]^T v for a 3-vector v."""
-    return _to_local3(R0, j, v[0], v[1], v[2])
-
-
-@njit(cache=True, inline="always")
 def _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, v0, v1, v2):
     """R^T v for R given by its entries."""
     return (r00 * v0 + r10 * v1 + r20 * v2, r01 * v0 + r11 * v1 + r21 * v2, r02 * v0 + r12 * v1 + r22 * v2)
@@ -266,8 +252,10 @@ def _rnea_one(jtype, R0, o, u, w, wd, a, P, qd, qdd, drive, tau, F, Nm):
         h0 = R[0, 0] * P[j, 6] + R[0, 1] * P[j, 7] + R[0, 2] * P[j, 8]
         h1 = R[1, 0] * P[j, 6] + R[1, 1] * P[j, 7] + R[1, 2] * P[j, 8]
         h2 = R[2, 0] * P[j, 6] + R[2, 1] * P[j, 7] + R[2, 2] * P[j, 8]
-        wl0, wl1, wl2 = _to_local(R0, j, w[j])
-        dl0, dl1, dl2 = _to_local(R0, j, wd[j])
+        wl0, wl1, wl2 = _rt(R[0, 0], R[0, 1], R[0, 2], R[1, 0], R[1, 1], R[1, 2], R[2, 0], R[2, 1], R[2, 2],
+                            w[j, 0], w[j, 1], w[j, 2])
+        dl0, dl1, dl2 = _rt(R[0, 0], R[0, 1], R[0, 2], R[1, 0], R[1, 1], R[1, 2], R[2, 0], R[2, 1], R[2, 2],
+                            wd[j, 0], wd[j, 1], wd[j, 2])
         XX, XY, XZ, YY, YZ, ZZ = P[j, 0], P[j, 1], P[j, 2], P[j, 3], P[j, 4], P[j, 5]
         Iw0 = XX * wl0 + XY * wl1 + XZ * wl2
         Iw1 = XY * wl0 + YY * wl1 + YZ * wl2
