@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ident import spatial
+from ident.errors import InputError
 from ident.base_params import BaseParameters, clean_coefficients
 from ident.model import PARAMS_PER_JOINT, PRISMATIC, REVOLUTE, Model
 
@@ -28,7 +29,7 @@ TENSOR_ENTRIES = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))  # (row, col) 
 PAR_TOL = 1e-9
 
 
-class ClosedFormError(ValueError):
+class ClosedFormError(InputError):
     """The closed-form rules do not apply to this model (not modified DH)."""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ident import spatial
+from ident.errors import InputError
 
 REVOLUTE, PRISMATIC = 0, 1
 INERTIAL_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m")
@@ -24,7 +25,7 @@ PARAMS_PER_JOINT = len(INERTIAL_NAMES) + len(DRIVE_NAMES)  # 14
 SHIPPED_DIR = "models"
 
 
-class ModelError(ValueError):
+class ModelError(InputError):
     """A model file is unusable. The message names the file, the field and what was expected."""
 
     def __init__(self, source: str, field: str, expected: str, got: object = None):
