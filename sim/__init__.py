@@ -1,1 +1,10 @@
-"""armid sim package (grows with its issue)."""
+"""armid's simulated arm: plant (ident dynamics, friction, sensors), CiA 402 drives, time, fault injection.
+
+    from sim import Simulator
+    sim = Simulator("generic6")          # synchronous: sim.step(n); or sim.start() / sim.stop()
+
+See docs/simulator.md.
+"""
+from sim.simulator import SimState, Simulator, SimTransport, TrueState
+
+__all__ = ["Simulator", "SimState", "SimTransport", "TrueState"]

@@ -1,0 +1,105 @@
+"""Time for the simulator: a real-time tick source with lateness statistics, or none at all (fast mode).
+
+RealtimeClock keeps an absolute schedule t0 + k / rate on time.perf_counter. Each wait sleeps until
+`spin` seconds before the deadline (time.sleep overshoots by tens of microseconds) and busy-waits the
+rest. Lateness is the wake-up time minus the deadline. A tick missed by more than `max_behind` seconds
+(e.g. the process was suspended) re-bases the schedule instead of running a burst of catch-up ticks, and
+counts as `rebased`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ident.errors import InputError
+
+
+@dataclass(frozen=True)
+class LatenessStats:
+    """Lateness of the ticks so far (seconds). Percentiles over the last `window` ticks, max over all."""
+
+    count: int
+    p50: float
+    p99: float
+    max: float
+    mean: float
+    rebased: int
+    window: int
+
+    def __str__(self) -> str:
+        return (f"{self.count} ticks, lateness p50 {self.p50 * 1e6:.1f} us, p99 {self.p99 * 1e6:.1f} us, "
+                f"max {self.max * 1e6:.1f} us, rebased {self.rebased}")
+
+
+class RealtimeClock:
+    """Ticks at rate_hz. Use from one thread: start(), then wait() before every cycle."""
+
+    def __init__(self, rate_hz: float = 1000.0, *, spin: float = 2e-4, history: int = 1 << 18,
+                 max_behind: float = 0.1):
+        if not (isinstance(rate_hz, (int, float)) and math.isfinite(rate_hz) and rate_hz > 0):
+            raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
+        self.period = 1.0 / float(rate_hz)
+        self.spin = float(spin)
+        self.max_behind = float(max_behind)
+        self._late = np.zeros(int(history))
+        self._count = 0
+        self._max = 0.0
+        self._sum = 0.0
+        self._rebased = 0
+        self._deadline = 0.0
+
+    def start(self) -> None:
+        """Begin the schedule: the first deadline is one period from now."""
+        self._deadline = time.perf_counter() + self.period
+
+    def wait(self) -> float:
+        """Block until the next deadline; returns the lateness (s) of this wake-up."""
+        deadline = self._deadline
+        remaining = deadline - time.perf_counter() - self.spin
+        if remaining > 0:
+            time.sleep(remaining)
+        now = time.perf_counter()
+        while now < deadline:
+            now = time.perf_counter()
+        late = now - deadline
+        self._record(late)
+        if late > self.max_behind:
+            self._rebased += 1
+            self._deadline = now + self.period
+        else:
+            self._deadline = deadline + self.period
+        return late
+
+    def _record(self, late: float) -> None:
+        self._late[self._count % self._late.shape[0]] = late
+        self._count += 1
+        self._sum += late
+        if late > self._max:
+            self._max = late
+
+    def stats(self) -> LatenessStats:
+        """Lateness statistics so far (p50/p99 over the last `history` ticks)."""
+        k = min(self._count, self._late.shape[0])
+        if k == 0:
+            return LatenessStats(0, 0.0, 0.0, 0.0, 0.0, self._rebased, 0)
+        p50, p99 = np.percentile(self._late[:k], [50, 99])
+        return LatenessStats(self._count, float(p50), float(p99), self._max, self._sum / self._count,
+                             self._rebased, k)
+
+
+class FastClock:
+    """No waiting: the simulation runs as fast as the machine allows."""
+
+    period = 0.0
+
+    def start(self) -> None:
+        pass
+
+    def wait(self) -> float:
+        return 0.0
+
+    def stats(self) -> LatenessStats:
+        return LatenessStats(0, 0.0, 0.0, 0.0, 0.0, 0, 0)

@@ -1,0 +1,463 @@
+"""The simulated arm as one object: plant + n CiA 402 drives + fault injection + time, with the thread-safe
+command / state interface that the device side of each transport calls every cycle.
+
+Three ways to clock it:
+  * synchronous: nobody calls start(); the caller calls step(n) (tests);
+  * internal clock: start() runs a background thread, real time at rate_hz (realtime=True) or as fast as
+    possible (realtime=False); step() is then refused;
+  * external clock: a transport whose `external_clock` is True (CAN: the SYNC frame) calls step() itself;
+    start() starts only the transport.
+
+One cycle (dt = 1 / rate_hz): latch the commands -> apply queued calls (payload, drive parameters) and
+injected faults -> state machines -> control law on the last measurement -> plant integrates dt with the
+torque held -> sensors sample at t + dt -> faults from the control flags -> publish the sample -> call the
+cycle callbacks. Commands set during a cycle act at the next one (as an RPDO latched on SYNC).
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass, fields
+from typing import Callable, Protocol
+
+import numpy as np
+
+from firmware_bridge.cia402 import State, state_of
+from ident.errors import InputError
+from ident.model import Model, load_model
+from sim.clock import FastClock, LatenessStats, RealtimeClock
+from sim.drive import SUPPORTED_MODES, DriveConfig, Drives
+from sim.faults import FaultInjection
+from sim.plant import FrictionConfig, NoiseConfig, Plant, payload_parameters
+
+# transport name -> "module:factory"; the factory is called as factory(**transport_options) and returns a
+# SimTransport. The device sides (CAN, serial, gateway) register here when they exist.
+TRANSPORTS: dict[str, str] = {}
+
+_MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
+_QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
+
+
+class SimTransport(Protocol):
+    """What Simulator needs from the device side of a transport.
+
+    attach(sim) is called once from Simulator.__init__; start() / stop() from Simulator.start() / stop().
+    With external_clock True the transport calls sim.step() itself (e.g. on each CAN SYNC); otherwise it
+    may register a cycle callback (sim.add_cycle_callback) to send its state frame every cycle, and call
+    sim.set_commands() whenever a command frame arrives.
+    """
+
+    external_clock: bool
+
+    def attach(self, sim: "Simulator") -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class SimState:
+    """One sample of the arm as its drives report it; arrays (n,), SI units, joint side.
+
+    time (s): simulated time of the sample; cycle: cycles run so far. position (rad) is the encoder
+    reading, position_counts the motor encoder counts (0 without quantisation); velocity (rad/s) the
+    drive's estimate (difference of the last two positions); current (A) the motor current; torque (N m)
+    the joint torque that current makes (current * gear_ratio * torque_constant); following_error (rad)
+    position reference minus position (0 outside CSP and quick stop).
+    """
+
+    time: float
+    cycle: int
+    statusword: np.ndarray       # uint16
+    mode_display: np.ndarray     # int8 (0x6061)
+    error_code: np.ndarray       # uint16 (0x603F)
+    position: np.ndarray
+    position_counts: np.ndarray  # int64
+    velocity: np.ndarray
+    current: np.ndarray
+    torque: np.ndarray
+    following_error: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> "SimState":
+        """A zeroed sample for n joints (allocate once, then read_state(out=...))."""
+        return cls(0.0, 0, np.zeros(n, np.uint16), np.zeros(n, np.int8), np.zeros(n, np.uint16), np.zeros(n),
+                   np.zeros(n, np.int64), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
+
+    def copy_into(self, out: "SimState") -> "SimState":
+        """Copy every field into out (no allocation); returns out."""
+        out.time, out.cycle = self.time, self.cycle
+        for f in _ARRAY_FIELDS:
+            getattr(out, f)[:] = getattr(self, f)
+        return out
+
+    def states(self) -> list[State | None]:
+        """The CiA 402 state of each drive, decoded from its statusword."""
+        return [state_of(int(w)) for w in self.statusword]
+
+
+_ARRAY_FIELDS = tuple(f.name for f in fields(SimState) if f.name not in ("time", "cycle"))
+
+
+@dataclass
+class TrueState:
+    """Ground truth of the plant (for tests and the demo, not for the transports): q (rad), qd (rad/s),
+    qdd (rad/s^2) at the start of the last period, tau (N m) the motor torque held over it, payload (10,)."""
+
+    q: np.ndarray
+    qd: np.ndarray
+    qdd: np.ndarray
+    tau: np.ndarray
+    payload: np.ndarray
+
+
+class Simulator:
+    """A simulated arm: `Simulator(model, transport=None, *, realtime=False, rate_hz=1000, ...)`.
+
+    model: a Model or a model name/path (load_model). transport: None, a SimTransport, or a name in
+    TRANSPORTS (built with **transport_options). substeps: integrator substeps per cycle (None: the
+    fewest that keep the friction model stable). noise, friction, drive: NoiseConfig, FrictionConfig,
+    DriveConfig. seed: the sensors' and fault injection's random generators. q0: initial position (rad).
+    brakes: a drive that is not powered holds its joint (False: the joint is free and falls).
+    external_clock: overrides the transport's own external_clock.
+    """
+
+    def __init__(self, model: Model | str = "generic6", transport: "SimTransport | str | None" = None, *,
+                 realtime: bool = False, rate_hz: float = 1000.0, substeps: int | None = None,
+                 noise: NoiseConfig | None = None, friction: FrictionConfig | None = None,
+                 drive: DriveConfig | None = None, integrator: str = "rk4", seed: int | None = 0, q0=None,
+                 brakes: bool = True, external_clock: bool | None = None, **transport_options):
+        self.model = model if isinstance(model, Model) else load_model(model)
+        n = self.n = self.model.n
+        if not (isinstance(rate_hz, (int, float)) and rate_hz > 0):
+            raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
+        self.rate_hz = float(rate_hz)
+        self.dt = 1.0 / self.rate_hz
+        self.realtime = bool(realtime)
+        self.brakes = bool(brakes)
+        seeds = np.random.SeedSequence(seed).spawn(2)
+        self.plant = Plant(self.model, dt=self.dt, substeps=substeps, integrator=integrator, friction=friction,
+                           noise=noise, seed=seeds[0], q0=q0)
+        self.drives = Drives(self.model, self.dt, drive, smallest_inertia=self.plant._m_min)
+        self.faults = FaultInjection(n, seed=seeds[1])
+        self.clock = RealtimeClock(self.rate_hz) if self.realtime else FastClock()
+        # commands (written by any thread under _io_lock, latched by the cycle)
+        self._cmd_cw = np.zeros(n, np.uint16)
+        self._cmd_mode = np.zeros(n, np.int8)
+        self._cmd_pos = self.plant.q.copy()
+        self._cmd_tau = np.zeros(n)
+        self._cw, self._mode = self._cmd_cw.copy(), self._cmd_mode.copy()
+        self._tpos, self._ttau = self._cmd_pos.copy(), self._cmd_tau.copy()
+        # the cycle's working sample and the published copy
+        self._sample = SimState.empty(n)
+        self._published = SimState.empty(n)
+        self._truth = TrueState(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(10))
+        self._pos_prev = np.zeros(n)
+        self._powered = np.zeros(n, dtype=bool)
+        self._stalled = np.zeros(n, dtype=bool)
+        self._torque_per_amp = self.model.joint_torque_per_amp()
+        # threading
+        self._io_lock = threading.Lock()
+        self._cycle_done = threading.Condition(self._io_lock)
+        self._step_lock = threading.Lock()
+        self._restart_sensors()
+        self._calls: list[tuple[Callable[[], object], list, threading.Event]] = []
+        self._callbacks: list[Callable[[SimState], None]] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._running = False
+        self.error: BaseException | None = None
+        # transport
+        if isinstance(transport, str):
+            transport = _make_transport(transport, transport_options)
+        elif transport_options:
+            raise InputError(f"transport options {sorted(transport_options)} given without a transport name")
+        self.transport = transport
+        if external_clock is None:
+            external_clock = bool(getattr(transport, "external_clock", False))
+        self.external_clock = bool(external_clock)
+        if transport is not None:
+            transport.attach(self)
+
+    # -- life cycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the transport, then (internal clock) the cycle thread. Idempotent."""
+        if self._running:
+            return
+        self._running = True
+        self._stop.clear()
+        if self.transport is not None:
+            self.transport.start()
+        if not self.external_clock:
+            self._thread = threading.Thread(target=self._run, name="armid-sim", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the cycle thread (joined), then the transport. Idempotent."""
+        if not self._running:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        self._fail_queued_calls(RuntimeError("simulator stopped"))
+        if self.transport is not None:
+            self.transport.stop()
+        self._running = False
+
+    def __enter__(self) -> "Simulator":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """True between start() and stop()."""
+        return self._running
+
+    def _run(self) -> None:
+        self.clock.start()
+        try:
+            while not self._stop.is_set():
+                self.clock.wait()
+                with self._step_lock:
+                    self._cycle()
+        except BaseException as exc:  # the plant or a callback failed: record, wake waiters, stop stepping
+            self.error = exc
+            self._fail_queued_calls(exc)
+            with self._io_lock:
+                self._cycle_done.notify_all()
+
+    def step(self, n: int = 1) -> SimState:
+        """Run n cycles now, in the calling thread (synchronous or external-clock use). Returns the
+        internal sample (valid until the next cycle; copy it, or use read_state, to keep it)."""
+        if self._thread is not None:
+            raise RuntimeError("step(): the simulator runs its own clock (start() with an internal clock)")
+        with self._step_lock:
+            for _ in range(n):
+                self._cycle()
+        return self._sample
+
+    def wait_cycles(self, k: int, timeout: float) -> None:
+        """Block until k more cycles have run (any clock); TimeoutError after timeout seconds."""
+        with self._cycle_done:
+            target = self._published.cycle + k
+            if not self._cycle_done.wait_for(lambda: self._published.cycle >= target or self.error is not None,
+                                             timeout=timeout):
+                raise TimeoutError(f"simulator: {k} cycles did not run within {timeout} s")
+        if self.error is not None:
+            raise RuntimeError("simulator: the cycle thread failed") from self.error
+
+    # -- the interface the transports call every cycle ---------------------------------------------
+    def set_commands(self, *, controlword=None, mode=None, target_position=None, target_torque=None,
+                     joint: int | None = None) -> None:
+        """Write the drives' command inputs; they act at the next cycle. Thread-safe.
+
+        controlword (0x6040, 0..0xFFFF), mode (modes of operation 0x6060: 0, Mode.CSP or Mode.CST),
+        target_position (rad, 0x607A), target_torque (N m, 0x6071; in CSP the torque feed-forward).
+        With joint=None each given argument is an (n,) array; with joint=j (0-based) a scalar for drive j.
+        Arguments left None keep their value. A non-finite target or an unknown mode raises InputError
+        naming the joint, and nothing is written.
+        """
+        sel = slice(None) if joint is None else self._joint(joint)
+        j = None if joint is None else sel
+        cw = None if controlword is None else self._checked("controlword", controlword, j, integer=True)
+        md = None if mode is None else self._checked("mode", mode, j, integer=True)
+        pos = None if target_position is None else self._checked("target_position", target_position, j)
+        tq = None if target_torque is None else self._checked("target_torque", target_torque, j)
+        if cw is not None and ((cw < 0) | (cw > 0xFFFF)).any():
+            raise InputError(f"controlword: {self._at(cw, (cw < 0) | (cw > 0xFFFF), j)}: expected 0..0xFFFF")
+        if md is not None:
+            bad = ~np.isin(md, _MODE_VALUES)
+            if bad.any():
+                raise InputError(f"mode: {self._at(md, bad, j)}: expected one of "
+                                 + ", ".join(f"{int(m)} ({m.name})" for m in SUPPORTED_MODES))
+        with self._io_lock:
+            if cw is not None:
+                self._cmd_cw[sel] = cw
+            if md is not None:
+                self._cmd_mode[sel] = md
+            if pos is not None:
+                self._cmd_pos[sel] = pos
+            if tq is not None:
+                self._cmd_tau[sel] = tq
+
+    def read_state(self, out: SimState | None = None) -> SimState:
+        """A consistent copy of the latest sample (into out when given: no allocation). Thread-safe."""
+        if out is None:
+            out = SimState.empty(self.n)
+        with self._io_lock:
+            return self._published.copy_into(out)
+
+    def read_truth(self) -> TrueState:
+        """A copy of the plant's true state at the latest sample (no sensors involved). Thread-safe."""
+        with self._io_lock:
+            t = self._truth
+            return TrueState(t.q.copy(), t.qd.copy(), t.qdd.copy(), t.tau.copy(), t.payload.copy())
+
+    def add_cycle_callback(self, fn: Callable[[SimState], None]) -> None:
+        """Call fn(sample) in the stepping thread after every cycle. The sample is the simulator's own
+        buffer, valid until the next cycle: read it, don't keep it. fn must be quick (it is in the loop);
+        an exception from it stops the cycle thread (see .error)."""
+        with self._io_lock:
+            self._callbacks = self._callbacks + [fn]
+
+    def remove_cycle_callback(self, fn: Callable[[SimState], None]) -> None:
+        """Stop calling fn."""
+        with self._io_lock:
+            self._callbacks = [f for f in self._callbacks if f is not fn]
+
+    # -- calls applied between cycles --------------------------------------------------------------
+    def attach_payload(self, mass: float, com=(0.0, 0.0, 0.0), inertia=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)) -> None:
+        """Fix a payload to the flange (replacing any): mass (kg), com (m, flange frame), inertia
+        [XX XY XZ YY YZ ZZ] about the centre of mass, flange axes (kg m^2). Applied between two cycles;
+        returns once applied. InputError for a body that cannot exist."""
+        chi = payload_parameters(mass, com, inertia)
+        self._between_cycles(lambda: self.plant.attach_payload(chi))
+
+    def detach_payload(self) -> None:
+        """Remove the payload (between two cycles)."""
+        self._between_cycles(self.plant.detach_payload)
+
+    def configure_drive(self, joint: int, **params) -> None:
+        """Set drive `joint`'s protection parameters (Drives.configure: following_error_window (rad),
+        following_error_timeout (s), position_limits (rad, rad), max_torque (N m),
+        quick_stop_deceleration (rad/s^2), quick_stop_option). Applied between two cycles."""
+        self._between_cycles(lambda: self.drives.configure(joint, **params))
+
+    def set_position(self, q, qd=None) -> None:
+        """Teleport the arm to q (rad) at rest or moving at qd (between two cycles; for tests and demos)."""
+        def place():
+            self.plant.set_state(q, qd)
+            self._restart_sensors()
+        self._between_cycles(place)
+
+    def lateness(self) -> LatenessStats:
+        """The real-time clock's lateness statistics (zeros in fast or external-clock mode)."""
+        return self.clock.stats()
+
+    def _between_cycles(self, fn: Callable[[], object]) -> object:
+        thread = self._thread
+        if thread is None or threading.current_thread() is thread:
+            with self._step_lock:
+                return fn()
+        done, box = threading.Event(), []
+        with self._io_lock:
+            self._calls.append((fn, box, done))
+        if not done.wait(_QUEUED_CALL_TIMEOUT):
+            raise RuntimeError("simulator: the cycle thread did not apply the call in time")
+        if box and isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0] if box else None
+
+    def _fail_queued_calls(self, exc: BaseException) -> None:
+        with self._io_lock:
+            calls, self._calls = self._calls, []
+        for _, box, done in calls:
+            box.append(exc)
+            done.set()
+
+    # -- the cycle ---------------------------------------------------------------------------------
+    def _cycle(self) -> None:
+        with self._io_lock:
+            self._cw[:] = self._cmd_cw
+            self._mode[:] = self._cmd_mode
+            self._tpos[:] = self._cmd_pos
+            self._ttau[:] = self._cmd_tau
+            calls, self._calls = (self._calls, []) if self._calls else ((), self._calls)
+        for fn, box, done in calls:
+            try:
+                box.append(fn())
+            except Exception as exc:  # reported to the caller, the cycle goes on
+                box.append(exc)
+            done.set()
+        pending, cleared = self.faults.take_drive_events(self._stalled)
+        for j, code, sticky in pending:
+            self.drives.fault(j, code, sticky=sticky)
+        for j in cleared:
+            self.drives.clear_sticky_fault(j)
+        drives, plant = self.drives, self.plant
+        drives.update(self._cw, self._mode)
+        drives.powered(self._powered)
+        if self.brakes:
+            np.logical_not(self._powered, out=plant.brake)
+        plant.stalled[:] = self._stalled
+        tau = drives.control(self._tpos, self._ttau, self._sample.position)
+        plant.advance(tau)
+        self._pos_prev[:] = self._sample.position
+        self._sample.cycle += 1
+        self._sample.time = self._sample.cycle * self.dt
+        self._measure()
+        drives.after_control()
+        self._publish()
+        for fn in self._callbacks:
+            fn(self._sample)
+
+    def _restart_sensors(self) -> None:
+        """Sample the sensors afresh (start, teleport): the velocity estimate restarts from rest."""
+        self._measure()
+        self._pos_prev[:] = self._sample.position
+        self._sample.velocity[:] = 0.0
+        self.drives.start_from(self._sample.position)
+        self._publish()
+
+    def _measure(self) -> None:
+        s = self._sample
+        self.plant.measure_position(s.position, s.position_counts)
+        self.plant.measure_current(s.current)
+        np.multiply(s.current, self._torque_per_amp, out=s.torque)
+        np.subtract(s.position, self._pos_prev, out=s.velocity)
+        s.velocity /= self.dt
+
+    def _publish(self) -> None:
+        s, d = self._sample, self.drives
+        d.statusword(s.statusword)
+        s.mode_display[:] = d.mode_display
+        s.error_code[:] = d.error_code
+        s.following_error[:] = d.ferr
+        t, p = self._truth, self.plant
+        with self._io_lock:
+            s.copy_into(self._published)
+            t.q[:], t.qd[:], t.qdd[:], t.tau[:] = p.q, p.qd, p.qdd, p.tau
+            t.payload[:] = p.payload
+            self._cycle_done.notify_all()
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _joint(self, joint) -> int:
+        if isinstance(joint, bool) or not isinstance(joint, (int, np.integer)) or not 0 <= joint < self.n:
+            raise InputError(f"joint: expected an index 0..{self.n - 1}, got {joint!r}")
+        return int(joint)
+
+    def _checked(self, name: str, value, joint: int | None, integer: bool = False) -> np.ndarray:
+        shape = (self.n,) if joint is None else ()
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InputError(f"{name}: expected numbers, got {value!r}") from None
+        if arr.shape != shape:
+            raise InputError(f"{name}: expected shape {shape}, got {arr.shape}")
+        bad = ~np.isfinite(arr)
+        if integer:
+            bad |= arr != np.round(arr)
+        if bad.any():
+            raise InputError(f"{name}: {self._at(arr, bad, joint)}: expected a finite "
+                             f"{'integer' if integer else 'number'}")
+        return arr.astype(np.int64) if integer else arr
+
+    def _at(self, arr: np.ndarray, bad: np.ndarray, joint: int | None) -> str:
+        """'joint k (name) value v' for the first bad entry (arr scalar when joint is given)."""
+        j = joint if joint is not None else int(np.flatnonzero(bad)[0])
+        v = arr.item() if joint is not None else arr[j]
+        return f"joint {j + 1} ({self.model.joint_names[j]}) value {v!r}"
+
+
+def _make_transport(name: str, options: dict) -> SimTransport:
+    if name not in TRANSPORTS:
+        known = ", ".join(sorted(TRANSPORTS)) or "none yet"
+        raise InputError(f"transport: unknown {name!r} (available: {known})")
+    module, _, attr = TRANSPORTS[name].partition(":")
+    factory = getattr(importlib.import_module(module), attr)
+    return factory(**options)
