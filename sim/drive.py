@@ -243,6 +243,7 @@ class Drives:
             return
         self._set(j, State.FAULT_REACTION_ACTIVE)
         self.error_code[j] = code
+        self.kind[j] = dc.OFF
 
     def _set(self, j: int, state: State) -> None:
         self.state[j] = state

@@ -4,7 +4,7 @@ Per joint, the drive runs one of four laws (the state machine in sim.drive picks
   OFF   no torque (drive disabled, brake on).
   CST   tau = target torque, saturated at the torque limit. Leaving the software position limits is a fault.
   CSP   cascaded position / velocity loop with feed-forward:
-          ref  = target position clamped to the software limits
+          ref  = target position clamped to the software limits, approached no faster than QSD can stop
           vff  = (ref_k - ref_k-1) / dt,  aff = (vff_k - vff_k-1) / dt   (clamped to qd_max, qdd_max)
           ev   = vff + KP (ref - p) - v
           tau  = J (aff + KV ev) + I + fc tanh(vff / VS) + fv vff + target torque (torque feed-forward)
@@ -86,7 +86,15 @@ def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags)
                 if ref < prm[j, QLO] or ref > prm[j, QHI]:
                     ref = _clamp(ref, prm[j, QLO], prm[j, QHI])
                     fl |= F_LIMIT_ACTIVE
-                vff = (ref - st[j, PREV_REF]) / dt
+                prev = st[j, PREV_REF]
+                vff = (ref - prev) / dt
+                # approach a software limit no faster than the quick-stop deceleration can stop at it
+                v_hi = np.sqrt(2.0 * prm[j, QSD] * max(prm[j, QHI] - prev, 0.0))
+                v_lo = -np.sqrt(2.0 * prm[j, QSD] * max(prev - prm[j, QLO], 0.0))
+                if vff > v_hi or vff < v_lo:
+                    vff = _clamp(vff, v_lo, v_hi)
+                    ref = prev + vff * dt
+                    fl |= F_LIMIT_ACTIVE
                 if abs(vff) > prm[j, VMAX]:
                     vff = _clamp(vff, -prm[j, VMAX], prm[j, VMAX])
                     fl |= F_LIMIT_ACTIVE

@@ -156,7 +156,7 @@ class Plant:
         self._locked = np.zeros(self.n, dtype=bool)
         self._tau_in = np.zeros(self.n)
         # sensors
-        self._amp_per_nm = 1.0 / model.joint_torque_per_amp()
+        self._nm_per_amp = model.joint_torque_per_amp()
         c = self.noise.encoder_counts
         self.counts_per_rad = None if c is None else c * model.gear_ratio / (2.0 * math.pi)
         self._noise_buf = np.zeros(self.n)
@@ -277,7 +277,7 @@ class Plant:
 
     def measure_current(self, current_out: np.ndarray) -> None:
         """Motor current (A) of the torque held over the last period: tau / (gear * kt) + noise."""
-        np.multiply(self.tau, self._amp_per_nm, out=current_out)
+        np.divide(self.tau, self._nm_per_amp, out=current_out)
         if self.noise.current_std > 0:
             self.rng.standard_normal(out=self._noise_buf)
             current_out += self.noise.current_std * self._noise_buf

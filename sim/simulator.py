@@ -374,13 +374,13 @@ class Simulator:
             except Exception as exc:  # reported to the caller, the cycle goes on
                 box.append(exc)
             done.set()
-        pending, cleared = self.faults.take_drive_events(self._stalled)
-        for j, code, sticky in pending:
-            self.drives.fault(j, code, sticky=sticky)
-        for j in cleared:
-            self.drives.clear_sticky_fault(j)
         drives, plant = self.drives, self.plant
         drives.update(self._cw, self._mode)
+        pending, cleared = self.faults.take_drive_events(self._stalled)
+        for j in cleared:
+            drives.clear_sticky_fault(j)
+        for j, code, sticky in pending:
+            drives.fault(j, code, sticky=sticky)
         drives.powered(self._powered)
         if self.brakes:
             np.logical_not(self._powered, out=plant.brake)
