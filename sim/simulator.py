@@ -243,13 +243,20 @@ class Simulator:
 
     def wait_cycles(self, k: int, timeout: float) -> None:
         """Block until k more cycles have run (any clock); TimeoutError after timeout seconds."""
-        with self._cycle_done:
+        with self._io_lock:
             target = self._published.cycle + k
-            if not self._cycle_done.wait_for(lambda: self._published.cycle >= target or self.error is not None,
-                                             timeout=timeout):
-                raise TimeoutError(f"simulator: {k} cycles did not run within {timeout} s")
+        self.wait_until(target, timeout)
+
+    def wait_until(self, cycle: int, timeout: float) -> None:
+        """Block until the published sample's cycle count reaches `cycle`; TimeoutError after timeout s.
+        RuntimeError (from the cause) if the cycle thread failed."""
+        with self._cycle_done:
+            ok = self._cycle_done.wait_for(lambda: self._published.cycle >= cycle or self.error is not None,
+                                           timeout=timeout)
         if self.error is not None:
             raise RuntimeError("simulator: the cycle thread failed") from self.error
+        if not ok:
+            raise TimeoutError(f"simulator: cycle {cycle} not reached within {timeout} s")
 
     # -- the interface the transports call every cycle ---------------------------------------------
     def set_commands(self, *, controlword=None, mode=None, target_position=None, target_torque=None,
@@ -343,7 +350,9 @@ class Simulator:
         thread = self._thread
         if thread is None or threading.current_thread() is thread:
             with self._step_lock:
-                return fn()
+                result = fn()
+                self._publish()
+                return result
         done, box = threading.Event(), []
         with self._io_lock:
             self._calls.append((fn, box, done))
@@ -368,12 +377,11 @@ class Simulator:
             self._tpos[:] = self._cmd_pos
             self._ttau[:] = self._cmd_tau
             calls, self._calls = (self._calls, []) if self._calls else ((), self._calls)
-        for fn, box, done in calls:
+        for fn, box, _ in calls:
             try:
                 box.append(fn())
             except Exception as exc:  # reported to the caller, the cycle goes on
                 box.append(exc)
-            done.set()
         drives, plant = self.drives, self.plant
         drives.update(self._cw, self._mode)
         pending, cleared = self.faults.take_drive_events(self._stalled)
@@ -393,6 +401,8 @@ class Simulator:
         self._measure()
         drives.after_control()
         self._publish()
+        for _, _, done in calls:  # the callers see their change in this cycle's sample
+            done.set()
         for fn in self._callbacks:
             fn(self._sample)
 
@@ -450,7 +460,7 @@ class Simulator:
     def _at(self, arr: np.ndarray, bad: np.ndarray, joint: int | None) -> str:
         """'joint k (name) value v' for the first bad entry (arr scalar when joint is given)."""
         j = joint if joint is not None else int(np.flatnonzero(bad)[0])
-        v = arr.item() if joint is not None else arr[j]
+        v = arr.item() if joint is not None else arr[j].item()
         return f"joint {j + 1} ({self.model.joint_names[j]}) value {v!r}"
 
 

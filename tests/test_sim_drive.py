@@ -145,8 +145,6 @@ def test_fault_reaction_fault_and_reset_on_the_rising_edge_only(model):
     sample = write(sim, 0x80)
     assert sample.states()[2] is S.SWITCH_ON_DISABLED                          # 15
     assert sample.error_code[2] == 0
-    assert sample.states()[0] is S.SWITCH_ON_DISABLED                          # 0x80 alone is no command elsewhere... but
-    # ...the 0x00 before it was disable voltage for the healthy drives: transition 9 there.
 
 
 def test_a_sticky_fault_survives_reset_until_its_cause_is_cleared(model):

@@ -1,0 +1,211 @@
+"""The Simulator as the transports will use it: background clock (fast and real time), external clock, the
+thread-safe command and state interface, cycle callbacks, payload changes while running, and refused input."""
+import threading
+import time
+
+import numpy as np
+import pytest
+from sim_helpers import enable
+
+from firmware_bridge import cia402
+from firmware_bridge.cia402 import Mode, State
+from ident import dynamics as dyn
+from ident.errors import InputError
+from ident.model import load_model
+from sim import SimState, Simulator
+from sim.plant import NoiseConfig, payload_parameters
+
+Q0 = [0.0, 0.3, -0.5, 0.2, 0.4, 0.1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("generic6")
+
+
+def no_sim_thread() -> bool:
+    return not any(t.name == "armid-sim" for t in threading.enumerate())
+
+
+def test_fast_background_thread_runs_and_stop_joins_it(model):
+    sim = Simulator(model)
+    with sim:
+        sim.wait_cycles(300, timeout=20)
+        with pytest.raises(RuntimeError, match="own clock"):
+            sim.step(1)
+        assert sim.running
+    assert no_sim_thread() and not sim.running
+    done = sim.read_state().cycle
+    assert done >= 300
+    assert sim.lateness().count == 0  # fast mode keeps no schedule
+    sim.step(5)                       # stepping by hand works again once stopped
+    assert sim.read_state().cycle == done + 5
+
+
+def test_realtime_thread_is_never_early_and_reports_its_lateness(model):
+    sim = Simulator(model, realtime=True, rate_hz=1000)
+    t0 = time.perf_counter()
+    sim.start()
+    try:
+        sim.wait_cycles(200, timeout=20)
+    finally:
+        sim.stop()
+    elapsed = time.perf_counter() - t0
+    cycles = sim.read_state().cycle
+    assert no_sim_thread()
+    assert cycles * sim.dt <= elapsed + sim.dt  # ticks follow the schedule, never ahead of it
+    stats = sim.lateness()
+    assert stats.count == cycles
+    assert 0.0 <= stats.p50 <= stats.p99 <= stats.max
+
+
+def test_samples_read_from_another_thread_are_consistent(model):
+    sim = Simulator(model, noise=NoiseConfig(position_std=0.0, current_std=0.01, encoder_counts=4096))
+    counts_per_rad = 4096 * model.gear_ratio / (2 * np.pi)
+    out = SimState.empty(model.n)
+    torn = 0
+    with sim:
+        enable_from_this_thread = np.full(model.n, cia402.CW_SHUTDOWN)
+        sim.set_commands(mode=np.full(model.n, int(Mode.CSP)), target_position=sim.read_state().position,
+                         controlword=enable_from_this_thread)
+        sim.wait_cycles(2, timeout=10)
+        sim.set_commands(controlword=np.full(model.n, cia402.CW_ENABLE_OPERATION))
+        target = sim.read_state().position.copy()
+        for k in range(300):
+            target[0] += 1e-4
+            sim.set_commands(target_position=target[0], joint=0)
+            sim.read_state(out)
+            torn += out.time != out.cycle * sim.dt
+            torn += not np.allclose(out.position, out.position_counts / counts_per_rad, rtol=0, atol=1e-15)
+            torn += not np.allclose(out.torque, out.current * model.gear_ratio * model.torque_constant, rtol=1e-14)
+        sim.wait_cycles(400, timeout=20)
+        final = sim.read_state()
+    assert torn == 0
+    assert final.states() == [State.OPERATION_ENABLED] * model.n
+    assert final.position[0] == pytest.approx(target[0], abs=1e-3)
+
+
+def test_external_clock_lets_the_transport_step_the_simulator(model):
+    class SyncTransport:
+        """A device side whose cycles are triggered from its own thread (as CAN SYNC frames will)."""
+        external_clock = True
+
+        def __init__(self):
+            self.sim, self.stop_flag, self.thread, self.calls = None, threading.Event(), None, []
+
+        def attach(self, sim):
+            self.sim = sim
+            self.calls.append("attach")
+
+        def start(self):
+            self.calls.append("start")
+            self.thread = threading.Thread(target=self.run)
+            self.thread.start()
+
+        def run(self):
+            for _ in range(100):
+                if self.stop_flag.is_set():
+                    return
+                self.sim.step(1)
+
+        def stop(self):
+            self.stop_flag.set()
+            self.thread.join(timeout=10)
+            self.calls.append("stop")
+
+    transport = SyncTransport()
+    sim = Simulator(model, transport=transport)
+    assert sim.external_clock and transport.sim is sim
+    sim.start()
+    try:
+        sim.wait_until(100, timeout=20)
+        assert no_sim_thread()            # no internal cycle thread in this mode
+    finally:
+        sim.stop()
+    assert not transport.thread.is_alive()
+    assert transport.calls == ["attach", "start", "stop"]
+    assert sim.read_state().cycle == 100
+
+
+def test_attaching_a_payload_while_running_changes_the_held_torque_by_its_gravity_term(model):
+    sim = Simulator(model, noise=NoiseConfig.off(), q0=Q0)
+    enable(sim, Mode.CSP)
+    sim.step(3000)
+    before = sim.read_state()
+    chi = payload_parameters(2.0, [0.01, 0.02, 0.06], [0.003, 0.0, 0.0, 0.004, 0.0, 0.002])
+    with sim:
+        sim.wait_cycles(10, timeout=10)
+        sim.attach_payload(2.0, [0.01, 0.02, 0.06], [0.003, 0.0, 0.0, 0.004, 0.0, 0.002])
+        assert np.array_equal(sim.read_truth().payload, chi)  # applied before attach_payload returned
+        sim.wait_cycles(3000, timeout=60)
+    after = sim.read_state()
+    q = sim.read_truth().q
+    np.testing.assert_allclose(q, before.position, atol=1e-9)            # the loop pulled it back
+    zero = np.zeros(model.n)
+    expected = dyn.load_regressor(model, q, zero, zero) @ chi
+    assert np.abs(expected).max() > 1.0
+    np.testing.assert_allclose(after.torque - before.torque, expected, rtol=0, atol=1e-6)
+    sim.detach_payload()
+    assert not sim.read_truth().payload.any()
+
+
+def test_cycle_callbacks_see_every_sample_and_a_failing_one_stops_the_thread(model):
+    sim = Simulator(model)
+    seen = []
+    sim.add_cycle_callback(lambda s: seen.append(s.cycle))
+    sim.step(5)
+    assert seen == [1, 2, 3, 4, 5]
+
+    def broken(sample):
+        if sample.cycle > 20:
+            raise ZeroDivisionError("callback bug")
+
+    sim.add_cycle_callback(broken)
+    sim.start()
+    try:
+        with pytest.raises(RuntimeError, match="cycle thread failed"):
+            sim.wait_cycles(10_000, timeout=20)
+    finally:
+        sim.stop()
+    assert isinstance(sim.error, ZeroDivisionError)
+    assert no_sim_thread()
+
+
+def test_bad_commands_are_refused_naming_the_joint_and_nothing_is_written(model):
+    sim = Simulator(model)
+    sim.step(1)
+    good = sim.read_state().position
+    bad = good.copy()
+    bad[3] = np.nan
+    with pytest.raises(InputError, match=r"target_position: joint 4 \(j4\) value nan"):
+        sim.set_commands(target_position=bad, controlword=np.full(6, 6))
+    with pytest.raises(InputError, match=r"target_torque: joint 2 \(j2\) value inf"):
+        sim.set_commands(target_torque=float("inf"), joint=1)
+    with pytest.raises(InputError, match=r"mode: joint 1 \(j1\) value 3: expected one of 0 \(NONE\), 8 \(CSP\), 10 \(CST\)"):
+        sim.set_commands(mode=[3, 8, 8, 8, 8, 8])
+    with pytest.raises(InputError, match="controlword: joint 6"):
+        sim.set_commands(controlword=[6, 6, 6, 6, 6, 0x10000])
+    with pytest.raises(InputError, match=r"expected shape \(6,\)"):
+        sim.set_commands(target_position=[0.0, 1.0])
+    with pytest.raises(InputError, match="joint: expected an index 0..5"):
+        sim.set_commands(target_position=0.0, joint=6)
+    sim.step(3)
+    assert sim.read_state().states() == [State.SWITCH_ON_DISABLED] * 6  # the shutdown was not written
+
+
+def test_unknown_transport_and_stray_options_are_refused(model):
+    with pytest.raises(InputError, match="transport: unknown 'carrier-pigeon'"):
+        Simulator(model, transport="carrier-pigeon")
+    with pytest.raises(InputError, match="without a transport name"):
+        Simulator(model, channel="vcan0")
+
+
+def test_set_position_teleports_and_restarts_the_velocity_estimate(model):
+    sim = Simulator(model, noise=NoiseConfig.off())
+    sim.step(2)
+    sim.set_position(Q0)
+    s = sim.read_state()
+    np.testing.assert_array_equal(s.position, Q0)
+    assert not s.velocity.any()
+    sim.step(10)
+    np.testing.assert_array_equal(sim.read_state().position, Q0)  # brakes hold it
