@@ -61,51 +61,59 @@ _BASE_WORD = np.array([cia402.statusword_for(s) | cia402.SW_REMOTE
                        | (0 if s is State.QUICK_STOP_ACTIVE else cia402.SW_QUICK_STOP) for s in STATES],
                       dtype=np.int64)
 
-# controlword commands: (mask, value) over bits 0-3 and 7, values from cia402
-_DISABLE_VOLTAGE = (0x82, cia402.CW_DISABLE_VOLTAGE)
-_QUICK_STOP = (0x86, cia402.CW_QUICK_STOP)
-_SHUTDOWN = (0x87, cia402.CW_SHUTDOWN)
-_SWITCH_ON = (0x8F, cia402.CW_SWITCH_ON)
-_ENABLE_OPERATION = (0x8F, cia402.CW_ENABLE_OPERATION)
+# Controlword commands: (mask, value) over bits 0-3 and 7, values from cia402. With bit 7 clear they are
+# mutually exclusive and cover every controlword; with bit 7 set (fault reset) none matches.
+COMMANDS = {
+    "disable voltage": (0x82, cia402.CW_DISABLE_VOLTAGE),
+    "quick stop": (0x86, cia402.CW_QUICK_STOP),
+    "shutdown": (0x87, cia402.CW_SHUTDOWN),
+    "switch on": (0x8F, cia402.CW_SWITCH_ON),            # also "disable operation"
+    "enable operation": (0x8F, cia402.CW_ENABLE_OPERATION),
+}
+_S = State
+# (state, command) -> next state (CiA 402 transition number); quick-stop option cases in next_state()
+TRANSITIONS = {
+    (_S.SWITCH_ON_DISABLED, "shutdown"): _S.READY_TO_SWITCH_ON,            # 2
+    (_S.READY_TO_SWITCH_ON, "switch on"): _S.SWITCHED_ON,                  # 3
+    (_S.READY_TO_SWITCH_ON, "enable operation"): _S.SWITCHED_ON,           # 3 (then 4)
+    (_S.SWITCHED_ON, "enable operation"): _S.OPERATION_ENABLED,            # 4
+    (_S.OPERATION_ENABLED, "switch on"): _S.SWITCHED_ON,                   # 5
+    (_S.SWITCHED_ON, "shutdown"): _S.READY_TO_SWITCH_ON,                   # 6
+    (_S.READY_TO_SWITCH_ON, "disable voltage"): _S.SWITCH_ON_DISABLED,     # 7
+    (_S.READY_TO_SWITCH_ON, "quick stop"): _S.SWITCH_ON_DISABLED,          # 7
+    (_S.OPERATION_ENABLED, "shutdown"): _S.READY_TO_SWITCH_ON,             # 8
+    (_S.OPERATION_ENABLED, "disable voltage"): _S.SWITCH_ON_DISABLED,      # 9
+    (_S.SWITCHED_ON, "disable voltage"): _S.SWITCH_ON_DISABLED,            # 10
+    (_S.SWITCHED_ON, "quick stop"): _S.SWITCH_ON_DISABLED,                 # 10
+    (_S.OPERATION_ENABLED, "quick stop"): _S.QUICK_STOP_ACTIVE,            # 11
+    (_S.QUICK_STOP_ACTIVE, "disable voltage"): _S.SWITCH_ON_DISABLED,      # 12
+    (_S.QUICK_STOP_ACTIVE, "enable operation"): _S.OPERATION_ENABLED,      # 16 (options 5, 6)
+}
 
 
-def _is(cw: int, command: tuple[int, int]) -> bool:
-    return cw & command[0] == command[1]
+def command_of(cw: int) -> str | None:
+    """The CiA 402 command a controlword carries (None with the fault-reset bit set)."""
+    for name, (mask, value) in COMMANDS.items():
+        if cw & mask == value:
+            return name
+    return None
 
 
 def next_state(state: State, cw: int, quick_stop_option: int) -> State:
     """The state a drive in `state` moves to under the controlword cw (itself when cw is not allowed)."""
-    S = State
-    if state is S.SWITCH_ON_DISABLED:
-        if _is(cw, _SHUTDOWN):
-            return S.READY_TO_SWITCH_ON                          # 2
-    elif state is S.READY_TO_SWITCH_ON:
-        if _is(cw, _DISABLE_VOLTAGE) or _is(cw, _QUICK_STOP):
-            return S.SWITCH_ON_DISABLED                          # 7
-        if _is(cw, _SWITCH_ON) or _is(cw, _ENABLE_OPERATION):
-            return S.SWITCHED_ON                                 # 3
-    elif state is S.SWITCHED_ON:
-        if _is(cw, _DISABLE_VOLTAGE) or _is(cw, _QUICK_STOP):
-            return S.SWITCH_ON_DISABLED                          # 10
-        if _is(cw, _SHUTDOWN):
-            return S.READY_TO_SWITCH_ON                          # 6
-        if _is(cw, _ENABLE_OPERATION):
-            return S.OPERATION_ENABLED                           # 4
-    elif state is S.OPERATION_ENABLED:
-        if _is(cw, _DISABLE_VOLTAGE):
-            return S.SWITCH_ON_DISABLED                          # 9
-        if _is(cw, _QUICK_STOP):
-            return S.SWITCH_ON_DISABLED if quick_stop_option == 0 else S.QUICK_STOP_ACTIVE  # 11
-        if _is(cw, _SHUTDOWN):
-            return S.READY_TO_SWITCH_ON                          # 8
-        if _is(cw, _SWITCH_ON):
-            return S.SWITCHED_ON                                 # 5
-    elif state is S.QUICK_STOP_ACTIVE:
-        if _is(cw, _DISABLE_VOLTAGE):
-            return S.SWITCH_ON_DISABLED                          # 12
-        if _is(cw, _ENABLE_OPERATION) and quick_stop_option in (5, 6):
-            return S.OPERATION_ENABLED                           # 16
-    return state
+    nxt = TRANSITIONS.get((state, command_of(cw)), state)
+    if state is _S.OPERATION_ENABLED and nxt is _S.QUICK_STOP_ACTIVE and quick_stop_option == 0:
+        return _S.SWITCH_ON_DISABLED                                        # 11 with option 0: off at once
+    if state is _S.QUICK_STOP_ACTIVE and nxt is _S.OPERATION_ENABLED and quick_stop_option not in (5, 6):
+        return state
+    return nxt
+
+
+def joint_index(joint, n: int, context: str) -> int:
+    """joint (0-based) as an int, or InputError '<context>: joint index: expected 0..n-1, got ...'."""
+    if isinstance(joint, bool) or not isinstance(joint, (int, np.integer)) or not 0 <= joint < n:
+        raise InputError(f"{context}: joint index: expected 0..{n - 1}, got {joint!r}")
+    return int(joint)
 
 
 def _per_joint(name: str, value, n: int, positive: bool = True) -> np.ndarray:
@@ -187,6 +195,8 @@ class Drives:
         self._cw_seen = np.full(n, -1, dtype=np.int64)
         self._reset_bit = np.zeros(n, dtype=bool)
         self._dirty = np.ones(n, dtype=bool)
+        self._todo = np.zeros(n, dtype=bool)
+        self._edge = np.zeros(n, dtype=bool)
         self._sticky_fault: dict[int, int] = {}           # joint -> code of a fault that reset cannot clear
         self._fe_fault = np.zeros(n, dtype=bool)
 
@@ -227,10 +237,16 @@ class Drives:
                 raise InputError(f"drive {j + 1} ({name}): quick_stop_option: expected one of {QUICK_STOP_OPTIONS}, got {quick_stop_option!r}")
             self.quick_stop_option[j] = int(quick_stop_option)
 
+    def parameters(self, joint: int) -> dict:
+        """Drive `joint`'s protection parameters as configure() takes them (SI)."""
+        j = self._joint(joint)
+        p = self.params[j]
+        return {"following_error_window": float(p[dc.FEW]), "following_error_timeout": float(p[dc.FET]),
+                "position_limits": (float(p[dc.QLO]), float(p[dc.QHI])), "max_torque": float(p[dc.TMAX]),
+                "quick_stop_deceleration": float(p[dc.QSD]), "quick_stop_option": self.quick_stop_option[j]}
+
     def _joint(self, joint: int) -> int:
-        if isinstance(joint, bool) or not isinstance(joint, (int, np.integer)) or not 0 <= joint < self.n:
-            raise InputError(f"drive: joint index: expected 0..{self.n - 1}, got {joint!r}")
-        return int(joint)
+        return joint_index(joint, self.n, "drive")
 
     # -- faults ----------------------------------------------------------------------------------
     def fault(self, joint: int, code: int, *, sticky: bool = False) -> None:
@@ -258,12 +274,9 @@ class Drives:
     def update(self, controlword: np.ndarray, mode: np.ndarray) -> None:
         """State machines and modes for this cycle's controlwords (n,) and modes of operation (n,).
         Only drives whose controlword, state or fault-reset bit changed are evaluated."""
-        reset = (controlword & cia402.CW_FAULT_RESET) != 0
-        edge = reset & ~self._reset_bit
-        self._reset_bit[:] = reset
-        todo = (controlword != self._cw_seen) | self._dirty | edge
-        mode_changed = (mode != self.mode_display).any()
-        if not todo.any() and not mode_changed:
+        todo, edge = self._todo, self._edge
+        if not dc.commands_pending(controlword, mode, self._cw_seen, self.mode_display, self._dirty,
+                                   self._reset_bit, todo, edge):
             return
         self.mode_display[:] = mode
         self._cw_seen[:] = controlword

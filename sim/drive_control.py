@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from firmware_bridge.cia402 import CW_FAULT_RESET, SW_FOLLOWING_ERROR, SW_INTERNAL_LIMIT, SW_TARGET_REACHED
+
 OFF, CSP, CST, RAMP = 0, 1, 2, 3
 
 # parameter table columns (n, NPARAM)
@@ -160,9 +162,24 @@ def status_words(code, flags, fe_fault, base, powered_table, qs_code, out):
         w = base[c]
         f = flags[j] if powered_table[c] else 0
         if f & F_LIMIT_ACTIVE:
-            w |= 1 << 11
+            w |= SW_INTERNAL_LIMIT
         if f & F_FE_WARNING or fe_fault[j]:
-            w |= 1 << 13
+            w |= SW_FOLLOWING_ERROR
         if c == qs_code and f & F_STOPPED:
-            w |= 1 << 10
+            w |= SW_TARGET_REACHED
         out[j] = w
+
+
+@njit(cache=True, nogil=True)
+def commands_pending(controlword, mode, cw_seen, mode_display, dirty, reset_bit, todo, edge):
+    """Which drives' state machines must run this cycle: controlword or mode changed, a state changed, or
+    the fault-reset bit rose (edge). Updates reset_bit; returns whether any drive needs attention."""
+    anything = False
+    for j in range(controlword.shape[0]):
+        r = (controlword[j] & CW_FAULT_RESET) != 0
+        edge[j] = r and not reset_bit[j]
+        reset_bit[j] = r
+        todo[j] = controlword[j] != cw_seen[j] or dirty[j] or edge[j]
+        if todo[j] or mode[j] != mode_display[j]:
+            anything = True
+    return anything

@@ -20,7 +20,7 @@ import threading
 import numpy as np
 
 from ident.errors import InputError
-from sim.drive import ERR_INJECTED
+from sim.drive import ERR_INJECTED, joint_index
 
 
 _NO_EVENTS: tuple[tuple, tuple] = ((), ())
@@ -128,9 +128,7 @@ class FaultInjection:
 
     # -- drive level (the simulator applies these every cycle) -------------------------------------
     def _joint(self, joint: int) -> int:
-        if isinstance(joint, bool) or not isinstance(joint, (int, np.integer)) or not 0 <= joint < self.n:
-            raise InputError(f"fault injection: joint index: expected 0..{self.n - 1}, got {joint!r}")
-        return int(joint)
+        return joint_index(joint, self.n, "fault injection")
 
     def drive_fault(self, joint: int, code: int = ERR_INJECTED, *, sticky: bool = False) -> None:
         """Make drive `joint` (0-based) fault with `code` at the next cycle; sticky: reset fails until

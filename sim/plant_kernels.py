@@ -69,47 +69,40 @@ def acceleration(jtype, Rpl, ppl, axis, grav, P, fr, q, qd, tau, locked, out, ws
 def advance(jtype, Rpl, ppl, axis, grav, P, fr, tau, locked, dt, nsub, method, q, qd, qdd0):
     """Integrate (q, qd) in place over dt with the torque tau held constant, in nsub substeps.
 
-    method RK4 (classic 4th order) or SEMI_IMPLICIT (qd += h qdd(q, qd); q += h qd). qdd0 receives the
-    acceleration at the start of the period. Returns False if the mass matrix lost positive definiteness.
+    method RK4 (classic 4th order on x = (q, qd), x' = (qd, qdd(q, qd))) or SEMI_IMPLICIT
+    (qd += h qdd(q, qd); q += h qd). qdd0 receives the acceleration at the start of the period.
+    Returns False if the mass matrix lost positive definiteness.
     """
     n = q.shape[0]
     ws = workspace(n)
     h = dt / nsub
-    k1v, k2v, k3v, k4v = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
-    qs, qds, v2, v3 = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+    acc = np.empty((4, n))   # stage accelerations
+    vel = np.empty((4, n))   # stage velocities (the q-slopes)
+    qs = np.empty(n)
     for j in range(n):
         if locked[j]:
             qd[j] = 0.0
     for s in range(nsub):
-        if not acceleration(jtype, Rpl, ppl, axis, grav, P, fr, q, qd, tau, locked, k1v, ws):
+        for j in range(n):
+            vel[0, j] = qd[j]
+        if not acceleration(jtype, Rpl, ppl, axis, grav, P, fr, q, qd, tau, locked, acc[0], ws):
             return False
         if s == 0:
             for j in range(n):
-                qdd0[j] = k1v[j]
+                qdd0[j] = acc[0, j]
         if method == SEMI_IMPLICIT:
             for j in range(n):
-                qd[j] += h * k1v[j]
+                qd[j] += h * acc[0, j]
                 q[j] += h * qd[j]
             continue
-        # RK4 on x = (q, qd), x' = (qd, qdd(q, qd)); the q-stage slopes are the stage velocities
+        for k in range(1, 4):
+            c = 1.0 if k == 3 else 0.5
+            for j in range(n):
+                qs[j] = q[j] + c * h * vel[k - 1, j]
+                vel[k, j] = qd[j] + c * h * acc[k - 1, j]
+            if not acceleration(jtype, Rpl, ppl, axis, grav, P, fr, qs, vel[k], tau, locked, acc[k], ws):
+                return False
         for j in range(n):
-            qs[j] = q[j] + 0.5 * h * qd[j]
-            qds[j] = qd[j] + 0.5 * h * k1v[j]
-        if not acceleration(jtype, Rpl, ppl, axis, grav, P, fr, qs, qds, tau, locked, k2v, ws):
-            return False
-        for j in range(n):
-            v2[j] = qds[j]
-            qs[j] = q[j] + 0.5 * h * v2[j]
-            qds[j] = qd[j] + 0.5 * h * k2v[j]
-        if not acceleration(jtype, Rpl, ppl, axis, grav, P, fr, qs, qds, tau, locked, k3v, ws):
-            return False
-        for j in range(n):
-            v3[j] = qds[j]
-            qs[j] = q[j] + h * v3[j]
-            qds[j] = qd[j] + h * k3v[j]
-        if not acceleration(jtype, Rpl, ppl, axis, grav, P, fr, qs, qds, tau, locked, k4v, ws):
-            return False
-        for j in range(n):
-            q[j] += h / 6.0 * (qd[j] + 2.0 * v2[j] + 2.0 * v3[j] + qds[j])
-            qd[j] += h / 6.0 * (k1v[j] + 2.0 * k2v[j] + 2.0 * k3v[j] + k4v[j])
+            q[j] += h / 6.0 * (vel[0, j] + 2.0 * vel[1, j] + 2.0 * vel[2, j] + vel[3, j])
+            qd[j] += h / 6.0 * (acc[0, j] + 2.0 * acc[1, j] + 2.0 * acc[2, j] + acc[3, j])
     return True

@@ -26,7 +26,7 @@ from firmware_bridge.cia402 import State, state_of
 from ident.errors import InputError
 from ident.model import Model, load_model
 from sim.clock import FastClock, LatenessStats, RealtimeClock
-from sim.drive import SUPPORTED_MODES, DriveConfig, Drives
+from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
 from sim.plant import FrictionConfig, NoiseConfig, Plant, payload_parameters
 
@@ -269,7 +269,7 @@ class Simulator:
         Arguments left None keep their value. A non-finite target or an unknown mode raises InputError
         naming the joint, and nothing is written.
         """
-        sel = slice(None) if joint is None else self._joint(joint)
+        sel = slice(None) if joint is None else joint_index(joint, self.n, "set_commands")
         j = None if joint is None else sel
         cw = None if controlword is None else self._checked("controlword", controlword, j, integer=True)
         md = None if mode is None else self._checked("mode", mode, j, integer=True)
@@ -334,6 +334,10 @@ class Simulator:
         following_error_timeout (s), position_limits (rad, rad), max_torque (N m),
         quick_stop_deceleration (rad/s^2), quick_stop_option). Applied between two cycles."""
         self._between_cycles(lambda: self.drives.configure(joint, **params))
+
+    def drive_parameters(self, joint: int) -> dict:
+        """Drive `joint`'s protection parameters, as configure_drive() takes them (for SDO reads)."""
+        return self._between_cycles(lambda: self.drives.parameters(joint))
 
     def set_position(self, q, qd=None) -> None:
         """Teleport the arm to q (rad) at rest or moving at qd (between two cycles; for tests and demos)."""
@@ -436,11 +440,6 @@ class Simulator:
             self._cycle_done.notify_all()
 
     # -- helpers -----------------------------------------------------------------------------------
-    def _joint(self, joint) -> int:
-        if isinstance(joint, bool) or not isinstance(joint, (int, np.integer)) or not 0 <= joint < self.n:
-            raise InputError(f"joint: expected an index 0..{self.n - 1}, got {joint!r}")
-        return int(joint)
-
     def _checked(self, name: str, value, joint: int | None, integer: bool = False) -> np.ndarray:
         shape = (self.n,) if joint is None else ()
         try:

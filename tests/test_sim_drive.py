@@ -212,6 +212,7 @@ def test_cst_applies_the_target_torque_and_saturates_at_the_torque_limit(model):
                                                                applied), rtol=0, atol=1e-12)
     assert sample.statusword[2] & cia402.SW_INTERNAL_LIMIT and not sample.statusword[0] & cia402.SW_INTERNAL_LIMIT
     sim.configure_drive(0, max_torque=2.0)
+    assert sim.drive_parameters(0)["max_torque"] == 2.0
     sim.step(1)
     assert sim.read_truth().tau[0] == 2.0
 
@@ -321,3 +322,13 @@ def test_bad_drive_parameters_are_refused_naming_the_drive(model):
         Simulator(model, drive=DriveConfig(quick_stop_option=3))
     with pytest.raises(InputError, match="bandwidth"):
         Simulator(model, drive=DriveConfig(bandwidth=(100.0, 100.0)))
+
+
+def test_operation_enabled_without_a_mode_holds_the_position(model):
+    sim = quiet_sim(model)
+    go(sim, S.OPERATION_ENABLED)
+    held = sim.read_truth().q
+    sim.set_commands(mode=np.zeros(model.n), target_position=held + 0.3, target_torque=np.full(model.n, 5.0))
+    sample = write(sim, ENABLE, 500)
+    assert states_of(sample) == {S.OPERATION_ENABLED} and not sample.mode_display.any()
+    np.testing.assert_allclose(sim.read_truth().q, held, atol=2e-3)

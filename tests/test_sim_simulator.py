@@ -187,7 +187,7 @@ def test_bad_commands_are_refused_naming_the_joint_and_nothing_is_written(model)
         sim.set_commands(controlword=[6, 6, 6, 6, 6, 0x10000])
     with pytest.raises(InputError, match=r"expected shape \(6,\)"):
         sim.set_commands(target_position=[0.0, 1.0])
-    with pytest.raises(InputError, match="joint: expected an index 0..5"):
+    with pytest.raises(InputError, match=r"set_commands: joint index: expected 0..5, got 6"):
         sim.set_commands(target_position=0.0, joint=6)
     sim.step(3)
     assert sim.read_state().states() == [State.SWITCH_ON_DISABLED] * 6  # the shutdown was not written
