@@ -160,7 +160,7 @@ class Simulator:
         # threading
         self._io_lock = threading.Lock()
         self._cycle_done = threading.Condition(self._io_lock)
-        self._step_lock = threading.Lock()
+        self._step_lock = threading.RLock()
         self._restart_sensors()
         self._calls: list[tuple[Callable[[], object], list, threading.Event]] = []
         self._callbacks: list[Callable[[SimState], None]] = []
@@ -353,18 +353,27 @@ class Simulator:
     def _between_cycles(self, fn: Callable[[], object]) -> object:
         thread = self._thread
         if thread is None or threading.current_thread() is thread:
-            with self._step_lock:
-                result = fn()
-                self._publish()
-                return result
+            return self._apply_now(fn)
         done, box = threading.Event(), []
         with self._io_lock:
-            self._calls.append((fn, box, done))
+            if self.error is not None:
+                raise RuntimeError("simulator: the cycle thread failed") from self.error
+            queued = not self._stop.is_set()
+            if queued:
+                self._calls.append((fn, box, done))
+        if not queued:  # stopping: the thread runs at most one more cycle, then the call runs here
+            return self._apply_now(fn)
         if not done.wait(_QUEUED_CALL_TIMEOUT):
             raise RuntimeError("simulator: the cycle thread did not apply the call in time")
         if box and isinstance(box[0], BaseException):
             raise box[0]
         return box[0] if box else None
+
+    def _apply_now(self, fn: Callable[[], object]) -> object:
+        with self._step_lock:  # re-entrant: a cycle callback may call in from the stepping thread
+            result = fn()
+            self._publish()
+            return result
 
     def _fail_queued_calls(self, exc: BaseException) -> None:
         with self._io_lock:

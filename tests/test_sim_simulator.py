@@ -209,3 +209,17 @@ def test_set_position_teleports_and_restarts_the_velocity_estimate(model):
     assert not s.velocity.any()
     sim.step(10)
     np.testing.assert_array_equal(sim.read_state().position, Q0)  # brakes hold it
+
+
+def test_a_cycle_callback_may_reconfigure_the_drives_from_the_stepping_thread(model):
+    sim = Simulator(model)
+
+    def on_cycle(sample):
+        if sample.cycle == 5:
+            sim.configure_drive(0, following_error_window=0.123)  # as an SDO handler on that thread would
+
+    sim.add_cycle_callback(on_cycle)
+    with sim:
+        sim.wait_until(50, timeout=20)
+        assert sim.drive_parameters(0)["following_error_window"] == 0.123  # queued read from this thread
+    assert sim.error is None
