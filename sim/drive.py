@@ -31,7 +31,9 @@ quick-stop option code (0x605A) may be 0 (disable at once), 1 or 2 (ramp, then S
 
 Gains: see sim.drive_control. Defaults: velocity bandwidth 300 rad/s for the smallest inertia the joint
 sees over its workspace (rotor plus arm, so the loop is slower, never unstable, in heavier poses), PI
-corner 60 rad/s, position gain 60 1/s, friction feed-forward from the model's fc and fv.
+corner 60 rad/s, position gain 60 1/s, friction feed-forward from the model's fc and fv. For an arm whose
+joints are strongly coupled (no rotor inertia, e.g. a plain URDF) the inertia and the outer gains are
+reduced by the factor r of default_inertia().
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from firmware_bridge.cia402 import Mode, State
 from ident.errors import InputError
 from ident.model import Model
 from sim import drive_control as dc
+from sim.plant import largest_generalised_eigenvalue, workspace_mass_matrices
 
 # EMCY / 0x603F error codes the simulated drives raise (CiA 402 error code list)
 ERR_FOLLOWING = 0x8611       # following error
@@ -109,6 +112,19 @@ def next_state(state: State, cw: int, quick_stop_option: int) -> State:
     return nxt
 
 
+def default_inertia(mass_samples: np.ndarray, headroom: float = 2.0) -> tuple[np.ndarray, float]:
+    """The drives' load-inertia setting J (n,) kg m^2 and its reduction r >= 1.
+
+    J is the smallest M_jj over the workspace samples, divided by r where the joints' coupling would let
+    a mode of the decentralised loops respond more than `headroom` times faster than each loop's
+    bandwidth (arms without large rotor inertias: the gearbox's reflected inertia is what decouples the
+    joints of a real arm). The outer gains must then be r times slower too.
+    """
+    J = np.diagonal(mass_samples, axis1=1, axis2=2).min(axis=0)
+    r = max(1.0, largest_generalised_eigenvalue(J, mass_samples) / headroom)
+    return J / r, r
+
+
 def joint_index(joint, n: int, context: str) -> int:
     """joint (0-based) as an int, or InputError '<context>: joint index: expected 0..n-1, got ...'."""
     if isinstance(joint, bool) or not isinstance(joint, (int, np.integer)) or not 0 <= joint < n:
@@ -128,15 +144,16 @@ class DriveConfig:
     """Tuning and protection of the drives; scalars apply to every joint, or give n values.
 
     bandwidth (rad/s): velocity-loop crossover for the inertia J; integral_corner (rad/s): PI zero;
-    position_gain (1/s); inertia (kg m^2): the drive's load-inertia setting, default the smallest
-    M_jj + Ia over the workspace; following_error_window (rad), following_error_timeout (s);
+    position_gain (1/s); inertia (kg m^2): the drive's load-inertia setting. Defaults: J from
+    default_inertia() (the smallest M_jj + Ia over the workspace, reduced by r >= 1 for strongly coupled
+    arms), integral_corner = position_gain = 60 / r; following_error_window (rad), following_error_timeout (s);
     quick_stop_deceleration (rad/s^2, default the model's qdd_max, 10 where that is unbounded);
     standstill_velocity (rad/s): below it a stopping joint counts as at rest.
     """
 
     bandwidth: float | tuple = 300.0
-    integral_corner: float | tuple = 60.0
-    position_gain: float | tuple = 60.0
+    integral_corner: float | tuple | None = None
+    position_gain: float | tuple | None = None
     inertia: float | tuple | None = None
     friction_feedforward: bool = True
     following_error_window: float | tuple = 0.05
@@ -154,18 +171,21 @@ class Drives:
     """
 
     def __init__(self, model: Model, dt: float, config: DriveConfig | None = None,
-                 smallest_inertia: np.ndarray | None = None):
+                 mass_samples: np.ndarray | None = None):
         cfg = config or DriveConfig()
         n = self.n = model.n
         self.model, self.dt, self.config = model, float(dt), cfg
         if cfg.quick_stop_option not in QUICK_STOP_OPTIONS:
             raise InputError(f"drive: quick_stop_option: expected one of {QUICK_STOP_OPTIONS}, got {cfg.quick_stop_option!r}")
         p = self.params = np.zeros((n, dc.NPARAM))
+        if cfg.inertia is not None:
+            p[:, dc.J], r = _per_joint("inertia", cfg.inertia, n), 1.0
+        else:
+            p[:, dc.J], r = default_inertia(workspace_mass_matrices(model) if mass_samples is None else mass_samples)
+        self.inertia_reduction = r
         p[:, dc.KV] = _per_joint("bandwidth", cfg.bandwidth, n)
-        p[:, dc.KI] = _per_joint("integral_corner", cfg.integral_corner, n)
-        p[:, dc.KP] = _per_joint("position_gain", cfg.position_gain, n)
-        inertia = smallest_inertia if cfg.inertia is None else cfg.inertia
-        p[:, dc.J] = _per_joint("inertia", inertia if inertia is not None else model.drive[:, 0] + 1e-3, n)
+        p[:, dc.KI] = _per_joint("integral_corner", 60.0 / r if cfg.integral_corner is None else cfg.integral_corner, n)
+        p[:, dc.KP] = _per_joint("position_gain", 60.0 / r if cfg.position_gain is None else cfg.position_gain, n)
         if cfg.friction_feedforward:
             p[:, dc.FC], p[:, dc.FV] = model.drive[:, 1], model.drive[:, 2]
         p[:, dc.VS] = 0.01

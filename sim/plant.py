@@ -117,6 +117,25 @@ def payload_parameters(mass: float, com, inertia=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
     return chi
 
 
+def workspace_mass_matrices(model: Model, samples: int = 256, seed: int = 12345) -> np.ndarray:
+    """M(q) + diag Ia (samples, n, n) at random poses within the joint limits (+-pi where unbounded)."""
+    rng = np.random.default_rng(seed)
+    lo = np.where(np.isfinite(model.q_min), model.q_min, -math.pi)
+    hi = np.where(np.isfinite(model.q_max), model.q_max, math.pi)
+    return dynamics.mass_matrix(model, rng.uniform(lo, hi, (samples, model.n)))
+
+
+def largest_generalised_eigenvalue(d: np.ndarray, mass_samples: np.ndarray) -> float:
+    """max over the samples of the largest eigenvalue of M^-1 diag(d): how much faster than d/M_jj the
+    coupled joints can respond."""
+    out = 0.0
+    for M in mass_samples:
+        L = np.linalg.cholesky(M)
+        Li = np.linalg.inv(L)
+        out = max(out, float(np.linalg.eigvalsh(Li @ np.diag(d) @ Li.T).max()))
+    return out
+
+
 class Plant:
     """The arm's mechanics and sensors, stepped one control period at a time with a held torque.
 
@@ -143,7 +162,7 @@ class Plant:
         self._method = INTEGRATORS[integrator]
         self.payload = np.zeros(10)
         self._P = self._rigid_params(model)
-        self._m_min = self._smallest_inertia(model)
+        self.mass_samples = workspace_mass_matrices(model)
         self.substeps = self._check_substeps(substeps)
         self.rng = np.random.default_rng(seed)
         # true state
@@ -177,31 +196,24 @@ class Plant:
         P[:, 11:] = 0.0
         return P
 
-    @staticmethod
-    def _smallest_inertia(model: Model) -> np.ndarray:
-        """Per joint, a lower bound of M_jj(q) + Ia_j over the workspace (sampled), kg m^2."""
-        rng = np.random.default_rng(12345)
-        lo = np.where(np.isfinite(model.q_min), model.q_min, -math.pi)
-        hi = np.where(np.isfinite(model.q_max), model.q_max, math.pi)
-        q = rng.uniform(lo, hi, (256, model.n))
-        d = np.diagonal(dynamics.mass_matrix(model, q), axis1=1, axis2=2)
-        return d.min(axis=0)
-
-    def friction_stiffness(self) -> np.ndarray:
-        """Per joint, the largest d(friction)/d(qd) / M_jj (1/s): what the substep must resolve."""
+    def friction_stiffness(self) -> tuple[float, int]:
+        """The largest eigenvalue (1/s) of M(q)^-1 diag(d friction / d qd at zero speed) over the workspace
+        samples (what an integrator substep must resolve), and the joint with the largest share."""
         fr = self._fr
-        return (fr[:, pk.FC] + fr[:, pk.FS]) / fr[:, pk.VEPS] / self._m_min + fr[:, pk.FV] / self._m_min
+        slope = (fr[:, pk.FC] + fr[:, pk.FS]) / fr[:, pk.VEPS] + fr[:, pk.FV]
+        lam = largest_generalised_eigenvalue(slope, self.mass_samples)
+        diag_min = np.diagonal(self.mass_samples, axis1=1, axis2=2).min(axis=0)
+        return lam, int(np.argmax(slope / diag_min))
 
     def _check_substeps(self, substeps: int | None) -> int:
-        lam = self.friction_stiffness()
+        lam, j = self.friction_stiffness()
         limit = _STABLE_H_LAMBDA[self.integrator]
-        needed = max(1, math.ceil(self.dt * float(lam.max()) / limit))
+        needed = max(1, math.ceil(self.dt * lam / limit))
         if substeps is None:
             return needed
         if isinstance(substeps, bool) or not isinstance(substeps, int) or substeps < 1:
             raise InputError(f"substeps: expected a positive integer, got {substeps!r}")
         if substeps < needed:
-            j = int(np.argmax(lam))
             raise InputError(
                 f"substeps: {substeps} is unstable with this friction: joint {j + 1} "
                 f"({self.model.joint_names[j]}) needs >= {needed} substeps of {self.dt:g} s with the "

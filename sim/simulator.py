@@ -139,7 +139,7 @@ class Simulator:
         seeds = np.random.SeedSequence(seed).spawn(2)
         self.plant = Plant(self.model, dt=self.dt, substeps=substeps, integrator=integrator, friction=friction,
                            noise=noise, seed=seeds[0], q0=q0)
-        self.drives = Drives(self.model, self.dt, drive, smallest_inertia=self.plant._m_min)
+        self.drives = Drives(self.model, self.dt, drive, mass_samples=self.plant.mass_samples)
         self.faults = FaultInjection(n, seed=seeds[1])
         self.clock = RealtimeClock(self.rate_hz) if self.realtime else FastClock()
         # commands (written by any thread under _io_lock, latched by the cycle)
