@@ -5,6 +5,11 @@
 
 See docs/simulator.md.
 """
-from sim.simulator import SimState, Simulator, SimTransport, TrueState
+from sim.clock import LatenessStats
+from sim.drive import DriveConfig
+from sim.faults import FaultInjection, Fate
+from sim.plant import FrictionConfig, NoiseConfig
+from sim.simulator import TRANSPORTS, SimState, Simulator, SimTransport, TrueState
 
-__all__ = ["Simulator", "SimState", "SimTransport", "TrueState"]
+__all__ = ["Simulator", "SimState", "SimTransport", "TrueState", "TRANSPORTS", "NoiseConfig", "FrictionConfig",
+           "DriveConfig", "FaultInjection", "Fate", "LatenessStats"]
