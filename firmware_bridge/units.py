@@ -33,7 +33,7 @@ def _to_int32(name: str, x, scale) -> np.ndarray:
     if bad.any():
         j = int(np.flatnonzero(np.atleast_1d(bad))[0])
         value = np.atleast_1d(np.asarray(x, dtype=float))[j]
-        raise WireValueError(f"{name}: joint {j + 1}: {value!r} cannot be sent (not finite or outside int32 "
+        raise WireValueError(f"{name}: joint {j + 1}: {float(value)!r} cannot be sent (not finite or outside int32 "
                              f"after scaling by {np.atleast_1d(scale)[min(j, np.size(scale) - 1)]:.6g})")
     return np.rint(raw).astype(np.int64)
 
