@@ -28,7 +28,8 @@ from ident.model import Model, load_model
 from sim.clock import FastClock, LatenessStats, RealtimeClock
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
-from sim.plant import FrictionConfig, NoiseConfig, Plant, payload_parameters
+from ident.payload import payload_parameters
+from sim.plant import FrictionConfig, NoiseConfig, Plant
 
 # transport name -> "module:factory"; the factory is called as factory(**transport_options) and returns a
 # SimTransport. The device sides (CAN, serial, gateway) register here when they exist.
