@@ -30,7 +30,7 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from driver import stream  # noqa: E402
+from firmware_bridge import stream  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from driver import stream
+from firmware_bridge import stream
 from driver.hal import Arm, ArmCommand, ArmState, LinkError
 from driver.motion import PlannedMotion
 from firmware_bridge import cia402

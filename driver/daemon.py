@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 import numpy as np
 import zmq
 
-from driver import stream
+from firmware_bridge import stream
 from driver.commands import Commands
 from driver.cycle import Cycle
 from driver.hal import Arm

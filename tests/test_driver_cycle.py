@@ -5,12 +5,12 @@ import time
 import numpy as np
 import pytest
 
-from driver import motion, stream
+from driver import motion
 from driver.cycle import Cycle, DriverFault
 from driver.hal import LinkError
 from driver.transports.local_sim import LocalSimArm
 from ident import dynamics
-from firmware_bridge import cia402
+from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import State
 from ident.model import load_model
 from sim import Simulator

@@ -13,7 +13,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from driver import stream
+from firmware_bridge import stream
 from driver.daemon import Curve, Driver, EndpointError, Endpoints
 from driver.transports.local_sim import LocalSimArm
 from firmware_bridge.cia402 import State, state_of
