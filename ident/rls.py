@@ -28,7 +28,7 @@ from numba import njit
 
 @njit(cache=True)
 def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
-    """Process N samples: Phi (N, m, p), y (N, m), w (m,) row weights. Updates theta (p,) and P (p, p)
+    """Process N samples: Phi (N, m, p), y (N, m), w (N, m) row weights (0 leaves a row out). Updates theta (p,) and P (p, p)
     in place; writes the a-priori prediction errors (unweighted, units of y) into err_out (N, m);
     stats (3,) accumulates [sum of squared weighted a-priori errors, rows, skipped forgettings].
     Rows with a non-finite value anywhere in Phi or y are skipped whole (the sample's errors are NaN)."""
@@ -53,7 +53,7 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
                 pred += Phi[k, j, i] * theta[i]
             e = y[k, j] - pred
             err_out[k, j] = e
-            wj = w[j]
+            wj = w[k, j]
             if wj == 0.0:
                 continue
             # Pr = P r, with r = wj * Phi[k, j]
@@ -122,8 +122,9 @@ class RecursiveLS:
         self.P[:] = np.eye(self.p) * self.p0 if P0 is None else P0
         self.stats[:] = 0.0
 
-    def update(self, Phi: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Process samples Phi (N, m, p), y (N, m); returns the a-priori prediction errors (N, m)."""
+    def update(self, Phi: np.ndarray, y: np.ndarray, use=None) -> np.ndarray:
+        """Process samples Phi (N, m, p), y (N, m); returns the a-priori prediction errors (N, m).
+        use (N, m) bool, optional: rows to leave out of the fit where False (their errors are still computed)."""
         Phi = np.ascontiguousarray(Phi, dtype=float)
         y = np.ascontiguousarray(y, dtype=float)
         N = Phi.shape[0]
@@ -132,7 +133,11 @@ class RecursiveLS:
         if self._err.shape[0] < N:
             self._err = np.empty((N, self.m))
         err = self._err[:N]
-        rls_update(self.theta, self.P, Phi, y, self.weights, self.forgetting, self.trace_max, err, self.stats)
+        w = np.empty((N, self.m))
+        w[:] = self.weights
+        if use is not None:
+            w[~np.asarray(use, dtype=bool).reshape(N, self.m)] = 0.0
+        rls_update(self.theta, self.P, Phi, y, w, self.forgetting, self.trace_max, err, self.stats)
         return err
 
     @property
