@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
     """Process N samples: Phi (N, m, p), y (N, m), w (N, m) row weights (0 leaves a row out). Updates theta (p,) and P (p, p)
     in place; writes the a-priori prediction errors (unweighted, units of y) into err_out (N, m);
