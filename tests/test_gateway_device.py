@@ -9,6 +9,7 @@ import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,6 +305,15 @@ def test_latency_spikes_delay_responses_beyond_a_short_client_timeout(rig):
     finally:
         sim.faults.clear()
         quick.close()
+
+
+def test_the_documented_example_host_runs_against_the_simulated_gateway(rig):
+    sim, gateway, host, _ = rig
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "wire-gateway.md").read_text()
+    code = doc.split("## Example host (pymodbus)")[1].split("```python")[1].split("```")[0]
+    assert 10 <= len(code.strip().splitlines()) <= 25
+    exec(compile(code, "docs/wire-gateway.md", "exec"), {"PORT": gateway.port})
+    host.wait_states(State.READY_TO_SWITCH_ON)          # its shutdown command reached every drive
 
 
 def test_stop_closes_the_server_and_releases_the_port_for_the_next_gateway(model):
