@@ -21,6 +21,7 @@ This module depends on nothing of armid's but firmware_bridge.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -68,7 +69,7 @@ class Field:
         """Registers taken: 1 or 2."""
         return _KINDS[self.kind][0]
 
-    @property
+    @cached_property
     def bounds(self) -> tuple[int, int]:
         """The inclusive range a value must lie in."""
         _, lo, hi = _KINDS[self.kind]
@@ -223,7 +224,6 @@ _INPUTS = _Block("input", INPUT_BASE, INPUT_HEADER, INPUT_HEADER_SIZE, INPUT_DRI
                  ("layout_version", "drive_count"))
 _OUTPUTS = _Block("holding", HOLDING_BASE, HOLDING_HEADER, HOLDING_HEADER_SIZE, HOLDING_DRIVE,
                   HOLDING_DRIVE_STRIDE, ())
-_DTYPES = {id(b): (b.header_dtype, b.drive_dtype) for b in (_INPUTS, _OUTPUTS)}
 
 
 def _fail(block: _Block, f: Field, value: int, drive: int | None) -> GatewayError:
@@ -235,14 +235,29 @@ def _fail(block: _Block, f: Field, value: int, drive: int | None) -> GatewayErro
                         f"expected {expected}")
 
 
-def _check(block: _Block, f: Field, values: np.ndarray) -> None:
-    """GatewayError for the first drive whose value of field f lies outside its range or allowed set. Skipped
-    when the array's integer type cannot hold anything else (the sim's uint16 statuswords, int32 counts)."""
+_INTEGER_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32))
+
+
+def _trusted(f: Field) -> frozenset:
+    """Integer dtypes that cannot hold a value outside f's range (no check needed: the sim's uint16
+    statuswords, int8 modes, int32 counts)."""
     lo, hi = f.bounds
-    if f.allowed is None and values.dtype.kind in "iu":
-        info = np.iinfo(values.dtype)
-        if info.min >= lo and info.max <= hi:
-            return
+    if f.allowed is not None:
+        return frozenset()
+    return frozenset(t for t in _INTEGER_TYPES if np.iinfo(t).min >= lo and np.iinfo(t).max <= hi)
+
+
+def _narrowed(f: Field) -> bool:
+    """True when f's values are narrower than its kind (a decoded word must still be checked)."""
+    return f.lo is not None or f.hi is not None or f.allowed is not None
+
+
+_SPECS = {b.what: (b.header_dtype, b.drive_dtype, tuple(_trusted(f) for f in b.drive)) for b in (_INPUTS, _OUTPUTS)}
+
+
+def _check(block: _Block, f: Field, values: np.ndarray) -> None:
+    """GatewayError for the first drive whose value of field f lies outside its range or allowed set."""
+    lo, hi = f.bounds
     bad = (values < lo) | (values > hi)
     if f.allowed is not None:
         bad |= ~np.isin(values, f.allowed)
@@ -277,27 +292,38 @@ def _integers(block: _Block, name: str, value, shape: tuple[int, ...]) -> np.nda
 def _encode(block: _Block, image) -> np.ndarray:
     shape = np.shape(getattr(image, block.drive[0].name))
     n = shape[0] if len(shape) == 1 else 0
-    implied = {"layout_version": LAYOUT_VERSION, "drive_count": n}
     if not 1 <= n <= MAX_DRIVES:
         raise GatewayError(f"gateway {block.what} image: {n} drives, expected 1..{MAX_DRIVES}")
-    header_dtype, drive_dtype = _DTYPES[id(block)]
-    words = np.zeros(block.count(n), dtype=">u2")
-    header = words[:block.header_size].view(header_dtype)
+    header_dtype, drive_dtype, trusted = _SPECS[block.what]
+    implied = {"layout_version": LAYOUT_VERSION, "drive_count": n}
+    header = []
     for f in block.header:
-        v = _integers(block, f.name, implied[f.name] if f.name in block.implied else getattr(image, f.name), ())
+        v = implied[f.name] if f.name in block.implied else getattr(image, f.name)
+        if type(v) is not int:
+            v = int(_integers(block, f.name, v, ()))
         lo, hi = f.bounds
-        if not lo <= int(v) <= hi:
-            raise _fail(block, f, int(v), None)
-        header[f.name] = v
+        if not lo <= v <= hi:
+            raise _fail(block, f, v, None)
+        header.append(v)
+    words = np.zeros(block.count(n), dtype=">u2")
+    words[:block.header_size].view(header_dtype)[0] = tuple(header)
     drives = words[block.header_size:].view(drive_dtype)
-    for f in block.drive:
-        v = _integers(block, f.name, getattr(image, f.name), (n,))
-        _check(block, f, v)
+    for f, safe in zip(block.drive, trusted):
+        v = getattr(image, f.name)
+        if not (type(v) is np.ndarray and v.dtype in safe and v.shape == (n,)):
+            v = _integers(block, f.name, v, (n,))
+            _check(block, f, v)
         drives[f.name] = v
     return words.astype(np.uint16)
 
 
 def _words(block: _Block, words) -> np.ndarray:
+    """words as big-endian uint16; GatewayError for anything but a 1-D sequence of 16-bit integers."""
+    if type(words) is list and all(type(x) is int for x in words):  # what a Modbus client returns
+        try:
+            return np.array(words, dtype=">u2")
+        except OverflowError:
+            pass  # out of range: found and named below
     try:
         w = np.asarray(words)
         if w.dtype == object or w.dtype.kind not in "iu" or w.ndim != 1:
@@ -324,24 +350,27 @@ def _drives_in(block: _Block, count: int, n: int | None) -> int:
     return got
 
 
-def _decode(block: _Block, words, n: int | None) -> dict[str, object]:
-    w = _words(block, words)
+def _decode(block: _Block, w: np.ndarray, n: int | None) -> dict[str, object]:
+    """Field values of big-endian words w (from _words)."""
     _drives_in(block, w.shape[0], n)
-    header_dtype, drive_dtype = _DTYPES[id(block)]
-    header = w[:block.header_size].view(header_dtype)[0]
-    drives = w[block.header_size:].view(drive_dtype)
+    header_dtype, drive_dtype, _ = _SPECS[block.what]
     values: dict[str, object] = {}
-    for f in block.header:
-        v = int(header[f.name])
+    for f, v in zip(block.header, w[:block.header_size].view(header_dtype)[0].item()):
         lo, hi = f.bounds
         if not lo <= v <= hi:
             raise _fail(block, f, v, None)
         values[f.name] = v
+    drives = w[block.header_size:].view(drive_dtype)
     for f in block.drive:
         v = drives[f.name].astype(np.int64)
-        _check(block, f, v)
+        if _narrowed(f):  # a word always fits its kind; only narrower ranges need a look
+            _check(block, f, v)
         values[f.name] = v
     return values
+
+
+_INPUT_NAMES = tuple(f.name for f in fields(InputImage))
+_OUTPUT_NAMES = tuple(f.name for f in fields(OutputImage))
 
 
 # -- public codec ----------------------------------------------------------------------------------------
@@ -364,7 +393,7 @@ def decode_inputs(words: Sequence[int] | np.ndarray, n: int | None = None) -> In
     if values["drive_count"] != (w.shape[0] - INPUT_HEADER_SIZE) // INPUT_DRIVE_STRIDE:
         raise GatewayError(f"gateway input image: drive_count (register {input_address('drive_count'):#06x}) = "
                            f"{values['drive_count']}, but {w.shape[0]} registers were read")
-    return InputImage(**{f.name: values[f.name] for f in fields(InputImage)})
+    return InputImage(**{name: values[name] for name in _INPUT_NAMES})
 
 
 def encode_outputs(image: OutputImage) -> np.ndarray:
@@ -376,8 +405,8 @@ def encode_outputs(image: OutputImage) -> np.ndarray:
 def decode_outputs(words: Sequence[int] | np.ndarray, n: int | None = None) -> OutputImage:
     """The command image in holding registers read from HOLDING_BASE (the whole image); GatewayError for an
     unknown mode of operation, or a word count that is not a whole number of drives (or not n)."""
-    values = _decode(_OUTPUTS, words, n)
-    return OutputImage(**{f.name: values[f.name] for f in fields(OutputImage)})
+    values = _decode(_OUTPUTS, _words(_OUTPUTS, words), n)
+    return OutputImage(**{name: values[name] for name in _OUTPUT_NAMES})
 
 
 # -- generated artefacts: C constants and the documentation tables ---------------------------------------

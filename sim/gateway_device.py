@@ -36,7 +36,7 @@ from pymodbus.simulator import DataType, SimData, SimDevice
 
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
-from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, TORQUE_LSB, JointScaling
 from ident.errors import InputError
 from sim.faults import Fate
 
@@ -80,11 +80,7 @@ class GatewayDevice:
         self._inputs: list[int] = []
         self._last_watchdog = 0.0
         self._expired = False
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: ModbusTcpServer | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        self._server: ModbusServerThread | None = None
 
     # -- SimTransport ------------------------------------------------------------------------------
     def attach(self, sim) -> None:
@@ -97,13 +93,19 @@ class GatewayDevice:
         self._q_min, self._q_max, self._tau_max = model.q_min, model.q_max, model.tau_max
         self._half_count = 0.5 / np.abs(self._scaling.counts_per_rad)
         self._cw_at = _CW[:n]
-        self._image = gw.InputImage(0, 0, 0, 0, *(np.zeros(n, np.int32) for _ in range(7)))
+        sc = self._scaling
+        self._wire_scale = np.stack([sc.counts_per_rad, sc.counts_per_rad, np.full(n, 1.0 / CURRENT_LSB),
+                                     np.full(n, 1.0 / TORQUE_LSB)])
+        self._si = np.zeros((4, n))
+        self._raw = np.zeros((4, n), np.int32)  # position, velocity, current, torque in wire units
+        self._image = gw.InputImage(0, 0, 0, 0, np.zeros(n, np.uint16), np.zeros(n, np.int8), np.zeros(n, np.uint16),
+                                    *self._raw)
         self._inputs = gw.encode_inputs(self._image).tolist()
         sim.add_cycle_callback(self._on_cycle)
 
     def start(self) -> None:
         """Listen (bounded wait; InputError if the address cannot be bound). Idempotent."""
-        if self._thread is not None:
+        if self._server is not None:
             return
         if self._sim is None:
             raise RuntimeError("gateway: attach(sim) first (Simulator(model, transport=GatewayDevice(...)))")
@@ -112,65 +114,24 @@ class GatewayDevice:
             0, self._timeout_ms, np.zeros(self._n, np.int64), state.mode_display.astype(np.int64),
             self._scaling.position_to_counts(state.position), np.zeros(self._n, np.int64))).astype(np.int64)
         self._last_watchdog, self._expired = time.monotonic(), False
-        self._ready.clear()
-        self._error = None
-        self._thread = threading.Thread(target=self._serve, name="armid-gateway", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(_START_TIMEOUT) or self._error is not None:
-            error = self._error
-            self.stop()
-            raise InputError(f"gateway: cannot listen on {self.host}:{self.port}: {error or 'timed out'}")
+        device = register_device(self._holding.tolist(), self._inputs, action=self._action)
+        server = ModbusServerThread(device, self.host, self.port, trace_packet=self._trace_packet)
+        try:
+            self.port = server.start()
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            raise InputError(f"gateway: cannot listen on {self.host}:{self.port}: {exc}") from None
+        self._server = server
 
     def stop(self) -> None:
         """Shut the server down, join its thread, release the port (bounded waits). Idempotent."""
-        thread, loop, server = self._thread, self._loop, self._server
-        if thread is None:
-            return
-        if loop is not None and server is not None and not loop.is_closed():
-            try:
-                asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(_STOP_TIMEOUT)
-            except (RuntimeError, TimeoutError, asyncio.TimeoutError):
-                pass  # the loop already ended: the thread's finally closes everything
-        thread.join(_STOP_TIMEOUT)
-        if thread.is_alive():
-            raise RuntimeError("gateway: the server thread did not stop")
-        self._thread = self._loop = self._server = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
     @property
     def address(self) -> tuple[str, int]:
         """(host, port) the server listens on (the real port once started)."""
         return self.host, self.port
-
-    # -- the server thread ---------------------------------------------------------------------------
-    def _serve(self) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._main())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(asyncio.sleep(0))  # let the closed transports' callbacks run
-            loop.close()
-            asyncio.set_event_loop(None)
-            self._ready.set()
-
-    async def _main(self) -> None:
-        device = SimDevice(id=0, action=self._action, simdata=(
-            [SimData(0, values=False, datatype=DataType.BITS)],            # coils (refused by the action)
-            [SimData(0, values=False, datatype=DataType.BITS)],            # discrete inputs (idem)
-            [SimData(gw.HOLDING_BASE, values=self._holding.tolist(), datatype=DataType.REGISTERS)],
-            [SimData(gw.INPUT_BASE, values=list(self._inputs), datatype=DataType.REGISTERS)]))
-        server = ModbusTcpServer(device, address=(self.host, self.port), trace_packet=self._trace_packet)
-        await server.serve_forever(background=True)   # RuntimeError when the address cannot be bound
-        self.port = server.transport.sockets[0].getsockname()[1]
-        self._loop, self._server = asyncio.get_running_loop(), server
-        self._ready.set()
-        await server.serving
 
     def _trace_packet(self, sending: bool, data: bytes) -> bytes:
         """pymodbus hook on every packet: a response whose fate is not DELIVER is not sent."""
@@ -235,19 +196,15 @@ class GatewayDevice:
 
     # -- every cycle (the simulator's stepping thread) -----------------------------------------------
     def _on_cycle(self, sample) -> None:
-        img, sc = self._image, self._scaling
+        img, si, raw = self._image, self._si, self._raw
+        si[0], si[1], si[2], si[3] = sample.position, sample.velocity, sample.current, sample.torque
+        si *= self._wire_scale          # JointScaling's factors: counts/rad, counts/s per rad/s, 1/uA, 1/mN m
         status = gw.STATUS_DATA_VALID
-        try:
-            position = sc.position_to_counts(sample.position)
-            velocity = sc.velocity_to_counts(sample.velocity)
-            current = sc.current_to_raw(sample.current)
-            torque = sc.torque_to_raw(sample.torque)
-        except WireValueError:
-            status = 0          # keep the last representable values, say the image is stale
+        if np.all(np.abs(si) <= INT32_MAX):      # False for NaN too
+            np.rint(si, out=si)
+            raw[:] = si                          # int32: the encoder needs no range check of its own
         else:
-            # int32 (range checked by the scaling): the encoder then needs no range check of its own
-            img.position, img.velocity = position.astype(np.int32), velocity.astype(np.int32)
-            img.current, img.torque = current.astype(np.int32), torque.astype(np.int32)
+            status = 0                           # keep the last representable values, say the image is stale
         img.statusword, img.mode_display, img.error_code = sample.statusword, sample.mode_display, sample.error_code
         if np.any(img.statusword & cia402.SW_FAULT):
             status |= gw.STATUS_DRIVE_FAULT
@@ -277,3 +234,79 @@ class GatewayDevice:
                 self.watchdog_trips += 1
         return True
 
+
+
+def register_device(holding: list[int], inputs: list[int], action=None) -> SimDevice:
+    """pymodbus's register store for the gateway layout: holding registers from HOLDING_BASE, input
+    registers from INPUT_BASE (initial words given), no coils or discrete inputs worth the name (one
+    placeholder each; the gateway's action refuses bit functions)."""
+    return SimDevice(id=0, action=action, simdata=(
+        [SimData(0, values=False, datatype=DataType.BITS)],
+        [SimData(0, values=False, datatype=DataType.BITS)],
+        [SimData(gw.HOLDING_BASE, values=list(holding), datatype=DataType.REGISTERS)],
+        [SimData(gw.INPUT_BASE, values=list(inputs), datatype=DataType.REGISTERS)]))
+
+
+class ModbusServerThread:
+    """pymodbus's asyncio ModbusTcpServer for one SimDevice, in its own thread ("armid-gateway") and event
+    loop. start() returns the port it listens on (bounded wait); stop() shuts it down and joins the thread."""
+
+    def __init__(self, device: SimDevice, host: str, port: int, trace_packet=None):
+        self.device, self.host, self.port, self.trace_packet = device, host, port, trace_packet
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: ModbusTcpServer | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> int:
+        """Listen; the port (RuntimeError/OSError when the address cannot be bound, TimeoutError)."""
+        self._ready.clear()
+        self._error = None
+        self._thread = threading.Thread(target=self._serve, name="armid-gateway", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(_START_TIMEOUT) or self._error is not None:
+            error = self._error or TimeoutError(f"not listening after {_START_TIMEOUT} s")
+            self.stop()
+            raise error
+        return self.port
+
+    def stop(self) -> None:
+        """Shut the server down and join its thread (bounded waits). Idempotent."""
+        thread, loop, server = self._thread, self._loop, self._server
+        if thread is None:
+            return
+        if loop is not None and server is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(_STOP_TIMEOUT)
+            except (RuntimeError, TimeoutError, asyncio.TimeoutError):
+                pass  # the loop already ended: the thread's finally has closed everything
+        thread.join(_STOP_TIMEOUT)
+        if thread.is_alive():
+            raise RuntimeError("gateway: the server thread did not stop")
+        self._thread = self._loop = self._server = None
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(asyncio.sleep(0))  # let the closed transports' callbacks run
+            loop.close()
+            asyncio.set_event_loop(None)
+            self._ready.set()
+
+    async def _main(self) -> None:
+        server = ModbusTcpServer(self.device, address=(self.host, self.port), trace_packet=self.trace_packet)
+        await server.serve_forever(background=True)   # RuntimeError when the address cannot be bound
+        self.port = server.transport.sockets[0].getsockname()[1]
+        self._loop, self._server = asyncio.get_running_loop(), server
+        self._ready.set()
+        await server.serving
