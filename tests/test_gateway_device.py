@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ModbusIOException
 
@@ -345,3 +347,57 @@ def test_stop_closes_the_server_and_releases_the_port_for_the_next_gateway(model
 def test_bad_gateway_options_are_refused_with_input_error(kwargs, message):
     with pytest.raises(InputError, match=message):
         GatewayDevice(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def quiet_rig(model):
+    """One running gateway (watchdog off) for the property test's many writes."""
+    gateway = GatewayDevice(port=0, watchdog_s=None)
+    sim = Simulator(model, transport=gateway, realtime=False)
+    sim.start()
+    host = Host(gateway.port)
+    try:
+        yield sim, gateway, host
+    finally:
+        host.close()
+        sim.stop()
+
+
+def _acceptable(words: list[int], previous_timeout: int, model) -> bool:
+    """The documented rule, written from the doc: modes 0, 8, 10; targets within q limits and tau_max;
+    the watchdog time not switched off."""
+    modes = [w - 0x10000 * (w >= 0x8000) for w in words[gw.HOLDING_HEADER_SIZE + 1::gw.HOLDING_DRIVE_STRIDE]]
+    if not set(modes) <= {0, 8, 10}:
+        return False
+    image = gw.decode_outputs(words, N)
+    q = image.target_position / (2 ** 17 * model.gear_ratio / (2 * np.pi))
+    tau = image.target_torque * 1e-3
+    half = np.pi / (2 ** 17 * np.abs(model.gear_ratio))
+    if np.any(q < model.q_min - half) or np.any(q > model.q_max + half) or np.any(np.abs(tau) > model.tau_max + 5e-4):
+        return False
+    return not (image.watchdog_timeout_ms == 0 and previous_timeout != 0)
+
+
+_WORD = st.one_of(st.sampled_from([0, 1, 6, 7, 8, 9, 10, 15, 0x80, 100, 0xFFFF]), st.integers(0, 0xFFFF))
+
+
+@given(offset=st.integers(0, gw.holding_count(N) - 1), values=st.lists(_WORD, min_size=1, max_size=14))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_writes_are_applied_whole_or_refused_whole(quiet_rig, model, offset, values):
+    sim, gateway, host = quiet_rig
+    values = values[:gw.holding_count(N) - offset]
+    before = host.client.read_holding_registers(gw.HOLDING_BASE, count=gw.holding_count(N)).registers
+    refused = gateway.refused_writes
+    expected = before[:offset] + values + before[offset + len(values):]
+    accept = _acceptable(expected, before[1], model)
+    event("accepted" if accept else "refused")
+    reply = host.client.write_registers(gw.HOLDING_BASE + offset, values)
+    after = host.client.read_holding_registers(gw.HOLDING_BASE, count=gw.holding_count(N)).registers
+    assert reply.isError() is not accept, (reply, gateway.last_refusal)
+    if accept:
+        assert after == expected and gateway.refused_writes == refused
+    else:
+        assert reply.exception_code == ILLEGAL_VALUE and after == before and gateway.refused_writes == refused + 1
+    sim.wait_cycles(2, timeout=WAIT_S)
+    assert np.array_equal(sim.read_state().mode_display, gw.decode_outputs(after, N).mode)   # what the drives run
+    assert sim.error is None
