@@ -45,12 +45,16 @@ class Recorder:
         self.order: collections.deque = collections.deque()
         self.size = size
         self.lock = threading.Lock()
+        self.changes: list[tuple[int, tuple]] = []   # (cycle, statuswords) whenever they change: kept whole
 
     def __call__(self, s) -> None:
         with self.lock:
             self.samples[s.cycle] = (s.statusword.copy(), s.mode_display.copy(), s.error_code.copy(),
                                      s.position_counts.copy(), s.current.copy(), s.position.copy())
             self.order.append(s.cycle)
+            words = tuple(int(w) for w in s.statusword)
+            if not self.changes or self.changes[-1][1] != words:
+                self.changes.append((s.cycle, words))
             if len(self.order) > self.size:
                 self.samples.pop(self.order.popleft(), None)
 
@@ -60,7 +64,7 @@ class Recorder:
 
     def states_since(self, cycle: int) -> set:
         with self.lock:
-            return {cia402.state_of(int(w)) for c, s in self.samples.items() if c >= cycle for w in s[0]}
+            return {cia402.state_of(w) for c, words in self.changes if c >= cycle for w in words}
 
 
 class Host:
@@ -265,13 +269,13 @@ def test_the_host_watchdog_quick_stops_enabled_drives_when_the_host_goes_quiet(r
     host.enable_csp()
     assert gateway.watchdog_trips == 0 and not host.inputs().gateway_status & gw.STATUS_WATCHDOG_EXPIRED
     # the host shortens the watchdog to 50 ms, then writes nothing more
+    quiet_from = host.inputs().cycle_counter
     assert not host.client.write_register(gw.holding_address("watchdog_timeout_ms"), 50).isError()
-    trip_cycle = host.inputs().cycle_counter
     image = host.wait(lambda im: not any(cia402.state_of(int(w)) is State.OPERATION_ENABLED for w in im.statusword),
                       "drives out of OPERATION ENABLED")
     assert image.gateway_status & gw.STATUS_WATCHDOG_EXPIRED and gateway.watchdog_trips >= 1
     host.wait_states(State.SWITCH_ON_DISABLED)               # quick stop option: at rest, voltage off
-    assert State.QUICK_STOP_ACTIVE in recorder.states_since(trip_cycle)   # a quick stop, not a disable
+    assert State.QUICK_STOP_ACTIVE in recorder.states_since(quiet_from)   # a quick stop, not a disable
     assert np.all(host.outputs().controlword == cia402.CW_QUICK_STOP)   # what the gateway commanded, read back
     # writing the watchdog re-arms it and clears the status bit
     assert not host.client.write_register(gw.holding_address("watchdog"), 1).isError()
