@@ -26,6 +26,7 @@ simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -40,6 +41,7 @@ from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX
 from ident.errors import InputError
 from sim.faults import Fate
 
+_log = logging.getLogger("armid.sim.gateway")
 _START_TIMEOUT = 10.0   # s to wait for the server to listen
 _STOP_TIMEOUT = 5.0     # s to wait for the shutdown and the thread
 _READ_FUNCTIONS = (3, 4)
@@ -121,6 +123,8 @@ class GatewayDevice:
         except (OSError, RuntimeError, TimeoutError) as exc:
             raise InputError(f"gateway: cannot listen on {self.host}:{self.port}: {exc}") from None
         self._server = server
+        _log.info("Modbus TCP gateway listening on %s:%d (%d drives, layout %d)", self.host, self.port, self._n,
+                  gw.LAYOUT_VERSION)
 
     def stop(self) -> None:
         """Shut the server down, join its thread, release the port (bounded waits). Idempotent."""

@@ -298,6 +298,25 @@ def test_a_gateway_that_does_not_answer_times_out_on_the_client_and_recovers(rig
     assert host.inputs().n == N                                     # answers again once the fault is cleared
 
 
+@pytest.mark.parametrize("junk", [
+    b"\x00\x01\x00\x00\x00\x06\x01\x63\x00\x00\x00\x01",       # MBAP header, unknown function 0x63
+    b"\x00\x02\x00\x00\x00\x06\x01\x04\x00",                      # truncated read request
+    b"\x00\x03\x00\x00\x00\x0b\x01\x10\x04\x00\x00\x02\x09\x00\x00\x00\x00\x00",  # byte count lies
+    bytes(range(256)) * 4,                                               # noise
+], ids=["unknown-function", "truncated", "bad-byte-count", "noise"])
+def test_malformed_frames_from_a_raw_socket_do_not_disturb_the_gateway(rig, junk):
+    sim, gateway, host, _ = rig
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=2) as raw:
+        raw.sendall(junk)
+        raw.settimeout(0.3)
+        try:
+            raw.recv(1024)                       # an exception response, or nothing: either is fine
+        except (TimeoutError, ConnectionResetError):
+            pass
+    assert host.inputs().n == N and host.inputs().refused_writes == 0
+    assert sim.error is None and sim.running
+
+
 def test_latency_spikes_delay_responses_beyond_a_short_client_timeout(rig):
     sim, gateway, host, _ = rig
     sim.faults.set_frame_faults(latency_spike_probability=1.0, latency_spike_s=0.05)
