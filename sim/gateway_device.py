@@ -204,13 +204,13 @@ class GatewayDevice:
         si[0], si[1], si[2], si[3] = sample.position, sample.velocity, sample.current, sample.torque
         si *= self._wire_scale          # JointScaling's factors: counts/rad, counts/s per rad/s, 1/uA, 1/mN m
         status = gw.STATUS_DATA_VALID
-        if np.all(np.abs(si) <= INT32_MAX):      # False for NaN too
+        if (np.abs(si) <= INT32_MAX).all():      # False for NaN too
             np.rint(si, out=si)
             raw[:] = si                          # int32: the encoder needs no range check of its own
         else:
             status = 0                           # keep the last representable values, say the image is stale
         img.statusword, img.mode_display, img.error_code = sample.statusword, sample.mode_display, sample.error_code
-        if np.any(img.statusword & cia402.SW_FAULT):
+        if (img.statusword & cia402.SW_FAULT).any():
             status |= gw.STATUS_DRIVE_FAULT
         if self._watchdog(img.statusword):
             status |= gw.STATUS_WATCHDOG_EXPIRED
