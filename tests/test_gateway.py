@@ -273,3 +273,10 @@ int main(void) {{
 def test_the_committed_doc_contains_the_generated_register_tables():
     doc = (ROOT / "docs" / "wire-gateway.md").read_text()
     assert gw.register_tables_markdown() in doc
+    # the hand-written address map agrees with the definitions
+    for text in (f"| {gw.INPUT_HEADER_SIZE} + {gw.INPUT_DRIVE_STRIDE} n | {gw.input_count(6)} |",
+                 f"| {gw.HOLDING_HEADER_SIZE} + {gw.HOLDING_DRIVE_STRIDE} n | {gw.holding_count(6)} |",
+                 f"{gw.HOLDING_BASE} (0x{gw.HOLDING_BASE:04X})", f"up to **{gw.DRIVES_PER_READ} drives**",
+                 f"up to **{gw.DRIVES_PER_WRITE} drives**", f"up to {gw.MAX_DRIVES} drives",
+                 f"layout version ({gw.LAYOUT_VERSION})"):
+        assert text in doc, text
