@@ -6,9 +6,10 @@ simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
     ...                                          # any Modbus TCP client reads and writes the image
     sim.stop()                                   # server shut down, thread joined, port released
 
-* Every simulator cycle (a cycle callback) encodes the sample into the input registers: positions and
-  velocities in motor counts (JointScaling of the model's gear ratios and the simulator's encoder
-  resolution), currents in uA, torques in mN m, the cycle counter and the device time in us.
+* Every simulator cycle (a cycle callback) keeps a copy of the sample and runs the watchdog; the first
+  read after a cycle encodes that cycle's image into the input registers (no encoding for cycles nobody
+  reads): positions and velocities in motor counts (the model's gear ratios and the simulator's encoder
+  resolution, as JointScaling), currents in uA, torques in mN m, the cycle counter and the device time in us.
 * A write to the holding registers is decoded as a whole command image and becomes one
   sim.set_commands. An impossible image (unknown or unsupported mode, a target position outside the
   joint's limits, a target torque above its tau_max, switching the watchdog off) is refused with the
@@ -29,6 +30,7 @@ import asyncio
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 from pymodbus.constants import ExcCodes
@@ -50,6 +52,19 @@ _OE_MASK, _OE_VALUE = cia402.STATE_PATTERNS[cia402.State.OPERATION_ENABLED]
 _CW = np.asarray([gw.holding_address("controlword", k) - gw.HOLDING_BASE for k in range(gw.MAX_DRIVES)])
 _WATCHDOG = gw.holding_address("watchdog") - gw.HOLDING_BASE
 _TIMEOUT = gw.holding_address("watchdog_timeout_ms") - gw.HOLDING_BASE
+
+
+class _Snapshot(NamedTuple):
+    """One cycle's values as the cycle callback left them: si (4, n) = position, velocity, current,
+    torque already multiplied into wire units (not yet rounded)."""
+
+    cycle: int
+    time: float
+    si: np.ndarray
+    statusword: np.ndarray
+    mode_display: np.ndarray
+    error_code: np.ndarray
+    watchdog_expired: bool
 
 
 class GatewayDevice:
@@ -98,10 +113,11 @@ class GatewayDevice:
         sc = self._scaling
         self._wire_scale = np.stack([sc.counts_per_rad, sc.counts_per_rad, np.full(n, 1.0 / CURRENT_LSB),
                                      np.full(n, 1.0 / TORQUE_LSB)])
-        self._si = np.zeros((4, n))
-        self._raw = np.zeros((4, n), np.int32)  # position, velocity, current, torque in wire units
+        self._raw = np.zeros((4, n), np.int32)  # last representable position, velocity, current, torque
         self._image = gw.InputImage(0, 0, 0, 0, np.zeros(n, np.uint16), np.zeros(n, np.int8), np.zeros(n, np.uint16),
                                     *self._raw)
+        self._snapshot: _Snapshot | None = None
+        self._encoded_from: _Snapshot | None = None
         self._inputs = gw.encode_inputs(self._image).tolist()
         sim.add_cycle_callback(self._on_cycle)
 
@@ -154,7 +170,7 @@ class GatewayDevice:
             if delay:
                 await asyncio.sleep(delay)
         if function_code == 4:
-            inputs = self._inputs            # one cycle's image, swapped whole by the cycle callback
+            inputs = self._encoded()
             registers[:len(inputs)] = inputs
             return None
         with self._lock:
@@ -200,25 +216,35 @@ class GatewayDevice:
 
     # -- every cycle (the simulator's stepping thread) -----------------------------------------------
     def _on_cycle(self, sample) -> None:
-        img, si, raw = self._image, self._si, self._raw
-        si[0], si[1], si[2], si[3] = sample.position, sample.velocity, sample.current, sample.torque
-        si *= self._wire_scale          # JointScaling's factors: counts/rad, counts/s per rad/s, 1/uA, 1/mN m
+        """Keep this cycle's values (copies, swapped in whole); encoding waits for a read (_encoded)."""
+        si = np.array((sample.position, sample.velocity, sample.current, sample.torque))
+        si *= self._wire_scale   # JointScaling's factors: counts/rad, counts/s per rad/s, 1/uA, 1/mN m
+        expired = self._watchdog(sample.statusword)
+        self._snapshot = _Snapshot(sample.cycle, sample.time, si, sample.statusword.copy(),
+                                   sample.mode_display.copy(), sample.error_code.copy(), expired)
+
+    def _encoded(self) -> list[int]:
+        """The input registers of the latest cycle (encoded once per cycle, at the first read)."""
+        snap = self._snapshot
+        if snap is None or snap is self._encoded_from:
+            return self._inputs
+        img, raw = self._image, self._raw
         status = gw.STATUS_DATA_VALID
-        if (np.abs(si) <= INT32_MAX).all():      # False for NaN too
-            np.rint(si, out=si)
-            raw[:] = si                          # int32: the encoder needs no range check of its own
+        if (np.abs(snap.si) <= INT32_MAX).all():   # False for NaN too
+            raw[:] = np.rint(snap.si)                # int32: the encoder needs no range check of its own
         else:
-            status = 0                           # keep the last representable values, say the image is stale
-        img.statusword, img.mode_display, img.error_code = sample.statusword, sample.mode_display, sample.error_code
-        if (img.statusword & cia402.SW_FAULT).any():
+            status = 0                               # keep the last representable values, say the image is stale
+        img.statusword, img.mode_display, img.error_code = snap.statusword, snap.mode_display, snap.error_code
+        if (snap.statusword & cia402.SW_FAULT).any():
             status |= gw.STATUS_DRIVE_FAULT
-        if self._watchdog(img.statusword):
+        if snap.watchdog_expired:
             status |= gw.STATUS_WATCHDOG_EXPIRED
         img.gateway_status = status
         img.refused_writes = self.refused_writes & 0xFFFF
-        img.cycle_counter = sample.cycle & 0xFFFFFFFF
-        img.timestamp_us = int(round(sample.time * 1e6)) & 0xFFFFFFFF
-        self._inputs = gw.encode_inputs(img).tolist()
+        img.cycle_counter = snap.cycle & 0xFFFFFFFF
+        img.timestamp_us = int(round(snap.time * 1e6)) & 0xFFFFFFFF
+        self._inputs, self._encoded_from = gw.encode_inputs(img).tolist(), snap
+        return self._inputs
 
     def _watchdog(self, statusword: np.ndarray) -> bool:
         """Quick-stop the enabled drives once the host watchdog has run out; True while it has."""
