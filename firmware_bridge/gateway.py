@@ -21,7 +21,7 @@ This module depends on nothing of armid's but firmware_bridge.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -255,12 +255,21 @@ def _narrowed(f: Field) -> bool:
 _SPECS = {b.what: (b.header_dtype, b.drive_dtype, tuple(_trusted(f) for f in b.drive)) for b in (_INPUTS, _OUTPUTS)}
 
 
+@lru_cache(maxsize=None)
+def _allowed_table(f: Field) -> np.ndarray:
+    """table[v - lo] is True for the allowed values of f (a lookup instead of np.isin)."""
+    lo, hi = f.bounds
+    table = np.zeros(hi - lo + 1, dtype=bool)
+    table[np.asarray(f.allowed) - lo] = True
+    return table
+
+
 def _check(block: _Block, f: Field, values: np.ndarray) -> None:
     """GatewayError for the first drive whose value of field f lies outside its range or allowed set."""
     lo, hi = f.bounds
     bad = (values < lo) | (values > hi)
     if f.allowed is not None:
-        bad |= ~np.isin(values, f.allowed)
+        bad |= ~_allowed_table(f)[np.clip(values, lo, hi) - lo]
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         raise _fail(block, f, int(values[k]), k)
