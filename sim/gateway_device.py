@@ -148,6 +148,10 @@ class GatewayDevice:
             self._server.stop()
             self._server = None
 
+    def connection(self) -> dict:
+        """The driver's [transport] options that reach this gateway."""
+        return {"host": self.host, "port": self.port}
+
     @property
     def address(self) -> tuple[str, int]:
         """(host, port) the server listens on (the real port once started)."""
