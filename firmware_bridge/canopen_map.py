@@ -301,7 +301,7 @@ _I32 = type_range(INTEGER32)
 OBJECTS: tuple[Obj, ...] = tuple([
     _var(DEVICE_TYPE, "Device type", UNSIGNED32, "ro", f"0x{DEVICE_TYPE_VALUE:08X}"),
     _var(ERROR_REGISTER, "Error register", UNSIGNED8, "ro", "0x00", pdo=True),
-    _var(COB_ID_SYNC, "COB-ID SYNC", UNSIGNED32, "rw", f"0x{SYNC_COB_ID:08X}"),
+    _var(COB_ID_SYNC, "COB-ID SYNC", UNSIGNED32, "ro", f"0x{SYNC_COB_ID:08X}"),
     _var(MANUFACTURER_DEVICE_NAME, "Manufacturer device name", VISIBLE_STRING, "const", DEVICE_NAME),
     _var(COB_ID_EMCY, "COB-ID EMCY", UNSIGNED32, "ro", f"$NODEID+0x{EMCY_COB_BASE:X}"),
     _var(PRODUCER_HEARTBEAT_TIME, "Producer heartbeat time", UNSIGNED16, "rw", f"{DEFAULT_HEARTBEAT_MS}", unit="ms"),
