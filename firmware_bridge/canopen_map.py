@@ -149,6 +149,7 @@ class PdoDef:
         if sum(e.bits for e in self.entries) > 64:
             raise CanFrameError(f"{self.name}: {sum(e.bits for e in self.entries)} bits mapped, a CAN frame holds 64")
         object.__setattr__(self, "_struct", struct.Struct("<" + "".join(_FORMAT[e.data_type] for e in self.entries)))
+        object.__setattr__(self, "_ranges", tuple(type_range(e.data_type) for e in self.entries))
 
     @property
     def name(self) -> str:
@@ -196,8 +197,7 @@ class PdoDef:
         if len(values) != len(self.entries):
             raise CanFrameError(f"{self.name}: expected {len(self.entries)} values ({', '.join(self.fields)}), "
                                 f"got {len(values)}")
-        for e, v in zip(self.entries, values):
-            lo, hi = type_range(e.data_type)
+        for e, (lo, hi), v in zip(self.entries, self._ranges, values):
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise CanFrameError(f"{self.name}: {e.field}: expected an integer in {lo}..{hi}, got {v!r}")
         return self._struct.pack(*values)

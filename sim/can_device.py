@@ -385,9 +385,10 @@ class CanDevice:
                 self._send_tpdos(d, wire)
             self._check_fault(d, sample, state)
 
-    def _wire_values(self, s: "SimState") -> dict[str, np.ndarray]:
+    def _wire_values(self, s: "SimState") -> dict[str, list[int]]:
+        """The sample in wire units, {TPDO field: one int per joint}; WireValueError if one does not fit."""
         sc = self.scaling
-        return {
+        arrays = {
             "statusword": s.statusword, "mode_display": s.mode_display,
             "position_actual": sc.position_to_counts(s.position),
             "velocity_actual": sc.velocity_to_counts(s.velocity),
@@ -395,14 +396,15 @@ class CanDevice:
             "torque_actual": sc.torque_to_raw(s.torque),
             "following_error_actual": sc.position_to_counts(s.following_error),
         }
+        return {k: v.tolist() for k, v in arrays.items()}
 
-    def _send_tpdos(self, d: _Drive, wire: dict[str, np.ndarray]) -> None:
+    def _send_tpdos(self, d: _Drive, wire: dict[str, list[int]]) -> None:
         j = d.joint
         for pdef, pdo_map in d.tpdos:
             tt = pdo_map.trans_type
             if not pdo_map.enabled or (tt and self._sync_count % tt):
                 continue
-            payload = pdef.pack([int(wire[f][j]) for f in pdef.fields])
+            payload = pdef.pack([wire[f][j] for f in pdef.fields])
             if tt == 0 and d.last_sent.get(pdef.number) == payload:
                 continue
             d.last_sent[pdef.number] = payload

@@ -37,6 +37,7 @@ class Rig:
         self.device = CanDevice(bus=self.dev_bus, heartbeat_ms=heartbeat_ms)
         self.sim = Simulator("generic6", transport=self.device, seed=1)
         self.net = canopen.Network(bus=can.Bus(interface="virtual", channel=channel))
+        self.net.NOTIFIER_CYCLE = 0.05        # its receive thread checks for stop() this often
         self.net.connect()
         self.heartbeats: dict[int, list[int]] = {}
         self.nodes: dict[int, canopen.RemoteNode] = {}
