@@ -256,7 +256,7 @@ class CanDevice:
                 return
             if self.sim is None:
                 raise RuntimeError("can: start() before attach(): pass the CanDevice to a Simulator")
-            self.bus = self._bus_given if self._bus_given is not None else can.Bus(**self._bus_options)
+            self.bus = self._bus_given if self._bus_given is not None else self._open_bus()
             self._faulty = _FaultyBus(self.bus, self.sim.faults, self._counts, self._on_sent)
             self.network.bus = self._faulty
             state = self.sim.read_state()
@@ -266,6 +266,13 @@ class CanDevice:
             self._running = True
             for d in self.drives:
                 self._boot(d)
+
+    def _open_bus(self) -> can.BusABC:
+        try:
+            return can.Bus(**self._bus_options)
+        except (can.CanError, OSError, ValueError, ImportError) as exc:
+            opts = ", ".join(f"{k}={v!r}" for k, v in self._bus_options.items())
+            raise InputError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
 
     def stop(self) -> None:
         """Stop the heartbeats and the receive thread (bounded joins); shut the bus down if we opened it."""

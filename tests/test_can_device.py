@@ -352,6 +352,9 @@ def test_constructor_refuses_bad_options():
         CanDevice()
     with pytest.raises(InputError, match="heartbeat_ms"):
         CanDevice(interface="virtual", heartbeat_ms=-1)
+    sim = Simulator("generic6", transport=CanDevice(interface="no-such-interface", channel="x"))
+    with pytest.raises(InputError, match="cannot open the CAN bus.*no-such-interface"):
+        sim.transport.start()
     bus = can.Bus(interface="virtual", channel="armid-test-can-refuse")
     try:
         with pytest.raises(InputError, match="node_ids"):
