@@ -417,3 +417,16 @@ def test_random_rpdo_frames_become_commands_only_when_whole_and_valid(operationa
         assert sim._cmd_tau[joint] == expected["target_torque"]
     others = [k for k in range(6) if k != joint]
     assert all(np.array_equal(b[others], a[others]) for b, a in zip(before, after))
+
+
+def test_the_registry_line_for_the_lead_builds_the_device(monkeypatch):
+    """`"can": "sim.can_device:CanDevice"` in sim.simulator.TRANSPORTS (the line the report asks for)."""
+    from sim import simulator
+    monkeypatch.setitem(simulator.TRANSPORTS, "can", "sim.can_device:CanDevice")
+    bus = can.Bus(interface="virtual", channel="armid-test-can-registry")
+    try:
+        sim = Simulator("generic6", "can", bus=bus, heartbeat_ms=0)
+        assert isinstance(sim.transport, CanDevice) and sim.external_clock
+        assert sim.transport.node_ids() == [1, 2, 3, 4, 5, 6]
+    finally:
+        bus.shutdown()
