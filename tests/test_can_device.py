@@ -430,3 +430,44 @@ def test_the_registry_line_for_the_lead_builds_the_device(monkeypatch):
         assert sim.transport.node_ids() == [1, 2, 3, 4, 5, 6]
     finally:
         bus.shutdown()
+
+
+def send_rpdo(rig: Rig, pdo: cm.PdoDef, node_id: int, values) -> None:
+    rig.net.bus.send(can.Message(arbitration_id=pdo.cob_id(node_id), data=pdo.pack(values), is_extended_id=False))
+
+
+def test_cst_target_torque_by_rpdo2_reaches_the_motor_current_and_a_stalled_csp_joint_faults_with_emcy_8611(rig):
+    node = rig.node(5)
+    node.tpdo.read(from_od=True)
+    rig.start()
+    node.nmt.wait_for_heartbeat(TIMEOUT)
+    node.nmt.state = "OPERATIONAL"
+    start = cm.TPDO1.unpack(rig.sync(node.tpdo[1]))[1]
+    torque_mnm = 1500                                            # 1.5 N m on joint 5
+    send_rpdo(rig, cm.RPDO2, 5, [torque_mnm])
+    for cw in (0x06, 0x0F, 0x0F):                                # shutdown, enable (3 + 4), hold
+        send_rpdo(rig, cm.RPDO1, 5, [cw, start, int(Mode.CST)])
+        rig.sync(node.tpdo[1])
+    assert rig.sim.read_state().states()[4] is State.OPERATION_ENABLED
+    cur = cm.TPDO2.unpack_dict(rig.sync(node.tpdo[2]))["current_actual"]
+    s = rig.sim.read_state()
+    assert cur == round(s.current[4] * 1e6)
+    per_amp = rig.sim.model.joint_torque_per_amp()[4]
+    assert abs(cur * 1e-6 - torque_mnm * 1e-3 / per_amp) < 5 * 0.002     # current noise: 2 mA std
+
+    # CSP with the joint stuck: the reference runs away from the position, the drive faults (0x8611)
+    send_rpdo(rig, cm.RPDO2, 5, [0])
+    send_rpdo(rig, cm.RPDO1, 5, [0x0F, cm.TPDO1.unpack(bytes(node.tpdo[1].data))[1], int(Mode.CSP)])
+    rig.sync(node.tpdo[1])
+    rig.sim.faults.stall(4)
+    cpr = counts_per_rad_by_sdo(node)
+    send_rpdo(rig, cm.RPDO1, 5, [0x0F, start + round(0.3 * cpr), int(Mode.CSP)])
+    for _ in range(500):                                         # bounded: the fault comes within ~100 cycles
+        if cm.TPDO1.unpack(rig.sync(node.tpdo[1]))[0] & 0x08:    # FAULT bit in the TPDO
+            break
+    else:
+        pytest.fail("drive 5 did not fault in 500 stalled CSP cycles")
+    with node.emcy.emcy_received:                                # this cycle's EMCY follows its TPDOs
+        assert node.emcy.emcy_received.wait_for(lambda: node.emcy.log, TIMEOUT)
+    assert (node.emcy.log[0].code, node.emcy.log[0].register) == (0x8611, 0x21)
+    assert node.sdo[0x603F].raw == 0x8611
