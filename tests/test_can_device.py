@@ -471,3 +471,16 @@ def test_cst_target_torque_by_rpdo2_reaches_the_motor_current_and_a_stalled_csp_
         assert node.emcy.emcy_received.wait_for(lambda: node.emcy.log, TIMEOUT)
     assert (node.emcy.log[0].code, node.emcy.log[0].register) == (0x8611, 0x21)
     assert node.sdo[0x603F].raw == 0x8611
+
+
+def test_latency_spikes_delay_frames_without_changing_them(rig):
+    node = rig.node(6)
+    node.tpdo.read(from_od=True)
+    rig.start()
+    node.nmt.wait_for_heartbeat(TIMEOUT)
+    node.nmt.state = "OPERATIONAL"
+    rig.sim.faults.set_frame_faults(latency_spike_probability=1.0, latency_spike_s=0.02)
+    payload = rig.sync(node.tpdo[1])
+    rig.sim.faults.set_frame_faults(latency_spike_probability=0.0)
+    assert rig.sim.faults.counts["delayed"] >= 1
+    assert cm.TPDO1.unpack(payload)[1] == rig.sim.read_state().position_counts[5]
