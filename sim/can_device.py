@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from ident.errors import InputError
-from sim.drive import SUPPORTED_MODES
+from sim.can_objects import ABORT_VALUE_RANGE, MODES, fit_type, read_object, write_object
 from sim.faults import Fate, FaultInjection
 
 if TYPE_CHECKING:
@@ -59,11 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
-ABORT_VALUE_RANGE = 0x06090030      # SDO abort: value range of parameter exceeded
-ABORT_NOT_AVAILABLE = 0x060A0023    # SDO abort: resource not available
-ABORT_GENERAL = 0x08000000
 _STOP_TIMEOUT = 2.0                 # s, bound on joining each thread at stop()
-_MODES = frozenset(int(m) for m in SUPPORTED_MODES)
 _NMT_RESET_NODE, _NMT_RESET_COMM = 129, 130
 _COUNT_NAMES = ("sync_length", "rpdo_length", "rpdo_value", "rpdo_not_operational", "sdo_length",
                 "sdo_not_available", "sdo_aborted", "nmt_length", "tx_value", "tx_failed")
@@ -80,8 +75,8 @@ def rpdo_commands(pdo: cm.PdoDef, data: bytes | bytearray, counts_per_rad: float
         if e.field == "controlword":
             out["controlword"] = v
         elif e.field == "mode":
-            if v not in _MODES:
-                raise cm.CanFrameError(f"{pdo.name}: mode: {v} is not a supported mode ({sorted(_MODES)})")
+            if v not in MODES:
+                raise cm.CanFrameError(f"{pdo.name}: mode: {v} is not a supported mode ({sorted(MODES)})")
             out["mode"] = v
         elif e.field == "target_position":
             out["target_position"] = v / counts_per_rad
@@ -170,6 +165,17 @@ class _Drive:
     mode: int = 0
     target_counts: int = 0
     target_torque: float = 0.0
+
+    def remember(self, commands: dict, counts_per_rad: float) -> None:
+        """Keep what the host commanded (Simulator.set_commands arguments) for SDO read-back."""
+        if "controlword" in commands:
+            self.controlword = int(commands["controlword"])
+        if "mode" in commands:
+            self.mode = int(commands["mode"])
+        if "target_position" in commands:
+            self.target_counts = int(round(commands["target_position"] * counts_per_rad))
+        if "target_torque" in commands:
+            self.target_torque = float(commands["target_torque"])
 
 
 class CanDevice:
@@ -292,6 +298,7 @@ class CanDevice:
 
     @property
     def running(self) -> bool:
+        """True between start() and stop()."""
         return self._running
 
     @property
@@ -308,6 +315,7 @@ class CanDevice:
         return sum(c[k] for k in MALFORMED)
 
     def node_ids(self) -> list[int]:
+        """The node id of each joint's drive, in joint order."""
         return [d.node.id for d in self.drives]
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -325,8 +333,8 @@ class CanDevice:
             (cia402.POSITION_ENCODER_RESOLUTION, 2): 1,
             (cia402.GEAR_RATIO, 1): frac.numerator,
             (cia402.GEAR_RATIO, 2): frac.denominator,
-            (cia402.RATED_TORQUE, 0): _clip_u32(round(self.rated_torque[j] * 1e3)),
-            (cia402.RATED_CURRENT, 0): _clip_u32(round(self.rated_current[j] * 1e3)),
+            (cia402.RATED_TORQUE, 0): fit_type(cm.UNSIGNED32, self.rated_torque[j] * 1e3),
+            (cia402.RATED_CURRENT, 0): fit_type(cm.UNSIGNED32, self.rated_current[j] * 1e3),
             (cm.IDENTITY, 4): node.id,
         }
         if self._heartbeat_ms is not None:
@@ -445,17 +453,7 @@ class CanDevice:
         except (cm.CanFrameError, InputError):
             self._counts.add("rpdo_value")
             return
-        self._remember(d, commands)
-
-    def _remember(self, d: _Drive, commands: dict) -> None:
-        if "controlword" in commands:
-            d.controlword = int(commands["controlword"])
-        if "mode" in commands:
-            d.mode = int(commands["mode"])
-        if "target_position" in commands:
-            d.target_counts = int(round(commands["target_position"] * self.scaling.counts_per_rad[d.joint]))
-        if "target_torque" in commands:
-            d.target_torque = float(commands["target_torque"])
+        d.remember(commands, self.scaling.counts_per_rad[d.joint])
 
     def _on_sdo_request(self, d: _Drive, can_id: int, data: bytearray, timestamp: float) -> None:
         if len(data) != 8:
@@ -491,48 +489,21 @@ class CanDevice:
             d.controlword = 0
         self._boot(d)
 
-    # -- SDO access to live objects --------------------------------------------------------------------
+    # -- SDO access to live objects (sim.can_objects) --------------------------------------------------
     def _on_read(self, d: _Drive, index: int, subindex: int, od) -> int | None:
-        j = d.joint
-        if index in _SAMPLE_OBJECTS:
-            s = self.sim.read_state()
-            try:
-                return _fit(od.data_type, _SAMPLE_OBJECTS[index](self, s, j))
-            except (WireValueError, ZeroDivisionError):
-                raise SdoAbortedError(ABORT_NOT_AVAILABLE) from None
-        if index in _COMMAND_OBJECTS:
-            return _fit(od.data_type, _COMMAND_OBJECTS[index](self, d))
-        if index in _PARAMETER_OBJECTS:
-            p = self.sim.drive_parameters(j)
-            value = _PARAMETER_OBJECTS[index][0](self, p, j, subindex)
-            if value is None:
-                raise SdoAbortedError(ABORT_NOT_AVAILABLE)
-            return _fit(od.data_type, value)
-        if 0x1400 <= index < 0x1C00 and subindex in (1, 2):
+        value = read_object(self, d, index, subindex, od)
+        if value is None and 0x1400 <= index < 0x1C00 and subindex in (1, 2):
             pdo_map = self._pdo_map(d, index)
             if pdo_map is not None:
                 if subindex == 1:
                     return pdo_map.cob_id | (0 if pdo_map.enabled else cm.PDO_NOT_VALID)
                 return pdo_map.trans_type
-        return None
+        return value
 
     def _on_write(self, d: _Drive, index: int, subindex: int, od, data: bytes) -> None:
         value = od.decode_raw(data)
-        j = d.joint
-        try:
-            if index in _COMMAND_WRITES:
-                commands = _COMMAND_WRITES[index](self, j, value)
-                if commands.get("mode", 0) not in _MODES:
-                    raise SdoAbortedError(ABORT_VALUE_RANGE)
-                self.sim.set_commands(joint=j, **commands)
-                self._remember(d, commands)
-            elif index in _PARAMETER_OBJECTS:
-                params = _PARAMETER_OBJECTS[index][1](self, j, subindex, value)
-                self.sim.configure_drive(j, **params)
-            elif 0x1400 <= index < 0x1C00:
-                self._write_pdo_parameter(d, index, subindex, value)
-        except InputError:
-            raise SdoAbortedError(ABORT_VALUE_RANGE) from None
+        if not write_object(self, d, index, subindex, value) and 0x1400 <= index < 0x1C00:
+            self._write_pdo_parameter(d, index, subindex, value)
 
     def _pdo_map(self, d: _Drive, comm_index: int):
         for pdef, pdo_map in d.tpdos + d.rpdos:
@@ -567,90 +538,3 @@ class CanDevice:
             self._counts.add("sdo_aborted")
 
 
-def _clip_u32(v: float) -> int:
-    return int(min(max(v, 0), 0xFFFFFFFF))
-
-
-def _fit(data_type: int, value: float) -> int:
-    """value as an integer of the object's type (clipped to its range: a per-mille reading saturates)."""
-    lo, hi = cm.type_range(data_type)
-    return int(min(max(round(value), lo), hi))
-
-
-def _per_mille(value: float, rated: float) -> float:
-    if rated <= 0:
-        raise ZeroDivisionError("no rated value")
-    return 1000.0 * value / rated
-
-
-# index -> f(device, sample, joint): process objects read from the latest sample, in wire units
-_SAMPLE_OBJECTS: dict[int, Callable] = {
-    cm.ERROR_REGISTER: lambda dev, s, j: cm.error_register(int(s.error_code[j])),
-    cia402.STATUSWORD: lambda dev, s, j: int(s.statusword[j]),
-    cia402.MODES_OF_OPERATION_DISPLAY: lambda dev, s, j: int(s.mode_display[j]),
-    cia402.ERROR_CODE: lambda dev, s, j: int(s.error_code[j]),
-    cia402.POSITION_ACTUAL: lambda dev, s, j: dev.scaling.position_to_counts(s.position)[j],
-    cia402.VELOCITY_ACTUAL: lambda dev, s, j: dev.scaling.velocity_to_counts(s.velocity)[j],
-    cia402.FOLLOWING_ERROR_ACTUAL: lambda dev, s, j: dev.scaling.position_to_counts(s.following_error)[j],
-    cm.CURRENT_ACTUAL_UA: lambda dev, s, j: dev.scaling.current_to_raw(s.current)[j],
-    cm.TORQUE_ACTUAL_MNM: lambda dev, s, j: dev.scaling.torque_to_raw(s.torque)[j],
-    cia402.TORQUE_ACTUAL: lambda dev, s, j: _per_mille(s.torque[j], dev.rated_torque[j]),
-    cia402.CURRENT_ACTUAL: lambda dev, s, j: _per_mille(s.current[j], dev.rated_current[j]),
-}
-
-# index -> f(device, drive): commanded values, as last written by RPDO or SDO
-_COMMAND_OBJECTS: dict[int, Callable] = {
-    cia402.CONTROLWORD: lambda dev, d: d.controlword,
-    cia402.MODES_OF_OPERATION: lambda dev, d: d.mode,
-    cia402.TARGET_POSITION: lambda dev, d: d.target_counts,
-    cm.TARGET_TORQUE_MNM: lambda dev, d: round(d.target_torque * 1e3),
-    cia402.TARGET_TORQUE: lambda dev, d: _per_mille(d.target_torque, dev.rated_torque[d.joint])
-    if dev.rated_torque[d.joint] > 0 else 0,
-}
-
-# index -> f(device, joint, value): Simulator.set_commands arguments of an SDO write
-_COMMAND_WRITES: dict[int, Callable] = {
-    cia402.CONTROLWORD: lambda dev, j, v: {"controlword": v},
-    cia402.MODES_OF_OPERATION: lambda dev, j, v: {"mode": v},
-    cia402.TARGET_POSITION: lambda dev, j, v: {"target_position": v / dev.scaling.counts_per_rad[j]},
-    cm.TARGET_TORQUE_MNM: lambda dev, j, v: {"target_torque": v * 1e-3},
-    cia402.TARGET_TORQUE: lambda dev, j, v: {"target_torque": v * 1e-3 * dev.rated_torque[j]}
-    if dev.rated_torque[j] > 0 else {"target_torque": math.nan},
-}
-
-
-def _limits_write(dev: CanDevice, j: int, sub: int, v: int) -> dict:
-    lo, hi = dev.sim.drive_parameters(j)["position_limits"]
-    rad = v / dev.scaling.counts_per_rad[j]
-    if sub == 1:
-        return {"position_limits": (rad, hi)}
-    if sub == 2:
-        return {"position_limits": (lo, rad)}
-    raise SdoAbortedError(ABORT_VALUE_RANGE)
-
-
-def _counts_of(dev: CanDevice, j: int, rad: float) -> float:
-    return rad * dev.scaling.counts_per_rad[j] if math.isfinite(rad) else None
-
-
-# index -> (read f(device, params, joint, sub), write f(device, joint, sub, value) -> configure_drive kwargs)
-_PARAMETER_OBJECTS: dict[int, tuple[Callable, Callable]] = {
-    cia402.FOLLOWING_ERROR_WINDOW: (
-        lambda dev, p, j, sub: _counts_of(dev, j, p["following_error_window"]),
-        lambda dev, j, sub, v: {"following_error_window": v / dev.scaling.counts_per_rad[j]}),
-    cia402.FOLLOWING_ERROR_TIMEOUT: (
-        lambda dev, p, j, sub: p["following_error_timeout"] * 1e3,
-        lambda dev, j, sub, v: {"following_error_timeout": v * 1e-3}),
-    cia402.SOFTWARE_POSITION_LIMIT: (
-        lambda dev, p, j, sub: _counts_of(dev, j, p["position_limits"][sub - 1]),
-        _limits_write),
-    cia402.MAX_TORQUE: (
-        lambda dev, p, j, sub: _per_mille(p["max_torque"], dev.rated_torque[j]) if dev.rated_torque[j] > 0 else None,
-        lambda dev, j, sub, v: {"max_torque": v * 1e-3 * dev.rated_torque[j] if dev.rated_torque[j] > 0 else math.nan}),
-    cia402.QUICK_STOP_DECELERATION: (
-        lambda dev, p, j, sub: _counts_of(dev, j, p["quick_stop_deceleration"]),
-        lambda dev, j, sub, v: {"quick_stop_deceleration": v / dev.scaling.counts_per_rad[j]}),
-    cia402.QUICK_STOP_OPTION: (
-        lambda dev, p, j, sub: p["quick_stop_option"],
-        lambda dev, j, sub, v: {"quick_stop_option": v}),
-}
