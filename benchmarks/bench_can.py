@@ -11,6 +11,8 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     device share one process here (the virtual bus is in-process): every cycle needs at least two thread
     wake-ups, which on a loaded machine cost milliseconds of scheduling; a host in another process on socketcan
     does not share the device's GIL.
+  * periodic SYNC: a cyclic 1 kHz SYNC sender (no waiting for TPDOs, as a CANopen master runs) for 3 s, drives
+    OPERATIONAL: the cycles the device completed per second against the SYNCs really sent.
   * device CPU per SYNC: the CPU time (time.thread_time) the device's notifier thread spends handling one SYNC
     (simulator step, 12 TPDOs through canopen, fault injection, EMCY check), against the 1 ms period: the
     rate the device side could sustain with a core to itself.
@@ -112,6 +114,38 @@ def can_lockstep(model: str, cycles: int) -> tuple[float, float, int]:
     return cycles / elapsed, device.cpu / device.syncs, bad
 
 
+def periodic_sync_rate(model: str, seconds: float, period: float = 1e-3) -> tuple[float, float]:
+    """A 1 kHz SYNC producer (python-can's cyclic sender, as a CANopen master would run it) for `seconds`:
+    (SYNCs sent per second, cycles the device completed per second). The drives are OPERATIONAL (12 TPDOs
+    per SYNC, nobody reads them); SYNCs the device cannot keep up with queue up, so the second figure is its
+    sustained rate."""
+    dev_bus = can.Bus(interface="virtual", channel=CHANNEL + "-periodic")
+    host_bus = can.Bus(interface="virtual", channel=CHANNEL + "-periodic")
+    device = CanDevice(bus=dev_bus, heartbeat_ms=0, start_operational=True)
+    sim = Simulator(model, transport=device, q0=Q0)
+    sim.start()
+    observer = can.Bus(interface="virtual", channel=CHANNEL + "-periodic")     # counts the SYNCs really sent
+    try:
+        sync = can.Message(arbitration_id=cm.SYNC_COB_ID, data=b"", is_extended_id=False)
+        c0 = sim.read_state().cycle
+        t0 = time.perf_counter()
+        task = host_bus.send_periodic(sync, period, duration=seconds)
+        time.sleep(seconds)
+        elapsed = time.perf_counter() - t0
+        t_end = time.time()
+        done = sim.read_state().cycle - c0
+        task.stop()
+        sent = 0
+        while (msg := observer.recv(0)) is not None:
+            sent += msg.arbitration_id == cm.SYNC_COB_ID and msg.timestamp <= t_end
+    finally:
+        observer.shutdown()
+        sim.stop()
+        host_bus.shutdown()
+        dev_bus.shutdown()
+    return sent / elapsed, done / elapsed
+
+
 def bare_step_rate(model: str, cycles: int) -> float:
     sim = Simulator(model, q0=Q0)
     sim.step(10)
@@ -128,6 +162,8 @@ def main() -> None:
     rate, cpu, bad = can_lockstep(model, cycles)
     report("can lockstep cycle rate, 6 drives (virtual bus)", rate, "cycles/s", "bare simulator step", ref)
     report("can lockstep wall time per cycle", 1e3 / rate, "ms", "1 kHz SYNC period", 1.0)
+    sent, done = periodic_sync_rate(model, 3.0)
+    report("can cycles completed under a periodic 1 kHz SYNC, 6 drives", done, "cycles/s", "SYNCs sent", sent)
     report("can device CPU time per SYNC, 6 drives", 1e3 * cpu, "ms", "1 kHz SYNC period", 1.0)
     report("bus load: max SYNC rate of 6 drives at 1 Mbit/s, computed", cm.max_cycle_rate(6, 1e6), "Hz",
            "target", 1000.0)
