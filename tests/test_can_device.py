@@ -132,13 +132,13 @@ def test_basenode402_enables_a_drive_reads_position_by_sdo_and_pdo_and_moves_it_
              "joint 1 within 0.1 mrad of the CSP target", timeout=30.0)
 
     rig.stop_periodic_sync()
-    payload = rig.sync(drive.tpdo[1])                               # position by PDO
+    # position by PDO: wait for this SYNC's TPDO2, sent after its TPDO1, so both carry the same cycle
+    tpdo2 = cm.TPDO2.unpack_dict(rig.sync(drive.tpdo[2]))
     s = rig.sim.read_state()
-    sw, pos, mode = cm.TPDO1.unpack(payload)
+    sw, pos, mode = cm.TPDO1.unpack(bytes(drive.tpdo[1].data))
     assert pos == s.position_counts[0] == drive.tpdo[1]["Position actual value"].raw
     assert sw == s.statusword[0] and mode == int(Mode.CSP)
     assert abs(pos - target) < 1e-4 * cpr
-    tpdo2 = cm.TPDO2.unpack_dict(bytes(drive.tpdo[2].data))
     assert tpdo2["current_actual"] == round(s.current[0] * 1e6)
     assert tpdo2["velocity_actual"] == round(s.velocity[0] * cpr)
     # the other drives saw nothing: no NMT start for them, they stay disabled where they were
