@@ -255,6 +255,13 @@ class CanDevice:
         self.network.unsubscribe(cm.NMT_COB_ID)
         self.network.subscribe(cm.NMT_COB_ID, self._on_nmt)
 
+    def connection(self) -> dict:
+        """The driver's [transport] options that reach this device (the bus it was opened on)."""
+        if self._bus_given is not None:
+            return {"interface": getattr(self._bus_given, "interface", type(self._bus_given).__name__),
+                    "channel": str(self._bus_given.channel_info)}
+        return dict(self._bus_options)
+
     def start(self) -> None:
         """Open the bus (unless given), start receiving, boot every node (boot-up, PRE-OPERATIONAL, heartbeat)."""
         with self._lock:

@@ -34,6 +34,7 @@ from sim.plant import FrictionConfig, NoiseConfig, Plant
 # transport name -> "module:factory"; the factory is called as factory(**transport_options) and returns a
 # SimTransport. The device sides (CAN, serial, gateway) register here when they exist.
 TRANSPORTS: dict[str, str] = {
+    "can": "sim.can_device:CanDevice",
     "gateway": "sim.gateway_device:GatewayDevice",
 }
 
