@@ -353,6 +353,11 @@ class StreamDecoder:
         self._discarding = False   # inside an overlong frame: skip to the next delimiter
         self._last_seq: int | None = None
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held while waiting for a delimiter (at most max_encoded)."""
+        return len(self._buf)
+
     def feed(self, data: bytes) -> list[Message]:
         """Add bytes; return the messages completed by them, in order."""
         from cobs import cobs
