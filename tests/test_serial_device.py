@@ -1,0 +1,305 @@
+"""The simulator's serial device side, through a real pseudo-terminal and pyserial: handshake, the CiA 402
+state machine driven by COMMAND frames, a joint moved in CSP and followed in STATE frames (against the
+simulator's own encoder counts), FAULT frames, injected frame faults counted exactly by the host's decoder,
+host garbage counted by the device, the host watchdog, and a clean stop."""
+from __future__ import annotations
+
+import os
+import select
+import time
+import tty
+
+import numpy as np
+import pytest
+import serial
+
+from firmware_bridge import cia402
+from firmware_bridge import serial_protocol as sp
+from firmware_bridge.cia402 import Mode, State
+from firmware_bridge.units import JointScaling
+from ident.errors import InputError
+from sim import Simulator
+from sim.serial_device import SerialDevice
+
+TIMEOUT = 30.0   # s: the bound of every wait (never reached when things work)
+
+
+class Host:
+    """A minimal host on a pyserial port: decodes everything, keeps the last STATE and every other message."""
+
+    def __init__(self, path: str):
+        self.port = serial.Serial(path, baudrate=1_000_000, timeout=0.02)
+        self.dec = sp.StreamDecoder()
+        self.enc = sp.FrameEncoder()
+        self.state: sp.State | None = None
+        self.states = 0
+        self.others: list = []
+        self.scaling: JointScaling | None = None
+
+    def send(self, msg) -> None:
+        self.port.write(self.enc.encode(msg))
+
+    def pump(self, heartbeat: bool = True) -> None:
+        for m in self.dec.feed(self.port.read(max(1, self.port.in_waiting))):
+            if isinstance(m, sp.State):
+                self.state, self.states = m, self.states + 1
+            else:
+                self.others.append(m)
+        if heartbeat:
+            self.send(sp.Heartbeat(time_us=time.monotonic_ns() // 1000))
+
+    def wait(self, what: str, pred, heartbeat: bool = True):
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            self.pump(heartbeat)
+            got = pred()
+            if got:
+                return got
+        raise AssertionError(f"host: timed out waiting for {what}")
+
+    def hello(self, watchdog_us: int = 0) -> sp.HelloAck:
+        self.send(sp.Hello(watchdog_us=watchdog_us))
+        ack = self.wait("HELLO_ACK", lambda: next((m for m in self.others if isinstance(m, sp.HelloAck)), None))
+        self.others.remove(ack)
+        self.scaling = JointScaling(ack.counts_per_rev * ack.gear_ratio / (2 * np.pi))
+        return ack
+
+    def states_are(self, state: State, joints=None) -> bool:
+        s = self.state
+        return s is not None and all(cia402.state_of(int(w)) is state
+                                     for w in (s.statusword if joints is None else s.statusword[joints]))
+
+    def command(self, controlword, mode, target_counts, torque=None) -> None:
+        n = len(target_counts)
+        self.send(sp.Command(controlword=np.broadcast_to(controlword, n), mode=np.broadcast_to(np.asarray(mode, int), n),
+                             target_position=target_counts,
+                             target_torque=np.zeros(n, int) if torque is None else torque))
+
+    def enable_csp(self) -> np.ndarray:
+        """Shutdown -> switch on -> enable operation in CSP, holding the current position; returns it (counts)."""
+        self.wait("a STATE", lambda: self.state)
+        hold = self.state.position.copy()
+        for cw, state in ((cia402.CW_SHUTDOWN, State.READY_TO_SWITCH_ON), (cia402.CW_SWITCH_ON, State.SWITCHED_ON),
+                          (cia402.CW_ENABLE_OPERATION, State.OPERATION_ENABLED)):
+            self.command(cw, Mode.CSP, hold)
+            self.wait(state.value, lambda: self.states_are(state))
+        return hold
+
+    def close(self) -> None:
+        self.port.close()
+
+
+@pytest.fixture
+def rig(request):
+    """A fast-mode simulator with a serial device on a pty, and a host on its path."""
+    opts = getattr(request, "param", {})
+    dev = SerialDevice(watchdog_s=opts.get("watchdog_s", 5.0))
+    sim = Simulator("generic6", transport=dev, realtime=opts.get("realtime", False), seed=1)
+    history: dict[int, tuple] = {}
+
+    def record(s):   # the simulator's own sample per cycle: the oracle for the STATE frames
+        history[s.cycle] = (s.position_counts.copy(), s.statusword.copy(), np.rint(s.current * 1e6))
+        if len(history) > 200_000:
+            history.pop(next(iter(history)))
+
+    sim.add_cycle_callback(record)
+    sim.start()
+    host = Host(dev.path)
+    try:
+        yield sim, dev, host, history
+    finally:
+        host.close()
+        sim.stop()
+
+
+def test_device_path_is_a_terminal_and_handshake_reports_the_arm(rig):
+    sim, dev, host, _ = rig
+    assert os.path.exists(dev.path) and dev.path.startswith("/dev/")
+    ack = host.hello(watchdog_us=250_000)
+    assert ack.counts_per_rev.tolist() == [2 ** 17] * sim.n
+    assert ack.gear_ratio.tolist() == sim.model.gear_ratio.tolist()
+    assert ack.cycle_period_us == 1000 and ack.watchdog_us == 250_000 and dev.watchdog_s == 0.25
+    host.wait("a STATE", lambda: host.state)
+    assert host.state.statusword.shape == (sim.n,)
+    assert dev.counters.hellos == 1 and dev.rx_counters.dropped == 0
+
+
+def test_host_enables_the_drives_moves_a_joint_in_csp_and_states_match_the_simulator(rig):
+    sim, dev, host, history = rig
+    host.hello()
+    hold = host.enable_csp()
+    assert all(m == int(Mode.CSP) for m in host.state.mode_display)
+    j, step = 1, 0.03
+    target = hold.copy()
+    target[j] += int(round(step * host.scaling.counts_per_rad[j]))
+    host.command(cia402.CW_ENABLE_OPERATION, Mode.CSP, target)
+    goal = target[j] / host.scaling.counts_per_rad[j]
+    host.wait("joint 2 at its target", lambda: abs(host.state.position[j] / host.scaling.counts_per_rad[j] - goal) < 2e-4)
+    # every field of the last STATE frame equals the simulator's own sample of that cycle
+    s = host.state
+    counts, statusword, current_ua = history[s.cycle]
+    assert s.position.tolist() == counts.tolist()              # the plant's encoder count, not our conversion
+    assert s.statusword.tolist() == statusword.tolist()
+    assert s.current.tolist() == current_ua.astype(int).tolist()
+    assert s.timestamp_us == s.cycle * 1000
+    others = [k for k in range(sim.n) if k != j]
+    held = (s.position[others] - hold[others]) / host.scaling.counts_per_rad[others]
+    assert np.abs(held).max() < 5e-4              # the other joints held (rad; they feel the coupling)
+    assert host.dec.counters.dropped == 0 and dev.rx_counters.dropped == 0 and dev.counters.rejected == 0
+
+
+def test_drive_fault_sends_a_fault_frame_naming_the_joint_and_code(rig):
+    sim, dev, host, _ = rig
+    host.hello()
+    host.enable_csp()
+    sim.faults.drive_fault(3, code=0x2310)
+    fault = host.wait("FAULT", lambda: next((m for m in host.others if isinstance(m, sp.Fault)), None))
+    assert (fault.joint, fault.error_code) == (3, 0x2310)
+    assert cia402.state_of(fault.statusword) in (State.FAULT, State.FAULT_REACTION_ACTIVE)
+    host.wait("joint 4 in FAULT", lambda: host.states_are(State.FAULT, [3]))
+    assert host.state.error_code[3] == 0x2310
+    assert sum(isinstance(m, sp.Fault) for m in host.others) == 1    # once per entry into FAULT
+
+
+def test_injected_frame_faults_are_counted_exactly_and_dropped_by_the_host_decoder(rig):
+    sim, dev, host, _ = rig
+    host.hello()
+    host.wait("100 states", lambda: host.states >= 100)
+    before = host.dec.counters.as_dict()
+    sim.faults.set_frame_faults(drop=0.1, corrupt=0.2, bad_crc=0.1, latency_spike_probability=0.05,
+                                latency_spike_s=0.001)
+    host.wait("300 more states", lambda: host.states >= 400)
+    sim.faults.clear()
+    injected = dict(sim.faults.counts)            # frozen: every switch is off
+    host.hello()                                  # its answer is sent after every faulty frame
+    c = host.dec.counters
+    assert injected["corrupted"] > 0 and injected["bad_crc"] > 0 and injected["dropped"] > 0
+    assert c.crc - before["crc"] == injected["corrupted"] + injected["bad_crc"]
+    assert c.lost - before["lost"] == injected["dropped"] + injected["corrupted"] + injected["bad_crc"]
+    assert c.dropped - before_dropped(before) == c.crc - before["crc"]   # nothing else went wrong
+    assert injected["delayed"] > 0
+
+
+def before_dropped(counts: dict) -> int:
+    return sum(counts[r] for r in sp.DROP_REASONS)
+
+
+def test_silent_device_sends_nothing_then_recovers(rig):
+    sim, dev, host, _ = rig
+    host.hello()
+    sim.faults.set_frame_faults(silent=True)
+    sent = dev.counters.frames_sent
+    sim.wait_cycles(200, TIMEOUT)
+    host.pump()
+    assert dev.counters.frames_sent <= sent + 1   # at most the one frame that was being written
+    sim.faults.set_frame_faults(silent=False)
+    host.hello()
+
+
+def test_host_garbage_is_counted_by_the_device_which_keeps_serving(rig):
+    sim, dev, host, _ = rig
+    host.hello()
+    good = sp.encode_frame(sp.Heartbeat(time_us=1), 500)
+    bad_crc = good[:8] + bytes([good[8] ^ 0x40]) + good[9:]
+    host.port.write(b"\x05\x01\x00" + sp.cobs_encode(bad_crc) + b"\0" + b"\x7f" * (sp.MAX_ENCODED + 100) + b"\0"
+                    + sp.encode(sp.Command(controlword=[6], mode=[8], target_position=[0], target_torque=[0]))
+                    + sp.encode(sp.State(timestamp_us=0, cycle=0, statusword=[0], mode_display=[0], error_code=[0],
+                                         position=[0], velocity=[0], current=[0])))
+    ack = host.hello()
+    assert ack.watchdog_us == round(dev.watchdog_s * 1e6)
+    rx = dev.rx_counters
+    assert (rx.cobs, rx.crc, rx.overflow) == (1, 1, 1) and rx.dropped == 3
+    assert dev.counters.rejected == 1            # a COMMAND for 1 joint, the arm has 6
+    assert dev.counters.unexpected == 1          # a STATE from the host
+    assert dev.alive and sim.error is None
+    n = host.states
+    host.wait("states keep coming", lambda: host.states > n + 10)
+
+
+def test_command_with_a_mode_the_drives_refuse_is_counted_not_applied(rig):
+    sim, dev, host, _ = rig
+    host.hello()
+    host.wait("a STATE", lambda: host.state)
+    host.command(cia402.CW_SHUTDOWN, 5, host.state.position)   # mode 5 does not exist here
+    host.wait("the refusal", lambda: dev.counters.rejected == 1)
+    sim.wait_cycles(5, TIMEOUT)
+    assert all(s is State.SWITCH_ON_DISABLED for s in sim.read_state().states())
+
+
+@pytest.mark.parametrize("rig", [{"watchdog_s": 0.3, "realtime": True}], indirect=True)
+def test_watchdog_quick_stops_the_drives_when_the_host_goes_quiet(rig):
+    sim, dev, host, _ = rig
+    host.hello()
+    hold = host.enable_csp()
+    modes = np.array([int(Mode.CST)] + [int(Mode.CSP)] * (sim.n - 1))
+    torque = np.zeros(sim.n, int)
+    torque[0] = 4000                                   # 4 N m on the base joint: it speeds up until stopped
+    host.command(cia402.CW_ENABLE_OPERATION, modes, hold, torque)   # then silence
+    fastest = [0.0]
+
+    def tripped():
+        fastest[0] = max(fastest[0], abs(host.state.velocity[0] / host.scaling.counts_per_rad[0]))
+        return dev.counters.watchdog_trips == 1
+
+    host.wait("the watchdog", tripped, heartbeat=False)
+    assert fastest[0] > 0.05                           # the arm was moving when the link went quiet
+    host.wait("drives switched off", lambda: host.states_are(State.SWITCH_ON_DISABLED), heartbeat=False)
+    assert not any(isinstance(m, sp.Fault) for m in host.others)    # stopped by the quick stop, not a limit
+    sim.wait_cycles(2, TIMEOUT)
+    assert np.all(sim.read_truth().qd == 0.0)          # at rest, brakes on
+    assert dev.counters.watchdog_trips == 1
+    # back: the host must enable the drives again
+    host.enable_csp()
+    assert dev.counters.watchdog_trips == 1
+
+
+def test_device_on_a_port_opened_by_name_through_pyserial():
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    tty.setraw(master)
+    dev = SerialDevice(port=os.ttyname(slave), watchdog_s=5.0)
+    sim = Simulator("generic6", transport=dev, realtime=False)
+    try:
+        sim.start()
+        assert dev.path == os.ttyname(slave)
+        os.write(master, sp.encode(sp.Hello(watchdog_us=0)))
+        dec, got, deadline = sp.StreamDecoder(), [], time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and not any(isinstance(m, sp.HelloAck) for m in got):
+            if select.select([master], [], [], 0.05)[0]:
+                got += dec.feed(os.read(master, 4096))
+        ack = next(m for m in got if isinstance(m, sp.HelloAck))
+        assert ack.gear_ratio.tolist() == sim.model.gear_ratio.tolist() and ack.watchdog_us == 5_000_000
+        assert any(isinstance(m, sp.State) for m in got) and dec.counters.dropped == 0
+    finally:
+        sim.stop()
+        os.close(master)
+        os.close(slave)
+
+
+def test_stop_joins_the_threads_and_closes_the_pty_and_start_stop_are_idempotent():
+    dev = SerialDevice()
+    sim = Simulator("generic6", transport=dev, realtime=False)
+    sim.start()
+    sim.start()
+    fd = dev._link.fd
+    threads = list(dev._threads)
+    assert dev.alive
+    sim.stop()
+    sim.stop()
+    assert not any(t.is_alive() for t in threads) and not dev.alive
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+@pytest.mark.parametrize("kw, word", [({"watchdog_s": 0}, "watchdog_s"), ({"heartbeat_s": float("nan")}, "heartbeat_s"),
+                                      ({"state_queue": 0}, "state_queue"), ({"port": 3}, "port")])
+def test_device_options_are_checked(kw, word):
+    with pytest.raises(InputError, match=word):
+        SerialDevice(**kw)
+
+
+def test_a_port_that_cannot_be_opened_is_one_clear_error():
+    sim = Simulator("generic6", transport=SerialDevice(port="/nonexistent/tty"), realtime=False)
+    with pytest.raises(InputError, match="/nonexistent/tty"):
+        sim.start()
+    sim.stop()
