@@ -19,10 +19,11 @@ Device side: the same, with State, Heartbeat, Fault, HelloAck. See docs/wire-ser
 from __future__ import annotations
 
 import enum
+import math
 import struct
 import zlib
 from dataclasses import dataclass, fields as dc_fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -138,6 +139,16 @@ class MessageSpec:
     def c_name(self) -> str:
         return f"armid_serial_{self.type.name.lower()}"
 
+    @cached_property
+    def fixed_plan(self) -> tuple[tuple[str | None, bool], ...]:
+        """(name, is_float) per fixed field; name None for n_joints."""
+        return tuple((None if f is _N else f.name, f.type.is_float) for f in self.fixed.fields)
+
+    @cached_property
+    def joint_plan(self) -> tuple[tuple[str, bool], ...]:
+        """(name, is_float) per joint field."""
+        return tuple((f.name, f.type.is_float) for f in self.joint.fields) if self.joint else ()
+
     def payload_size(self, n: int = 0) -> int:
         return self.fixed.size + (n * self.joint.size if self.joint else 0)
 
@@ -198,25 +209,83 @@ class FrameError(ValueError):
 
 
 # -- encoding ------------------------------------------------------------------------------------------
+class _NotPlain(Exception):
+    """A value the fast path does not take as it is (it goes through the full checks)."""
+
+
+@lru_cache(maxsize=1024)
+def _joints_struct(kind: MsgType, n: int) -> struct.Struct:
+    """n joint records of message type kind, back to back."""
+    return struct.Struct("<" + "".join(f.type.code for f in SPECS[kind].joint.fields) * n)
+
+
+def _plain_values(spec: MessageSpec, msg: Message, n: int) -> list:
+    """The fixed values then the joint records, flat, when every value is already a plain int (finite float
+    for float fields) and every column an (n,) array of a fitting kind: the common case, checked cheaply.
+    struct.pack then refuses integers out of range."""
+    flat = []
+    for name, is_float in spec.fixed_plan:
+        if name is None:
+            flat.append(n)
+            continue
+        v = getattr(msg, name)
+        if type(v) is not (float if is_float else int) or (is_float and not math.isfinite(v)):
+            raise _NotPlain
+        flat.append(v)
+    if spec.joint is not None:
+        cols = []
+        for name, is_float in spec.joint_plan:
+            c = getattr(msg, name)
+            if type(c) is not np.ndarray or c.shape != (n,) or c.dtype.kind not in ("f" if is_float else "iu"):
+                raise _NotPlain
+            col = c.tolist()
+            if is_float and not all(map(math.isfinite, col)):
+                raise _NotPlain
+            cols.append(col)
+        for row in zip(*cols):
+            flat.extend(row)
+    return flat
+
+
+def _checked_values(spec: MessageSpec, msg: Message, n: int) -> list:
+    """As _plain_values for any input, through check_scalar / check_array: WireValueError names the field
+    and the joint of the first value that cannot be sent."""
+    where = spec.type.name
+    flat = [n if f is _N else check_scalar(where, f, getattr(msg, f.name)) for f in spec.fixed.fields]
+    if spec.joint is not None:
+        cols = []
+        for f in spec.joint.fields:
+            arr = check_array(where, f, getattr(msg, f.name), n)
+            cols.append((arr.astype(np.float64) if f.type.is_float else arr.astype(np.int64)).tolist())
+        for row in zip(*cols):
+            flat.extend(row)
+    return flat
+
+
 def encode_payload(msg: Message) -> tuple[MsgType, bytes]:
     """The message's type and payload bytes; WireValueError for a value its field cannot hold."""
     spec = SPEC_OF.get(type(msg))
     if spec is None:
         raise WireValueError(f"serial: cannot encode {type(msg).__name__} (not a serial message)")
-    where = spec.type.name
     n = 0
     if spec.joint is not None:
         n = np.size(getattr(msg, spec.joint.fields[0].name))
         if not 1 <= n <= MAX_JOINTS:
-            raise WireValueError(f"{where}: expected 1..{MAX_JOINTS} joints, got {n}")
-    fixed = [n if f is _N else check_scalar(where, f, getattr(msg, f.name)) for f in spec.fixed.fields]
-    payload = spec.fixed.struct.pack(*fixed)
-    if spec.joint is not None:
-        rec = np.empty(n, dtype=spec.joint.dtype)
-        for f in spec.joint.fields:
-            rec[f.name] = check_array(where, f, getattr(msg, f.name), n)
-        payload += rec.tobytes()
-    return spec.type, payload
+            raise WireValueError(f"{spec.type.name}: expected 1..{MAX_JOINTS} joints, got {n}")
+    fixed_struct = spec.fixed.struct
+    k = len(spec.fixed.fields)
+    try:
+        flat = _plain_values(spec, msg, n)
+        if n:
+            return spec.type, fixed_struct.pack(*flat[:k]) + _joints_struct(spec.type, n).pack(*flat[k:])
+        return spec.type, fixed_struct.pack(*flat)
+    except (_NotPlain, struct.error):
+        pass
+    flat = _checked_values(spec, msg, n)
+    try:
+        return spec.type, fixed_struct.pack(*flat[:k]) + (_joints_struct(spec.type, n).pack(*flat[k:]) if n else b"")
+    except struct.error as exc:   # not expected after the checks; still one clear error
+        raise WireValueError(f"{spec.type.name}: {exc}") from None
 
 
 def encode_frame(msg: Message, seq: int | None = None) -> bytes:
@@ -278,20 +347,25 @@ def decode_frame(frame: bytes) -> Message:
     if length != len(payload) or len(payload) < spec.fixed.size:
         raise FrameError("length", f"{spec.type.name}: header says {length} payload bytes, frame has "
                          f"{len(payload)}")
-    values = dict(zip(spec.fixed.names, spec.fixed.struct.unpack_from(payload)))
+    fixed = spec.fixed.struct.unpack_from(payload)
+    values = {name: v for (name, _), v in zip(spec.fixed_plan, fixed) if name is not None}
+    for name, is_float in spec.fixed_plan:
+        if is_float and not math.isfinite(values[name]):
+            raise FrameError("value", f"{spec.type.name}: {name} is not finite")
     if spec.joint is not None:
-        n = values.pop("n_joints")
+        n = fixed[spec.fixed.names.index("n_joints")]
         if not 1 <= n <= MAX_JOINTS:
             raise FrameError("value", f"{spec.type.name}: n_joints {n} outside 1..{MAX_JOINTS}")
         if len(payload) != spec.payload_size(n):
             raise FrameError("length", f"{spec.type.name}: {len(payload)} payload bytes, {n} joints need "
                              f"{spec.payload_size(n)}")
-        rec = np.frombuffer(payload, dtype=spec.joint.dtype, count=n, offset=spec.fixed.size)
-        for f in spec.joint.fields:
-            col = rec[f.name].astype(np.float64 if f.type.is_float else np.int64)
-            if f.type.is_float and not np.isfinite(col).all():
-                raise FrameError("value", f"{spec.type.name}: {f.name} is not finite")
-            values[f.name] = col
+        flat = _joints_struct(spec.type, n).unpack_from(payload, spec.fixed.size)
+        m = len(spec.joint_plan)
+        for i, (name, is_float) in enumerate(spec.joint_plan):
+            col = flat[i::m]
+            if is_float and not all(map(math.isfinite, col)):
+                raise FrameError("value", f"{spec.type.name}: {name} is not finite")
+            values[name] = np.array(col, dtype=np.float64 if is_float else np.int64)
     elif len(payload) != spec.fixed.size:
         raise FrameError("length", f"{spec.type.name}: {len(payload)} payload bytes, expected {spec.fixed.size}")
     return spec.cls(**values, seq=seq)

@@ -95,25 +95,30 @@ def check_array(where: str, field: Field, values, n: int) -> np.ndarray:
     """(n,) values for a per-joint field, checked like check_scalar; the error names the joint (1-based)."""
     t = field.type
     try:
-        arr = np.asarray(values)
+        arr = values if isinstance(values, np.ndarray) else np.asarray(values)
     except (TypeError, ValueError):
         raise WireValueError(f"{where}: {field.name}: expected {n} numbers, got {values!r}") from None
     if arr.shape != (n,):
         raise WireValueError(f"{where}: {field.name}: expected {n} values (one per joint), got shape {arr.shape}")
-    if arr.dtype.kind not in "iuf":
+    kind = arr.dtype.kind
+    if kind in "iu":   # the hot path: integers need at most a range check
+        if t.is_float:
+            return arr
+        info = np.iinfo(arr.dtype)
+        if (info.min >= t.lo and info.max <= t.hi) or n == 0 or (arr.min() >= t.lo and arr.max() <= t.hi):
+            return arr
+    elif kind != "f":
         raise WireValueError(f"{where}: {field.name}: expected numbers, got {arr.dtype} values")
-    if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr)
-        if not t.is_float:
-            bad |= arr != np.floor(np.where(bad, 0.0, arr))
-    else:
-        bad = np.zeros(n, dtype=bool)
     with np.errstate(invalid="ignore"):
-        bad |= (arr < t.lo) | (arr > t.hi)
+        bad = (arr < t.lo) | (arr > t.hi)
+        if kind == "f":
+            bad |= ~np.isfinite(arr)
+            if not t.is_float:
+                bad |= arr != np.floor(np.where(bad, 0.0, arr))
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
         raise WireValueError(f"{where}: {field.name}: joint {j + 1}: {arr[j].item()!r} cannot be sent as "
-                             f"{t.name}{'' if t.is_float else ' (an integer in ' + str([t.lo, t.hi]) + ')'}")
+                             f"{t.name}{'' if t.is_float else ' (an integer in ' + str([int(t.lo), int(t.hi)]) + ')'}")
     return arr
 
 
