@@ -4,6 +4,7 @@ simulator's own encoder counts), FAULT frames, injected frame faults counted exa
 host garbage counted by the device, the host watchdog, and a clean stop."""
 from __future__ import annotations
 
+import logging
 import os
 import select
 import time
@@ -39,14 +40,17 @@ class Host:
     def send(self, msg) -> None:
         self.port.write(self.enc.encode(msg))
 
-    def pump(self, heartbeat: bool = True) -> None:
-        for m in self.dec.feed(self.port.read(max(1, self.port.in_waiting))):
+    def pump(self, heartbeat: bool = True) -> int:
+        """Read and decode what has arrived (waits up to the port timeout); returns the bytes read."""
+        data = self.port.read(max(1, self.port.in_waiting))
+        for m in self.dec.feed(data):
             if isinstance(m, sp.State):
                 self.state, self.states = m, self.states + 1
             else:
                 self.others.append(m)
         if heartbeat:
             self.send(sp.Heartbeat(time_us=time.monotonic_ns() // 1000))
+        return len(data)
 
     def wait(self, what: str, pred, heartbeat: bool = True):
         deadline = time.monotonic() + TIMEOUT
@@ -184,16 +188,22 @@ def before_dropped(counts: dict) -> int:
     return sum(counts[r] for r in sp.DROP_REASONS)
 
 
-def test_silent_device_sends_nothing_then_recovers(rig):
+def test_silent_device_sends_nothing_then_recovers_and_the_host_counts_what_it_missed(rig):
     sim, dev, host, _ = rig
     host.hello()
+    lost0 = host.dec.counters.lost
     sim.faults.set_frame_faults(silent=True)
-    sent = dev.counters.frames_sent
-    sim.wait_cycles(200, TIMEOUT)
-    host.pump()
-    assert dev.counters.frames_sent <= sent + 1   # at most the one frame that was being written
+    sim.wait_cycles(100, TIMEOUT)
+    host.wait("the line to fall quiet", lambda: host.pump() == 0)
+    states, sent = host.states, dev.counters.frames_sent
+    sim.wait_cycles(300, TIMEOUT)
+    for _ in range(5):
+        host.pump()
+    assert host.states == states and dev.counters.frames_sent == sent
     sim.faults.set_frame_faults(silent=False)
-    host.hello()
+    host.hello()                                     # answered: the device talks again
+    assert host.dec.counters.lost - lost0 == sim.faults.counts["dropped"] > 0
+    assert host.dec.counters.dropped == 0
 
 
 def test_host_garbage_is_counted_by_the_device_which_keeps_serving(rig):
@@ -272,10 +282,12 @@ def test_device_on_a_port_opened_by_name_through_pyserial():
         os.close(slave)
 
 
-def test_stop_joins_the_threads_and_closes_the_pty_and_start_stop_are_idempotent():
+def test_stop_joins_the_threads_and_closes_the_pty_and_start_stop_are_idempotent(caplog):
     dev = SerialDevice()
     sim = Simulator("generic6", transport=dev, realtime=False)
-    sim.start()
+    with caplog.at_level(logging.INFO, logger="sim.serial_device"):
+        sim.start()
+    assert f"the host opens {dev.path}" in caplog.text
     sim.start()
     fd = dev._link.fd
     threads = list(dev._threads)
@@ -299,3 +311,11 @@ def test_a_port_that_cannot_be_opened_is_one_clear_error():
     with pytest.raises(InputError, match="/nonexistent/tty"):
         sim.start()
     sim.stop()
+
+
+def test_registered_by_name_the_transport_takes_its_options(monkeypatch):
+    from sim import simulator
+    monkeypatch.setitem(simulator.TRANSPORTS, "serial", "sim.serial_device:SerialDevice")
+    sim = Simulator("generic6", transport="serial", watchdog_s=0.5, heartbeat_s=0.2)
+    assert isinstance(sim.transport, SerialDevice) and sim.transport.watchdog_s == 0.5
+    assert sim.transport.scaling.n == sim.n and not sim.external_clock
