@@ -135,7 +135,7 @@ class SerialDevice:
 
     external_clock = False
 
-    def __init__(self, port: str | None = None, *, baudrate: int = 1_000_000,
+    def __init__(self, port: str | None = None, *, baudrate: int = 3_000_000,
                  watchdog_s: float = sp.DEFAULT_WATCHDOG_US * 1e-6, heartbeat_s: float = 0.1, state_queue: int = 8):
         for name, v in (("watchdog_s", watchdog_s), ("heartbeat_s", heartbeat_s)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:

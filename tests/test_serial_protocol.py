@@ -302,3 +302,12 @@ def test_decode_frame_raises_only_frame_error_with_a_known_reason(frame):
         sp.decode_frame(frame)
     except sp.FrameError as exc:
         assert exc.reason in sp.DROP_REASONS
+
+
+@pytest.mark.parametrize("n", [1, 6, 13])
+def test_state_frame_on_the_wire_is_25_plus_17_bytes_per_joint_as_documented(n):
+    z = np.zeros(n, int)
+    msg = sp.State(timestamp_us=1, cycle=1, statusword=z, mode_display=z, error_code=z, position=z, velocity=z,
+                   current=z)
+    assert len(sp.encode(msg)) == 25 + 17 * n
+    assert "127 bytes on the wire (25 + 17 per joint" in sv.DOC_PATH.read_text()
