@@ -40,7 +40,7 @@ _JOIN_S = 2.0
 _MAX_QUEUED = 256          # frames waiting for the writer, all kinds
 _WATCHDOG_RANGE_S = (0.001, 10.0)
 _FAULT_MASK, _FAULT_VALUE = cia402.STATE_PATTERNS[cia402.State.FAULT]
-_FRA_MASK, _FRA_VALUE = cia402.STATE_PATTERNS[cia402.State.FAULT_REACTION_ACTIVE]
+_FRA_VALUE = cia402.STATE_PATTERNS[cia402.State.FAULT_REACTION_ACTIVE][1]   # same mask as FAULT
 _OE_MASK, _OE_VALUE = cia402.STATE_PATTERNS[cia402.State.OPERATION_ENABLED]
 
 
@@ -219,18 +219,16 @@ class SerialDevice:
     # -- the cycle (the simulator's stepping thread) --------------------------------------------------------
     def _on_cycle(self, s) -> None:
         sc = self.scaling
-        try:
-            state = sp.State(timestamp_us=int(round(s.time * 1e6)), cycle=s.cycle & 0xFFFFFFFF,
-                             statusword=s.statusword, mode_display=s.mode_display, error_code=s.error_code,
-                             position=sc.position_to_counts(s.position), velocity=sc.velocity_to_counts(s.velocity),
-                             current=sc.current_to_raw(s.current))
-        except WireValueError as exc:
-            self.counters.unencodable += 1
-            log.warning("serial device: state of cycle %d not sent: %s", s.cycle, exc)
+        with self._tx_cond:
+            line_busy = len(self._tx) >= self.state_queue
+        if line_busy:          # skip this cycle's state before paying for its conversion
+            with self._tx_cond:
+                self.counters.tx_skipped += 1
         else:
-            self._queue(state, skippable=True)
+            self._send_state(s, sc)
         sw = s.statusword
-        faulted = ((sw & _FAULT_MASK) == _FAULT_VALUE) | ((sw & _FRA_MASK) == _FRA_VALUE)
+        low = sw & _FAULT_MASK
+        faulted = (low == _FAULT_VALUE) | (low == _FRA_VALUE)
         for j in np.flatnonzero(faulted & ~self._faulted):
             self._queue(sp.Fault(joint=int(j), error_code=int(s.error_code[j]), statusword=int(sw[j])))
         self._faulted[:] = faulted
@@ -243,6 +241,19 @@ class SerialDevice:
             self.counters.watchdog_trips += 1
             log.warning("serial device: no frame from the host for %.3f s: quick stop", now - self._last_host)
             self.sim.set_commands(controlword=np.full(self.sim.n, cia402.CW_QUICK_STOP))
+
+    def _send_state(self, s, sc: JointScaling) -> None:
+        try:
+            state = sp.State(timestamp_us=int(round(s.time * 1e6)), cycle=s.cycle & 0xFFFFFFFF,
+                             statusword=s.statusword.copy(), mode_display=s.mode_display.copy(),
+                             error_code=s.error_code.copy(),   # the sample is reused by the next cycle
+                             position=sc.position_to_counts(s.position), velocity=sc.velocity_to_counts(s.velocity),
+                             current=sc.current_to_raw(s.current))
+        except WireValueError as exc:
+            self.counters.unencodable += 1
+            log.warning("serial device: state of cycle %d not sent: %s", s.cycle, exc)
+        else:
+            self._queue(state, skippable=True)
 
     def _queue(self, msg: sp.Message, skippable: bool = False) -> None:
         with self._tx_cond:
