@@ -203,9 +203,10 @@ _CRC = struct.Struct("<I")
 class FrameError(ValueError):
     """A frame that cannot be decoded; .reason is one of DecoderCounters' drop reasons."""
 
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: str, detail: str, version: int | None = None):
         super().__init__(f"serial frame: {reason}: {detail}")
         self.reason = reason
+        self.version = version   # the frame's protocol version, for reason "version"
 
 
 # -- encoding ------------------------------------------------------------------------------------------
@@ -339,7 +340,7 @@ def decode_frame(frame: bytes) -> Message:
         raise FrameError("crc", f"CRC {crc:#010x} != computed {zlib.crc32(body):#010x}")
     version, kind, seq, length = HEADER.struct.unpack_from(body)
     if version != VERSION:
-        raise FrameError("version", f"protocol version {version}, this side speaks {VERSION}")
+        raise FrameError("version", f"protocol version {version}, this side speaks {VERSION}", version)
     spec = SPECS.get(kind)
     if spec is None:
         raise FrameError("unknown_type", f"message type {kind}")
@@ -426,6 +427,7 @@ class StreamDecoder:
         self._buf = bytearray()
         self._discarding = False   # inside an overlong frame: skip to the next delimiter
         self._last_seq: int | None = None
+        self.other_version: int | None = None   # protocol version of the last frame dropped for its version
 
     @property
     def buffered(self) -> int:
@@ -456,6 +458,8 @@ class StreamDecoder:
                 continue
             except FrameError as exc:
                 setattr(self.counters, exc.reason, getattr(self.counters, exc.reason) + 1)
+                if exc.reason == "version":
+                    self.other_version = exc.version
                 continue
             self._sequence(msg.seq)
             out.append(msg)

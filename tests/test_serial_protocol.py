@@ -311,3 +311,24 @@ def test_state_frame_on_the_wire_is_25_plus_17_bytes_per_joint_as_documented(n):
                    current=z)
     assert len(sp.encode(msg)) == 25 + 17 * n
     assert "127 bytes on the wire (25 + 17 per joint" in sv.DOC_PATH.read_text()
+
+
+def test_a_frame_of_another_version_is_dropped_and_its_version_kept_for_the_message():
+    dec = sp.StreamDecoder()
+    assert dec.other_version is None
+    assert dec.feed(wire(raw_frame(7, 2, 0, bytes(9)))) == []
+    assert dec.counters.version == 1 and dec.other_version == 7
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_decode_of_one_wire_frame_raises_only_frame_error(data):
+    try:
+        sp.decode(data)
+    except sp.FrameError as exc:
+        assert exc.reason in sp.DROP_REASONS
+
+
+def test_encoding_something_that_is_not_a_message_is_a_wire_value_error():
+    with pytest.raises(WireValueError, match="not a serial message"):
+        sp.encode(object())
