@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields as dc_fields
 from functools import cached_property, lru_cache
 
 import numpy as np
+from cobs import cobs
 
 from firmware_bridge.units import WireValueError
 from firmware_bridge.wire import Field, Record, check_array, check_scalar
@@ -273,20 +274,20 @@ def encode_payload(msg: Message) -> tuple[MsgType, bytes]:
         n = np.size(getattr(msg, spec.joint.fields[0].name))
         if not 1 <= n <= MAX_JOINTS:
             raise WireValueError(f"{spec.type.name}: expected 1..{MAX_JOINTS} joints, got {n}")
-    fixed_struct = spec.fixed.struct
-    k = len(spec.fixed.fields)
     try:
-        flat = _plain_values(spec, msg, n)
-        if n:
-            return spec.type, fixed_struct.pack(*flat[:k]) + _joints_struct(spec.type, n).pack(*flat[k:])
-        return spec.type, fixed_struct.pack(*flat)
+        return spec.type, _pack(spec, _plain_values(spec, msg, n), n)
     except (_NotPlain, struct.error):
         pass
-    flat = _checked_values(spec, msg, n)
     try:
-        return spec.type, fixed_struct.pack(*flat[:k]) + (_joints_struct(spec.type, n).pack(*flat[k:]) if n else b"")
+        return spec.type, _pack(spec, _checked_values(spec, msg, n), n)
     except struct.error as exc:   # not expected after the checks; still one clear error
         raise WireValueError(f"{spec.type.name}: {exc}") from None
+
+
+def _pack(spec: MessageSpec, flat: list, n: int) -> bytes:
+    k = len(spec.fixed.fields)
+    fixed = spec.fixed.struct.pack(*flat[:k])
+    return fixed + _joints_struct(spec.type, n).pack(*flat[k:]) if n else fixed
 
 
 def encode_frame(msg: Message, seq: int | None = None) -> bytes:
@@ -303,7 +304,7 @@ def encode(msg: Message, seq: int | None = None) -> bytes:
 
 
 def cobs_encode(frame: bytes) -> bytes:
-    from cobs import cobs
+    """COBS encoding of a frame (no 0x00 left in it; the delimiter is not added)."""
     return cobs.encode(frame)
 
 
@@ -374,7 +375,6 @@ def decode_frame(frame: bytes) -> Message:
 
 def decode(wire: bytes) -> Message:
     """Decode one wire frame (COBS bytes, with or without the trailing 0x00). FrameError when bad."""
-    from cobs import cobs
     data = bytes(wire)
     if data.endswith(b"\0"):
         data = data[:-1]
@@ -436,7 +436,6 @@ class StreamDecoder:
 
     def feed(self, data: bytes) -> list[Message]:
         """Add bytes; return the messages completed by them, in order."""
-        from cobs import cobs
         out: list[Message] = []
         if not data:
             return out
