@@ -499,7 +499,8 @@ def c_constants() -> list[tuple[str, int, str]]:
 
 
 def c_code() -> str:
-    """Packed structs of the header and every message, size checks, the CRC-32 and a payload-size helper."""
+    """Packed structs of the header and every message, size checks, the CRC-32, COBS and a payload-size
+    helper."""
     parts = ["#pragma pack(push, 1)", HEADER.c_struct("armid_serial_header_t")]
     asserts = [("armid_serial_header_t", HEADER.size)]
     for spec in SPECS.values():
@@ -531,6 +532,54 @@ static inline uint32_t armid_crc32_update(uint32_t crc, const uint8_t *data, siz
 static inline uint32_t armid_crc32(const uint8_t *data, size_t len)
 {
     return armid_crc32_update(0u, data, len);
+}""")
+    parts.append("""/* COBS as the `cobs` Python package (Cheshire & Baker): encode len bytes of src into dst, which must
+   hold ARMID_COBS_MAX_ENCODED(len) bytes; returns the encoded length (no 0x00 in it; send a 0x00 after it). */
+#define ARMID_COBS_MAX_ENCODED(len) ((len) + (len) / 254u + 1u)
+static inline size_t armid_cobs_encode(const uint8_t *src, size_t len, uint8_t *dst)
+{
+    size_t out = 1, code_at = 0;
+    uint8_t code = 1;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == 0) {
+            dst[code_at] = code;
+            code_at = out++;
+            code = 1;
+        } else {
+            dst[out++] = src[i];
+            if (++code == 0xFF && i + 1 < len) {
+                dst[code_at] = code;
+                code_at = out++;
+                code = 1;
+            }
+        }
+    }
+    dst[code_at] = code;
+    return out;
+}
+
+/* Decode len COBS bytes of src (the bytes between two 0x00 delimiters) into dst (at least len bytes).
+   Returns 0 and the decoded length in *out_len, or -1 for input that is not COBS (drop the frame). */
+static inline int armid_cobs_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t *out_len)
+{
+    size_t i = 0, out = 0;
+    while (i < len) {
+        uint8_t code = src[i++];
+        if (code == 0) {
+            return -1;
+        }
+        for (uint8_t k = 1; k < code; k++) {
+            if (i >= len || src[i] == 0) {
+                return -1;
+            }
+            dst[out++] = src[i++];
+        }
+        if (code != 0xFF && i < len) {
+            dst[out++] = 0;
+        }
+    }
+    *out_len = out;
+    return 0;
 }""")
     cases = []
     for spec in SPECS.values():

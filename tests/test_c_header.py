@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import types
 
+import numpy as np
 import pytest
 
 from firmware_bridge import c_header, cia402, units
@@ -121,3 +122,88 @@ def test_c_program_packs_the_golden_vectors_into_the_header_structs_byte_for_byt
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
     assert run.stdout.strip().endswith(f"checked {len(cases)} fails 0"), run.stdout
     assert run.returncode == 0
+
+
+_COBS_PROGRAM = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include "armid_wire.h"
+
+static uint8_t in[4096], out[8192];
+
+int main(void)
+{
+    char op, hex[8200];
+    while (scanf(" %c %8199s", &op, hex) == 2) {
+        size_t len = strlen(hex) / 2, n = 0;
+        if (hex[0] == '-') len = 0;
+        for (size_t i = 0; i < len; i++) {
+            unsigned v;
+            sscanf(hex + 2 * i, "%2x", &v);
+            in[i] = (uint8_t)v;
+        }
+        if (op == 'E') {
+            n = armid_cobs_encode(in, len, out);
+            if (n > ARMID_COBS_MAX_ENCODED(len)) { printf("OVERRUN\n"); continue; }
+        } else if (armid_cobs_decode(in, len, out, &n) != 0) {
+            printf("ERR\n");
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) printf("%02x", out[i]);
+        printf("%s\n", n ? "" : "-");
+    }
+    return 0;
+}
+"""
+
+
+def _cobs_inputs() -> list[bytes]:
+    """Edge cases and seeded random strings: zero runs, 253/254/255-byte non-zero runs, up to 600 bytes."""
+    rng = np.random.default_rng(4)
+    out = [b"", b"\0", b"\0\0", bytes(range(1, 255)), bytes(range(1, 256)), b"\x01" * 253, b"\x01" * 254 + b"\0",
+           b"\x07" * 508, b"\x07" * 509]
+    for _ in range(150):
+        n = int(rng.integers(0, 600))
+        zero_p = rng.choice([0.0, 0.01, 0.3])
+        data = rng.integers(1, 256, n).astype(np.uint8)
+        data[rng.random(n) < zero_p] = 0
+        out.append(data.tobytes())
+    return out
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
+def test_c_cobs_encodes_and_decodes_as_the_cobs_package_and_refuses_what_it_refuses(tmp_path):
+    from cobs import cobs
+    src, exe = tmp_path / "cobs.c", tmp_path / "cobs"
+    src.write_text(_COBS_PROGRAM)
+    build = subprocess.run([CC, "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1",
+                            f"-I{c_header.HEADER_PATH.parent}", str(src), "-o", str(exe)],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    plain = _cobs_inputs()
+    vectors = json.loads(sv.VECTORS_PATH.read_text())["cases"]
+    frames = [bytes.fromhex(c["frame_hex"]) for c in vectors]
+    wires = [bytes.fromhex(c["wire_hex"])[:-1] for c in vectors]
+    rng = np.random.default_rng(5)
+    garbage = [rng.integers(0, 256, int(rng.integers(1, 40))).astype(np.uint8).tobytes() for _ in range(100)]
+    garbage += [w[:-3] for w in wires]                                   # truncated blocks
+    jobs = [("E", b) for b in plain + frames] + [("D", b) for b in [cobs.encode(p) for p in plain] + wires + garbage]
+    stdin = "".join(f"{op} {data.hex() or '-'}\n" for op, data in jobs)
+    run = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=60)
+    lines = run.stdout.split("\n")[:-1]
+    assert len(lines) == len(jobs)
+    refused = 0
+    for (op, data), line in zip(jobs, lines):
+        if op == "E":
+            assert line == cobs.encode(data).hex(), data.hex()
+            continue
+        try:
+            want = cobs.decode(data).hex() or "-"
+        except cobs.DecodeError:
+            want = "ERR"
+            refused += 1
+        assert line == want, data.hex()
+    assert refused > 20                                                   # the refusals were exercised
+    for frame, line in zip(frames, lines[len(plain):]):
+        assert bytes.fromhex(line) == cobs.encode(frame)                  # the golden wire bytes, in C
