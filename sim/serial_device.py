@@ -29,7 +29,7 @@ import numpy as np
 
 from firmware_bridge import cia402
 from firmware_bridge import serial_protocol as sp
-from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
 from ident.errors import InputError
 from sim.faults import Fate
 
@@ -171,6 +171,8 @@ class SerialDevice:
         self.counts_per_rev = sim.plant.noise.encoder_counts or ENCODER_COUNTS_PER_REV
         self.scaling = JointScaling.from_gear(sim.model.gear_ratio, self.counts_per_rev)
         self._faulted = np.zeros(sim.n, dtype=bool)
+        self._conv = np.zeros((3, sim.n))
+        self._last_sw = b""
 
     def start(self) -> None:
         """Open the link, start the reader and writer threads, send STATE after every cycle."""
@@ -227,11 +229,14 @@ class SerialDevice:
         else:
             self._send_state(s, sc)
         sw = s.statusword
-        low = sw & _FAULT_MASK
-        faulted = (low == _FAULT_VALUE) | (low == _FRA_VALUE)
-        for j in np.flatnonzero(faulted & ~self._faulted):
-            self._queue(sp.Fault(joint=int(j), error_code=int(s.error_code[j]), statusword=int(sw[j])))
-        self._faulted[:] = faulted
+        sw_bytes = sw.tobytes()
+        if sw_bytes != self._last_sw:        # a drive changed state: did one enter FAULT?
+            self._last_sw = sw_bytes
+            low = sw & _FAULT_MASK
+            faulted = (low == _FAULT_VALUE) | (low == _FRA_VALUE)
+            for j in np.flatnonzero(faulted & ~self._faulted):
+                self._queue(sp.Fault(joint=int(j), error_code=int(s.error_code[j]), statusword=int(sw[j])))
+            self._faulted[:] = faulted
         now = time.monotonic()
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.heartbeat_s
@@ -243,17 +248,27 @@ class SerialDevice:
             self.sim.set_commands(controlword=np.full(self.sim.n, cia402.CW_QUICK_STOP))
 
     def _send_state(self, s, sc: JointScaling) -> None:
-        try:
-            state = sp.State(timestamp_us=int(round(s.time * 1e6)), cycle=s.cycle & 0xFFFFFFFF,
+        """Queue the STATE of sample s: positions and velocities in counts, currents in uA (as JointScaling
+        converts them, in one pass over a preallocated buffer; JointScaling itself names what does not fit)."""
+        buf = self._conv
+        np.multiply(s.position, sc.counts_per_rad, out=buf[0])
+        np.multiply(s.velocity, sc.counts_per_rad, out=buf[1])
+        np.multiply(s.current, 1.0 / CURRENT_LSB, out=buf[2])
+        np.rint(buf, out=buf)
+        if np.abs(buf).max() <= INT32_MAX:      # False for NaN as well
+            pos, vel, cur = buf.astype(np.int64)
+        else:
+            try:
+                pos, vel, cur = (sc.position_to_counts(s.position), sc.velocity_to_counts(s.velocity),
+                                 sc.current_to_raw(s.current))
+            except WireValueError as exc:
+                self.counters.unencodable += 1
+                log.warning("serial device: state of cycle %d not sent: %s", s.cycle, exc)
+                return
+        self._queue(sp.State(timestamp_us=int(round(s.time * 1e6)), cycle=s.cycle & 0xFFFFFFFF,
                              statusword=s.statusword.copy(), mode_display=s.mode_display.copy(),
                              error_code=s.error_code.copy(),   # the sample is reused by the next cycle
-                             position=sc.position_to_counts(s.position), velocity=sc.velocity_to_counts(s.velocity),
-                             current=sc.current_to_raw(s.current))
-        except WireValueError as exc:
-            self.counters.unencodable += 1
-            log.warning("serial device: state of cycle %d not sent: %s", s.cycle, exc)
-        else:
-            self._queue(state, skippable=True)
+                             position=pos, velocity=vel, current=cur), skippable=True)
 
     def _queue(self, msg: sp.Message, skippable: bool = False) -> None:
         with self._tx_cond:
