@@ -328,3 +328,21 @@ def test_registered_by_name_the_transport_takes_its_options(monkeypatch):
     sim = Simulator("generic6", transport="serial", watchdog_s=0.5, heartbeat_s=0.2)
     assert isinstance(sim.transport, SerialDevice) and sim.transport.watchdog_s == 0.5
     assert sim.transport.scaling.n == sim.n and not sim.external_clock
+
+
+def test_a_state_that_does_not_fit_the_wire_is_counted_and_not_sent_never_clipped():
+    from sim.simulator import SimState
+    dev = SerialDevice()
+    sim = Simulator("generic6", transport=dev, realtime=False)
+    sample = SimState.empty(sim.n)
+    sample.statusword[:] = 0x0250
+    sample.position[2] = 5000.0          # rad: beyond int32 motor counts with this gear
+    dev._on_cycle(sample)                # the cycle callback, called as the simulator would
+    sample.position[2], sample.current[4] = 0.0, float("nan")
+    dev._on_cycle(sample)
+    assert dev.counters.unencodable == 2
+    assert not any(isinstance(m, sp.State) for m in dev._tx)
+    sample.current[4] = 1.5
+    dev._on_cycle(sample)
+    states = [m for m in dev._tx if isinstance(m, sp.State)]
+    assert len(states) == 1 and states[0].current.tolist() == [0, 0, 0, 0, 1_500_000, 0]
