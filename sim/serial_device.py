@@ -161,7 +161,9 @@ class SerialDevice:
         self._seq = 0
         self._last_host = 0.0
         self._tripped = False
-        self._faulted = np.zeros(0, dtype=bool)
+        self._faulted = np.zeros(0, dtype=bool)   # (n,) drives in FAULT at the last statusword change
+        self._last_sw = b""
+        self._conv = np.zeros((3, 0))               # position, velocity, current in wire units
         self._next_heartbeat = 0.0
 
     # -- SimTransport ---------------------------------------------------------------------------------------
@@ -221,12 +223,11 @@ class SerialDevice:
     # -- the cycle (the simulator's stepping thread) --------------------------------------------------------
     def _on_cycle(self, s) -> None:
         sc = self.scaling
-        with self._tx_cond:
+        with self._tx_cond:    # a busy line: skip this cycle's state before paying for its conversion
             line_busy = len(self._tx) >= self.state_queue
-        if line_busy:          # skip this cycle's state before paying for its conversion
-            with self._tx_cond:
+            if line_busy:
                 self.counters.tx_skipped += 1
-        else:
+        if not line_busy:
             self._send_state(s, sc)
         sw = s.statusword
         sw_bytes = sw.tobytes()
