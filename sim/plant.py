@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ident import dynamics, spatial
+from ident import dynamics
+from ident.payload import payload_parameters  # noqa: F401  (re-exported: sim users attach payloads)
 from ident.errors import InputError
 from ident.model import Model
 from sim import plant_kernels as pk
@@ -94,27 +95,6 @@ class NoiseConfig:
         c = self.encoder_counts
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c <= 0):
             raise InputError(f"noise: encoder_counts: expected a positive integer or None, got {c!r}")
-
-
-def payload_parameters(mass: float, com, inertia=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)) -> np.ndarray:
-    """The 10 standard parameters of a payload about the flange origin, flange axes.
-
-    mass (kg), com (3,) m in the flange frame, inertia [XX XY XZ YY YZ ZZ] about the centre of mass in
-    flange axes (kg m^2). Raises InputError for a body that cannot exist.
-    """
-    com = np.asarray(com, dtype=float)
-    six = np.asarray(inertia, dtype=float)
-    if not (isinstance(mass, (int, float)) and math.isfinite(mass) and mass >= 0):
-        raise InputError(f"payload: mass: expected a number of kg >= 0, got {mass!r}")
-    if com.shape != (3,) or not np.isfinite(com).all():
-        raise InputError(f"payload: com: expected 3 finite numbers (m, flange frame), got {com.tolist()!r}")
-    if six.shape != (6,) or not np.isfinite(six).all():
-        raise InputError(f"payload: inertia: expected 6 finite numbers XX XY XZ YY YZ ZZ (kg m^2), got {six.tolist()!r}")
-    chi = spatial.body_parameters(float(mass), com, spatial.inertia_matrix(six))
-    ok, why = spatial.is_physically_consistent(chi)
-    if not ok:
-        raise InputError(f"payload: not a physical body: {why}")
-    return chi
 
 
 def workspace_mass_matrices(model: Model, samples: int = 256, seed: int = 12345) -> np.ndarray:

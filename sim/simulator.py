@@ -28,11 +28,14 @@ from ident.model import Model, load_model
 from sim.clock import FastClock, LatenessStats, RealtimeClock
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
-from sim.plant import FrictionConfig, NoiseConfig, Plant, payload_parameters
+from ident.payload import payload_parameters
+from sim.plant import FrictionConfig, NoiseConfig, Plant
 
 # transport name -> "module:factory"; the factory is called as factory(**transport_options) and returns a
 # SimTransport. The device sides (CAN, serial, gateway) register here when they exist.
-TRANSPORTS: dict[str, str] = {}
+TRANSPORTS: dict[str, str] = {
+    "gateway": "sim.gateway_device:GatewayDevice",
+}
 
 _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
@@ -54,6 +57,10 @@ class SimTransport(Protocol):
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
+
+    def connection(self) -> dict:
+        """How a host reaches the device side once started, as the driver's [transport] options
+        (e.g. {"host": "127.0.0.1", "port": 5020}); `armid sim` prints it."""
 
 
 @dataclass

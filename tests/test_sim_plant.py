@@ -11,7 +11,8 @@ from sim_helpers import pinocchio_twin, total_energy
 from ident import dynamics as dyn
 from ident.errors import InputError
 from ident.model import load_model
-from sim.plant import FrictionConfig, NoiseConfig, Plant, payload_parameters
+from ident.payload import payload_parameters
+from sim.plant import FrictionConfig, NoiseConfig, Plant
 
 Q0 = np.array([0.1, 0.2, -0.3, 0.4, 0.5, 0.6])
 QD0 = np.array([0.5, -0.4, 0.3, 1.0, 0.2, -0.6])

@@ -13,7 +13,8 @@ from ident import dynamics as dyn
 from ident.errors import InputError
 from ident.model import load_model
 from sim import SimState, Simulator
-from sim.plant import NoiseConfig, payload_parameters
+from ident.payload import payload_parameters
+from sim.plant import NoiseConfig
 
 Q0 = [0.0, 0.3, -0.5, 0.2, 0.4, 0.1]
 

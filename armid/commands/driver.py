@@ -1,0 +1,51 @@
+"""`armid driver --config FILE`: the daemon on the controller PC (driver/)."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("driver", help="run the driver daemon: drives -> 1 kHz ZeroMQ stream, checked commands")
+    p.add_argument("--config", required=True, help="driver configuration (TOML; see docs/driver.md and deploy/)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="log lines as plain text or as one JSON object per line (default: text)")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import json
+    import signal
+    import sys
+    import threading
+    import time
+
+    from driver.config import load_config
+    from driver.daemon import Driver
+    from driver.transports import open_arm
+    from ident.model import load_model
+
+    def log(text: str) -> None:
+        if args.log_format == "json":
+            line = json.dumps({"time": time.time(), "component": "driver", "message": text})
+        else:
+            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} armid-driver: {text}"
+        print(line, file=sys.stderr, flush=True)
+
+    cfg = load_config(args.config)
+    model = load_model(cfg.model)
+    arm = open_arm(cfg.transport, model, **cfg.transport_options)
+    driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s, log=log)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    driver.start()
+    try:
+        while not stop.wait(0.5):
+            if driver.cycle.error is not None:
+                log(f"the cycle failed: {driver.cycle.error}")
+                break
+    finally:
+        log("stopping: bringing the drives to rest and disabling them")
+        driver.stop()
+        log("stopped")
+    return 1 if driver.cycle.error is not None else 0

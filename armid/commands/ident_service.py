@@ -1,0 +1,50 @@
+"""`armid ident-service`: online identification on the driver's live stream (ident/service.py)."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ident-service", help="identify the arm's base parameters online from the driver's stream")
+    p.add_argument("--model", default="generic6", help="model file or shipped name (default: generic6)")
+    p.add_argument("--state", default="tcp://127.0.0.1:5555", help="the driver's state endpoint")
+    p.add_argument("--publish", default="tcp://127.0.0.1:5557", help="where to publish estimates and health")
+    p.add_argument("--commands", default="tcp://127.0.0.1:5558", help="where to answer commands")
+    p.add_argument("--rate", type=float, default=10.0, help="estimates per second (default: 10)")
+    p.add_argument("--forgetting", type=float, default=1.0, help="RLS forgetting factor per sample (default: 1)")
+    p.add_argument("--window", type=int, default=41, help="differentiation window, odd number of samples (default: 41)")
+    p.add_argument("--stream-rate", type=float, default=1000.0, help="the driver's cycle rate, Hz (default: 1000)")
+    p.add_argument("--estimate-file", default=None, help="JSON file the estimate is loaded from at start and saved to")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+    import threading
+    import time
+
+    from ident.model import load_model
+    from ident.service import IdentService
+
+    def log(text: str) -> None:
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+    model = load_model(args.model)
+    service = IdentService(model, state_endpoint=args.state, publish_endpoint=args.publish,
+                           command_endpoint=args.commands, publish_hz=args.rate, estimate_file=args.estimate_file,
+                           log=log, rate_hz=args.stream_rate, window=args.window, forgetting=args.forgetting)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    service.start()
+    log(f"ident-service: {model.name}, {service.identifier.p} base parameters; listening to {args.state}, "
+        f"estimates on {service.bound['publish']}, commands on {service.bound['commands']}")
+    while not stop.wait(0.5):
+        if service.error is not None:
+            break
+    service.stop()
+    if args.estimate_file:
+        service.identifier.save(args.estimate_file)
+        log(f"ident-service: estimate saved to {args.estimate_file}")
+    return 1 if service.error is not None else 0

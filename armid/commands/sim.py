@@ -1,0 +1,74 @@
+"""`armid sim`: run the simulated arm behind one of its transports until Ctrl-C / SIGTERM."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sim", help="run the simulated arm on a transport (CAN, serial, Modbus gateway)")
+    p.add_argument("--transport", required=True, help="can, serial or gateway")
+    p.add_argument("--model", default="generic6", help="model file or shipped name (default: generic6)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--realtime", dest="realtime", action="store_true", default=True,
+                      help="run at the cycle rate in real time (default)")
+    mode.add_argument("--fast", dest="realtime", action="store_false", help="run as fast as possible")
+    p.add_argument("--rate", type=float, default=1000.0, help="cycle rate, Hz (default: 1000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sensor noise (default: 0)")
+    p.add_argument("--payload", default=None, metavar="KG[,CX,CY,CZ]",
+                   help="attach a payload: mass in kg and optionally its CoM in m (flange frame)")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a transport option, e.g. -o port=5020 (see docs/simulator.md); repeatable")
+    p.set_defaults(run=_run)
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+    import threading
+
+    from ident.errors import InputError
+    from sim import Simulator
+    from sim.simulator import TRANSPORTS
+
+    if args.transport not in TRANSPORTS:
+        raise InputError(f"--transport: unknown {args.transport!r} (available: {', '.join(sorted(TRANSPORTS))})")
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--option {item!r}: expected KEY=VALUE")
+        options[key] = _value(value)
+    sim = Simulator(args.model, args.transport, realtime=args.realtime, rate_hz=args.rate, seed=args.seed, **options)
+    if args.payload:
+        try:
+            parts = [float(x) for x in args.payload.split(",")]
+        except ValueError:
+            raise InputError(f"--payload {args.payload!r}: expected KG or KG,CX,CY,CZ") from None
+        if len(parts) not in (1, 4):
+            raise InputError(f"--payload {args.payload!r}: expected KG or KG,CX,CY,CZ")
+        sim.attach_payload(parts[0], parts[1:] or (0.0, 0.0, 0.0))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    sim.start()
+    try:
+        where = " ".join(f"{k}={v}" for k, v in sim.transport.connection().items())
+        print(f"armid sim: {args.transport} ready: {where}", flush=True)
+        print(f"armid sim: {sim.model.name}, {sim.n} joints, {args.rate:g} Hz, "
+              f"{'real time' if args.realtime else 'as fast as possible'}; Ctrl-C stops", file=sys.stderr, flush=True)
+        while not stop.wait(0.5):
+            if sim.error is not None:
+                print(f"armid sim: the simulator failed: {sim.error}", file=sys.stderr)
+                return 1
+    finally:
+        sim.stop()
+    return 0

@@ -1,0 +1,113 @@
+"""The driver's TOML configuration (documented in docs/driver.md; examples in deploy/).
+
+    [driver]
+    model = "generic6"          # shipped name, TOML or URDF path (relative paths: next to this file)
+    rate_hz = 1000
+    watchdog_ms = 10
+
+    [transport]
+    name = "serial"             # sim | serial | can | gateway
+    # ... the transport's own options (port, channel, interface, host, ...), passed as keywords
+
+    [zmq]
+    state = "tcp://127.0.0.1:5555"
+    commands = "tcp://127.0.0.1:5556"
+    [zmq.curve]                 # required when commands bind beyond loopback/ipc
+    server_secret_file = "keys/server.key_secret"
+    authorized_clients_dir = "keys/clients"
+
+A bad file gives one ConfigError naming the file, the field and what was expected.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from driver.daemon import Curve, Endpoints
+from ident.errors import InputError
+
+
+class ConfigError(InputError):
+    def __init__(self, source: str, key: str, expected: str, got=None):
+        got_text = "" if got is None else f", got {got!r}"
+        super().__init__(f"{source}: {key}: expected {expected}{got_text}")
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    model: str
+    rate_hz: float
+    watchdog_s: float
+    transport: str
+    transport_options: dict = field(default_factory=dict)
+    endpoints: Endpoints = Endpoints()
+    source: str = "<defaults>"
+
+
+_SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms"}, "transport": None, "zmq": {"state", "commands", "curve"}}
+
+
+def load_config(path: str | Path) -> DriverConfig:
+    """Read and validate a driver config file."""
+    path = Path(path)
+    src = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{src}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{src}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{src}: not valid TOML: {exc}") from None
+    for key in data:
+        if key not in _SECTIONS:
+            raise ConfigError(src, key, f"one of the sections {', '.join(_SECTIONS)}")
+    for section, allowed in _SECTIONS.items():
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(src, section, "a table")
+        if allowed is not None:
+            for key in table:
+                if key not in allowed:
+                    raise ConfigError(src, f"{section}.{key}", f"one of {', '.join(sorted(allowed))}")
+    drv, tr, zq = data.get("driver", {}), dict(data.get("transport", {})), data.get("zmq", {})
+
+    model = drv.get("model", "generic6")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(src, "driver.model", "a model name or path", model)
+    if ("/" in model or model.endswith((".toml", ".urdf"))) and not Path(model).is_absolute():
+        model = str((path.parent / model).resolve())
+    rate = _positive(src, "driver.rate_hz", drv.get("rate_hz", 1000.0))
+    watchdog = _positive(src, "driver.watchdog_ms", drv.get("watchdog_ms", 10.0)) / 1000.0
+    name = tr.pop("name", None)
+    from driver.transports import TRANSPORTS
+
+    if name not in TRANSPORTS:
+        raise ConfigError(src, "transport.name", f"one of {', '.join(sorted(TRANSPORTS))}", name)
+    endpoints = Endpoints(state=_text(src, "zmq.state", zq.get("state", Endpoints.state)),
+                          commands=_text(src, "zmq.commands", zq.get("commands", Endpoints.commands)),
+                          curve=_curve(src, path.parent, zq.get("curve")))
+    return DriverConfig(model, rate, watchdog, name, tr, endpoints, src)
+
+
+def _positive(src: str, key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(src, key, "a positive number", value)
+    return float(value)
+
+
+def _text(src: str, key: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(src, key, "a string", value)
+    return value
+
+
+def _curve(src: str, base: Path, table) -> Curve | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict) or set(table) != {"server_secret_file", "authorized_clients_dir"}:
+        raise ConfigError(src, "zmq.curve", "a table with server_secret_file and authorized_clients_dir")
+    paths = {k: str((base / _text(src, f"zmq.curve.{k}", v)).resolve()) for k, v in table.items()}
+    return Curve(**paths)

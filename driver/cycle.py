@@ -1,0 +1,367 @@
+"""The driver's fixed-rate cycle: read the drives, supervise, command, publish.
+
+One thread runs `Cycle` at rate_hz (1 kHz by default). Each cycle:
+  1. begin_cycle() on the arm (CAN: SYNC), then read the newest sample;
+  2. supervise: the watchdog (no new device data for longer than watchdog_s while the link is up),
+     drive faults (a drive in FAULT or FAULT REACTION ACTIVE) -> the driver's fault state: the motion is
+     aborted, the other drives get a quick stop, a health event is recorded;
+  3. run the requests queued by other threads (enable, move, fault reset, ...), at a cycle boundary;
+  4. write the command: per drive the controlword that walks the CiA 402 state machine towards what is
+     wanted, CSP with the current setpoint (the planned motion's, or the hold position) and its torque
+     feed-forward; nothing non-finite is ever written;
+  5. fill the preallocated STATE message and hand it to `publish`.
+The hot path allocates nothing per cycle except what numpy scalars cost; planning happens in the
+requesting thread (driver/motion.py), never here.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable
+
+import numpy as np
+
+from firmware_bridge import stream
+from driver.hal import Arm, ArmCommand, ArmState, LinkError
+from driver.motion import PlannedMotion
+from firmware_bridge import cia402
+from firmware_bridge.cia402 import Mode, State
+
+_S = State
+_FAULTED = (cia402.STATE_PATTERNS[_S.FAULT], cia402.STATE_PATTERNS[_S.FAULT_REACTION_ACTIVE])
+START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
+LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
+
+
+def _state_codes(statusword: np.ndarray) -> list[State | None]:
+    return [cia402.state_of(int(w)) for w in statusword]
+
+
+class DriverFault(RuntimeError):
+    """A request that the driver's current state forbids (e.g. moving while faulted or disabled)."""
+
+
+class Cycle:
+    """The 1 kHz loop over one Arm. publish(topic, payload) sends one message: stream.TOPIC_STATE with the
+    STATE payload (a memoryview of the reused buffer) every cycle, stream.TOPIC_HEALTH with the JSON that
+    set_health_payload queued."""
+
+    def __init__(self, arm: Arm, *, rate_hz: float = 1000.0, watchdog_s: float = 0.01,
+                 publish: Callable[[bytes, memoryview | bytes], None] | None = None, spin_s: float = 0.0002,
+                 on_event: Callable[[str], None] | None = None,
+                 gravity: Callable[[np.ndarray], np.ndarray] | None = None):
+        if not (rate_hz > 0):
+            raise ValueError(f"rate_hz: expected a positive number, got {rate_hz!r}")
+        self.arm, self.n = arm, arm.n
+        self.rate_hz, self.period_ns = float(rate_hz), int(round(1e9 / rate_hz))
+        self.watchdog_ns = int(watchdog_s * 1e9)
+        self.spin_ns = int(spin_s * 1e9)
+        self.publish = publish or (lambda topic, payload: None)
+        self.on_event = on_event or (lambda text: None)
+        self.gravity = gravity          # q (n,) -> holding torque (n,) N m; None: no feed-forward at rest
+        self.state = ArmState(self.n)
+        self.command = ArmCommand(self.n)
+        self.message = stream.StateMessage(self.n)
+        # what is wanted
+        self.want_power = False
+        self.quick_stop = False
+        self._reset_pulse = 0           # cycles left in the fault-reset sequence
+        self._reset_grace = 0           # cycles during which drives may still report the fault being reset
+        self.fault: str | None = None   # the driver's fault, None when healthy
+        self.hold = np.zeros(self.n)    # setpoint when no motion runs
+        self.hold_torque = np.zeros(self.n)  # its feed-forward (gravity at the hold pose)
+        self.motion: PlannedMotion | None = None
+        self._k = 0
+        self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
+        # bookkeeping
+        self.seq = 0
+        self.cycles = 0
+        self.fresh = 0
+        self.stale = 0
+        self.overruns = 0
+        self.events: deque[tuple[float, str]] = deque(maxlen=100)
+        self.lateness_ns = np.zeros(LATENESS_WINDOW, np.int64)
+        self._requests: deque[tuple[Callable[[], object], Future]] = deque()
+        self._last_fresh_ns = 0
+        self._have_sample = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._health_payload: bytes | None = None
+
+    # -- thread --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="armid-cycle", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._fail_requests(DriverFault("the driver stopped"))
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        next_ns = time.perf_counter_ns() + self.period_ns
+        try:
+            while not self._stop.is_set():
+                self.step()
+                now = time.perf_counter_ns()
+                late = now - next_ns
+                if late > 0:
+                    self.lateness_ns[self.cycles % LATENESS_WINDOW] = late
+                    if late > self.period_ns:
+                        self.overruns += 1
+                        if late > 10 * self.period_ns:   # far behind: resynchronise instead of bursting
+                            next_ns = now
+                else:
+                    self.lateness_ns[self.cycles % LATENESS_WINDOW] = 0
+                    remaining = -late
+                    if remaining > self.spin_ns:
+                        time.sleep((remaining - self.spin_ns) / 1e9)
+                    while time.perf_counter_ns() < next_ns:
+                        pass
+                next_ns += self.period_ns
+        except BaseException as exc:  # noqa: BLE001 - reported, never silent
+            self.error = exc
+            self._event(f"cycle stopped: {type(exc).__name__}: {exc}")
+            self._fail_requests(DriverFault(f"the cycle stopped: {exc}"))
+
+    # -- requests from other threads -----------------------------------------------------------------
+    def submit(self, fn: Callable[[], object], timeout: float = 2.0) -> object:
+        """Run fn in the cycle thread at the next cycle boundary and return its result (or raise its
+        exception). Runs at once when the cycle thread is not running (synchronous use in tests)."""
+        if not self.running:
+            return fn()
+        fut: Future = Future()
+        self._requests.append((fn, fut))
+        return fut.result(timeout)
+
+    def _fail_requests(self, exc: BaseException) -> None:
+        while self._requests:
+            _, fut = self._requests.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _event(self, text: str) -> None:
+        self.events.append((time.time(), text))
+        self.on_event(text)
+
+    def set_health_payload(self, payload: bytes) -> None:
+        """Queue a health message (JSON bytes) that the cycle thread publishes with the next cycle."""
+        self._health_payload = payload
+
+    # -- what the requests do (called in the cycle thread) -------------------------------------------
+    def enable(self) -> None:
+        if self.fault is not None:
+            raise DriverFault(f"fault: {self.fault}; send fault_reset first")
+        if not self._have_sample:
+            raise DriverFault("no data from the drives yet")
+        self.hold[:] = self.state.q
+        self.set_hold_torque()
+        self.quick_stop = False
+        self.want_power = True
+
+    def set_hold_torque(self) -> None:
+        """Feed-forward for holding still at self.hold: gravity there (runs once per change, not per cycle)."""
+        if self.gravity is not None:
+            tau = np.asarray(self.gravity(self.hold.copy()), dtype=float)
+            self.hold_torque[:] = np.where(np.isfinite(tau), tau, 0.0)
+
+    def disable(self) -> None:
+        self.motion = None
+        self.want_power = False
+        self.quick_stop = False
+
+    def request_quick_stop(self, reason: str = "quick_stop requested") -> None:
+        if self.motion is not None or self.want_power:
+            self._event(f"quick stop: {reason}")
+        self.motion = None
+        self.want_power = False
+        self.quick_stop = True
+
+    def fault_reset(self) -> None:
+        self.fault = None
+        self.quick_stop = False
+        self.want_power = False
+        self._reset_pulse = 2   # one cycle of 0, then the rising edge of bit 7
+        self._reset_grace = max(10, int(0.1 * self.rate_hz))
+
+    def start_motion(self, motion: PlannedMotion) -> None:
+        if self.fault is not None:
+            raise DriverFault(f"fault: {self.fault}; send fault_reset first")
+        if not self.enabled():
+            raise DriverFault("the drives are not enabled; send enable first")
+        if self.motion is not None:
+            raise DriverFault(f"a motion ({self.motion.name}) is running; wait or quick_stop")
+        if abs(motion.rate_hz - self.rate_hz) > 1e-9:
+            raise DriverFault(f"motion planned at {motion.rate_hz} Hz, the cycle runs at {self.rate_hz} Hz")
+        off = np.abs(motion.q[0] - self.hold)
+        if off.max() > START_TOLERANCE:
+            j = int(np.argmax(off))
+            raise DriverFault(f"motion starts {off[j]:.4g} rad away from joint {j + 1}'s position; plan it again")
+        self.motion, self._k = motion, 0
+
+    def enabled(self) -> bool:
+        return bool(np.all((self.state.statusword & 0x6F) == 0x27))
+
+    # -- one cycle -----------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One cycle (public for synchronous tests)."""
+        arm, st, cmd = self.arm, self.state, self.command
+        now_mono = time.perf_counter_ns()
+        try:
+            arm.begin_cycle()
+            fresh = arm.read(st)
+        except LinkError as exc:
+            fresh = False
+            if self.fault is None:
+                self._trip(f"link: {exc}")
+        if fresh:
+            self.fresh += 1
+            self._last_fresh_ns = now_mono
+            if not self._have_sample:
+                self._have_sample = True
+                self.hold[:] = st.q
+        else:
+            self.stale += 1
+        self._supervise(fresh, now_mono)
+        while self._requests:
+            fn, fut = self._requests.popleft()
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the requester
+                fut.set_exception(exc)
+        self._command()
+        if self._have_sample:
+            try:
+                arm.write(cmd)
+            except LinkError as exc:
+                if self.fault is None:
+                    self._trip(f"link: {exc}")
+        self._publish(fresh)
+        self.cycles += 1
+
+    def _supervise(self, fresh: bool, now_mono: int) -> None:
+        st = self.state
+        if self._have_sample and self.fault is None:
+            age = now_mono - self._last_fresh_ns
+            if age > self.watchdog_ns:
+                self._trip(f"watchdog: no new data from the drives for {age / 1e6:.1f} ms "
+                           f"(bound {self.watchdog_ns / 1e6:.1f} ms)")
+            elif self._reset_grace:
+                self._reset_grace -= 1
+                if self._reset_grace == 0:
+                    for j, s in enumerate(_state_codes(st.statusword)):
+                        if s in (_S.FAULT, _S.FAULT_REACTION_ACTIVE):
+                            self._trip(f"fault reset failed: drive {j + 1} still in {s.value} "
+                                       f"(error code 0x{int(st.error_code[j]):04X})")
+                            return
+            elif fresh:
+                for j in range(self.n):
+                    w = int(st.statusword[j])
+                    for mask, value in _FAULTED:
+                        if w & mask == value:
+                            self._trip(f"drive {j + 1} faulted (error code 0x{int(st.error_code[j]):04X})")
+                            return
+
+    def _trip(self, reason: str) -> None:
+        self.fault = reason
+        self.request_quick_stop(reason)
+        self._event(f"fault: {reason}")
+
+    def _command(self) -> None:
+        st, cmd = self.state, self.command
+        cmd.mode[:] = int(Mode.CSP)
+        if self.motion is not None:
+            m, k = self.motion, self._k
+            cmd.target_position[:] = m.q[k]
+            cmd.target_torque[:] = m.tau_ff[k]
+            self.hold[:] = m.q[k]
+            if k + 1 >= m.samples:
+                self.motion = None
+                self.hold_torque[:] = m.tau_ff[k]     # at rest: gravity at the goal
+                self._event(f"{m.name}: done ({m.duration:.3f} s)")
+            else:
+                self._k = k + 1
+        else:
+            cmd.target_position[:] = self.hold
+            cmd.target_torque[:] = self.hold_torque
+        if not self.want_power or self.quick_stop:
+            # not holding actively: keep the reference on the measured position so enabling never jumps
+            if not self.quick_stop:
+                self.hold[:] = st.q
+            cmd.target_position[:] = st.q
+        for j in range(self.n):
+            cmd.controlword[j] = self._controlword(int(st.statusword[j]))
+        if self._reset_pulse:
+            self._reset_pulse -= 1
+            if self._reset_pulse == 0:
+                cmd.controlword[:] = cia402.CW_FAULT_RESET
+        if not (np.all(np.isfinite(cmd.target_position)) and np.all(np.isfinite(cmd.target_torque))):
+            # cannot happen with checked plans and finite measurements; never send it if it does
+            cmd.target_position[:] = np.where(np.isfinite(st.q), st.q, 0.0)
+            cmd.target_torque[:] = 0.0
+            cmd.controlword[:] = cia402.CW_QUICK_STOP
+            if self.fault is None:
+                self._trip("non-finite setpoint refused")
+
+    def _controlword(self, w: int) -> int:
+        s = cia402.state_of(w)
+        if self._reset_pulse:
+            return cia402.CW_DISABLE_VOLTAGE
+        if self.quick_stop:
+            # powered drives ramp down; the others stay off
+            return cia402.CW_QUICK_STOP if s in (_S.OPERATION_ENABLED, _S.QUICK_STOP_ACTIVE) else cia402.CW_DISABLE_VOLTAGE
+        if not self.want_power:
+            return cia402.CW_SHUTDOWN      # READY TO SWITCH ON: no torque, brakes hold
+        if s is _S.SWITCH_ON_DISABLED:
+            return cia402.CW_SHUTDOWN
+        if s is _S.READY_TO_SWITCH_ON:
+            return cia402.CW_SWITCH_ON
+        if s in (_S.SWITCHED_ON, _S.OPERATION_ENABLED):
+            return cia402.CW_ENABLE_OPERATION
+        return cia402.CW_DISABLE_VOLTAGE
+
+    def _publish(self, fresh: bool) -> None:
+        st, msg = self.state, self.message
+        msg.q[:] = st.q
+        msg.qd[:] = st.qd
+        msg.current[:] = st.current
+        msg.torque[:] = st.torque
+        msg.statusword[:] = st.statusword
+        msg.error_code[:] = st.error_code
+        msg.mode[:] = st.mode
+        flags = self.flags_extra
+        if self.enabled():
+            flags |= stream.FLAG_ENABLED
+        if self.motion is not None:
+            flags |= stream.FLAG_MOVING
+        if self.fault is not None:
+            flags |= stream.FLAG_FAULT
+        if not fresh:
+            flags |= stream.FLAG_STALE
+        msg.set_header(self.seq, flags, st.device_time_ns, st.host_time_ns)
+        self.seq += 1
+        self.publish(stream.TOPIC_STATE, msg.buffer)
+        health, self._health_payload = self._health_payload, None
+        if health is not None:
+            self.publish(stream.TOPIC_HEALTH, health)
+
+    # -- statistics ----------------------------------------------------------------------------------
+    def lateness_percentiles(self) -> dict[str, float]:
+        """Wake-up lateness over the last LATENESS_WINDOW cycles, in microseconds: p50, p99, max."""
+        k = min(self.cycles, LATENESS_WINDOW)
+        if k == 0:
+            return {"p50_us": 0.0, "p99_us": 0.0, "max_us": 0.0}
+        w = self.lateness_ns[:k] / 1e3
+        return {"p50_us": float(np.percentile(w, 50)), "p99_us": float(np.percentile(w, 99)), "max_us": float(w.max())}

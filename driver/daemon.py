@@ -1,0 +1,260 @@
+"""The driver daemon: an Arm, the 1 kHz cycle, the ZeroMQ state stream, health topic and command socket.
+
+    Driver(model, arm, endpoints=Endpoints(...), rate_hz=1000, watchdog_s=0.01)
+    driver.start() ... driver.stop()      (stop() brings the drives to rest and disables them first)
+
+Threads: the cycle (the only user of the PUB socket), the command server (the only user of the REP
+socket; it plans motions, then hands them to the cycle), and the health reporter (builds the health JSON
+once per second and lets the cycle publish it).
+
+Security: endpoints bind to loopback or ipc by default. A command endpoint on any other address is
+refused unless CurveZMQ keys are configured (Curve): the server's secret key and a folder of the
+authorised clients' public keys (zmq.auth certificate files). The state stream carries no commands and
+may be bound anywhere.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import numpy as np
+import zmq
+
+from firmware_bridge import stream
+from driver.commands import Commands
+from driver.cycle import Cycle
+from driver.hal import Arm
+from ident import dynamics
+from ident.errors import InputError
+from ident.model import Model
+from ident.payload import payload_parameters
+
+HEALTH_PERIOD_S = 1.0
+POLL_MS = 50
+
+
+class EndpointError(InputError):
+    """An endpoint that may not be bound as configured."""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """CurveZMQ for the command socket: the server's secret-key certificate file and a folder of the
+    authorised clients' public-key certificates (as written by zmq.auth.create_certificates)."""
+
+    server_secret_file: str
+    authorized_clients_dir: str
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    state: str = "tcp://127.0.0.1:5555"      # PUB: topics "state" and "health"
+    commands: str = "tcp://127.0.0.1:5556"   # REP: JSON requests
+    curve: Curve | None = None
+
+
+def is_local(endpoint: str) -> bool:
+    """True for ipc://, inproc:// and tcp:// on a loopback address."""
+    url = urlparse(endpoint)
+    if url.scheme in ("ipc", "inproc"):
+        return True
+    if url.scheme != "tcp":
+        return False
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+class Driver:
+    """The daemon's parts wired together (see the module docstring)."""
+
+    def __init__(self, model: Model, arm: Arm, *, endpoints: Endpoints = Endpoints(), rate_hz: float = 1000.0,
+                 watchdog_s: float = 0.01, context: zmq.Context | None = None, log=None):
+        if arm.n != model.n:
+            raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
+        if not is_local(endpoints.commands) and endpoints.curve is None:
+            raise EndpointError(f"commands endpoint {endpoints.commands}: binding beyond loopback/ipc requires "
+                                f"CurveZMQ keys ([zmq.curve] server_secret_file and authorized_clients_dir)")
+        self.model = model
+        self.planning_model = model
+        self.payload = np.zeros(10)
+        self.arm = arm
+        self.endpoints = endpoints
+        self.log = log or (lambda text: None)
+        self._ctx = context or zmq.Context.instance()
+        self._pub: zmq.Socket | None = None
+        self._rep: zmq.Socket | None = None
+        self._auth = None
+        self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish,
+                           on_event=lambda text: self.log(f"event: {text}"), gravity=self._gravity)
+        self.commands = Commands(self)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.started_at = 0.0
+        self.bound: dict[str, str] = {}
+
+    # -- life cycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the link, bind the sockets, start the threads."""
+        self.arm.open()
+        try:
+            self._pub = self._ctx.socket(zmq.PUB)
+            self._pub.setsockopt(zmq.LINGER, 0)
+            self._pub.setsockopt(zmq.SNDHWM, 10000)
+            self._pub.bind(self.endpoints.state)
+            self._rep = self._ctx.socket(zmq.REP)
+            self._rep.setsockopt(zmq.LINGER, 0)
+            if self.endpoints.curve is not None:
+                self._secure(self._rep, self.endpoints.curve)
+            self._rep.bind(self.endpoints.commands)
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            self.arm.close()
+            raise EndpointError(f"cannot bind: {exc}") from None
+        self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                      "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT)}
+        self.started_at = time.time()
+        self._stop.clear()
+        gc.collect()
+        gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
+        self.cycle.start()
+        for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.log(f"driver: {self.model.name}, {self.model.n} joints, {self.cycle.rate_hz:g} Hz; "
+                 f"state on {self.bound['state']}, commands on {self.bound['commands']}")
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Bring the drives to rest and disable them, then stop the threads and close everything."""
+        if self.cycle.running:
+            try:
+                self.cycle.submit(self.cycle.request_quick_stop if self.cycle.motion is not None else self.cycle.disable)
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline and self._any_powered():
+                    time.sleep(0.005)
+                self.cycle.submit(self.cycle.disable)
+                time.sleep(5 / self.cycle.rate_hz)
+            except Exception as exc:  # noqa: BLE001 - stopping must go on
+                self.log(f"driver: while disabling: {exc}")
+        self._stop.set()
+        self.cycle.stop()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads.clear()
+        self._close_sockets()
+        self.arm.close()
+        gc.unfreeze()
+
+    def _any_powered(self) -> bool:
+        sw = self.cycle.state.statusword
+        return bool(np.any(((sw & 0x6F) == 0x27) | ((sw & 0x6F) == 0x07)))
+
+    def _close_sockets(self) -> None:
+        for sock in (self._pub, self._rep):
+            if sock is not None:
+                sock.close(0)
+        self._pub = self._rep = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    def _secure(self, sock: zmq.Socket, curve: Curve) -> None:
+        import zmq.auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        for label, path in (("server_secret_file", curve.server_secret_file),
+                            ("authorized_clients_dir", curve.authorized_clients_dir)):
+            if not os.path.exists(path):
+                raise EndpointError(f"zmq.curve.{label}: {path} does not exist")
+        try:
+            public, secret = zmq.auth.load_certificate(curve.server_secret_file)
+        except (OSError, ValueError) as exc:
+            raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file}: {exc}") from None
+        if secret is None:
+            raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file} holds no secret key")
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=curve.authorized_clients_dir)
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_server = True
+
+    # -- used by the cycle and the commands ----------------------------------------------------------
+    def _publish(self, topic: bytes, payload) -> None:
+        try:
+            self._pub.send_multipart((topic, payload), flags=zmq.NOBLOCK, copy=True)
+        except zmq.Again:
+            pass   # PUB never blocks the cycle; slow subscribers lose messages (seq gaps show it)
+
+    def _gravity(self, q: np.ndarray) -> np.ndarray:
+        return dynamics.gravity_torques(self.planning_model, q[None, :])[0]
+
+    def set_payload(self, mass: float, com, inertia) -> None:
+        """Plan and feed forward with a payload (mass 0 clears it)."""
+        chi = payload_parameters(mass, com, inertia)
+        model = dynamics.merge_payload(self.model, chi) if mass > 0 else self.model
+
+        def apply():
+            if self.cycle.motion is not None:
+                raise InputError("set_payload: a motion is running; wait for it to end")
+            self.planning_model, self.payload = model, chi
+            self.cycle.flags_extra = stream.FLAG_PAYLOAD if mass > 0 else 0
+            self.cycle.set_hold_torque()
+
+        self.cycle.submit(apply)
+
+    def status(self) -> dict:
+        from firmware_bridge.cia402 import state_of
+
+        c, st = self.cycle, self.cycle.state
+        states = [state_of(int(w)) for w in st.statusword]
+        return {"model": self.model.name, "joints": list(self.model.joint_names), "rate_hz": c.rate_hz,
+                "fault": c.fault, "enabled": c.enabled(), "moving": c.motion is not None,
+                "motion": None if c.motion is None else c.motion.name,
+                "q": st.q.tolist(), "drive_states": [s.value if s else "UNKNOWN" for s in states],
+                "error_codes": [int(e) for e in st.error_code], "payload": self.payload.tolist(),
+                "cycles": c.cycles, "seq": c.seq}
+
+    # -- threads -------------------------------------------------------------------------------------
+    def _serve_commands(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._rep, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(POLL_MS):
+                continue
+            try:
+                raw = self._rep.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            reply = self.commands.handle_bytes(raw)
+            self._rep.send(reply)
+
+    def health(self, period_s: float, last: dict) -> dict:
+        """The health message (docs/stream.md): rates over the last period, drops, lateness, drive states."""
+        c = self.cycle
+        now = time.monotonic()
+        dt = max(now - last.get("t", now - period_s), 1e-9)
+        cycles, fresh = c.cycles, c.fresh
+        msg = {"time": time.time(), "uptime_s": time.time() - self.started_at,
+               "cycle_rate_hz": (cycles - last.get("cycles", cycles)) / dt,
+               "sample_rate_hz": (fresh - last.get("fresh", fresh)) / dt,
+               "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns,
+               "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
+               "moving": c.motion is not None, "link": self.arm.link_stats(),
+               "drive_states": self.status()["drive_states"],
+               "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
+        last.update(t=now, cycles=cycles, fresh=fresh)
+        return msg
+
+    def _report_health(self) -> None:
+        last: dict = {}
+        while not self._stop.wait(HEALTH_PERIOD_S):
+            try:
+                self.cycle.set_health_payload(json.dumps(self.health(HEALTH_PERIOD_S, last), default=str).encode())
+            except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
+                self.log(f"health: {type(exc).__name__}: {exc}")

@@ -1,0 +1,206 @@
+"""Motions the driver executes, planned and checked against the limits as a whole before anything moves.
+
+A `PlannedMotion` is sampled once, at the cycle rate, when the command arrives: position setpoints and a
+torque feed-forward per cycle. The cycle then only indexes arrays (no planning, no allocation at 1 kHz).
+Every plan goes through `ident.limits.check_motion` (position, velocity, acceleration, the inverse-dynamics
+torque of the model with its payload) and refuses the whole motion with the joint, quantity and time of
+the first violation. Nothing non-finite is ever planned.
+
+  plan_move(model, q_from, q_to, rate_hz)      a synchronised quintic (rest to rest) whose duration is the
+                                               shortest that keeps velocity, acceleration and torque limits
+  plan_trajectory(model, q_now, traj, ...)     a Fourier excitation file (ident.excitation), preceded by a
+                                               checked move to its start pose
+  plan_samples(model, q_now, t, q, ...)        a sampled joint trajectory (spline through the samples),
+                                               preceded by a checked move to its first sample
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.interpolate
+
+from ident import dynamics
+from ident.errors import InputError
+from ident.limits import LimitError, check_motion
+from ident.model import Model
+
+# Peak |velocity| and |acceleration| of the rest-to-rest quintic s(u) = 10u^3 - 15u^4 + 6u^5 over a
+# distance D in time T: 15/8 D/T and 10/sqrt(3) D/T^2.
+_QUINTIC_VMAX = 15.0 / 8.0
+_QUINTIC_AMAX = 10.0 / math.sqrt(3.0)
+SPEED_SCALE = 0.9            # plans use at most 90 % of the velocity and acceleration limits
+MIN_MOVE_DURATION = 0.05     # s
+AT_REST = 1e-6               # rad/s: a trajectory must start and end slower than this
+
+
+class MotionError(InputError):
+    """A motion command cannot be planned (bad arguments, or a limit it would break)."""
+
+
+@dataclass(frozen=True, eq=False)
+class PlannedMotion:
+    """Setpoints at rate_hz: q, qd, qdd, tau_ff (K, n) in rad, rad/s, rad/s^2, N m; segments names its
+    parts with their first sample index."""
+
+    name: str
+    rate_hz: float
+    q: np.ndarray
+    qd: np.ndarray
+    qdd: np.ndarray
+    tau_ff: np.ndarray
+    segments: tuple[tuple[str, int], ...]
+
+    @property
+    def samples(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def duration(self) -> float:
+        return (self.samples - 1) / self.rate_hz
+
+
+def rigid_body_model(model: Model) -> Model:
+    """The model without friction and torque offset: the feed-forward a CSP drive adds to its own friction
+    compensation (the rigid body, rotor inertia and gravity)."""
+    chi = model.standard_parameters().reshape(model.n, 14).copy()
+    chi[:, 11:14] = 0.0
+    return model.with_parameters(chi.reshape(-1))
+
+
+def _finite_pose(model: Model, name: str, q) -> np.ndarray:
+    q = np.asarray(q, dtype=float).reshape(-1)
+    if q.shape != (model.n,):
+        raise MotionError(f"{name}: expected {model.n} joint values, got {q.size}")
+    bad = ~np.isfinite(q)
+    if bad.any():
+        raise MotionError(f"{name}: joint {model.joint_names[int(np.argmax(bad))]} is not finite ({q[bad][0]})")
+    return q
+
+
+def _quintic(D: np.ndarray, T: float, rate_hz: float) -> tuple[np.ndarray, ...]:
+    K = max(2, int(math.ceil(T * rate_hz)) + 1)
+    u = np.linspace(0.0, 1.0, K)[:, None]
+    T = (K - 1) / rate_hz
+    s = u ** 3 * (10 - 15 * u + 6 * u ** 2)
+    ds = 30 * u ** 2 * (1 - u) ** 2 / T
+    dds = 60 * u * (1 - u) * (1 - 2 * u) / T ** 2
+    return s * D, ds * D, dds * D
+
+
+def _checked(model: Model, t: np.ndarray, q, qd, qdd, what: str) -> None:
+    try:
+        check_motion(model, t, q, qd, qdd)
+    except LimitError as exc:
+        raise MotionError(f"{what} refused: {exc}") from None
+
+
+def plan_move(model: Model, q_from, q_to, rate_hz: float, *, speed: float = 1.0, name: str = "move_to") -> PlannedMotion:
+    """A rest-to-rest synchronised quintic from q_from to q_to (rad), at `speed` (0 < speed <= 1) of the
+    fastest duration that the velocity and acceleration limits allow; lengthened while the torque limit is
+    broken (at most 4 times x2), then refused with the joint, quantity and time."""
+    q0 = _finite_pose(model, f"{name}: start", q_from)
+    q1 = _finite_pose(model, f"{name}: goal", q_to)
+    if not (isinstance(speed, (int, float)) and 0.0 < speed <= 1.0):
+        raise MotionError(f"{name}: speed {speed!r}: expected 0 < speed <= 1")
+    lo, hi = model.q_min, model.q_max
+    outside = (q1 < lo) | (q1 > hi)
+    if outside.any():
+        j = int(np.argmax(outside))
+        raise MotionError(f"{name} refused: joint {model.joint_names[j]}: goal {q1[j]:.4g} outside the position "
+                          f"limits [{lo[j]:.4g}, {hi[j]:.4g}]")
+    D = q1 - q0
+    scale = SPEED_SCALE * speed
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_v = np.nanmax(np.where(D != 0, _QUINTIC_VMAX * np.abs(D) / (scale * model.qd_max), 0.0))
+        t_a = np.nanmax(np.where(D != 0, np.sqrt(_QUINTIC_AMAX * np.abs(D) / (scale * model.qdd_max)), 0.0))
+    T = max(MIN_MOVE_DURATION, float(t_v), float(t_a))
+    for attempt in range(5):
+        dq, dqd, dqdd = _quintic(D, T, rate_hz)
+        q = q0 + dq
+        t = np.arange(q.shape[0]) / rate_hz
+        try:
+            check_motion(model, t, q, dqd, dqdd)
+        except LimitError as exc:
+            if exc.quantity != "torque" or attempt == 4:
+                raise MotionError(f"{name} refused: {exc}") from None
+            T *= 2.0
+            continue
+        return _motion(model, name, rate_hz, [(name, q, dqd, dqdd)])
+    raise AssertionError("unreachable")
+
+
+def _motion(model: Model, name: str, rate_hz: float, parts) -> PlannedMotion:
+    q = np.concatenate([p[1] for p in parts])
+    qd = np.concatenate([p[2] for p in parts])
+    qdd = np.concatenate([p[3] for p in parts])
+    starts, k = [], 0
+    for p in parts:
+        starts.append((p[0], k))
+        k += p[1].shape[0]
+    tau_ff = dynamics.rnea(rigid_body_model(model), q, qd, qdd)
+    for a in (q, qd, qdd, tau_ff):
+        a.setflags(write=False)
+    return PlannedMotion(name, float(rate_hz), q, qd, qdd, tau_ff, tuple(starts))
+
+
+def _cycle_times(duration: float, rate_hz: float) -> np.ndarray:
+    """Times of whole cycles from 0 to duration; the last is duration itself (at most one cycle after
+    the one before)."""
+    t = np.arange(int(math.ceil(duration * rate_hz - 1e-9)) + 1) / rate_hz
+    t[-1] = duration
+    return t
+
+
+def _with_approach(model: Model, name: str, q_now, t, q, qd, qdd, rate_hz: float,
+                   qd_ends: tuple[np.ndarray, np.ndarray]) -> PlannedMotion:
+    """The motion (t, q, qd, qdd), preceded by a move from q_now; qd_ends, the exact velocities at its
+    start and end, must be at rest."""
+    for label, v in zip(("start", "end"), qd_ends):
+        if np.max(np.abs(v)) > AT_REST:
+            j = int(np.argmax(np.abs(v)))
+            raise MotionError(f"{name} refused: it does not {label} at rest (joint {model.joint_names[j]}: "
+                              f"velocity {v[j]:.4g} rad/s at its {label}); design it to start and end at rest")
+    _checked(model, t, q, qd, qdd, name)
+    approach = plan_move(model, q_now, q[0], rate_hz, name=f"{name}: move to start")
+    parts = [("move to start", approach.q, approach.qd, approach.qdd), (name, q, qd, qdd)]
+    return _motion(model, name, rate_hz, parts)
+
+
+def plan_trajectory(model: Model, q_now, traj, rate_hz: float, *, periods: float = 1.0) -> PlannedMotion:
+    """A Fourier trajectory (ident.excitation.FourierTrajectory) over `periods` periods, preceded by a move
+    from q_now to its start pose; checked as a whole."""
+    if traj.n != model.n:
+        raise MotionError(f"run_trajectory: the trajectory has {traj.n} joints, the arm {model.n}")
+    if not (periods > 0 and math.isfinite(periods)):
+        raise MotionError(f"run_trajectory: periods {periods!r}: expected a positive number")
+    end = periods * traj.period
+    t = _cycle_times(end, rate_hz)
+    q, qd, qdd = traj.evaluate(t)
+    rest = traj.evaluate(np.array([0.0, end]))[1]
+    return _with_approach(model, "run_trajectory", _finite_pose(model, "current pose", q_now), t, q, qd, qdd,
+                          rate_hz, (rest[0], rest[1]))
+
+
+def plan_samples(model: Model, q_now, t, q, rate_hz: float) -> PlannedMotion:
+    """A sampled trajectory t (N,) s strictly increasing, q (N, n) rad, resampled at rate_hz with a cubic
+    spline clamped at rest at both ends (velocities and accelerations from the spline); preceded by a move
+    from q_now to q[0]; checked as a whole."""
+    t = np.asarray(t, dtype=float).reshape(-1)
+    q = np.atleast_2d(np.asarray(q, dtype=float))
+    if q.shape != (t.size, model.n):
+        raise MotionError(f"run_trajectory: samples: expected q of shape ({t.size}, {model.n}), got {q.shape}")
+    if t.size < 2:
+        raise MotionError("run_trajectory: samples: at least 2 samples are needed")
+    if not (np.isfinite(t).all() and np.isfinite(q).all()):
+        k = int(np.argmax(~np.isfinite(t) | ~np.isfinite(q).all(axis=1)))
+        raise MotionError(f"run_trajectory: samples: sample {k} is not finite")
+    if np.any(np.diff(t) <= 0):
+        k = int(np.argmax(np.diff(t) <= 0)) + 1
+        raise MotionError(f"run_trajectory: samples: time is not strictly increasing at sample {k} (t = {t[k]})")
+    spline = scipy.interpolate.CubicSpline(t - t[0], q, bc_type="clamped")   # at rest at both ends
+    tt = _cycle_times(t[-1] - t[0], rate_hz)
+    qd = spline(tt, 1)
+    return _with_approach(model, "run_trajectory", _finite_pose(model, "current pose", q_now), tt,
+                          spline(tt), qd, spline(tt, 2), rate_hz, (qd[0], qd[-1]))

@@ -1,0 +1,27 @@
+"""The transports behind driver.hal.Arm, by name (as python-can names its interfaces).
+
+  sim       the simulator in this process (sim.Simulator), no wire: tests of the cycle and the demo's
+            quick path
+  serial    joint boards behind one microcontroller (firmware_bridge serial protocol, pyserial)
+  can       CiA 402 drives over CANopen (python-canopen on any python-can interface)
+  gateway   EtherCAT drives behind a Modbus TCP gateway (pymodbus)
+
+`open_arm(name, model, **options)` builds one; options are the transport's keyword arguments.
+"""
+from __future__ import annotations
+
+import importlib
+
+TRANSPORTS: dict[str, str] = {
+    "sim": "driver.transports.local_sim:LocalSimArm",
+}
+
+
+def open_arm(name: str, model, **options):
+    """The Arm of transport `name` for the model (not yet opened)."""
+    from ident.errors import InputError
+
+    if name not in TRANSPORTS:
+        raise InputError(f"transport: unknown {name!r} (available: {', '.join(sorted(TRANSPORTS))})")
+    module, factory = TRANSPORTS[name].split(":")
+    return getattr(importlib.import_module(module), factory)(model, **options)

@@ -1,0 +1,66 @@
+"""The `sim` transport: a sim.Simulator in this process, read and commanded directly (no wire).
+
+The simulator runs on its own clock (start it, or let this transport start it); each read copies its
+newest published sample. Its current and torque are already SI, so no wire scaling is involved.
+"""
+from __future__ import annotations
+
+import time
+
+from driver.hal import ArmCommand, ArmState, LinkError
+
+
+class LocalSimArm:
+    """Arm over an in-process simulator: LocalSimArm(model, simulator=None, **simulator_options)."""
+
+    def __init__(self, model, simulator=None, **simulator_options):
+        if simulator is None:
+            from sim import Simulator
+
+            simulator = Simulator(model, **simulator_options)
+            self._owned = True
+        else:
+            self._owned = False
+        self.sim = simulator
+        self.n = simulator.n
+        from sim.simulator import SimState
+
+        self._sample = SimState.empty(self.n)
+        self._last_cycle = -1
+        self._reads = 0
+
+    def open(self) -> None:
+        if not self.sim.running:
+            self.sim.start()
+
+    def close(self) -> None:
+        if self._owned:
+            self.sim.stop()
+
+    def begin_cycle(self) -> None:
+        pass
+
+    def read(self, out: ArmState) -> bool:
+        if self.sim.error is not None:
+            raise LinkError(f"simulator failed: {self.sim.error}")
+        s = self.sim.read_state(self._sample)
+        out.host_time_ns = time.time_ns()
+        out.device_time_ns = int(round(s.time * 1e9))
+        out.q[:] = s.position
+        out.qd[:] = s.velocity
+        out.current[:] = s.current
+        out.torque[:] = s.torque
+        out.statusword[:] = s.statusword
+        out.error_code[:] = s.error_code
+        out.mode[:] = s.mode_display
+        fresh = s.cycle != self._last_cycle
+        self._last_cycle = s.cycle
+        self._reads += 1
+        return fresh
+
+    def write(self, command: ArmCommand) -> None:
+        self.sim.set_commands(controlword=command.controlword, mode=command.mode,
+                              target_position=command.target_position, target_torque=command.target_torque)
+
+    def link_stats(self) -> dict:
+        return {"transport": "sim", "reads": self._reads, "device_cycle": int(self._last_cycle)}

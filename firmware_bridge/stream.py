@@ -1,0 +1,103 @@
+"""The driver's ZeroMQ state message: one documented, versioned binary layout (docs/stream.md), shared by
+the driver (producer), the identification service, the recorder and any client (consumers).
+
+Each message is a two-frame multipart: [topic, payload]. Topic b"state" carries STATE below; topic
+b"health" carries a UTF-8 JSON object (docs/stream.md lists its keys).
+
+STATE payload, little-endian, no padding, n = number of joints:
+
+    offset  type        name             meaning
+    0       char[4]     magic            b"ARMS"
+    4       uint16      version          STREAM_VERSION
+    6       uint16      n                joints
+    8       uint32      flags            driver flags (FLAG_*)
+    12      uint64      seq              message counter, +1 per cycle (a gap = dropped messages)
+    20      int64       device_time_ns   the drives' timestamp of this sample (ns, device clock)
+    28      int64       host_time_ns     host UNIX time (ns, time.time_ns()) when the sample was read
+    36      float64[n]  q                joint positions, rad (m for prismatic joints)
+            float64[n]  qd               joint velocities, rad/s
+            float64[n]  current          motor currents, A
+            float64[n]  torque           joint torques from the currents, N m
+            uint16[n]   statusword       CiA 402 statusword (0x6041) per drive
+            uint16[n]   error_code       CiA 402 error code (0x603F) per drive
+            int8[n]     mode             modes of operation display (0x6061) per drive
+
+Size: 36 + 37 n bytes (258 bytes for 6 joints).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MAGIC = b"ARMS"
+STREAM_VERSION = 1
+TOPIC_STATE = b"state"
+TOPIC_HEALTH = b"health"
+
+# driver flags (STATE.flags)
+FLAG_ENABLED = 1 << 0      # every drive is OPERATION ENABLED
+FLAG_MOVING = 1 << 1       # a motion command is being executed
+FLAG_FAULT = 1 << 2        # the driver is in its fault state (a drive fault, the watchdog, a link error)
+FLAG_STALE = 1 << 3        # no new device data in this cycle (values repeat the last sample)
+FLAG_PAYLOAD = 1 << 4      # a payload is set (limits and feed-forward include it)
+
+HEADER_SIZE = 36
+
+
+class StreamDecodeError(ValueError):
+    """A message is not a STATE message of a version this code reads."""
+
+
+def state_dtype(n: int) -> np.dtype:
+    """The numpy structured dtype of one STATE payload for n joints (packed, little-endian)."""
+    return np.dtype([("magic", "S4"), ("version", "<u2"), ("n", "<u2"), ("flags", "<u4"), ("seq", "<u8"),
+                     ("device_time_ns", "<i8"), ("host_time_ns", "<i8"),
+                     ("q", "<f8", (n,)), ("qd", "<f8", (n,)), ("current", "<f8", (n,)), ("torque", "<f8", (n,)),
+                     ("statusword", "<u2", (n,)), ("error_code", "<u2", (n,)), ("mode", "i1", (n,))])
+
+
+def message_size(n: int) -> int:
+    return HEADER_SIZE + 37 * n
+
+
+class StateMessage:
+    """A reusable STATE buffer: fill the fields in place, send `buffer` (no allocation per cycle)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._array = np.zeros(1, dtype=state_dtype(n))
+        self.record = self._array[0]
+        self.record["magic"] = MAGIC
+        self.record["version"] = STREAM_VERSION
+        self.record["n"] = n
+        self.buffer = memoryview(self._array.view(np.uint8))
+        # views into the buffer, for in-place writes by the cycle
+        self.q = self._array["q"][0]
+        self.qd = self._array["qd"][0]
+        self.current = self._array["current"][0]
+        self.torque = self._array["torque"][0]
+        self.statusword = self._array["statusword"][0]
+        self.error_code = self._array["error_code"][0]
+        self.mode = self._array["mode"][0]
+
+    def set_header(self, seq: int, flags: int, device_time_ns: int, host_time_ns: int) -> None:
+        rec = self._array
+        rec["seq"] = seq
+        rec["flags"] = flags
+        rec["device_time_ns"] = device_time_ns
+        rec["host_time_ns"] = host_time_ns
+
+
+def decode_state(payload: bytes) -> np.void:
+    """Decode one STATE payload into a numpy record (fields as in the module docstring).
+    Raises StreamDecodeError naming what is wrong (size, magic, version)."""
+    if len(payload) < HEADER_SIZE:
+        raise StreamDecodeError(f"state message: {len(payload)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    if bytes(payload[:4]) != MAGIC:
+        raise StreamDecodeError(f"state message: magic {bytes(payload[:4])!r}, expected {MAGIC!r}")
+    version = int.from_bytes(payload[4:6], "little")
+    if version != STREAM_VERSION:
+        raise StreamDecodeError(f"state message: version {version}, this reader knows {STREAM_VERSION}")
+    n = int.from_bytes(payload[6:8], "little")
+    if len(payload) != message_size(n):
+        raise StreamDecodeError(f"state message: {len(payload)} bytes for n = {n}, expected {message_size(n)}")
+    return np.frombuffer(payload, dtype=state_dtype(n))[0]

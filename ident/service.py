@@ -1,0 +1,226 @@
+"""The identification service: online RLS on the driver's live state stream (docs/ident-service.md).
+
+One thread polls two sockets:
+  SUB  the driver's state stream (firmware_bridge.stream, version 1): samples are decoded, checked and
+       batched; every 1/publish_hz seconds the batch goes to ident.online.OnlineIdentifier and the
+       estimate is published;
+  REP  JSON commands: status, reset, freeze, unfreeze, save, load (and identify_now, batch WLS over the
+       buffered window, when the batch pipeline is available).
+and publishes on its own PUB socket:
+  topic b"estimate"  JSON: names, theta, sigma %, torque prediction RMS per joint, samples, converged, ...
+  topic b"health"    JSON: the stream's state ("ok", "stopped", "resumed"), counters of dropped messages.
+
+A message that is not a version-1 state message of this model's joint count is counted and dropped.
+When no message arrives for stale_s, the service says so once (health "stopped") and says "resumed"
+when the stream comes back; the sequence numbers tell the identifier to restart its window.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from firmware_bridge import stream
+from ident.errors import InputError
+from ident.model import Model
+from ident.online import OnlineIdentifier
+
+TOPIC_ESTIMATE = b"estimate"
+TOPIC_HEALTH = b"health"
+
+
+class IdentService:
+    """IdentService(model, state_endpoint=..., publish_endpoint=..., command_endpoint=..., ...)."""
+
+    def __init__(self, model: Model, *, state_endpoint: str = "tcp://127.0.0.1:5555",
+                 publish_endpoint: str = "tcp://127.0.0.1:5557", command_endpoint: str = "tcp://127.0.0.1:5558",
+                 publish_hz: float = 10.0, stale_s: float = 0.5, estimate_file: str | None = None,
+                 context: zmq.Context | None = None, log=None, **identifier_options):
+        if not publish_hz > 0 or not stale_s > 0:
+            raise InputError("publish_hz and stale_s: expected positive numbers")
+        self.model = model
+        self.identifier = OnlineIdentifier(model, **identifier_options)
+        self.endpoints = {"state": state_endpoint, "publish": publish_endpoint, "commands": command_endpoint}
+        self.publish_period = 1.0 / publish_hz
+        self.stale_s = float(stale_s)
+        self.estimate_file = estimate_file
+        self.log = log or (lambda text: None)
+        self._ctx = context or zmq.Context.instance()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.bound: dict[str, str] = {}
+        cap = 4096
+        self._seq = np.zeros(cap, np.int64)
+        self._q = np.zeros((cap, model.n))
+        self._tau = np.zeros((cap, model.n))
+        self._k = 0
+        self.malformed = 0
+        self.messages = 0
+        self.stream_state = "waiting"
+        self._last_rx = 0.0
+        self._ready = threading.Event()
+        self.error: BaseException | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------------
+    def start(self, timeout: float = 5.0) -> None:
+        if self.estimate_file and Path(self.estimate_file).exists():
+            self.identifier.load(self.estimate_file)
+            self.log(f"ident-service: estimate loaded from {self.estimate_file}")
+        self._thread = threading.Thread(target=self._run, name="armid-ident-service", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("ident-service: sockets not ready")
+        if self.error is not None:
+            raise self.error
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            sub = self._ctx.socket(zmq.SUB)
+            pub = self._ctx.socket(zmq.PUB)
+            rep = self._ctx.socket(zmq.REP)
+            for s in (sub, pub, rep):
+                s.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, 200000)
+            sub.connect(self.endpoints["state"])
+            sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
+            pub.bind(self.endpoints["publish"])
+            rep.bind(self.endpoints["commands"])
+        except zmq.ZMQError as exc:
+            self.error = InputError(f"ident-service: cannot open its sockets: {exc}")
+            self._ready.set()
+            return
+        self.bound = {"state": self.endpoints["state"], "publish": pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                      "commands": rep.getsockopt_string(zmq.LAST_ENDPOINT)}
+        self._ready.set()
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(rep, zmq.POLLIN)
+        next_pub = time.monotonic() + self.publish_period
+        try:
+            while not self._stop.is_set():
+                wait_ms = max(0, int((next_pub - time.monotonic()) * 1000))
+                events = dict(poller.poll(min(wait_ms, 50)))
+                if sub in events:
+                    self._receive(sub)
+                if rep in events:
+                    rep.send(json.dumps(self.handle(_parse(rep.recv())), allow_nan=False, default=str).encode())
+                now = time.monotonic()
+                self._watch_stream(pub, now)
+                if now >= next_pub:
+                    next_pub = now + self.publish_period
+                    self._flush()
+                    pub.send_multipart((TOPIC_ESTIMATE, json.dumps(self._estimate_message(), allow_nan=False).encode()))
+        except BaseException as exc:  # noqa: BLE001 - reported
+            self.error = exc
+            self.log(f"ident-service: stopped by {type(exc).__name__}: {exc}")
+        finally:
+            for s in (sub, pub, rep):
+                s.close(0)
+
+    # -- the stream ----------------------------------------------------------------------------------
+    def _receive(self, sub: zmq.Socket) -> None:
+        n = self.model.n
+        while True:
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_rx = time.monotonic()
+            self.messages += 1
+            if len(frames) != 2:
+                self.malformed += 1
+                continue
+            try:
+                rec = stream.decode_state(frames[1])
+            except stream.StreamDecodeError:
+                self.malformed += 1
+                continue
+            if int(rec["n"]) != n:
+                self.malformed += 1
+                continue
+            if self._k == self._seq.shape[0]:
+                self._flush()
+            k = self._k
+            self._seq[k] = rec["seq"]
+            self._q[k] = rec["q"]
+            self._tau[k] = rec["torque"]
+            self._k = k + 1
+
+    def _flush(self) -> None:
+        if self._k:
+            self.identifier.push(self._seq[:self._k], self._q[:self._k], self._tau[:self._k])
+            self._k = 0
+
+    def _watch_stream(self, pub: zmq.Socket, now: float) -> None:
+        if self._last_rx == 0.0:
+            return
+        stale = now - self._last_rx > self.stale_s
+        if stale and self.stream_state != "stopped":
+            self.stream_state = "stopped"
+            self._health(pub, f"no state message for {self.stale_s:g} s")
+        elif not stale and self.stream_state != "ok":
+            was = self.stream_state
+            self.stream_state = "ok"
+            if was == "stopped":
+                self._health(pub, "the stream came back", state="resumed")
+
+    def _health(self, pub: zmq.Socket, text: str, state: str | None = None) -> None:
+        msg = {"time": time.time(), "stream": state or self.stream_state, "text": text, "messages": self.messages,
+               "malformed": self.malformed, "counters": vars(self.identifier.counters)}
+        self.log(f"ident-service: stream {msg['stream']}: {text}")
+        pub.send_multipart((TOPIC_HEALTH, json.dumps(msg).encode()))
+
+    def _estimate_message(self) -> dict:
+        rep = self.identifier.report()
+        return {"time": time.time(), "model": self.model.name, "stream": self.stream_state, **rep.to_json(),
+                "messages": self.messages, "malformed": self.malformed}
+
+    # -- commands ------------------------------------------------------------------------------------
+    def handle(self, req) -> dict:
+        """One JSON command (docs/ident-service.md); never raises."""
+        if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
+            return {"ok": False, "error": 'request: expected a JSON object with a "cmd" string'}
+        cmd = req["cmd"]
+        try:
+            if cmd == "status":
+                c = self.identifier.counters
+                return {"ok": True, "model": self.model.name, "stream": self.stream_state, "frozen": self.identifier.frozen,
+                        "counters": vars(c), "messages": self.messages, "malformed": self.malformed,
+                        "parameters": self.identifier.p, "delay_samples": self.identifier.delay}
+            if cmd == "reset":
+                self._flush()
+                self.identifier.reset()
+                return {"ok": True}
+            if cmd in ("freeze", "unfreeze"):
+                self._flush()
+                self.identifier.frozen = cmd == "freeze"
+                return {"ok": True, "frozen": self.identifier.frozen}
+            if cmd in ("save", "load"):
+                path = req.get("path", self.estimate_file)
+                if not isinstance(path, str) or not path:
+                    return {"ok": False, "error": f"{cmd}: path: expected a file path (or start the service with one)"}
+                self._flush()
+                (self.identifier.save if cmd == "save" else self.identifier.load)(path)
+                return {"ok": True, "path": path}
+            return {"ok": False, "error": f"unknown command {cmd!r} (known: freeze, load, reset, save, status, unfreeze)"}
+        except InputError as exc:
+            return {"ok": False, "error": str(exc)}
+        except OSError as exc:
+            return {"ok": False, "error": f"{cmd}: {exc}"}
+
+
+def _parse(raw: bytes):
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None

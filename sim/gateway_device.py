@@ -1,0 +1,346 @@
+"""The device side of the EtherCAT-through-Modbus-TCP gateway: a pymodbus Modbus TCP server serving the
+simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
+
+    sim = Simulator(model, transport=GatewayDevice(host="127.0.0.1", port=0), realtime=False)
+    sim.start(); print(sim.transport.port)      # port 0: the port picked
+    ...                                          # any Modbus TCP client reads and writes the image
+    sim.stop()                                   # server shut down, thread joined, port released
+
+* Every simulator cycle (a cycle callback) keeps a copy of the sample and runs the watchdog; the first
+  read after a cycle encodes that cycle's image into the input registers (no encoding for cycles nobody
+  reads): positions and velocities in motor counts (the model's gear ratios and the simulator's encoder
+  resolution, as JointScaling), currents in uA, torques in mN m, the cycle counter and the device time in us.
+* A write to the holding registers is decoded as a whole command image and becomes one
+  sim.set_commands. An impossible image (unknown or unsupported mode, a target position outside the
+  joint's limits, a target torque above its tau_max, switching the watchdog off) is refused with the
+  Modbus exception ILLEGAL DATA VALUE, counted, and nothing of it is applied.
+* Host watchdog: when the host has not written the watchdog register for watchdog_timeout_ms (wall clock,
+  time.monotonic, so it means the same in real-time and fast mode), every OPERATION ENABLED drive gets a
+  quick stop, its controlword register then reads quick stop, and the status bit stays set until the next
+  watchdog write.
+* Fault injection (sim.faults): each response draws frame_fate(); DROP, CORRUPT and BAD_CRC send nothing
+  (Modbus TCP has no checksum of its own: TCP's discards a corrupted segment, so the host sees a lost
+  response), silent sends no response at all, latency() delays the response.
+* The server runs pymodbus's asyncio server in the thread "armid-gateway" with its own event loop; the
+  register store is pymodbus's SimDevice, whose action hook does the checks above.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+from pymodbus.constants import ExcCodes
+from pymodbus.server import ModbusTcpServer
+from pymodbus.simulator import DataType, SimData, SimDevice
+
+from firmware_bridge import cia402
+from firmware_bridge import gateway as gw
+from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, TORQUE_LSB, JointScaling
+from ident.errors import InputError
+from sim.faults import Fate
+
+_log = logging.getLogger("armid.sim.gateway")
+_START_TIMEOUT = 10.0   # s to wait for the server to listen
+_STOP_TIMEOUT = 5.0     # s to wait for the shutdown and the thread
+_READ_FUNCTIONS = (3, 4)
+_REGISTER_FUNCTIONS = (3, 4, 6, 16, 22, 23)
+_OE_MASK, _OE_VALUE = cia402.STATE_PATTERNS[cia402.State.OPERATION_ENABLED]
+_CW = np.asarray([gw.holding_address("controlword", k) - gw.HOLDING_BASE for k in range(gw.MAX_DRIVES)])
+_WATCHDOG = gw.holding_address("watchdog") - gw.HOLDING_BASE
+_TIMEOUT = gw.holding_address("watchdog_timeout_ms") - gw.HOLDING_BASE
+
+
+class _Snapshot(NamedTuple):
+    """One cycle's values as the cycle callback left them: si (4, n) = position, velocity, current,
+    torque already multiplied into wire units (not yet rounded)."""
+
+    cycle: int
+    time: float
+    si: np.ndarray
+    statusword: np.ndarray
+    mode_display: np.ndarray
+    error_code: np.ndarray
+    watchdog_expired: bool
+
+
+class GatewayDevice:
+    """Modbus TCP gateway in front of the simulated drives (a sim.SimTransport with its own clock).
+
+    host, port: where to listen (port 0: a free port, then `.port`). watchdog_s: the host watchdog time
+    (s, 0.001..65.535; None: disabled until the host writes watchdog_timeout_ms). Counters:
+    refused_writes, dropped_responses, watchdog_trips; last_refusal is the last refused write's reason.
+    """
+
+    external_clock = False
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, watchdog_s: float | None = 0.1):
+        if not isinstance(host, str) or not host:
+            raise InputError(f"gateway: host: expected an address, got {host!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise InputError(f"gateway: port: expected 0..65535, got {port!r}")
+        if watchdog_s is not None and (isinstance(watchdog_s, bool) or not isinstance(watchdog_s, (int, float))
+                                       or not 0.001 <= watchdog_s <= 65.535):
+            raise InputError(f"gateway: watchdog_s: expected 0.001..65.535 s or None, got {watchdog_s!r}")
+        self.host, self.port = host, port
+        self._timeout_ms = 0 if watchdog_s is None else int(round(watchdog_s * 1000))
+        self.refused_writes = 0
+        self.dropped_responses = 0
+        self.watchdog_trips = 0
+        self.last_refusal = ""
+        self._sim = None
+        self._lock = threading.Lock()           # the holding image, the watchdog
+        self._holding = np.zeros(0, np.int64)
+        self._inputs: list[int] = []
+        self._last_watchdog = 0.0
+        self._expired = False
+        self._server: ModbusServerThread | None = None
+
+    # -- SimTransport ------------------------------------------------------------------------------
+    def attach(self, sim) -> None:
+        """Bind to the simulator (called by Simulator.__init__): scaling, limits, cycle callback."""
+        n, model = sim.n, sim.model
+        if n > gw.MAX_DRIVES:
+            raise InputError(f"gateway: {n} drives, the layout serves at most {gw.MAX_DRIVES}")
+        self._sim, self._n = sim, n
+        self._scaling = JointScaling.from_gear(model.gear_ratio, sim.plant.noise.encoder_counts or ENCODER_COUNTS_PER_REV)
+        self._q_min, self._q_max, self._tau_max = model.q_min, model.q_max, model.tau_max
+        self._half_count = 0.5 / np.abs(self._scaling.counts_per_rad)
+        self._cw_at = _CW[:n]
+        sc = self._scaling
+        self._wire_scale = np.stack([sc.counts_per_rad, sc.counts_per_rad, np.full(n, 1.0 / CURRENT_LSB),
+                                     np.full(n, 1.0 / TORQUE_LSB)])
+        self._raw = np.zeros((4, n), np.int32)  # last representable position, velocity, current, torque
+        self._image = gw.InputImage(0, 0, 0, 0, np.zeros(n, np.uint16), np.zeros(n, np.int8), np.zeros(n, np.uint16),
+                                    *self._raw)
+        self._snapshot: _Snapshot | None = None
+        self._encoded_from: _Snapshot | None = None
+        self._inputs = gw.encode_inputs(self._image).tolist()
+        sim.add_cycle_callback(self._on_cycle)
+
+    def start(self) -> None:
+        """Listen (bounded wait; InputError if the address cannot be bound). Idempotent."""
+        if self._server is not None:
+            return
+        if self._sim is None:
+            raise RuntimeError("gateway: attach(sim) first (Simulator(model, transport=GatewayDevice(...)))")
+        state = self._sim.read_state()
+        self._holding = gw.encode_outputs(gw.OutputImage(
+            0, self._timeout_ms, np.zeros(self._n, np.int64), state.mode_display.astype(np.int64),
+            self._scaling.position_to_counts(state.position), np.zeros(self._n, np.int64))).astype(np.int64)
+        self._last_watchdog, self._expired = time.monotonic(), False
+        device = register_device(self._holding.tolist(), self._inputs, action=self._action)
+        server = ModbusServerThread(device, self.host, self.port, trace_packet=self._trace_packet)
+        try:
+            self.port = server.start()
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            raise InputError(f"gateway: cannot listen on {self.host}:{self.port}: {exc}") from None
+        self._server = server
+        _log.info("Modbus TCP gateway listening on %s:%d (%d drives, layout %d)", self.host, self.port, self._n,
+                  gw.LAYOUT_VERSION)
+
+    def stop(self) -> None:
+        """Shut the server down, join its thread, release the port (bounded waits). Idempotent."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def connection(self) -> dict:
+        """The driver's [transport] options that reach this gateway."""
+        return {"host": self.host, "port": self.port}
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the server listens on (the real port once started)."""
+        return self.host, self.port
+
+    def _trace_packet(self, sending: bool, data: bytes) -> bytes:
+        """pymodbus hook on every packet: a response whose fate is not DELIVER is not sent."""
+        if not sending or self._sim.faults.frame_fate() is Fate.DELIVER:
+            return data
+        self.dropped_responses += 1
+        return b""
+
+    async def _action(self, function_code: int, start: int, address: int, count: int,
+                      registers: list[int], values: list[int] | None) -> ExcCodes | None:
+        """pymodbus SimDevice hook, before each access: refresh the registers, check and apply writes."""
+        if function_code not in _REGISTER_FUNCTIONS:
+            return ExcCodes.ILLEGAL_FUNCTION
+        if values is not None or function_code in _READ_FUNCTIONS:  # once per request
+            delay = self._sim.faults.latency()
+            if delay:
+                await asyncio.sleep(delay)
+        if function_code == 4:
+            inputs = self._encoded()
+            registers[:len(inputs)] = inputs
+            return None
+        with self._lock:
+            if values is not None:
+                refused = self._write(address - start, values)
+                if refused is not None:
+                    return refused
+            registers[:len(self._holding)] = self._holding.tolist()
+        return None
+
+    # -- holding registers: the host's commands ------------------------------------------------------
+    def _write(self, offset: int, values: list[int]) -> ExcCodes | None:
+        """Apply a write at `offset` (registers from HOLDING_BASE) as one command image, or refuse it."""
+        new = self._holding.copy()
+        new[offset:offset + len(values)] = values
+        written = range(offset, offset + len(values))
+        try:
+            image = gw.decode_outputs(new, self._n)
+            if _TIMEOUT in written and image.watchdog_timeout_ms == 0 and self._holding[_TIMEOUT] != 0:
+                raise gw.GatewayError("watchdog_timeout_ms: 0 would switch the host watchdog off")
+            target = self._scaling.counts_to_position(image.target_position)
+            torque = self._scaling.raw_to_torque(image.target_torque)
+            self._check_range("target_position", target, self._q_min - self._half_count, self._q_max + self._half_count)
+            self._check_range("target_torque", torque, -self._tau_max - 5e-4, self._tau_max + 5e-4)
+            self._sim.set_commands(controlword=image.controlword, mode=image.mode, target_position=target,
+                                   target_torque=torque)
+        except (gw.GatewayError, InputError) as exc:
+            self.refused_writes += 1
+            self.last_refusal = str(exc)
+            return ExcCodes.ILLEGAL_VALUE
+        self._holding = new
+        if _WATCHDOG in written:
+            self._last_watchdog, self._expired = time.monotonic(), False
+        return None
+
+    def _check_range(self, name: str, value: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        bad = (value < lo) | (value > hi)
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            model = self._sim.model
+            raise gw.GatewayError(f"{name}: drive {j + 1} ({model.joint_names[j]}): {value[j]:.6g} is outside "
+                                  f"[{lo[j]:.6g}, {hi[j]:.6g}] (SI units: rad or m, N m or N)")
+
+    # -- every cycle (the simulator's stepping thread) -----------------------------------------------
+    def _on_cycle(self, sample) -> None:
+        """Keep this cycle's values (copies, swapped in whole); encoding waits for a read (_encoded)."""
+        si = np.array((sample.position, sample.velocity, sample.current, sample.torque))
+        si *= self._wire_scale   # JointScaling's factors: counts/rad, counts/s per rad/s, 1/uA, 1/mN m
+        expired = self._watchdog(sample.statusword)
+        self._snapshot = _Snapshot(sample.cycle, sample.time, si, sample.statusword.copy(),
+                                   sample.mode_display.copy(), sample.error_code.copy(), expired)
+
+    def _encoded(self) -> list[int]:
+        """The input registers of the latest cycle (encoded once per cycle, at the first read)."""
+        snap = self._snapshot
+        if snap is None or snap is self._encoded_from:
+            return self._inputs
+        img, raw = self._image, self._raw
+        status = gw.STATUS_DATA_VALID
+        if (np.abs(snap.si) <= INT32_MAX).all():   # False for NaN too
+            raw[:] = np.rint(snap.si)                # int32: the encoder needs no range check of its own
+        else:
+            status = 0                               # keep the last representable values, say the image is stale
+        img.statusword, img.mode_display, img.error_code = snap.statusword, snap.mode_display, snap.error_code
+        if (snap.statusword & cia402.SW_FAULT).any():
+            status |= gw.STATUS_DRIVE_FAULT
+        if snap.watchdog_expired:
+            status |= gw.STATUS_WATCHDOG_EXPIRED
+        img.gateway_status = status
+        img.refused_writes = self.refused_writes & 0xFFFF
+        img.cycle_counter = snap.cycle & 0xFFFFFFFF
+        img.timestamp_us = int(round(snap.time * 1e6)) & 0xFFFFFFFF
+        self._inputs, self._encoded_from = gw.encode_inputs(img).tolist(), snap
+        return self._inputs
+
+    def _watchdog(self, statusword: np.ndarray) -> bool:
+        """Quick-stop the enabled drives once the host watchdog has run out; True while it has."""
+        timeout_ms = self._holding[_TIMEOUT] if len(self._holding) else 0
+        if timeout_ms == 0 or time.monotonic() - self._last_watchdog <= timeout_ms / 1000:
+            return self._expired
+        enabled = (statusword & _OE_MASK) == _OE_VALUE
+        with self._lock:
+            if time.monotonic() - self._last_watchdog <= self._holding[_TIMEOUT] / 1000:
+                return self._expired   # the host wrote it meanwhile
+            self._expired = True
+            if enabled.any():
+                cw = self._holding[self._cw_at].copy()
+                cw[enabled] = cia402.CW_QUICK_STOP
+                self._holding[self._cw_at] = cw
+                self._sim.set_commands(controlword=cw)
+                self.watchdog_trips += 1
+        return True
+
+
+
+def register_device(holding: list[int], inputs: list[int], action=None) -> SimDevice:
+    """pymodbus's register store for the gateway layout: holding registers from HOLDING_BASE, input
+    registers from INPUT_BASE (initial words given), no coils or discrete inputs worth the name (one
+    placeholder each; the gateway's action refuses bit functions)."""
+    return SimDevice(id=0, action=action, simdata=(
+        [SimData(0, values=False, datatype=DataType.BITS)],
+        [SimData(0, values=False, datatype=DataType.BITS)],
+        [SimData(gw.HOLDING_BASE, values=list(holding), datatype=DataType.REGISTERS)],
+        [SimData(gw.INPUT_BASE, values=list(inputs), datatype=DataType.REGISTERS)]))
+
+
+class ModbusServerThread:
+    """pymodbus's asyncio ModbusTcpServer for one SimDevice, in its own thread ("armid-gateway") and event
+    loop. start() returns the port it listens on (bounded wait); stop() shuts it down and joins the thread."""
+
+    def __init__(self, device: SimDevice, host: str, port: int, trace_packet=None):
+        self.device, self.host, self.port, self.trace_packet = device, host, port, trace_packet
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: ModbusTcpServer | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> int:
+        """Listen; the port (RuntimeError/OSError when the address cannot be bound, TimeoutError)."""
+        self._ready.clear()
+        self._error = None
+        self._thread = threading.Thread(target=self._serve, name="armid-gateway", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(_START_TIMEOUT) or self._error is not None:
+            error = self._error or TimeoutError(f"not listening after {_START_TIMEOUT} s")
+            self.stop()
+            raise error
+        return self.port
+
+    def stop(self) -> None:
+        """Shut the server down and join its thread (bounded waits). Idempotent."""
+        thread, loop, server = self._thread, self._loop, self._server
+        if thread is None:
+            return
+        if loop is not None and server is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(server.shutdown(), loop).result(_STOP_TIMEOUT)
+            except (RuntimeError, TimeoutError, asyncio.TimeoutError):
+                pass  # the loop already ended: the thread's finally has closed everything
+        thread.join(_STOP_TIMEOUT)
+        if thread.is_alive():
+            raise RuntimeError("gateway: the server thread did not stop")
+        self._thread = self._loop = self._server = None
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(asyncio.sleep(0))  # let the closed transports' callbacks run
+            loop.close()
+            asyncio.set_event_loop(None)
+            self._ready.set()
+
+    async def _main(self) -> None:
+        server = ModbusTcpServer(self.device, address=(self.host, self.port), trace_packet=self.trace_packet)
+        await server.serve_forever(background=True)   # RuntimeError when the address cannot be bound
+        self.port = server.transport.sockets[0].getsockname()[1]
+        self._loop, self._server = asyncio.get_running_loop(), server
+        self._ready.set()
+        await server.serving

@@ -1,0 +1,203 @@
+"""The daemon end to end on loopback: the documented stream read by a client that knows only the doc, the
+JSON command socket, the CurveZMQ rule, and a safe stop on SIGTERM. The simulator runs in real time."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+import zmq.auth
+
+from firmware_bridge import stream
+from driver.daemon import Curve, Driver, EndpointError, Endpoints
+from driver.transports.local_sim import LocalSimArm
+from firmware_bridge.cia402 import State, state_of
+from ident.model import load_model
+from sim import Simulator
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("generic6")
+
+
+@pytest.fixture
+def driver(model):
+    sim = Simulator(model, seed=3, realtime=True)
+    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=LOCAL, watchdog_s=0.5)
+    d.start()
+    yield d
+    d.stop()
+    sim.stop()
+
+
+def _client(endpoint, **curve):
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    for key, value in curve.items():
+        setattr(sock, key, value)
+    sock.connect(endpoint)
+    return sock
+
+
+def _call(sock, timeout_ms=5000, **request):
+    sock.send(json.dumps(request).encode())
+    if not sock.poll(timeout_ms):
+        return None
+    return json.loads(sock.recv())
+
+
+def _wait(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _newest(sub, timeout=5.0):
+    """The newest state message: wait for one, then drain what queued up behind it."""
+    assert sub.poll(int(timeout * 1000))
+    last = None
+    while sub.poll(0):
+        last = stream.decode_state(sub.recv_multipart()[1])
+    return last
+
+
+def test_the_documented_example_client_decodes_the_stream(driver):
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "stream_client.py"), driver.bound["state"], "20"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert len(lines) == 20
+    seqs = [int(f[0]) for f in lines]
+    assert seqs == list(range(seqs[0], seqs[0] + 20))
+    q = np.array([[float(x) for x in f[3:9]] for f in lines])
+    np.testing.assert_allclose(q[-1], driver.cycle.state.q, atol=1e-4)     # the arm rests on its brakes
+    assert all(state_of(int(w, 16)) is State.READY_TO_SWITCH_ON for w in lines[-1][15:21])
+
+
+def test_commands_move_the_arm_and_the_stream_shows_it(driver):
+    cmd = _client(driver.bound["commands"])
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(driver.bound["state"])
+    sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
+    try:
+        assert _call(cmd, cmd="enable") == {"ok": True}
+        assert _wait(lambda: driver.cycle.enabled())
+        goal = [0.25, -0.15, 0.2, 0.1, -0.2, 0.3]
+        reply = _call(cmd, cmd="move_to", q=goal, speed=0.8)
+        assert reply["ok"] and reply["duration"] > 0
+        assert _wait(lambda: driver.cycle.motion is None and np.abs(driver.cycle.state.q - goal).max() < 1e-3)
+        last = _newest(sub)
+        np.testing.assert_allclose(last["q"], goal, atol=1e-3)
+        assert last["flags"] & stream.FLAG_ENABLED
+        refused = _call(cmd, cmd="move_to", q=[0, 0, 9.0, 0, 0, 0])
+        assert refused == {"ok": False, "error": refused["error"]} and "joint j3: goal 9" in refused["error"]
+        status = _call(cmd, cmd="status")
+        assert status["ok"] and status["fault"] is None and np.allclose(status["q"], goal, atol=1e-3)
+    finally:
+        cmd.close(0)
+        sub.close(0)
+
+
+@pytest.mark.parametrize("raw, error", [
+    (b"\xff\xfe not json", "request is not JSON"),
+    (b"[1, 2]", 'expected a JSON object with a "cmd" string'),
+    (b'{"cmd": "fly"}', "unknown command 'fly'"),
+    (b'{"cmd": "move_to", "q": [0, 0, "x", 0, 0, 0]}', "move_to: q: expected a list of numbers"),
+    (b'{"cmd": "move_to", "q": [0, 0, 0]}', "move_to: q: expected 6 numbers, got 3"),
+    (b'{"cmd": "set_payload", "mass": -2}', "payload: mass: expected a number of kg >= 0"),
+    (b'{"cmd": "run_trajectory", "file": "/nonexistent/traj.toml"}', "/nonexistent/traj.toml"),
+])
+def test_bad_requests_get_an_error_reply_and_the_daemon_keeps_serving(driver, raw, error):
+    cmd = _client(driver.bound["commands"])
+    try:
+        cmd.send(raw)
+        assert cmd.poll(5000)
+        reply = json.loads(cmd.recv())
+        assert reply["ok"] is False and error in reply["error"]
+        assert _call(cmd, cmd="status")["ok"]
+    finally:
+        cmd.close(0)
+
+
+def test_commands_beyond_loopback_require_curve_keys(model):
+    arm = LocalSimArm(model, simulator=Simulator(model))
+    with pytest.raises(EndpointError, match="requires CurveZMQ keys"):
+        Driver(model, arm, endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://0.0.0.0:*"))
+
+
+def test_with_curve_only_authorised_clients_get_answers(model, tmp_path):
+    keys, clients = tmp_path / "keys", tmp_path / "clients"
+    keys.mkdir()
+    clients.mkdir()
+    server_public, server_secret_file = zmq.auth.create_certificates(keys, "server")
+    client_public_file, client_secret_file = zmq.auth.create_certificates(keys, "client")
+    os.replace(client_public_file, clients / "client.key")
+    zmq.auth.create_certificates(keys, "stranger")
+    sim = Simulator(model, seed=4, realtime=True)
+    d = Driver(model, LocalSimArm(model, simulator=sim), watchdog_s=0.5,
+               endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", Curve(server_secret_file, str(clients))))
+    d.start()
+    socks = []
+    try:
+        server_key = zmq.auth.load_certificate(server_public)[0]
+        pub, sec = zmq.auth.load_certificate(client_secret_file)
+        good = _client(d.bound["commands"], curve_publickey=pub, curve_secretkey=sec, curve_serverkey=server_key)
+        plain = _client(d.bound["commands"])
+        spub, ssec = zmq.auth.load_certificate(keys / "stranger.key_secret")
+        stranger = _client(d.bound["commands"], curve_publickey=spub, curve_secretkey=ssec, curve_serverkey=server_key)
+        socks = [good, plain, stranger]
+        assert _call(good, cmd="status")["ok"]
+        assert _call(plain, timeout_ms=1000, cmd="status") is None
+        assert _call(stranger, timeout_ms=1000, cmd="status") is None
+        assert _call(good, cmd="status")["ok"]
+    finally:
+        for s in socks:
+            s.close(0)
+        d.stop()
+        sim.stop()
+
+
+def test_sigterm_disables_the_drives_before_the_daemon_exits(tmp_path):
+    state, commands = f"ipc://{tmp_path}/state", f"ipc://{tmp_path}/commands"
+    cfg = tmp_path / "driver.toml"
+    cfg.write_text(f'[driver]\nmodel = "generic6"\nwatchdog_ms = 500\n[transport]\nname = "sim"\nrealtime = true\n'
+                   f'[zmq]\nstate = "{state}"\ncommands = "{commands}"\n')
+    proc = subprocess.Popen([sys.executable, "-m", "armid.cli", "driver", "--config", str(cfg)], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(state)
+    sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
+    cmd = _client(commands)
+    try:
+        reply = _call(cmd, timeout_ms=60000, cmd="enable")
+        assert reply == {"ok": True}
+        assert _wait(lambda: sub.poll(100) and stream.decode_state(sub.recv_multipart()[1])["flags"] & stream.FLAG_ENABLED, 20)
+        proc.send_signal(signal.SIGTERM)
+        last = None
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            if sub.poll(50):
+                last = stream.decode_state(sub.recv_multipart()[1])
+        assert proc.wait(timeout=20) == 0
+        assert all(state_of(int(w)) is State.READY_TO_SWITCH_ON for w in last["statusword"])
+        assert "stopped" in proc.stderr.read()
+    finally:
+        cmd.close(0)
+        sub.close(0)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

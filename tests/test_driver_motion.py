@@ -1,0 +1,127 @@
+"""Motion planning in the driver: every plan is rest-to-rest where it must be, exact where it can be, and
+checked against the limits as a whole before anything moves."""
+import math
+
+import numpy as np
+import pytest
+
+from driver import motion
+from driver.motion import MotionError
+from ident import dynamics
+from ident.excitation import FourierTrajectory, preset
+from ident.model import load_model
+
+RATE = 1000.0
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("generic6")
+
+
+def test_move_is_rest_to_rest_and_reaches_the_goal_exactly(model):
+    q0 = np.zeros(6)
+    q1 = np.array([0.4, -0.3, 0.2, 0.5, -0.6, 0.7])
+    m = motion.plan_move(model, q0, q1, RATE)
+    np.testing.assert_array_equal(m.q[0], q0)
+    np.testing.assert_allclose(m.q[-1], q1, rtol=0, atol=1e-15)
+    for a in (m.qd, m.qdd):
+        np.testing.assert_allclose(a[[0, -1]], 0.0, atol=1e-12)
+
+
+def test_move_velocity_and_acceleration_are_the_derivatives_of_the_positions(model):
+    m = motion.plan_move(model, np.zeros(6), np.full(6, 0.3), RATE)
+    dt = 1.0 / RATE
+    # central differences are exact up to dt^2/6 max|d3q| (and dt^2/6 max|d4q| for qd)
+    jerk = np.abs(np.diff(m.qdd, axis=0)).max() / dt
+    snap = np.abs(np.diff(m.qdd, 2, axis=0)).max() / dt ** 2
+    np.testing.assert_allclose((m.q[2:] - m.q[:-2]) / (2 * dt), m.qd[1:-1], rtol=0, atol=dt ** 2 / 6 * jerk * 1.05)
+    np.testing.assert_allclose((m.qd[2:] - m.qd[:-2]) / (2 * dt), m.qdd[1:-1], rtol=0, atol=dt ** 2 / 6 * snap * 1.05)
+
+
+def test_move_duration_is_set_by_the_binding_limit(model):
+    """The fastest move puts one joint exactly at SPEED_SCALE of its velocity or acceleration limit."""
+    m = motion.plan_move(model, np.zeros(6), np.array([1.2, 0, 0, 0, 0, 0]), RATE)
+    use_v = np.abs(m.qd[:, 0]).max() / model.qd_max[0]
+    use_a = np.abs(m.qdd[:, 0]).max() / model.qdd_max[0]
+    assert max(use_v, use_a) == pytest.approx(motion.SPEED_SCALE, rel=0.01)
+    slow = motion.plan_move(model, np.zeros(6), np.array([1.2, 0, 0, 0, 0, 0]), RATE, speed=0.5)
+    assert slow.duration > m.duration * 1.35
+
+
+def test_feed_forward_is_the_rigid_body_inverse_dynamics(model):
+    m = motion.plan_move(model, np.zeros(6), np.full(6, -0.2), RATE)
+    rigid = motion.rigid_body_model(model)
+    np.testing.assert_allclose(m.tau_ff, dynamics.rnea(rigid, m.q, m.qd, m.qdd), rtol=1e-12, atol=1e-12)
+    # friction and offset are the drive's business: the feed-forward differs from the full model by them
+    full = dynamics.rnea(model, m.q, m.qd, m.qdd)
+    assert np.abs(full - m.tau_ff).max() > 1e-3
+
+
+def test_move_outside_the_position_limits_is_refused_naming_the_joint(model):
+    goal = np.zeros(6)
+    goal[2] = model.q_max[2] + 0.01
+    with pytest.raises(MotionError, match=r"joint j3: goal .* outside the position limits"):
+        motion.plan_move(model, np.zeros(6), goal, RATE)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_goal_is_refused(model, bad):
+    goal = np.zeros(6)
+    goal[4] = bad
+    with pytest.raises(MotionError, match="joint j5 is not finite"):
+        motion.plan_move(model, np.zeros(6), goal, RATE)
+
+
+def test_move_that_breaks_a_torque_limit_at_any_speed_is_refused_with_joint_quantity_and_time(model):
+    weak = load_model("generic6")
+    object.__setattr__(weak, "tau_max", np.full(6, 1.0))   # gravity alone breaks it at the goal
+    with pytest.raises(MotionError, match=r"move_to refused: joint j2: torque .* at t = "):
+        motion.plan_move(weak, np.zeros(6), np.array([0, 0.5, 0, 0, 0, 0]), RATE)
+
+
+def _at_rest_fourier(model) -> FourierTrajectory:
+    """Two harmonics with sum(a_l) = 0 and sum(l b_l) = 0: at rest (qd = qdd = 0) at t = 0 and t = T."""
+    a = np.tile([0.2, -0.2], (6, 1)) * np.linspace(0.5, 1.0, 6)[:, None]
+    b = np.tile([0.2, -0.1], (6, 1)) * np.linspace(0.5, 1.0, 6)[:, None]
+    return FourierTrajectory(0.2, np.zeros(6), a, b)
+
+
+def test_fourier_trajectory_is_preceded_by_a_checked_move_to_its_start(model):
+    traj = _at_rest_fourier(model)
+    m = motion.plan_trajectory(model, np.full(6, 0.1), traj, RATE, periods=1)
+    names = [name for name, _ in m.segments]
+    assert names == ["move to start", "run_trajectory"]
+    k = dict(m.segments)["run_trajectory"]
+    t, q, qd, qdd = traj.sample(RATE, 1)
+    np.testing.assert_allclose(m.q[k:], q, atol=1e-15)
+    np.testing.assert_allclose(m.q[k - 1], q[0], atol=1e-12)     # the approach ends where it starts
+    np.testing.assert_allclose(m.q[0], 0.1)
+
+
+def test_trajectory_that_does_not_start_at_rest_is_refused(model):
+    with pytest.raises(MotionError, match="does not start at rest"):
+        motion.plan_trajectory(model, np.zeros(6), preset("seed000"), RATE)
+
+
+def test_trajectory_over_a_limit_is_refused_as_a_whole(model):
+    traj = _at_rest_fourier(model)
+    fast = FourierTrajectory(traj.base_frequency * 6, traj.q0, traj.a * 8, traj.b * 8)
+    with pytest.raises(MotionError, match=r"run_trajectory refused: joint j\d: (velocity|acceleration|torque|position)"):
+        motion.plan_trajectory(model, np.zeros(6), fast, RATE)
+
+
+def test_sampled_trajectory_is_splined_at_rest_and_passes_through_the_samples(model):
+    t = np.linspace(0.0, 2.0, 9)
+    q = 0.2 * np.sin(np.pi * t)[:, None] * np.linspace(0.2, 1.0, 6)
+    m = motion.plan_samples(model, np.zeros(6), t, q, RATE)
+    k = dict(m.segments)["run_trajectory"]
+    body = m.q[k:]
+    np.testing.assert_allclose(body[::250], q, atol=1e-12)           # samples every 0.25 s = 250 cycles
+    np.testing.assert_allclose(m.qd[[k, -1]], 0.0, atol=1e-12)
+
+
+def test_sampled_trajectory_with_time_going_back_is_refused(model):
+    t = np.array([0.0, 0.5, 0.4, 1.0])
+    with pytest.raises(MotionError, match="not strictly increasing at sample 2"):
+        motion.plan_samples(model, np.zeros(6), t, np.zeros((4, 6)), RATE)

@@ -1,0 +1,426 @@
+"""The simulated gateway (sim.gateway_device) driven by pymodbus's own sync client, over TCP on 127.0.0.1:
+header and layout version, the inputs against the simulator's own samples, the CiA 402 state machine through
+controlwords, a CSP move, refused writes, the host watchdog's quick stop, fault injection (silent, dropped,
+late responses) and a clean start/stop."""
+from __future__ import annotations
+
+import collections
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from pymodbus.client import ModbusTcpClient
+from pymodbus.exceptions import ModbusIOException
+
+from firmware_bridge import cia402
+from firmware_bridge import gateway as gw
+from firmware_bridge.cia402 import Mode, State
+from firmware_bridge.units import JointScaling
+from ident.errors import InputError
+from ident.model import load_model
+from sim import Simulator
+from sim.gateway_device import GatewayDevice
+
+N = 6
+WAIT_S = 20.0          # bound of every wait on the simulator (generous: the machine is shared)
+ILLEGAL_FUNCTION, ILLEGAL_ADDRESS, ILLEGAL_VALUE = 1, 2, 3
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("generic6")
+
+
+class Recorder:
+    """Copies of the simulator's own samples by cycle (a cycle callback): the oracle for what the gateway serves."""
+
+    def __init__(self, size: int = 20000):
+        self.samples: dict[int, tuple] = {}
+        self.order: collections.deque = collections.deque()
+        self.size = size
+        self.lock = threading.Lock()
+        self.changes: list[tuple[int, tuple]] = []   # (cycle, statuswords) whenever they change: kept whole
+
+    def __call__(self, s) -> None:
+        with self.lock:
+            self.samples[s.cycle] = (s.statusword.copy(), s.mode_display.copy(), s.error_code.copy(),
+                                     s.position_counts.copy(), s.current.copy(), s.position.copy())
+            self.order.append(s.cycle)
+            words = tuple(int(w) for w in s.statusword)
+            if not self.changes or self.changes[-1][1] != words:
+                self.changes.append((s.cycle, words))
+            if len(self.order) > self.size:
+                self.samples.pop(self.order.popleft(), None)
+
+    def at(self, cycle: int) -> tuple:
+        with self.lock:
+            return self.samples[cycle]
+
+    def states_since(self, cycle: int) -> set:
+        with self.lock:
+            return {cia402.state_of(w) for c, words in self.changes if c >= cycle for w in words}
+
+
+class Host:
+    """A host program written against the documented layout with pymodbus's sync client."""
+
+    def __init__(self, port: int, timeout: float = 5.0):
+        self.client = ModbusTcpClient("127.0.0.1", port=port, timeout=timeout, retries=0)
+        assert self.client.connect()
+        self.beat = 0
+
+    def inputs(self) -> gw.InputImage:
+        r = self.client.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N))
+        assert not r.isError(), r
+        return gw.decode_inputs(r.registers, N)
+
+    def outputs(self) -> gw.OutputImage:
+        r = self.client.read_holding_registers(gw.HOLDING_BASE, count=gw.holding_count(N))
+        assert not r.isError(), r
+        return gw.decode_outputs(r.registers, N)
+
+    def write(self, image: gw.OutputImage, beat: bool = True):
+        if beat:
+            self.beat = (self.beat + 1) & 0xFFFF
+            image.watchdog = self.beat
+        return self.client.write_registers(gw.HOLDING_BASE, gw.encode_outputs(image).tolist())
+
+    def wait(self, predicate, what: str, timeout: float = WAIT_S) -> gw.InputImage:
+        deadline = time.monotonic() + timeout
+        while True:
+            image = self.inputs()
+            if predicate(image):
+                return image
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not reached within {timeout} s; last image {image}")
+            time.sleep(0.005)
+
+    def wait_states(self, state: State) -> gw.InputImage:
+        return self.wait(lambda im: all(cia402.state_of(int(w)) is state for w in im.statusword), state.value)
+
+    def enable_csp(self) -> gw.InputImage:
+        """Shutdown, then enable operation, in CSP at the current position, as any host would."""
+        now = self.inputs()
+        out = self.outputs()
+        out.mode[:] = int(Mode.CSP)
+        out.target_position[:] = now.position
+        out.controlword[:] = cia402.CW_SHUTDOWN
+        assert not self.write(out).isError()
+        self.wait_states(State.READY_TO_SWITCH_ON)
+        out.controlword[:] = cia402.CW_ENABLE_OPERATION
+        assert not self.write(out).isError()
+        return self.wait_states(State.OPERATION_ENABLED)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@pytest.fixture
+def rig(model):
+    """A running simulator (fast mode) behind a gateway on a free port, a recorder and a connected host."""
+    gateway = GatewayDevice(host="127.0.0.1", port=0, watchdog_s=60.0)
+    sim = Simulator(model, transport=gateway, realtime=False)
+    recorder = Recorder()
+    sim.add_cycle_callback(recorder)
+    sim.start()
+    host = Host(gateway.port)
+    try:
+        yield sim, gateway, host, recorder
+    finally:
+        host.close()
+        sim.stop()
+    assert not any(t.name == "armid-gateway" for t in threading.enumerate())
+
+
+def _scaling(model) -> JointScaling:
+    return JointScaling.from_gear(model.gear_ratio, 2 ** 17)
+
+
+def test_header_carries_the_layout_version_drive_count_and_a_running_cycle_counter(rig):
+    sim, gateway, host, _ = rig
+    raw = host.client.read_input_registers(gw.INPUT_BASE, count=gw.INPUT_HEADER_SIZE).registers
+    assert raw[0] == gw.LAYOUT_VERSION and raw[1] == N
+    first = host.inputs()
+    sim.wait_cycles(5, timeout=WAIT_S)
+    later = host.wait(lambda im: im.cycle_counter > first.cycle_counter + 4, "cycle counter")
+    assert later.gateway_status & gw.STATUS_DATA_VALID
+    assert later.timestamp_us == round(later.cycle_counter * sim.dt * 1e6)  # device time of that cycle, in us
+
+
+def test_inputs_are_the_simulators_own_sample_of_the_same_cycle(rig, model):
+    sim, gateway, host, recorder = rig
+    host.enable_csp()
+    sim.wait_cycles(20, timeout=WAIT_S)
+    for _ in range(3):
+        image = host.inputs()
+        statusword, mode, error, counts, current, _ = recorder.at(image.cycle_counter)
+        assert np.array_equal(image.statusword, statusword) and np.array_equal(image.mode_display, mode)
+        assert np.array_equal(image.error_code, error)
+        assert np.array_equal(image.position, counts)             # the encoder's own counts, not a re-scaling
+        assert np.array_equal(image.current, np.rint(current * 1e6))
+        assert np.all(image.mode_display == int(Mode.CSP))
+
+
+def test_controlwords_take_every_drive_through_the_cia402_state_machine(rig):
+    sim, _, host, recorder = rig
+    assert all(cia402.state_of(int(w)) is State.SWITCH_ON_DISABLED for w in host.inputs().statusword)
+    now = host.inputs()
+    out = host.outputs()
+    out.mode[:], out.target_position[:] = int(Mode.CSP), now.position
+    for cw, state in ((cia402.CW_SHUTDOWN, State.READY_TO_SWITCH_ON), (cia402.CW_SWITCH_ON, State.SWITCHED_ON),
+                      (cia402.CW_ENABLE_OPERATION, State.OPERATION_ENABLED), (cia402.CW_DISABLE_OPERATION, State.SWITCHED_ON),
+                      (cia402.CW_DISABLE_VOLTAGE, State.SWITCH_ON_DISABLED)):
+        out.controlword[:] = cw
+        assert not host.write(out).isError()
+        host.wait_states(state)
+    assert all(s is State.SWITCH_ON_DISABLED for s in sim.read_state().states())
+
+
+def test_a_joint_moves_in_csp_and_the_reported_position_is_the_simulators(rig, model):
+    sim, _, host, recorder = rig
+    start = host.enable_csp()
+    scaling = _scaling(model)
+    j, step = 1, 0.05
+    out = host.outputs()
+    target = out.target_position.copy()
+    target[j] += int(round(step * scaling.counts_per_rad[j]))
+    out.target_position[:] = target
+    assert not host.write(out).isError()
+    error = lambda im: np.abs(scaling.counts_to_position(im.position - target))  # noqa: E731  rad
+    image = host.wait(lambda im: np.all(error(im) < 0.5e-3), "every joint at its target (joint 2 moved)")
+    _, _, _, counts, _, _ = recorder.at(image.cycle_counter)
+    assert np.array_equal(image.position, counts)                        # the simulator's own encoder counts
+    moved = scaling.counts_to_position(image.position - start.position)
+    assert abs(moved[j] - step) < 1e-3 and np.all(np.abs(np.delete(moved, j)) < 1e-3)
+    assert abs(sim.read_truth().q[j] - scaling.counts_to_position(target)[j]) < 1e-3
+
+
+def _exception_code(response) -> int:
+    assert response.isError(), response
+    return response.exception_code
+
+
+@pytest.mark.parametrize("field,value,reason", [
+    ("mode", 7, "mode .* = 7"),                                  # not a CiA 402 mode
+    ("mode", int(Mode.CSV), "mode: joint 3"),                    # a CiA 402 mode these drives do not have
+    ("mode", 0xFFFF, "mode .* = -1"),                            # INTEGER8 -1: no such mode
+])
+def test_impossible_writes_get_illegal_data_value_and_change_nothing(rig, model, field, value, reason):
+    sim, gateway, host, recorder = rig
+    host.enable_csp()
+    before_out, before = host.outputs(), host.inputs()
+    response = host.client.write_register(gw.holding_address(field, 2), value)
+    assert _exception_code(response) == ILLEGAL_VALUE
+    assert gateway.refused_writes == 1 and re.search(reason, gateway.last_refusal)
+    sim.wait_cycles(50, timeout=WAIT_S)
+    after = host.wait(lambda im: im.refused_writes == 1, "refusal counted in the header")
+    assert _same(host.outputs(), before_out)
+    assert np.all(after.mode_display == int(Mode.CSP))
+    assert all(cia402.state_of(int(w)) is State.OPERATION_ENABLED for w in after.statusword)
+    assert np.all(np.abs(after.position - before.position) < 1e-3 * _scaling(model).counts_per_rad)  # held (settling)
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+
+
+def test_targets_beyond_the_joint_limits_or_torque_are_refused_and_the_joint_stays(rig, model):
+    sim, gateway, host, _ = rig
+    start = host.enable_csp()
+    scaling = _scaling(model)
+    out = host.outputs()
+    far = out.target_position.copy()
+    far[4] = scaling.position_to_counts(model.q_max)[4] + 1000
+    refused = gw.OutputImage(out.watchdog, out.watchdog_timeout_ms, out.controlword, out.mode, far, out.target_torque)
+    assert _exception_code(host.write(refused)) == ILLEGAL_VALUE
+    assert "target_position: drive 5" in gateway.last_refusal
+    torque = out.target_torque.copy()
+    torque[0] = int(model.tau_max[0] * 1000) + 10
+    refused = gw.OutputImage(out.watchdog, out.watchdog_timeout_ms, out.controlword, out.mode, out.target_position, torque)
+    assert _exception_code(host.write(refused)) == ILLEGAL_VALUE
+    assert "target_torque: drive 1" in gateway.last_refusal
+    assert _exception_code(host.client.write_register(gw.holding_address("watchdog_timeout_ms"), 0)) == ILLEGAL_VALUE
+    sim.wait_cycles(200, timeout=WAIT_S)
+    now = host.inputs()
+    assert now.refused_writes == gateway.refused_writes == 3
+    assert np.all(np.abs(scaling.counts_to_position(now.position - start.position)) < 1e-3)
+    assert _same(host.outputs(), out)
+
+
+def test_requests_outside_the_image_or_for_bits_are_refused_by_modbus_itself(rig):
+    _, _, host, _ = rig
+    c = host.client
+    assert _exception_code(c.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N) + 1)) == ILLEGAL_ADDRESS
+    assert _exception_code(c.read_holding_registers(gw.INPUT_BASE, count=1)) == ILLEGAL_ADDRESS   # wrong table
+    assert _exception_code(c.write_register(gw.HOLDING_BASE + gw.holding_count(N), 1)) == ILLEGAL_ADDRESS
+    assert _exception_code(c.read_coils(0, count=1)) == ILLEGAL_FUNCTION
+    assert _exception_code(c.write_coil(0, True)) == ILLEGAL_FUNCTION
+    assert host.inputs().refused_writes == 0           # refused by Modbus, never reached the drives
+
+
+def test_the_host_watchdog_quick_stops_enabled_drives_when_the_host_goes_quiet(rig):
+    sim, gateway, host, recorder = rig
+    host.enable_csp()
+    assert gateway.watchdog_trips == 0 and not host.inputs().gateway_status & gw.STATUS_WATCHDOG_EXPIRED
+    # the host shortens the watchdog to 50 ms, then writes nothing more
+    quiet_from = host.inputs().cycle_counter
+    assert not host.client.write_register(gw.holding_address("watchdog_timeout_ms"), 50).isError()
+    image = host.wait(lambda im: not any(cia402.state_of(int(w)) is State.OPERATION_ENABLED for w in im.statusword),
+                      "drives out of OPERATION ENABLED")
+    assert image.gateway_status & gw.STATUS_WATCHDOG_EXPIRED and gateway.watchdog_trips >= 1
+    host.wait_states(State.SWITCH_ON_DISABLED)               # quick stop option: at rest, voltage off
+    assert State.QUICK_STOP_ACTIVE in recorder.states_since(quiet_from)   # a quick stop, not a disable
+    assert np.all(host.outputs().controlword == cia402.CW_QUICK_STOP)   # what the gateway commanded, read back
+    # writing the watchdog re-arms it and clears the status bit
+    assert not host.client.write_register(gw.holding_address("watchdog"), 1).isError()
+    host.wait(lambda im: not im.gateway_status & gw.STATUS_WATCHDOG_EXPIRED, "watchdog bit cleared")
+
+
+@pytest.mark.parametrize("faults", [dict(silent=True), dict(drop=1.0), dict(corrupt=1.0), dict(bad_crc=1.0)],
+                         ids=["silent", "drop", "corrupt", "bad_crc"])
+def test_a_gateway_that_does_not_answer_times_out_on_the_client_and_recovers(rig, faults):
+    sim, gateway, host, _ = rig
+    quick = Host(gateway.port, timeout=0.3)
+    try:
+        sim.faults.set_frame_faults(**faults)
+        with pytest.raises(ModbusIOException):
+            quick.client.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N))
+        assert gateway.dropped_responses >= 1
+    finally:
+        sim.faults.clear()
+        quick.close()
+    assert host.inputs().n == N                                     # answers again once the fault is cleared
+
+
+@pytest.mark.parametrize("junk", [
+    b"\x00\x01\x00\x00\x00\x06\x01\x63\x00\x00\x00\x01",       # MBAP header, unknown function 0x63
+    b"\x00\x02\x00\x00\x00\x06\x01\x04\x00",                      # truncated read request
+    b"\x00\x03\x00\x00\x00\x0b\x01\x10\x04\x00\x00\x02\x09\x00\x00\x00\x00\x00",  # byte count lies
+    bytes(range(256)) * 4,                                               # noise
+], ids=["unknown-function", "truncated", "bad-byte-count", "noise"])
+def test_malformed_frames_from_a_raw_socket_do_not_disturb_the_gateway(rig, junk):
+    sim, gateway, host, _ = rig
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=2) as raw:
+        raw.sendall(junk)
+        raw.settimeout(0.3)
+        try:
+            raw.recv(1024)                       # an exception response, or nothing: either is fine
+        except (TimeoutError, ConnectionResetError):
+            pass
+    assert host.inputs().n == N and host.inputs().refused_writes == 0
+    assert sim.error is None and sim.running
+
+
+def test_latency_spikes_delay_responses_beyond_a_short_client_timeout(rig):
+    sim, gateway, host, _ = rig
+    sim.faults.set_frame_faults(latency_spike_probability=1.0, latency_spike_s=0.05)
+    assert host.inputs().n == N                                    # 50 ms late, within 5 s: answered
+    assert sim.faults.counts["delayed"] >= 1
+    quick = Host(gateway.port, timeout=0.2)
+    try:
+        sim.faults.set_frame_faults(latency_spike_s=1.0)
+        with pytest.raises(ModbusIOException):
+            quick.client.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N))
+    finally:
+        sim.faults.clear()
+        quick.close()
+
+
+def test_the_documented_example_host_runs_against_the_simulated_gateway(rig):
+    sim, gateway, host, _ = rig
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "wire-gateway.md").read_text()
+    code = doc.split("## Example host (pymodbus)")[1].split("```python")[1].split("```")[0]
+    assert 10 <= len(code.strip().splitlines()) <= 25
+    exec(compile(code, "docs/wire-gateway.md", "exec"), {"PORT": gateway.port})
+    host.wait_states(State.READY_TO_SWITCH_ON)          # its shutdown command reached every drive
+
+
+def test_stop_closes_the_server_and_releases_the_port_for_the_next_gateway(model):
+    gateway = GatewayDevice(port=0, watchdog_s=None)
+    sim = Simulator(model, transport=gateway, realtime=False)
+    sim.start()
+    port = gateway.port
+    host = Host(port)
+    assert host.inputs().n == N
+    busy = Simulator(model, transport=GatewayDevice(port=port), realtime=False)
+    with pytest.raises(InputError, match=f"cannot listen on 127.0.0.1:{port}"):
+        busy.start()
+    busy.stop()
+    sim.stop()
+    host.close()
+    assert not any(t.name == "armid-gateway" for t in threading.enumerate())
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    again = Simulator(model, transport=GatewayDevice(port=port), realtime=False)
+    with again:
+        host = Host(port)
+        assert host.inputs().n == N
+        host.close()
+
+
+@pytest.mark.parametrize("kwargs,message", [(dict(port=70000), "port"), (dict(port="502"), "port"),
+                                            (dict(host=""), "host"), (dict(watchdog_s=0.0), "watchdog_s"),
+                                            (dict(watchdog_s=float("nan")), "watchdog_s")])
+def test_bad_gateway_options_are_refused_with_input_error(kwargs, message):
+    with pytest.raises(InputError, match=message):
+        GatewayDevice(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def quiet_rig(model):
+    """One running gateway (watchdog off) for the property test's many writes."""
+    gateway = GatewayDevice(port=0, watchdog_s=None)
+    sim = Simulator(model, transport=gateway, realtime=False)
+    sim.start()
+    host = Host(gateway.port)
+    try:
+        yield sim, gateway, host
+    finally:
+        host.close()
+        sim.stop()
+
+
+def _acceptable(words: list[int], previous_timeout: int, model) -> bool:
+    """The documented rule, written from the doc: modes 0, 8, 10; targets within q limits and tau_max;
+    the watchdog time not switched off."""
+    modes = [w - 0x10000 * (w >= 0x8000) for w in words[gw.HOLDING_HEADER_SIZE + 1::gw.HOLDING_DRIVE_STRIDE]]
+    if not set(modes) <= {0, 8, 10}:
+        return False
+    image = gw.decode_outputs(words, N)
+    q = image.target_position / (2 ** 17 * model.gear_ratio / (2 * np.pi))
+    tau = image.target_torque * 1e-3
+    half = np.pi / (2 ** 17 * np.abs(model.gear_ratio))
+    if np.any(q < model.q_min - half) or np.any(q > model.q_max + half) or np.any(np.abs(tau) > model.tau_max + 5e-4):
+        return False
+    return not (image.watchdog_timeout_ms == 0 and previous_timeout != 0)
+
+
+_WORD = st.one_of(st.sampled_from([0, 1, 6, 7, 8, 9, 10, 15, 0x80, 100, 0xFFFF]), st.integers(0, 0xFFFF))
+
+
+@given(offset=st.integers(0, gw.holding_count(N) - 1), values=st.lists(_WORD, min_size=1, max_size=14))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_writes_are_applied_whole_or_refused_whole(quiet_rig, model, offset, values):
+    sim, gateway, host = quiet_rig
+    values = values[:gw.holding_count(N) - offset]
+    before = host.client.read_holding_registers(gw.HOLDING_BASE, count=gw.holding_count(N)).registers
+    refused = gateway.refused_writes
+    expected = before[:offset] + values + before[offset + len(values):]
+    accept = _acceptable(expected, before[1], model)
+    event("accepted" if accept else "refused")
+    reply = host.client.write_registers(gw.HOLDING_BASE + offset, values)
+    after = host.client.read_holding_registers(gw.HOLDING_BASE, count=gw.holding_count(N)).registers
+    assert reply.isError() is not accept, (reply, gateway.last_refusal)
+    if accept:
+        assert after == expected and gateway.refused_writes == refused
+    else:
+        assert reply.exception_code == ILLEGAL_VALUE and after == before and gateway.refused_writes == refused + 1
+    sim.wait_cycles(2, timeout=WAIT_S)
+    assert np.array_equal(sim.read_state().mode_display, gw.decode_outputs(after, N).mode)   # what the drives run
+    assert sim.error is None

@@ -1,0 +1,150 @@
+"""The identification service on a live driver + simulator stream (loopback): estimates published while
+the arm moves, commands, a stopped and resumed stream, malformed messages dropped."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from firmware_bridge import stream
+from ident import excitation
+from ident.excitation import FourierTrajectory
+from ident.model import load_model
+from ident.service import IdentService
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("generic6")
+
+
+def _wait(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _req(endpoint, **request):
+    s = zmq.Context.instance().socket(zmq.REQ)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    try:
+        s.send(json.dumps(request).encode())
+        assert s.poll(10000), f"no reply to {request}"
+        return json.loads(s.recv())
+    finally:
+        s.close(0)
+
+
+class Listener:
+    def __init__(self, endpoint):
+        self.sock = zmq.Context.instance().socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.got = []
+
+    def drain(self):
+        while self.sock.poll(0):
+            topic, payload = self.sock.recv_multipart()
+            self.got.append((topic, json.loads(payload)))
+        return self.got
+
+    def latest(self, topic):
+        msgs = [m for t, m in self.drain() if t == topic]
+        return msgs[-1] if msgs else None
+
+
+def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_path):
+    """The driver and the simulator run as `armid driver` (transport sim) in their own process, as in
+    production; the service runs here."""
+    state, commands = f"ipc://{tmp_path}/state", f"ipc://{tmp_path}/commands"
+    cfg = tmp_path / "driver.toml"
+    cfg.write_text(f'[driver]\nmodel = "generic6"\nwatchdog_ms = 500\n[transport]\nname = "sim"\nrealtime = true\n'
+                   f'[zmq]\nstate = "{state}"\ncommands = "{commands}"\n')
+    drv = subprocess.Popen([sys.executable, "-m", "armid.cli", "driver", "--config", str(cfg)], cwd=ROOT,
+                           stderr=subprocess.DEVNULL)
+    svc = IdentService(model, state_endpoint=state, publish_endpoint="tcp://127.0.0.1:*",
+                       command_endpoint="tcp://127.0.0.1:*", publish_hz=10, stale_s=0.3, p0=1e6)
+    svc.start()
+    out = Listener(svc.bound["publish"])
+    try:
+        a = np.tile([0.25, -0.25], (6, 1)) * np.linspace(0.5, 1.0, 6)[:, None]
+        b = np.tile([0.3, -0.15], (6, 1)) * np.linspace(0.5, 1.0, 6)[:, None]
+        path = tmp_path / "traj.toml"
+        excitation.save(FourierTrajectory(0.5, np.zeros(6), a, b), path)
+        assert _wait(lambda: svc.identifier.counters.samples > 100, 60)      # the driver is up and streaming
+        enabled = _req(commands, cmd="enable")
+        assert enabled["ok"], enabled
+        assert _wait(lambda: _req(commands, cmd="status")["enabled"])
+        reply = _req(commands, cmd="run_trajectory", file=str(path), periods=2)
+        assert reply["ok"], reply
+        assert _wait(lambda: not _req(commands, cmd="status")["moving"], 30)
+        rows_after_motion = svc.identifier.counters.rows
+        assert rows_after_motion > 3000
+        est = None
+        assert _wait(lambda: (est := out.latest(b"estimate")) is not None and est["samples"] >= rows_after_motion, 5)
+        est = [m for t, m in out.got if t == b"estimate"][-1]
+        assert est["names"] == svc.identifier.base.names and len(est["theta"]) == svc.identifier.p
+        status = _req(svc.bound["commands"], cmd="status")
+        assert status["ok"] and status["counters"]["rows"] >= rows_after_motion and status["malformed"] == 0
+        assert status["counters"]["gaps"] == 0
+        # freeze: rows keep coming but the estimate stays
+        assert _req(svc.bound["commands"], cmd="freeze")["frozen"] is True
+        theta = svc.identifier.rls.theta.copy()
+        time.sleep(0.3)
+        np.testing.assert_array_equal(svc.identifier.rls.theta, theta)
+        assert _req(svc.bound["commands"], cmd="unfreeze")["frozen"] is False
+        saved = _req(svc.bound["commands"], cmd="save", path=str(tmp_path / "est.json"))
+        assert saved["ok"] and (tmp_path / "est.json").exists()
+        theta = svc.identifier.rls.theta.copy()
+        assert _req(svc.bound["commands"], cmd="reset")["ok"]
+        assert svc.identifier.rls.rows == 0
+        assert _req(svc.bound["commands"], cmd="load", path=str(tmp_path / "est.json"))["ok"]
+        np.testing.assert_array_equal(svc.identifier.rls.theta, theta)
+        bad = _req(svc.bound["commands"], cmd="load", path=str(tmp_path / "missing.json"))
+        assert not bad["ok"] and "no such file" in bad["error"]
+        assert "unknown command" in _req(svc.bound["commands"], cmd="fly")["error"]
+        # the stream stops: the service says so
+        drv.terminate()
+        assert drv.wait(20) == 0
+        assert _wait(lambda: any(t == b"health" and m["stream"] == "stopped" for t, m in out.drain()), 5)
+    finally:
+        svc.stop()
+        if drv.poll() is None:
+            drv.kill()
+            drv.wait(10)
+
+
+def test_malformed_stream_messages_are_counted_and_never_become_data(model):
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    svc = IdentService(model, state_endpoint=f"tcp://127.0.0.1:{port}", publish_endpoint="tcp://127.0.0.1:*",
+                       command_endpoint="tcp://127.0.0.1:*", stale_s=0.3)
+    svc.start()
+    try:
+        good = stream.StateMessage(6)
+        time.sleep(0.3)                                  # let the subscription reach the publisher
+        other = stream.StateMessage(3)                   # another arm's message
+        for k in range(50):
+            good.set_header(k, 0, k * 1_000_000, time.time_ns())
+            good.q[:] = 0.01 * k
+            pub.send_multipart((stream.TOPIC_STATE, bytes(good.buffer)))
+        pub.send_multipart((stream.TOPIC_STATE, b"ARMS garbage"))
+        pub.send_multipart((stream.TOPIC_STATE, bytes(other.buffer)))
+        pub.send_multipart((stream.TOPIC_STATE, b"x", b"y", b"z"))
+        assert _wait(lambda: svc.malformed == 3 and svc.identifier.counters.samples == 50, 5)
+        assert _wait(lambda: svc.stream_state == "stopped", 5)
+    finally:
+        svc.stop()
+        pub.close(0)

@@ -1,0 +1,126 @@
+"""Online identification on a sample stream: aligned causal differentiation, gaps and bad samples,
+agreement with batch least squares on the same rows, persistence."""
+import numpy as np
+import pytest
+
+from ident import dynamics
+from ident.base_params import base_parameters
+from ident.excitation import FourierTrajectory
+from ident.model import load_model
+from ident.online import EstimateFileError, OnlineIdentifier
+
+RATE = 1000.0
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("generic6")
+
+
+@pytest.fixture(scope="module")
+def base(model):
+    return base_parameters(model)
+
+
+@pytest.fixture(scope="module")
+def run(model):
+    """12 s of an exciting motion at 1 kHz: q and the exact inverse-dynamics torque."""
+    rng = np.random.default_rng(7)
+    traj = FourierTrajectory(0.25, rng.uniform(-0.3, 0.3, 6), rng.uniform(-0.6, 0.6, (6, 4)), rng.uniform(-0.6, 0.6, (6, 4)))
+    t = np.arange(int(12 * RATE)) / RATE
+    q, qd, qdd = traj.evaluate(t)
+    tau = dynamics.rnea(model, q, qd, qdd)
+    return np.arange(t.size), q, tau, qd, qdd
+
+
+def _feed(ident, seq, q, tau, batch=500):
+    for k in range(0, seq.size, batch):
+        ident.push(seq[k:k + batch], q[k:k + batch], tau[k:k + batch])
+
+
+def test_noise_free_stream_predicts_torque_to_a_tiny_fraction_and_recovers_the_model(model, base, run):
+    seq, q, tau, qd, qdd = run
+    ident = OnlineIdentifier(model, base=base, p0=1e8)
+    _feed(ident, seq, q, tau)
+    rep = ident.report()
+    truth = base.from_standard(model.standard_parameters())
+    # the torque the estimate predicts from the exact states, vs the torque itself
+    pred = base.regressor(dynamics.regressor(model, q, qd, qdd)) @ rep.theta
+    # the Savitzky-Golay acceleration is exact to ~1e-3 relative on this motion: so is the fit
+    assert np.sqrt(np.mean((pred - tau) ** 2)) < 1e-3 * np.sqrt(np.mean(tau ** 2))
+    well = rep.sigma_percent < 1.0
+    assert well.sum() >= 10
+    np.testing.assert_allclose(rep.theta[well], truth[well], rtol=2e-3)
+    assert rep.rows == seq.size - (ident.window - 1)
+
+
+def test_torques_are_aligned_with_the_delayed_regressor_rows(model, base, run):
+    """Shifting the torque by one sample against the positions makes the prediction error grow by orders
+    of magnitude: the identifier's own alignment is exact."""
+    seq, q, tau = run[:3]
+    aligned = OnlineIdentifier(model, base=base, p0=1e8)
+    shifted = OnlineIdentifier(model, base=base, p0=1e8)
+    _feed(aligned, seq[:6000], q[:6000], tau[:6000])
+    _feed(shifted, seq[:6000], q[:6000], np.roll(tau, 1, axis=0)[:6000])
+    aligned.report(), shifted.report()       # errors are counted from here, after the start-up transient
+    _feed(aligned, seq[6000:], q[6000:], tau[6000:])
+    _feed(shifted, seq[6000:], q[6000:], np.roll(tau, 1, axis=0)[6000:])
+    assert shifted.report().prediction_rms.max() > 30 * aligned.report().prediction_rms.max()
+
+
+def test_a_sequence_gap_restarts_the_window_and_no_row_spans_it(model, base, run):
+    seq, q, tau = run[:3]
+    keep = np.r_[0:3000, 3100:6000]
+    ident = OnlineIdentifier(model, base=base)
+    _feed(ident, seq[keep], q[keep], tau[keep], batch=137)
+    c = ident.counters
+    assert (c.gaps, c.lost) == (1, 100)
+    assert c.rows == keep.size - 2 * (ident.window - 1)
+    two = OnlineIdentifier(model, base=base)
+    _feed(two, seq[:3000], q[:3000], tau[:3000])
+    two._restart()
+    two._last_seq = None
+    _feed(two, seq[3100:6000], q[3100:6000], tau[3100:6000])
+    np.testing.assert_allclose(ident.rls.theta, two.rls.theta, rtol=1e-10, atol=1e-12)
+
+
+def test_non_finite_samples_are_dropped_and_never_reach_the_filter(model, base, run):
+    seq, q, tau = run[:3]
+    q2, tau2 = q[:4000].copy(), tau[:4000].copy()
+    q2[1500, 2] = np.nan
+    tau2[2500, 4] = np.inf
+    ident = OnlineIdentifier(model, base=base)
+    _feed(ident, seq[:4000], q2, tau2)
+    assert ident.counters.rejected == 2
+    assert np.isfinite(ident.rls.theta).all() and np.isfinite(ident.rls.P).all()
+    assert ident.counters.rows == 4000 - 2 - 3 * (ident.window - 1)
+
+
+def test_report_converges_on_steady_data_and_not_before(model, base, run):
+    seq, q, tau = run[:3]
+    ident = OnlineIdentifier(model, base=base, p0=1e8)
+    _feed(ident, seq[:200], q[:200], tau[:200])
+    assert not ident.report().converged
+    flags = []
+    for k in range(200, seq.size, 1000):
+        _feed(ident, seq[k:k + 1000], q[k:k + 1000], tau[k:k + 1000])
+        flags.append(ident.report().converged)
+    assert flags[-1] and not flags[0]
+
+
+def test_saved_estimate_survives_a_restart_and_refuses_another_model(model, base, run, tmp_path):
+    seq, q, tau = run[:3]
+    ident = OnlineIdentifier(model, base=base)
+    _feed(ident, seq[:3000], q[:3000], tau[:3000])
+    path = tmp_path / "estimate.json"
+    ident.save(path)
+    fresh = OnlineIdentifier(model, base=base)
+    fresh.load(path)
+    np.testing.assert_array_equal(fresh.rls.theta, ident.rls.theta)
+    np.testing.assert_array_equal(fresh.rls.P, ident.rls.P)
+    other = OnlineIdentifier(load_model("puma560"))
+    with pytest.raises(EstimateFileError, match="not this model's"):
+        other.load(path)
+    path.write_text("{broken")
+    with pytest.raises(EstimateFileError, match="not a saved estimate"):
+        fresh.load(path)
