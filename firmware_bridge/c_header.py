@@ -2,6 +2,7 @@
 
 Every module of firmware_bridge may contribute:
     c_constants() -> list[(name, value, comment)]   emitted as `#define ARMID_<name> <value>  /* comment */`
+                                                      (names that already start with ARMID_ keep theirs)
     c_code() -> str                                   C declarations (packed structs, static inline functions)
 The generator imports each module of the package (sorted by name) and includes what it defines: all
 constants first, then all code. A new format module (CAN, gateway) only has to define these functions.
@@ -67,7 +68,7 @@ def generate() -> str:
             continue
         lines += ["", f"/* ---- {m.__name__} ---- */"]
         for name, value, comment in m.c_constants():
-            full = PREFIX + name
+            full = name if name.startswith(PREFIX) else PREFIX + name
             if full in seen:
                 raise ValueError(f"C constant {full} defined by {seen[full]} and {m.__name__}")
             seen[full] = m.__name__

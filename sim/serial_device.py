@@ -210,6 +210,11 @@ class SerialDevice:
         with self._tx_cond:
             self._tx.clear()
 
+    def connection(self) -> dict:
+        """How a host reaches this device once started, as the driver's [transport] options: the port it
+        opens (the pty's slave path, or the port given) and the baud rate."""
+        return {"port": self.path, "baudrate": self.baudrate}
+
     @property
     def rx_counters(self) -> sp.DecoderCounters:
         """Frames received from the host: good ones and drops by reason."""

@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from firmware_bridge import c_header, cia402, units
+from firmware_bridge import c_header
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge import serial_vectors as sv
 
@@ -26,9 +26,11 @@ def test_header_holds_the_constants_of_every_module_that_defines_c_constants():
     names = [m.__name__ for m in c_header.contributing_modules()]
     assert {"firmware_bridge.cia402", "firmware_bridge.units", "firmware_bridge.serial_protocol"} <= set(names)
     text = c_header.generate()
-    for module in (cia402, units, sp):
+    for module in c_header.contributing_modules():
         for name, value, _ in module.c_constants():
-            assert f"#define ARMID_{name} " in text
+            full = name if name.startswith("ARMID_") else "ARMID_" + name
+            assert f"#define {full} " in text
+    assert "ARMID_ARMID_" not in text
     assert "#define ARMID_CIA402_CW_ENABLE_OPERATION 15 " in text
     assert "#define ARMID_CIA402_CONTROLWORD 0x6040 " in text
     assert "#define ARMID_SERIAL_CRC32_POLY 0xEDB88320u " in text

@@ -122,6 +122,7 @@ def rig(request):
 def test_device_path_is_a_terminal_and_handshake_reports_the_arm(rig):
     sim, dev, host, _ = rig
     assert os.path.exists(dev.path) and dev.path.startswith("/dev/")
+    assert dev.connection() == {"port": dev.path, "baudrate": 3_000_000}   # what `armid sim` prints
     ack = host.hello(watchdog_us=250_000)
     assert ack.counts_per_rev.tolist() == [2 ** 17] * sim.n
     assert ack.gear_ratio.tolist() == sim.model.gear_ratio.tolist()
