@@ -150,6 +150,20 @@ class MessageSpec:
         """(name, is_float) per joint field."""
         return tuple((f.name, f.type.is_float) for f in self.joint.fields) if self.joint else ()
 
+    @cached_property
+    def fixed_size(self) -> int:
+        return self.fixed.size
+
+    @cached_property
+    def joint_size(self) -> int:
+        return self.joint.size if self.joint else 0
+
+    @cached_property
+    def n_index(self) -> int:
+        """Position of n_joints in the fixed record (-1 when the message has no joints)."""
+        names = self.fixed.names
+        return names.index("n_joints") if "n_joints" in names else -1
+
     def payload_size(self, n: int = 0) -> int:
         return self.fixed.size + (n * self.joint.size if self.joint else 0)
 
@@ -199,6 +213,8 @@ MAX_FRAME = HEADER.size + max(s.payload_size(MAX_JOINTS) for s in SPECS.values()
 MAX_ENCODED = MAX_FRAME + (MAX_FRAME + 253) // 254 + 1   # COBS overhead and the 0x00 delimiter
 
 _CRC = struct.Struct("<I")
+_HEADER = HEADER.struct
+_MIN_FRAME = HEADER.size + CRC_SIZE
 
 
 class FrameError(ValueError):
@@ -333,43 +349,44 @@ def encode_command(seq: int, controlword, mode, target_position, target_torque) 
 def decode_frame(frame: bytes) -> Message:
     """Decode header + payload + CRC (after COBS). FrameError(reason) when anything is wrong; checks run in
     the order truncated, crc, version, unknown_type, length, value."""
-    if len(frame) < HEADER.size + CRC_SIZE:
-        raise FrameError("truncated", f"{len(frame)} bytes, at least {HEADER.size + CRC_SIZE} needed")
+    size = len(frame)
+    if size < _MIN_FRAME:
+        raise FrameError("truncated", f"{size} bytes, at least {_MIN_FRAME} needed")
     body = memoryview(frame)[:-CRC_SIZE]
-    (crc,) = _CRC.unpack_from(frame, len(frame) - CRC_SIZE)
+    (crc,) = _CRC.unpack_from(frame, size - CRC_SIZE)
     if zlib.crc32(body) != crc:
         raise FrameError("crc", f"CRC {crc:#010x} != computed {zlib.crc32(body):#010x}")
-    version, kind, seq, length = HEADER.struct.unpack_from(body)
+    version, kind, seq, length = _HEADER.unpack_from(body)
     if version != VERSION:
         raise FrameError("version", f"protocol version {version}, this side speaks {VERSION}", version)
     spec = SPECS.get(kind)
     if spec is None:
         raise FrameError("unknown_type", f"message type {kind}")
-    payload = body[HEADER.size:]
-    if length != len(payload) or len(payload) < spec.fixed.size:
-        raise FrameError("length", f"{spec.type.name}: header says {length} payload bytes, frame has "
-                         f"{len(payload)}")
+    payload = body[_HEADER.size:]
+    have = len(payload)
+    if length != have or have < spec.fixed_size:
+        raise FrameError("length", f"{spec.type.name}: header says {length} payload bytes, frame has {have}")
     fixed = spec.fixed.struct.unpack_from(payload)
     values = {name: v for (name, _), v in zip(spec.fixed_plan, fixed) if name is not None}
     for name, is_float in spec.fixed_plan:
         if is_float and not math.isfinite(values[name]):
             raise FrameError("value", f"{spec.type.name}: {name} is not finite")
-    if spec.joint is not None:
-        n = fixed[spec.fixed.names.index("n_joints")]
-        if not 1 <= n <= MAX_JOINTS:
-            raise FrameError("value", f"{spec.type.name}: n_joints {n} outside 1..{MAX_JOINTS}")
-        if len(payload) != spec.payload_size(n):
-            raise FrameError("length", f"{spec.type.name}: {len(payload)} payload bytes, {n} joints need "
-                             f"{spec.payload_size(n)}")
-        flat = _joints_struct(spec.type, n).unpack_from(payload, spec.fixed.size)
-        m = len(spec.joint_plan)
-        for i, (name, is_float) in enumerate(spec.joint_plan):
-            col = flat[i::m]
-            if is_float and not all(map(math.isfinite, col)):
-                raise FrameError("value", f"{spec.type.name}: {name} is not finite")
-            values[name] = np.array(col, dtype=np.float64 if is_float else np.int64)
-    elif len(payload) != spec.fixed.size:
-        raise FrameError("length", f"{spec.type.name}: {len(payload)} payload bytes, expected {spec.fixed.size}")
+    if spec.joint is None:
+        if have != spec.fixed_size:
+            raise FrameError("length", f"{spec.type.name}: {have} payload bytes, expected {spec.fixed_size}")
+        return spec.cls(**values, seq=seq)
+    n = fixed[spec.n_index]
+    if not 1 <= n <= MAX_JOINTS:
+        raise FrameError("value", f"{spec.type.name}: n_joints {n} outside 1..{MAX_JOINTS}")
+    if have != spec.fixed_size + n * spec.joint_size:
+        raise FrameError("length", f"{spec.type.name}: {have} payload bytes, {n} joints need {spec.payload_size(n)}")
+    flat = _joints_struct(spec.type, n).unpack_from(payload, spec.fixed_size)
+    m = len(spec.joint_plan)
+    for i, (name, is_float) in enumerate(spec.joint_plan):
+        col = flat[i::m]
+        if is_float and not all(map(math.isfinite, col)):
+            raise FrameError("value", f"{spec.type.name}: {name} is not finite")
+        values[name] = np.array(col, dtype=np.float64 if is_float else np.int64)
     return spec.cls(**values, seq=seq)
 
 
