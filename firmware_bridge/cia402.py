@@ -108,3 +108,22 @@ def statusword_for(state: State) -> int:
     if state in (State.READY_TO_SWITCH_ON, State.SWITCHED_ON, State.OPERATION_ENABLED, State.QUICK_STOP_ACTIVE):
         value |= SW_VOLTAGE_ENABLED
     return value
+
+
+def c_constants() -> list[tuple[str, int, str]]:
+    """(name, value, comment) for the generated C header: indices, modes, statusword bits, state patterns,
+    controlword commands."""
+    g = globals()
+    out = [(f"CIA402_{k}", g[k], f"object index 0x{g[k]:04X}") for k in (
+        "CONTROLWORD", "STATUSWORD", "QUICK_STOP_OPTION", "MODES_OF_OPERATION", "MODES_OF_OPERATION_DISPLAY",
+        "POSITION_ACTUAL", "FOLLOWING_ERROR_WINDOW", "VELOCITY_ACTUAL", "TARGET_TORQUE", "MAX_TORQUE",
+        "CURRENT_ACTUAL", "TARGET_POSITION", "SOFTWARE_POSITION_LIMIT", "TORQUE_ACTUAL",
+        "FOLLOWING_ERROR_ACTUAL", "ERROR_CODE", "SUPPORTED_DRIVE_MODES")]
+    out += [(f"CIA402_MODE_{m.name}", int(m), "modes of operation (0x6060 / 0x6061)") for m in Mode]
+    out += [(f"CIA402_{k}", v, "statusword bit") for k, v in g.items() if k.startswith("SW_")]
+    out += [(f"CIA402_{k}", v, "controlword command") for k, v in g.items() if k.startswith("CW_")]
+    for state, (mask, value) in STATE_PATTERNS.items():
+        name = state.name
+        out += [(f"CIA402_STATE_{name}_MASK", mask, f"statusword & mask == value: {state.value}"),
+                (f"CIA402_STATE_{name}_VALUE", value, f"statusword & mask == value: {state.value}")]
+    return out

@@ -84,3 +84,10 @@ class JointScaling:
     @staticmethod
     def raw_to_torque(raw) -> np.ndarray:
         return np.asarray(raw, dtype=float) * TORQUE_LSB
+
+
+def c_constants() -> list[tuple[str, int, str]]:
+    """(name, value, comment) for the generated C header: the wire units."""
+    return [("UNITS_ENCODER_COUNTS_PER_REV", ENCODER_COUNTS_PER_REV, "default motor encoder counts per revolution"),
+            ("UNITS_CURRENT_PER_A", round(1 / CURRENT_LSB), "current units (uA) per ampere"),
+            ("UNITS_TORQUE_PER_NM", round(1 / TORQUE_LSB), "torque units (mN m) per newton-metre")]

@@ -1,0 +1,211 @@
+"""The generated C header: the committed file is the generator's output, every contributing module's constants
+are in it, and a C program compiled with the system compiler packs the golden-vector values into the header's
+structs, computes the CRC with the header's function and gets the golden bytes (and reads them back)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import types
+
+import numpy as np
+import pytest
+
+from firmware_bridge import c_header
+from firmware_bridge import serial_protocol as sp
+from firmware_bridge import serial_vectors as sv
+
+CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def test_committed_header_is_the_generators_output():
+    assert c_header.HEADER_PATH.read_text() == c_header.generate()
+
+
+def test_header_holds_the_constants_of_every_module_that_defines_c_constants():
+    names = [m.__name__ for m in c_header.contributing_modules()]
+    assert {"firmware_bridge.cia402", "firmware_bridge.units", "firmware_bridge.serial_protocol"} <= set(names)
+    text = c_header.generate()
+    for module in c_header.contributing_modules():
+        for name, value, _ in module.c_constants():
+            full = name if name.startswith("ARMID_") else "ARMID_" + name
+            assert f"#define {full} " in text
+    assert "ARMID_ARMID_" not in text
+    assert "#define ARMID_CIA402_CW_ENABLE_OPERATION 15 " in text
+    assert "#define ARMID_CIA402_CONTROLWORD 0x6040 " in text
+    assert "#define ARMID_SERIAL_CRC32_POLY 0xEDB88320u " in text
+
+
+def test_generator_refuses_two_modules_defining_the_same_constant(monkeypatch):
+    a = types.SimpleNamespace(__name__="fb.a", c_constants=lambda: [("X", 1, "")])
+    b = types.SimpleNamespace(__name__="fb.b", c_constants=lambda: [("X", 2, "")])
+    monkeypatch.setattr(c_header, "contributing_modules", lambda: [a, b])
+    with pytest.raises(ValueError, match="ARMID_X defined by fb.a and fb.b"):
+        c_header.generate()
+
+
+def _c_int(v: int) -> str:
+    return f"UINT64_C({v})" if v >= 0 else f"(-INT64_C({-v - 1}) - 1)"
+
+
+def _c_value(field, v) -> str:
+    return repr(float(v)) if field.type.is_float else f"({field.type.c_name}){_c_int(int(v))}"
+
+
+def _c_program(cases: list[dict]) -> str:
+    """One check per golden case: pack the values into a buffer through the structs, append armid_crc32,
+    compare with the vector's frame; then cast the vector's bytes to the structs and compare the values."""
+    body = []
+    for case in cases:
+        spec = sp.SPECS[sp.MsgType[case["type"]]]
+        frame = bytes.fromhex(case["frame_hex"])
+        vals = case["values"]
+        n = len(vals[spec.joint.fields[0].name]) if spec.joint else 0
+        t = f"{spec.c_name}_t"
+        lines = [f"{{ /* {case['name']} */",
+                 f"  static const uint8_t want[{len(frame)}] = {{{', '.join(str(b) for b in frame)}}};",
+                 "  uint8_t buf[ARMID_SERIAL_MAX_FRAME];",
+                 "  memset(buf, 0xA5, sizeof buf);",
+                 "  armid_serial_header_t *h = (armid_serial_header_t *)buf;",
+                 f"  {t} *m = ({t} *)(buf + sizeof(armid_serial_header_t));",
+                 f"  size_t payload = armid_serial_payload_size(ARMID_SERIAL_MSG_{case['type']}, {n});",
+                 "  h->version = ARMID_SERIAL_VERSION;",
+                 f"  h->type = ARMID_SERIAL_MSG_{case['type']};",
+                 f"  h->seq = {case['seq']};",
+                 "  h->length = (uint16_t)payload;"]
+        for f in spec.fixed.fields:
+            v = n if f.name == "n_joints" else vals[f.name]
+            lines.append(f"  m->{f.name} = {_c_value(f, v)};")
+        for k in range(n):
+            for f in spec.joint.fields if spec.joint else ():
+                lines.append(f"  m->joints[{k}].{f.name} = {_c_value(f, vals[f.name][k])};")
+        lines += ["  size_t len = sizeof(armid_serial_header_t) + payload;",
+                  "  uint32_t crc = armid_crc32(buf, len);",
+                  "  memcpy(buf + len, &crc, sizeof crc);",
+                  "  len += ARMID_SERIAL_CRC_SIZE;",
+                  f'  if (len != sizeof want || memcmp(buf, want, len) != 0) {{ printf("FAIL pack {case["name"]}\\n"); '
+                  "fails++; }",
+                  "  uint8_t in[sizeof want];",
+                  "  memcpy(in, want, sizeof want);",
+                  f"  const {t} *r = (const {t} *)(in + sizeof(armid_serial_header_t));",
+                  "  int ok = armid_crc32(in, sizeof want - ARMID_SERIAL_CRC_SIZE) == "
+                  "(uint32_t)(in[sizeof want - 4] | in[sizeof want - 3] << 8 | in[sizeof want - 2] << 16 | "
+                  "(uint32_t)in[sizeof want - 1] << 24);"]
+        for f in spec.fixed.fields:
+            v = n if f.name == "n_joints" else vals[f.name]
+            lines.append(f"  ok = ok && r->{f.name} == {_c_value(f, v)};")
+        for k in range(n):
+            for f in spec.joint.fields if spec.joint else ():
+                lines.append(f"  ok = ok && r->joints[{k}].{f.name} == {_c_value(f, vals[f.name][k])};")
+        lines += [f'  if (!ok) {{ printf("FAIL read {case["name"]}\\n"); fails++; }}', "  checked++;",
+                  "}"]
+        body.append("\n".join(lines))
+    return "\n".join([
+        "#include <stdint.h>", "#include <stdio.h>", "#include <string.h>", '#include "armid_wire.h"', "",
+        "int main(void)", "{", "  int fails = 0, checked = 0;",
+        '  if (armid_crc32((const uint8_t *)"123456789", 9) != 0xCBF43926u) { printf("FAIL crc check value\\n"); fails++; }',
+        '  if (armid_crc32_update(armid_crc32((const uint8_t *)"1234", 4), (const uint8_t *)"56789", 5) != 0xCBF43926u)'
+        ' { printf("FAIL crc update\\n"); fails++; }',
+        *body,
+        '  printf("checked %d fails %d\\n", checked, fails);', "  return fails != 0;", "}", ""])
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
+@pytest.mark.parametrize("std", ["c99", "c11"])
+def test_c_program_packs_the_golden_vectors_into_the_header_structs_byte_for_byte(tmp_path, std):
+    cases = json.loads(sv.VECTORS_PATH.read_text())["cases"]
+    src = tmp_path / "vectors.c"
+    src.write_text(_c_program(cases))
+    exe = tmp_path / "vectors"
+    build = subprocess.run([CC, f"-std={std}", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1",
+                            f"-I{c_header.HEADER_PATH.parent}", str(src), "-o", str(exe)],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
+    assert run.stdout.strip().endswith(f"checked {len(cases)} fails 0"), run.stdout
+    assert run.returncode == 0
+
+
+_COBS_PROGRAM = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include "armid_wire.h"
+
+static uint8_t in[4096], out[8192];
+
+int main(void)
+{
+    char op, hex[8200];
+    while (scanf(" %c %8199s", &op, hex) == 2) {
+        size_t len = strlen(hex) / 2, n = 0;
+        if (hex[0] == '-') len = 0;
+        for (size_t i = 0; i < len; i++) {
+            unsigned v;
+            sscanf(hex + 2 * i, "%2x", &v);
+            in[i] = (uint8_t)v;
+        }
+        if (op == 'E') {
+            n = armid_cobs_encode(in, len, out);
+            if (n > ARMID_COBS_MAX_ENCODED(len)) { printf("OVERRUN\n"); continue; }
+        } else if (armid_cobs_decode(in, len, out, &n) != 0) {
+            printf("ERR\n");
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) printf("%02x", out[i]);
+        printf("%s\n", n ? "" : "-");
+    }
+    return 0;
+}
+"""
+
+
+def _cobs_inputs() -> list[bytes]:
+    """Edge cases and seeded random strings: zero runs, 253/254/255-byte non-zero runs, up to 600 bytes."""
+    rng = np.random.default_rng(4)
+    out = [b"", b"\0", b"\0\0", bytes(range(1, 255)), bytes(range(1, 256)), b"\x01" * 253, b"\x01" * 254 + b"\0",
+           b"\x07" * 508, b"\x07" * 509]
+    for _ in range(150):
+        n = int(rng.integers(0, 600))
+        zero_p = rng.choice([0.0, 0.01, 0.3])
+        data = rng.integers(1, 256, n).astype(np.uint8)
+        data[rng.random(n) < zero_p] = 0
+        out.append(data.tobytes())
+    return out
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
+def test_c_cobs_encodes_and_decodes_as_the_cobs_package_and_refuses_what_it_refuses(tmp_path):
+    from cobs import cobs
+    src, exe = tmp_path / "cobs.c", tmp_path / "cobs"
+    src.write_text(_COBS_PROGRAM)
+    build = subprocess.run([CC, "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1",
+                            f"-I{c_header.HEADER_PATH.parent}", str(src), "-o", str(exe)],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    plain = _cobs_inputs()
+    vectors = json.loads(sv.VECTORS_PATH.read_text())["cases"]
+    frames = [bytes.fromhex(c["frame_hex"]) for c in vectors]
+    wires = [bytes.fromhex(c["wire_hex"])[:-1] for c in vectors]
+    rng = np.random.default_rng(5)
+    garbage = [rng.integers(0, 256, int(rng.integers(1, 40))).astype(np.uint8).tobytes() for _ in range(100)]
+    garbage += [w[:-3] for w in wires]                                   # truncated blocks
+    jobs = [("E", b) for b in plain + frames] + [("D", b) for b in [cobs.encode(p) for p in plain] + wires + garbage]
+    stdin = "".join(f"{op} {data.hex() or '-'}\n" for op, data in jobs)
+    run = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=60)
+    lines = run.stdout.split("\n")[:-1]
+    assert len(lines) == len(jobs)
+    refused = 0
+    for (op, data), line in zip(jobs, lines):
+        if op == "E":
+            assert line == cobs.encode(data).hex(), data.hex()
+            continue
+        try:
+            want = cobs.decode(data).hex() or "-"
+        except cobs.DecodeError:
+            want = "ERR"
+            refused += 1
+        assert line == want, data.hex()
+    assert refused > 20                                                   # the refusals were exercised
+    for frame, line in zip(frames, lines[len(plain):]):
+        assert bytes.fromhex(line) == cobs.encode(frame)                  # the golden wire bytes, in C
