@@ -118,7 +118,8 @@ def c_constants() -> list[tuple[str, int, str]]:
         "CONTROLWORD", "STATUSWORD", "QUICK_STOP_OPTION", "MODES_OF_OPERATION", "MODES_OF_OPERATION_DISPLAY",
         "POSITION_ACTUAL", "FOLLOWING_ERROR_WINDOW", "VELOCITY_ACTUAL", "TARGET_TORQUE", "MAX_TORQUE",
         "CURRENT_ACTUAL", "TARGET_POSITION", "SOFTWARE_POSITION_LIMIT", "TORQUE_ACTUAL",
-        "FOLLOWING_ERROR_ACTUAL", "ERROR_CODE", "SUPPORTED_DRIVE_MODES")]
+        "FOLLOWING_ERROR_ACTUAL", "ERROR_CODE", "SUPPORTED_DRIVE_MODES", "FOLLOWING_ERROR_TIMEOUT", "RATED_CURRENT",
+        "RATED_TORQUE", "QUICK_STOP_DECELERATION", "POSITION_ENCODER_RESOLUTION", "GEAR_RATIO")]
     out += [(f"CIA402_MODE_{m.name}", int(m), "modes of operation (0x6060 / 0x6061)") for m in Mode]
     out += [(f"CIA402_{k}", v, "statusword bit") for k, v in g.items() if k.startswith("SW_")]
     out += [(f"CIA402_{k}", v, "controlword command") for k, v in g.items() if k.startswith("CW_")]

@@ -36,6 +36,7 @@ from sim.plant import FrictionConfig, NoiseConfig, Plant
 TRANSPORTS: dict[str, str] = {
     "can": "sim.can_device:CanDevice",
     "gateway": "sim.gateway_device:GatewayDevice",
+    "serial": "sim.serial_device:SerialDevice",
 }
 
 _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
