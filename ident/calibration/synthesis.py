@@ -235,3 +235,24 @@ def expected_count(cm: CalibrationModel, measure: str, relative: bool = False) -
     P = cm.n - R
     N = 6 + 4 * R + 2 * P if measure == "pose" else 3 + 4 * R + 2 * P - 2 * trailing_tool_axes(cm)
     return N - 6 if relative else N
+
+
+def with_terms(cm: CalibrationModel, names: list[str], measure: str = "position", *, relative: bool = False,
+               count: int = 60, seed: int = 0) -> IrreducibleModel:
+    """An irreducible model that identifies exactly the named terms (e.g. the seed's planar experiment:
+    Tx0 Ty0 Rz(q1) Tx1 Rz(q2) Tx2); raises InputError naming terms that are unknown or not independent."""
+    all_names = cm.names()
+    unknown = [nm for nm in names if nm not in all_names]
+    if unknown:
+        raise InputError(f"terms: unknown {', '.join(unknown)}; the model has {', '.join(all_names)}")
+    idx = [all_names.index(nm) for nm in names]
+    Ja = scaled_jacobian(cm, random_configurations(cm, count, seed), measure)
+    kept = select_columns(Ja, idx)
+    if len(kept) < len(idx):
+        raise InputError("terms: not independent for " + measure + " measurements: "
+                         + ", ".join(all_names[k] for k in idx if k not in kept))
+    identified = np.zeros(cm.m, dtype=bool)
+    identified[idx] = True
+    fixed = ~identified
+    sensor = identified & (cm.segment == 0) & ~cm.is_joint if relative else np.zeros(cm.m, dtype=bool)
+    return IrreducibleModel(cm, identified, fixed, sensor, measure, relative, "given", classify(Ja[:, idx]))
