@@ -133,9 +133,10 @@ def _gains(F: np.ndarray, M: np.ndarray) -> np.ndarray:
 
 
 def d_optimal(irr: IrreducibleModel, count: int, candidates=None, *, n_candidates: int = 500, seed: int = 0,
-              max_passes: int = 4) -> tuple[np.ndarray, np.ndarray]:
+              max_passes: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """D-optimal plan of `count` poses from candidates (M, n) (default: n_candidates random poses within
-    the limits). Greedy forward selection, then exchange passes until no swap raises det(J^T J).
+    the limits). Greedy forward selection, then exchange passes (Fedorov): each pass tries to swap the
+    quarter of the plan that adds least to det(J^T J) for the best candidate, until no swap raises it.
     Returns (plan (count, n), indices into the candidates)."""
     cm = irr.model
     Q = random_configurations(cm, n_candidates, seed) if candidates is None else np.asarray(candidates, float)
@@ -156,9 +157,13 @@ def d_optimal(irr: IrreducibleModel, count: int, candidates=None, *, n_candidate
         c = int(np.argmax(g))
         chosen.append(c)
         M += F[c].T @ F[c]
+    tries = max(5, count // 4)
     for _ in range(max_passes):
         swapped = False
-        for i in range(count):
+        Fd = F[chosen]
+        A = (Fd.reshape(-1, p) @ np.linalg.inv(M)).reshape(Fd.shape)
+        share = np.einsum("crp,crp->c", A, Fd)           # ~ what each pose adds to log det (leverage)
+        for i in np.argsort(share)[:tries]:
             old = chosen[i]
             Mm = M - F[old].T @ F[old]
             g = _gains(F, Mm)

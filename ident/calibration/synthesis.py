@@ -67,7 +67,9 @@ class Identifiability:
 
 def classify(Ja: np.ndarray, tol: float = RANK_TOL) -> Identifiability:
     """Classify the columns of an aggregated Jacobian by its SVD (seed 002)."""
-    _, s, Vt = np.linalg.svd(Ja, full_matrices=True)
+    if Ja.shape[0] < Ja.shape[1]:       # thin SVD needs rows >= columns to return the whole V
+        Ja = np.vstack([Ja, np.zeros((Ja.shape[1] - Ja.shape[0], Ja.shape[1]))])
+    _, s, Vt = np.linalg.svd(Ja, full_matrices=False)
     rank = int(np.sum(s > tol * s[0])) if s.size and s[0] > 0 else 0
     N = Vt[rank:].T                                    # (m, m - rank) null-space basis
     col = np.linalg.norm(Ja, axis=0)
