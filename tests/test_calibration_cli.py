@@ -55,10 +55,8 @@ def test_plan_then_identify_gives_a_calibrated_urdf_that_reproduces_the_true_arm
     meas = tmp_path / "meas.csv"
     write_csv(meas, np.hstack([q, P]), header=["j1", "j2", "j3", "j4", "j5", "j6", "x", "y", "z"])
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, "-m", "armid.cli", "calibrate", "identify", str(meas), "--model", "generic6",
-                          "--tool", *map(str, TOOL), "-o", str(out)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr
+    assert main(["calibrate", "identify", str(meas), "--model", "generic6", "--tool", *map(str, TOOL),
+                 "-o", str(out)]) == 0
     doc = tomllib.loads((out / "calibration.toml").read_text())
     assert doc["calibration"]["parameters"] == 27
     assert doc["calibration"]["rms_before_m"] > 1e-3 and doc["calibration"]["rms_after_m"] < 1e-9

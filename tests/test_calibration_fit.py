@@ -67,6 +67,43 @@ def test_axis_fit_model_needs_no_nominal_values_and_reproduces_the_true_arm(six)
     assert err.max() < 1e-12
 
 
+def test_identification_starting_from_the_axis_fit_alone_reaches_the_noise_level(six):
+    """No nominal values: noisy per-axis circles give the chain, its own irreducible model is then fitted
+    to random poses."""
+    cm, _ = six
+    true = perturbed(cm, seed=30)
+    rng = np.random.default_rng(31)
+    rows = [np.zeros(cm.n)]
+    for j in range(cm.n):
+        for a in np.radians([-120, 120]):
+            row = np.zeros(cm.n)
+            row[j] = a
+            rows.append(row)
+    q_axes = np.array(rows)
+    sigma = 5e-5
+    fitted, _ = axis_fit_model(q_axes, tool_pose(cm, q_axes, true)[:, :3, 3] + rng.normal(0, sigma, (len(q_axes), 3)),
+                               cm.joint_type)
+    irr = synthesize(fitted, "position")
+    assert irr.count == 27
+    q = random_configurations(cm, 60, seed=32)
+    res = identify(irr, q, tool_pose(cm, q, true)[:, :3, 3] + rng.normal(0, sigma, (60, 3)))
+    assert 2 * sigma < res.rms_before < 20 * sigma        # the axis fit alone is already close
+    assert res.noise == pytest.approx(sigma, rel=0.2)
+    q_test = random_configurations(cm, 100, seed=33)
+    err = position_error(fitted, res.values, q_test, tool_pose(cm, q_test, true)[:, :3, 3])
+    assert np.sqrt(np.mean(err ** 2)) < 2 * sigma
+
+
+def test_a_bad_measurement_is_reported_as_an_outlier(six):
+    cm, irr = six
+    true = perturbed(cm, seed=34)
+    q = random_configurations(cm, 60, seed=35)
+    P = tool_pose(cm, q, true)[:, :3, 3] + np.random.default_rng(36).normal(0, 5e-5, (60, 3))
+    P[17] += [0.0, 1.5e-3, 0.0]
+    res = identify(irr, q, P)
+    assert res.outliers.tolist() == [17]
+
+
 def test_noise_free_identification_leaves_no_residual_with_a_12cm_tool(six):
     cm, irr = six
     assert irr.count == 27
