@@ -100,6 +100,65 @@ def test_full_pose_measurements_with_quaternions(tmp_path):
     assert doc["calibration"]["rms_after_m"] < 1e-9
 
 
+def test_identify_from_per_axis_experiments_ignores_a_wrong_nominal_geometry(tmp_path, capsys):
+    """--axes: the chain comes from measured circles; the model (here the PUMA, not the measured arm) only
+    names the joints."""
+    cm = from_model(load_model("generic6"), TOOL)
+    true = true_values(cm, seed=7)
+    rows = [np.zeros(6)]
+    for j in range(6):
+        for a in (-2.0, 2.0):
+            r = np.zeros(6)
+            r[j] = a
+            rows.append(r)
+    q_axes = np.array(rows)
+    write_csv(tmp_path / "axes.csv", np.hstack([q_axes, tool_pose(cm, q_axes, true)[:, :3, 3]]))
+    q = random_configurations(cm, 40, seed=8)
+    write_csv(tmp_path / "meas.csv", np.hstack([q, tool_pose(cm, q, true)[:, :3, 3]]))
+    out = tmp_path / "o"
+    assert main(["calibrate", "identify", str(tmp_path / "meas.csv"), "--model", "puma560", "--axes",
+                 str(tmp_path / "axes.csv"), "-o", str(out)]) == 0
+    assert "axis fit from" in capsys.readouterr().out
+    doc = tomllib.loads((out / "calibration.toml").read_text())
+    assert doc["calibration"]["initial"] == "axis fit" and doc["calibration"]["parameters"] == 27
+    assert doc["calibration"]["rms_after_m"] < 1e-9
+    calibrated = load_model(out / "calibrated.urdf", tip="tool")
+    q_test = random_configurations(cm, 20, seed=9)
+    np.testing.assert_allclose(dynamics.flange_pose(calibrated, q_test)[:, :3, 3],
+                               tool_pose(cm, q_test, true)[:, :3, 3], atol=1e-9)
+
+
+def test_axis_file_that_moves_two_joints_at_once_is_refused(tmp_path, capsys, good_rows):
+    write_csv(tmp_path / "axes.csv", good_rows)
+    write_csv(tmp_path / "meas.csv", good_rows)
+    code = main(["calibrate", "identify", str(tmp_path / "meas.csv"), "--model", "generic6", "--axes",
+                 str(tmp_path / "axes.csv"), "-o", str(tmp_path / "o")])
+    assert code == 2 and "pose 0 moves more than one joint" in capsys.readouterr().err
+
+
+def test_rotation_vector_columns_are_read_as_orientations(tmp_path):
+    R = Rotation.from_rotvec([[0.1, -0.2, 0.3], [0.0, 0.0, 0.0]])
+    write_csv(tmp_path / "m.csv", np.hstack([np.zeros((2, 6)), np.ones((2, 3)), R.as_rotvec()]))
+    m = read_measurements(tmp_path / "m.csv", 6)
+    np.testing.assert_allclose(m.orientations, R.as_matrix(), atol=1e-15)
+    np.testing.assert_array_equal(m.lines, [1, 2])
+
+
+def test_plan_from_the_seeds_per_joint_product(tmp_path, capsys):
+    assert main(["calibrate", "plan", "--model", "generic6", "--tool", *map(str, TOOL), "--count", "30",
+                 "--per-joint", "3", "-o", str(tmp_path / "p.csv")]) == 0
+    q = read_poses(tmp_path / "p.csv", 6)
+    grid = [set(np.round(v, 12)) for v in read_grid()]
+    assert all(set(np.round(q[:, j], 12)) <= grid[j] for j in range(6))
+    assert "cond(J)" in capsys.readouterr().out
+
+
+def read_grid():
+    from ident.calibration.planning import axis_angles
+    m = load_model("generic6")
+    return [axis_angles(3, m.q_min[j], m.q_max[j]) for j in range(6)]
+
+
 @pytest.fixture(scope="module")
 def good_rows():
     cm = from_model(load_model("generic6"), TOOL)

@@ -35,6 +35,10 @@ def register(sub) -> None:
     ident = csub.add_parser("identify", help="identify the kinematic errors from measured tool points")
     ident.add_argument("measurements", help="CSV: n joint values, x y z (m), optionally qx qy qz qw or rx ry rz")
     _common(ident)
+    ident.add_argument("--axes", default="", metavar="AXES.csv",
+                       help="start from per-axis experiments instead of the model's nominal geometry: a CSV like "
+                            "MEAS.csv where each row moves one joint only (the others at 0); the model then "
+                            "only gives names and limits")
     ident.add_argument("-o", "--output", required=True, help="folder for the calibrated model, tables and report")
     ident.set_defaults(run=_identify)
 
@@ -90,13 +94,21 @@ def _identify(args: argparse.Namespace) -> int:
     from ident.calibration.synthesis import describe, random_configurations, synthesize
 
     model, cm = _load(args)
+    if args.axes:
+        from ident.calibration.fit import axis_fit_model
+
+        axes = read_measurements(args.axes, cm.n)
+        cm, fits = axis_fit_model(axes.q, axes.positions, cm.joint_type, name=model.name,
+                                  joint_names=model.joint_names, q_min=cm.q_min, q_max=cm.q_max)
+        print(f"axis fit from {args.axes}: RMS per joint "
+              + ", ".join(f"{f.rms * 1e3:.4f}" for f in fits) + " mm (initial chain, no nominal values used)")
     meas = read_measurements(args.measurements, cm.n)
     measure = "position" if meas.orientations is None else "pose"
     irr = synthesize(cm, measure, relative=args.relative, strategy=args.strategy)
     result = identify(irr, meas.q, meas.positions, meas.orientations)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "calibration.toml").write_text(calibration_toml(result, model, args.tool), encoding="utf-8")
+    (out / "calibration.toml").write_text(calibration_toml(result, model, args.tool, "axis fit" if args.axes else "nominal"), encoding="utf-8")
     (out / "calibrated.urdf").write_text(calibrated_urdf(cm, result.values, model), encoding="utf-8")
     write_parameter_table(out / "parameters.csv", result)
     write_residuals(out / "residuals.csv", result, meas.lines)

@@ -71,7 +71,8 @@ def fit_axis(q, points, prismatic: bool = False) -> AxisFit:
     return AxisFit(R, t, mu, rms)
 
 
-def axis_fit_model(q, points, joint_type, *, name: str = "axis fit") -> tuple[CalibrationModel, list[AxisFit]]:
+def axis_fit_model(q, points, joint_type, *, name: str = "axis fit", joint_names: tuple[str, ...] | None = None,
+                   q_min=None, q_max=None) -> tuple[CalibrationModel, list[AxisFit]]:
     """A complete chain from per-axis experiments, no nominal values needed.
 
     q (N, n): joint values where, in each row, at most one joint differs from 0 (the rows of joint j
@@ -82,6 +83,10 @@ def axis_fit_model(q, points, joint_type, *, name: str = "axis fit") -> tuple[Ca
     G = np.asarray(points, dtype=np.float64)
     n = Q.shape[1]
     jt = np.asarray(joint_type)
+    short = [j + 1 for j in range(n) if np.count_nonzero(Q[:, j]) < (1 if jt[j] == PRISMATIC else 2)]
+    if short:
+        raise InputError(f"axis fit: joint(s) {', '.join(map(str, short))} need more poses that move them alone "
+                         "(3 angles per revolute joint counting q = 0, 2 positions per prismatic joint)")
     fits = []
     moving = np.abs(Q) > 0.0
     if np.any(moving.sum(axis=1) > 1):
@@ -94,7 +99,8 @@ def axis_fit_model(q, points, joint_type, *, name: str = "axis fit") -> tuple[Ca
     f0 = fits[0]
     tool = f0.mu * f0.R @ _unit_points(np.zeros(1), jt[0] == PRISMATIC)[0] + f0.t
     points_on_axes = np.array([f.t for f in fits])
-    cm = from_axes(points_on_axes, np.array([f.axis for f in fits]), jt, np.eye(3), tool, name=name)
+    cm = from_axes(points_on_axes, np.array([f.axis for f in fits]), jt, np.eye(3), tool, name=name,
+                   joint_names=joint_names, q_min=q_min, q_max=q_max)
     return cm, fits
 
 

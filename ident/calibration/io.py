@@ -214,14 +214,15 @@ def calibrated_urdf(cm: CalibrationModel, values: np.ndarray, model: Model | Non
     return '<?xml version="1.0"?>\n' + ET.tostring(robot, encoding="unicode") + "\n"
 
 
-def calibration_toml(result: Identification, model: Model | None, tool: np.ndarray) -> str:
+def calibration_toml(result: Identification, model: Model | None, tool: np.ndarray, initial: str = "nominal") -> str:
     """The calibrated model as TOML: the nominal modified-DH table (when the model has one) and every term
-    with its nominal value, error, value, sigma and status (SI units)."""
+    with its nominal value, error, value, sigma and status (SI units). initial: where the chain's nominal
+    values came from ('nominal' model geometry or 'axis fit')."""
     irr = result.irreducible
     cm = irr.model
     doc: dict = {"calibration": {
         "model": cm.name, "source": model.source if model is not None else "", "tool": [float(v) for v in tool],
-        "measure": irr.measure, "relative": irr.relative, "strategy": irr.strategy, "parameters": irr.count,
+        "initial": initial, "measure": irr.measure, "relative": irr.relative, "strategy": irr.strategy, "parameters": irr.count,
         "rms_before_m": result.rms_before, "rms_after_m": result.rms_after, "noise_m": result.noise,
         "poses": int(len(result.residual_after)), "outliers": [int(i) for i in result.outliers]}}
     if model is not None and model.dh is not None:
