@@ -187,6 +187,8 @@ def test_unusable_measurements_get_one_clear_error(six):
         identify(irr, q, P[:, :2])
     with pytest.raises(IdentificationError, match="orientations"):
         identify(irr, q, P, np.tile(np.eye(3), (30, 1, 1)))
+    with pytest.raises(IdentificationError, match="did not converge in 2 evaluations"):
+        identify(irr, q, P * 1000.0, max_evaluations=2)          # millimetres given as metres
     # a plan that never moves the wrist: its offsets and the tool cannot be told apart
     still = q.copy()
     still[:, 3:] = 0.2

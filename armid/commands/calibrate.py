@@ -118,6 +118,9 @@ def _identify(args: argparse.Namespace) -> int:
           f"{describe(irr)}")
     print(f"RMS position error {result.rms_before * 1e3:.4f} mm before, {result.rms_after * 1e3:.4f} mm after; "
           f"noise {result.noise * 1e3:.4f} mm")
+    if result.rms_after > 1e-3:
+        print("warning: more than 1 mm RMS remains after calibration; check the units (m, rad), the joint "
+              "order and --tool")
     if result.outliers.size:
         lines = ", ".join(str(int(meas.lines[i])) for i in result.outliers)
         print(f"outliers (residual > 3 sigma) at CSV lines {lines}")

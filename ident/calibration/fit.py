@@ -222,6 +222,9 @@ def identify(irr: IrreducibleModel, q, positions, orientations=None, *, initial:
                                   f"not identifiable from them: {', '.join(names)} (add poses that move these terms)")
     sol = least_squares(lambda x: evaluate(x)[0], x0, jac=lambda x: evaluate(x)[1], method="lm",
                         xtol=1e-14, ftol=1e-14, gtol=1e-14, max_nfev=max_evaluations)
+    if sol.status == 0:
+        raise IdentificationError(f"Levenberg-Marquardt did not converge in {sol.nfev} evaluations; check that "
+                                  "the positions are in m, the joint values in rad and the tool point is right")
     values = v0.copy()
     values[free] += sol.x / colscale
     e, w, J = _residuals(cm, values, Q, P, R, L)
