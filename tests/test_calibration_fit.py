@@ -194,3 +194,34 @@ def test_unusable_measurements_get_one_clear_error(six):
     still[:, 3:] = 0.2
     with pytest.raises(IdentificationError, match=r"not identifiable from them: .*Rz\(q4\)"):
         identify(irr, still, tool_pose(cm, still)[:, :3, 3])
+
+
+def test_axis_fit_covariance_matches_monte_carlo_and_the_seed_angles_minimise_it():
+    from ident.calibration.fit import axis_fit_covariance
+    from ident.calibration.planning import axis_angles
+
+    R = Rotation.from_rotvec([0.4, -0.3, 0.9]).as_matrix()
+    t, r, sigma = np.array([0.1, 0.2, 0.3]), 0.3, 1e-4
+    q = axis_angles(5, -np.pi, np.pi)
+    exact = r * np.column_stack([np.cos(q), np.sin(q), np.zeros(5)]) @ R.T + t
+    rng = np.random.default_rng(40)
+    dw, dt = [], []
+    for _ in range(2000):
+        fit = fit_axis(q, exact + rng.normal(0, sigma, exact.shape))
+        dw.append(Rotation.from_matrix(fit.R @ R.T).as_rotvec())
+        dt.append(fit.t - t)
+    cov_w, cov_t = axis_fit_covariance(fit_axis(q, exact), q, sigma)
+    np.testing.assert_allclose(np.cov(np.array(dw).T), cov_w, atol=0.1 * np.abs(cov_w).max())
+    # the centre: sigma^2 / m in the plane of the circle (the scale fit takes nothing from it there)
+    P = R[:, :2]
+    np.testing.assert_allclose(P.T @ np.cov(np.array(dt).T) @ P, P.T @ cov_t @ P, rtol=0.1, atol=0.02 * sigma ** 2)
+    # seed 002: angles whose unit vectors sum to zero give the smallest axis error for m measurements
+    best = np.trace(cov_w)
+    for _ in range(200):
+        other = rng.uniform(-np.pi, np.pi, 5)
+        assert np.trace(axis_fit_covariance(fit_axis(other, r * np.column_stack(
+            [np.cos(other), np.sin(other), np.zeros(5)]) @ R.T + t), other, sigma)[0]) >= best * (1 - 1e-9)
+    uniform = np.radians([0, 30, 60, 90, 120])
+    worse = axis_fit_covariance(fit_axis(uniform, r * np.column_stack([np.cos(uniform), np.sin(uniform),
+                                                                         np.zeros(5)]) @ R.T + t), uniform, sigma)[0]
+    assert np.trace(worse) > 2 * best

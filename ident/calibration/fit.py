@@ -71,6 +71,16 @@ def fit_axis(q, points, prismatic: bool = False) -> AxisFit:
     return AxisFit(R, t, mu, rms)
 
 
+def axis_fit_covariance(fit: AxisFit, q, noise: float, prismatic: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Seed 002: (cov of the small rotation dω of R (3, 3) rad^2, cov of t (3, 3) m^2) for independent
+    point noise `noise` (m per coordinate; include r * sigma_q for joint noise):
+    cov(dω) = noise^2 [sum skew(p~)^T skew(p~)]^-1, cov(dt) = noise^2 / m I."""
+    p = fit.mu * _unit_points(np.asarray(q, dtype=np.float64).ravel(), prismatic) @ fit.R.T
+    pc = p - p.mean(axis=0)
+    S = np.sum(pc * pc) * np.eye(3) - pc.T @ pc
+    return noise ** 2 * np.linalg.pinv(S), noise ** 2 / len(p) * np.eye(3)
+
+
 def axis_fit_model(q, points, joint_type, *, name: str = "axis fit", joint_names: tuple[str, ...] | None = None,
                    q_min=None, q_max=None) -> tuple[CalibrationModel, list[AxisFit]]:
     """A complete chain from per-axis experiments, no nominal values needed.
