@@ -1,0 +1,128 @@
+"""`armid calibrate plan|identify`: kinematic calibration (seed 002). File formats: docs/calibration.md."""
+from __future__ import annotations
+
+import argparse
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a .toml or .urdf file, or a shipped model: generic6, puma560")
+    p.add_argument("--tip", default="", help="URDF only: the last link of the chain")
+    p.add_argument("--tool", nargs=3, type=float, default=(0.0, 0.0, 0.0), metavar=("X", "Y", "Z"),
+                   help="the measured point in the flange frame, m (default: the flange origin)")
+    p.add_argument("--relative", action="store_true",
+                   help="the sensor frame is unknown: fit it, do not count it as robot parameters")
+    p.add_argument("--strategy", default="JL", help="column selection order: letters J B T then L or R (default JL)")
+
+
+def register(sub) -> None:
+    cal = sub.add_parser("calibrate", help="kinematic calibration: plan poses, identify a calibrated model")
+    csub = cal.add_subparsers(dest="action", required=True)
+
+    plan = csub.add_parser("plan", help="choose K measurement poses (D-optimal from candidates within the limits)")
+    _common(plan)
+    plan.add_argument("--count", type=int, required=True, help="number of poses K")
+    plan.add_argument("--measure", choices=("position", "pose"), default="position",
+                      help="what the sensor measures (default: position)")
+    plan.add_argument("--candidates", type=int, default=500, help="random candidate poses (default 500)")
+    plan.add_argument("--per-joint", type=int, default=0,
+                      help="use the seed's per-joint optimal sets (this many values per joint) and their product "
+                           "as the candidates instead of random poses")
+    plan.add_argument("--noise", type=float, default=5e-5, help="measurement noise per coordinate, m (default 5e-5)")
+    plan.add_argument("--seed", type=int, default=0, help="random seed of the candidates")
+    plan.add_argument("-o", "--output", required=True, help="pose list CSV to write")
+    plan.set_defaults(run=_plan)
+
+    ident = csub.add_parser("identify", help="identify the kinematic errors from measured tool points")
+    ident.add_argument("measurements", help="CSV: n joint values, x y z (m), optionally qx qy qz qw or rx ry rz")
+    _common(ident)
+    ident.add_argument("--axes", default="", metavar="AXES.csv",
+                       help="start from per-axis experiments instead of the model's nominal geometry: a CSV like "
+                            "MEAS.csv where each row moves one joint only (the others at 0); the model then "
+                            "only gives names and limits")
+    ident.add_argument("-o", "--output", required=True, help="folder for the calibrated model, tables and report")
+    ident.set_defaults(run=_identify)
+
+
+def _load(args):
+    import numpy as np
+
+    from ident.calibration.model import from_model
+    from ident.model import load_model
+
+    model = load_model(args.model, tip=args.tip)
+    return model, from_model(model, np.asarray(args.tool, dtype=float))
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ident.calibration.io import write_poses
+    from ident.calibration.planning import d_optimal, plan_quality, seed_plan
+    from ident.calibration.synthesis import synthesize
+    from ident.errors import InputError
+
+    model, cm = _load(args)
+    irr = synthesize(cm, args.measure, relative=args.relative, strategy=args.strategy)
+    rows = 3 if args.measure == "position" else 6
+    if args.count * rows <= int(irr.identified.sum()):
+        raise InputError(f"--count {args.count}: {args.count * rows} equations cannot identify "
+                         f"{int(irr.identified.sum())} parameters; ask for at least {int(irr.identified.sum()) // rows + 1}")
+    if args.candidates < args.count and not args.per_joint:
+        raise InputError(f"--candidates {args.candidates}: fewer than --count {args.count}")
+    cands = seed_plan(irr, args.per_joint) if args.per_joint else None
+    q, _ = d_optimal(irr, args.count, cands, n_candidates=args.candidates, seed=args.seed)
+    quality = plan_quality(irr, q, noise=args.noise)
+    write_poses(args.output, q, model.joint_names)
+    print(f"{args.count} poses of {model.name} written to {args.output}; {irr.count} parameters "
+          f"({args.measure}{', relative' if args.relative else ''})")
+    print(f"log10 det(J^T J) = {quality.log10_det:.3f}, cond(J) = {quality.cond:.1f} (scaled by the reach "
+          f"{cm.length_scale:.3f} m)")
+    print(f"predicted sigma for {args.noise * 1e3:g} mm noise:")
+    for nm, s in zip(quality.names, quality.sigma):
+        unit, f = ("mrad", 1e3) if nm[0] == "R" else ("mm", 1e3)
+        print(f"  {nm:>8} {s * f:10.4f} {unit}")
+    return 0
+
+
+def _identify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ident.calibration.fit import identify, predicted_accuracy
+    from ident.calibration.io import (calibrated_urdf, calibration_toml, read_measurements, write_parameter_table,
+                                      write_residuals)
+    from ident.calibration.report import write_report
+    from ident.calibration.synthesis import describe, random_configurations, synthesize
+
+    model, cm = _load(args)
+    if args.axes:
+        from ident.calibration.fit import axis_fit_model
+
+        axes = read_measurements(args.axes, cm.n)
+        cm, fits = axis_fit_model(axes.q, axes.positions, cm.joint_type, name=model.name,
+                                  joint_names=model.joint_names, q_min=cm.q_min, q_max=cm.q_max)
+        print(f"axis fit from {args.axes}: RMS per joint "
+              + ", ".join(f"{f.rms * 1e3:.4f}" for f in fits) + " mm (initial chain, no nominal values used)")
+    meas = read_measurements(args.measurements, cm.n)
+    measure = "position" if meas.orientations is None else "pose"
+    irr = synthesize(cm, measure, relative=args.relative, strategy=args.strategy)
+    result = identify(irr, meas.q, meas.positions, meas.orientations)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.toml").write_text(calibration_toml(result, model, args.tool, "axis fit" if args.axes else "nominal"), encoding="utf-8")
+    (out / "calibrated.urdf").write_text(calibrated_urdf(cm, result.values, model), encoding="utf-8")
+    write_parameter_table(out / "parameters.csv", result)
+    write_residuals(out / "residuals.csv", result, meas.lines)
+    accuracy = predicted_accuracy(result, random_configurations(cm, 500, seed=1))
+    report = write_report(out, result, accuracy, f"Kinematic calibration of {model.name}")
+    print(f"{len(meas.q)} poses ({measure}{', relative' if args.relative else ''}), {irr.count} parameters: "
+          f"{describe(irr)}")
+    print(f"RMS position error {result.rms_before * 1e3:.4f} mm before, {result.rms_after * 1e3:.4f} mm after; "
+          f"noise {result.noise * 1e3:.4f} mm")
+    if result.rms_after > 1e-3:
+        print("warning: more than 1 mm RMS remains after calibration; check the units (m, rad), the joint "
+              "order and --tool")
+    if result.outliers.size:
+        lines = ", ".join(str(int(meas.lines[i])) for i in result.outliers)
+        print(f"outliers (residual > 3 sigma) at CSV lines {lines}")
+    print(f"wrote {out / 'calibration.toml'}, calibrated.urdf, parameters.csv, residuals.csv, {report.name}")
+    return 0
