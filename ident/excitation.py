@@ -71,6 +71,12 @@ class FourierTrajectory:
         return (t, *self.evaluate(t))
 
 
+def excitation_bandwidth(traj: FourierTrajectory) -> float:
+    """The highest frequency in the motion (Hz): harmonics * base_frequency. preprocess.prepare takes it
+    as bandwidth_hz to set its low-pass cut-off."""
+    return traj.harmonics * traj.base_frequency
+
+
 def basis(t: np.ndarray, f0: float, H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Matrices (N, 2H+1) mapping the coefficient column [q0, a_1..a_H, b_1..b_H] to q, qd, qdd."""
     wf = 2 * math.pi * f0
