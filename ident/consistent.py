@@ -26,6 +26,7 @@ freedom from the nominal model.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,8 @@ from ident.estimate import Fit
 from ident.model import PARAMS_PER_JOINT, Model
 
 DEFAULT_LAMBDA = 1e-3
+# tighter than Clarabel's defaults (1e-8): the base projection must reproduce an exact WLS to ~1e-6
+SOLVER_TOLERANCES = dict(tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12, tol_ktratio=1e-10)
 
 
 class ConsistencyError(InputError):
@@ -119,7 +122,9 @@ def consistent_fit(model: Model, base: BaseParameters, fit: Fit, *, chi_nominal:
     reg = cp.sum_squares((null.T / s[None, :]) @ (chi - chi0))
     problem = cp.Problem(cp.Minimize(data + (regularisation / k ** 2) * reg))
     try:
-        problem.solve(solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12, tol_ktratio=1e-10)
+        with warnings.catch_warnings():   # "inaccurate" is reported in ConsistentFit.status instead
+            warnings.simplefilter("ignore", UserWarning)
+            problem.solve(solver=cp.CLARABEL, **SOLVER_TOLERANCES)
     except cp.error.SolverError as exc:
         raise ConsistencyError(f"physically consistent fit: the solver failed ({exc})") from None
     if problem.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or chi.value is None:
