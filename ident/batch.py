@@ -23,7 +23,7 @@ from ident.base_params import BaseParameters, base_parameters
 from ident.consistent import DEFAULT_LAMBDA, ConsistentFit, consistent_fit
 from ident.drive_gains import SCALE_NOTE_NOMINAL, SCALE_NOTE_PAYLOAD, gains_with_payload
 from ident.errors import InputError
-from ident.excitation import FourierTrajectory
+from ident.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import Model
 from ident.preprocess import (Recording, decimate_parallel, decimation_index, estimate_bandwidth, load_recording,
                               prepare, sampling_rate, slow_rows)
@@ -198,7 +198,7 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
     """Identify the base parameters of `model` from a recording (path or Recording), with the options of
     `armid identify`. Raises StepError (an InputError) naming the step that failed and why."""
     steps = Steps(verbose)
-    bandwidth = None if trajectory is None else trajectory.harmonics * trajectory.base_frequency
+    bandwidth = None if trajectory is None else excitation_bandwidth(trajectory)
     if (payload_run is None) != (payload_mass is None):
         raise InputError("--payload-run and --payload-mass go together")
     with steps("base parameters"):
