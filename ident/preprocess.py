@@ -5,17 +5,24 @@
     Wd, yd = decimate_parallel(W, s.y, factor=10)   # the same low-pass + downsampling on W and y
     keep = ~slow_rows(qd_decimated, 0.05)           # rows where Coulomb friction is well modelled
 
-The cut-off rule (when no cut-off is given):
+The cut-off rule (when no cut-off is given), one Butterworth for q and y:
 
-    cutoff_hz = min(CUTOFF_PER_BANDWIDTH * bandwidth_hz, MAX_CUTOFF_OF_NYQUIST * rate_hz / 2)
+    cutoff_hz = min(max(CUTOFF_PER_BANDWIDTH * bandwidth_hz, NOISE_CUTOFF_HZ), MAX_CUTOFF_OF_NYQUIST * rate_hz / 2)
 
-with CUTOFF_PER_BANDWIDTH = k = 5. Why 5: the zero-phase (forward-backward) Butterworth of order m has the
-power gain 1 / (1 + (f / f_c)^(2m)) and no phase; at the highest excitation harmonic f = f_c / 5 an order-4
-filter changes the amplitude by 5^-8 = 2.6e-6 (relative), so the excitation passes untouched, while noise,
-which the two differentiations amplify by (2 pi f)^2, is cut from 5x the bandwidth up. Gautier's rule for
-the position filter (cut-off 5 to 10 times the bandwidth of the joint motion) is the same idea; k = 5 keeps
-the noise lowest. When the bandwidth is not known either, it is estimated from the positions
-(`estimate_bandwidth`: the frequency below which 99.9 % of the energy of the sampled velocity lies).
+with CUTOFF_PER_BANDWIDTH = k = 5 and NOISE_CUTOFF_HZ = 40 Hz.
+* Why k = 5: the zero-phase (forward-backward) Butterworth of order m has the power gain
+  1 / (1 + (f / f_c)^(2m)) and no phase; at the highest excitation harmonic f = f_c / 5 an order-4 filter
+  changes the amplitude by 5^-8 = 2.6e-6 (relative), so the commanded motion passes untouched.
+* Why the 40 Hz floor: the measured motion holds more than the commanded harmonics (the servo's tracking
+  error, the jerks of Coulomb friction reversals), and y holds their torques. y is filtered here but the
+  regressor W(q) is not (it is nonlinear in q), so a cut-off inside the band of the real motion biases the
+  fit: on simulated CSP data without noise (generic6, seed-000 preset, 0.6 Hz bandwidth) the residual
+  y - W beta_true was 0.27 N m RMS on joint 1 with a 3 Hz cut-off, 0.096 with 10 Hz and 0.006 with 40 Hz.
+  This filter therefore only removes sensor noise, like Gautier's position filter whose cut-off lies well
+  above the closed-loop bandwidth of the drives (industrial position loops: 5-20 Hz). The band limit of
+  the fit is the parallel decimation (`decimate_parallel`), which filters W and y alike.
+When the bandwidth is not known either, it is estimated from the positions (`estimate_bandwidth`: the
+frequency below which 99.9 % of the energy of the sampled velocity lies).
 
 Edges: a forward-backward filter is not exact for the first and last samples (its start-up transient);
 `prepare` drops, at each end, the samples in which the slowest pole of the filter has not yet decayed by a
@@ -36,7 +43,8 @@ import scipy.sparse
 
 from ident.errors import InputError
 
-CUTOFF_PER_BANDWIDTH = 5.0    # k in cutoff = k * bandwidth (see the module docstring)
+CUTOFF_PER_BANDWIDTH = 5.0    # k in cutoff = max(k * bandwidth, NOISE_CUTOFF_HZ) (see the module docstring)
+NOISE_CUTOFF_HZ = 40.0        # the cut-off is never below this: it removes sensor noise, not the motion
 MAX_CUTOFF_OF_NYQUIST = 0.8   # the cut-off never exceeds 0.8 of the Nyquist frequency
 EDGE_DECAY = 1e-4             # filter edges are trimmed until the slowest pole has decayed by this factor
 BANDWIDTH_ENERGY = 0.999      # estimate_bandwidth: share of the velocity energy below the bandwidth
@@ -326,11 +334,11 @@ def sampling_rate(t: np.ndarray, source: str = "recording") -> float:
 
 
 def cutoff_for_bandwidth(bandwidth_hz: float, rate_hz: float) -> float:
-    """The low-pass cut-off (Hz) for an excitation of the given bandwidth (Hz):
-    min(CUTOFF_PER_BANDWIDTH * bandwidth, MAX_CUTOFF_OF_NYQUIST * rate / 2)."""
+    """The low-pass cut-off (Hz) for a motion of the given bandwidth (Hz) sampled at rate_hz:
+    min(max(CUTOFF_PER_BANDWIDTH * bandwidth, NOISE_CUTOFF_HZ), MAX_CUTOFF_OF_NYQUIST * rate / 2)."""
     if not (math.isfinite(bandwidth_hz) and bandwidth_hz > 0):
         raise PreprocessError(f"bandwidth: expected a positive number in Hz, got {bandwidth_hz}")
-    return min(CUTOFF_PER_BANDWIDTH * bandwidth_hz, MAX_CUTOFF_OF_NYQUIST * rate_hz / 2)
+    return min(max(CUTOFF_PER_BANDWIDTH * bandwidth_hz, NOISE_CUTOFF_HZ), MAX_CUTOFF_OF_NYQUIST * rate_hz / 2)
 
 
 def estimate_bandwidth(q: np.ndarray, rate_hz: float) -> float:

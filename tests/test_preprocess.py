@@ -213,8 +213,7 @@ def test_filter_has_zero_phase_and_unit_gain_below_the_cutoff():
     t = np.arange(N) / RATE
     q = 0.8 * np.sin(2 * np.pi * f * t + 0.3)[:, None]
     rec = recording(t, q, 20 * np.cos(2 * np.pi * f * t)[:, None])
-    s = pp.prepare(rec, bandwidth_hz=f)
-    assert s.cutoff_hz == pytest.approx(pp.CUTOFF_PER_BANDWIDTH * f)
+    s = pp.prepare(rec, cutoff_hz=pp.CUTOFF_PER_BANDWIDTH * f)      # the excitation at 1/5 of the cut-off
     amp_in, ph_in = _amplitude_phase(t, q[:, 0], f)
     amp_out, ph_out = _amplitude_phase(s.t, s.q[:, 0], f)
     # one sample of delay would be a phase lag of 2 pi f / RATE = 4.4e-3 rad
@@ -258,7 +257,7 @@ def test_noise_is_removed_and_derivatives_stay_usable():
     t, q, qd, qdd = fourier_motion(20000, n=2, f0=0.1, H=5)
     rng = np.random.default_rng(1)
     noisy = np.round(q / 1e-5) * 1e-5 + rng.normal(0, 2e-5, q.shape)     # encoder quantisation + noise
-    s = pp.prepare(recording(t, noisy, q), bandwidth_hz=0.5)
+    s = pp.prepare(recording(t, noisy, q), cutoff_hz=2.5)
     k = np.searchsorted(t, s.t)
     raw_qdd = pp.central_differences(t, noisy)[1][k - 1]
     err_raw = np.sqrt(np.mean((raw_qdd - qdd[k]) ** 2))
@@ -271,12 +270,15 @@ def test_bandwidth_estimate_finds_the_highest_harmonic():
         t, q, _, _ = fourier_motion(int(RATE * 20), n=3, f0=f0, H=H)     # a whole number of periods
         assert pp.estimate_bandwidth(q, RATE) == pytest.approx(H * f0, abs=0.5 * f0)
     s = pp.prepare(recording(t, q, q))
-    assert s.cutoff_hz == pytest.approx(pp.CUTOFF_PER_BANDWIDTH * 0.6, rel=0.1)
+    assert s.cutoff_hz == pp.cutoff_for_bandwidth(pp.estimate_bandwidth(q, RATE), RATE)
 
 
-def test_cutoff_is_bounded_by_nyquist():
-    assert pp.cutoff_for_bandwidth(100.0, 200.0) == pytest.approx(pp.MAX_CUTOFF_OF_NYQUIST * 100.0)
-    assert pp.cutoff_for_bandwidth(1.0, 1000.0) == pytest.approx(pp.CUTOFF_PER_BANDWIDTH)
+def test_cutoff_rule_is_five_bandwidths_above_the_noise_floor_below_nyquist():
+    assert pp.cutoff_for_bandwidth(0.6, 1000.0) == 40.0             # the noise floor
+    assert pp.cutoff_for_bandwidth(10.0, 1000.0) == 50.0            # 5 x bandwidth
+    assert pp.cutoff_for_bandwidth(100.0, 200.0) == pytest.approx(80.0)   # 0.8 x Nyquist
+    with pytest.raises(PreprocessError, match="bandwidth"):
+        pp.cutoff_for_bandwidth(0.0, 1000.0)
 
 
 def test_edges_are_trimmed_where_the_filter_has_not_settled():
