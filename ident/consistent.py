@@ -17,9 +17,10 @@ P maps chi to the base parameters; N is an orthonormal basis of the null space o
 combinations of standard parameters that the data cannot see. The regulariser only pulls those
 unidentifiable directions toward the model's nominal values chi_0 (scaled per parameter by s, the
 nominal magnitude, so that it is relative): it never competes with the data in an identifiable direction.
-The data term is in chi-squared units (one unit = one standard deviation of the weighted residual), and
-lambda = 1e-3 by default: moving an unidentifiable combination by its whole nominal size costs a
-thousandth of one sigma of fit. When the WLS base parameters are themselves compatible with a consistent
+The weight of the regulariser is relative to the data: lambda (default 1e-2) times the data term's
+smallest curvature over the identifiable directions (in the same scaled units), so the regulariser is
+always weaker than the data in every identifiable direction, and it still dominates the solver's round-off
+with noise-free data. When the WLS base parameters are themselves compatible with a consistent
 body (the truth is consistent and the noise small), the result reproduces them and takes the remaining
 freedom from the nominal model.
 """
@@ -37,7 +38,7 @@ from ident.errors import InputError
 from ident.estimate import Fit
 from ident.model import PARAMS_PER_JOINT, Model
 
-DEFAULT_LAMBDA = 1e-3
+DEFAULT_LAMBDA = 1e-2
 # tighter than Clarabel's defaults (1e-8): the base projection must reproduce an exact WLS to ~1e-6
 SOLVER_TOLERANCES = dict(tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12, tol_ktratio=1e-10)
 
@@ -107,35 +108,59 @@ def consistent_fit(model: Model, base: BaseParameters, fit: Fit, *, chi_nominal:
     null = scipy.linalg.null_space(base.P * s[None, :])           # (14n, 14n - b)
     started = time.perf_counter()
 
-    # chi as an affine function of the pseudo-inertias and the drive parameters
+    # Scaled units u = (chi - chi0) / s. The data term's curvature in u is that of A_s = R P diag(s); it is
+    # normalised so that its largest singular value is one, and the regulariser's weight is lambda times
+    # its smallest non-zero one: weaker than the data in every identifiable direction, whatever the noise.
+    A = fit.R @ base.P
+    sv = np.linalg.svd(A * s[None, :], compute_uv=False)[:b]
+    k = max(float(sv[0]), 1e-300)
+    weight = regularisation * float(sv[-1] / k) ** 2
+    G = null.T / s[None, :]
+
+    # stage 1: the best consistent fit of the data
+    chi = _consistent_parameters(cp, n)
+    first = _solve(cp, cp.Problem(cp.Minimize(cp.sum_squares((A / k) @ chi - fit.z / k)
+                                              + weight * cp.sum_squares(G @ (chi - chi0)))))
+    status = first.status
+    value = np.asarray(chi.value, dtype=float)
+    # stage 2: with that base projection held, the unidentifiable directions closest to the nominal model
+    # (the data term's round-off in stage 1 can swamp the small regulariser when the data are noise-free)
+    chi2 = _consistent_parameters(cp, n)
+    second = cp.Problem(cp.Minimize(cp.sum_squares(G @ (chi2 - chi0))), [base.P @ chi2 == base.P @ value])
+    try:
+        _solve(cp, second)
+        value, status = np.asarray(chi2.value, dtype=float), f"{first.status}, then {second.status}"
+    except ConsistencyError:
+        pass   # the base projection sits on the boundary of the cone: keep stage 1's answer
+    value = _project_consistent(value, n)
+    seconds = time.perf_counter() - started
+    beta = base.from_standard(value)
+    r_cons = fit.R @ beta - fit.z
+    r_wls = fit.R @ fit.beta - fit.z
+    return ConsistentFit(chi=value, beta=beta, chi2_increase=float(r_cons @ r_cons - r_wls @ r_wls),
+                         status=status, seconds=seconds)
+
+
+def _consistent_parameters(cp, n: int):
+    """chi (14n) as an affine cvxpy expression of n PSD pseudo-inertias, Ia, fc, fv >= 0 and free offsets."""
     L = _link_map()
     J = [cp.Variable((4, 4), PSD=True, name=f"J{j + 1}") for j in range(n)]
     drive_pos = cp.Variable((n, 3), nonneg=True, name="Ia_fc_fv")
     offset = cp.Variable(n, name="offset")
-    per_joint = [cp.hstack([L @ cp.vec(J[j], order="F"), drive_pos[j], offset[j:j + 1]]) for j in range(n)]
-    chi = cp.hstack(per_joint)
+    return cp.hstack([cp.hstack([L @ cp.vec(J[j], order="F"), drive_pos[j], offset[j:j + 1]]) for j in range(n)])
 
-    # scale the data term so that its largest singular value is about one (better conditioned solve)
-    A = fit.R @ base.P
-    k = max(float(np.linalg.norm(A, 2)), 1e-300)
-    data = cp.sum_squares((A / k) @ chi - fit.z / k)
-    reg = cp.sum_squares((null.T / s[None, :]) @ (chi - chi0))
-    problem = cp.Problem(cp.Minimize(data + (regularisation / k ** 2) * reg))
+
+def _solve(cp, problem):
+    """Solve with Clarabel; ConsistencyError unless (inaccurately) optimal."""
     try:
         with warnings.catch_warnings():   # "inaccurate" is reported in ConsistentFit.status instead
             warnings.simplefilter("ignore", UserWarning)
             problem.solve(solver=cp.CLARABEL, **SOLVER_TOLERANCES)
     except cp.error.SolverError as exc:
         raise ConsistencyError(f"physically consistent fit: the solver failed ({exc})") from None
-    if problem.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE) or chi.value is None:
+    if problem.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
         raise ConsistencyError(f"physically consistent fit: solver status {problem.status}")
-    value = _project_consistent(np.asarray(chi.value, dtype=float), n)
-    seconds = time.perf_counter() - started
-    beta = base.from_standard(value)
-    r_cons = fit.R @ beta - fit.z
-    r_wls = fit.R @ fit.beta - fit.z
-    return ConsistentFit(chi=value, beta=beta, chi2_increase=float(r_cons @ r_cons - r_wls @ r_wls),
-                         status=str(problem.status), seconds=seconds)
+    return problem
 
 
 def _project_consistent(chi: np.ndarray, n: int) -> np.ndarray:
