@@ -417,14 +417,16 @@ def _fit_to_limits(model: Model, p: _Problem, z: np.ndarray, floor_z: float | No
 def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, start_pose=None,
            criterion: str = "cond", floor_z: float | None = None, seed: int = 0, max_iter: int = 200,
            restarts: int = 1, grid: int = GRID_PER_PERIOD, check_rate_hz: float = 1000.0,
-           base: BaseParameters | None = None, progress: bool = False) -> FourierTrajectory:
+           base: BaseParameters | None = None, exact_gradients: bool = True,
+           progress: bool = False) -> FourierTrajectory:
     """Optimal excitation (seed 000 eq. 15): minimise cond() (criterion="cond") or maximise log det
     (criterion="logdet", D-optimal) of the base regressor over one period sampled at `grid` points, with
     scipy's SLSQP from `restarts` random feasible starts drawn from `seed`. The motion starts and ends at
     rest at start_pose (rad; default mid-range), keeps the model's position, velocity, acceleration and
     torque limits (tightened by SAFETY on the grid, then checked exactly at check_rate_hz), and, with
     floor_z (m), keeps the flange origin above that plane. base_frequency in Hz. base: the model's base
-    parameters if already computed.
+    parameters if already computed. exact_gradients=False lets SLSQP take finite differences instead of
+    the chain-rule gradients (slower; kept for comparison in benchmarks/bench_excitation.py).
 
     info of the result: model, criterion, cond and logdet of the result and of the best random start (both on
     GRID_PER_PERIOD samples, whatever the search grid), seed, restarts, start_pose, floor_z.
@@ -452,14 +454,15 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
     A, c = p.linear_constraints()
     rng = np.random.default_rng(seed)
     constraints = [{"type": "ineq", "fun": lambda z: c - A @ z, "jac": lambda z: -A},
-                   {"type": "ineq", "fun": p.nonlinear, "jac": p.nonlinear_jac}]
+                   {"type": "ineq", "fun": p.nonlinear, **({"jac": p.nonlinear_jac} if exact_gradients else {})}]
     best, start = None, None
     with _progress(max_iter * restarts, progress, f"excitation design ({criterion})") as bar:
         for _ in range(restarts):
             z0 = _initial_point(p, rng, A, c)
             if start is None or p.objective(z0) < p.objective(start):
                 start = z0
-            res = scipy.optimize.minimize(p.objective, z0, jac=p.objective_grad, method="SLSQP",
+            res = scipy.optimize.minimize(p.objective, z0, jac=p.objective_grad if exact_gradients else None,
+                                          method="SLSQP",
                                           constraints=constraints, options={"maxiter": max_iter, "ftol": 1e-9},
                                           callback=lambda z: bar.update(1))
             feasible = np.all(A @ res.x <= c + 1e-9) and np.all(p.nonlinear(res.x) >= -1e-9)

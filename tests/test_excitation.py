@@ -128,8 +128,15 @@ def test_preset_is_periodic_and_not_at_rest_as_the_paper_notes():
     assert excitation.excitation_bandwidth(traj) == pytest.approx(0.6)
 
 
-def test_preset_keeps_the_limits_of_generic6(generic6):
-    excitation.check(generic6, excitation.preset("seed000"))
+def test_preset_base_frequency_is_the_only_one_of_three_that_keeps_generic6_limits(generic6):
+    preset = excitation.preset("seed000")
+    assert preset.base_frequency == 0.1
+    excitation.check(generic6, preset)
+    slow, fast = (FourierTrajectory(f0, preset.q0, preset.a, preset.b) for f0 in (0.05, 0.2))
+    with pytest.raises(LimitError, match="joint j3: position"):
+        excitation.check(generic6, slow)
+    with pytest.raises(LimitError, match="joint j2: acceleration"):
+        excitation.check(generic6, fast)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -200,9 +207,10 @@ def test_design_gradients_are_exact(arm3, criterion):
     for i in range(p.size):
         e = np.zeros(p.size)
         e[i] = h
-        fd = (p.objective(z + e) - p.objective(z - e)) / (2 * h)
+        f_p, c_p = p.objective(z + e), p.nonlinear(z + e)        # one evaluation each side
+        f_m, c_m = p.objective(z - e), p.nonlinear(z - e)
+        fd, fd_c = (f_p - f_m) / (2 * h), (c_p - c_m) / (2 * h)
         assert g[i] == pytest.approx(fd, rel=1e-4, abs=1e-6 * np.abs(g).max())
-        fd_c = (p.nonlinear(z + e) - p.nonlinear(z - e)) / (2 * h)
         np.testing.assert_allclose(J[:, i], fd_c, atol=1e-5 * np.abs(J).max())
 
 
