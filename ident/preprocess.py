@@ -61,8 +61,24 @@ class PreprocessError(InputError):
 # ---------------------------------------------------------------------------------------------------
 # Recordings
 
+class _JointSamples:
+    """n and N of a record whose q is (N, n)."""
+
+    q: np.ndarray
+
+    @property
+    def n(self) -> int:
+        """Number of joints."""
+        return self.q.shape[1]
+
+    @property
+    def N(self) -> int:
+        """Number of samples."""
+        return self.q.shape[0]
+
+
 @dataclass(frozen=True, eq=False)
-class Recording:
+class Recording(_JointSamples):
     """Raw data as recorded, SI units. Exactly one of tau / current is set.
 
     t (N,) s, strictly increasing; q (N, n) rad; tau (N, n) N m or current (N, n) A; qd (N, n) rad/s or None;
@@ -81,16 +97,6 @@ class Recording:
         checked = _check_arrays(self.source, fields, lambda k: f"sample {k}")
         for name, arr in checked.items():
             object.__setattr__(self, name, arr)
-
-    @property
-    def n(self) -> int:
-        """Number of joints."""
-        return self.q.shape[1]
-
-    @property
-    def N(self) -> int:
-        """Number of samples."""
-        return self.q.shape[0]
 
     @property
     def kind(self) -> str:
@@ -293,7 +299,7 @@ def _diagnose_csv(path: Path, rows: list[tuple[int, str]], header: list[str]) ->
 # Filtering and differentiation
 
 @dataclass(frozen=True, eq=False)
-class Samples:
+class Samples(_JointSamples):
     """Filtered, differentiated samples at the full rate, filter edges trimmed; contiguous float64.
 
     t (N,) s; q (N, n) rad; qd rad/s; qdd rad/s^2; y (N, n) N m or A per `kind` ("torque" | "current");
@@ -309,14 +315,6 @@ class Samples:
     cutoff_hz: float
     rate_hz: float
     source: str
-
-    @property
-    def n(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def N(self) -> int:
-        return self.q.shape[0]
 
 
 def sampling_rate(t: np.ndarray, source: str = "recording") -> float:
