@@ -247,5 +247,5 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
 def _load(data, model: Model, steps: Steps) -> Recording:
     if isinstance(data, Recording):
         return data
-    with steps(f"read {Path(data).name}"):
+    with steps("read the recording"):
         return load_recording(data, n=model.n)
