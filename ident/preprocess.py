@@ -407,8 +407,8 @@ def prepare(rec: Recording, *, bandwidth_hz: float | None = None, cutoff_hz: flo
             f"{rec.source}: {rec.N} samples at {rate:g} Hz are too few for a cut-off of {cutoff_hz:.4g} Hz: the "
             f"filter edges take {edge} samples at each end and leave {max(kept, 0)}; record at least "
             f"{2 * edge + MIN_SAMPLES} samples ({(2 * edge + MIN_SAMPLES) / rate:.3g} s)")
-    both = np.concatenate([rec.q, rec.y], axis=1)   # one filter pass over q and y
-    filtered = scipy.signal.sosfiltfilt(sos, both, axis=0)
+    both = np.ascontiguousarray(np.concatenate([rec.q, rec.y], axis=1).T)   # (2n, N): one pass, along rows
+    filtered = scipy.signal.sosfiltfilt(sos, both, axis=-1).T
     q_f = filtered[:, :rec.n]
     qd, qdd = central_differences(rec.t, q_f)
     keep = slice(edge, rec.N - edge)
