@@ -179,7 +179,7 @@ def test_cli_errors_are_one_line_naming_the_problem(tmp_path, model, capsys):
                                               "--trajectory", "seed000"])
 
 
-def test_console_command_runs_in_a_subprocess(identified, tmp_path):
+def test_console_command_runs_in_a_subprocess(tmp_path):
     """The real entry point (python -m armid.cli) ends with one error line and exits 2 on bad input; the
     progress lines before it name the step that failed."""
     proc = subprocess.run([sys.executable, "-m", "armid.cli", "identify", str(tmp_path / "missing.npz"), "--model",
