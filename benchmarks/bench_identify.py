@@ -24,6 +24,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pinocchio as pin  # noqa: E402
 
+from bench_regressor import best_of  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from ident import batch, dynamics, excitation  # noqa: E402
 from ident.base_params import base_parameters  # noqa: E402
 from ident.model import load_model  # noqa: E402
@@ -52,16 +53,6 @@ def arm_with_drives(folder: Path) -> Path:
     path = folder / "ur5_drives.toml"
     path.write_text("\n".join(lines))
     return path
-
-
-def best_of(fn, repeats: int = 3) -> float:
-    fn()   # warm-up: numba's cache, cvxpy's imports
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main() -> None:

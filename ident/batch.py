@@ -29,7 +29,6 @@ from ident.preprocess import (Recording, decimate_parallel, decimation_index, es
                               prepare, sampling_rate, slow_rows)
 
 DEFAULT_SLOW_VELOCITY = 0.1      # rad/s: rows of a joint slower than this are left out (Coulomb friction)
-NOISE_CUTOFF_HZ = 40.0           # default Butterworth cut-off floor: removes sensor noise, keeps the motion
 DECIMATION_PER_BANDWIDTH = 20.0  # the decimation filter's cut-off is about this many excitation bandwidths
 
 
@@ -88,14 +87,6 @@ class Rows:
         return self.y * gains if self.kind == "current" else self.y
 
 
-def identification_cutoff(bandwidth_hz: float, rate_hz: float) -> float:
-    """Default Butterworth cut-off (Hz) of q and y: max(NOISE_CUTOFF_HZ, 5 x bandwidth), at most 0.8 of the
-    Nyquist frequency. It only removes sensor noise: y is filtered but the regressor, nonlinear in q
-    (Coulomb sign(qd), the servo's own motion), is not, so a cut-off inside the motion's band would bias
-    the fit (docs/identification.md). The band limit is the parallel decimation's, applied to W and y alike."""
-    return min(max(NOISE_CUTOFF_HZ, 5.0 * bandwidth_hz), 0.4 * rate_hz)
-
-
 def decimation_factor(rate_hz: float, bandwidth_hz: float) -> int:
     """Default decimation: the decimation filter's cut-off (0.8 of the new Nyquist frequency) at about
     DECIMATION_PER_BANDWIDTH times the excitation bandwidth."""
@@ -115,9 +106,7 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
         rate = sampling_rate(rec.t, rec.source)
         if bandwidth_hz is None:
             bandwidth_hz = estimate_bandwidth(rec.q, rate)
-        if cutoff_hz is None:
-            cutoff_hz = identification_cutoff(bandwidth_hz, rate)
-        s = prepare(rec, cutoff_hz=cutoff_hz)
+        s = prepare(rec, bandwidth_hz=bandwidth_hz, cutoff_hz=cutoff_hz)   # default cut-off: a noise filter
     factor = decimation_factor(s.rate_hz, bandwidth_hz) if decimate is None else int(decimate)
     if factor < 1:
         raise InputError(f"decimation: expected a positive integer, got {decimate}")

@@ -12,7 +12,7 @@ import pytest
 
 from armid import cli
 from ident import dynamics, excitation, results
-from ident.base_params import base_parameters
+from ident.base_params import base_parameters, random_states
 from ident.excitation import FourierTrajectory
 from ident.model import load_model
 from sim.plant import payload_parameters
@@ -83,7 +83,7 @@ def test_model_file_round_trips_to_1e_9(identified, model):
     doc = json.loads((identified / "result.json").read_text())
     chi = np.array(doc["standard_parameters"]["values"])
     reloaded = load_model(identified / "model.toml")
-    q, qd, qdd = base_parameters.__globals__["random_states"](model, 200, seed=5)
+    q, qd, qdd = random_states(model, 200, seed=5)
     np.testing.assert_allclose(dynamics.rnea(reloaded, q, qd, qdd), dynamics.rnea(model, q, qd, qdd, params=chi),
                                rtol=0, atol=1e-9)
     np.testing.assert_array_equal(reloaded.gear_ratio, model.gear_ratio)
@@ -98,7 +98,7 @@ def test_model_file_round_trips_a_urdf_model_with_origins_and_axes(tmp_path):
     ur5 = load_model(prefix / "share/example-robot-data/robots/ur_description/urdf/ur5_robot.urdf")
     assert not ur5.is_dh
     again = load_model(results.write_model(ur5, tmp_path / "ur5.toml"))
-    q, qd, qdd = base_parameters.__globals__["random_states"](ur5, 200, seed=6)
+    q, qd, qdd = random_states(ur5, 200, seed=6)
     np.testing.assert_allclose(dynamics.rnea(again, q, qd, qdd), dynamics.rnea(ur5, q, qd, qdd), rtol=0, atol=1e-9)
 
 
