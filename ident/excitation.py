@@ -211,15 +211,20 @@ def load(path: str | Path) -> FourierTrajectory:
                              tuple(names), info)
 
 
+def presets() -> list[str]:
+    """Names of the shipped trajectories."""
+    from importlib import resources
+
+    return sorted(p.name[:-5] for p in (resources.files("ident") / "presets").iterdir() if p.name.endswith(".toml"))
+
+
 def preset(name: str) -> FourierTrajectory:
     """A shipped trajectory: 'seed000' is Table 1 of seed 000 (6 joints, 6 harmonics)."""
     from importlib import resources
 
-    ref = resources.files("ident") / "presets" / f"{name}.toml"
-    if not ref.is_file():
-        shipped = sorted(p.name[:-5] for p in (resources.files("ident") / "presets").iterdir() if p.name.endswith(".toml"))
-        raise TrajectoryFileError(f"{name}: no such preset; shipped: {', '.join(shipped)}")
-    with resources.as_file(ref) as path:
+    if name not in presets():
+        raise TrajectoryFileError(f"{name}: no such preset; shipped: {', '.join(presets())}")
+    with resources.as_file(resources.files("ident") / "presets" / f"{name}.toml") as path:
         return load(path)
 
 

@@ -366,6 +366,8 @@ def test_cli_design_check_and_sample(arm3, tmp_path, capsys):
     assert "preset seed000" not in text                     # 6 joints: it does not apply to a 3-joint arm
     assert armid_main(["excite", "check", str(out), "--model", model]) == 0
     assert "keeps every limit of arm3" in capsys.readouterr().out
+    assert armid_main(["excite", "check", "seed00", "--model", model]) == 2
+    assert capsys.readouterr().err == "armid: seed00: neither a trajectory file nor a shipped preset (seed000)\n"
     csv = tmp_path / "t.csv"
     assert armid_main(["excite", "sample", str(out), "--rate", "50", "-o", str(csv)]) == 0
     data = np.loadtxt(csv, delimiter=",", skiprows=1)

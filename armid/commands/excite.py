@@ -49,6 +49,9 @@ def _trajectory(arg: str):
 
     if Path(arg).suffix == ".toml" or Path(arg).exists():
         return excitation.load(arg)
+    if arg not in excitation.presets():
+        raise excitation.TrajectoryFileError(f"{arg}: neither a trajectory file nor a shipped preset "
+                                             f"({', '.join(excitation.presets())})")
     return excitation.preset(arg)
 
 
