@@ -250,7 +250,7 @@ def _data_lines(text: str) -> list[tuple[int, str]]:
 
 def _load_csv(path: Path) -> Recording:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")     # a spreadsheet's byte-order mark is not a column name
     except (OSError, UnicodeDecodeError) as exc:
         raise PreprocessError(f"{path}: cannot read: {exc}") from None
     lines = _data_lines(text)

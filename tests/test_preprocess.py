@@ -79,6 +79,15 @@ def test_csv_columns_in_any_order_with_comments_and_currents(tmp_path):
     np.testing.assert_array_equal(rec.y, current)
 
 
+def test_spreadsheet_csv_with_byte_order_mark_and_crlf_loads(tmp_path):
+    t, q, _, _ = fourier_motion(50, n=2)
+    path = tmp_path / "excel.csv"
+    write_csv(path, csv_columns(t, q, 2 * q, prefix="i"))
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_text().replace("\n", "\r\n").encode())
+    rec = pp.load_recording(path)
+    np.testing.assert_array_equal(rec.current, 2 * q)
+
+
 def _good_csv_text(N=40, n=2) -> list[str]:
     t, q, _, _ = fourier_motion(N, n=n)
     head = ",".join(["t"] + [f"q{j + 1}" for j in range(n)] + [f"tau{j + 1}" for j in range(n)])
