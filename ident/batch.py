@@ -190,9 +190,17 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
     bandwidth = None if trajectory is None else excitation_bandwidth(trajectory)
     if (payload_run is None) != (payload_mass is None):
         raise InputError("--payload-run and --payload-mass go together")
+    rec = _load(data, model, steps)                 # every input is read first: bad files fail fast
+    loaded_rec = None if payload_run is None else _load(payload_run, model, steps, "the payload run")
+    vrec = None if validate is None else _load(validate, model, steps, "the validation recording")
+    if rec.kind == "torque" and loaded_rec is not None:
+        raise InputError(f"{rec.source}: a payload run fixes the scale of currents; this recording holds torques")
+    if loaded_rec is not None and loaded_rec.kind != "current":
+        raise InputError(f"{loaded_rec.source}: the payload run must hold currents like {rec.source}")
+    if vrec is not None and vrec.kind != rec.kind:
+        raise InputError(f"{vrec.source}: holds {vrec.kind}s, the identification data {rec.kind}s")
     with steps("base parameters"):
         base = base or base_parameters(model)
-    rec = _load(data, model, steps)
     opts = dict(bandwidth_hz=bandwidth, cutoff_hz=cutoff_hz, decimate=decimate, slow_velocity=slow_velocity,
                 steps=steps)
     rows = recording_rows(model, base, rec, **opts)
@@ -200,16 +208,11 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
     if rows.kind == "current":
         gains, note = model.joint_torque_per_amp(), SCALE_NOTE_NOMINAL
         if payload_run is not None:
-            loaded_rec = _load(payload_run, model, steps)
-            if loaded_rec.kind != "current":
-                raise InputError(f"{loaded_rec.source}: the payload run must hold currents like {rec.source}")
             loaded = recording_rows(model, base, loaded_rec, with_load=True, **opts)
             with steps("drive gains"):
                 g = gains_with_payload(rows.W, rows.y, rows.mask, loaded.W, loaded.y, loaded.Yl, loaded.mask,
                                        float(payload_mass), names=base.names)
             gains, gains_std, note = g.gains, g.gains_std, SCALE_NOTE_PAYLOAD
-    elif payload_run is not None:
-        raise InputError(f"{rec.source}: a payload run fixes the scale of currents; this recording holds torques")
     torque = rows.in_torque(gains) if gains is not None else rows.y
     with steps("least squares (OLS, WLS)"):
         ols = estimate.ols(rows.W, torque, rows.mask, names=base.names)
@@ -219,11 +222,8 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
         with steps("physically consistent fit"):
             cons = consistent_fit(model, base, fit, regularisation=regularisation)
     val = None
-    if validate is not None:
-        vrec = _load(validate, model, steps)
+    if vrec is not None:
         vrows = recording_rows(model, base, vrec, **opts)
-        if vrows.kind != rows.kind:
-            raise InputError(f"{vrec.source}: holds {vrows.kind}s, the identification data {rows.kind}s")
         with steps("validation"):
             vt = vrows.in_torque(gains) if gains is not None else vrows.y
             rms, rel = estimate.prediction_errors(vrows.W, vt, fit.beta)
@@ -233,8 +233,8 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
                           slow_velocity=slow_velocity, seconds=steps.seconds)
 
 
-def _load(data, model: Model, steps: Steps) -> Recording:
+def _load(data, model: Model, steps: Steps, role: str = "the recording") -> Recording:
     if isinstance(data, Recording):
         return data
-    with steps("read the recording"):
+    with steps(f"read {role}"):
         return load_recording(data, n=model.n)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from armid import cli
-from ident import dynamics, excitation, results
+from ident import batch, dynamics, excitation, results
 from ident.base_params import base_parameters, random_states
 from ident.excitation import FourierTrajectory
 from ident.model import load_model
@@ -115,14 +115,16 @@ def test_report_has_the_plots_and_the_parameter_table(identified, model):
     assert 'class="bad"' in page and "sigma %" in page
 
 
-def test_currents_without_a_payload_use_the_nominal_gains_and_say_so(tmp_path, model, capsys):
+def test_currents_without_a_payload_use_the_nominal_gains_and_say_so(tmp_path, model):
     t, q, tau = recording(model, excitation.preset("seed000"), 2)
     data = write_csv(tmp_path / "i.csv", t, q, tau / model.joint_torque_per_amp(), "i")
-    assert cli.main(["identify", str(data), "--model", "generic6", "-o", str(tmp_path / "o"), "--quiet"]) == 0
-    doc = json.loads((tmp_path / "o" / "result.json").read_text())
+    doc = results.result_document(batch.identify(model, data, trajectory=excitation.preset("seed000")))
     assert doc["data"]["kind"] == "current"
-    assert doc["drive_gains"]["identified"] is False and "up to" in doc["drive_gains"]["scale"]
-    assert "model file: not written" in capsys.readouterr().out
+    assert doc["drive_gains"]["identified"] is False and "up to one common scale" in doc["drive_gains"]["scale"]
+    truth = base_parameters(model).from_standard(model.standard_parameters())
+    values = np.array([p["value"] for p in doc["base_parameters"]])
+    std = np.array([p["std"] for p in doc["base_parameters"]])
+    assert np.all(np.abs(values - truth) < 5 * std)      # the nominal gains are the true ones here
 
 
 def test_currents_with_a_payload_run_identify_the_drive_gains(tmp_path, model):
@@ -132,16 +134,14 @@ def test_currents_with_a_payload_run_identify_the_drive_gains(tmp_path, model):
     payload = payload_parameters(3.0, [0.0, 0.02, 0.05], [0.005, 0, 0, 0.005, 0, 0.004])
     t, q, tau = recording(model, reversed_seed000(), 4, payload=payload)
     loaded = write_csv(tmp_path / "loaded.csv", t, q, tau / gains, "i")
-    assert cli.main(["identify", str(data), "--model", "generic6", "-o", str(tmp_path / "o"), "--payload-run",
-                     str(loaded), "--payload-mass", "3.0", "--trajectory", "seed000", "--quiet",
-                     "--consistent"]) == 0
-    doc = json.loads((tmp_path / "o" / "result.json").read_text())
-    g = doc["drive_gains"]
+    ident = batch.identify(model, data, payload_run=loaded, payload_mass=3.0, trajectory=excitation.preset("seed000"),
+                           consistent=True)
+    g = results.result_document(ident)["drive_gains"]
     assert g["identified"] is True
     np.testing.assert_allclose(g["values"], gains, rtol=0.01)
     assert np.all(np.abs(np.array(g["values"]) - gains) < 5 * np.array(g["std"]))
     # the model file carries them as torque constants
-    reloaded = load_model(tmp_path / "o" / "model.toml")
+    reloaded = load_model(results.write_model(ident.identified_model(), tmp_path / "model.toml"))
     np.testing.assert_allclose(reloaded.joint_torque_per_amp(), g["values"], rtol=1e-12)
 
 
