@@ -10,6 +10,7 @@ ident.drive_gains), so that every statistic afterwards is in N m.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from contextlib import contextmanager
@@ -170,8 +171,6 @@ class Identification:
             return None
         m = self.model.with_parameters(self.consistent.chi)
         if self.gains is not None and self.gains_std is not None:
-            import dataclasses
-
             kt = np.asarray(self.gains / m.gear_ratio, dtype=float)
             kt.setflags(write=False)
             m = dataclasses.replace(m, torque_constant=kt)

@@ -83,7 +83,7 @@ def test_wls_standard_deviations_agree_with_a_monte_carlo_spread(arm):
     W, tau, _ = synthetic(model, base, excitation.preset("seed000"))
     rng = np.random.default_rng(3)
     draws, predicted = [], []
-    for _ in range(80):
+    for _ in range(50):
         fit = estimate.wls(W, tau + rng.normal(0, 1, tau.shape) * sig)
         draws.append(fit.beta)
         predicted.append(fit.std)

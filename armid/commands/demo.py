@@ -51,10 +51,10 @@ def reference(traj, t: np.ndarray) -> np.ndarray:
 
 
 def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float = DEFAULT_CURRENT_NOISE,
-             payload: tuple[float, tuple] | None = None, progress: bool = False):
+             progress: bool = False):
     """Run the excitation on sim.Simulator (CSP, 1 kHz, encoder quantisation, current noise) and return the
     recording of t >= 0: a Recording with t (s), q (rad, encoder), tau (N m, the drives' torque reading).
-    payload: (mass kg, com m) fixed to the flange. Raises RuntimeError if a drive leaves OPERATION ENABLED."""
+    Raises RuntimeError if the drives do not enable or one of them faults."""
     from firmware_bridge import cia402
     from firmware_bridge.cia402 import Mode, State
     from ident.preprocess import Recording
@@ -67,8 +67,6 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
     t_all = (np.arange(-lead, count) + 1) / rate                  # the set-point for the sample at the cycle's end
     q_ref = reference(traj, t_all)
     sim = Simulator(model, noise=NoiseConfig(current_std=current_noise), seed=seed, q0=q_ref[0])
-    if payload is not None:
-        sim.attach_payload(payload[0], payload[1])
     sim.set_commands(mode=np.full(n, int(Mode.CSP)), target_position=q_ref[0],
                      controlword=np.full(n, cia402.CW_SHUTDOWN))
     sim.step(1)
