@@ -40,6 +40,7 @@ from ident.model import PARAMS_PER_JOINT, Model
 
 DEFAULT_LAMBDA = 1e-2
 # tighter than Clarabel's defaults (1e-8): the base projection must reproduce an exact WLS to ~1e-6
+STAGE2_CHI2_SLACK = 1e-3   # how much worse (chi^2 units) stage 2 may fit than stage 1
 SOLVER_TOLERANCES = dict(tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12, tol_ktratio=1e-10)
 
 
@@ -123,15 +124,21 @@ def consistent_fit(model: Model, base: BaseParameters, fit: Fit, *, chi_nominal:
                                               + weight * cp.sum_squares(G @ (chi - chi0)))))
     status = first.status
     value = np.asarray(chi.value, dtype=float)
-    # stage 2: with that base projection held, the unidentifiable directions closest to the nominal model
-    # (the data term's round-off in stage 1 can swamp the small regulariser when the data are noise-free)
+    # stage 2: the unidentifiable directions closest to the nominal model, the fit kept within a thousandth
+    # of a chi^2 unit (plus 1e-6 relative) of stage 1's: ||R P chi - z||^2 is the chi^2 increase over WLS.
+    # (With noise-free data, stage 1's round-off can swamp the small regulariser.) The constraint is
+    # divided by its bound, and solved at Clarabel's default tolerances.
+    data_1 = float(np.sum((A @ value - fit.z) ** 2))
+    bound = data_1 * (1.0 + 1e-6) + STAGE2_CHI2_SLACK
     chi2 = _consistent_parameters(cp, n)
-    second = cp.Problem(cp.Minimize(cp.sum_squares(G @ (chi2 - chi0))), [base.P @ chi2 == base.P @ value])
+    root = np.sqrt(bound)
+    second = cp.Problem(cp.Minimize(cp.sum_squares(G @ (chi2 - chi0))),
+                        [cp.sum_squares((A / root) @ chi2 - fit.z / root) <= 1.0])
     try:
-        _solve(cp, second)
+        _solve(cp, second, {})
         value, status = np.asarray(chi2.value, dtype=float), f"{first.status}, then {second.status}"
     except ConsistencyError:
-        pass   # the base projection sits on the boundary of the cone: keep stage 1's answer
+        pass   # keep stage 1's answer (status says so)
     value = _project_consistent(value, n)
     seconds = time.perf_counter() - started
     beta = base.from_standard(value)
@@ -150,12 +157,12 @@ def _consistent_parameters(cp, n: int):
     return cp.hstack([cp.hstack([L @ cp.vec(J[j], order="F"), drive_pos[j], offset[j:j + 1]]) for j in range(n)])
 
 
-def _solve(cp, problem):
-    """Solve with Clarabel; ConsistencyError unless (inaccurately) optimal."""
+def _solve(cp, problem, tolerances: dict | None = None):
+    """Solve with Clarabel (SOLVER_TOLERANCES unless given); ConsistencyError unless (inaccurately) optimal."""
     try:
         with warnings.catch_warnings():   # "inaccurate" is reported in ConsistentFit.status instead
             warnings.simplefilter("ignore", UserWarning)
-            problem.solve(solver=cp.CLARABEL, **SOLVER_TOLERANCES)
+            problem.solve(solver=cp.CLARABEL, **(SOLVER_TOLERANCES if tolerances is None else tolerances))
     except cp.error.SolverError as exc:
         raise ConsistencyError(f"physically consistent fit: the solver failed ({exc})") from None
     if problem.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
