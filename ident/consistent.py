@@ -8,21 +8,19 @@ The decision variables are, per link j, its 4x4 pseudo-inertia matrix (Wensing, 
 the inertia about the centre of mass positive semidefinite with the triangle inequalities"; and per joint
 Ia, fc, fv >= 0 and a free offset. The standard vector chi (14n) is linear in these.
 
-Objective, for the weighted triangle (R, z) of a WLS fit (ident.estimate.Fit; ||W_w P chi - y_w||^2 =
-||R P chi - z||^2 + const, so the problem does not grow with the number of samples):
+With (R, z) the weighted triangle of a WLS fit (ident.estimate.Fit), ||W_w P chi - y_w||^2 = ||R P chi - z||^2
++ const, and ||R P chi - z||^2 is the chi^2 increase over WLS: the problem does not grow with the number of
+samples. Two stages (docs/identification.md):
 
-    minimise  ||R P chi - z||^2  +  lambda * || N^T ((chi - chi_0) / s) ||^2
+    1.  minimise  ||R P chi - z||^2  +  w || N^T ((chi - chi_0) / s) ||^2
+    2.  minimise  || N^T ((chi - chi_0) / s) ||^2   s.t.  ||R P chi - z||^2 <= stage 1's + 1e-3
 
 P maps chi to the base parameters; N is an orthonormal basis of the null space of P diag(s), i.e. of the
 combinations of standard parameters that the data cannot see. The regulariser only pulls those
 unidentifiable directions toward the model's nominal values chi_0 (scaled per parameter by s, the
-nominal magnitude, so that it is relative): it never competes with the data in an identifiable direction.
-The weight of the regulariser is relative to the data: lambda (default 1e-2) times the data term's
-smallest curvature over the identifiable directions (in the same scaled units), so the regulariser is
-always weaker than the data in every identifiable direction, and it still dominates the solver's round-off
-with noise-free data. When the WLS base parameters are themselves compatible with a consistent
-body (the truth is consistent and the noise small), the result reproduces them and takes the remaining
-freedom from the nominal model.
+nominal magnitude): its weight w is lambda (1e-2) times the data term's smallest curvature over the
+identifiable directions, so it never outweighs the data there. Stage 2 makes the unidentifiable
+directions exact even when stage 1's round-off (noise-free data) swamps the small regulariser.
 """
 from __future__ import annotations
 
