@@ -27,7 +27,8 @@ def timed(fn):
 
 
 def line(name: str, value: float, unit: str, ref_name: str, ref: float) -> None:
-    print(f"{name}: {value:.4g} {unit} (reference: {ref_name} {ref:.4g} {unit}, ratio {ref / value:.2f}x)")
+    u = f" {unit}" if unit else ""
+    print(f"{name}: {value:.4g}{u} (reference: {ref_name} {ref:.4g}{u}, ratio {ref / value:.2f}x)")
 
 
 def bench_design(quick: bool) -> None:
