@@ -21,8 +21,8 @@ DEFAULT_CURRENT_NOISE = 0.01   # A, standard deviation of the simulated current 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="simulate, record and identify the generic6 arm; print identified vs true")
-    p.add_argument("-o", "--out", default="armid-demo", help="output directory (default: armid-demo)")
-    p.add_argument("--trajectory", default="seed000",
+    p.add_argument("-o", "--out", default="armid-demo", metavar="DIR", help="output directory (default: armid-demo)")
+    p.add_argument("--trajectory", default="seed000", metavar="T",
                    help="excitation: a trajectory file (armid excite design) or a preset (default: seed000)")
     p.add_argument("--periods", type=float, default=1.0, help="periods of the excitation to record (default 1)")
     p.add_argument("--current-noise", type=float, default=DEFAULT_CURRENT_NOISE,

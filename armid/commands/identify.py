@@ -12,7 +12,7 @@ def register(sub) -> None:
                                    "the identified model file model.toml into DIR.")
     p.add_argument("data", help="recording: CSV (t, q1..qn, tau1..taun or i1..in [, qd1..qdn]) or NPZ, SI units")
     p.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model (generic6)")
-    p.add_argument("-o", "--out", required=True, help="output directory (created)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory (created)")
     p.add_argument("--validate", metavar="DATA2", help="a second recording to validate the prediction on")
     p.add_argument("--trajectory", metavar="T", help="the excitation's trajectory file or preset (sets the bandwidth)")
     p.add_argument("--consistent", action="store_true",
