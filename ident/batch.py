@@ -108,7 +108,10 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
         if bandwidth_hz is None:
             bandwidth_hz = estimate_bandwidth(rec.q, rate)
         s = prepare(rec, bandwidth_hz=bandwidth_hz, cutoff_hz=cutoff_hz)   # default cut-off: a noise filter
-    factor = decimation_factor(s.rate_hz, bandwidth_hz) if decimate is None else int(decimate)
+    if decimate is None:   # the default, but never so coarse that fewer than 2 rows per parameter remain
+        factor = min(decimation_factor(s.rate_hz, bandwidth_hz), max(1, s.N // (2 * base.count + 20)))
+    else:
+        factor = int(decimate)
     if factor < 1:
         raise InputError(f"decimation: expected a positive integer, got {decimate}")
     with steps("regressor"):
@@ -122,9 +125,9 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
     qd = s.qd[index]
     mask = ~slow_rows(qd, slow_velocity)
     b = base.count
-    return Rows(source=rec.source, kind=s.kind, t=s.t[index], q=s.q[index], qd=qd, W=Wd[:, :, :b],
-                y=yd, Yl=Wd[:, :, b:] if with_load else None, mask=mask, bandwidth_hz=float(bandwidth_hz), cutoff_hz=s.cutoff_hz,
-                rate_hz=s.rate_hz, factor=factor, samples=rec.N)
+    return Rows(source=rec.source, kind=s.kind, t=s.t[index], q=s.q[index], qd=qd, W=Wd[:, :, :b], y=yd,
+                Yl=Wd[:, :, b:] if with_load else None, mask=mask, bandwidth_hz=float(bandwidth_hz),
+                cutoff_hz=s.cutoff_hz, rate_hz=s.rate_hz, factor=factor, samples=rec.N)
 
 
 @dataclass(frozen=True, eq=False)

@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = args.periods * traj.period
     rec = step(2, f"simulate the excitation ({seconds:g} s at 1 kHz, CSP, encoder quantisation, current noise "
                   f"{args.current_noise:g} A)",
-               lambda: simulate(model, traj, seconds, seed=args.seed, current_noise=args.current_noise, progress=verbose))
+               lambda: simulate(model, traj, seconds, seed=args.seed, current_noise=args.current_noise,
+                                progress=verbose))
     vrec = step(3, "simulate the validation run (the excitation time-reversed)",
                 lambda: simulate(model, validation, seconds, seed=args.seed + 1, current_noise=args.current_noise,
                                  progress=verbose))
