@@ -56,3 +56,17 @@ def test_a_failing_step_says_which_and_why(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("armid: demo step 1 (check the excitation against the limits) failed: ")
     assert "\n" not in err and "j" in err.split("failed: ")[1]
+
+
+def test_demo_with_currents_identifies_the_drive_gains(tmp_path, capsys):
+    """--currents: motor currents recorded, a second run with a known payload, gains identified."""
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "-o", str(out), "--periods", "0.5", "--currents", "--quiet"]) == 0
+    assert "drive gains (N m/A): identified" in capsys.readouterr().out
+    doc = json.loads((out / "result.json").read_text())
+    assert doc["data"]["kind"] == "current" and doc["drive_gains"]["identified"] is True
+    true_gains = load_model("generic6").joint_torque_per_amp()
+    np.testing.assert_allclose(doc["drive_gains"]["values"], true_gains, rtol=0.02)
+    assert np.all(np.abs(np.array(doc["drive_gains"]["values"]) - true_gains) < 4 * np.array(doc["drive_gains"]["std"]))
+    with np.load(out / "payload.npz") as run:
+        assert set(run.files) == {"t", "q", "current"}

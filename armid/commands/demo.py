@@ -17,6 +17,9 @@ import numpy as np
 
 LEAD_IN = 2.0              # s of smooth ramp from rest into the periodic motion (not recorded)
 DEFAULT_CURRENT_NOISE = 0.01   # A, standard deviation of the simulated current sensors
+PAYLOAD_MASS = 2.0             # kg, the known payload of the --currents demo's second run
+PAYLOAD_COM = (0.0, 0.02, 0.05)                       # m, flange frame (not told to the identification)
+PAYLOAD_INERTIA = (0.004, 0.0, 0.0, 0.004, 0.0, 0.003)   # kg m^2 about the centre of mass
 
 
 def register(sub) -> None:
@@ -28,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--current-noise", type=float, default=DEFAULT_CURRENT_NOISE,
                    help=f"current sensor noise, A (default {DEFAULT_CURRENT_NOISE})")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sensors")
+    p.add_argument("--currents", action="store_true",
+                   help=f"record motor currents instead of torques, add a run with a {PAYLOAD_MASS:g} kg payload and "
+                        "identify the drive gains too")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
 
@@ -51,10 +57,12 @@ def reference(traj, t: np.ndarray) -> np.ndarray:
 
 
 def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float = DEFAULT_CURRENT_NOISE,
-             progress: bool = False):
+             currents: bool = False, payload_mass: float | None = None, progress: bool = False):
     """Run the excitation on sim.Simulator (CSP, 1 kHz, encoder quantisation, current noise) and return the
-    recording of t >= 0: a Recording with t (s), q (rad, encoder), tau (N m, the drives' torque reading).
-    Raises RuntimeError if the drives do not enable or one of them faults."""
+    recording of t >= 0: a Recording with t (s), q (rad, encoder), and tau (N m, the drives' torque reading)
+    or, with currents, the motor currents (A). payload_mass (kg): a payload fixed to the flange (centre of
+    mass PAYLOAD_COM, inertia PAYLOAD_INERTIA). Raises RuntimeError if the drives do not enable or one
+    of them faults."""
     from firmware_bridge import cia402
     from firmware_bridge.cia402 import Mode, State
     from ident.preprocess import Recording
@@ -67,6 +75,8 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
     t_all = (np.arange(-lead, count) + 1) / rate                  # the set-point for the sample at the cycle's end
     q_ref = reference(traj, t_all)
     sim = Simulator(model, noise=NoiseConfig(current_std=current_noise), seed=seed, q0=q_ref[0])
+    if payload_mass is not None:
+        sim.attach_payload(payload_mass, PAYLOAD_COM, PAYLOAD_INERTIA)
     sim.set_commands(mode=np.full(n, int(Mode.CSP)), target_position=q_ref[0],
                      controlword=np.full(n, cia402.CW_SHUTDOWN))
     sim.step(1)
@@ -83,13 +93,15 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
         s = sim.step(1)
         if k >= lead:
             i = k - lead
-            t[i], q[i], tau[i] = i / rate, s.position, s.torque
+            t[i], q[i], tau[i] = i / rate, s.position, (s.current if currents else s.torque)
         if k % 1000 == 999:
             bar.update(1000)
             if np.any(s.error_code):
                 j = int(np.flatnonzero(s.error_code)[0])
                 raise RuntimeError(f"joint {j + 1}: drive fault 0x{int(s.error_code[j]):04X} at t = {t_all[k]:.3f} s")
     bar.close()
+    if currents:
+        return Recording(t, q, None, tau, None, "simulated run")
     return Recording(t, q, tau, None, None, "simulated run")
 
 
@@ -111,7 +123,7 @@ def time_reversed(traj):
 
 def run(args: argparse.Namespace) -> int:
     from armid.commands.identify import load_trajectory, print_summary, write_outputs
-    from ident import batch, excitation
+    from ident import batch
     from ident.errors import InputError
     from ident.model import load_model
 
@@ -124,10 +136,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--current-noise: expected a number >= 0 A, got {args.current_noise}")
     verbose = not args.quiet
     out = Path(args.out)
-    total = 5
+    total = 6 if args.currents else 5
     started = time.perf_counter()
+    counter = iter(range(1, total + 1))
 
-    def step(k: int, name: str, fn):
+    def step(name: str, fn):
+        k = next(counter)
         if verbose:
             print(f"[{k}/{total}] {name}", file=sys.stderr, flush=True)
         try:
@@ -136,33 +150,45 @@ def run(args: argparse.Namespace) -> int:
             raise StepFailed(f"demo step {k} ({name}) failed: {exc}") from exc
 
     model = load_model("generic6")
-    traj = step(1, "check the excitation against the limits", lambda: _checked(model, load_trajectory(args.trajectory)))
-    validation = time_reversed(traj)
+    traj = step("check the excitation against the limits", lambda: _checked(model, load_trajectory(args.trajectory)))
     seconds = args.periods * traj.period
-    rec = step(2, f"simulate the excitation ({seconds:g} s at 1 kHz, CSP, encoder quantisation, current noise "
-                  f"{args.current_noise:g} A)",
-               lambda: simulate(model, traj, seconds, seed=args.seed, current_noise=args.current_noise,
-                                progress=verbose))
-    vrec = step(3, "simulate the validation run (the excitation time-reversed)",
-                lambda: simulate(model, validation, seconds, seed=args.seed + 1, current_noise=args.current_noise,
-                                 progress=verbose))
+    what = "motor currents" if args.currents else "drive torques"
+    sim = dict(current_noise=args.current_noise, currents=args.currents, progress=verbose)
+    runs = {"excitation": step(f"simulate the excitation ({seconds:g} s at 1 kHz, CSP, encoder quantisation, "
+                               f"current noise {args.current_noise:g} A; recording {what})",
+                               lambda: simulate(model, traj, seconds, seed=args.seed, **sim)),
+            "validation": step("simulate the validation run (the excitation time-reversed)",
+                               lambda: simulate(model, time_reversed(traj), seconds, seed=args.seed + 1, **sim))}
+    if args.currents:
+        runs["payload"] = step(f"simulate the excitation with a {PAYLOAD_MASS:g} kg payload (its mass fixes the "
+                               "scale of the drive gains)",
+                               lambda: simulate(model, traj, seconds, seed=args.seed + 2, payload_mass=PAYLOAD_MASS,
+                                                **sim))
 
     def identify():
         out.mkdir(parents=True, exist_ok=True)
-        paths = [out / "excitation.npz", out / "validation.npz"]
-        for r, p in zip((rec, vrec), paths):
-            np.savez(p, t=r.t, q=r.q, tau=r.tau)
-        return batch.identify(model, paths[0], validate=paths[1], trajectory=traj, consistent=True, verbose=verbose)
+        paths = {name: out / f"{name}.npz" for name in runs}
+        for name, r in runs.items():
+            np.savez(paths[name], t=r.t, q=r.q, **({"current": r.current} if args.currents else {"tau": r.tau}))
+        payload = dict(payload_run=paths["payload"], payload_mass=PAYLOAD_MASS) if args.currents else {}
+        return batch.identify(model, paths["excitation"], validate=paths["validation"], trajectory=traj,
+                              consistent=True, verbose=verbose, **payload)
 
-    ident = step(4, "identify (filter, regressor, parallel decimation, WLS, physically consistent fit)", identify)
-    written = step(5, "write result.json, model.toml and the report",
+    ident = step("identify (filter, regressor, parallel decimation, WLS, physically consistent fit"
+                 + (", drive gains" if args.currents else "") + ")", identify)
+    written = step("write result.json, model.toml and the report",
                    lambda: write_outputs(ident, out, str(out / "excitation.npz")))
     truth = ident.base.from_standard(model.standard_parameters())
-    print(f"armid demo: {model.name}, excitation {args.trajectory} ({seconds:g} s recorded at 1 kHz), "
+    print(f"armid demo: {model.name}, excitation {args.trajectory} ({seconds:g} s of {what} recorded at 1 kHz), "
           f"validation on the time-reversed motion")
     print_summary(ident, truth)
     within = np.abs(ident.fit.beta - truth) <= 3 * ident.fit.std
     print(f"{int(within.sum())} of {len(truth)} base parameters within 3 sigma of the truth")
+    if args.currents:
+        true_gains = model.joint_torque_per_amp()
+        print("drive gains (N m/A): identified " + " ".join(f"{g:.4f}" for g in ident.gains)
+              + "; true " + " ".join(f"{g:.4f}" for g in true_gains)
+              + "; error " + " ".join(f"{100 * (g / g0 - 1):+.2f}%" for g, g0 in zip(ident.gains, true_gains)))
     for name, path in written.items():
         print(f"{name}: {path}")
     print(f"done in {time.perf_counter() - started:.1f} s; open {written['report']}")
