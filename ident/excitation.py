@@ -12,6 +12,7 @@ plane. The file format is documented in docs/trajectory-file.md.
 from __future__ import annotations
 
 import math
+import numbers
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +24,8 @@ import scipy.optimize
 from ident import dynamics
 from ident.base_params import BaseParameters, base_parameters
 from ident.errors import InputError
-from ident.limits import check_motion
-from ident.model import Model
+from ident.limits import LimitError, check_motion
+from ident.model import DRIVE_NAMES, INERTIAL_NAMES, PARAMS_PER_JOINT, Model
 
 GRID_PER_PERIOD = 120      # samples per period for the criterion and the constraints during the search
 SAFETY = 0.95              # limits are tightened by 5 % during the search; the result is checked exactly
@@ -44,6 +45,22 @@ class FourierTrajectory:
     b: np.ndarray
     joint_names: tuple[str, ...] = ()
     info: dict = field(default_factory=dict)   # how it was made: criterion, cond, seed, model, ...
+
+    def __post_init__(self) -> None:
+        if not (_is_number(self.base_frequency) and self.base_frequency > 0):
+            raise InputError(f"base_frequency: expected a positive number in Hz, got {self.base_frequency!r}")
+        a, b = np.array(self.a, dtype=float), np.array(self.b, dtype=float)
+        q0 = np.array(self.q0, dtype=float)
+        if a.ndim != 2 or a.shape[1] == 0 or b.shape != a.shape or q0.shape != (a.shape[0],):
+            raise InputError(f"trajectory coefficients: expected q0 (n,), a and b (n, H), got {q0.shape}, "
+                             f"{a.shape}, {b.shape}")
+        if not (np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(q0).all()):
+            raise InputError("trajectory coefficients: not finite")
+        if self.joint_names and len(self.joint_names) != a.shape[0]:
+            raise InputError(f"joint_names: expected {a.shape[0]} names, got {len(self.joint_names)}")
+        for name, value in (("q0", q0), ("a", a), ("b", b)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "base_frequency", float(self.base_frequency))
 
     @property
     def n(self) -> int:
@@ -69,6 +86,18 @@ class FourierTrajectory:
         count = int(round(periods * self.period * rate_hz)) + 1
         t = np.arange(count) / rate_hz
         return (t, *self.evaluate(t))
+
+
+def excitation_bandwidth(traj: FourierTrajectory) -> float:
+    """The highest frequency in the motion (Hz): harmonics * base_frequency. preprocess.prepare takes it
+    as bandwidth_hz to set its low-pass cut-off."""
+    return traj.harmonics * traj.base_frequency
+
+
+def at_rest(traj: FourierTrajectory, tol: float = 1e-9) -> bool:
+    """True when qd and qdd are zero (within tol, rad/s and rad/s^2) at t = 0, and so at every period end."""
+    _, qd, qdd = traj.evaluate(np.zeros(1))
+    return bool(np.abs(qd).max() <= tol and np.abs(qdd).max() <= tol)
 
 
 def basis(t: np.ndarray, f0: float, H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -112,54 +141,90 @@ def save(traj: FourierTrajectory, path: str | Path) -> None:
     Path(path).write_text(header + tomli_w.dumps(doc))
 
 
+_HEAD_FIELDS = ("kind", "base_frequency", "harmonics", "period")   # the rest of [trajectory] is provenance (info)
+_JOINT_FIELDS = ("name", "q0", "a", "b")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def load(path: str | Path) -> FourierTrajectory:
-    """Read a trajectory file; TrajectoryFileError names the file and the field at fault."""
+    """Read a trajectory file (docs/trajectory-file.md), strictly: TrajectoryFileError names the file and the
+    field at fault (a missing, mistyped, unknown or inconsistent field, a non-finite number)."""
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise TrajectoryFileError(f"{path}: cannot read: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TrajectoryFileError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise TrajectoryFileError(f"{path}: not valid TOML: {exc}") from None
+
+    def fail(field: str, expected: str, got=None) -> TrajectoryFileError:
+        return TrajectoryFileError(f"{path}: {field}: expected {expected}" + ("" if got is None else f", got {got!r}"))
+
+    unknown = sorted(set(doc) - {"trajectory", "joint"})
+    if unknown:
+        raise fail(unknown[0], "only the tables [trajectory] and [[joint]]")
     head = doc.get("trajectory")
-    if not isinstance(head, dict) or head.get("kind") != "fourier":
-        raise TrajectoryFileError(f"{path}: [trajectory] kind: expected \"fourier\"")
+    if not isinstance(head, dict):
+        raise fail("[trajectory]", "a table with kind = \"fourier\" and base_frequency")
+    if head.get("kind") != "fourier":
+        raise fail("trajectory.kind", '"fourier"', head.get("kind"))
     f0 = head.get("base_frequency")
-    if not isinstance(f0, (int, float)) or not (math.isfinite(f0) and f0 > 0):
-        raise TrajectoryFileError(f"{path}: trajectory.base_frequency: expected a positive number in Hz, got {f0!r}")
+    if not (_is_number(f0) and f0 > 0):
+        raise fail("trajectory.base_frequency", "a positive number in Hz", f0)
     joints = doc.get("joint")
     if not isinstance(joints, list) or not joints:
-        raise TrajectoryFileError(f"{path}: [[joint]]: expected one table per joint")
-    H = None
+        raise fail("[[joint]]", "one table per joint")
     q0, a, b, names = [], [], [], []
     for j, entry in enumerate(joints):
-        where = f"{path}: joint[{j + 1}]"
+        where = f"joint[{j + 1}]"
+        if not isinstance(entry, dict):
+            raise fail(where, "a table with q0, a and b")
+        extra = sorted(set(entry) - set(_JOINT_FIELDS))
+        if extra:
+            raise fail(f"{where}.{extra[0]}", "only the fields " + ", ".join(_JOINT_FIELDS) + " (unknown field)")
         for key in ("q0", "a", "b"):
             if key not in entry:
-                raise TrajectoryFileError(f"{where}.{key}: missing")
-        a_j, b_j = np.asarray(entry["a"], dtype=float), np.asarray(entry["b"], dtype=float)
-        H = a_j.size if H is None else H
-        if a_j.ndim != 1 or a_j.size != H or b_j.shape != a_j.shape or H == 0:
-            raise TrajectoryFileError(f"{where}: a and b: expected two lists of {H} numbers, "
-                                      f"got {a_j.size} and {b_j.size}")
-        values = np.concatenate([[float(entry["q0"])], a_j, b_j])
-        if not np.isfinite(values).all():
-            raise TrajectoryFileError(f"{where}: non-finite coefficient")
-        q0.append(values[0]), a.append(a_j), b.append(b_j)
-        names.append(str(entry.get("name", f"joint{j + 1}")))
-    info = {k: v for k, v in head.items() if k not in ("kind", "base_frequency", "harmonics", "period")}
-    return FourierTrajectory(float(f0), np.array(q0), np.array(a), np.array(b), tuple(names), info)
+                raise fail(f"{where}.{key}", "a value (missing)")
+        if not _is_number(entry["q0"]):
+            raise fail(f"{where}.q0", "a finite number in rad", entry["q0"])
+        for key in ("a", "b"):
+            values = entry[key]
+            if not isinstance(values, list) or not values or not all(_is_number(v) for v in values):
+                raise fail(f"{where}.{key}", "a non-empty list of finite numbers in rad/s", values)
+        H = len(joints[0]["a"]) if isinstance(joints[0].get("a"), list) else len(entry["a"])
+        for key in ("a", "b"):
+            if len(entry[key]) != H:
+                raise fail(f"{where}.{key}", f"{H} coefficients like joint[1].a (one per harmonic)", len(entry[key]))
+        name = entry.get("name", f"joint{j + 1}")
+        if not isinstance(name, str) or not name or name in names:
+            raise fail(f"{where}.name", "a non-empty name, unique among the joints", name)
+        q0.append(float(entry["q0"])), a.append(entry["a"]), b.append(entry["b"]), names.append(name)
+    if "harmonics" in head and head["harmonics"] != len(a[0]):
+        raise fail("trajectory.harmonics", f"{len(a[0])}, the length of the coefficient lists", head["harmonics"])
+    if "period" in head and not (_is_number(head["period"]) and math.isclose(head["period"], 1 / f0, rel_tol=1e-9)):
+        raise fail("trajectory.period", f"1 / base_frequency = {1 / f0!r} s", head["period"])
+    info = {k: v for k, v in head.items() if k not in _HEAD_FIELDS}
+    return FourierTrajectory(float(f0), np.array(q0), np.array(a, dtype=float), np.array(b, dtype=float),
+                             tuple(names), info)
+
+
+def presets() -> list[str]:
+    """Names of the shipped trajectories."""
+    from importlib import resources
+
+    return sorted(p.name[:-5] for p in (resources.files("ident") / "presets").iterdir() if p.name.endswith(".toml"))
 
 
 def preset(name: str) -> FourierTrajectory:
     """A shipped trajectory: 'seed000' is Table 1 of seed 000 (6 joints, 6 harmonics)."""
     from importlib import resources
 
-    ref = resources.files("ident") / "presets" / f"{name}.toml"
-    if not ref.is_file():
-        shipped = sorted(p.name[:-5] for p in (resources.files("ident") / "presets").iterdir() if p.name.endswith(".toml"))
-        raise TrajectoryFileError(f"{name}: no such preset; shipped: {', '.join(shipped)}")
-    with resources.as_file(ref) as path:
+    if name not in presets():
+        raise TrajectoryFileError(f"{name}: no such preset; shipped: {', '.join(presets())}")
+    with resources.as_file(resources.files("ident") / "presets" / f"{name}.toml") as path:
         return load(path)
 
 
@@ -175,145 +240,245 @@ def stacked_base_regressor(model: Model, base: BaseParameters, traj: FourierTraj
 
 
 def criteria(W: np.ndarray) -> dict[str, float]:
-    """cond(W) and log det(W^T W) of a stacked regressor."""
-    s = np.linalg.svd(W, compute_uv=False)
-    return {"cond": float(s[0] / s[-1]) if s[-1] > 0 else math.inf,
-            "logdet": float(2 * np.sum(np.log(s))) if s[-1] > 0 else -math.inf}
+    """cond(W) and log det(W^T W) of a stacked regressor, from the eigenvalues of W^T W (the squared
+    singular values; exact enough for cond up to 1e6, and far cheaper than an SVD of the tall W)."""
+    lam = np.linalg.eigvalsh(W.T @ W)
+    if lam[0] <= lam[-1] * 1e-24:
+        return {"cond": math.inf, "logdet": -math.inf}
+    return {"cond": float(math.sqrt(lam[-1] / lam[0])), "logdet": float(np.sum(np.log(lam)))}
 
 
 # ---------------------------------------------------------------------------------------------------
 # Optimal design
 
-@dataclass
-class _Problem:
-    model: Model
-    base: BaseParameters
-    f0: float
-    H: int
-    pose: np.ndarray
-    criterion: str
-    floor_z: float | None
-    t: np.ndarray = field(init=False)
-    X_p: np.ndarray = field(init=False)    # (2H+1, n) particular solution: at rest at the pose
-    Nul: np.ndarray = field(init=False)    # (2H+1, 2H-2) null space of the rest constraints
-    B: tuple = field(init=False)
+STEP_Q = 1e-6              # rad: central-difference step of the regressor's derivative in q
+SIGN_SMOOTHING = 0.05     # rad/s: sign(qd) ~ tanh(qd / 0.05) during the search
+COULOMB = len(INERTIAL_NAMES) + DRIVE_NAMES.index("fc")   # fc among the standard parameters of a joint
 
-    def __post_init__(self):
-        E = _rest_constraints(self.f0, self.H)
-        self.Nul = scipy.linalg.null_space(E)
-        self.X_p = np.linalg.lstsq(E, np.vstack([self.pose, np.zeros((2, len(self.pose)))]), rcond=None)[0]
-        self.t = np.arange(GRID_PER_PERIOD) / (GRID_PER_PERIOD * self.f0)
-        self.B = basis(self.t, self.f0, self.H)
+
+class _Problem:
+    """The design problem in the free coordinates z: coefficients X = X_p + Nul @ Z (Z = z as (k, n), column
+    j for joint j) keep every joint at rest at the pose at t = 0 (and so at t = T).
+
+    Objective and constraints come with exact-to-rounding gradients: the regressor is linear in qdd,
+    quadratic in qd (central differences are exact) and smooth in q (central differences, step STEP_Q),
+    and the chain rule through the Fourier basis gives d/dz."""
+
+    def __init__(self, model: Model, base: BaseParameters, f0: float, H: int, pose: np.ndarray, criterion: str,
+                 floor_z: float | None, grid: int):
+        self.model, self.base, self.criterion, self.floor_z = model, base, criterion, floor_z
+        self.f0, self.H, self.pose = f0, H, pose
+        E = _rest_constraints(f0, H)
+        self.Nul = scipy.linalg.null_space(E)                                   # (2H+1, k)
+        self.X_p = np.linalg.lstsq(E, np.vstack([pose, np.zeros((2, model.n))]), rcond=None)[0]
+        self.t = np.arange(grid) / (grid * f0)
+        self.B = basis(self.t, f0, H)
+        self.BN = [Bx @ self.Nul for Bx in self.B]                             # (K, k) per quantity
+        self.k = self.Nul.shape[1]
+        self.chi = model.standard_parameters()
+        self.limited = np.isfinite(model.tau_max)                               # joints with a torque limit
+        self._cache_key: bytes | None = None
 
     @property
     def size(self) -> int:
-        return self.Nul.shape[1] * self.model.n
+        return self.k * self.model.n
 
     def coefficients(self, z: np.ndarray) -> np.ndarray:
-        return self.X_p + self.Nul @ z.reshape(self.Nul.shape[1], self.model.n, order="F")
+        return self.X_p + self.Nul @ z.reshape(self.k, self.model.n, order="F")
 
     def trajectory(self, z: np.ndarray, info: dict | None = None) -> FourierTrajectory:
-        X = self.coefficients(z)
-        H = self.H
+        X, H = self.coefficients(z), self.H
         return FourierTrajectory(self.f0, X[0].copy(), X[1:H + 1].T.copy(), X[H + 1:].T.copy(),
                                  self.model.joint_names, info or {})
 
-    def motion(self, z):
+    def motion(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         X = self.coefficients(z)
         return self.B[0] @ X, self.B[1] @ X, self.B[2] @ X
 
-    def objective(self, z) -> float:
+    def _chain_rule(self, dq: np.ndarray, dqd: np.ndarray, dqdd: np.ndarray, per_sample: bool) -> np.ndarray:
+        """d/dz from derivatives with respect to q_j, qd_j, qdd_j at each grid sample k, each (n_j, K, ...):
+        summed over the samples (a scalar's gradient, (size,)) or per sample ((K, ..., size))."""
+        spec = "jk...,kc->k...jc" if per_sample else "jk,kc->jc"
+        out = sum(np.einsum(spec, d, BN) for d, BN in zip((dq, dqd, dqdd), self.BN))
+        return out.reshape(out.shape[:-2] + (self.size,))                     # z index j * k + c
+
+    def _evaluate(self, z: np.ndarray) -> None:
+        """Objective, torques, floor heights and their gradients at z, cached for SLSQP's separate calls."""
+        key = z.tobytes()
+        if key == self._cache_key:
+            return
+        m, n, K = self.model, self.model.n, len(self.t)
         q, qd, qdd = self.motion(z)
-        W = self.base.regressor(dynamics.regressor(self.model, q, qd, qdd)).reshape(-1, self.base.count)
-        s = np.linalg.svd(W, compute_uv=False)
+        # the nominal motion and 5 perturbations per joint (q +-, qd +-, qdd +) in one regressor call
+        Q, QD, QDD = (np.repeat(x[None], 1 + 5 * n, axis=0) for x in (q, qd, qdd))
+        for j in range(n):
+            r = 1 + 5 * j
+            Q[r, :, j] += STEP_Q
+            Q[r + 1, :, j] -= STEP_Q
+            QD[r + 2, :, j] += 1.0
+            QD[r + 3, :, j] -= 1.0
+            QDD[r + 4, :, j] += 1.0
+        Y = dynamics.regressor(m, Q.reshape(-1, n), QD.reshape(-1, n), QDD.reshape(-1, n)).reshape(1 + 5 * n, K, n, -1)
+        # sign(qd_j) of Coulomb friction jumps where qd_j crosses 0: the search sees tanh(qd_j / SIGN_SMOOTHING)
+        # instead, so that the criterion and the torques are differentiable (the result is scored exactly)
+        joints, coulomb = np.arange(n), COULOMB + PARAMS_PER_JOINT * np.arange(n)
+        sign = np.tanh(QD.reshape(1 + 5 * n, K, n) / SIGN_SMOOTHING)
+        Y[:, :, joints, coulomb] = sign
+        # derivatives of Y in q_j, qd_j, qdd_j: central differences are exact for qd (quadratic apart from the
+        # sign columns, whose derivative is set analytically) and qdd (linear)
+        D = [(Y[1::5] - Y[2::5]) / (2 * STEP_Q), (Y[3::5] - Y[4::5]) / 2.0, Y[5::5] - Y[0][None]]
+        D[1][:, :, :, coulomb] = 0.0
+        D[1][joints, :, joints, coulomb] = ((1 - sign[0] ** 2) / SIGN_SMOOTHING).T
+        # objective from the eigenvalues of the Gram matrix G = W^T W (s_i^2): d lambda_i = 2 <W v_i v_i^T, dW>
+        W = self.base.regressor(Y[0]).reshape(K * n, -1)
+        lam, V = np.linalg.eigh(W.T @ W)
+        lam = np.maximum(lam, 1e-300)
         if self.criterion == "cond":
-            return float(np.log(s[0]) - np.log(max(s[-1], 1e-300)))
-        return float(-np.sum(np.log(np.maximum(s, 1e-300))) / len(s))
+            self.f = float(0.5 * (np.log(lam[-1]) - np.log(lam[0])))
+            M = W @ (np.outer(V[:, -1], V[:, -1]) / lam[-1] - np.outer(V[:, 0], V[:, 0]) / lam[0])
+        else:
+            self.f = float(-0.5 * np.sum(np.log(lam)) / len(lam))
+            M = -(W @ (V / lam) @ V.T) / len(lam)
+        M = M.reshape(K, n, -1)
+        idx = self.base.indices
+        self.grad = self._chain_rule(*(np.einsum("jkib,kib->jk", d[..., idx], M) for d in D), False)
+        # torque at every grid sample and its Jacobian (n_i * K rows)
+        self.tau = Y[0] @ self.chi
+        self.tau_jac = self._chain_rule(*(d @ self.chi for d in D), True)     # (K, n_i, size)
+        if self.floor_z is not None:
+            pose, jac = dynamics.flange_kinematics(m, q)
+            self.height = pose[:, 2, 3]
+            zero = np.zeros((n, K))
+            self.height_jac = self._chain_rule(jac[:, 2, :].T, zero, zero, True)   # (K, size)
+        self._cache_key = key
+
+    def objective(self, z: np.ndarray) -> float:
+        self._evaluate(z)
+        return self.f
+
+    def objective_grad(self, z: np.ndarray) -> np.ndarray:
+        self._evaluate(z)
+        return self.grad
+
+    def nonlinear(self, z: np.ndarray) -> np.ndarray:
+        """Slack >= 0 of the torque limits (every grid sample, both signs) and of the floor plane."""
+        self._evaluate(z)
+        limit = SAFETY * self.model.tau_max[self.limited]
+        tau = self.tau[:, self.limited]
+        out = [(limit - tau).ravel(), (limit + tau).ravel()]
+        if self.floor_z is not None:
+            out.append(self.height - self.floor_z)
+        return np.concatenate(out)
+
+    def nonlinear_jac(self, z: np.ndarray) -> np.ndarray:
+        self._evaluate(z)
+        J = self.tau_jac[:, self.limited].reshape(-1, self.size)
+        out = [-J, J] + ([self.height_jac] if self.floor_z is not None else [])
+        return np.vstack(out)
 
     def linear_constraints(self) -> tuple[np.ndarray, np.ndarray]:
-        """A z <= c for positions, velocities and accelerations on the grid (limits times SAFETY)."""
-        m = self.model
+        """A z <= c: positions, velocities and accelerations at the grid samples (finite limits times SAFETY)."""
+        m, K = self.model, len(self.t)
         centre, half = (m.q_max + m.q_min) / 2, (m.q_max - m.q_min) / 2
-        rows, rhs = [], []
-        k = self.Nul.shape[1]
+        rows, rhs = [np.zeros((0, self.size))], [np.zeros(0)]
         for j in range(m.n):
-            cols = np.arange(k) + j * k
-            for Bx, lo, hi in ((self.B[0], centre[j] - SAFETY * half[j], centre[j] + SAFETY * half[j]),
-                               (self.B[1], -SAFETY * m.qd_max[j], SAFETY * m.qd_max[j]),
-                               (self.B[2], -SAFETY * m.qdd_max[j], SAFETY * m.qdd_max[j])):
-                G = Bx @ self.Nul                       # (K, k): effect of z_j on this quantity
-                base = Bx @ self.X_p[:, j]
-                block = np.zeros((len(self.t), self.size))
-                block[:, cols] = G
+            cols = slice(j * self.k, (j + 1) * self.k)
+            for Bx, BN, lo, hi in ((self.B[0], self.BN[0], centre[j] - SAFETY * half[j], centre[j] + SAFETY * half[j]),
+                                   (self.B[1], self.BN[1], -SAFETY * m.qd_max[j], SAFETY * m.qd_max[j]),
+                                   (self.B[2], self.BN[2], -SAFETY * m.qdd_max[j], SAFETY * m.qdd_max[j])):
+                if not (math.isfinite(lo) and math.isfinite(hi)):
+                    continue
+                block = np.zeros((K, self.size))
+                block[:, cols] = BN
+                offset = Bx @ self.X_p[:, j]
                 rows += [block, -block]
-                rhs += [hi - base, base - lo]
+                rhs += [hi - offset, offset - lo]
         return np.vstack(rows), np.concatenate(rhs)
-
-    def nonlinear_slack(self, z) -> np.ndarray:
-        """Slack >= 0 of the torque limits (per joint, worst sample) and of the floor plane."""
-        q, qd, qdd = self.motion(z)
-        tau = dynamics.rnea(self.model, q, qd, qdd)
-        out = SAFETY * self.model.tau_max - np.abs(tau).max(axis=0)
-        if self.floor_z is not None:
-            z_flange = dynamics.flange_pose(self.model, q)[:, 2, 3]
-            out = np.append(out, z_flange.min() - self.floor_z)
-        return out
 
 
 def _initial_point(p: _Problem, rng: np.random.Generator, A: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """A random direction, shrunk until it keeps the kinematic limits (z = 0 is at rest at the pose)."""
+    """A random direction, shrunk until it keeps every limit on the grid (z = 0 is at rest at the pose)."""
     z = rng.uniform(-1.0, 1.0, p.size)
-    for _ in range(60):
-        if np.all(A @ z <= c):
+    for _ in range(80):
+        if np.all(A @ z <= c) and np.all(p.nonlinear(z) >= 0):
             return z
-        z *= 0.7
+        z *= 0.8
     return np.zeros(p.size)
 
 
-def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, start_pose=None,
-           criterion: str = "cond", floor_z: float | None = None, seed: int = 0, max_iter: int = 150,
-           restarts: int = 1, progress: bool = False) -> FourierTrajectory:
-    """Optimal excitation: minimise cond() (criterion="cond") or maximise log det (criterion="logdet") of the
-    base regressor over one period, at rest at start_pose (default: mid-range) at t = 0 and t = T.
+def _fit_to_limits(model: Model, p: _Problem, z: np.ndarray, floor_z: float | None, rate_hz: float) -> np.ndarray:
+    """z itself if the trajectory keeps every limit at rate_hz, else z shrunk (towards rest at the pose) until
+    it does; the grid of the search can miss a peak between its samples."""
+    for _ in range(40):
+        try:
+            check(p.model, p.trajectory(z), rate_hz=rate_hz, floor_z=floor_z)
+            return z
+        except LimitError:
+            z = 0.97 * z
+    check(p.model, p.trajectory(z), rate_hz=rate_hz, floor_z=floor_z)
+    return z
 
-    Reproducible from `seed`. Raises LimitError if even the best point found breaks a limit.
+
+def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, start_pose=None,
+           criterion: str = "cond", floor_z: float | None = None, seed: int = 0, max_iter: int = 200,
+           restarts: int = 1, grid: int = GRID_PER_PERIOD, check_rate_hz: float = 1000.0,
+           base: BaseParameters | None = None, exact_gradients: bool = True,
+           progress: bool = False) -> FourierTrajectory:
+    """Optimal excitation (seed 000 eq. 15): minimise cond() (criterion="cond") or maximise log det
+    (criterion="logdet", D-optimal) of the base regressor over one period sampled at `grid` points, with
+    scipy's SLSQP from `restarts` random feasible starts drawn from `seed`. The motion starts and ends at
+    rest at start_pose (rad; default mid-range), keeps the model's position, velocity, acceleration and
+    torque limits (tightened by SAFETY on the grid, then checked exactly at check_rate_hz), and, with
+    floor_z (m), keeps the flange origin above that plane. base_frequency in Hz. base: the model's base
+    parameters if already computed. exact_gradients=False lets SLSQP take finite differences instead of
+    the chain-rule gradients (slower; kept for comparison in benchmarks/bench_excitation.py).
+
+    info of the result: model, criterion, cond and logdet of the result and of the best random start (both on
+    GRID_PER_PERIOD samples, whatever the search grid), seed, restarts, start_pose, floor_z.
+    Raises InputError for impossible settings, LimitError if the start pose itself breaks a limit.
     """
     if criterion not in ("cond", "logdet"):
         raise InputError(f"criterion: expected 'cond' or 'logdet', got {criterion!r}")
-    if harmonics < 2:
-        raise InputError(f"harmonics: expected at least 2 (3 are spent on starting at rest), got {harmonics}")
-    if not (base_frequency > 0 and math.isfinite(base_frequency)):
+    if int(harmonics) != harmonics or harmonics < 2:
+        raise InputError(f"harmonics: expected an integer >= 2 (3 coefficients per joint are spent on starting "
+                         f"at rest), got {harmonics}")
+    if not (math.isfinite(base_frequency) and base_frequency > 0):
         raise InputError(f"base_frequency: expected a positive number in Hz, got {base_frequency}")
-    pose = (model.q_min + model.q_max) / 2 if start_pose is None else np.asarray(start_pose, dtype=float)
-    if pose.shape != (model.n,):
-        raise InputError(f"start_pose: expected {model.n} joint values, got {pose.shape}")
-    check_motion(model, [0.0], pose[None, :], np.zeros((1, model.n)), np.zeros((1, model.n)), floor_z=floor_z)
+    if restarts < 1 or max_iter < 0 or grid < 4:
+        raise InputError(f"restarts >= 1, max_iter >= 0 and grid >= 4 expected, got {restarts}, {max_iter}, {grid}")
+    finite = np.isfinite(model.q_min) & np.isfinite(model.q_max)
+    mid = np.where(finite, (np.where(finite, model.q_min, 0) + np.where(finite, model.q_max, 0)) / 2, 0.0)
+    pose = mid if start_pose is None else np.asarray(start_pose, dtype=float)
+    if pose.shape != (model.n,) or not np.isfinite(pose).all():
+        raise InputError(f"start_pose: expected {model.n} finite joint values (rad), got {np.shape(start_pose)}")
+    zero = np.zeros((1, model.n))
+    check_motion(model, [0.0], pose[None, :], zero, zero, floor_z=floor_z)
 
-    base = base_parameters(model)
-    p = _Problem(model, base, base_frequency, harmonics, pose, criterion, floor_z)
+    base = base_parameters(model) if base is None else base
+    p = _Problem(model, base, float(base_frequency), int(harmonics), pose, criterion, floor_z, grid)
     A, c = p.linear_constraints()
     rng = np.random.default_rng(seed)
     constraints = [{"type": "ineq", "fun": lambda z: c - A @ z, "jac": lambda z: -A},
-                   {"type": "ineq", "fun": p.nonlinear_slack}]
-    bar = _progress(max_iter * restarts, progress, f"excitation design ({criterion})")
-    best = None
-    for _ in range(restarts):
-        z0 = _initial_point(p, rng, A, c)
-        res = scipy.optimize.minimize(p.objective, z0, method="SLSQP", constraints=constraints,
-                                      options={"maxiter": max_iter, "ftol": 1e-7},
-                                      callback=lambda z: bar.update(1))
-        feasible = np.all(A @ res.x <= c + 1e-9) and np.all(p.nonlinear_slack(res.x) >= -1e-9)
-        if feasible and (best is None or res.fun < best.fun):
-            best = res
-    bar.close()
-    z = best.x if best is not None else np.zeros(p.size)
-    traj = p.trajectory(z)
-    scores = criteria(stacked_base_regressor(model, base, traj))
-    traj = p.trajectory(z, {"model": model.name, "criterion": criterion, "cond": scores["cond"],
-                            "logdet": scores["logdet"], "seed": seed, "start_pose": pose.tolist(),
-                            "floor_z": floor_z})
-    check(model, traj, floor_z=floor_z)
-    return traj
+                   {"type": "ineq", "fun": p.nonlinear, **({"jac": p.nonlinear_jac} if exact_gradients else {})}]
+    best, start = None, None
+    with _progress(max_iter * restarts, progress, f"excitation design ({criterion})") as bar:
+        for _ in range(restarts):
+            z0 = _initial_point(p, rng, A, c)
+            if start is None or p.objective(z0) < p.objective(start):
+                start = z0
+            res = scipy.optimize.minimize(p.objective, z0, jac=p.objective_grad if exact_gradients else None,
+                                          method="SLSQP",
+                                          constraints=constraints, options={"maxiter": max_iter, "ftol": 1e-9},
+                                          callback=lambda z: bar.update(1))
+            feasible = np.all(A @ res.x <= c + 1e-9) and np.all(p.nonlinear(res.x) >= -1e-9)
+            if feasible and (best is None or res.fun < best.fun):
+                best = res
+    z = _fit_to_limits(model, p, best.x if best is not None else start, floor_z, check_rate_hz)
+    scores = criteria(stacked_base_regressor(model, base, p.trajectory(z)))
+    initial = criteria(stacked_base_regressor(model, base, p.trajectory(start)))
+    return p.trajectory(z, {"model": model.name, "criterion": criterion, "cond": scores["cond"], "logdet": scores["logdet"], "start_cond": initial["cond"],
+                            "start_logdet": initial["logdet"], "seed": seed, "restarts": restarts,
+                            "start_pose": pose.tolist(), "floor_z": floor_z})
 
 
 def check(model: Model, traj: FourierTrajectory, *, rate_hz: float = 1000.0, floor_z: float | None = None) -> None:

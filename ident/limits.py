@@ -63,3 +63,19 @@ def check_motion(model: Model, t, q, qd=None, qdd=None, *, torque: bool = True, 
         if below.size:
             k = below[0]
             raise LimitError("flange", "height", float(z[k]), floor_z, float(t[k]), "m", "is below the floor plane z =")
+
+
+def limit_usage(model: Model, q, qd, qdd) -> dict[str, tuple[float, str]]:
+    """The largest share of each limit a motion uses: {"position" | "velocity" | "acceleration" | "torque":
+    (fraction, joint name)}; 1.0 is at the limit. Positions count from the middle of their range."""
+    q, qd, qdd = (np.atleast_2d(np.asarray(x, dtype=float)) for x in (q, qd, qdd))
+    centre, half = (model.q_max + model.q_min) / 2, (model.q_max - model.q_min) / 2
+    shares = {"position": np.abs(q - centre) / half, "velocity": np.abs(qd) / model.qd_max,
+              "acceleration": np.abs(qdd) / model.qdd_max,
+              "torque": np.abs(dynamics.rnea(model, q, qd, qdd)) / model.tau_max}
+    out = {}
+    for quantity, share in shares.items():
+        per_joint = np.nan_to_num(share, nan=0.0).max(axis=0)
+        j = int(np.argmax(per_joint))
+        out[quantity] = (float(per_joint[j]), model.joint_names[j])
+    return out

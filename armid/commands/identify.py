@@ -1,0 +1,110 @@
+"""`armid identify DATA --model M -o DIR`: batch identification of a recording (docs/identification.md)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("identify", help="identify the base parameters of an arm from a recording (CSV/NPZ)",
+                       description="Writes result.json, report.html with PNG plots and, with --consistent, "
+                                   "the identified model file model.toml into DIR.")
+    p.add_argument("data", help="recording: CSV (t, q1..qn, tau1..taun or i1..in [, qd1..qdn]) or NPZ, SI units")
+    p.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model (generic6)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory (created)")
+    p.add_argument("--validate", metavar="DATA2", help="a second recording to validate the prediction on")
+    p.add_argument("--trajectory", metavar="T", help="the excitation's trajectory file or preset (sets the bandwidth)")
+    p.add_argument("--consistent", action="store_true",
+                   help="also fit physically consistent standard parameters and write model.toml")
+    p.add_argument("--payload-run", metavar="DATA3", help="currents only: a run with a payload of known mass")
+    p.add_argument("--payload-mass", metavar="KG", type=float, help="the payload's mass (kg) in --payload-run")
+    p.add_argument("--cutoff", metavar="HZ", type=float, help="Butterworth cut-off (default: see the docs)")
+    p.add_argument("--decimate", metavar="K", type=int, help="decimation factor (default: from the bandwidth)")
+    p.add_argument("--slow", metavar="RAD_S", type=float, default=None,
+                   help="leave out rows of joints slower than this (default 0.1 rad/s)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(run=run)
+
+
+def load_trajectory(spec: str):
+    """A trajectory file, or a shipped preset name."""
+    from ident import excitation
+
+    return excitation.load(spec) if Path(spec).suffix or Path(spec).exists() else excitation.preset(spec)
+
+
+def write_outputs(ident, out: Path, source: str) -> dict[str, Path]:
+    """result.json, report.html (+ PNGs) and, with a consistent fit, model.toml in out."""
+    from ident import report, results
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"result": results.write_result(ident, out / "result.json"),
+               "report": report.write_report(ident, out)}
+    model = ident.identified_model()
+    if model is not None:
+        written["model"] = results.write_model(
+            model, out / "model.toml",
+            header=f"identified by armid from {source}: physically consistent standard parameters\n"
+                   f"(base projection fitted by WLS; unidentifiable directions from {ident.model.source})")
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    from ident import batch
+    from ident.errors import InputError
+    from ident.model import load_model
+
+    if args.slow is not None and not args.slow >= 0:
+        raise InputError(f"--slow: expected a velocity >= 0 rad/s, got {args.slow}")
+    verbose = not args.quiet
+    model = load_model(args.model)
+    traj = load_trajectory(args.trajectory) if args.trajectory else None
+    if verbose:
+        print(f"identifying {model.name} from {args.data}", file=sys.stderr)
+    ident = batch.identify(model, args.data, validate=args.validate, trajectory=traj, cutoff_hz=args.cutoff,
+                           decimate=args.decimate, consistent=args.consistent,
+                           slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
+                           payload_run=args.payload_run, payload_mass=args.payload_mass, verbose=verbose)
+    written = write_outputs(ident, Path(args.out), args.data)
+    print_summary(ident)
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    if "model" not in written:
+        print("model file: not written (needs --consistent: a model file holds physically consistent parameters)")
+    return 0
+
+
+def print_summary(ident, truth=None) -> None:
+    """The base parameters (with the true values beside them when given) and the fit statistics."""
+    import numpy as np
+
+    from ident.results import BADLY_IDENTIFIED_PCT
+
+    fit = ident.fit
+    head = f"{'base parameter':>16} {'identified':>12} {'sigma %':>9}"
+    if truth is not None:
+        head += f" {'true':>12} {'error':>12}"
+    print(head)
+    for k, name in enumerate(ident.base.names):
+        pct = fit.relative_std_pct[k]
+        flag = " !" if not pct <= BADLY_IDENTIFIED_PCT else ""
+        line = f"{name:>16} {fit.beta[k]:12.5g} {pct:9.2f}"
+        if truth is not None:
+            line += f" {truth[k]:12.5g} {fit.beta[k] - truth[k]:12.3g}"
+        print(line + flag)
+    print(f"condition number {fit.cond:.4g}; rows per joint {' '.join(str(int(r)) for r in fit.rows)}; "
+          f"'!' = sigma above {BADLY_IDENTIFIED_PCT:g} %")
+    print("residual RMS per joint (N m): " + " ".join(f"{x:.4g}" for x in fit.residual_rms))
+    if ident.validation is not None:
+        v = ident.validation
+        print("validation RMS per joint (N m): " + " ".join(f"{x:.4g}" for x in v.rms)
+              + "  (relative: " + " ".join(f"{100 * x:.2f}%" for x in v.relative) + ")")
+    if ident.gains is not None:
+        kind = "identified" if ident.gains_std is not None else "nominal"
+        print(f"drive gains ({kind}, N m/A): " + " ".join(f"{g:.5g}" for g in ident.gains))
+        print(f"scale: {ident.scale_note}")
+    if ident.consistent is not None:
+        c = ident.consistent
+        print(f"physically consistent fit: {c.status}, chi^2 increase {c.chi2_increase:.3g}, "
+              f"{np.count_nonzero(np.abs(c.beta - fit.beta) > fit.std)} base parameters moved by more than 1 sigma")

@@ -1,0 +1,201 @@
+"""Least-squares estimation of base parameters: OLS, WLS with Gautier's weights, uncertainty, validation.
+
+The regressor is (N, n, p) (N samples, n joints, p parameters) and the measurements (N, n), SI units.
+Every joint's rows are reduced once by a QR factorisation of [W_j | y_j] (numpy/LAPACK, no per-sample
+loop), leaving a (p+1) x (p+1) triangle per joint with
+
+    || y_j - W_j beta ||^2 = || z_j - R_j beta ||^2 + rho_j^2
+
+exactly, whatever beta. OLS, the per-joint residual variances, WLS (each row of joint j weighted by
+1/sigma_j, seed 000 eqs. 10-13 with Gautier's 1/sigma convention) and the covariance then only touch these
+small triangles, so nothing is refactorised for the second pass. The weighted triangle (R, z) is kept in
+the result: the physically consistent fit (ident.consistent) works on it instead of the N*n rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+
+from ident.errors import InputError
+
+COND_LIMIT = 1e10   # a weighted regressor worse conditioned than this does not determine the parameters
+
+
+class EstimationError(InputError):
+    """The data cannot determine the parameters (too few rows, or a direction that is not excited)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Fit:
+    """A least-squares estimate of p parameters from n joints' rows.
+
+    beta (p,) the estimate; covariance (p, p); sigma_joint (n,) the per-joint residual standard deviation
+    of the OLS fit (the weights of WLS are 1/sigma_joint; units of y); residual_rms (n,) RMS of y - W beta
+    per joint for this estimate; rows (n,) rows used per joint; cond the condition number of the (weighted)
+    stacked regressor; R (p, p), z (p,) its triangular factor, with ||W_w beta - y_w||^2 = ||R beta - z||^2
+    + rss_floor for the weighted rows.
+    """
+
+    beta: np.ndarray
+    covariance: np.ndarray
+    sigma_joint: np.ndarray
+    residual_rms: np.ndarray
+    rows: np.ndarray
+    cond: float
+    R: np.ndarray
+    z: np.ndarray
+    rss_floor: float
+    method: str
+
+    @property
+    def std(self) -> np.ndarray:
+        """(p,) standard deviation of each parameter, in its own unit."""
+        return np.sqrt(np.maximum(np.diag(self.covariance), 0.0))
+
+    @property
+    def relative_std_pct(self) -> np.ndarray:
+        """(p,) relative standard deviation in %, 100 sigma_k / |beta_k| (inf where beta_k == 0)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = 100.0 * self.std / np.abs(self.beta)
+        return np.where(np.isnan(out), np.inf, out)
+
+
+@dataclass(frozen=True, eq=False)
+class _JointFactors:
+    R: np.ndarray      # (n, p, p) upper triangles of W_j
+    z: np.ndarray      # (n, p)    Q_j^T y_j
+    rho2: np.ndarray   # (n,)      ||y_j||^2 not explained by any beta
+    rows: np.ndarray   # (n,)
+    y_ms: np.ndarray   # (n,)      mean square of y_j (a scale for tolerances)
+
+
+def _check_shapes(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    if W.ndim != 3 or y.shape != W.shape[:2]:
+        raise ValueError(f"regressor (N, n, p) and measurements (N, n) do not match: {W.shape}, {y.shape}")
+    if mask is None:
+        return np.ones(y.shape, dtype=bool)
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != y.shape:
+        raise ValueError(f"mask: expected shape {y.shape}, got {mask.shape}")
+    return mask
+
+
+def _factor(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None) -> _JointFactors:
+    """Per joint: QR of the rows [W_j | y_j] selected by mask (N, n); one LAPACK call per joint."""
+    mask = _check_shapes(W, y, mask)
+    N, n, p = W.shape
+    R = np.zeros((n, p, p))
+    z = np.zeros((n, p))
+    rho2 = np.zeros(n)
+    rows = mask.sum(axis=0)
+    y_ms = np.zeros(n)
+    for j in range(n):   # n joints, each one vectorised QR over its samples
+        sel = mask[:, j]
+        if not sel.any():
+            continue
+        A = np.empty((int(rows[j]), p + 1))
+        A[:, :p] = W[sel, j, :]
+        A[:, p] = y[sel, j]
+        y_ms[j] = float(np.mean(A[:, p] ** 2))
+        T = np.linalg.qr(A, mode="r")          # (min(rows, p+1), p+1)
+        k = T.shape[0]
+        R[j, :min(k, p)] = T[:p, :p]
+        z[j, :min(k, p)] = T[:p, p]
+        rho2[j] = T[p, p] ** 2 if k > p else 0.0
+    return _JointFactors(R, z, rho2, rows, y_ms)
+
+
+def _solve_stacked(f: _JointFactors, weights: np.ndarray, names: list[str] | None) -> tuple:
+    """Least squares on the stacked weighted triangles; returns beta, R_w (p, p), z_w (p,), cond."""
+    n, p, _ = f.R.shape
+    total = int(f.rows.sum())
+    if total <= p:
+        raise EstimationError(f"{total} rows for {p} parameters: the recording is too short")
+    stack = (f.R * weights[:, None, None]).reshape(n * p, p)
+    rhs = (f.z * weights[:, None]).reshape(n * p)
+    Q, Rw = np.linalg.qr(stack)
+    zw = Q.T @ rhs
+    s = np.linalg.svd(Rw, compute_uv=False)
+    cond = float(s[0] / s[-1]) if s[-1] > 0 else np.inf
+    if not cond < COND_LIMIT:
+        _, _, Vt = np.linalg.svd(Rw)
+        k = int(np.argmax(np.abs(Vt[-1])))
+        what = names[k] if names else f"parameter {k + 1}"
+        raise EstimationError(f"the data do not determine the parameters (condition number {cond:.3g}); "
+                              f"least excited: {what}. Use a richer excitation trajectory")
+    beta = scipy.linalg.solve_triangular(Rw, zw)
+    return beta, Rw, zw, cond
+
+
+def _joint_rss(f: _JointFactors, beta: np.ndarray) -> np.ndarray:
+    """(n,) residual sum of squares of each joint's rows at beta (exact, from the triangles)."""
+    e = f.z - np.einsum("jab,b->ja", f.R, beta)
+    return np.sum(e * e, axis=1) + f.rho2
+
+
+def _fit(f: _JointFactors, weights: np.ndarray, sigma_joint: np.ndarray, method: str,
+         names: list[str] | None) -> Fit:
+    n, p, _ = f.R.shape
+    beta, Rw, zw, cond = _solve_stacked(f, weights, names)
+    rss = _joint_rss(f, beta)
+    total = int(f.rows.sum())
+    weighted_rss = float(np.sum(rss * weights ** 2))
+    var_unit = weighted_rss / (total - p)                   # variance of a weighted row's error
+    Rinv = scipy.linalg.solve_triangular(Rw, np.eye(p))
+    cov = var_unit * (Rinv @ Rinv.T)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rms = np.where(f.rows > 0, np.sqrt(rss / np.maximum(f.rows, 1)), np.nan)
+    return Fit(beta=beta, covariance=cov, sigma_joint=sigma_joint, residual_rms=rms, rows=f.rows.copy(),
+               cond=cond, R=Rw, z=zw, rss_floor=float(np.sum(f.rho2 * weights ** 2)), method=method)
+
+
+def _ols_sigma(f: _JointFactors, beta: np.ndarray) -> np.ndarray:
+    """Gautier's per-joint residual standard deviation: sqrt(||y_j - W_j beta||^2 / (r_j - p)), with a
+    floor of 1e-12 of the joint's RMS so that exact data still give finite weights."""
+    p = f.R.shape[1]
+    rss = _joint_rss(f, beta)
+    dof = np.maximum(f.rows - p, 1)
+    sigma = np.sqrt(rss / dof)
+    floor = 1e-12 * np.sqrt(np.maximum(f.y_ms, np.max(f.y_ms)))
+    return np.maximum(sigma, np.maximum(floor, 1e-300))
+
+
+def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None) -> Fit:
+    """Ordinary least squares of y (N, n) = W (N, n, p) beta over the rows where mask (N, n) is True.
+
+    The covariance is sigma^2 (W^T W)^-1 with one sigma^2 for all rows; sigma_joint are the per-joint
+    residual standard deviations. names (p,) only serve messages.
+    """
+    f = _factor(W, y, mask)
+    ones = np.ones(W.shape[1])
+    beta = _solve_stacked(f, ones, names)[0]
+    return _fit(f, ones, _ols_sigma(f, beta), "ols", names)
+
+
+def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None) -> Fit:
+    """Weighted least squares with Gautier's weights: OLS first, sigma_j from its residuals on joint j,
+    then every row of joint j weighted by 1/sigma_j. Covariance from the weighted residuals.
+    Raises EstimationError when the rows cannot determine the parameters."""
+    f = _factor(W, y, mask)
+    n = W.shape[1]
+    beta_ols = _solve_stacked(f, np.ones(n), names)[0]
+    sigma = _ols_sigma(f, beta_ols)
+    return _fit(f, 1.0 / sigma, sigma, "wls", names)
+
+
+def predict(W: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """Predicted measurements (N, n) = W (N, n, p) @ beta (p,)."""
+    return W @ beta
+
+
+def prediction_errors(W: np.ndarray, y: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per joint on a (validation) recording: RMS of y - W beta (units of y), and that RMS relative to the
+    RMS of y (dimensionless)."""
+    e = y - predict(W, beta)
+    rms = np.sqrt(np.mean(e * e, axis=0))
+    scale = np.sqrt(np.mean(y * y, axis=0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(scale > 0, rms / scale, np.inf)
+    return rms, rel

@@ -1,0 +1,484 @@
+"""From a recording to identification samples: loading, zero-phase filtering, differentiation, decimation.
+
+    rec = load_recording("run.csv")                 # CSV or NPZ, strictly checked (docs/data-files.md)
+    s = prepare(rec, bandwidth_hz=traj_bandwidth)   # filtered q and y, central-difference qd, qdd
+    Wd, yd = decimate_parallel(W, s.y, factor=10)   # the same low-pass + downsampling on W and y
+    keep = ~slow_rows(qd_decimated, 0.05)           # rows where Coulomb friction is well modelled
+
+The cut-off rule (when no cut-off is given), one Butterworth for q and y:
+
+    cutoff_hz = min(max(CUTOFF_PER_BANDWIDTH * bandwidth_hz, NOISE_CUTOFF_HZ), MAX_CUTOFF_OF_NYQUIST * rate_hz / 2)
+
+with CUTOFF_PER_BANDWIDTH = k = 5 and NOISE_CUTOFF_HZ = 40 Hz.
+* Why k = 5: the zero-phase (forward-backward) Butterworth of order m has the power gain
+  1 / (1 + (f / f_c)^(2m)) and no phase; at the highest excitation harmonic f = f_c / 5 an order-4 filter
+  changes the amplitude by 5^-8 = 2.6e-6 (relative), so the commanded motion passes untouched.
+* Why the 40 Hz floor: the measured motion holds more than the commanded harmonics (the servo's tracking
+  error, the jerks of Coulomb friction reversals), and y holds their torques. y is filtered here but the
+  regressor W(q) is not (it is nonlinear in q), so a cut-off inside the band of the real motion biases the
+  fit: on simulated CSP data without noise (generic6, seed-000 preset, 0.6 Hz bandwidth) the residual
+  y - W beta_true was 0.27 N m RMS on joint 1 with a 3 Hz cut-off, 0.096 with 10 Hz and 0.006 with 40 Hz.
+  This filter therefore only removes sensor noise, like Gautier's position filter whose cut-off lies well
+  above the closed-loop bandwidth of the drives (industrial position loops: 5-20 Hz). The band limit of
+  the fit is the parallel decimation (`decimate_parallel`), which filters W and y alike.
+When the bandwidth is not known either, it is estimated from the positions (`estimate_bandwidth`: the
+frequency below which 99.9 % of the energy of the sampled velocity lies).
+
+Edges: a forward-backward filter is not exact for the first and last samples (its start-up transient);
+`prepare` drops, at each end, the samples in which the slowest pole of the filter has not yet decayed by a
+factor EDGE_DECAY = 1e-4 (ceil(ln(1e4) / -ln|p_max|) samples), and at least the one sample that central
+differences need.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import scipy.signal
+import scipy.sparse
+
+from ident.errors import InputError
+
+CUTOFF_PER_BANDWIDTH = 5.0    # k in cutoff = max(k * bandwidth, NOISE_CUTOFF_HZ) (see the module docstring)
+NOISE_CUTOFF_HZ = 40.0        # the cut-off is never below this: it removes sensor noise, not the motion
+MAX_CUTOFF_OF_NYQUIST = 0.8   # the cut-off never exceeds 0.8 of the Nyquist frequency
+EDGE_DECAY = 1e-4             # filter edges are trimmed until the slowest pole has decayed by this factor
+BANDWIDTH_ENERGY = 0.999      # estimate_bandwidth: share of the velocity energy below the bandwidth
+MIN_SAMPLES = 32              # fewer samples cannot be filtered (padding) and differentiated
+SAMPLING_JITTER = 0.25        # sample intervals may differ from their median by this fraction at most
+DECIMATION_TAPS_PER_FACTOR = 20   # FIR length of decimate_parallel: 20 * factor + 1 taps (as scipy's decimate)
+DECIMATION_CUTOFF = 0.8           # ... with the cut-off at 0.8 of the new Nyquist frequency
+
+
+class PreprocessError(InputError):
+    """A recording cannot be used: the message names the file and the column, line or sample at fault."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Recordings
+
+class _JointSamples:
+    """n and N of a record whose q is (N, n)."""
+
+    q: np.ndarray
+
+    @property
+    def n(self) -> int:
+        """Number of joints."""
+        return self.q.shape[1]
+
+    @property
+    def N(self) -> int:
+        """Number of samples."""
+        return self.q.shape[0]
+
+
+@dataclass(frozen=True, eq=False)
+class Recording(_JointSamples):
+    """Raw data as recorded, SI units. Exactly one of tau / current is set.
+
+    t (N,) s, strictly increasing; q (N, n) rad; tau (N, n) N m or current (N, n) A; qd (N, n) rad/s or None;
+    source: the file name (for messages). Constructing one checks shapes, finiteness and time order.
+    """
+
+    t: np.ndarray
+    q: np.ndarray
+    tau: np.ndarray | None
+    current: np.ndarray | None
+    qd: np.ndarray | None
+    source: str
+
+    def __post_init__(self) -> None:
+        fields = {"t": self.t, "q": self.q, "tau": self.tau, "current": self.current, "qd": self.qd}
+        checked = _check_arrays(self.source, fields, lambda k: f"sample {k}")
+        for name, arr in checked.items():
+            object.__setattr__(self, name, arr)
+
+    @property
+    def kind(self) -> str:
+        """"torque" (tau in N m) or "current" (motor currents in A)."""
+        return "torque" if self.tau is not None else "current"
+
+    @property
+    def y(self) -> np.ndarray:
+        """The measured effort: tau (N m) or current (A), whichever was recorded."""
+        return self.tau if self.tau is not None else self.current
+
+
+_PREFIX = {"q": "q", "tau": "tau", "current": "i", "qd": "qd"}   # array name -> CSV column prefix
+
+
+def _column(name: str, j: int) -> str:
+    return f"{_PREFIX[name]}{j + 1}"
+
+
+def _check_arrays(source: str, fields: dict[str, np.ndarray | None],
+                  locate: Callable[[int], str]) -> dict[str, np.ndarray]:
+    """Shapes, finiteness and strictly increasing time of recording arrays; returns float64 read-only copies.
+
+    `locate(k)` words the place of sample k in the file (a CSV line, an NPZ sample)."""
+    if (fields["tau"] is None) == (fields["current"] is None):
+        raise PreprocessError(f"{source}: expected exactly one of joint torques (tau) and motor currents (i), "
+                              f"got {'both' if fields['tau'] is not None else 'neither'}")
+    out: dict[str, np.ndarray] = {}
+    for name, value in fields.items():
+        if value is None:
+            continue
+        try:
+            arr = np.array(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise PreprocessError(f"{source}: {name}: expected numbers") from None
+        out[name] = arr
+    t, q = out["t"], out["q"]
+    if t.ndim != 1:
+        raise PreprocessError(f"{source}: t: expected one time per sample (N,), got shape {t.shape}")
+    if q.ndim != 2 or q.shape[0] != t.shape[0] or q.shape[1] == 0:
+        raise PreprocessError(f"{source}: q: expected shape ({t.shape[0]}, n) to match t, got {q.shape}")
+    for name, arr in out.items():
+        if name != "t" and arr.shape != q.shape:
+            raise PreprocessError(f"{source}: {name}: expected shape {q.shape} like q, got {arr.shape}")
+    N = t.shape[0]
+    if N < MIN_SAMPLES:
+        raise PreprocessError(f"{source}: {N} samples are too few: filtering and differentiation need at least "
+                              f"{MIN_SAMPLES}")
+    for name, arr in out.items():
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            k, *j = np.argwhere(bad)[0]
+            column = "t" if name == "t" else _column(name, j[0])
+            raise PreprocessError(f"{source}: {locate(int(k))}, column {column}: not a finite number ({arr[bad][0]})")
+    dt = np.diff(t)
+    if (dt <= 0).any():
+        k = int(np.flatnonzero(dt <= 0)[0]) + 1
+        raise PreprocessError(f"{source}: {locate(k)}, column t: time {t[k]!r} s does not increase "
+                              f"(previous sample {t[k - 1]!r} s)")
+    for arr in out.values():
+        arr.setflags(write=False)
+    return out
+
+
+def load_recording(path: str | Path, *, n: int | None = None) -> Recording:
+    """Read a recording: CSV (header t, q1..qn, tau1..taun or i1..in, optional qd1..qdn) or NPZ (arrays t, q,
+    tau or current, optional qd). SI units: s, rad, N m, A. Layout: docs/data-files.md.
+
+    n: the number of joints expected (e.g. the model's). Raises PreprocessError naming the file and the
+    column and line (CSV) or array and sample (NPZ) at fault.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PreprocessError(f"{path}: no such file")
+    if path.suffix.lower() == ".npz":
+        rec = _load_npz(path)
+    elif path.suffix.lower() in (".csv", ".txt"):
+        rec = _load_csv(path)
+    else:
+        raise PreprocessError(f"{path}: unknown recording format {path.suffix!r}: expected .csv or .npz")
+    if n is not None and rec.n != n:
+        raise PreprocessError(f"{path}: {rec.n} joints recorded, expected {n}")
+    return rec
+
+
+def _load_npz(path: Path) -> Recording:
+    import zipfile
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise PreprocessError(f"{path}: not a readable NPZ file: {exc}") from None
+    known = ("t", "q", "tau", "current", "qd")
+    unknown = sorted(set(arrays) - set(known))
+    if unknown:
+        raise PreprocessError(f"{path}: unknown array(s) {', '.join(unknown)}: expected t, q, tau or current, qd")
+    for name in ("t", "q"):
+        if name not in arrays:
+            raise PreprocessError(f"{path}: missing array {name!r}")
+    for name, arr in arrays.items():
+        if arr.dtype.kind not in "iuf":
+            raise PreprocessError(f"{path}: array {name!r}: expected real numbers, got dtype {arr.dtype}")
+    return Recording(arrays["t"], arrays["q"], arrays.get("tau"), arrays.get("current"), arrays.get("qd"), str(path))
+
+
+_HEADER = re.compile(r"^(t|q|tau|i|qd)(\d*)$")
+
+
+def _parse_header(path: Path, header: list[str], line: int) -> tuple[int, dict[str, list[int]]]:
+    """Columns by array: {"t": [c], "q": [c1..cn], "tau" or "current": [...], "qd": [...]} and n."""
+    groups: dict[str, dict[int, int]] = {}
+    for c, raw in enumerate(header):
+        name = raw.strip()
+        m = _HEADER.match(name)
+        if not m or (m.group(1) == "t") != (m.group(2) == "") or m.group(2).startswith("0"):
+            raise PreprocessError(f"{path}: line {line}, column {c + 1}: unknown column name {name!r}: expected "
+                                  "t, q1..qn, tau1..taun or i1..in, optional qd1..qdn")
+        key = {"i": "current"}.get(m.group(1), m.group(1))
+        index = int(m.group(2)) - 1 if m.group(2) else 0
+        if index in groups.setdefault(key, {}):
+            raise PreprocessError(f"{path}: line {line}: column {name!r} appears twice")
+        groups[key][index] = c
+    if "t" not in groups:
+        raise PreprocessError(f"{path}: line {line}: missing column 't' (time, s)")
+    if "q" not in groups:
+        raise PreprocessError(f"{path}: line {line}: missing columns q1..qn (joint positions, rad)")
+    n = max(groups["q"]) + 1
+    if "tau" in groups and "current" in groups:
+        raise PreprocessError(f"{path}: line {line}: both torque (tau1..) and current (i1..) columns: keep one")
+    if "tau" not in groups and "current" not in groups:
+        raise PreprocessError(f"{path}: line {line}: missing columns tau1..tau{n} (N m) or i1..i{n} (A)")
+    columns: dict[str, list[int]] = {"t": [groups["t"][0]]}
+    for key, got in groups.items():
+        if key == "t":
+            continue
+        missing = [_column(key, j) for j in range(n) if j not in got]
+        if missing:
+            raise PreprocessError(f"{path}: line {line}: missing column(s) {', '.join(missing)} ({n} joints from q1..q{n})")
+        extra = [_column(key, j) for j in got if j >= n]
+        if extra:
+            raise PreprocessError(f"{path}: line {line}: column(s) {', '.join(extra)} beyond the {n} joints of q1..q{n}")
+        columns[key] = [got[j] for j in range(n)]
+    return n, columns
+
+
+def _data_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the non-empty, non-comment lines."""
+    return [(i + 1, s) for i, s in enumerate(text.splitlines()) if s.strip() and not s.lstrip().startswith("#")]
+
+
+def _load_csv(path: Path) -> Recording:
+    try:
+        text = path.read_text(encoding="utf-8-sig")     # a spreadsheet's byte-order mark is not a column name
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PreprocessError(f"{path}: cannot read: {exc}") from None
+    lines = _data_lines(text)
+    if not lines:
+        raise PreprocessError(f"{path}: empty: expected a header row t, q1..qn, tau1..taun or i1..in")
+    header_line, header = lines[0]
+    n, columns = _parse_header(path, header.split(","), header_line)
+    width = len(header.split(","))
+    if len(lines) == 1:
+        raise PreprocessError(f"{path}: no data rows after the header")
+    try:   # the fast path: numpy's C parser
+        data = np.loadtxt(path, delimiter=",", comments="#", skiprows=header_line, ndmin=2, dtype=np.float64)
+    except ValueError:
+        data = None
+    if data is None or data.shape[1] != width:
+        _diagnose_csv(path, lines[1:], header.split(","))    # raises, naming line and column
+        raise PreprocessError(f"{path}: cannot parse the data rows")   # pragma: no cover - diagnose raised
+    body = [number for number, _ in lines[1:]]
+
+    def locate(k: int) -> str:
+        return f"line {body[k]}" if k < len(body) else f"sample {k}"
+
+    arrays = {name: (data[:, cols[0]] if name == "t" else data[:, cols]) for name, cols in columns.items()}
+    fields = {"t": arrays["t"], "q": arrays["q"], "tau": arrays.get("tau"), "current": arrays.get("current"),
+              "qd": arrays.get("qd")}
+    checked = _check_arrays(str(path), fields, locate)
+    return Recording(checked["t"], checked["q"], checked.get("tau"), checked.get("current"), checked.get("qd"),
+                     str(path))
+
+
+def _diagnose_csv(path: Path, rows: list[tuple[int, str]], header: list[str]) -> None:
+    """Find the first row numpy could not parse and raise an error naming its line and column."""
+    for number, row in rows:
+        cells = row.split(",")
+        if len(cells) != len(header):
+            raise PreprocessError(f"{path}: line {number}: {len(cells)} values, the header has {len(header)} columns")
+        for cell, name in zip(cells, header):
+            try:
+                float(cell)
+            except ValueError:
+                raise PreprocessError(f"{path}: line {number}, column {name.strip()}: not a number: {cell.strip()!r}") from None
+    raise PreprocessError(f"{path}: cannot parse the data rows")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Filtering and differentiation
+
+@dataclass(frozen=True, eq=False)
+class Samples(_JointSamples):
+    """Filtered, differentiated samples at the full rate, filter edges trimmed; contiguous float64.
+
+    t (N,) s; q (N, n) rad; qd rad/s; qdd rad/s^2; y (N, n) N m or A per `kind` ("torque" | "current");
+    cutoff_hz: the low-pass cut-off used; rate_hz: the sampling rate; source: the recording's file name.
+    """
+
+    t: np.ndarray
+    q: np.ndarray
+    qd: np.ndarray
+    qdd: np.ndarray
+    y: np.ndarray
+    kind: str
+    cutoff_hz: float
+    rate_hz: float
+    source: str
+
+
+def sampling_rate(t: np.ndarray, source: str = "recording") -> float:
+    """The sampling rate (Hz) of strictly increasing times t (s): 1 / median interval. Raises
+    PreprocessError naming the time of the first interval more than SAMPLING_JITTER away from the median
+    (a gap or a burst: the filter needs a uniform rate)."""
+    dt = np.diff(np.asarray(t, dtype=float))
+    h = float(np.median(dt))
+    off = np.abs(dt - h) > SAMPLING_JITTER * h
+    if off.any():
+        k = int(np.flatnonzero(off)[0])
+        raise PreprocessError(f"{source}: sampling interval {dt[k]:.6g} s at t = {t[k]:.4f} s differs from the "
+                              f"median {h:.6g} s by more than {SAMPLING_JITTER:.0%}: resample or split the recording")
+    return 1.0 / h
+
+
+def cutoff_for_bandwidth(bandwidth_hz: float, rate_hz: float) -> float:
+    """The low-pass cut-off (Hz) for a motion of the given bandwidth (Hz) sampled at rate_hz:
+    min(max(CUTOFF_PER_BANDWIDTH * bandwidth, NOISE_CUTOFF_HZ), MAX_CUTOFF_OF_NYQUIST * rate / 2)."""
+    if not (math.isfinite(bandwidth_hz) and bandwidth_hz > 0):
+        raise PreprocessError(f"bandwidth: expected a positive number in Hz, got {bandwidth_hz}")
+    return min(max(CUTOFF_PER_BANDWIDTH * bandwidth_hz, NOISE_CUTOFF_HZ), MAX_CUTOFF_OF_NYQUIST * rate_hz / 2)
+
+
+def estimate_bandwidth(q: np.ndarray, rate_hz: float) -> float:
+    """The frequency (Hz) below which BANDWIDTH_ENERGY of the energy of the sampled velocity diff(q) lies,
+    summed over the joints: the bandwidth of the motion when no trajectory file says it."""
+    v = np.diff(np.asarray(q, dtype=float), axis=0)
+    v = v - v.mean(axis=0)
+    power = (np.abs(np.fft.rfft(v, axis=0)) ** 2).sum(axis=1)
+    total = power.sum()
+    if total <= 0:
+        raise PreprocessError("the joints do not move: no bandwidth to estimate; give the cut-off")
+    f = np.fft.rfftfreq(v.shape[0], 1.0 / rate_hz)
+    k = int(np.searchsorted(np.cumsum(power) / total, BANDWIDTH_ENERGY))
+    return float(max(f[min(k, len(f) - 1)], f[1]))
+
+
+def edge_samples(sos: np.ndarray) -> int:
+    """Samples to drop at each end after sosfiltfilt: until the slowest pole has decayed by EDGE_DECAY."""
+    _, poles, _ = scipy.signal.sos2zpk(sos)
+    radius = float(np.max(np.abs(poles))) if len(poles) else 0.0
+    if radius <= 0.0:
+        return 1
+    return max(1, math.ceil(math.log(EDGE_DECAY) / math.log(radius)))
+
+
+def central_differences(t: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First and second derivatives of x (N, ...) sampled at times t (N,), at the interior samples 1..N-2,
+    by three-point central differences (exact for quadratics, also for non-uniform intervals).
+    Returns (xd, xdd), each (N-2, ...), in units of x per s and per s^2."""
+    t = np.asarray(t, dtype=float)
+    x = np.asarray(x, dtype=float)
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    h1 = np.diff(t)[:-1].reshape(shape)       # t_k - t_{k-1}
+    h2 = np.diff(t)[1:].reshape(shape)        # t_{k+1} - t_k
+    xm, x0, xp = x[:-2], x[1:-1], x[2:]
+    denominator = h1 * h2 * (h1 + h2)
+    xd = (h1 * h1 * (xp - x0) + h2 * h2 * (x0 - xm)) / denominator
+    xdd = 2.0 * (h1 * (xp - x0) - h2 * (x0 - xm)) / denominator
+    return xd, xdd
+
+
+def prepare(rec: Recording, *, bandwidth_hz: float | None = None, cutoff_hz: float | None = None,
+            order: int = 4) -> Samples:
+    """Zero-phase Butterworth low-pass (scipy.signal.sosfiltfilt, order `order`) of q and of the torques or
+    currents; qd, qdd by central differences of the filtered q; filter edges trimmed.
+
+    The cut-off is cutoff_hz if given, else cutoff_for_bandwidth(bandwidth_hz) (see the module docstring),
+    else from estimate_bandwidth(rec.q). Rates in Hz. Raises PreprocessError if too little remains.
+    """
+    rate = sampling_rate(rec.t, rec.source)
+    if order < 1:
+        raise PreprocessError(f"filter order: expected at least 1, got {order}")
+    if cutoff_hz is None:
+        if bandwidth_hz is None:
+            try:
+                bandwidth_hz = estimate_bandwidth(rec.q, rate)
+            except PreprocessError as exc:
+                raise PreprocessError(f"{rec.source}: {exc}") from None
+        cutoff_hz = cutoff_for_bandwidth(bandwidth_hz, rate)
+    if not (math.isfinite(cutoff_hz) and 0 < cutoff_hz < rate / 2):
+        raise PreprocessError(f"{rec.source}: cut-off {cutoff_hz} Hz: expected a frequency between 0 and the "
+                              f"Nyquist frequency {rate / 2:g} Hz")
+    sos = scipy.signal.butter(order, cutoff_hz, fs=rate, output="sos")
+    edge = edge_samples(sos)
+    kept = rec.N - 2 * edge
+    if kept < MIN_SAMPLES:
+        raise PreprocessError(
+            f"{rec.source}: {rec.N} samples at {rate:g} Hz are too few for a cut-off of {cutoff_hz:.4g} Hz: the "
+            f"filter edges take {edge} samples at each end and leave {max(kept, 0)}; record at least "
+            f"{2 * edge + MIN_SAMPLES} samples ({(2 * edge + MIN_SAMPLES) / rate:.3g} s)")
+    both = np.ascontiguousarray(np.concatenate([rec.q, rec.y], axis=1).T)   # (2n, N): one pass, along rows
+    filtered = scipy.signal.sosfiltfilt(sos, both, axis=-1).T
+    q_f = filtered[:, :rec.n]
+    qd, qdd = central_differences(rec.t, q_f)
+    keep = slice(edge, rec.N - edge)
+    inner = slice(edge - 1, rec.N - edge - 1)        # central differences start at sample 1
+    c = np.ascontiguousarray
+    return Samples(c(rec.t[keep]), c(q_f[keep]), c(qd[inner]), c(qdd[inner]), c(filtered[keep, rec.n:]),
+                   rec.kind, float(cutoff_hz), float(rate), rec.source)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Decimation and row selection
+
+def decimation_filter(factor: int) -> np.ndarray:
+    """The FIR low-pass (20 * factor + 1 taps, Hamming window, cut-off 0.8 of the new Nyquist frequency,
+    unit gain at 0 Hz) that decimate_parallel applies before keeping every factor-th sample."""
+    return scipy.signal.firwin(DECIMATION_TAPS_PER_FACTOR * factor + 1, DECIMATION_CUTOFF / factor, window="hamming")
+
+
+def decimation_index(N: int, factor: int) -> np.ndarray:
+    """Indices into the N input samples of the rows decimate_parallel returns (e.g. to decimate t).
+
+    Only outputs whose whole filter window lies inside the data are kept: no padding, no edge effect."""
+    half = DECIMATION_TAPS_PER_FACTOR * factor // 2
+    return np.arange(half, N - half, factor) if factor > 1 else np.arange(N)
+
+
+def decimate_parallel(W: np.ndarray, y: np.ndarray, factor: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gautier's parallel decimation: the same zero-phase FIR low-pass (decimation_filter) and downsampling by
+    `factor` on every column of the regressor W (N, n, b) and on y (N, n). Returns (N', n, b), (N', n) at the
+    input rows decimation_index(N, factor). factor = 1 returns copies."""
+    W = np.asarray(W, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if W.ndim != 3 or y.shape != W.shape[:2]:
+        raise PreprocessError(f"decimate_parallel: expected W (N, n, b) and y (N, n), got {W.shape} and {y.shape}")
+    if int(factor) != factor or factor < 1:
+        raise PreprocessError(f"decimation factor: expected a positive integer, got {factor}")
+    factor = int(factor)
+    if factor == 1:
+        return W.copy(), y.copy()
+    index = decimation_index(W.shape[0], factor)
+    if len(index) == 0:
+        raise PreprocessError(f"decimate_parallel: {W.shape[0]} samples are too few to decimate by {factor} "
+                              f"(the filter spans {DECIMATION_TAPS_PER_FACTOR * factor + 1})")
+    h = decimation_filter(factor)
+    return _fir_decimate(h, W, factor, len(index)), _fir_decimate(h, y, factor, len(index))
+
+
+def _fir_decimate(h: np.ndarray, x: np.ndarray, factor: int, count: int) -> np.ndarray:
+    """Rows k < count of x filtered by h (centred) at input samples half + k*factor, computing only those.
+
+    One sparse (count, N) matrix of shifted copies of h times the columns of x (N, m) that are not all zero
+    (a regressor has many: joint i's row does not depend on the links before it): every tap is a
+    multiply-add over a contiguous row, several times faster than filtering the columns one by one."""
+    L, N = len(h), x.shape[0]
+    flat = x.reshape(N, -1)
+    start = np.arange(count) * factor                       # first input sample of each window
+    D = scipy.sparse.csr_matrix((np.tile(h[::-1], count), (start[:, None] + np.arange(L)).ravel(),
+                                 np.arange(count + 1) * L), shape=(count, N))
+    live = np.flatnonzero(flat.any(axis=0))
+    if len(live) == flat.shape[1]:
+        out = D @ flat
+    else:
+        out = np.zeros((count, flat.shape[1]))
+        out[:, live] = D @ flat[:, live]
+    return np.ascontiguousarray(out).reshape((count,) + x.shape[1:])
+
+
+def slow_rows(qd: np.ndarray, threshold: float) -> np.ndarray:
+    """(N, n) bool: True where |qd_j| < threshold (rad/s), the samples where Coulomb friction
+    (sign(qd)) is ill-modelled and which the fit leaves out."""
+    if not (math.isfinite(threshold) and threshold >= 0):
+        raise PreprocessError(f"slow-velocity threshold: expected a non-negative number in rad/s, got {threshold}")
+    return np.abs(np.asarray(qd, dtype=float)) < threshold

@@ -1,0 +1,169 @@
+"""The identification report: report.html with PNG plots (matplotlib, Agg, no pyplot state).
+
+Plots: measured vs predicted torque per joint, residuals, validation (when given), the excitation
+trajectory, and the relative standard deviation of every base parameter. Tables: the fit per joint, the
+base parameters with sigma % (badly identified ones flagged), drive gains, and the consistent standard
+parameters when computed.
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import numpy as np
+
+from ident.batch import Identification
+from ident.results import BADLY_IDENTIFIED_PCT
+
+PNG_DPI = 90
+
+
+def _figure(rows: int, height: float = 1.7):
+    from matplotlib.figure import Figure   # Agg canvas: no display, no global pyplot state
+
+    size = 0.8 + height * rows
+    fig = Figure(figsize=(9.0, size))     # fixed margins: constrained layout costs seconds per figure
+    fig.subplots_adjust(left=0.1, right=0.98, top=1 - 0.35 / size, bottom=0.45 / size, hspace=0.12)
+    return fig, fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+
+
+def _joint_plot(path: Path, t: np.ndarray, series: list[tuple[np.ndarray, str, dict]], names, ylabel: str,
+                title: str) -> Path:
+    fig, axes = _figure(len(names))
+    for j, ax in enumerate(axes):
+        for y, label, style in series:
+            ax.plot(t, y[:, j], label=label, **style)
+        ax.set_ylabel(f"{names[j]}\n{ylabel}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper right", fontsize="small", ncols=len(series))
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("time (s)")
+    fig.savefig(path, dpi=PNG_DPI)
+    return path
+
+
+def _sigma_plot(path: Path, names: list[str], pct: np.ndarray) -> Path:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9.0, 3.4))
+    fig.subplots_adjust(left=0.08, right=0.99, top=0.9, bottom=0.25)
+    ax = fig.subplots()
+    shown = np.clip(np.where(np.isfinite(pct), pct, 1e4), 1e-3, 1e4)
+    colors = ["tab:red" if not p <= BADLY_IDENTIFIED_PCT else "tab:blue" for p in pct]
+    ax.bar(np.arange(len(names)), shown, color=colors)
+    ax.axhline(BADLY_IDENTIFIED_PCT, color="tab:red", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(names)), names, rotation=90, fontsize=7)
+    ax.set_ylabel("relative std (%)")
+    ax.set_title(f"base parameters: relative standard deviation (red: above {BADLY_IDENTIFIED_PCT:g} %)")
+    fig.savefig(path, dpi=PNG_DPI)
+    return path
+
+
+def write_plots(ident: Identification, out: str | Path) -> dict[str, Path]:
+    """Write the PNG plots into out; returns {name: path}."""
+    out = Path(out)
+    names = list(ident.model.joint_names)
+    rows, fit = ident.rows, ident.fit
+    predicted = rows.W @ fit.beta
+    measured = ident.torque
+    plots = {
+        "torque": _joint_plot(out / "torque.png", rows.t, [(measured, "measured", {"lw": 1.2}),
+                                                          (predicted, "predicted (WLS)", {"lw": 1.0, "ls": "--"})],
+                              names, "N m", f"identification data ({Path(rows.source).name}): torque"),
+        "residuals": _joint_plot(out / "residuals.png", rows.t,
+                                 [(measured - predicted, "measured - predicted", {"lw": 0.8, "color": "tab:red"})],
+                                 names, "N m", "residuals (rows below the slow-velocity threshold included)"),
+        "trajectory": _joint_plot(out / "trajectory.png", rows.t, [(rows.q, "q (rad)", {"lw": 1.0}),
+                                                                  (rows.qd, "qd (rad/s)", {"lw": 0.8})],
+                                  names, "", "excitation trajectory (recorded, filtered)"),
+        "sigma": _sigma_plot(out / "sigma.png", ident.base.names, fit.relative_std_pct),
+    }
+    if ident.validation is not None:
+        v = ident.validation
+        plots["validation"] = _joint_plot(
+            out / "validation.png", v.rows.t, [(v.rows.in_torque(ident.gains) if ident.gains is not None else v.rows.y,
+                                                "measured", {"lw": 1.2}),
+                                               (v.predicted, "predicted", {"lw": 1.0, "ls": "--"})],
+            names, "N m", f"validation ({Path(v.rows.source).name}): torque")
+    return plots
+
+
+def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = []
+    for i, r in enumerate(rows):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _g(x: float, digits: int = 4) -> str:
+    return "&mdash;" if x is None or not np.isfinite(x) else f"{x:.{digits}g}"
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f0f0f0}tr.bad td{background:#fde8e8}td.l{text-align:left}img{max-width:100%}
+.note{background:#fff7dd;padding:.5em 1em;border-left:4px solid #e0b000}"""
+
+
+def write_html(ident: Identification, out: str | Path, plots: dict[str, Path]) -> Path:
+    """Write report.html into out, referring to the PNG plots by file name."""
+    out = Path(out)
+    fit, rows, model = ident.fit, ident.rows, ident.model
+    pct = fit.relative_std_pct
+    bad = [not p <= BADLY_IDENTIFIED_PCT for p in pct]
+    parts = [f"<h1>Identification of {html.escape(model.name)}</h1>",
+             f"<p>Data <code>{html.escape(rows.source)}</code>: {rows.samples} samples at {rows.rate_hz:g} Hz "
+             f"({rows.kind}); cut-off {rows.cutoff_hz:.3g} Hz, decimation {rows.factor}, {len(rows.t)} rows, "
+             f"rows slower than {ident.slow_velocity:g} rad/s left out. Weighted least squares (Gautier's weights): "
+             f"condition number {fit.cond:.4g}; {sum(bad)} of {len(bad)} base parameters above "
+             f"{BADLY_IDENTIFIED_PCT:g} % relative standard deviation.</p>"]
+    if ident.scale_note:
+        parts.append(f'<p class="note">Scale: {html.escape(ident.scale_note)}.</p>')
+    joint_rows = []
+    for j, name in enumerate(model.joint_names):
+        r = [html.escape(name), _g(fit.sigma_joint[j]), _g(fit.residual_rms[j]), str(int(fit.rows[j]))]
+        if ident.validation is not None:
+            r += [_g(ident.validation.rms[j]), f"{100 * ident.validation.relative[j]:.2f} %"]
+        if ident.gains is not None:
+            r += [_g(ident.gains[j], 6) + ("" if ident.gains_std is None else f" &plusmn; {_g(ident.gains_std[j], 2)}")]
+        joint_rows.append(r)
+    header = ["joint", "sigma_j (N m)", "residual RMS (N m)", "rows used"]
+    if ident.validation is not None:
+        header += ["validation RMS (N m)", "validation relative"]
+    if ident.gains is not None:
+        header += ["drive gain (N m/A)" + (" identified" if ident.gains_std is not None else " nominal")]
+    parts += ["<h2>Fit per joint</h2>", _table(header, joint_rows)]
+    parts += ['<h2>Measured and predicted torque</h2><img src="torque.png" alt="torque">',
+              '<img src="residuals.png" alt="residuals">']
+    if "validation" in plots:
+        parts.append('<h2>Validation</h2><img src="validation.png" alt="validation">')
+    param_rows = [[html.escape(n), _g(v, 6), _g(s, 3), ("&infin;" if not np.isfinite(p) else f"{p:.2f}")
+                   + (" &#9888;" if b else ""), f'<span class="l">{html.escape(e)}</span>']
+                  for n, v, s, p, b, e in zip(ident.base.names, fit.beta, fit.std, pct, bad, ident.base.expressions)]
+    parts += ["<h2>Base parameters</h2>", '<img src="sigma.png" alt="relative standard deviations">',
+              _table(["name", "value (SI)", "std", "sigma %", "definition"], param_rows,
+                     ["bad" if b else "" for b in bad])]
+    if ident.consistent is not None:
+        c = ident.consistent
+        P = c.chi.reshape(model.n, -1)
+        std_rows = [[html.escape(model.joint_names[j])] + [_g(x, 5) for x in P[j]] for j in range(model.n)]
+        parts += [f"<h2>Physically consistent standard parameters</h2><p>Solver: {html.escape(c.status)}; the "
+                  f"weighted fit is worse than WLS by chi&sup2; {c.chi2_increase:.3g}.</p>",
+                  _table(["joint", "XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m", "Ia", "fc", "fv",
+                          "offset"], std_rows)]
+    parts.append('<h2>Excitation trajectory</h2><img src="trajectory.png" alt="trajectory">')
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>armid identification: "
+            f"{html.escape(model.name)}</title><style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+def write_report(ident: Identification, out: str | Path) -> Path:
+    """Write report.html and its PNG plots into the directory out (created); returns the HTML path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return write_html(ident, out, write_plots(ident, out))
