@@ -10,12 +10,14 @@ are aligned in time. (The torque is not smoothed: Coulomb friction makes it jump
 and a smoothed jump would not match the regressor row; its noise is white and the least squares average
 it.)
 
-A gap in the sequence numbers or a sample with a non-finite value restarts the window: no row is built
-across a gap, and nothing non-finite reaches the filter (such samples are counted and dropped).
+Samples carry the drives' sample index. A non-finite sample is dropped (it then counts as missing), and
+nothing non-finite reaches the filter. Up to `max_fill` missing samples in a row are bridged by linear
+interpolation of the positions, for the differentiation window only: no row is built at an interpolated
+sample. A longer gap restarts the window: no row spans it.
 
 Rows of the base regressor (ident.dynamics.regressor, ident.base_params) feed ident.rls.RecursiveLS with
-per-joint weights (1/sigma_j, as in WLS). Rows of joints slower than `min_speed` (rad/s), where Coulomb
-friction is ill-modelled, get weight 0.
+per-joint weights (1/sigma_j, as in WLS). Rows of joints slower than `min_speed` (rad/s, by default the
+batch pipeline's threshold), where Coulomb friction is ill-modelled, get weight 0.
 
 Convergence: the estimate is `converged` when its relative change between consecutive reports stayed
 below `converge_tol` for `converge_reports` reports and at least 20 rows per parameter were used.
@@ -32,6 +34,7 @@ import scipy.signal
 
 from ident import dynamics
 from ident.base_params import BaseParameters, base_parameters
+from ident.batch import DEFAULT_SLOW_VELOCITY
 from ident.errors import InputError
 from ident.model import Model
 from ident.rls import RecursiveLS
@@ -45,7 +48,9 @@ class EstimateFileError(InputError):
 class Counters:
     samples: int = 0          # samples received
     rejected: int = 0         # non-finite samples dropped
-    gaps: int = 0             # sequence gaps (each restarts the window)
+    repeated: int = 0         # samples not after the previous one (dropped)
+    filled: int = 0           # missing samples bridged by interpolation (no row built there)
+    gaps: int = 0             # longer gaps (each restarts the window)
     lost: int = 0             # samples missing in those gaps
     rows: int = 0             # samples whose rows reached the filter
 
@@ -77,7 +82,7 @@ class OnlineIdentifier:
 
     def __init__(self, model: Model, *, rate_hz: float = 1000.0, window: int = 41, polyorder: int = 3,
                  forgetting: float = 1.0, joint_sigma=None, p0: float = 1e4, trace_max: float | None = None,
-                 min_speed: float = 0.02, converge_tol: float = 1e-3, converge_reports: int = 3,
+                 min_speed: float = DEFAULT_SLOW_VELOCITY, converge_tol: float = 1e-3, converge_reports: int = 3, max_fill: int = 3,
                  base: BaseParameters | None = None):
         if window < polyorder + 2 or window % 2 == 0:
             raise InputError(f"window: expected an odd number of samples > polyorder + 1, got {window}")
@@ -97,10 +102,12 @@ class OnlineIdentifier:
         self.min_speed = float(min_speed)
         self.converge_tol, self.converge_reports = float(converge_tol), int(converge_reports)
         self.frozen = False
+        self.max_fill = int(max_fill)
         self.counters = Counters()
         self._hist_q = np.empty((0, self.n))
         self._hist_tau = np.empty((0, self.n))
-        self._last_seq: int | None = None
+        self._hist_measured = np.empty(0, dtype=bool)
+        self._last: tuple[int, np.ndarray, np.ndarray] | None = None
         self._sq_err = np.zeros(self.n)
         self._err_rows = 0
         self._theta_prev: np.ndarray | None = None
@@ -108,54 +115,81 @@ class OnlineIdentifier:
 
     # -- feeding -------------------------------------------------------------------------------------
     def push(self, seq, q, tau) -> int:
-        """Feed B samples: seq (B,) integers, q and tau (B, n). Returns the number of samples whose rows
-        were used. Non-finite samples are dropped; gaps restart the window."""
+        """Feed B samples: seq (B,) device sample indices, q and tau (B, n). Returns the number of samples
+        whose rows were used.
+
+        Non-finite samples are dropped (counted `rejected`) and then count as missing. A sample whose index
+        is not after the last one (a repeat) is dropped (`repeated`). Up to `max_fill` missing samples in a
+        row are bridged: positions (and torques) are interpolated linearly for the differentiation window
+        only, and no row is built at an interpolated sample (`filled`). A longer gap restarts the window
+        (`gaps`, `lost`): no row spans it."""
         seq = np.asarray(seq, dtype=np.int64).reshape(-1)
         q = np.asarray(q, dtype=float).reshape(-1, self.n)
         tau = np.asarray(tau, dtype=float).reshape(-1, self.n)
         if not (seq.shape[0] == q.shape[0] == tau.shape[0]):
             raise InputError(f"push: seq, q and tau must hold the same number of samples, got "
                              f"{seq.shape[0]}, {q.shape[0]}, {tau.shape[0]}")
-        self.counters.samples += seq.shape[0]
+        c = self.counters
+        c.samples += seq.shape[0]
         ok = np.isfinite(q).all(axis=1) & np.isfinite(tau).all(axis=1)
-        self.counters.rejected += int((~ok).sum())
-        # contiguous runs: split at rejected samples and at sequence gaps
+        c.rejected += int((~ok).sum())
+        seq, q, tau = seq[ok], q[ok], tau[ok]
+        if self._last is not None:                     # anchor: the last sample already in the window
+            seq = np.concatenate([[self._last[0]], seq])
+            q = np.concatenate([self._last[1][None], q])
+            tau = np.concatenate([self._last[2][None], tau])
+        if seq.shape[0] == 0:
+            return 0
+        later = np.r_[True, seq[1:] > np.maximum.accumulate(seq)[:-1]]
+        c.repeated += int((~later).sum())
+        seq, q, tau = seq[later], q[later], tau[later]
+        anchored = self._last is not None
+        step = np.diff(seq)
+        cuts = np.flatnonzero(step > self.max_fill + 1) + 1
         used = 0
-        start = 0
-        B = seq.shape[0]
-        for k in range(B + 1):
-            boundary = k == B or not ok[k] or (k > start and seq[k] != seq[k - 1] + 1)
-            if boundary:
-                if k > start:
-                    used += self._run(seq[start:k], q[start:k], tau[start:k])
-                if k < B and not ok[k]:
-                    self._restart()
-                    self._last_seq = int(seq[k])
-                start = k + 1 if (k < B and not ok[k]) else k
+        for i, (a, b) in enumerate(zip(np.r_[0, cuts], np.r_[cuts, seq.shape[0]])):
+            if i > 0:                                  # a long gap before this segment
+                c.gaps += 1
+                c.lost += int(seq[a] - seq[a - 1] - 1)
+                self._restart()
+            s_seq, s_q, s_tau = seq[a:b], q[a:b], tau[a:b]
+            full = np.arange(s_seq[0], s_seq[-1] + 1)
+            measured = np.ones(full.shape[0], dtype=bool)
+            if full.shape[0] != s_seq.shape[0]:
+                measured[:] = False
+                measured[s_seq - s_seq[0]] = True
+                c.filled += int((~measured).sum())
+                s_q = np.stack([np.interp(full, s_seq, s_q[:, j]) for j in range(self.n)], axis=1)
+                s_tau = np.stack([np.interp(full, s_seq, s_tau[:, j]) for j in range(self.n)], axis=1)
+            if i == 0 and anchored:                    # the anchor is in the window already
+                full, s_q, s_tau, measured = full[1:], s_q[1:], s_tau[1:], measured[1:]
+            if full.shape[0]:
+                used += self._run(s_q, s_tau, measured)
+        self._last = (int(seq[-1]), q[-1].copy(), tau[-1].copy())
         return used
 
     def _restart(self) -> None:
         self._hist_q = self._hist_q[:0]
         self._hist_tau = self._hist_tau[:0]
+        self._hist_measured = self._hist_measured[:0]
 
-    def _run(self, seq, q, tau) -> int:
-        if self._last_seq is not None and seq[0] != self._last_seq + 1:
-            self.counters.gaps += 1
-            self.counters.lost += max(int(seq[0] - self._last_seq - 1), 0)
-            self._restart()
-        self._last_seq = int(seq[-1])
+    def _run(self, q, tau, measured) -> int:
         Q = np.concatenate([self._hist_q, q])
         T = np.concatenate([self._hist_tau, tau])
+        M = np.concatenate([self._hist_measured, measured])
         L = self.window
         keep = L - 1
-        self._hist_q, self._hist_tau = Q[-keep:].copy(), T[-keep:].copy()
+        self._hist_q, self._hist_tau, self._hist_measured = Q[-keep:].copy(), T[-keep:].copy(), M[-keep:].copy()
         if Q.shape[0] < L:
             return 0
         wq = np.lib.stride_tricks.sliding_window_view(Q, L, axis=0)      # (K, n, L)
         qc, qd, qdd = (wq @ self._c[d] for d in range(3))                   # (K, n) each, at the centres
-        tc = T[self.delay:self.delay + qc.shape[0]]                         # the torques of those samples
-        Yb = self.base.regressor(dynamics.regressor(self.model, qc, qd, qdd))   # (K, n, b)
-        return self._feed(Yb, tc, qd)
+        centre = slice(self.delay, self.delay + qc.shape[0])
+        real = M[centre]                                                    # rows only at measured samples
+        if not real.any():
+            return 0
+        Yb = self.base.regressor(dynamics.regressor(self.model, qc[real], qd[real], qdd[real]))   # (K', n, b)
+        return self._feed(Yb, T[centre][real], qd[real])
 
     def _feed(self, Yb: np.ndarray, y: np.ndarray, qd: np.ndarray) -> int:
         slow = np.abs(qd) < self.min_speed
@@ -188,7 +222,7 @@ class OnlineIdentifier:
         """Forget the estimate and the window (counters too)."""
         self.rls.reset()
         self._restart()
-        self._last_seq = None
+        self._last = None
         self.counters = Counters()
         self._theta_prev, self._steady = None, 0
         self._sq_err[:] = 0.0
@@ -232,4 +266,5 @@ class OnlineIdentifier:
         self.rls.reset(theta, P)
         self.rls.stats[:] = stats
         self._restart()
+        self._last = None
         self._theta_prev, self._steady = None, 0

@@ -4,13 +4,17 @@ One thread polls two sockets:
   SUB  the driver's state stream (firmware_bridge.stream, version 1): samples are decoded, checked and
        batched; every 1/publish_hz seconds the batch goes to ident.online.OnlineIdentifier and the
        estimate is published;
-  REP  JSON commands: status, reset, freeze, unfreeze, save, load (and identify_now, batch WLS over the
-       buffered window, when the batch pipeline is available).
+  REP  JSON commands: status, reset, freeze, unfreeze, save, load, and identify_now: the batch pipeline
+       (ident.batch: filtering, parallel decimation, WLS) over the buffered window, answering with the
+       content of result.json.
 and publishes on its own PUB socket:
   topic b"estimate"  JSON: names, theta, sigma %, torque prediction RMS per joint, samples, converged, ...
   topic b"health"    JSON: the stream's state ("ok", "stopped", "resumed"), counters of dropped messages.
 
 A message that is not a version-1 state message of this model's joint count is counted and dropped.
+Samples are indexed by the drives' clock, round(device_time * rate_hz): a message repeating the previous
+device sample (the driver republishes the last sample when no new one arrived in a cycle) is counted
+(`repeated`) and dropped; a device sample missing between two messages is a gap for the identifier.
 When no message arrives for stale_s, the service says so once (health "stopped") and says "resumed"
 when the stream comes back; the sequence numbers tell the identifier to restart its window.
 """
@@ -39,6 +43,7 @@ class IdentService:
     def __init__(self, model: Model, *, state_endpoint: str = "tcp://127.0.0.1:5555",
                  publish_endpoint: str = "tcp://127.0.0.1:5557", command_endpoint: str = "tcp://127.0.0.1:5558",
                  publish_hz: float = 10.0, stale_s: float = 0.5, estimate_file: str | None = None,
+                 buffer_s: float = 120.0,
                  context: zmq.Context | None = None, log=None, **identifier_options):
         if not publish_hz > 0 or not stale_s > 0:
             raise InputError("publish_hz and stale_s: expected positive numbers")
@@ -58,6 +63,18 @@ class IdentService:
         self._q = np.zeros((cap, model.n))
         self._tau = np.zeros((cap, model.n))
         self._k = 0
+        # the last buffer_s seconds of samples (device time s, seq, q, tau), for identify_now
+        ring = max(int(buffer_s * identifier_options.get("rate_hz", 1000.0)), 1000)
+        self._ring_t = np.zeros(ring)
+        self._ring_seq = np.zeros(ring, np.int64)
+        self._ring_q = np.zeros((ring, model.n))
+        self._ring_tau = np.zeros((ring, model.n))
+        self._ring_next = 0
+        self._ring_count = 0
+        self._t = np.zeros(cap)
+        self._rate = float(identifier_options.get("rate_hz", 1000.0))
+        self._last_index: int | None = None
+        self.repeated = 0
         self.malformed = 0
         self.messages = 0
         self.stream_state = "waiting"
@@ -148,18 +165,61 @@ class IdentService:
             if int(rec["n"]) != n:
                 self.malformed += 1
                 continue
+            index = int(round(int(rec["device_time_ns"]) * self._rate / 1e9))
+            if index == self._last_index:
+                self.repeated += 1
+                continue
+            self._last_index = index
             if self._k == self._seq.shape[0]:
                 self._flush()
             k = self._k
-            self._seq[k] = rec["seq"]
+            self._t[k] = rec["device_time_ns"] * 1e-9
+            self._seq[k] = index
             self._q[k] = rec["q"]
             self._tau[k] = rec["torque"]
             self._k = k + 1
 
     def _flush(self) -> None:
-        if self._k:
-            self.identifier.push(self._seq[:self._k], self._q[:self._k], self._tau[:self._k])
+        k = self._k
+        if k:
+            self.identifier.push(self._seq[:k], self._q[:k], self._tau[:k])
+            idx = (self._ring_next + np.arange(k)) % self._ring_t.shape[0]
+            self._ring_t[idx], self._ring_seq[idx] = self._t[:k], self._seq[:k]
+            self._ring_q[idx], self._ring_tau[idx] = self._q[:k], self._tau[:k]
+            self._ring_next = int(idx[-1] + 1) % self._ring_t.shape[0]
+            self._ring_count = min(self._ring_count + k, self._ring_t.shape[0])
             self._k = 0
+
+    def buffered(self):
+        """The newest run of buffered samples without a gap longer than the identifier's max_fill, on the
+        drives' uniform sample grid (shorter gaps bridged by linear interpolation): (t s, q, tau)."""
+        cap, c = self._ring_t.shape[0], self._ring_count
+        idx = (self._ring_next - c + np.arange(c)) % cap
+        seq, q, tau = self._ring_seq[idx], self._ring_q[idx], self._ring_tau[idx]
+        step = np.diff(seq)
+        long = np.flatnonzero((step > self.identifier.max_fill + 1) | (step <= 0))
+        start = int(long[-1]) + 1 if long.size else 0
+        seq, q, tau = seq[start:], q[start:], tau[start:]
+        if seq.shape[0] < 2:
+            return np.zeros(seq.shape[0]), q, tau
+        grid = np.arange(seq[0], seq[-1] + 1)
+        if grid.shape[0] != seq.shape[0]:
+            q = np.stack([np.interp(grid, seq, q[:, j]) for j in range(self.model.n)], axis=1)
+            tau = np.stack([np.interp(grid, seq, tau[:, j]) for j in range(self.model.n)], axis=1)
+        return (grid - grid[0]) / self._rate, q, tau
+
+    def identify_now(self) -> dict:
+        """Batch identification (ident.batch) of the buffered window: the content of result.json."""
+        from ident.batch import identify
+        from ident.preprocess import Recording
+        from ident.results import result_document
+
+        self._flush()
+        t, q, tau = self.buffered()
+        if t.shape[0] < 2000:
+            raise InputError(f"identify_now: {t.shape[0]} contiguous samples buffered; at least 2000 are needed")
+        rec = Recording(t, q, tau, None, None, "live stream")
+        return result_document(identify(self.model, rec, base=self.identifier.base))
 
     def _watch_stream(self, pub: zmq.Socket, now: float) -> None:
         if self._last_rx == 0.0:
@@ -176,14 +236,14 @@ class IdentService:
 
     def _health(self, pub: zmq.Socket, text: str, state: str | None = None) -> None:
         msg = {"time": time.time(), "stream": state or self.stream_state, "text": text, "messages": self.messages,
-               "malformed": self.malformed, "counters": vars(self.identifier.counters)}
+               "malformed": self.malformed, "repeated": self.repeated, "counters": vars(self.identifier.counters)}
         self.log(f"ident-service: stream {msg['stream']}: {text}")
         pub.send_multipart((TOPIC_HEALTH, json.dumps(msg).encode()))
 
     def _estimate_message(self) -> dict:
         rep = self.identifier.report()
         return {"time": time.time(), "model": self.model.name, "stream": self.stream_state, **rep.to_json(),
-                "messages": self.messages, "malformed": self.malformed}
+                "messages": self.messages, "malformed": self.malformed, "repeated": self.repeated}
 
     # -- commands ------------------------------------------------------------------------------------
     def handle(self, req) -> dict:
@@ -196,6 +256,7 @@ class IdentService:
                 c = self.identifier.counters
                 return {"ok": True, "model": self.model.name, "stream": self.stream_state, "frozen": self.identifier.frozen,
                         "counters": vars(c), "messages": self.messages, "malformed": self.malformed,
+                        "repeated": self.repeated,
                         "parameters": self.identifier.p, "delay_samples": self.identifier.delay}
             if cmd == "reset":
                 self._flush()
@@ -205,6 +266,8 @@ class IdentService:
                 self._flush()
                 self.identifier.frozen = cmd == "freeze"
                 return {"ok": True, "frozen": self.identifier.frozen}
+            if cmd == "identify_now":
+                return {"ok": True, "result": self.identify_now()}
             if cmd in ("save", "load"):
                 path = req.get("path", self.estimate_file)
                 if not isinstance(path, str) or not path:
@@ -212,11 +275,14 @@ class IdentService:
                 self._flush()
                 (self.identifier.save if cmd == "save" else self.identifier.load)(path)
                 return {"ok": True, "path": path}
-            return {"ok": False, "error": f"unknown command {cmd!r} (known: freeze, load, reset, save, status, unfreeze)"}
+            return {"ok": False, "error": f"unknown command {cmd!r} (known: freeze, identify_now, load, reset, save, status, unfreeze)"}
         except InputError as exc:
             return {"ok": False, "error": str(exc)}
         except OSError as exc:
             return {"ok": False, "error": f"{cmd}: {exc}"}
+        except Exception as exc:  # noqa: BLE001 - a failed command must not stop the service
+            self.log(f"ident-service: {cmd} failed: {type(exc).__name__}: {exc}")
+            return {"ok": False, "error": f"{cmd} failed: {type(exc).__name__}: {exc}"}
 
 
 def _parse(raw: bytes):

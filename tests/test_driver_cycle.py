@@ -1,5 +1,6 @@
-"""The driver's cycle against the real simulator, stepped in lockstep (one simulator cycle per driver
-cycle): the CiA 402 walk, motions, supervision (drive faults, watchdog, link errors) and the stream."""
+"""The driver's cycle against the real simulator, stepped in lockstep by the `sim` transport (one
+simulator cycle per driver cycle): the CiA 402 walk, motions, supervision (drive faults, watchdog, link
+errors) and the stream."""
 import time
 
 import numpy as np
@@ -33,8 +34,7 @@ class Rig:
 
     def tick(self, k=1):
         for _ in range(k):
-            self.sim.step(1)
-            self.cycle.step()
+            self.cycle.step()            # begin_cycle steps the simulator
 
     def states(self):
         return self.sim.read_state().states()
@@ -130,9 +130,10 @@ def test_the_watchdog_trips_when_the_device_data_stops(model):
     r.tick(3)
     r.cycle.submit(r.cycle.enable)
     r.tick(6)
+    r.arm.lockstep = False                 # the simulator is not stepped any more: no new data
     deadline = time.monotonic() + 5.0
     while r.cycle.fault is None and time.monotonic() < deadline:
-        r.cycle.step()                     # the simulator is not stepped: no new data
+        r.cycle.step()
         time.sleep(0.005)
     assert r.cycle.fault is not None and r.cycle.fault.startswith("watchdog: no new data from the drives")
     assert set(r.cycle.command.controlword.tolist()) == {cia402.CW_QUICK_STOP}
@@ -153,7 +154,6 @@ def test_a_link_error_becomes_a_driver_fault_not_a_crash(model):
     arm = _BrokenArm(model, simulator=sim)
     cycle = Cycle(arm, watchdog_s=5.0)
     for _ in range(3):
-        sim.step(1)
         cycle.step()
     arm.broken = True
     cycle.step()

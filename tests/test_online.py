@@ -79,7 +79,7 @@ def test_a_sequence_gap_restarts_the_window_and_no_row_spans_it(model, base, run
     two = OnlineIdentifier(model, base=base)
     _feed(two, seq[:3000], q[:3000], tau[:3000])
     two._restart()
-    two._last_seq = None
+    two._last = None
     _feed(two, seq[3100:6000], q[3100:6000], tau[3100:6000])
     np.testing.assert_allclose(ident.rls.theta, two.rls.theta, rtol=1e-10, atol=1e-12)
 
@@ -91,9 +91,27 @@ def test_non_finite_samples_are_dropped_and_never_reach_the_filter(model, base, 
     tau2[2500, 4] = np.inf
     ident = OnlineIdentifier(model, base=base)
     _feed(ident, seq[:4000], q2, tau2)
-    assert ident.counters.rejected == 2
+    assert ident.counters.rejected == 2 and ident.counters.filled == 2 and ident.counters.gaps == 0
     assert np.isfinite(ident.rls.theta).all() and np.isfinite(ident.rls.P).all()
-    assert ident.counters.rows == 4000 - 2 - 3 * (ident.window - 1)
+    assert ident.counters.rows == 4000 - 2 - (ident.window - 1)      # no row at the two dropped samples
+
+
+def test_short_gaps_are_bridged_without_rows_at_missing_samples_and_repeats_are_dropped(model, base, run):
+    """Asynchronous clocks make the stream skip or repeat a device sample now and then: the window
+    bridges up to max_fill missing samples, builds rows only at measured ones, and drops repeats."""
+    seq, q, tau = run[:3]
+    keep = np.flatnonzero((np.arange(seq.size) % 10 != 3) & (np.arange(seq.size) % 37 != 5))
+    order = np.sort(np.r_[keep, keep[::50]])                  # every 50th kept sample arrives twice
+    ident = OnlineIdentifier(model, base=base, p0=1e8)
+    _feed(ident, seq[order], q[order], tau[order], batch=333)
+    c = ident.counters
+    assert c.repeated == keep[::50].size and c.gaps == 0
+    assert c.filled == seq.size - keep.size
+    assert c.rows == keep.size - np.sum(keep < ident.delay) - np.sum(keep >= seq.size - ident.delay)
+    full = OnlineIdentifier(model, base=base, p0=1e8)
+    _feed(full, seq, q, tau)
+    well = full.report().sigma_percent < 1.0
+    np.testing.assert_allclose(ident.rls.theta[well], full.rls.theta[well], rtol=5e-3)
 
 
 def test_report_converges_on_steady_data_and_not_before(model, base, run):

@@ -1,7 +1,10 @@
 """The `sim` transport: a sim.Simulator in this process, read and commanded directly (no wire).
 
-The simulator runs on its own clock (start it, or let this transport start it); each read copies its
-newest published sample. Its current and torque are already SI, so no wire scaling is involved.
+Lockstep (default when this transport creates the simulator, or is given one that is not running): the
+driver's cycle is the simulator's clock, as the SYNC master is on CAN: begin_cycle() steps the simulator
+one cycle, so every driver cycle carries exactly one new device sample. Otherwise (a simulator already
+running on its own clock) each read copies its newest published sample. Current and torque are already
+SI, so no wire scaling is involved.
 """
 from __future__ import annotations
 
@@ -17,10 +20,12 @@ class LocalSimArm:
         if simulator is None:
             from sim import Simulator
 
+            simulator_options.pop("realtime", None)      # the driver's cycle keeps the time
             simulator = Simulator(model, **simulator_options)
             self._owned = True
         else:
             self._owned = False
+        self.lockstep = not simulator.running
         self.sim = simulator
         self.n = simulator.n
         from sim.simulator import SimState
@@ -30,15 +35,18 @@ class LocalSimArm:
         self._reads = 0
 
     def open(self) -> None:
-        if not self.sim.running:
-            self.sim.start()
+        self.lockstep = not self.sim.running
 
     def close(self) -> None:
         if self._owned:
             self.sim.stop()
 
     def begin_cycle(self) -> None:
-        pass
+        if self.lockstep:
+            try:
+                self.sim.step(1)
+            except Exception as exc:  # noqa: BLE001 - the simulator failing is this link failing
+                raise LinkError(f"simulator step failed: {exc}") from exc
 
     def read(self, out: ArmState) -> bool:
         if self.sim.error is not None:
