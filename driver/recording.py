@@ -197,7 +197,7 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
     if len(s) == 0:
         raise RecordingError(f"{log.path}: no fresh samples to convert")
     array, _ = EFFORTS[effort]
-    out = {"t": (s["device_time_ns"] - s["device_time_ns"][0]).astype(np.float64) * 1e-9,
+    out = {"t": (s["device_time_ns"] - s["device_time_ns"][0]).astype(np.float64) / 1e9,
            "q": np.ascontiguousarray(s["q"], dtype=np.float64),
            array: np.ascontiguousarray(s[effort], dtype=np.float64),
            "qd": np.ascontiguousarray(s["qd"], dtype=np.float64)}
