@@ -251,14 +251,17 @@ class RecordingStats:
     samples_per_chunk: int = 0
     reasons: dict[str, int] = field(default_factory=dict)   # malformed: reason -> count
 
+    recent_rate_hz: float = 0.0    # state messages per second since the previous progress report
+
     @property
     def rate_hz(self) -> float:
+        """Mean state messages per second since the start."""
         return self.messages / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def line(self) -> str:
         """One progress line."""
         return (f"{self.path}: {self.messages} messages (seq {self.first_seq}..{self.last_seq}) in {self.elapsed_s:.1f} s, "
-                f"{self.rate_hz:.0f} msg/s; dropped {self.dropped} in {self.gaps} gaps; malformed {self.malformed}; "
+                f"{self.recent_rate_hz:.0f} msg/s; dropped {self.dropped} in {self.gaps} gaps; malformed {self.malformed}; "
                 f"{self.bytes_written / 1e6:.2f} MB")
 
     def summary(self) -> dict[str, str]:
@@ -348,6 +351,8 @@ def record(path: str | Path, state_endpoint: str, *, joint_names: list[str] | No
             else:
                 stats.first_seq = seq
             host_ns, = struct.unpack_from("<q", payload, 28)
+            if not writer.started and joint_names and len(joint_names) != checker.n:
+                log(f"{len(joint_names)} joint names for a stream of {checker.n} joints: naming them j1..j{checker.n}")
             writer.write_state(payload, checker.n, seq, host_ns)
             stats.last_seq = seq
             stats.messages += 1
@@ -361,13 +366,20 @@ def record(path: str | Path, state_endpoint: str, *, joint_names: list[str] | No
                 writer.write_health(text, time.time_ns())
                 stats.health += 1
 
+    last = [t0, 0]   # time and message count of the previous report
+
     def report() -> None:
-        stats.elapsed_s = time.monotonic() - t0
+        now = time.monotonic()
+        stats.elapsed_s = now - t0
+        if now > last[0]:
+            stats.recent_rate_hz = (stats.messages - last[1]) / (now - last[0])
+        last[:] = [now, stats.messages]
         stats.bytes_written = writer.file.tell()
         stats.samples_per_chunk = writer.samples_per_chunk
         if progress is not None:
             progress(stats)
 
+    failed: list[RecorderError] = []
     try:
         try:
             sub.connect(state_endpoint)
@@ -394,9 +406,16 @@ def record(path: str | Path, state_endpoint: str, *, joint_names: list[str] | No
                 except zmq.Again:
                     break
                 handle(frames)
+    except OSError as exc:   # the disk, not the stream: say which file
+        failed.append(RecorderError(f"{writer.path}: cannot write: {exc.strerror or exc}"))
     finally:
         sub.close(0)
         stats.elapsed_s = time.monotonic() - t0
-        writer.close(stats.summary())
+        try:
+            writer.close(stats.summary())
+        except OSError as exc:
+            failed.append(RecorderError(f"{writer.path}: cannot finish the file: {exc.strerror or exc}"))
         report()
+    if failed:
+        raise failed[0]
     return stats
