@@ -16,21 +16,21 @@ def register(sub) -> None:
                                       "convert recordings to CSV/NPZ for identification",
                        description="Record the driver's state stream into an MCAP file until Ctrl-C, SIGTERM or "
                                    "--duration. Subcommands: convert, info.")
-    p.add_argument("--state", help="the driver's state endpoint (PUB), e.g. tcp://127.0.0.1:5555")
-    p.add_argument("--commands", help="the driver's command endpoint: joint names, model and rate from its status")
-    p.add_argument("-o", "--output", help="the MCAP file to write (run.mcap)")
-    p.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C/SIGTERM)")
-    p.add_argument("--rate", type=float, default=None,
+    p.add_argument("--state", metavar="ENDPOINT", help="the driver's state endpoint (PUB), e.g. tcp://127.0.0.1:5555")
+    p.add_argument("--commands", metavar="ENDPOINT", help="the driver's command endpoint: joint names, model and rate from its status")
+    p.add_argument("-o", "--output", metavar="FILE.mcap", help="the MCAP file to write (run.mcap)")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after this many seconds (default: until Ctrl-C/SIGTERM)")
+    p.add_argument("--rate", type=float, default=None, metavar="HZ",
                    help="the stream's nominal rate in Hz, which sizes the chunks (default: the driver's status, else 1000)")
-    p.add_argument("--chunk-seconds", type=float, default=0.25,
+    p.add_argument("--chunk-seconds", type=float, default=0.25, metavar="S",
                    help="seconds of data per MCAP chunk, at most what a killed recorder loses (default 0.25)")
-    p.add_argument("--progress-interval", type=float, default=2.0, help="seconds between progress lines on stderr")
+    p.add_argument("--progress-interval", type=float, default=2.0, metavar="S", help="seconds between progress lines on stderr")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.set_defaults(run=_record, action=None)
     actions = p.add_subparsers(dest="action", required=False, metavar="{convert,info}")
     convert = actions.add_parser("convert", help="convert a recording to the CSV/NPZ layout that identify reads")
     convert.add_argument("recording", help="an MCAP file of armid record (complete, or cut short by a kill)")
-    convert.add_argument("-o", "--output", required=True, help="run.csv or run.npz")
+    convert.add_argument("-o", "--output", required=True, metavar="FILE", help="run.csv or run.npz")
     effort = convert.add_mutually_exclusive_group()
     effort.add_argument("--torque", dest="effort", action="store_const", const="torque",
                         help="joint torques tau1..taun in N m (default)")
