@@ -39,6 +39,7 @@ from ident.errors import InputError
 RCVHWM = 200_000          # messages the SUB may queue while the recorder compresses a chunk (200 s at 1 kHz)
 MCAP_RECORD_OVERHEAD = 31  # bytes of a Message record around its data (opcode, length, channel, seq, 2 times)
 MIN_CHUNK_BYTES = 4096
+MAX_REASONS = 20           # kinds of malformed messages named one by one; the rest are counted together
 
 
 class RecorderError(InputError):
@@ -327,6 +328,8 @@ def record(path: str | Path, state_endpoint: str, *, joint_names: list[str] | No
 
     def bad(reason: str) -> None:
         stats.malformed += 1
+        if reason not in stats.reasons and len(stats.reasons) >= MAX_REASONS:
+            reason = "other malformed messages"
         if reason not in stats.reasons:
             log(f"skipping malformed message: {reason}")
             stats.reasons[reason] = 0

@@ -525,3 +525,20 @@ def test_the_identification_loader_reads_the_converted_files(tmp_path):
         np.testing.assert_array_equal(rec.t, arrays["t"])
         np.testing.assert_array_equal(rec.q, arrays["q"])
         np.testing.assert_array_equal(rec.y, arrays["tau" if effort == "torque" else "current"])
+
+
+def test_record_info_says_whether_a_file_is_complete_and_counts_gaps_and_flags(tmp_path, capsys):
+    from armid.cli import main
+
+    payloads = [payload(2, seq, flags=stream.FLAG_ENABLED | (stream.FLAG_STALE if seq % 4 == 0 else 0))
+                for seq in range(50) if seq not in (30, 31)]
+    write_synthetic(tmp_path / "a.mcap", payloads, names=["shoulder", "elbow"], chunk_seconds=0.01)
+    data = (tmp_path / "a.mcap").read_bytes()
+    (tmp_path / "cut.mcap").write_bytes(data[:len(data) // 2])
+    assert main(["record", "info", str(tmp_path / "a.mcap")]) == 0
+    out = capsys.readouterr().out
+    assert "complete; 48 state messages of 2 joints (shoulder, elbow), seq 0..49" in out
+    assert "2 messages missing in 1 seq gaps" in out
+    assert re.search(r"ENABLED +48 samples", out) and re.search(r"STALE +13 samples", out)   # seq 0, 4, .., 48
+    assert main(["record", "info", str(tmp_path / "cut.mcap")]) == 0
+    assert "cut short (no footer)" in capsys.readouterr().out
