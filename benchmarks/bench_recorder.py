@@ -1,6 +1,6 @@
 """Recorder cost: CPU time per state message written, and the time to read a recording back.
 
-Prints `name: value unit (reference: value unit, ratio x)`; run with `python benchmarks/bench_recorder.py [N]`.
+Prints `name: value unit (reference: value unit, ratio x)`; run from the checkout with `python -m benchmarks.bench_recorder [N]`.
   * write: the recorder's work per state message of six joints (check the payload, encode /joint_states,
     /motor_currents and /armid/state from fixed CDR layouts, add them to zstd chunks of 0.25 s, write
     through to the file), N messages (default 20000); reference: the same three messages encoded by
