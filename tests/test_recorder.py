@@ -3,7 +3,6 @@ live driver+simulator recorded without loss, a SIGKILLed recorder that loses at 
 stops that write a complete file, conversions that round-trip exactly, and bad input that gets one error.
 Everything runs on 127.0.0.1 or ipc://, every wait is bounded, every thread and process is stopped."""
 import io
-import json
 import math
 import re
 import signal
@@ -30,6 +29,7 @@ from driver.recording import RecordingError, convert, identification_arrays, rea
 from driver.transports.local_sim import LocalSimArm
 from ident.model import load_model
 from sim import Simulator
+from test_driver_daemon import _call, _client
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
@@ -110,13 +110,11 @@ def live(model):
 
 
 def _command(driver, **request):
-    sock = zmq.Context.instance().socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(driver.bound["commands"])
+    sock = _client(driver.bound["commands"])
     try:
-        sock.send(json.dumps(request).encode())
-        assert sock.poll(30000), f"no reply to {request}"
-        return json.loads(sock.recv())
+        reply = _call(sock, timeout_ms=30000, **request)
+        assert reply is not None, f"no reply to {request}"
+        return reply
     finally:
         sock.close(0)
 
