@@ -117,6 +117,8 @@ def read_recording(path: str | Path) -> StateLog:
                     metadata[record.name] = dict(record.metadata)
                 elif isinstance(record, Footer):
                     complete = True
+        except RecordingError:
+            raise
         except _READ_ERRORS as exc:
             if f.seek(-len(MCAP0_MAGIC), os.SEEK_END) >= 0 and f.read() == MCAP0_MAGIC and size > 2 * len(MCAP0_MAGIC):
                 raise _fail(path, f"corrupt MCAP ({type(exc).__name__}: {exc}) after {len(blobs)} state messages") from None
