@@ -23,7 +23,7 @@ from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer as Ros2Writer
 
 from driver import mcap_schema as schema
-from driver import stream
+from firmware_bridge import stream
 from driver.recorder import MCAP_RECORD_OVERHEAD, McapStateWriter, _StateCheck
 from driver.recording import read_recording
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
 import numpy as np
@@ -144,7 +145,12 @@ class Cycle:
             return fn()
         fut: Future = Future()
         self._requests.append((fn, fut))
-        return fut.result(timeout)
+        try:
+            return fut.result(timeout)
+        except FutureTimeout:
+            fut.cancel()
+            raise DriverFault(f"the cycle did not take the request within {timeout:g} s "
+                              f"(cycles run: {self.cycles}; is the machine overloaded?)") from None
 
     def _fail_requests(self, exc: BaseException) -> None:
         while self._requests:

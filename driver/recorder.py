@@ -33,7 +33,7 @@ import zmq
 from mcap.writer import CompressionType, Writer
 
 from driver import mcap_schema as schema
-from driver import stream
+from firmware_bridge import stream
 from ident.errors import InputError
 
 RCVHWM = 200_000          # messages the SUB may queue while the recorder compresses a chunk (200 s at 1 kHz)

@@ -25,7 +25,7 @@ from mcap.stream_reader import StreamReader
 from mcap.writer import MCAP0_MAGIC
 
 from driver import mcap_schema as schema
-from driver import stream
+from firmware_bridge import stream
 from ident.errors import InputError
 
 # what a damaged or cut file makes the mcap reader raise (its own errors, CRC mismatches as ValueError,

@@ -22,7 +22,7 @@ from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer as Ros2Writer
 
 from driver import mcap_schema as schema
-from driver import stream
+from firmware_bridge import stream
 from driver.daemon import Driver, Endpoints
 from driver.recorder import McapStateWriter, RecorderError, query_status, record
 from driver.recording import RecordingError, convert, identification_arrays, read_recording
@@ -38,7 +38,7 @@ NAMES7 = ["base", "shoulder_pitch", "elbow", "w1", "wrist_2_long_name", "w3", "t
 
 # -- helpers -----------------------------------------------------------------------------------------
 def payload(n, seq, *, rng=None, flags=0, device_ns=None, host_ns=None):
-    """A version-1 state message with random values (docs/stream.md), built with driver.stream."""
+    """A version-1 state message with random values (docs/stream.md), built with firmware_bridge.stream."""
     rng = rng or np.random.default_rng(seq)
     m = stream.StateMessage(n)
     m.q[:], m.qd[:], m.current[:], m.torque[:] = rng.normal(size=(4, n))

@@ -101,7 +101,7 @@ def _convert(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from driver import stream
+    from firmware_bridge import stream
     from driver.recording import read_recording
 
     log = read_recording(args.recording)
