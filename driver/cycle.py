@@ -148,7 +148,8 @@ class Cycle:
         try:
             return fut.result(timeout)
         except FutureTimeout:
-            fut.cancel()
+            if not fut.cancel():        # the cycle started it just now: it will finish, wait for it
+                return fut.result()
             raise DriverFault(f"the cycle did not take the request within {timeout:g} s "
                               f"(cycles run: {self.cycles}; is the machine overloaded?)") from None
 
@@ -243,6 +244,8 @@ class Cycle:
         self._supervise(fresh, now_mono)
         while self._requests:
             fn, fut = self._requests.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue                # the requester gave up waiting: never act on it late
             try:
                 fut.set_result(fn())
             except BaseException as exc:  # noqa: BLE001 - handed to the requester
