@@ -261,6 +261,48 @@ def _set3(x, base, off, v0, v1, v2):
     x[base + (off + 2) * LANES] = v2
 
 
+# sin and cos that LLVM can vectorise (libm's cannot be, and 12 libm calls a sample cost as much as the
+# rest of the forward pass): Cody-Waite reduction by pi/2 in three parts (exact for |x| < SINCOS_RANGE),
+# then fdlibm's __kernel_sin / __kernel_cos minimax polynomials on |r| <= pi/4. Error ~1 ulp.
+SINCOS_RANGE = 8.0e5  # beyond it (k >= 2^19) the reduction loses bits: libm takes over
+_TWO_OVER_PI = 6.36619772367581382433e-01
+_PIO2_1 = 1.57079632673412561417e+00    # first 33 bits of pi/2
+_PIO2_2 = 6.07710050630396597660e-11    # next 33 bits
+_PIO2_2T = 2.02226624879595063154e-21   # pi/2 - _PIO2_1 - _PIO2_2
+_S1, _S2, _S3 = -1.66666666666666324348e-01, 8.33333333332248946124e-03, -1.98412698298579493134e-04
+_S4, _S5, _S6 = 2.75573137070700676789e-06, -2.50507602534068634195e-08, 1.58969099521155010221e-10
+_C1, _C2, _C3 = 4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05
+_C4, _C5, _C6 = -2.75573143513906633035e-07, 2.08757232129817482790e-09, -1.13596475577881948265e-11
+
+
+@njit(cache=True, inline="always")
+def _sincos(x):
+    """(sin x, cos x) for |x| < SINCOS_RANGE, branch-free."""
+    k = np.floor(x * _TWO_OVER_PI + 0.5)
+    r = ((x - k * _PIO2_1) - k * _PIO2_2) - k * _PIO2_2T
+    z = r * r
+    sr = r + r * z * (_S1 + z * (_S2 + z * (_S3 + z * (_S4 + z * (_S5 + z * _S6)))))
+    cr = (1.0 - 0.5 * z) + z * z * (_C1 + z * (_C2 + z * (_C3 + z * (_C4 + z * (_C5 + z * _C6)))))
+    quadrant = k - 4.0 * np.floor(0.25 * k)  # 0, 1, 2 or 3
+    odd = quadrant == 1.0 or quadrant == 3.0
+    s = cr if odd else sr
+    c = sr if odd else cr
+    s = -s if quadrant >= 2.0 else s
+    c = -c if quadrant == 1.0 or quadrant == 2.0 else c
+    return s, c
+
+
+@njit(cache=True)
+def sincos(x, s, c):
+    """s[k], c[k] = sin x[k], cos x[k] (rad) as the regressor computes them: vectorised polynomial, libm
+    beyond SINCOS_RANGE."""
+    for k in range(x.size):
+        s[k], c[k] = _sincos(x[k])
+    for k in range(x.size):
+        if not abs(x[k]) < SINCOS_RANGE:
+            s[k], c[k] = np.sin(x[k]), np.cos(x[k])
+
+
 @njit(cache=True, inline="always")
 def _forward_lane(io, b, prismatic, K, lp, pax, ax):
     """One lane of forward_pass for one joint: parent state and inputs from io, child state into io."""
@@ -397,15 +439,18 @@ def _block_forward(jtype, Rpl, ppl, pax, axis, Q, QD, QDD, s0, m, io, st):
         io[k] = st[k]
     for j in range(n):
         for b in range(m):
-            x = Q[s0 + b, j]
-            io[_IN + b] = x
+            io[_IN + b] = Q[s0 + b, j]
             io[_IN + LANES + b] = QD[s0 + b, j]
             io[_IN + 2 * LANES + b] = QDD[s0 + b, j]
-            io[_IN + 3 * LANES + b] = np.cos(x)
-            io[_IN + 4 * LANES + b] = np.sin(x)
         for b in range(m, LANES):
-            for k in range(5):
+            for k in range(3):
                 io[_IN + k * LANES + b] = 0.0
+        for b in range(LANES):
+            io[_IN + 4 * LANES + b], io[_IN + 3 * LANES + b] = _sincos(io[_IN + b])
+        for b in range(LANES):
+            x = io[_IN + b]
+            if not abs(x) < SINCOS_RANGE:
+                io[_IN + 4 * LANES + b], io[_IN + 3 * LANES + b] = np.sin(x), np.cos(x)
         K = (Rpl[j, 0, 0], Rpl[j, 0, 1], Rpl[j, 0, 2], Rpl[j, 1, 0], Rpl[j, 1, 1], Rpl[j, 1, 2],
              Rpl[j, 2, 0], Rpl[j, 2, 1], Rpl[j, 2, 2])
         lp = (ppl[j, 0], ppl[j, 1], ppl[j, 2])
@@ -426,12 +471,14 @@ def _block_forward(jtype, Rpl, ppl, pax, axis, Q, QD, QDD, s0, m, io, st):
 
 @njit(cache=True, inline="always")
 def _block_columns(jtype, n, st, cb):
-    """Inertial columns of every link j on every row i <= j, lanes innermost: cb[((j n + i) 10 + k) LANES + b]."""
+    """Inertial columns of every link j on every row i <= j, lanes innermost: cb[((j (j+1)/2 + i) 10 + k) LANES + b].
+
+    Only the pairs i <= j are stored, so that cb (n(n+1)/2 x 10 x LANES doubles) stays in L1 for n = 6."""
     for j in range(n):
         J = (j + 1) * _NS * LANES
         for i in range(j + 1):
             I = (i + 1) * _NS * LANES
-            base = (j * n + i) * 10 * LANES
+            base = ((j * (j + 1)) // 2 + i) * 10 * LANES
             if jtype[i] == 1:
                 for b in range(LANES):
                     _columns_lane(st, J + b, I + b, True, cb, base + b)
@@ -461,7 +508,7 @@ def _block_write(QD, QDD, s0, m, cb, flat, stream):
             for j in range(n):
                 o = row + 14 * j
                 if i <= j:
-                    src = (j * n + i) * 10 * LANES + b
+                    src = ((j * (j + 1)) // 2 + i) * 10 * LANES + b
                     for k in range(0, 10, 2):
                         _put_pair(flat, o + k, cb[src + k * LANES], cb[src + (k + 1) * LANES], stream)
                 else:
@@ -494,7 +541,7 @@ def regressor(jtype, Rpl, ppl, axis, grav, Q, QD, QDD, out):
     for c in prange((nblocks + per - 1) // per):
         io = np.empty(_IO)
         st = np.empty((n + 1) * _NS * LANES)
-        cb = np.empty(n * n * 10 * LANES)
+        cb = np.empty(((n * (n + 1)) // 2) * 10 * LANES)
         for k in range(_NS * LANES):
             st[k] = 0.0
         for b in range(LANES):
