@@ -3,8 +3,13 @@
 All quantities are in the base frame unless named `_loc` (frame of the link). Per sample, one forward
 pass computes each joint frame's orientation R0, origin o, axis u and the link's velocity ω,
 acceleration ω̇ and origin acceleration a (gravity enters as a base acceleration -g). Everything else
-(RNEA, regressor, CRBA, Jacobian) reads that pass. Samples are split into chunks; each chunk owns its
-scratch arrays, so the hot loops allocate nothing per sample.
+(RNEA, CRBA, Jacobian, payload regressor) reads that pass. Samples are split into chunks; each chunk owns
+its scratch arrays, so the hot loops allocate nothing per sample.
+
+The full regressor, the heaviest kernel (504 outputs a sample for n = 6), has a lane-parallel twin of that
+pass and of link_columns (_forward_lane, _columns_lane): blocks of LANES samples in structure-of-arrays
+form so that LLVM vectorises across samples, with a vectorisable sin/cos and streaming stores of the
+output. tests/test_regressor_fast_path.py holds the two paths to each other through RNEA.
 
 Arguments shared by the kernels (arrays of the Model):
   jtype (n,) int64 0 revolute / 1 prismatic; Rpl (n,3,3), ppl (n,3) fixed placements; axis (n,3).
