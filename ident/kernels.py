@@ -3,8 +3,13 @@
 All quantities are in the base frame unless named `_loc` (frame of the link). Per sample, one forward
 pass computes each joint frame's orientation R0, origin o, axis u and the link's velocity ω,
 acceleration ω̇ and origin acceleration a (gravity enters as a base acceleration -g). Everything else
-(RNEA, regressor, CRBA, Jacobian) reads that pass. Samples are split into chunks; each chunk owns its
-scratch arrays, so the hot loops allocate nothing per sample.
+(RNEA, CRBA, Jacobian, payload regressor) reads that pass. Samples are split into chunks; each chunk owns
+its scratch arrays, so the hot loops allocate nothing per sample.
+
+The full regressor, the heaviest kernel (504 outputs a sample for n = 6), has a lane-parallel twin of that
+pass and of link_columns (_forward_lane, _columns_lane): blocks of LANES samples in structure-of-arrays
+form so that LLVM vectorises across samples, with a vectorisable sin/cos and streaming stores of the
+output. tests/test_regressor_fast_path.py holds the two paths to each other through RNEA.
 
 Arguments shared by the kernels (arrays of the Model):
   jtype (n,) int64 0 revolute / 1 prismatic; Rpl (n,3,3), ppl (n,3) fixed placements; axis (n,3).
@@ -12,9 +17,48 @@ Arguments shared by the kernels (arrays of the Model):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 CHUNK = 128
+
+
+@intrinsic
+def _stream_pair(typingctx, flat, index, v0, v1):
+    """Store (v0, v1) at flat[index], flat[index + 1] with a non-temporal (cache-bypassing) store.
+
+    flat is a 1-d float64 array and flat[index] must be 16-byte aligned. Streaming stores skip the read
+    of each destination cache line that an ordinary store of a large output pays (memory traffic / 2).
+    """
+    sig = types.void(flat, index, v0, v1)
+
+    def codegen(context, builder, signature, args):
+        arr, idx, x0, x1 = args
+        data = context.make_array(signature.args[0])(context, builder, arr).data
+        vty = ir.VectorType(ir.DoubleType(), 2)
+        vec = ir.Constant(vty, ir.Undefined)
+        vec = builder.insert_element(vec, x0, ir.Constant(ir.IntType(32), 0))
+        vec = builder.insert_element(vec, x1, ir.Constant(ir.IntType(32), 1))
+        store = builder.store(vec, builder.bitcast(builder.gep(data, [idx]), vty.as_pointer()), align=16)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _store_fence(typingctx):
+    """sfence: orders the streaming stores before anything that follows (end of a chunk)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @njit(cache=True, inline="always")
@@ -194,32 +238,329 @@ def _scratch(n):
             np.empty((n, 3)), np.empty((n, 3)), np.empty((3, 3)), np.empty((3, 3)))
 
 
+# --- The batch regressor, SIMD across samples --------------------------------------------------------
+# Samples are processed in blocks of LANES. Every per-sample value is held LANES wide (structure of
+# arrays) and the innermost loop runs over the lanes, so that LLVM vectorises it (4 doubles per AVX2
+# instruction). LANES >= 16: below that LLVM treats the loop as tiny and refuses its run-time alias checks.
+LANES = 16
+# per-joint lane state, in units of LANES: R (9, row-major), o, u, ω, ω̇, a (base frame), then ω, ω̇, a in
+# the joint's own frame
+_R, _O, _U, _W, _WD, _A, _WL, _DL, _AL = 0, 9, 12, 15, 18, 21, 24, 27, 30
+_NS = 33
+# forward workspace: parent state (R..a, 24 values), joint inputs (q, qd, qdd, cos q, sin q), child state.
+# One array with compile-time offsets lets LLVM prove that the lanes do not depend on each other.
+_IN = 24 * LANES
+_CUR = 29 * LANES
+_IO = _CUR + _NS * LANES
+
+
+@njit(cache=True, inline="always")
+def _get3(x, base, off):
+    return x[base + off * LANES], x[base + (off + 1) * LANES], x[base + (off + 2) * LANES]
+
+
+@njit(cache=True, inline="always")
+def _set3(x, base, off, v0, v1, v2):
+    x[base + off * LANES] = v0
+    x[base + (off + 1) * LANES] = v1
+    x[base + (off + 2) * LANES] = v2
+
+
+# sin and cos that LLVM can vectorise (libm's cannot be, and 12 libm calls a sample cost as much as the
+# rest of the forward pass): Cody-Waite reduction by pi/2 in three parts (exact for |x| < SINCOS_RANGE),
+# then fdlibm's __kernel_sin / __kernel_cos minimax polynomials on |r| <= pi/4. Error ~1 ulp.
+SINCOS_RANGE = 8.0e5  # beyond it (k >= 2^19) the reduction loses bits: libm takes over
+_TWO_OVER_PI = 6.36619772367581382433e-01
+_PIO2_1 = 1.57079632673412561417e+00    # first 33 bits of pi/2
+_PIO2_2 = 6.07710050630396597660e-11    # next 33 bits
+_PIO2_2T = 2.02226624879595063154e-21   # pi/2 - _PIO2_1 - _PIO2_2
+_S1, _S2, _S3 = -1.66666666666666324348e-01, 8.33333333332248946124e-03, -1.98412698298579493134e-04
+_S4, _S5, _S6 = 2.75573137070700676789e-06, -2.50507602534068634195e-08, 1.58969099521155010221e-10
+_C1, _C2, _C3 = 4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05
+_C4, _C5, _C6 = -2.75573143513906633035e-07, 2.08757232129817482790e-09, -1.13596475577881948265e-11
+
+
+@njit(cache=True, inline="always")
+def _sincos(x):
+    """(sin x, cos x) for |x| < SINCOS_RANGE, branch-free."""
+    k = np.floor(x * _TWO_OVER_PI + 0.5)
+    r = ((x - k * _PIO2_1) - k * _PIO2_2) - k * _PIO2_2T
+    z = r * r
+    sr = r + r * z * (_S1 + z * (_S2 + z * (_S3 + z * (_S4 + z * (_S5 + z * _S6)))))
+    cr = (1.0 - 0.5 * z) + z * z * (_C1 + z * (_C2 + z * (_C3 + z * (_C4 + z * (_C5 + z * _C6)))))
+    quadrant = k - 4.0 * np.floor(0.25 * k)  # 0, 1, 2 or 3
+    odd = quadrant == 1.0 or quadrant == 3.0
+    s = cr if odd else sr
+    c = sr if odd else cr
+    s = -s if quadrant >= 2.0 else s
+    c = -c if quadrant == 1.0 or quadrant == 2.0 else c
+    return s, c
+
+
+@njit(cache=True)
+def sincos(x, s, c):
+    """s[k], c[k] = sin x[k], cos x[k] (rad) as the regressor computes them: vectorised polynomial, libm
+    beyond SINCOS_RANGE."""
+    for k in range(x.size):
+        s[k], c[k] = _sincos(x[k])
+    for k in range(x.size):
+        if not abs(x[k]) < SINCOS_RANGE:
+            s[k], c[k] = np.sin(x[k]), np.cos(x[k])
+
+
+@njit(cache=True, inline="always")
+def _forward_lane(io, b, prismatic, K, lp, pax, ax):
+    """One lane of forward_pass for one joint: parent state and inputs from io, child state into io."""
+    p00, p01, p02 = _get3(io, b, 0)
+    p10, p11, p12 = _get3(io, b, 3)
+    p20, p21, p22 = _get3(io, b, 6)
+    q, qd, qdd = io[_IN + b], io[_IN + LANES + b], io[_IN + 2 * LANES + b]
+    k00, k01, k02, k10, k11, k12, k20, k21, k22 = K
+    # M = R_parent @ Rpl
+    m00 = p00 * k00 + p01 * k10 + p02 * k20
+    m01 = p00 * k01 + p01 * k11 + p02 * k21
+    m02 = p00 * k02 + p01 * k12 + p02 * k22
+    m10 = p10 * k00 + p11 * k10 + p12 * k20
+    m11 = p10 * k01 + p11 * k11 + p12 * k21
+    m12 = p10 * k02 + p11 * k12 + p12 * k22
+    m20 = p20 * k00 + p21 * k10 + p22 * k20
+    m21 = p20 * k01 + p21 * k11 + p22 * k21
+    m22 = p20 * k02 + p21 * k12 + p22 * k22
+    l0, l1, l2 = lp
+    if prismatic:
+        l0 += q * pax[0]
+        l1 += q * pax[1]
+        l2 += q * pax[2]
+    r0 = p00 * l0 + p01 * l1 + p02 * l2
+    r1 = p10 * l0 + p11 * l1 + p12 * l2
+    r2 = p20 * l0 + p21 * l1 + p22 * l2
+    o0, o1, o2 = _get3(io, b, _O)
+    _set3(io, _CUR + b, _O, o0 + r0, o1 + r1, o2 + r2)
+    x, y, z = ax
+    u0 = m00 * x + m01 * y + m02 * z  # R @ axis = M @ axis: the joint rotation leaves its axis fixed
+    u1 = m10 * x + m11 * y + m12 * z
+    u2 = m20 * x + m21 * y + m22 * z
+    _set3(io, _CUR + b, _U, u0, u1, u2)
+    if prismatic:
+        R00, R01, R02, R10, R11, R12, R20, R21, R22 = m00, m01, m02, m10, m11, m12, m20, m21, m22
+    else:
+        c, s = io[_IN + 3 * LANES + b], io[_IN + 4 * LANES + b]
+        t = 1.0 - c
+        xs, ys, zs = x * s, y * s, z * s
+        xt, yt, zt = x * t, y * t, z * t
+        q00, q01, q02 = c + x * xt, x * yt - zs, x * zt + ys
+        q10, q11, q12 = y * xt + zs, c + y * yt, y * zt - xs
+        q20, q21, q22 = z * xt - ys, z * yt + xs, c + z * zt
+        R00 = m00 * q00 + m01 * q10 + m02 * q20
+        R01 = m00 * q01 + m01 * q11 + m02 * q21
+        R02 = m00 * q02 + m01 * q12 + m02 * q22
+        R10 = m10 * q00 + m11 * q10 + m12 * q20
+        R11 = m10 * q01 + m11 * q11 + m12 * q21
+        R12 = m10 * q02 + m11 * q12 + m12 * q22
+        R20 = m20 * q00 + m21 * q10 + m22 * q20
+        R21 = m20 * q01 + m21 * q11 + m22 * q21
+        R22 = m20 * q02 + m21 * q12 + m22 * q22
+    _set3(io, _CUR + b, 0, R00, R01, R02)
+    _set3(io, _CUR + b, 3, R10, R11, R12)
+    _set3(io, _CUR + b, 6, R20, R21, R22)
+    pw0, pw1, pw2 = _get3(io, b, _W)
+    pd0, pd1, pd2 = _get3(io, b, _WD)
+    pa0, pa1, pa2 = _get3(io, b, _A)
+    c0, c1, c2 = _cross(pw0, pw1, pw2, r0, r1, r2)
+    cc0, cc1, cc2 = _cross(pw0, pw1, pw2, c0, c1, c2)
+    e0, e1, e2 = _cross(pd0, pd1, pd2, r0, r1, r2)
+    na0, na1, na2 = pa0 + e0 + cc0, pa1 + e1 + cc1, pa2 + e2 + cc2
+    k0, k1, k2 = _cross(pw0, pw1, pw2, u0 * qd, u1 * qd, u2 * qd)
+    if prismatic:
+        na0 += 2.0 * k0 + u0 * qdd
+        na1 += 2.0 * k1 + u1 * qdd
+        na2 += 2.0 * k2 + u2 * qdd
+        nd0, nd1, nd2 = pd0, pd1, pd2
+        nw0, nw1, nw2 = pw0, pw1, pw2
+    else:
+        nd0, nd1, nd2 = pd0 + u0 * qdd + k0, pd1 + u1 * qdd + k1, pd2 + u2 * qdd + k2
+        nw0, nw1, nw2 = pw0 + u0 * qd, pw1 + u1 * qd, pw2 + u2 * qd
+    _set3(io, _CUR + b, _W, nw0, nw1, nw2)
+    _set3(io, _CUR + b, _WD, nd0, nd1, nd2)
+    _set3(io, _CUR + b, _A, na0, na1, na2)
+    v0, v1, v2 = _rt(R00, R01, R02, R10, R11, R12, R20, R21, R22, nw0, nw1, nw2)
+    _set3(io, _CUR + b, _WL, v0, v1, v2)
+    v0, v1, v2 = _rt(R00, R01, R02, R10, R11, R12, R20, R21, R22, nd0, nd1, nd2)
+    _set3(io, _CUR + b, _DL, v0, v1, v2)
+    v0, v1, v2 = _rt(R00, R01, R02, R10, R11, R12, R20, R21, R22, na0, na1, na2)
+    _set3(io, _CUR + b, _AL, v0, v1, v2)
+
+
+@njit(cache=True, inline="always")
+def _columns_lane(st, J, I, prismatic_i, cb, base):
+    """One lane of link_columns: link j's 10 inertial columns on the row of joint i (state offsets J, I)."""
+    r00, r01, r02 = _get3(st, J, 0)
+    r10, r11, r12 = _get3(st, J, 3)
+    r20, r21, r22 = _get3(st, J, 6)
+    w0, w1, w2 = _get3(st, J, _WL)
+    d0, d1, d2 = _get3(st, J, _DL)
+    a0, a1, a2 = _get3(st, J, _AL)
+    ui0, ui1, ui2 = _get3(st, I, _U)
+    x0, x1, x2 = _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, ui0, ui1, ui2)  # joint i axis, frame j
+    ww = w0 * w0 + w1 * w1 + w2 * w2
+    if prismatic_i:
+        q0, q1, q2 = _cross(x0, x1, x2, d0, d1, d2)
+        xw = x0 * w0 + x1 * w1 + x2 * w2
+        for k in range(6):
+            cb[base + k * LANES] = 0.0
+        cb[base + 6 * LANES] = q0 + xw * w0 - ww * x0
+        cb[base + 7 * LANES] = q1 + xw * w1 - ww * x1
+        cb[base + 8 * LANES] = q2 + xw * w2 - ww * x2
+        cb[base + 9 * LANES] = x0 * a0 + x1 * a1 + x2 * a2
+    else:
+        oj0, oj1, oj2 = _get3(st, J, _O)
+        oi0, oi1, oi2 = _get3(st, I, _O)
+        b0, b1, b2 = _cross(ui0, ui1, ui2, oj0 - oi0, oj1 - oi1, oj2 - oi2)
+        v0, v1, v2 = _rt(r00, r01, r02, r10, r11, r12, r20, r21, r22, b0, b1, b2)  # u_i x (o_j - o_i)
+        t0, t1, t2 = _cross(x0, x1, x2, w0, w1, w2)
+        p0, p1, p2 = _cross(a0, a1, a2, x0, x1, x2)
+        q0, q1, q2 = _cross(v0, v1, v2, d0, d1, d2)
+        vw = v0 * w0 + v1 * w1 + v2 * w2
+        cb[base] = x0 * d0 + t0 * w0
+        cb[base + LANES] = x0 * d1 + x1 * d0 + t0 * w1 + t1 * w0
+        cb[base + 2 * LANES] = x0 * d2 + x2 * d0 + t0 * w2 + t2 * w0
+        cb[base + 3 * LANES] = x1 * d1 + t1 * w1
+        cb[base + 4 * LANES] = x1 * d2 + x2 * d1 + t1 * w2 + t2 * w1
+        cb[base + 5 * LANES] = x2 * d2 + t2 * w2
+        cb[base + 6 * LANES] = p0 + q0 + vw * w0 - ww * v0
+        cb[base + 7 * LANES] = p1 + q1 + vw * w1 - ww * v1
+        cb[base + 8 * LANES] = p2 + q2 + vw * w2 - ww * v2
+        cb[base + 9 * LANES] = v0 * a0 + v1 * a1 + v2 * a2
+
+
+@njit(cache=True, inline="always")
+def _block_forward(jtype, Rpl, ppl, pax, axis, Q, QD, QDD, s0, m, io, st):
+    """Forward pass of samples s0..s0+m-1 (m <= LANES; idle lanes get zeros) into the lane state st.
+
+    st[0:_NS*LANES] is the base (identity, at rest, accelerating by -g); joint j is at slot j + 1.
+    """
+    n = Q.shape[1]
+    for k in range(24 * LANES):
+        io[k] = st[k]
+    for j in range(n):
+        for b in range(m):
+            io[_IN + b] = Q[s0 + b, j]
+            io[_IN + LANES + b] = QD[s0 + b, j]
+            io[_IN + 2 * LANES + b] = QDD[s0 + b, j]
+        for b in range(m, LANES):
+            for k in range(3):
+                io[_IN + k * LANES + b] = 0.0
+        for b in range(LANES):
+            io[_IN + 4 * LANES + b], io[_IN + 3 * LANES + b] = _sincos(io[_IN + b])
+        for b in range(LANES):
+            x = io[_IN + b]
+            if not abs(x) < SINCOS_RANGE:
+                io[_IN + 4 * LANES + b], io[_IN + 3 * LANES + b] = np.sin(x), np.cos(x)
+        K = (Rpl[j, 0, 0], Rpl[j, 0, 1], Rpl[j, 0, 2], Rpl[j, 1, 0], Rpl[j, 1, 1], Rpl[j, 1, 2],
+             Rpl[j, 2, 0], Rpl[j, 2, 1], Rpl[j, 2, 2])
+        lp = (ppl[j, 0], ppl[j, 1], ppl[j, 2])
+        pa = (pax[j, 0], pax[j, 1], pax[j, 2])
+        ax = (axis[j, 0], axis[j, 1], axis[j, 2])
+        if jtype[j] == 1:
+            for b in range(LANES):
+                _forward_lane(io, b, True, K, lp, pa, ax)
+        else:
+            for b in range(LANES):
+                _forward_lane(io, b, False, K, lp, pa, ax)
+        slot = (j + 1) * _NS * LANES
+        for k in range(_NS * LANES):
+            st[slot + k] = io[_CUR + k]
+        for k in range(24 * LANES):
+            io[k] = io[_CUR + k]
+
+
+@njit(cache=True, inline="always")
+def _block_columns(jtype, n, st, cb):
+    """Inertial columns of every link j on every row i <= j, lanes innermost: cb[((j (j+1)/2 + i) 10 + k) LANES + b].
+
+    Only the pairs i <= j are stored, so that cb (n(n+1)/2 x 10 x LANES doubles) stays in L1 for n = 6."""
+    for j in range(n):
+        J = (j + 1) * _NS * LANES
+        for i in range(j + 1):
+            I = (i + 1) * _NS * LANES
+            base = ((j * (j + 1)) // 2 + i) * 10 * LANES
+            if jtype[i] == 1:
+                for b in range(LANES):
+                    _columns_lane(st, J + b, I + b, True, cb, base + b)
+            else:
+                for b in range(LANES):
+                    _columns_lane(st, J + b, I + b, False, cb, base + b)
+
+
+@njit(cache=True, inline="always")
+def _put_pair(flat, index, v0, v1, stream):
+    if stream:
+        _stream_pair(flat, index, v0, v1)
+    else:
+        flat[index] = v0
+        flat[index + 1] = v1
+
+
+@njit(cache=True, inline="always")
+def _block_write(QD, QDD, s0, m, cb, flat, stream):
+    """Rows of samples s0..s0+m-1 into flat (the (N, n, 14n) output), in memory order, two values a store."""
+    n = QD.shape[1]
+    width = 14 * n
+    for b in range(m):
+        s = s0 + b
+        for i in range(n):
+            row = (s * n + i) * width
+            for j in range(n):
+                o = row + 14 * j
+                if i <= j:
+                    src = ((j * (j + 1)) // 2 + i) * 10 * LANES + b
+                    for k in range(0, 10, 2):
+                        _put_pair(flat, o + k, cb[src + k * LANES], cb[src + (k + 1) * LANES], stream)
+                else:
+                    for k in range(0, 10, 2):
+                        _put_pair(flat, o + k, 0.0, 0.0, stream)
+                if i == j:
+                    _put_pair(flat, o + 10, QDD[s, j], np.sign(QD[s, j]), stream)
+                    _put_pair(flat, o + 12, QD[s, j], 1.0, stream)
+                else:
+                    _put_pair(flat, o + 10, 0.0, 0.0, stream)
+                    _put_pair(flat, o + 12, 0.0, 0.0, stream)
+
+
 @njit(cache=True, parallel=True)
 def regressor(jtype, Rpl, ppl, axis, grav, Q, QD, QDD, out):
-    """Standard regressor into out (N, n, 14n): 10 inertial + Ia, fc, fv, offset per joint."""
+    """Standard regressor into out (N, n, 14n): 10 inertial + Ia, fc, fv, offset per joint.
+
+    Blocks of LANES samples: forward pass and inertial columns lane-parallel, then each sample's rows are
+    written in memory order with streaming stores (when out is 16-byte aligned), every entry once.
+    """
     N, n = Q.shape
-    nchunks = (N + CHUNK - 1) // CHUNK
-    for c in prange(nchunks):
-        R0, o, u, w, wd, a, Rq, Ms = _scratch(n)
-        q, qd, qdd = np.empty(n), np.empty(n), np.empty(n)
-        for s in range(c * CHUNK, min(N, (c + 1) * CHUNK)):
-            for j in range(n):
-                q[j], qd[j], qdd[j] = Q[s, j], QD[s, j], QDD[s, j]
-            forward_pass(jtype, Rpl, ppl, axis, grav, q, qd, qdd, R0, o, u, w, wd, a, Rq, Ms)
-            for j in range(n):
-                link_columns(jtype, j, R0, o, u, w, wd, a, out, s, 14 * j, n)
-                col = 14 * j + 10
-                for i in range(n):
-                    if i == j:
-                        out[s, i, col] = qdd[j]
-                        out[s, i, col + 1] = np.sign(qd[j])
-                        out[s, i, col + 2] = qd[j]
-                        out[s, i, col + 3] = 1.0
-                    else:
-                        out[s, i, col] = 0.0
-                        out[s, i, col + 1] = 0.0
-                        out[s, i, col + 2] = 0.0
-                        out[s, i, col + 3] = 0.0
+    flat = out.reshape(out.size)
+    stream = out.ctypes.data % 16 == 0
+    pax = np.empty((n, 3))  # prismatic axis in the parent frame: Rpl @ axis
+    for j in range(n):
+        for r in range(3):
+            pax[j, r] = Rpl[j, r, 0] * axis[j, 0] + Rpl[j, r, 1] * axis[j, 1] + Rpl[j, r, 2] * axis[j, 2]
+    nblocks = (N + LANES - 1) // LANES
+    per = CHUNK // LANES
+    for c in prange((nblocks + per - 1) // per):
+        io = np.empty(_IO)
+        st = np.empty((n + 1) * _NS * LANES)
+        cb = np.empty(((n * (n + 1)) // 2) * 10 * LANES)
+        for k in range(_NS * LANES):
+            st[k] = 0.0
+        for b in range(LANES):
+            st[_R * LANES + b] = st[(_R + 4) * LANES + b] = st[(_R + 8) * LANES + b] = 1.0
+            for k in range(3):
+                st[(_A + k) * LANES + b] = -grav[k]
+        for blk in range(c * per, min(nblocks, (c + 1) * per)):
+            s0 = blk * LANES
+            m = min(LANES, N - s0)
+            _block_forward(jtype, Rpl, ppl, pax, axis, Q, QD, QDD, s0, m, io, st)
+            _block_columns(jtype, n, st, cb)
+            _block_write(QD, QDD, s0, m, cb, flat, stream)
+        if stream:
+            _store_fence()
 
 
 @njit(cache=True, parallel=True)
