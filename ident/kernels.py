@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 CHUNK = 128
@@ -50,12 +49,12 @@ def _stream_pair(typingctx, flat, index, v0, v1):
 
 @intrinsic
 def _store_fence(typingctx):
-    """sfence: orders the streaming stores before anything that follows (end of a chunk)."""
+    """A full memory fence: orders the streaming stores before anything that follows (end of a chunk).
+    LLVM's portable seq_cst fence (mfence on x86-64, dmb on ARM), once per chunk."""
     sig = types.void()
 
     def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
-        builder.call(fn, [])
+        builder.fence("seq_cst")
         return context.get_dummy_value()
 
     return sig, codegen
