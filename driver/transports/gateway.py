@@ -18,7 +18,8 @@ pulse falls between two exchanges.
 Faults: a refused or dropped TCP connection marks the link down, read() raises LinkError naming the
 gateway and the cause, and the link thread reconnects every reconnect_ms; a response that does not come
 within timeout_ms is counted, the connection is reopened (stale responses never pair with a later
-request) and the sample goes stale; an image that fails decoding (wrong layout version, drive count,
+request) and the sample goes stale (a gateway that answers nothing at all leaves every cycle stale, and the
+cycle's watchdog trips); an image that fails decoding (wrong layout version, drive count,
 impossible field) is counted and dropped; the gateway's host-watchdog bit (it has quick-stopped the drives)
 raises LinkError once. link_stats() reports every counter and the exchange round trips.
 """
@@ -106,6 +107,10 @@ def gateway_options(**options) -> GatewayOptions:
         counts_per_rev=_integer(options, "counts_per_rev", ENCODER_COUNTS_PER_REV, 1, 2 ** 31 - 1))
 
 
+class _NoAnswer(Exception):
+    """The gateway accepted the connection but did not answer within timeout_ms."""
+
+
 class _Refused(Exception):
     """The gateway answered a request with a Modbus exception (the request was not carried out)."""
 
@@ -163,6 +168,9 @@ class GatewayArm:
             return
         try:
             self._connect()
+        except _NoAnswer as exc:
+            self._close_client()
+            raise self._down(f"no answer to the handshake within {self.options.timeout_ms:g} ms: {exc}") from None
         except LinkError:
             self._close_client()
             raise
@@ -236,14 +244,11 @@ class GatewayArm:
     # -- the link thread -----------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._up:
-                if self._stop.wait(self.options.reconnect_ms / 1000):
+            if self._client is None:
+                # down: pause between attempts; up (a response was lost): reopen at once
+                if not self._up and self._stop.wait(self.options.reconnect_ms / 1000):
                     break
-                try:
-                    self._connect()
-                    self.counts["reconnects"] += 1
-                except LinkError:
-                    self._close_client()
+                self._reconnect()
                 continue
             self._tick.wait(IDLE_EXCHANGE_S)
             self._tick.clear()
@@ -251,13 +256,32 @@ class GatewayArm:
                 break
             try:
                 self._exchange()
-            except (ConnectionException, OSError) as exc:   # reset, closed, refused
-                self._reopen("connections_lost", f"connection lost: {exc}")
-            except ModbusException as exc:      # no response in time, or a response that does not pair
-                self._reopen("timeouts", f"no response within {self.options.timeout_ms:g} ms: {exc}")
+            except (ConnectionException, OSError) as exc:   # reset or closed by the gateway: the link is down
+                self.counts["connections_lost"] += 1
+                self._down(f"connection lost: {exc}")
+                self._close_client()
+            except ModbusException as exc:      # no response in time, or one that does not pair with the request
+                self.counts["timeouts"] += 1
+                self.last_error = f"no response within {self.options.timeout_ms:g} ms: {exc}"
+                self._close_client()            # a late response must never answer a later request
+
+    def _reconnect(self) -> None:
+        """One attempt to (re)open the connection. A handshake without an answer leaves the link as it was
+        (a silent gateway: the samples go stale and the cycle's watchdog decides); a refused connection or
+        a wrong gateway marks it down."""
+        try:
+            self._connect()
+            self.counts["reconnects"] += 1
+        except _NoAnswer as exc:
+            self.counts["timeouts"] += 1
+            self.last_error = f"no answer to the handshake: {exc}"
+            self._close_client()
+        except LinkError:
+            self._close_client()
 
     def _connect(self) -> None:
-        """Open the TCP connection and check the header (layout version, drive count); LinkError otherwise."""
+        """Open the TCP connection and check the header (layout version, drive count): LinkError when the
+        connection fails or the gateway does not match, _NoAnswer when the handshake is not answered."""
         opts = self.options
         self._close_client()
         self._client = ModbusTcpClient(opts.host, port=opts.port, timeout=opts.timeout_ms / 1000, retries=0)
@@ -275,9 +299,11 @@ class GatewayArm:
             self._write_registers(gw.HOLDING_BASE, [self._next_beat(), opts.watchdog_ms])
         except _Refused as exc:
             raise self._down(f"handshake refused: {exc}") from None
-        except (ModbusException, OSError) as exc:
+        except (ConnectionException, OSError) as exc:
             self.counts["connect_failures"] += 1
-            raise self._down(f"no answer to the handshake: {exc}") from None
+            raise self._down(f"connection lost during the handshake: {exc}") from None
+        except ModbusException as exc:
+            raise _NoAnswer(str(exc)) from None
         self._last_counter = None
         self._up = True
 
@@ -285,17 +311,6 @@ class GatewayArm:
         self._down_reason = self.last_error = reason
         self._up = False
         return LinkError(f"{self.where}: {reason}")
-
-    def _reopen(self, counter: str, reason: str) -> None:
-        """An exchange failed: count it and reconnect at once (so that a late response is never taken for
-        the answer to a later request); when that fails the link is down until a reconnection succeeds."""
-        self.counts[counter] += 1
-        self.last_error = reason
-        try:
-            self._connect()
-            self.counts["reconnects"] += 1
-        except LinkError:
-            self._close_client()
 
     def _close_client(self) -> None:
         if self._client is not None:
