@@ -3,9 +3,9 @@ pymodbus's sync client.
 
     arm = GatewayArm(model, host="192.168.10.20", port=502, watchdog_ms=100)
 
-The link runs in its own thread ("armid-gateway-link"): one exchange is one read of the whole input image
-(function 4) and one write of the whole holding image (function 16, which also re-arms the gateway's host
-watchdog), at most one exchange per cycle (begin_cycle paces it). The cycle never waits for the network:
+The link runs in its own thread ("armid-gateway-link"): one exchange is one write of the whole holding
+image (function 16, which also re-arms the gateway's host watchdog) and one read of the whole input image
+(function 4), at most one exchange per cycle (begin_cycle paces it). The cycle never waits for the network:
 read() copies the newest decoded sample out of a preallocated buffer and says whether it is new (a gateway
 image with a cycle counter not seen before); write() leaves the newest command in another preallocated
 buffer, which the next exchange sends. A Modbus round trip costs milliseconds, so at a 1 kHz cycle most
@@ -334,19 +334,19 @@ class GatewayArm:
             raise _Refused(str(reply))
 
     def _exchange(self) -> None:
-        """One read of the input image and one write of the newest command (or of the watchdog alone)."""
+        """One write of the newest command (or of the watchdog alone), then one read of the input image:
+        writing first lets the image read in the same exchange already show the command's effect."""
         t0 = time.perf_counter()
-        try:
-            words = self._read(gw.INPUT_BASE, self._input_count)
-            host_ns = time.time_ns()
-            self._take(words, host_ns)
-        except _Refused as exc:
-            self.last_error = f"read refused: {exc}"
         try:
             self._send()
         except _Refused as exc:
             self.counts["refused_writes"] += 1
             self.last_error = f"write refused (nothing applied): {exc}"
+        try:
+            words = self._read(gw.INPUT_BASE, self._input_count)
+            self._take(words, time.time_ns())
+        except _Refused as exc:
+            self.last_error = f"read refused: {exc}"
         k = self.counts["exchanges"]
         self._rtt[k % ROUND_TRIP_WINDOW] = time.perf_counter() - t0
         self.counts["exchanges"] = k + 1
