@@ -138,6 +138,8 @@ class GatewayArm:
         self._cmd, self._out = ArmCommand(self.n), ArmCommand(self.n)
         self._have_cmd = False
         self._reset_latch = np.zeros(self.n, dtype=bool)
+        self._cw_bit = np.zeros(self.n, dtype=np.uint16)     # scratch of write(): nothing allocated per cycle
+        self._cw_set = np.zeros(self.n, dtype=bool)
         # link state
         self._tick = threading.Event()
         self._stop = threading.Event()
@@ -222,7 +224,9 @@ class GatewayArm:
             np.copyto(self._cmd.mode, command.mode)
             np.copyto(self._cmd.target_position, command.target_position)
             np.copyto(self._cmd.target_torque, command.target_torque)
-            self._reset_latch |= (command.controlword & _FAULT_RESET_BIT) != 0
+            np.bitwise_and(command.controlword, _FAULT_RESET_BIT, out=self._cw_bit)
+            np.not_equal(self._cw_bit, 0, out=self._cw_set)
+            np.logical_or(self._reset_latch, self._cw_set, out=self._reset_latch)
             self._have_cmd = True
 
     def link_stats(self) -> dict:
@@ -243,6 +247,13 @@ class GatewayArm:
 
     # -- the link thread -----------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - a bug here must become a link fault, not a silent stop
+            self._down(f"the link thread failed: {type(exc).__name__}: {exc}")
+            self._close_client()
+
+    def _serve(self) -> None:
         while not self._stop.is_set():
             if self._client is None:
                 # down: pause between attempts; up (a response was lost): reopen at once
