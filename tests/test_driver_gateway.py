@@ -493,13 +493,18 @@ def rig(model, sim_process):
 
 
 def _stale_messages_repeat_the_last_sample(states: list[dict]) -> tuple[int, int]:
-    """(fresh, stale) message counts; asserts that every stale message repeats the one before it."""
-    stale = 0
+    """(fresh, stale) counts over consecutive messages; asserts that every stale message repeats the
+    message before it (same sample, same host timestamp): nothing is interpolated or invented."""
+    fresh = stale = 0
     for prev, msg in zip(states, states[1:]):
+        if msg["seq"] != prev["seq"] + 1:
+            continue
         if msg["flags"] & stream.FLAG_STALE:
             stale += 1
             assert np.array_equal(msg["q"], prev["q"]) and msg["host_time_ns"] == prev["host_time_ns"]
-    return len(states) - 1 - stale, stale
+        else:
+            fresh += 1
+    return fresh, stale
 
 
 def test_move_to_and_run_trajectory_move_the_simulated_arm_and_the_stream_shows_it(rig, model):
@@ -529,10 +534,10 @@ def test_move_to_and_run_trajectory_move_the_simulated_arm_and_the_stream_shows_
     # honest degradation: cycles without a new gateway image are flagged and repeat the last sample
     fresh, stale = _stale_messages_repeat_the_last_sample(rig.states)
     assert fresh > 0
-    assert rig.until(lambda m: bool(rig.health)) or wait_for(lambda: (rig.drain(), bool(rig.health))[1])
+    assert rig.driver.cycle.fresh <= rig.arm.link_stats()["fresh_images"]   # a fresh cycle needs a new image
+    assert wait_for(lambda: (rig.drain(), bool(rig.health))[1])
     link = rig.health[-1]["link"]
     assert link["transport"] == "gateway" and link["exchanges"] > 0 and link["fresh_images"] > 0
-    assert rig.health[-1]["sample_rate_hz"] <= link["exchange_rate_hz"] * 1.5 + 5
 
 
 def test_limits_are_refused_and_nothing_moves(rig, model):
