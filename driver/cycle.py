@@ -201,7 +201,7 @@ class Cycle:
         self.quick_stop = False
         self.want_power = False
         self._reset_pulse = 2   # one cycle of 0, then the rising edge of bit 7
-        self._reset_grace = max(10, int(0.1 * self.rate_hz))
+        self._reset_grace = max(10, int(0.5 * self.rate_hz))   # 0.5 s: slow links (Modbus gateway) need several exchanges
 
     def start_motion(self, motion: PlannedMotion) -> None:
         if self.fault is not None:

@@ -121,7 +121,7 @@ def test_a_fault_reset_that_does_not_clear_the_drive_faults_again(rig):
     rig.sim.faults.drive_fault(0, 0x5555, sticky=True)
     rig.tick(3)
     rig.cycle.fault_reset()
-    rig.tick(150)
+    rig.tick(550)
     assert rig.cycle.fault.startswith("fault reset failed: drive 1 still in FAULT")
 
 
