@@ -112,6 +112,7 @@ class CanArm:
         self._error_code = np.zeros(n, np.uint16)
         self._heartbeat_at = np.zeros(n)             # time.monotonic() of each node's last heartbeat
         self._restart = np.zeros(n, bool)            # NMT start wanted (boot-up / not OPERATIONAL)
+        self._rebooted = np.zeros(n, bool)           # boot-up seen, not yet reported by read()
         self._broken: str | None = None              # why the bus is down (send failed); None when up
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
@@ -284,6 +285,8 @@ class CanArm:
 
     def _on_heartbeat(self, j: int, state: int) -> None:
         self._heartbeat_at[j] = time.monotonic()
+        if state == 0 and self._supervisor is not None:
+            self._rebooted[j] = True
         if state != NMT_OPERATIONAL:
             self._restart[j] = True
 
@@ -344,12 +347,21 @@ class CanArm:
             raise LinkError(f"can: send failed: {exc}") from None
 
     def begin_cycle(self) -> None:
-        """Transmit SYNC (the drives latch the last RPDOs, step, and answer with their TPDOs)."""
+        """Transmit SYNC (the drives latch the last RPDOs, step, and answer with their TPDOs). One SYNC every
+        cycle, so that every command reaches the drives; drives slower than the cycle (a simulator) fall
+        behind, which link_stats shows as sync_lag."""
         self._send(self.network.sync.transmit)
-        self._stats["syncs"] += 1
+        with self._lock:
+            self._stats["syncs"] += 1
 
     def read(self, out: ArmState) -> bool:
-        """The newest complete sample in SI units; False when none completed since the last read."""
+        """The newest complete sample in SI units; False when none completed since the last read. LinkError
+        once when a drive rebooted (it lost its state; the supervisor restarts it)."""
+        if self._rebooted.any():
+            j = int(np.flatnonzero(self._rebooted)[0])
+            self._rebooted[j] = False
+            raise LinkError(f"can: joint {j + 1} (node {self.node_ids[j]}) rebooted (boot-up message); "
+                            f"restarted by NMT, fault_reset to go on")
         with self._lock:
             if self._ready_seq == self._read_seq:
                 return False
@@ -387,6 +399,7 @@ class CanArm:
         with self._lock:
             out = dict(self._stats)
         now = time.monotonic()
+        out["sync_lag"] = out["syncs"] - out["samples"] - out["incomplete_samples"]   # SYNCs not (yet) answered
         out.update(transport="can", bus=" ".join(f"{k}={v}" for k, v in self._bus_options.items()),
                    link_up=self._broken is None and self.network is not None,
                    heartbeat_age_s=[round(float(now - t), 3) if t else None for t in self._heartbeat_at])
