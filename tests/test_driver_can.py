@@ -148,6 +148,24 @@ def enable(rig: Rig) -> None:
     assert wait(rig.driver.cycle.enabled), rig.driver.status()
 
 
+def fault_reset(rig: Rig) -> None:
+    """fault_reset, and wait until the driver's fault is cleared and no drive reports FAULT. The in-process
+    simulated drives may lag the SYNCs by more than the cycle's 0.1 s reset grace on a loaded machine
+    (link_stats sync_lag); then the cycle reports "fault reset failed" although the drive did reset, and a
+    second fault_reset (as an operator would send) finds it out of FAULT."""
+    for attempt in range(2):
+        assert rig.call(cmd="fault_reset") == {"ok": True}
+        assert wait(lambda: all(state_of(int(w)) not in (State.FAULT, State.FAULT_REACTION_ACTIVE)
+                                for w in rig.sim.read_state().statusword))
+        assert wait(lambda: all(state_of(int(w)) not in (State.FAULT, State.FAULT_REACTION_ACTIVE)
+                                for w in rig.driver.cycle.state.statusword))
+        time.sleep(0.2)                                   # past the cycle's reset grace
+        if rig.driver.cycle.fault is None:
+            return
+        assert attempt == 0 and rig.driver.cycle.fault.startswith("fault reset failed"), rig.driver.cycle.fault
+    raise AssertionError(f"still faulted: {rig.driver.cycle.fault}")
+
+
 def assert_is_a_simulator_sample(rig: Rig, q) -> None:
     """q (from the stream) is one of the simulator's recent positions, to the encoder count."""
     history = np.array(rig.history)
@@ -211,8 +229,7 @@ def test_a_drive_fault_stops_the_arm_is_reported_with_its_emcy_code_and_fault_re
     assert health is not None and health["fault"].startswith("drive 3 faulted") and health["link"]["emcy"] >= 1
     assert not rig.call(cmd="move_to", q=[0, 0, 0, 0, 0, 0])["ok"]     # refused while faulted
     rig.sim.faults.clear_drive_fault(2)
-    assert rig.call(cmd="fault_reset") == {"ok": True}
-    assert wait(lambda: state_of(int(rig.driver.cycle.state.statusword[2])) is not State.FAULT)
+    fault_reset(rig)
     assert wait(lambda: rig.driver.cycle.state.error_code[2] == 0)   # the error reset EMCY cleared it
     enable(rig)
     assert rig.call(cmd="move_to", q=[0, 0.1, 0, 0, 0, 0])["ok"]
@@ -230,7 +247,7 @@ def test_a_silent_bus_trips_the_watchdog_and_the_driver_recovers_when_frames_com
     assert not rig.call(cmd="enable")["ok"]
     rig.sim.faults.set_frame_faults(silent=False)
     assert wait(lambda: rig.driver.cycle.fresh > 0 and not rig.newest()[0]["flags"] & stream.FLAG_STALE)
-    assert rig.call(cmd="fault_reset") == {"ok": True}
+    fault_reset(rig)
     enable(rig)
     assert rig.driver.cycle.fault is None
 
@@ -243,7 +260,7 @@ def test_a_rebooted_drive_is_restarted_by_nmt_and_fault_reset_plus_enable_recove
     assert "joint 4 (node 4) rebooted" in rig.driver.cycle.fault
     assert wait(lambda: rig.arm.link_stats()["nmt_restarts"] > restarts)
     assert wait(lambda: rig.sim.transport.drives[3].node.nmt.state == "OPERATIONAL")
-    assert rig.call(cmd="fault_reset") == {"ok": True}
+    fault_reset(rig)
     enable(rig)
     assert rig.driver.cycle.fault is None
 

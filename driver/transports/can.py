@@ -78,7 +78,7 @@ class CanArm:
     """Arm over CiA 402 drives on one CAN bus: CanArm(model, interface=..., channel=..., bitrate=None,
     node_ids=None (1..n), counts_per_rev=2**17, sdo_timeout_s=0.5, boot_timeout_s=2.0, heartbeat_ms=100)."""
 
-    def __init__(self, model, *, interface: str, channel: str | int, bitrate: int | None = None,
+    def __init__(self, model, *, interface: str | None = None, channel: str | int | None = None, bitrate: int | None = None,
                  node_ids: Sequence[int] | None = None, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
                  sdo_timeout_s: float = 0.5, boot_timeout_s: float = 2.0, heartbeat_ms: int = cm.DEFAULT_HEARTBEAT_MS,
                  **unknown):
