@@ -265,6 +265,18 @@ def test_a_rebooted_drive_is_restarted_by_nmt_and_fault_reset_plus_enable_recove
     assert rig.driver.cycle.fault is None
 
 
+def test_a_bus_that_fails_under_the_driver_is_reopened_and_fault_reset_plus_enable_recover(rig):
+    enable(rig)
+    rig.arm.network.bus.shutdown()           # the adapter vanished: sends fail from now on
+    assert wait(lambda: rig.driver.cycle.fault is not None)
+    assert rig.driver.cycle.fault.startswith("link: can: send failed")
+    assert wait(lambda: rig.arm.link_stats()["reconnects"] >= 1 and rig.arm.link_stats()["link_up"])
+    fault_reset(rig)
+    enable(rig)
+    assert rig.call(cmd="move_to", q=[0, 0, 0.1, 0, 0, 0], speed=SPEED)["ok"]
+    assert wait(lambda: abs(rig.sim.read_state().position[2] - 0.1) < AT_GOAL, 30.0)
+
+
 def test_bad_frames_are_counted_and_dropped_never_data(rig):
     wait(lambda: rig.driver.cycle.fresh > 5)
     before = rig.arm.link_stats()
@@ -286,12 +298,13 @@ def test_bad_frames_are_counted_and_dropped_never_data(rig):
 def test_a_command_that_is_not_finite_is_never_sent(model):
     channel = _channel()
     dev_bus, spy = can.Bus(interface="virtual", channel=channel), can.Bus(interface="virtual", channel=channel)
-    sim = Simulator(model, transport=CanDevice(bus=dev_bus), seed=1)
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus, heartbeat_ms=0), seed=1)
     sim.start()
-    arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0)
+    arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0, heartbeat_ms=0)
     try:
         arm.open()
-        while spy.recv(0.05) is not None:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and spy.recv(0.01) is not None:    # drain what open() sent
             pass
         cmd = ArmCommand(6)
         cmd.mode[:] = 8

@@ -116,7 +116,6 @@ class CanArm:
         self._broken: str | None = None              # why the bus is down (send failed); None when up
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
-        self._tx = [np.zeros(n, np.int64), np.zeros(n, np.int64)]
 
     # -- open / close ----------------------------------------------------------------------------------
     def open(self) -> None:
@@ -304,9 +303,13 @@ class CanArm:
                 for j in np.flatnonzero(self._restart):
                     self._nmt_start(int(j))
                     self._count("nmt_restarts")
+            except (LinkError, can.CanError, OSError, AttributeError) as exc:
+                self._broken = self._broken or f"send failed: {exc}"
+                continue
+            try:
                 self._fill_error_codes()
-            except (LinkError, can.CanError, OSError, SdoCommunicationError, SdoAbortedError) as exc:
-                self._broken = self._broken or str(exc)
+            except LinkError:
+                pass          # no SDO answer (a silent drive): the next round tries again
 
     def _reopen(self) -> None:
         net = self.network
