@@ -97,6 +97,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 SIM_PROCESS_TRANSPORTS = {"serial", "can", "gateway"}
+# `armid sim` options per transport: CAN crosses processes on python-can's udp_multicast interface (needs
+# msgpack), on a multicast group of this run's own
+SIM_OPTIONS = {"can": ["-o", "interface=udp_multicast", "-o", f"channel=239.74.{os.getpid() % 250}.{os.getpid() // 250 % 250 + 1}"]}
 
 
 def run_driver(transport: str, rate: float, seconds: float, tmp: Path) -> dict:
@@ -105,7 +108,8 @@ def run_driver(transport: str, rate: float, seconds: float, tmp: Path) -> dict:
     options = 'realtime = true\n' if transport == "sim" else ""
     try:
         if transport in SIM_PROCESS_TRANSPORTS:
-            sim = subprocess.Popen([sys.executable, "-m", "armid.cli", "sim", "--transport", transport, "--realtime"],
+            sim = subprocess.Popen([sys.executable, "-m", "armid.cli", "sim", "--transport", transport, "--realtime",
+                                    *SIM_OPTIONS.get(transport, [])],
                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             procs.append(sim)
             line = sim.stdout.readline()          # the simulator prints how to reach it, e.g. "device: /dev/pts/5"

@@ -15,6 +15,7 @@ import importlib
 TRANSPORTS: dict[str, str] = {
     "sim": "driver.transports.local_sim:LocalSimArm",
     "gateway": "driver.transports.gateway:GatewayArm",
+    "can": "driver.transports.can:CanArm",
 }
 
 

@@ -1,0 +1,409 @@
+"""The `can` transport: CiA 402 joint drives over CANopen (python-canopen on any python-can interface).
+
+The host is the SYNC master. At open(), over SDO: each node's device type (0x1000), its counts per joint
+radian (0x608F encoder resolution, 0x6091 gear ratio: checked against the model and `counts_per_rev`), its
+PDO configuration (read back and compared with firmware_bridge.canopen_map), the producer heartbeat time
+(0x1017); then NMT start and one SYNC whose TPDOs must come back (the handshake). In the cycle:
+begin_cycle() sends SYNC, the drives answer with TPDO1 (statusword, position, mode display) and TPDO2
+(velocity, current); write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque),
+which the drives latch at the next SYNC. Wire format: docs/wire-can.md.
+
+A sample is complete when every drive's TPDO1 and TPDO2 have arrived; read() returns the newest complete
+sample (the previous SYNC's, since the drives answer after the SYNC the same cycle sent), and False when
+none completed since the last read: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
+a statusword matching no CiA 402 state or an unknown mode are counted in link_stats and dropped; a sample
+missing a frame is discarded whole. The error code comes from EMCY (0x603F by SDO when the EMCY was lost).
+
+A supervisor thread restarts (NMT start) a drive whose heartbeat reports boot-up, PRE-OPERATIONAL or
+STOPPED, and reopens the bus after a send failed (interface down, bus-off), so that fault_reset + enable
+recover without restarting the daemon.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+import time
+from typing import Sequence
+
+import can
+import canopen
+import numpy as np
+from canopen.sdo import SdoAbortedError, SdoCommunicationError
+
+from driver.hal import ArmCommand, ArmState, LinkError
+from firmware_bridge import canopen_map as cm
+from firmware_bridge import cia402
+from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from ident.errors import InputError
+
+EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
+SUPERVISE_PERIOD_S = 0.05
+MODES = frozenset(int(m) for m in cia402.Mode)
+NMT_OPERATIONAL = 0x05
+GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
+_STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
+               "emcy", "nmt_restarts", "reconnects", "send_errors")
+
+
+class CanOptionError(InputError):
+    """A [transport] option of the can transport that is not usable."""
+
+
+def _check_options(n: int, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s,
+                   heartbeat_ms) -> list[int]:
+    if not isinstance(interface, str) or not interface:
+        raise CanOptionError(f"can: interface: expected a python-can interface name (socketcan, pcan, kvaser, "
+                             f"virtual, udp_multicast, ...), got {interface!r}")
+    if isinstance(channel, bool) or not isinstance(channel, (str, int)) or channel == "":
+        raise CanOptionError(f"can: channel: expected the interface's channel (e.g. can0, PCAN_USBBUS1, 0), got {channel!r}")
+    if bitrate is not None and (isinstance(bitrate, bool) or not isinstance(bitrate, int) or not 10_000 <= bitrate <= 1_000_000):
+        raise CanOptionError(f"can: bitrate: expected bit/s in 10000..1000000, got {bitrate!r}")
+    ids = list(range(1, n + 1)) if node_ids is None else node_ids
+    if (not isinstance(ids, (list, tuple)) or len(ids) != n or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)
+            or len(set(ids)) != n or not all(cm.MIN_NODE_ID <= i <= cm.MAX_NODE_ID for i in ids)):
+        raise CanOptionError(f"can: node_ids: expected {n} distinct node ids in 1..127 (joint order), got {node_ids!r}")
+    if isinstance(counts_per_rev, bool) or not isinstance(counts_per_rev, int) or counts_per_rev <= 0:
+        raise CanOptionError(f"can: counts_per_rev: expected a positive integer (encoder counts per motor revolution), "
+                             f"got {counts_per_rev!r}")
+    for name, v in (("sdo_timeout_s", sdo_timeout_s), ("boot_timeout_s", boot_timeout_s)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise CanOptionError(f"can: {name}: expected a positive number of seconds, got {v!r}")
+    if isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int) or not 0 <= heartbeat_ms <= 0xFFFF:
+        raise CanOptionError(f"can: heartbeat_ms: expected 0..65535 ms (0: no heartbeat), got {heartbeat_ms!r}")
+    return [int(i) for i in ids]
+
+
+class CanArm:
+    """Arm over CiA 402 drives on one CAN bus: CanArm(model, interface=..., channel=..., bitrate=None,
+    node_ids=None (1..n), counts_per_rev=2**17, sdo_timeout_s=0.5, boot_timeout_s=2.0, heartbeat_ms=100)."""
+
+    def __init__(self, model, *, interface: str | None = None, channel: str | int | None = None, bitrate: int | None = None,
+                 node_ids: Sequence[int] | None = None, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
+                 sdo_timeout_s: float = 0.5, boot_timeout_s: float = 2.0, heartbeat_ms: int = cm.DEFAULT_HEARTBEAT_MS,
+                 **unknown):
+        if unknown:
+            raise CanOptionError(f"can: unknown option {sorted(unknown)[0]!r} (known: interface, channel, bitrate, "
+                                 f"node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s, heartbeat_ms)")
+        self.n = n = model.n
+        self.node_ids = _check_options(n, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s,
+                                       boot_timeout_s, heartbeat_ms)
+        gear = np.asarray(model.gear_ratio, dtype=float)
+        if np.any(gear <= 0):
+            j = int(np.flatnonzero(gear <= 0)[0])
+            raise CanOptionError(f"can: joint {j + 1}: gear ratio {gear[j]:g}: CiA 402 drives (0x6091) need a positive one")
+        self.model_scaling = JointScaling.from_gear(gear, counts_per_rev)
+        self.scaling = self.model_scaling          # replaced by the drives' own figures at open()
+        self.torque_per_amp = np.asarray(model.joint_torque_per_amp(), dtype=float)
+        self._bus_options = {"interface": interface, "channel": channel}
+        if bitrate is not None:
+            self._bus_options["bitrate"] = bitrate
+        self.sdo_timeout_s, self.boot_timeout_s, self.heartbeat_ms = float(sdo_timeout_s), float(boot_timeout_s), heartbeat_ms
+        self.network: canopen.Network | None = None
+        self.nodes: list[canopen.RemoteNode] = []
+        self._rpdos: list[tuple[canopen.pdo.PdoMap, canopen.pdo.PdoMap]] = []
+        # receive side (notifier thread) -> cycle, under _lock
+        self._lock = threading.Lock()
+        self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        self._pend = np.zeros((5, n), np.int64)     # statusword, position, mode, velocity, current (wire units)
+        self._ready = np.zeros((5, n), np.int64)
+        self._mask, self._full = 0, (1 << (2 * n)) - 1
+        self._ready_seq, self._read_seq, self._ready_time = 0, 0, 0.0
+        self._error_code = np.zeros(n, np.uint16)
+        self._heartbeat_at = np.zeros(n)             # time.monotonic() of each node's last heartbeat
+        self._restart = np.zeros(n, bool)            # NMT start wanted (boot-up / not OPERATIONAL)
+        self._rebooted = np.zeros(n, bool)           # boot-up seen, not yet reported by read()
+        self._broken: str | None = None              # why the bus is down (send failed); None when up
+        self._stop = threading.Event()
+        self._supervisor: threading.Thread | None = None
+
+    # -- open / close ----------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open the bus, configure and start every drive (see the module docstring); LinkError / InputError."""
+        if self.network is not None:
+            return
+        self.network = canopen.Network()
+        try:
+            self._connect()
+            for j, nid in enumerate(self.node_ids):
+                node = canopen.RemoteNode(nid, canopen.objectdictionary.import_od(str(EDS_PATH), nid))
+                node.sdo.RESPONSE_TIMEOUT = self.sdo_timeout_s
+                self.network.add_node(node)
+                self.nodes.append(node)
+            counts_per_rad = np.array([self._configure(j, node) for j, node in enumerate(self.nodes)])
+            self.scaling = JointScaling(counts_per_rad)
+            self._start_all()
+            self._handshake()
+        except BaseException:
+            self.close()
+            raise
+        self._stop.clear()
+        self._supervisor = threading.Thread(target=self._supervise, name="armid-can-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _connect(self) -> None:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self._bus_options.items())
+        try:
+            self.network.connect(**self._bus_options)
+        except (can.CanError, OSError, ValueError, ImportError) as exc:
+            self.network.bus = None
+            raise LinkError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
+
+    def _sdo(self, j: int, node, index: int, sub: int, value: int | None = None) -> int:
+        what = f"can: joint {j + 1} (node {node.id}): SDO {'write' if value is not None else 'read'} 0x{index:04X}:{sub:02X}"
+        try:
+            var = node.sdo[index][sub] if sub else node.sdo[index]
+            if value is None:
+                return int(var.raw)
+            var.raw = value
+            return value
+        except SdoAbortedError as exc:
+            raise LinkError(f"{what}: aborted by the drive: {exc}") from None
+        except (SdoCommunicationError, can.CanError, OSError) as exc:
+            raise LinkError(f"{what}: no answer ({exc}); is the drive powered and on this bus at {self._bus_options}?") from None
+
+    def _configure(self, j: int, node) -> float:
+        """SDO setup of one drive; returns its counts per joint radian."""
+        dtype = self._sdo(j, node, cm.DEVICE_TYPE, 0)
+        if dtype != cm.DEVICE_TYPE_VALUE:
+            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): device type 0x{dtype:08X}, expected a CiA 402 "
+                                 f"servo drive 0x{cm.DEVICE_TYPE_VALUE:08X}")
+        inc, mrev = self._sdo(j, node, cia402.POSITION_ENCODER_RESOLUTION, 1), self._sdo(j, node, cia402.POSITION_ENCODER_RESOLUTION, 2)
+        gm, gs = self._sdo(j, node, cia402.GEAR_RATIO, 1), self._sdo(j, node, cia402.GEAR_RATIO, 2)
+        if not (inc and mrev and gm and gs):
+            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): 0x608F {inc}/{mrev}, 0x6091 {gm}/{gs}: a zero "
+                                 f"in the drive's scaling")
+        drive = inc / mrev * gm / gs / (2.0 * math.pi)
+        model = float(self.model_scaling.counts_per_rad[j])
+        if abs(drive - model) > GEAR_TOLERANCE * model:
+            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): the drive counts {drive:.6g} counts/rad "
+                                 f"(0x608F {inc}/{mrev}, 0x6091 {gm}/{gs}), the model's gear ratio and counts_per_rev "
+                                 f"give {model:.6g}: fix counts_per_rev or the model")
+        self._sdo(j, node, cm.PRODUCER_HEARTBEAT_TIME, 0, self.heartbeat_ms)
+        self._check_pdos(j, node)
+        node.emcy.add_callback(lambda e, j=j: self._on_emcy(j, e))
+        node.nmt.add_heartbeat_callback(lambda state, j=j: self._on_heartbeat(j, state))
+        for k, pdef in enumerate((cm.TPDO1, cm.TPDO2)):
+            node.tpdo[pdef.number].add_callback(lambda m, j=j, k=k, pdef=pdef: self._on_tpdo(j, k, pdef, m))
+        self._rpdos.append((node.rpdo[cm.RPDO1.number], node.rpdo[cm.RPDO2.number]))
+        return drive
+
+    def _check_pdos(self, j: int, node) -> None:
+        """Read the PDO configuration by SDO; TPDO1/2 and RPDO1/2 must be valid, on their COB-IDs, every SYNC,
+        with the maps of firmware_bridge.canopen_map (a drive configured otherwise is refused)."""
+        try:
+            node.tpdo.read()
+            node.rpdo.read()
+        except SdoAbortedError as exc:
+            raise LinkError(f"can: joint {j + 1} (node {node.id}): reading the PDO configuration: {exc}") from None
+        except (SdoCommunicationError, can.CanError, OSError) as exc:
+            raise LinkError(f"can: joint {j + 1} (node {node.id}): no answer reading the PDO configuration ({exc})") from None
+        for pdef in (cm.TPDO1, cm.TPDO2, cm.RPDO1, cm.RPDO2):
+            m = (node.tpdo if pdef.transmit else node.rpdo)[pdef.number]
+            got = [(v.index, v.subindex) for v in m.map]
+            want = [(e.index, e.subindex) for e in pdef.entries]
+            problem = None
+            if not m.enabled:
+                problem = "not valid (COB-ID bit 31 set)"
+            elif m.cob_id != pdef.cob_id(node.id):
+                problem = f"COB-ID 0x{m.cob_id:03X}, expected 0x{pdef.cob_id(node.id):03X}"
+            elif got != want:
+                problem = f"maps {[f'0x{i:04X}:{s:02X}' for i, s in got]}, expected {[f'0x{i:04X}:{s:02X}' for i, s in want]}"
+            elif pdef.transmit and m.trans_type != 1:
+                problem = f"transmission type {m.trans_type}, expected 1 (every SYNC)"
+            if problem:
+                raise CanOptionError(f"can: joint {j + 1} (node {node.id}): {pdef.name}: {problem} (docs/wire-can.md)")
+
+    def _start_all(self) -> None:
+        for j, node in enumerate(self.nodes):
+            self._nmt_start(j)
+
+    def _nmt_start(self, j: int) -> None:
+        self.nodes[j].nmt.state = "OPERATIONAL"
+        self._restart[j] = False
+
+    def _handshake(self) -> None:
+        """One SYNC; every drive's TPDOs must answer within boot_timeout_s."""
+        deadline = time.monotonic() + self.boot_timeout_s
+        while time.monotonic() < deadline:
+            seq = self._ready_seq
+            self.begin_cycle()
+            until = min(deadline, time.monotonic() + 0.2)
+            while time.monotonic() < until:
+                if self._ready_seq != seq:
+                    return
+                time.sleep(0.002)
+        missing = [self.node_ids[j] for j in range(self.n) if not (self._mask >> (2 * j)) & 3]
+        raise LinkError(f"can: no PDOs from the drives after SYNC within {self.boot_timeout_s:g} s "
+                        f"(silent nodes: {missing or 'none, but no complete sample'})")
+
+    def close(self) -> None:
+        """Stop the supervisor, the receive thread and the bus (idempotent)."""
+        self._stop.set()
+        if self._supervisor is not None:
+            self._supervisor.join(2.0)
+            self._supervisor = None
+        net, self.network = self.network, None
+        if net is not None:
+            try:
+                net.disconnect()
+            except Exception:  # noqa: BLE001 - closing must go on
+                pass
+        self.nodes, self._rpdos = [], []
+
+    # -- receive side (python-can notifier thread) -----------------------------------------------------
+    def _on_tpdo(self, j: int, k: int, pdef: cm.PdoDef, pdo_map) -> None:
+        try:
+            values = pdef.unpack(pdo_map.data)
+        except cm.CanFrameError:
+            self._count("bad_length")
+            return
+        if k == 0 and (cia402.state_of(values[0]) is None or values[2] not in MODES):
+            self._count("bad_value")
+            return
+        bit = 1 << (2 * j + k)
+        with self._lock:
+            self._stats["tpdo_frames"] += 1
+            if self._mask & bit:             # a frame of the next SYNC before this sample completed
+                self._stats["incomplete_samples"] += 1
+                self._mask = 0
+            rows = (0, 1, 2) if k == 0 else (3, 4)
+            for r, v in zip(rows, values):
+                self._pend[r, j] = v
+            self._mask |= bit
+            if self._mask == self._full:
+                self._ready[:] = self._pend
+                self._mask = 0
+                self._ready_seq += 1
+                self._ready_time = pdo_map.timestamp or time.time()
+                self._stats["samples"] += 1
+
+    def _on_emcy(self, j: int, error) -> None:
+        self._error_code[j] = error.code & 0xFFFF
+        self._count("emcy")
+
+    def _on_heartbeat(self, j: int, state: int) -> None:
+        self._heartbeat_at[j] = time.monotonic()
+        if state == 0 and self._supervisor is not None:
+            self._rebooted[j] = True
+        if state != NMT_OPERATIONAL:
+            self._restart[j] = True
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._stats[name] += 1
+
+    # -- supervisor thread ---------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        while not self._stop.wait(SUPERVISE_PERIOD_S):
+            try:
+                if self._broken is not None:
+                    self._reopen()
+                    continue
+                for j in np.flatnonzero(self._restart):
+                    self._nmt_start(int(j))
+                    self._count("nmt_restarts")
+            except (LinkError, can.CanError, OSError, AttributeError) as exc:
+                self._broken = self._broken or f"send failed: {exc}"
+                continue
+            try:
+                self._fill_error_codes()
+            except LinkError:
+                pass          # no SDO answer (a silent drive): the next round tries again
+
+    def _reopen(self) -> None:
+        net = self.network
+        if net is None:
+            return
+        try:
+            if net.notifier is not None:
+                net.notifier.stop(1.0)
+            if net.bus is not None:
+                net.bus.shutdown()
+        except Exception:  # noqa: BLE001 - the old bus is gone either way
+            pass
+        net.bus = None
+        self._connect()
+        self._broken = None
+        self._count("reconnects")
+        self._start_all()
+
+    def _fill_error_codes(self) -> None:
+        """A drive in FAULT whose EMCY was lost: read its error code (0x603F) by SDO."""
+        with self._lock:
+            sw = self._ready[0].copy()
+        for j in range(self.n):
+            if sw[j] & cia402.SW_FAULT and self._error_code[j] == 0:
+                self._error_code[j] = self._sdo(j, self.nodes[j], cia402.ERROR_CODE, 0)
+
+    # -- the cycle's side ----------------------------------------------------------------------------
+    def _send(self, fn, *args) -> None:
+        if self._broken is not None:
+            raise LinkError(f"can: the bus is down ({self._broken}); reconnecting")
+        if self.network is None:
+            raise LinkError("can: not open")
+        try:
+            fn(*args)
+        except (can.CanError, OSError, AttributeError) as exc:   # AttributeError: the bus went away under us
+            self._count("send_errors")
+            self._broken = f"send failed: {exc}"
+            raise LinkError(f"can: send failed: {exc}") from None
+
+    def begin_cycle(self) -> None:
+        """Transmit SYNC (the drives latch the last RPDOs, step, and answer with their TPDOs). One SYNC every
+        cycle, so that every command reaches the drives; drives slower than the cycle (a simulator) fall
+        behind, which link_stats shows as sync_lag."""
+        self._send(self.network.sync.transmit)
+        with self._lock:
+            self._stats["syncs"] += 1
+
+    def read(self, out: ArmState) -> bool:
+        """The newest complete sample in SI units; False when none completed since the last read. LinkError
+        once when a drive rebooted (it lost its state; the supervisor restarts it)."""
+        if self._rebooted.any():
+            j = int(np.flatnonzero(self._rebooted)[0])
+            self._rebooted[j] = False
+            raise LinkError(f"can: joint {j + 1} (node {self.node_ids[j]}) rebooted (boot-up message); "
+                            f"restarted by NMT, fault_reset to go on")
+        with self._lock:
+            if self._ready_seq == self._read_seq:
+                return False
+            self._read_seq = self._ready_seq
+            r = self._ready
+            out.statusword[:] = r[0]
+            out.mode[:] = r[2]
+            np.divide(r[1], self.scaling.counts_per_rad, out=out.q)
+            np.divide(r[3], self.scaling.counts_per_rad, out=out.qd)
+            np.multiply(r[4], CURRENT_LSB, out=out.current)
+            out.error_code[:] = self._error_code
+            out.device_time_ns = int(self._ready_time * 1e9)
+        np.multiply(out.current, self.torque_per_amp, out=out.torque)
+        out.host_time_ns = time.time_ns()
+        return True
+
+    def write(self, command: ArmCommand) -> None:
+        """RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive."""
+        try:
+            counts = self.scaling.position_to_counts(command.target_position)
+            torque = self.scaling.torque_to_raw(command.target_torque)
+        except WireValueError as exc:
+            raise LinkError(f"can: command not sent: {exc}") from None
+        for j, (r1, r2) in enumerate(self._rpdos):
+            try:
+                r1.data = bytearray(cm.RPDO1.pack((int(command.controlword[j]), int(counts[j]), int(command.mode[j]))))
+                r2.data = bytearray(cm.RPDO2.pack((int(torque[j]),)))
+            except cm.CanFrameError as exc:
+                raise LinkError(f"can: joint {j + 1}: command not sent: {exc}") from None
+            self._send(r1.transmit)
+            self._send(r2.transmit)
+
+    def link_stats(self) -> dict:
+        """Frame counters, dropped frames by reason, reconnects, heartbeat ages (s) and NMT restarts."""
+        with self._lock:
+            out = dict(self._stats)
+        now = time.monotonic()
+        out["sync_lag"] = out["syncs"] - out["samples"] - out["incomplete_samples"]   # SYNCs not (yet) answered
+        out.update(transport="can", bus=" ".join(f"{k}={v}" for k, v in self._bus_options.items()),
+                   link_up=self._broken is None and self.network is not None,
+                   heartbeat_age_s=[round(float(now - t), 3) if t else None for t in self._heartbeat_at])
+        return out

@@ -1,0 +1,367 @@
+"""The `can` transport in the loop: the simulator's CAN device side (sim.can_device.CanDevice, six python-canopen
+LocalNodes, stepped by each SYNC) on one python-can `virtual` bus object, the driver (driver.daemon.Driver with
+driver.transports.can.CanArm, python-canopen RemoteNodes) on another bus object of the same channel, a zmq SUB
+reading the state stream. One process (the virtual bus does not cross processes), so the driver's cycle runs
+at 200 Hz (six Python drives need ~1 ms of CPU per SYNC, docs/wire-can.md; at 250 Hz they fall behind on this
+machine) with a generous watchdog. The simulator keeps its 1 kHz step (its drive loops are tuned for 1 ms and
+oscillate at 5 ms): one SYNC = 1 ms of simulated time, so simulated time runs 5x faster than the driver plans,
+and motions are commanded at speed 0.2 (the drives see speed 1)."""
+import collections
+import itertools
+import json
+import time
+from pathlib import Path
+
+import can
+import numpy as np
+import pytest
+import zmq
+
+from driver.config import load_config
+from driver.daemon import Driver, Endpoints
+from driver.hal import ArmCommand, LinkError
+from driver.transports import open_arm
+from driver.transports.can import CanArm, CanOptionError
+from firmware_bridge import canopen_map as cm
+from firmware_bridge import stream
+from firmware_bridge.cia402 import State, state_of
+from ident import dynamics
+from ident.errors import InputError
+from ident.model import load_model
+from sim import Simulator
+from sim.can_device import CanDevice
+
+ROOT = Path(__file__).resolve().parents[1]
+RATE_HZ = 200.0
+WATCHDOG_S = 0.4
+AT_GOAL = 2e-3             # rad
+SPEED = 0.2
+LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+_channels = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = load_model("generic6")
+    dynamics.gravity_torques(m, np.zeros((1, m.n)))     # numba compiles (or loads its cache) here, not in the cycle
+    return m
+
+
+def _channel() -> str:
+    return f"armid-test-driver-can-{next(_channels)}-{time.monotonic_ns()}"
+
+
+class Rig:
+    """Simulator + CanDevice on one bus object, Driver + CanArm on another, a spy bus to inject frames."""
+
+    def __init__(self, model):
+        channel = _channel()
+        self.dev_bus = can.Bus(interface="virtual", channel=channel)
+        self.channel = channel
+        self.sim = Simulator(model, transport=CanDevice(bus=self.dev_bus, heartbeat_ms=50), seed=4)
+        self.history = collections.deque(maxlen=400)     # the simulator's own position, every cycle
+        self.sim.add_cycle_callback(lambda st: self.history.append(st.position.copy()))
+        self.sim.start()
+        self.arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0)
+        self.driver = Driver(model, self.arm, endpoints=LOCAL, rate_hz=RATE_HZ, watchdog_s=WATCHDOG_S)
+        self.driver.start()
+        ctx = zmq.Context.instance()
+        self.cmd = ctx.socket(zmq.REQ)
+        self.cmd.setsockopt(zmq.LINGER, 0)
+        self.cmd.connect(self.driver.bound["commands"])
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.connect(self.driver.bound["state"])
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+
+    def call(self, **request) -> dict:
+        self.cmd.send(json.dumps(request).encode())
+        assert self.cmd.poll(20000), f"no reply to {request}"
+        return json.loads(self.cmd.recv())
+
+    def newest(self, timeout: float = 5.0):
+        """The newest state message (and the health messages seen on the way)."""
+        deadline = time.monotonic() + timeout
+        last, health = None, []
+        while time.monotonic() < deadline and (last is None or self.sub.poll(0)):
+            if not self.sub.poll(100):
+                continue
+            topic, payload = self.sub.recv_multipart()
+            if topic == stream.TOPIC_STATE:
+                last = stream.decode_state(payload)
+            else:
+                health.append(json.loads(payload))
+        assert last is not None, "no state message"
+        return last, health
+
+    def health_with(self, text: str, timeout: float = 5.0) -> dict | None:
+        """The first health message (published once a second) with an event containing text."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.sub.poll(100):
+                continue
+            topic, payload = self.sub.recv_multipart()
+            if topic == stream.TOPIC_HEALTH:
+                health = json.loads(payload)
+                if any(text in e["text"] for e in health["events"]):
+                    return health
+        return None
+
+    def close(self) -> None:
+        self.cmd.close(0)
+        self.sub.close(0)
+        self.driver.stop()
+        self.sim.stop()
+        self.dev_bus.shutdown()
+
+    def inject(self, *frames: tuple[int, bytes]) -> None:
+        """Send raw frames on the bus from a third bus object (opened only for this: a virtual bus queues
+        every frame for every open bus object)."""
+        spy = can.Bus(interface="virtual", channel=self.channel)
+        try:
+            for cob, data in frames:
+                spy.send(can.Message(arbitration_id=cob, data=data, is_extended_id=False))
+        finally:
+            spy.shutdown()
+
+
+def wait(predicate, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def rig(model):
+    r = Rig(model)
+    yield r
+    r.close()
+
+
+def enable(rig: Rig) -> None:
+    reply = rig.call(cmd="enable")
+    c = rig.driver.cycle
+    assert reply == {"ok": True}, (reply, c.cycles, c.stale, rig.arm.link_stats())
+    assert wait(rig.driver.cycle.enabled), rig.driver.status()
+
+
+def fault_reset(rig: Rig) -> None:
+    """fault_reset, and wait until the driver's fault is cleared and no drive reports FAULT. The in-process
+    simulated drives may lag the SYNCs by more than the cycle's 0.1 s reset grace on a loaded machine
+    (link_stats sync_lag); then the cycle reports "fault reset failed" although the drive did reset, and a
+    second fault_reset (as an operator would send) finds it out of FAULT."""
+    for attempt in range(2):
+        assert rig.call(cmd="fault_reset") == {"ok": True}
+        assert wait(lambda: all(state_of(int(w)) not in (State.FAULT, State.FAULT_REACTION_ACTIVE)
+                                for w in rig.sim.read_state().statusword))
+        assert wait(lambda: all(state_of(int(w)) not in (State.FAULT, State.FAULT_REACTION_ACTIVE)
+                                for w in rig.driver.cycle.state.statusword))
+        time.sleep(0.2)                                   # past the cycle's reset grace
+        if rig.driver.cycle.fault is None:
+            return
+        assert attempt == 0 and rig.driver.cycle.fault.startswith("fault reset failed"), rig.driver.cycle.fault
+    raise AssertionError(f"still faulted: {rig.driver.cycle.fault}")
+
+
+def assert_is_a_simulator_sample(rig: Rig, q) -> None:
+    """q (from the stream) is one of the simulator's recent positions, to the encoder count."""
+    history = np.array(rig.history)
+    err = np.abs(history - np.asarray(q)) * rig.sim.transport.scaling.counts_per_rad
+    assert err.max(axis=1).min() <= 0.51, f"stream q {q} is no simulator sample (closest: {err.max(axis=1).min():.1f} counts)"
+
+
+def test_move_to_and_run_trajectory_move_the_simulated_arm_and_the_stream_shows_it(rig):
+    enable(rig)
+    goal = np.array([0.2, -0.1, 0.15, 0.1, -0.15, 0.2])
+    reply = rig.call(cmd="move_to", q=goal.tolist(), speed=SPEED)
+    assert reply["ok"], reply
+    assert wait(lambda: rig.driver.cycle.motion is None, 30.0)
+    assert wait(lambda: np.abs(rig.sim.read_state().position - goal).max() < AT_GOAL), rig.driver.status()
+    msg, _ = rig.newest()
+    assert_is_a_simulator_sample(rig, msg["q"])
+    np.testing.assert_allclose(msg["q"], goal, atol=AT_GOAL)
+    assert msg["flags"] & stream.FLAG_ENABLED and not msg["flags"] & stream.FLAG_FAULT
+    # current -> torque with the model's torque constant, as the drive itself computes it
+    np.testing.assert_allclose(msg["torque"], msg["current"] * rig.driver.model.joint_torque_per_amp(), rtol=1e-12)
+
+    back = np.array([0.1, 0.0, 0.05, 0.0, 0.0, 0.1])
+    t = [0.0, 0.5, 1.0]
+    q = [goal.tolist(), ((goal + back) / 2).tolist(), back.tolist()]
+    reply = rig.call(cmd="run_trajectory", samples={"t": t, "q": q})
+    assert reply["ok"], reply
+    assert wait(lambda: rig.driver.cycle.motion is None, 30.0)
+    assert wait(lambda: np.abs(rig.sim.read_state().position - back).max() < AT_GOAL)
+    msg, _ = rig.newest()
+    assert_is_a_simulator_sample(rig, msg["q"])
+    np.testing.assert_allclose(msg["q"], back, atol=AT_GOAL)
+    stats = rig.arm.link_stats()
+    assert stats["bad_length"] == stats["bad_value"] == 0 and stats["samples"] > 100
+    assert rig.sim.transport.counts["rpdo_value"] == rig.sim.transport.counts["rpdo_length"] == 0
+
+
+def test_a_goal_outside_the_limits_is_refused_and_nothing_moves(rig):
+    enable(rig)
+    before = rig.sim.read_state().position.copy()
+    refused = rig.call(cmd="move_to", q=[0, 0, 9.0, 0, 0, 0])
+    assert not refused["ok"] and "goal 9" in refused["error"]
+    time.sleep(0.3)
+    assert rig.driver.cycle.motion is None
+    np.testing.assert_allclose(rig.sim.read_state().position, before, atol=AT_GOAL)
+
+
+def test_a_drive_fault_stops_the_arm_is_reported_with_its_emcy_code_and_fault_reset_recovers(rig):
+    enable(rig)
+    assert rig.call(cmd="move_to", q=[0.3, 0, 0, 0, 0, 0], speed=SPEED)["ok"]
+    time.sleep(0.3)
+    rig.sim.faults.drive_fault(2, 0x2310)
+    assert wait(lambda: rig.driver.cycle.fault is not None)
+    assert "drive 3 faulted (error code 0x2310)" in rig.driver.cycle.fault
+    assert wait(lambda: not rig.driver._any_powered())          # the other drives got a quick stop
+    assert rig.driver.cycle.motion is None
+    status = rig.call(cmd="status")
+    assert status["drive_states"][2] in ("FAULT", "FAULT REACTION ACTIVE") and status["error_codes"][2] == 0x2310
+    msg, _ = rig.newest()
+    assert msg["flags"] & stream.FLAG_FAULT and msg["error_code"][2] == 0x2310
+    health = rig.health_with("drive 3 faulted")
+    assert health is not None and health["fault"].startswith("drive 3 faulted") and health["link"]["emcy"] >= 1
+    assert not rig.call(cmd="move_to", q=[0, 0, 0, 0, 0, 0])["ok"]     # refused while faulted
+    rig.sim.faults.clear_drive_fault(2)
+    fault_reset(rig)
+    assert wait(lambda: rig.driver.cycle.state.error_code[2] == 0)   # the error reset EMCY cleared it
+    enable(rig)
+    assert rig.call(cmd="move_to", q=[0, 0.1, 0, 0, 0, 0])["ok"]
+    assert wait(lambda: np.abs(rig.sim.read_state().position[1] - 0.1) < AT_GOAL, 30.0)
+
+
+def test_a_silent_bus_trips_the_watchdog_and_the_driver_recovers_when_frames_come_back(rig):
+    enable(rig)
+    rig.sim.faults.set_frame_faults(silent=True)
+    assert wait(lambda: rig.driver.cycle.fault is not None)
+    assert rig.driver.cycle.fault.startswith("watchdog")
+    assert rig.health_with("watchdog") is not None
+    msg, _ = rig.newest()
+    assert msg["flags"] & stream.FLAG_STALE and msg["flags"] & stream.FLAG_FAULT
+    assert not rig.call(cmd="enable")["ok"]
+    rig.sim.faults.set_frame_faults(silent=False)
+    assert wait(lambda: rig.driver.cycle.fresh > 0 and not rig.newest()[0]["flags"] & stream.FLAG_STALE)
+    fault_reset(rig)
+    enable(rig)
+    assert rig.driver.cycle.fault is None
+
+
+def test_a_rebooted_drive_is_restarted_by_nmt_and_fault_reset_plus_enable_recover(rig):
+    enable(rig)
+    restarts = rig.arm.link_stats()["nmt_restarts"]
+    rig.inject((cm.NMT_COB_ID, bytes([0x81, 4])))      # NMT reset node 4
+    assert wait(lambda: rig.driver.cycle.fault is not None)
+    assert "joint 4 (node 4) rebooted" in rig.driver.cycle.fault
+    assert wait(lambda: rig.arm.link_stats()["nmt_restarts"] > restarts)
+    assert wait(lambda: rig.sim.transport.drives[3].node.nmt.state == "OPERATIONAL")
+    fault_reset(rig)
+    enable(rig)
+    assert rig.driver.cycle.fault is None
+
+
+def test_a_bus_that_fails_under_the_driver_is_reopened_and_fault_reset_plus_enable_recover(rig):
+    enable(rig)
+    rig.arm.network.bus.shutdown()           # the adapter vanished: sends fail from now on
+    assert wait(lambda: rig.driver.cycle.fault is not None)
+    assert rig.driver.cycle.fault.startswith("link: can: send failed")
+    assert wait(lambda: rig.arm.link_stats()["reconnects"] >= 1 and rig.arm.link_stats()["link_up"])
+    fault_reset(rig)
+    enable(rig)
+    assert rig.call(cmd="move_to", q=[0, 0, 0.1, 0, 0, 0], speed=SPEED)["ok"]
+    assert wait(lambda: abs(rig.sim.read_state().position[2] - 0.1) < AT_GOAL, 30.0)
+
+
+def test_bad_frames_are_counted_and_dropped_never_data(rig):
+    wait(lambda: rig.driver.cycle.fresh > 5)
+    before = rig.arm.link_stats()
+    q_before = rig.driver.cycle.state.q.copy()
+    cob = cm.TPDO1.cob_id(1)
+    bogus = [
+        bytes(3),                                                    # wrong length
+        cm.TPDO1.pack([0x0237, 2 ** 30, 77]),                        # mode 77: no such mode
+        cm.TPDO1.pack([0x0001, 2 ** 30, 8]),                         # statusword matching no CiA 402 state
+    ]
+    rig.inject(*[(cob, data) for data in bogus])
+    assert wait(lambda: rig.arm.link_stats()["bad_length"] - before["bad_length"] == 1
+                and rig.arm.link_stats()["bad_value"] - before["bad_value"] == 2)
+    time.sleep(0.2)
+    assert abs(rig.driver.cycle.state.q[0] - q_before[0]) < 1e-2     # 2**30 counts never became a position
+    assert rig.driver.cycle.fault is None
+
+
+def test_a_command_that_is_not_finite_is_never_sent(model):
+    channel = _channel()
+    dev_bus, spy = can.Bus(interface="virtual", channel=channel), can.Bus(interface="virtual", channel=channel)
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus, heartbeat_ms=0), seed=1)
+    sim.start()
+    arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0, heartbeat_ms=0)
+    try:
+        arm.open()
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and spy.recv(0.01) is not None:    # drain what open() sent
+            pass
+        cmd = ArmCommand(6)
+        cmd.mode[:] = 8
+        cmd.target_position[3] = np.nan
+        with pytest.raises(LinkError, match="position: joint 4"):
+            arm.write(cmd)
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            msg = spy.recv(0.05)
+            assert msg is None or not 0x200 < msg.arbitration_id < 0x400, f"an RPDO was sent: {msg}"
+    finally:
+        arm.close()
+        sim.stop()
+        spy.shutdown()
+        dev_bus.shutdown()
+
+
+def test_open_refuses_a_drive_whose_scaling_disagrees_with_the_options(model):
+    channel = _channel()
+    dev_bus = can.Bus(interface="virtual", channel=channel)
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus), seed=1)
+    sim.start()
+    try:
+        arm = CanArm(model, interface="virtual", channel=channel, counts_per_rev=4096, sdo_timeout_s=2.0)
+        with pytest.raises(CanOptionError, match=r"joint 1 \(node 1\): the drive counts .* fix counts_per_rev"):
+            arm.open()
+        assert arm.network is None        # closed again
+    finally:
+        sim.stop()
+        dev_bus.shutdown()
+
+
+def test_open_on_a_bus_without_drives_raises_link_error_naming_the_drive(model):
+    arm = CanArm(model, interface="virtual", channel=_channel(), sdo_timeout_s=0.1)
+    with pytest.raises(LinkError, match=r"joint 1 \(node 1\): SDO read 0x1000:00: no answer"):
+        arm.open()
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"channel": "can0"}, "interface"),
+    ({"interface": "socketcan"}, "channel"),
+    ({"interface": "socketcan", "channel": "can0", "bitrate": 5}, "bitrate: expected bit/s"),
+    ({"interface": "socketcan", "channel": "can0", "node_ids": [1, 2, 3]}, "node_ids: expected 6 distinct"),
+    ({"interface": "socketcan", "channel": "can0", "node_ids": [1, 1, 2, 3, 4, 5]}, "node_ids"),
+    ({"interface": "socketcan", "channel": "can0", "counts_per_rev": -1}, "counts_per_rev"),
+    ({"interface": "socketcan", "channel": "can0", "heartbeat_ms": 1e9}, "heartbeat_ms"),
+    ({"interface": "socketcan", "channel": "can0", "sdo_timeout_s": float("nan")}, "sdo_timeout_s"),
+    ({"interface": "socketcan", "channel": "can0", "speed": 3}, "speed"),
+])
+def test_bad_options_are_refused_with_the_option_named(model, options, error):
+    with pytest.raises(InputError, match=error):
+        open_arm("can", model, **options)
+
+
+def test_the_example_config_loads_and_builds_the_transport(model):
+    cfg = load_config(ROOT / "deploy" / "driver-can.toml")
+    assert cfg.transport == "can"
+    arm = open_arm(cfg.transport, model, **cfg.transport_options)
+    assert isinstance(arm, CanArm) and arm.node_ids == [1, 2, 3, 4, 5, 6]
+    assert cfg.rate_hz <= cm.max_cycle_rate(6, arm._bus_options.get("bitrate", 1_000_000))
