@@ -69,7 +69,7 @@ class Cycle:
         self.want_power = False
         self.quick_stop = False
         self._reset_pulse = 0           # cycles left in the fault-reset sequence
-        self._reset_grace = 0           # cycles during which drives may still report the fault being reset
+        self._reset_grace = 0           # new samples during which drives may still report the fault being reset
         self.fault: str | None = None   # the driver's fault, None when healthy
         self.hold = np.zeros(self.n)    # setpoint when no motion runs
         self.hold_torque = np.zeros(self.n)  # its feed-forward (gravity at the hold pose)
@@ -201,7 +201,7 @@ class Cycle:
         self.quick_stop = False
         self.want_power = False
         self._reset_pulse = 2   # one cycle of 0, then the rising edge of bit 7
-        self._reset_grace = max(10, int(0.5 * self.rate_hz))   # 0.5 s: slow links (Modbus gateway) need several exchanges
+        self._reset_grace = max(20, int(0.5 * self.rate_hz))   # new samples the drives get to leave FAULT
 
     def start_motion(self, motion: PlannedMotion) -> None:
         if self.fault is not None:
@@ -268,7 +268,8 @@ class Cycle:
                 self._trip(f"watchdog: no new data from the drives for {age / 1e6:.1f} ms "
                            f"(bound {self.watchdog_ns / 1e6:.1f} ms)")
             elif self._reset_grace:
-                self._reset_grace -= 1
+                if fresh:                  # counted in new samples: a slow link gets as many answers
+                    self._reset_grace -= 1
                 if self._reset_grace == 0:
                     for j, s in enumerate(_state_codes(st.statusword)):
                         if s in (_S.FAULT, _S.FAULT_REACTION_ACTIVE):
