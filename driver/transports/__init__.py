@@ -14,6 +14,7 @@ import importlib
 
 TRANSPORTS: dict[str, str] = {
     "sim": "driver.transports.local_sim:LocalSimArm",
+    "serial": "driver.transports.serial_link:SerialArm",
 }
 
 
