@@ -20,6 +20,7 @@ Bad frames are dropped and counted by reason (link_stats); FAULT frames are coun
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 
@@ -55,6 +56,20 @@ class _Session:
     def __init__(self, port: serial.Serial, ack: sp.HelloAck, scaling: JointScaling, decoder: sp.StreamDecoder,
                  encoder: sp.FrameEncoder):
         self.port, self.ack, self.scaling, self.decoder, self.encoder = port, ack, scaling, decoder, encoder
+        try:
+            self._fd: int | None = port.fileno()
+        except (AttributeError, OSError, ValueError, serial.SerialException):
+            self._fd = None          # a URL port (socket://, rfc2217://): pyserial's own write
+
+    def write(self, data: bytes) -> int:
+        """Write what the line takes now, never waiting (pyserial's write_timeout=0 spins while the line is
+        full): the bytes written; a partial frame is cut off by the 0x00 that starts the next one."""
+        if self._fd is None:
+            return self.port.write(data)
+        try:
+            return os.write(self._fd, data)
+        except (BlockingIOError, InterruptedError):
+            return 0
 
 
 class SerialArm:
@@ -247,12 +262,12 @@ class SerialArm:
             if self._session is not s:
                 raise LinkError(self._down or "not open")
             data = b"\0" + s.encoder.encode(msg)
+            error = None
             try:
-                sent = s.port.write(data)
+                sent = s.write(data)
             except (serial.SerialException, OSError) as exc:
                 error = exc
             else:
-                error = None
                 self._last_tx = time.monotonic()
                 self.stats[counter] += 1
                 if sent != len(data):
