@@ -404,6 +404,17 @@ def _newest(sub, timeout=5.0):
     return last
 
 
+def _wait_fresh(sub, timeout=10.0) -> dict:
+    """The first state message carrying new device data (FLAG_STALE clear)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sub.poll(100):
+            m = stream.decode_state(sub.recv_multipart()[1])
+            if not m["flags"] & stream.FLAG_STALE:
+                return m
+    pytest.fail(f"no fresh state within {timeout} s")
+
+
 def _enable(cmd, driver):
     assert _wait(lambda: driver.cycle.fresh > 0, 10)
     assert _call(cmd, cmd="enable") == {"ok": True}
@@ -567,7 +578,8 @@ def _kill(proc: subprocess.Popen) -> None:
 def hil(model, tmp_path):
     link = tmp_path / "armid-arm"
     procs = [_start_sim(link)]
-    d = Driver(model, SerialArm(model, str(link), reconnect_s=0.1), endpoints=LOCAL, watchdog_s=0.3)
+    d = Driver(model, SerialArm(model, str(link), reconnect_s=0.1, device_watchdog_ms=500), endpoints=LOCAL,
+               watchdog_s=0.3)
     d.start()
     cmd, sub = _client(d.bound["commands"]), _sub(d.bound["state"])
     try:
@@ -586,7 +598,7 @@ def test_move_to_and_run_trajectory_move_the_simulated_arm_and_the_stream_shows_
     goal = [0.25, -0.15, 0.2, 0.1, -0.2, 0.3]
     assert _call(cmd, cmd="move_to", q=goal, speed=0.8)["ok"]
     assert _wait(lambda: driver.cycle.motion is None, 20)
-    assert _wait(lambda: np.abs(_newest(sub)["q"] - goal).max() < 2e-3, 5)
+    assert _wait(lambda: np.abs(_newest(sub)["q"] - goal).max() < 2e-3, 5), (driver.status(), driver.arm.link_stats())
     t = [0.0, 0.5, 1.0]
     q = [goal, [0.35, -0.05, 0.3, 0.2, -0.1, 0.4], goal]
     reply = _call(cmd, cmd="run_trajectory", samples={"t": t, "q": q})
@@ -624,6 +636,7 @@ def test_simulator_killed_is_a_link_fault_and_the_driver_recovers_when_it_is_bac
 
         procs.append(_start_sim(link))
         assert _wait(lambda: driver.arm.link_stats()["connected"], 20)
+        _wait_fresh(sub)                  # data flows again: what a client waits for before fault_reset
         _recover(cmd, driver)
         goal = [0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
         assert _call(cmd, cmd="move_to", q=goal)["ok"]
