@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import threading
 import time
 
@@ -60,6 +61,23 @@ class _Session:
             self._fd: int | None = port.fileno()
         except (AttributeError, OSError, ValueError, serial.SerialException):
             self._fd = None          # a URL port (socket://, rfc2217://): pyserial's own write
+
+    def read(self) -> bytes:
+        """What arrived, waiting at most _READ_POLL_S: one select and one read per burst (pyserial's read asks
+        for a byte count first; this halves the system calls per frame). OSError / SerialException when the
+        port is gone."""
+        if self._fd is None:
+            return self.port.read(max(1, self.port.in_waiting))
+        ready, _, _ = select.select((self._fd,), (), (), _READ_POLL_S)
+        if not ready:
+            return b""
+        try:
+            data = os.read(self._fd, 4096)
+        except (BlockingIOError, InterruptedError):
+            return b""
+        if not data:    # readable but empty: the other end is gone (as pyserial reports it)
+            raise serial.SerialException("device reports readiness to read but returned no data (disconnected)")
+        return data
 
     def write(self, data: bytes) -> int:
         """Write what the line takes now, never waiting (pyserial's write_timeout=0 spins while the line is
@@ -284,7 +302,7 @@ class SerialArm:
                 self._reconnect()
                 continue
             try:
-                data = s.port.read(max(1, s.port.in_waiting))
+                data = s.read()
             except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial on a closed fd
                 self._lost(s, exc)
                 continue
