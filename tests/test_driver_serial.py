@@ -542,15 +542,22 @@ def test_a_drive_fault_stops_the_arm_is_reported_and_fault_reset_recovers(cli_dr
     assert _wait(lambda: _powered(sim).all(), 5)
 
 
-def test_a_bad_crc_storm_is_counted_trips_the_watchdog_and_recovers(cli_driver):
+@pytest.mark.parametrize("fault", ["bad_crc", "silent"])
+def test_a_bad_crc_storm_or_a_silent_device_trips_the_watchdog_is_counted_and_recovers(cli_driver, fault):
     sim, d = cli_driver
     d.enable()
-    sim.faults.set_frame_faults(bad_crc=1.0)
+    before = d.next_health()["link"]           # (joining the stream mid-frame at open counts one drop)
+    sim.faults.set_frame_faults(**{fault: True if fault == "silent" else 1.0})
     d.wait_flags(stream.FLAG_FAULT | stream.FLAG_STALE)
     assert d.call(cmd="status")["fault"].startswith("watchdog: no new data from the drives")
-    assert d.next_health()["link"]["rx"]["crc"] > 50
+    link = d.next_health()["link"]
+    if fault == "bad_crc":
+        assert link["rx"]["crc"] - before["rx"]["crc"] > 50     # every frame arrived and was dropped
+    else:                                                       # the port is there, the device says nothing
+        assert link["connected"] and link["rx_dropped"] == before["rx_dropped"]
     assert _wait(lambda: not _powered(sim).any(), 10)        # quick stop went out although nothing came in
     sim.faults.clear()
+    d.wait_flags(0, stream.FLAG_STALE)
     d.recover()
     health = d.next_health()
     assert health["link"]["connected"] and health["fault"] is None
