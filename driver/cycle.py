@@ -34,6 +34,8 @@ _S = State
 _FAULTED = (cia402.STATE_PATTERNS[_S.FAULT], cia402.STATE_PATTERNS[_S.FAULT_REACTION_ACTIVE])
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
+RESET_PHASE_S = 0.005         # each phase (0, then bit 7) of the fault-reset pulse: several device cycles,
+                              # since devices latch only their newest command per cycle
 
 
 def _state_codes(statusword: np.ndarray) -> list[State | None]:
@@ -69,6 +71,7 @@ class Cycle:
         self.want_power = False
         self.quick_stop = False
         self._reset_pulse = 0           # cycles left in the fault-reset sequence
+        self._reset_high = 0            # the last cycles of it carry bit 7
         self._reset_grace = 0           # new samples during which drives may still report the fault being reset
         self.fault: str | None = None   # the driver's fault, None when healthy
         self.hold = np.zeros(self.n)    # setpoint when no motion runs
@@ -200,7 +203,9 @@ class Cycle:
         self.fault = None
         self.quick_stop = False
         self.want_power = False
-        self._reset_pulse = 2   # one cycle of 0, then the rising edge of bit 7
+        k = max(1, int(round(RESET_PHASE_S * self.rate_hz)))
+        self._reset_pulse, self._reset_high = 2 * k, k      # k cycles of 0, then k cycles of bit 7 (rising edge)
+        self._last_fresh_ns = time.perf_counter_ns()        # the watchdog counts from the reset, not from an outage before it
         self._reset_grace = max(20, int(0.5 * self.rate_hz))   # new samples the drives get to leave FAULT
 
     def start_motion(self, motion: PlannedMotion) -> None:
@@ -315,7 +320,7 @@ class Cycle:
             cmd.controlword[j] = self._controlword(int(st.statusword[j]))
         if self._reset_pulse:
             self._reset_pulse -= 1
-            if self._reset_pulse == 0:
+            if self._reset_pulse < self._reset_high:
                 cmd.controlword[:] = cia402.CW_FAULT_RESET
         if not (np.all(np.isfinite(cmd.target_position)) and np.all(np.isfinite(cmd.target_torque))):
             # cannot happen with checked plans and finite measurements; never send it if it does

@@ -119,6 +119,7 @@ class Driver:
                       "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT)}
         self.started_at = time.time()
         self._stop.clear()
+        self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
         gc.collect()
         gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
         self.cycle.start()

@@ -42,6 +42,7 @@ def driver(model):
 def _client(endpoint, **curve):
     sock = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 5000)
     for key, value in curve.items():
         setattr(sock, key, value)
     sock.connect(endpoint)

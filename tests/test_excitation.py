@@ -210,7 +210,7 @@ def test_design_gradients_are_exact(arm3, criterion):
         f_p, c_p = p.objective(z + e), p.nonlinear(z + e)        # one evaluation each side
         f_m, c_m = p.objective(z - e), p.nonlinear(z - e)
         fd, fd_c = (f_p - f_m) / (2 * h), (c_p - c_m) / (2 * h)
-        assert g[i] == pytest.approx(fd, rel=1e-4, abs=1e-6 * np.abs(g).max())
+        assert g[i] == pytest.approx(fd, rel=1e-3, abs=1e-6 * np.abs(g).max())
         np.testing.assert_allclose(J[:, i], fd_c, atol=1e-5 * np.abs(J).max())
 
 

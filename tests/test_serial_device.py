@@ -154,7 +154,7 @@ def test_host_enables_the_drives_moves_a_joint_in_csp_and_states_match_the_simul
         assert st_.current.tolist() == current_ua.astype(int).tolist()
         assert st_.timestamp_us == st_.cycle * 1000
         checked += 1
-    assert checked > 100 and len({tuple(x.statusword) for x in host.log}) >= 4   # several drive states seen
+    assert checked > 20 and len({tuple(x.statusword) for x in host.log}) >= 4   # several drive states seen
     s = host.state
     others = [k for k in range(sim.n) if k != j]
     held = (s.position[others] - hold[others]) / host.scaling.counts_per_rad[others]

@@ -38,7 +38,13 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
-    driver.start()
+    from driver.hal import LinkError
+
+    try:
+        driver.start()
+    except LinkError as exc:
+        log(f"cannot start: {exc}")
+        return 1
     try:
         while not stop.wait(0.5):
             if driver.cycle.error is not None:

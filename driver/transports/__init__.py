@@ -16,6 +16,7 @@ TRANSPORTS: dict[str, str] = {
     "sim": "driver.transports.local_sim:LocalSimArm",
     "gateway": "driver.transports.gateway:GatewayArm",
     "can": "driver.transports.can:CanArm",
+    "serial": "driver.transports.serial_link:SerialArm",
 }
 
 

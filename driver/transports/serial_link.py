@@ -1,0 +1,363 @@
+"""The `serial` transport: the joint boards' microcontroller on a serial line (firmware_bridge.serial_protocol,
+pyserial).
+
+    arm = SerialArm(model, port="/dev/ttyACM0", baudrate=3_000_000)
+    arm.open()            # HELLO -> HELLO_ACK: joints, encoder counts per rev and gear ratios checked against
+                          # the model; then a reader thread decodes the device's frames
+    ... the cycle: read(state) -> the newest STATE in SI; write(command) -> one COMMAND frame ...
+
+Threads: the link thread reads and decodes the port (pyserial), converts each STATE to SI into a preallocated
+buffer (counts -> rad with the gear ratios and encoder resolution of HELLO_ACK, uA -> A, A -> N m with the
+model's gear ratio * torque constant), sends a HEARTBEAT when the cycle has sent no COMMAND for heartbeat_s,
+and, when the port vanishes (the device unplugged, its process killed, the pty closed), reopens `port` every
+reconnect_s and handshakes again. The cycle thread writes the COMMAND frame itself (a non-blocking write of
+~100 bytes; each frame starts with a 0x00 so a partial write never spoils the next one).
+
+While the link is down, read() and write() raise driver.hal.LinkError (the cycle trips: quick stop, fault,
+health event); once a device answers again at `port`, fault_reset + enable recover without a restart.
+Bad frames are dropped and counted by reason (link_stats); FAULT frames are counted and the last one is kept.
+"""
+from __future__ import annotations
+
+import math
+import os
+import select
+import threading
+import time
+
+import numpy as np
+import serial
+
+from driver.hal import ArmCommand, ArmState, LinkError
+from firmware_bridge import serial_protocol as sp
+from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from ident.errors import InputError
+
+_READ_POLL_S = 0.05          # the link thread's longest block in read (it then looks at its stop flag)
+_JOIN_S = 2.0
+_GEAR_RTOL = 1e-9            # HELLO_ACK's gear ratios (float64 on the wire) must be the model's
+
+
+class SerialOptionError(InputError):
+    """A [transport] option of the serial transport that cannot be used."""
+
+
+def _number(name: str, value, lo: float, hi: float, integer: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    if not ok or not math.isfinite(value) or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise SerialOptionError(f"serial transport: {name}: expected {kind} in {lo:g}..{hi:g}, got {value!r}")
+    return value
+
+
+class _Session:
+    """One open, handshaken connection: the pyserial port, its decoder and frame numbering, the device's
+    settings from HELLO_ACK and the scaling built from them."""
+
+    def __init__(self, port: serial.Serial, ack: sp.HelloAck, scaling: JointScaling, decoder: sp.StreamDecoder,
+                 encoder: sp.FrameEncoder):
+        self.port, self.ack, self.scaling, self.decoder, self.encoder = port, ack, scaling, decoder, encoder
+        try:
+            self._fd: int | None = port.fileno()
+        except (AttributeError, OSError, ValueError, serial.SerialException):
+            self._fd = None          # a URL port (socket://, rfc2217://): pyserial's own write
+
+    def read(self) -> bytes:
+        """What arrived, waiting at most _READ_POLL_S: one select and one read per burst (pyserial's read asks
+        for a byte count first; this halves the system calls per frame). OSError / SerialException when the
+        port is gone."""
+        if self._fd is None:
+            return self.port.read(max(1, self.port.in_waiting))
+        ready, _, _ = select.select((self._fd,), (), (), _READ_POLL_S)
+        if not ready:
+            return b""
+        try:
+            data = os.read(self._fd, 4096)
+        except (BlockingIOError, InterruptedError):
+            return b""
+        if not data:    # readable but empty: the other end is gone (as pyserial reports it)
+            raise serial.SerialException("device reports readiness to read but returned no data (disconnected)")
+        return data
+
+    def write(self, data: bytes) -> int:
+        """Write what the line takes now, never waiting (pyserial's write_timeout=0 spins while the line is
+        full): the bytes written; a partial frame is cut off by the 0x00 that starts the next one."""
+        if self._fd is None:
+            return self.port.write(data)
+        try:
+            return os.write(self._fd, data)
+        except (BlockingIOError, InterruptedError):
+            return 0
+
+
+class SerialArm:
+    """Arm over the serial joint-board link.
+
+    port: device path or pyserial URL (e.g. "/dev/ttyACM0", "/dev/armid-arm" from a udev rule).
+    baudrate: line rate (3 Mbaud for a 6-joint arm at 1 kHz on a UART; ignored by USB CDC and ptys).
+    counts_per_rev: motor encoder counts per motor revolution; HELLO_ACK must report the same.
+    device_watchdog_ms: host silence after which the device quick-stops the drives (asked for in HELLO).
+    heartbeat_ms: a HEARTBEAT is sent when no COMMAND went out for this long (default: device watchdog / 4).
+    handshake_timeout_s: how long open() and a reconnection wait for HELLO_ACK.
+    reconnect_s: period of reconnection attempts while the port is gone.
+    """
+
+    def __init__(self, model, port: str, *, baudrate: int = 3_000_000, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
+                 device_watchdog_ms: float = sp.DEFAULT_WATCHDOG_US / 1000, heartbeat_ms: float | None = None,
+                 handshake_timeout_s: float = 1.0, reconnect_s: float = 0.2, **unknown):
+        if unknown:
+            raise SerialOptionError(f"serial transport: unknown option {sorted(unknown)[0]!r} (options: port, baudrate, "
+                                    f"counts_per_rev, device_watchdog_ms, heartbeat_ms, handshake_timeout_s, "
+                                    f"reconnect_s)")
+        if not isinstance(port, str) or not port:
+            raise SerialOptionError(f"serial transport: port: expected a device path or pyserial URL, got {port!r}")
+        self.model, self.n, self.port = model, model.n, port
+        self.baudrate = int(_number("baudrate", baudrate, 50, 100_000_000, integer=True))
+        self.counts_per_rev = int(_number("counts_per_rev", counts_per_rev, 1, 2 ** 32 - 1, integer=True))
+        self.device_watchdog_s = _number("device_watchdog_ms", device_watchdog_ms, 1, 10_000) / 1000
+        hb = self.device_watchdog_s * 250 if heartbeat_ms is None else heartbeat_ms
+        self.heartbeat_s = _number("heartbeat_ms", hb, 0.1, self.device_watchdog_s * 1000 / 2) / 1000
+        self.handshake_timeout_s = float(_number("handshake_timeout_s", handshake_timeout_s, 0.01, 60))
+        self.reconnect_s = float(_number("reconnect_s", reconnect_s, 0.01, 60))
+        self._torque_per_amp = np.asarray(model.joint_torque_per_amp(), dtype=float)
+        n = self.n
+        # the newest sample, written by the link thread, copied out by read() (under _lock)
+        self._lock = threading.Lock()
+        self._new = ArmState(n)
+        self._samples = 0             # STATE frames converted
+        self._read_samples = 0        # the value of _samples at the last read()
+        self._tx_lock = threading.Lock()   # the port's writers: the cycle (COMMAND) and the link thread
+        self._session: _Session | None = None
+        self._down: str | None = "not open"   # why the link is down; None while up
+        self._last_tx = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._past = sp.DecoderCounters()      # decoder counters of the sessions that ended
+        self.stats = {"states": 0, "commands": 0, "heartbeats_sent": 0, "heartbeats_received": 0,
+                      "fault_frames": 0, "unexpected": 0, "wrong_joints": 0, "tx_incomplete": 0,
+                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0}
+        self.last_fault: dict | None = None
+        self.last_error: str | None = None
+
+    # -- Arm -----------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open the port, handshake, start the link thread. LinkError naming the port when it fails."""
+        if self._thread is not None:
+            return
+        self._install(self._connect())
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="armid-serial-link", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the link thread (bounded) and close the port. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(_JOIN_S)
+            self._thread = None
+        self._drop_session("closed")
+
+    def begin_cycle(self) -> None:
+        pass
+
+    def read(self, out: ArmState) -> bool:
+        """Copy the newest STATE (SI) into out; True when it arrived since the last read. LinkError while the
+        port is gone."""
+        down = self._down
+        if down is not None:
+            raise LinkError(down)
+        new = self._new
+        with self._lock:
+            out.device_time_ns, out.host_time_ns = new.device_time_ns, new.host_time_ns
+            out.q[:] = new.q
+            out.qd[:] = new.qd
+            out.current[:] = new.current
+            out.torque[:] = new.torque
+            out.statusword[:] = new.statusword
+            out.error_code[:] = new.error_code
+            out.mode[:] = new.mode
+            fresh = self._samples != self._read_samples
+            self._read_samples = self._samples
+        return fresh
+
+    def write(self, command: ArmCommand) -> None:
+        """Send one COMMAND frame (targets converted to counts and mN m). LinkError while the port is gone or
+        when a target cannot be sent (never clipped, never NaN)."""
+        s = self._session
+        if self._down is not None or s is None:
+            raise LinkError(self._down or "not open")
+        try:
+            msg = sp.Command(controlword=command.controlword, mode=command.mode,
+                             target_position=s.scaling.position_to_counts(command.target_position),
+                             target_torque=JointScaling.torque_to_raw(command.target_torque))
+        except WireValueError as exc:
+            raise LinkError(f"serial port {self.port}: command not sent: {exc}") from None
+        self._send(s, msg, "commands")
+
+    def link_stats(self) -> dict:
+        """Frames and drops by reason (all sessions), handshakes, reconnections, the last FAULT frame."""
+        s = self._session
+        dec = self._past.as_dict()
+        if s is not None:
+            for k, v in s.decoder.counters.as_dict().items():
+                dec[k] += v
+        return {"transport": "serial", "port": self.port, "connected": self._down is None,
+                "down_reason": self._down, **self.stats, "rx": dec,
+                "rx_dropped": sum(dec[r] for r in sp.DROP_REASONS),
+                "last_fault": self.last_fault, "last_error": self.last_error,
+                "device_cycle_us": None if s is None else s.ack.cycle_period_us,
+                "device_watchdog_us": None if s is None else s.ack.watchdog_us}
+
+    # -- connection ----------------------------------------------------------------------------------
+    def _connect(self) -> _Session:
+        """Open the port and handshake (bounded by handshake_timeout_s); LinkError naming what failed."""
+        try:
+            port = serial.serial_for_url(self.port, baudrate=self.baudrate, timeout=_READ_POLL_S, write_timeout=0,
+                                         exclusive=True)
+        except (serial.SerialException, OSError, ValueError) as exc:
+            raise LinkError(f"serial port {self.port}: cannot open: {exc}") from None
+        try:
+            port.reset_input_buffer()
+            decoder, encoder = sp.StreamDecoder(), sp.FrameEncoder()
+            port.write(b"\0" + encoder.encode(sp.Hello(watchdog_us=int(round(self.device_watchdog_s * 1e6)))))
+            deadline = time.monotonic() + self.handshake_timeout_s
+            while time.monotonic() < deadline:
+                for msg in decoder.feed(port.read(max(1, port.in_waiting))):
+                    if isinstance(msg, sp.HelloAck):
+                        return _Session(port, msg, self._check_ack(msg), decoder, encoder)
+            version = "" if decoder.other_version is None else \
+                f" (it speaks protocol version {decoder.other_version}, this host {sp.VERSION})"
+            raise LinkError(f"serial port {self.port}: no HELLO_ACK within {self.handshake_timeout_s:g} s{version}; "
+                            f"{decoder.counters.frames} frames received, {decoder.counters.dropped} dropped")
+        except (serial.SerialException, OSError) as exc:
+            port.close()
+            raise LinkError(f"serial port {self.port}: handshake failed: {exc}") from None
+        except LinkError:
+            port.close()
+            raise
+
+    def _check_ack(self, ack: sp.HelloAck) -> JointScaling:
+        """The scaling of the device's HELLO_ACK, after checking it against the model and the options."""
+        where = f"serial port {self.port}: HELLO_ACK"
+        n = ack.counts_per_rev.shape[0]
+        if n != self.n:
+            raise LinkError(f"{where}: the device has {n} joints, the model {self.model.name} has {self.n}")
+        for j in range(n):
+            if int(ack.counts_per_rev[j]) != self.counts_per_rev:
+                raise LinkError(f"{where}: joint {j + 1}: encoder has {int(ack.counts_per_rev[j])} counts per rev, "
+                                f"the transport option counts_per_rev is {self.counts_per_rev}")
+            g, m = float(ack.gear_ratio[j]), float(self.model.gear_ratio[j])
+            if not math.isclose(g, m, rel_tol=_GEAR_RTOL):
+                raise LinkError(f"{where}: joint {j + 1}: gear ratio {g!r} on the device, {m!r} in the model "
+                                f"{self.model.name}")
+        return JointScaling.from_gear(ack.gear_ratio, self.counts_per_rev)
+
+    def _install(self, session: _Session) -> None:
+        with self._tx_lock:
+            self._session = session
+            self._last_tx = time.monotonic()
+        self._down = None
+
+    def _drop_session(self, reason: str) -> None:
+        """Close the port and mark the link down (reason: what read/write report)."""
+        with self._tx_lock:
+            s, self._session = self._session, None
+            self._down = reason
+        if s is not None:
+            for k, v in s.decoder.counters.as_dict().items():
+                setattr(self._past, k, getattr(self._past, k) + v)
+            try:
+                s.port.close()
+            except (serial.SerialException, OSError):
+                pass
+
+    def _lost(self, session: _Session, exc: BaseException) -> None:
+        if self._session is not session:
+            return
+        self.stats["link_losses"] += 1
+        self.last_error = f"serial port {self.port} lost: {exc}"
+        self._drop_session(f"{self.last_error}; reconnecting every {self.reconnect_s:g} s")
+
+    def _send(self, s: _Session, msg: sp.Message, counter: str) -> None:
+        """Write one frame (0x00 first, then the frame) without blocking; LinkError if the port is gone."""
+        with self._tx_lock:
+            if self._session is not s:
+                raise LinkError(self._down or "not open")
+            data = b"\0" + s.encoder.encode(msg)
+            error = None
+            try:
+                sent = s.write(data)
+            except (serial.SerialException, OSError) as exc:
+                error = exc
+            else:
+                self._last_tx = time.monotonic()
+                self.stats[counter] += 1
+                if sent != len(data):
+                    self.stats["tx_incomplete"] += 1
+        if error is not None:
+            self._lost(s, error)
+            raise LinkError(self.last_error)
+
+    # -- the link thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            s = self._session
+            if s is None:
+                self._reconnect()
+                continue
+            try:
+                data = s.read()
+            except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial on a closed fd
+                self._lost(s, exc)
+                continue
+            host_ns = time.time_ns()
+            for msg in s.decoder.feed(data):
+                self._handle(s, msg, host_ns)
+            if time.monotonic() - self._last_tx >= self.heartbeat_s:
+                try:
+                    self._send(s, sp.Heartbeat(time_us=time.monotonic_ns() // 1000), "heartbeats_sent")
+                except LinkError:
+                    pass
+
+    def _reconnect(self) -> None:
+        if self._stop.wait(self.reconnect_s):
+            return
+        try:
+            session = self._connect()
+        except LinkError as exc:
+            self.stats["handshake_failures"] += 1
+            self.last_error = str(exc)
+            return
+        self.stats["reconnects"] += 1
+        self._install(session)
+
+    def _handle(self, s: _Session, msg: sp.Message, host_ns: int) -> None:
+        if isinstance(msg, sp.State):
+            if msg.statusword.shape[0] != self.n:
+                self.stats["wrong_joints"] += 1
+                return
+            self._store(s.scaling, msg, host_ns)
+        elif isinstance(msg, sp.Heartbeat):
+            self.stats["heartbeats_received"] += 1
+        elif isinstance(msg, sp.Fault):
+            self.stats["fault_frames"] += 1
+            self.last_fault = {"joint": msg.joint + 1, "error_code": f"0x{msg.error_code:04X}",
+                               "statusword": f"0x{msg.statusword:04X}", "time": time.time()}
+        elif not isinstance(msg, sp.HelloAck):   # a late answer to our HELLO is harmless
+            self.stats["unexpected"] += 1
+
+    def _store(self, sc: JointScaling, msg: sp.State, host_ns: int) -> None:
+        """STATE (wire units) -> the newest-sample buffer (SI)."""
+        new = self._new
+        with self._lock:
+            new.device_time_ns = msg.timestamp_us * 1000
+            new.host_time_ns = host_ns
+            np.divide(msg.position, sc.counts_per_rad, out=new.q)
+            np.divide(msg.velocity, sc.counts_per_rad, out=new.qd)
+            np.multiply(msg.current, CURRENT_LSB, out=new.current)
+            np.multiply(new.current, self._torque_per_amp, out=new.torque)
+            new.statusword[:] = msg.statusword
+            new.error_code[:] = msg.error_code
+            new.mode[:] = msg.mode_display
+            self._samples += 1
+        self.stats["states"] += 1
