@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from firmware_bridge import stream
-from driver.hal import Arm, ArmCommand, ArmState, LinkError
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, copy_sample
 from driver.motion import PlannedMotion
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
@@ -349,13 +349,7 @@ class Cycle:
 
     def _publish(self, fresh: bool) -> None:
         st, msg = self.state, self.message
-        msg.q[:] = st.q
-        msg.qd[:] = st.qd
-        msg.current[:] = st.current
-        msg.torque[:] = st.torque
-        msg.statusword[:] = st.statusword
-        msg.error_code[:] = st.error_code
-        msg.mode[:] = st.mode
+        copy_sample(st, msg)
         flags = self.flags_extra
         if self.enabled():
             flags |= stream.FLAG_ENABLED

@@ -47,6 +47,16 @@ class ArmState:
         self.mode = np.zeros(n, np.int8)
 
 
+SAMPLE_FIELDS = ("q", "qd", "current", "torque", "statusword", "error_code", "mode")
+
+
+def copy_sample(src, dst) -> None:
+    """Copy the per-joint arrays of a sample (SAMPLE_FIELDS) from src into dst in place: between
+    ArmStates, or from an ArmState into a stream message (firmware_bridge.stream.StateMessage)."""
+    for name in SAMPLE_FIELDS:
+        getattr(dst, name)[:] = getattr(src, name)
+
+
 @dataclass
 class ArmCommand:
     """What the drives should do this cycle, (n,) arrays: controlword (0x6040), mode (0x6060), target

@@ -28,7 +28,7 @@ import time
 import numpy as np
 import serial
 
-from driver.hal import ArmCommand, ArmState, LinkError
+from driver.hal import ArmCommand, ArmState, LinkError, copy_sample
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from ident.errors import InputError
@@ -169,13 +169,7 @@ class SerialArm:
         new = self._new
         with self._lock:
             out.device_time_ns, out.host_time_ns = new.device_time_ns, new.host_time_ns
-            out.q[:] = new.q
-            out.qd[:] = new.qd
-            out.current[:] = new.current
-            out.torque[:] = new.torque
-            out.statusword[:] = new.statusword
-            out.error_code[:] = new.error_code
-            out.mode[:] = new.mode
+            copy_sample(new, out)
             fresh = self._samples != self._read_samples
             self._read_samples = self._samples
         return fresh
