@@ -7,3 +7,16 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))  # the test helpers (chains.py)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_kernels():
+    """Compile (or load from numba's disk cache) the simulator's and the dynamics' kernels once, before any
+    test: a first-call compile inside a test's bounded wait (a CAN SYNC answer, a pty read) would
+    otherwise time out on a fresh checkout."""
+    from sim import Simulator
+
+    Simulator("generic6", seed=0).step(2)
