@@ -2,7 +2,7 @@
 
 `payload_parameters(mass, com, inertia)` turns the engineer's description (kg, CoM in m, inertia about the
 CoM) into the 10 standard parameters about the flange origin that `ident.dynamics.load_regressor` and
-`merge_payload` use. Payload identification (seeds 000 and 001) grows here.
+`merge_payload` use. The identification methods live beside this module in ident/payload/.
 """
 from __future__ import annotations
 
