@@ -95,3 +95,15 @@ class PayloadEstimate:
             "seconds": finite([self.seconds])[0],
             "notes": list(self.notes),
         }
+
+    def set_payload_command(self) -> dict:
+        """The driver's set_payload request for this estimate (docs/stream.md): mass, CoM and the inertia
+        about the CoM. Raises ValueError when the mass or the centre of mass was not identified; an
+        inertia that was not identified is sent as zero (a point mass), which the notes say."""
+        com = self.com
+        if not (np.isfinite(self.mass) and self.mass > 0 and np.isfinite(com).all()):
+            raise ValueError(f"{self.method}: mass and centre of mass are needed to set the payload")
+        inertia = self.inertia_com
+        if not np.isfinite(inertia).all():
+            inertia = np.zeros(6)
+        return {"cmd": "set_payload", "mass": self.mass, "com": com.tolist(), "inertia": inertia.tolist()}

@@ -1,0 +1,190 @@
+"""`armid payload plan|identify|apply`: payload identification (docs/payload.md).
+
+- plan: the motion a method needs (a Fourier excitation for the dynamic methods, the seed 001 sweeps for
+  torque balance, D-optimal static poses for the static method), as a file the driver runs and, for the
+  static methods, a CSV of joint targets for a closed controller's pendant.
+- identify: the payload from a loaded and an unloaded run, with sigmas; prints a table, writes
+  payload.json, payload.png and report.html.
+- apply: sends the identified payload to a running driver (its set_payload command).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+PLAN_METHODS = ("dynamic", "torque-balance", "static")
+DYNAMIC = ("difference", "torque", "global")
+IDENTIFY_METHODS = DYNAMIC + ("dynamic", "torque-balance", "static")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("payload", help="payload identification: plan the motion, identify, apply to the driver")
+    psub = p.add_subparsers(dest="action", required=True)
+
+    plan = psub.add_parser("plan", help="plan the motion a payload method needs",
+                           description="dynamic: a Fourier excitation (trajectory TOML, run with run_trajectory); "
+                                       "torque-balance and static: a motion file for the driver and, beside it, "
+                                       "a CSV of joint targets for a pendant.")
+    plan.add_argument("--method", required=True, choices=PLAN_METHODS)
+    plan.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model (generic6)")
+    plan.add_argument("--out", "-o", required=True, metavar="FILE", help="the motion file to write")
+    plan.add_argument("--joints", choices=("wrist", "all"), default="wrist",
+                      help="dynamic: excite the wrist joints only or all joints (default wrist)")
+    plan.add_argument("--speed", type=float, default=5.0, metavar="DEG_S",
+                      help="torque-balance and static: constant sweep speed, deg/s (default 5)")
+    plan.add_argument("--count", type=int, default=12, help="static: number of poses (default 12)")
+    plan.add_argument("--seed", type=int, default=0, help="random seed of the optimisers")
+    plan.set_defaults(run=_plan)
+
+    ident = psub.add_parser("identify", help="identify a payload from a loaded and an unloaded run",
+                            description="Runs are recordings in the layout of `armid identify` (CSV/NPZ, "
+                                        "docs/data-files.md) or MCAP files of `armid record`.")
+    ident.add_argument("--method", required=True, choices=IDENTIFY_METHODS,
+                       help="difference, torque, global (seed 000; 'dynamic' = all three side by side), "
+                            "torque-balance (seed 001), static (every joint, any poses)")
+    ident.add_argument("--loaded", required=True, metavar="A", help="the run with the payload")
+    ident.add_argument("--unloaded", required=True, metavar="B", help="the same motion without it")
+    ident.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model")
+    ident.add_argument("--out", "-o", default="armid-payload", metavar="DIR", help="output directory")
+    ident.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    ident.set_defaults(run=_identify)
+
+    apply = psub.add_parser("apply", help="send an identified payload to a running driver (set_payload)")
+    apply.add_argument("result", help="payload.json of `armid payload identify`")
+    apply.add_argument("--commands", default="tcp://127.0.0.1:5556", help="the driver's command endpoint")
+    apply.add_argument("--method", help="which estimate of the file (default: the first)")
+    apply.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the driver's reply")
+    apply.set_defaults(run=_apply)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ident.errors import InputError
+    from ident.model import load_model
+
+    model = load_model(args.model)
+    out = Path(args.out)
+    if args.method == "dynamic":
+        from ident import excitation
+        from ident.payload import dynamic
+
+        traj = dynamic.plan(model, joints=args.joints, seed=args.seed)
+        excitation.save(traj, out)
+        print(f"payload excitation ({args.joints} joints): {out}")
+        return 0
+    if not args.speed > 0:
+        raise InputError(f"--speed: expected a speed > 0 deg/s, got {args.speed}")
+    if args.method == "torque-balance":
+        from ident.payload import balance
+
+        plan = balance.plan(model, speed=args.speed)
+    else:
+        from ident.payload import static
+
+        if args.count < 4:
+            raise InputError(f"--count: the static method needs at least 4 poses, got {args.count}")
+        plan = static.plan(model, count=args.count, speed=args.speed, seed=args.seed)
+    plan.write(out)
+    targets = out.with_suffix(".targets.csv")
+    plan.targets_csv(targets)
+    print(f"{args.method} motion: {out}\npendant targets: {targets}")
+    return 0
+
+
+def load_run(path: str, n: int):
+    """A recording (CSV/NPZ, or MCAP converted on the fly) with n joints, as ident.preprocess.Recording."""
+    from ident.preprocess import Recording, load_recording
+
+    if Path(path).suffix.lower() != ".mcap":
+        return load_recording(path, n=n)
+    from driver import recording
+    from ident.errors import InputError
+
+    arrays, _ = recording.identification_arrays(recording.read_recording(path))
+    rec = Recording(t=arrays["t"], q=arrays["q"], tau=arrays["tau"], current=None, qd=arrays["qd"], source=path)
+    if rec.n != n:
+        raise InputError(f"{path}: {rec.n} joints recorded, expected {n}")
+    return rec
+
+
+def estimate(model, method: str, loaded, unloaded):
+    """PayloadEstimates of one method (or of the three dynamic methods for 'dynamic')."""
+    if method in DYNAMIC or method == "dynamic":
+        from ident.payload import dynamic
+
+        return [dynamic.identify(model, loaded, unloaded, method=m)
+                for m in (DYNAMIC if method == "dynamic" else (method,))]
+    if method == "torque-balance":
+        from ident.payload import balance
+
+        return [balance.identify(model, loaded, unloaded)]
+    from ident.payload import static
+
+    return [static.identify(model, loaded, unloaded)]
+
+
+def print_table(estimates) -> None:
+    print(f"{'method':>15} {'mass kg':>9} {'±σ':>8} {'x mm':>9} {'y mm':>9} {'z mm':>9} {'±σ xyz mm':>20} {'consistent':>10}")
+    for e in estimates:
+        c, s = 1e3 * e.com, 1e3 * e.com_sigma
+        print(f"{e.method:>15} {e.mass:9.4f} {e.sigma[9]:8.2g} {c[0]:9.2f} {c[1]:9.2f} {c[2]:9.2f} "
+              f"{' '.join(f'{x:.2g}' for x in s):>20} {'yes' if e.consistent else 'NO':>10}")
+        for comb in e.combinations:
+            print(f"{'':>15} {comb.expression} = {comb.value:.5g} ± {comb.sigma:.2g}")
+        for note in e.notes:
+            print(f"{'':>15} note: {note}")
+
+
+def _identify(args: argparse.Namespace) -> int:
+    from ident.model import load_model
+    from ident.payload.report import write_report
+
+    model = load_model(args.model)
+    if not args.quiet:
+        print(f"reading {args.loaded} and {args.unloaded}", file=sys.stderr)
+    loaded, unloaded = load_run(args.loaded, model.n), load_run(args.unloaded, model.n)
+    t0 = time.perf_counter()
+    estimates = estimate(model, args.method, loaded, unloaded)
+    if not args.quiet:
+        print(f"identified in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+    print_table(estimates)
+    written = write_report(estimates, args.out, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}")
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _apply(args: argparse.Namespace) -> int:
+    import json
+
+    import zmq
+
+    from ident.errors import InputError
+
+    try:
+        doc = json.loads(Path(args.result).read_text())
+        estimates = doc["estimates"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{args.result}: not a payload.json of `armid payload identify`: {exc}") from None
+    chosen = [e for e in estimates if args.method in (None, e.get("method"))]
+    if not chosen:
+        raise InputError(f"{args.result}: no estimate of method {args.method!r}")
+    command = chosen[0].get("set_payload")
+    if not command:
+        raise InputError(f"{args.result}: the {chosen[0].get('method')} estimate has no mass and centre of mass to apply")
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, int(args.timeout * 1000))
+    try:
+        sock.connect(args.commands)
+        sock.send_json(command)
+        reply = sock.recv_json()
+    except zmq.Again:
+        raise InputError(f"{args.commands}: no reply from the driver within {args.timeout} s") from None
+    finally:
+        sock.close()
+    if not reply.get("ok"):
+        raise InputError(f"driver refused set_payload: {reply.get('error')}")
+    print(f"payload set on the driver: {reply.get('payload')}")
+    return 0
