@@ -1,0 +1,458 @@
+"""The hardware-in-the-loop chain as separate processes on loopback: `armid sim` behind a transport,
+`armid driver` connected to it, `armid record` on the driver's stream, and the driver's command channel.
+
+Used by `armid demo`, the end-to-end and soak tests and benchmarks/bench_driver.py, so that all of them
+start, wire and stop the processes the same way. Every child is started with `python -m armid.cli` (the
+code of this checkout), writes its stdout and stderr to files in the run's work directory (read back
+for the ready line and for the tail shown when a step fails), and dies with its parent
+(PR_SET_PDEATHSIG on Linux), so that no child outlives the process that started it even if that one
+is killed.
+
+CAN crosses processes on python-can's `udp_multicast` interface, on a multicast group of this run's own.
+The simulator's cycle rate equals the driver's on CAN (the drives step on each SYNC), so simulated and
+wall time agree; serial and the gateway run the simulator on its own 1 kHz real-time clock.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from ident.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+TRANSPORTS = ("serial", "can", "gateway")
+
+
+class ChainError(InputError):
+    """A step of the chain failed: the message names the step, the cause and what to check."""
+
+
+@dataclass(frozen=True)
+class TransportPlan:
+    """How the chain runs one transport: the driver's cycle rate (Hz), its watchdog (ms) and the
+    simulator's cycle rate (Hz)."""
+
+    name: str
+    rate_hz: float
+    watchdog_ms: float
+    sim_rate_hz: float
+    sim_args: tuple[str, ...] = ()                        # extra `armid sim` options
+    driver_options: tuple[tuple[str, object], ...] = ()   # extra [transport] options of the driver
+
+
+# CAN: one 1 Mbit/s bus carries six drives at 341 Hz at most and the Python host side does not reach
+# 1 kHz (docs/driver.md), so 250 Hz. The gateway exchanges at ~200 images/s on a shared machine: the driver
+# runs at 1 kHz and most cycles are STALE (left out of the recording's conversion).
+# Watchdogs of 0.5 s on both sides: the processes share a loaded machine with everything else, and a
+# scheduling gap of 100 ms is no fault of the link.
+PLANS = {
+    "serial": TransportPlan("serial", 500.0, 500.0, 500.0, ("-o", "watchdog_s=0.5"),
+                            (("device_watchdog_ms", 500),)),
+    "can": TransportPlan("can", 250.0, 500.0, 250.0, (), (("heartbeat_ms", 500),)),
+    "gateway": TransportPlan("gateway", 1000.0, 500.0, 1000.0, (), (("watchdog_ms", 500),)),
+    "sim": TransportPlan("sim", 1000.0, 500.0, 1000.0, (), (("realtime", True),)),
+}
+
+
+def plan_for(transport: str, rate_hz: float | None = None) -> TransportPlan:
+    """The TransportPlan of a transport (serial, can, gateway, or sim: the simulator inside the driver),
+    optionally at another cycle rate (Hz)."""
+    if transport not in PLANS:
+        raise InputError(f"--transport: unknown {transport!r} (available: {', '.join(TRANSPORTS)})")
+    p = PLANS[transport]
+    if rate_hz is None:
+        return p
+    if not (rate_hz > 0 and rate_hz <= 10000):
+        raise InputError(f"rate: expected a cycle rate in (0, 10000] Hz, got {rate_hz}")
+    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz))
+
+
+def sim_options(transport: str) -> list[str]:
+    """Extra `armid sim` arguments: CAN on udp_multicast, on a multicast group derived from this process's
+    id (two runs at once do not hear each other)."""
+    if transport != "can":
+        return []
+    pid = os.getpid()
+    return ["-o", "interface=udp_multicast", "-o", f"channel=239.74.{pid % 250}.{pid // 250 % 250 + 1}"]
+
+
+def transport_options(transport: str, line: str) -> dict[str, object]:
+    """The driver's [transport] options from the ready line `armid sim` prints
+    (`armid sim: serial ready: port=/dev/pts/5 baudrate=3000000`)."""
+    pairs = dict(re.findall(r"(\w+)=(\S+)", line))
+    if not pairs:
+        raise ChainError(f"armid sim --transport {transport} printed no address: {line!r}")
+    return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in pairs.items()}
+
+
+def driver_config(transport: str, options: dict[str, object], *, rate_hz: float, watchdog_ms: float,
+                  state: str, commands: str, model: str = "generic6") -> str:
+    """The text of a driver TOML file (docs/driver.md) for these transport options and endpoints."""
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return str(v) if isinstance(v, (int, float)) else json.dumps(str(v))
+
+    lines = ["[driver]", f"model = {json.dumps(model)}", f"rate_hz = {rate_hz:g}", f"watchdog_ms = {watchdog_ms:g}",
+             "[transport]", f"name = {json.dumps(transport)}"]
+    lines += [f"{k} = {value(v)}" for k, v in options.items()]
+    lines += ["[zmq]", f"state = {json.dumps(state)}", f"commands = {json.dumps(commands)}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- child processes ----------------------------------------------------------------------------------------
+NICE = -10   # the chain's processes run at this niceness when allowed (root, CAP_SYS_NICE): real-time
+             # processes on a machine shared with other work (a driver deployment uses SCHED_FIFO, deploy/RT.md)
+
+
+def _child_setup() -> None:   # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    try:
+        if os.environ.get("ARMID_CHAIN_RT"):
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(int(os.environ["ARMID_CHAIN_RT"])))
+        else:
+            os.nice(NICE)
+    except OSError:   # not permitted: run at the default priority
+        pass
+
+
+@dataclass
+class Child:
+    """One process of the chain: its name, the Popen and the files holding its stdout and stderr."""
+
+    name: str
+    proc: subprocess.Popen
+    stdout: Path
+    stderr: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 6) -> str:
+        """The last lines of its stderr (then stdout), for error messages."""
+        for path in (self.stderr, self.stdout):
+            try:
+                text = path.read_text(errors="replace").strip()
+            except OSError:
+                continue
+            if text:
+                return " | ".join(text.splitlines()[-lines:])
+        return "(no output)"
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, wait up to timeout_s, then SIGKILL; returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def start_child(name: str, args: list[str], workdir: Path) -> Child:
+    """Start `python -m armid.cli ARGS` in its own session (a Ctrl-C on the terminal reaches only the
+    parent, which stops its children in order), output to WORKDIR/NAME.out and NAME.err."""
+    out, err = workdir / f"{name}.out", workdir / f"{name}.err"
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen([sys.executable, "-m", "armid.cli", *args], cwd=ROOT, stdout=fo, stderr=fe,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup)
+    return Child(name, proc, out, err)
+
+
+def wait_for(child: Child, ready, timeout_s: float, what: str, step: str, check: str):
+    """Poll ready() (a value or None) every 20 ms until it returns a value; ChainError naming the step if
+    the child exits or timeout_s passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = ready()
+        if value is not None:
+            return value
+        if not child.alive():
+            raise ChainError(f"{step}: {child.name} exited with status {child.proc.returncode} before {what}; "
+                             f"its stderr ends: {child.tail()}; check {check}")
+        if time.monotonic() > deadline:
+            raise ChainError(f"{step}: no {what} within {timeout_s:g} s; {child.name} stderr ends: {child.tail()}; "
+                             f"check {check}")
+        time.sleep(0.02)
+
+
+# -- the command channel ------------------------------------------------------------------------------------
+def request(endpoint: str, timeout_s: float = 10.0, **req) -> dict:
+    """Send one JSON command to the driver's REP socket and return the reply; ChainError if none comes
+    within timeout_s (a fresh socket per request, so a lost reply never blocks the next one)."""
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send(json.dumps(req).encode())
+        if not sock.poll(int(timeout_s * 1000)):
+            raise ChainError(f"driver command {req.get('cmd')!r}: no reply within {timeout_s:g} s from {endpoint}")
+        return json.loads(sock.recv())
+    finally:
+        sock.close(0)
+
+
+def command(endpoint: str, step: str, driver: Child | None = None, **req) -> dict:
+    """request() that must succeed: ChainError naming the step, the driver's error and its stderr tail."""
+    reply = request(endpoint, **req)
+    if not reply.get("ok"):
+        tail = f"; driver stderr ends: {driver.tail()}" if driver is not None else ""
+        raise ChainError(f"{step}: the driver refused {req.get('cmd')!r}: {reply.get('error')}{tail}")
+    return reply
+
+
+# -- the chain ----------------------------------------------------------------------------------------------
+@dataclass
+class Chain:
+    """The processes of one run, in start order; `stop()` (also on leaving `with`) ends them in reverse
+    order: the recorder finishes its file, the driver brings the drives to rest, then the simulator stops.
+
+    workdir holds the logs, the driver's config and the ipc endpoints."""
+
+    workdir: Path
+    plan: TransportPlan
+    children: list[Child] = field(default_factory=list)
+    sim: Child | None = None
+    driver: Child | None = None
+    recorder: Child | None = None
+    connection: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        return f"ipc://{self.workdir}/state"
+
+    @property
+    def commands(self) -> str:
+        return f"ipc://{self.workdir}/commands"
+
+    def __enter__(self) -> "Chain":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start_sim(self, *, seed: int = 0, timeout_s: float = 90.0) -> dict[str, object]:
+        """`armid sim --transport T` (real time); waits for its ready line and returns the connection
+        (the driver's transport options)."""
+        p = self.plan
+        self.sim = self._start("sim", ["sim", "--transport", p.name, "--realtime", "--rate", f"{p.sim_rate_hz:g}",
+                                       "--seed", str(seed), *sim_options(p.name), *p.sim_args])
+
+        def ready():
+            for line in self.sim.stdout.read_text(errors="replace").splitlines():
+                if " ready: " in line:
+                    return line
+            return None
+
+        line = wait_for(self.sim, ready, timeout_s, "its ready line", "start the simulator",
+                        "`python -m armid.cli sim --transport " + p.name + "` by hand")
+        self.connection = transport_options(p.name, line)
+        return self.connection
+
+    def start_driver(self, *, timeout_s: float = 90.0) -> dict:
+        """`armid driver` on the simulator's connection (or the in-process sim), ipc endpoints in the
+        workdir; waits until it answers `status` and returns that status."""
+        from driver.recorder import RecorderError, query_status
+
+        p = self.plan
+        options = {**self.connection, **dict(p.driver_options)}
+        cfg = self.workdir / "driver.toml"
+        cfg.write_text(driver_config(p.name, options, rate_hz=p.rate_hz, watchdog_ms=p.watchdog_ms,
+                                     state=self.state, commands=self.commands))
+        self.driver = self._start("driver", ["driver", "--config", str(cfg)])
+
+        def ready():
+            try:
+                return query_status(self.commands, timeout_s=0.5)
+            except RecorderError:
+                return None
+
+        return wait_for(self.driver, ready, timeout_s, "answer to status", "start the driver",
+                        f"the driver's stderr ({self.driver.stderr}) and its config {cfg}")
+
+    def start_recorder(self, path: Path, *, timeout_s: float = 60.0) -> Child:
+        """`armid record` of the state stream into path (MCAP); waits until it has written messages."""
+        self.recorder = self._start("recorder", ["record", "--state", self.state, "--commands", self.commands,
+                                                 "-o", str(path), "--force", "--progress-interval", "0.2"])
+
+        def ready():
+            counts = re.findall(r": (\d+) messages \(seq", self.recorder.stderr.read_text(errors="replace"))
+            return True if counts and int(counts[-1]) > 0 else None
+
+        wait_for(self.recorder, ready, timeout_s, "state messages recorded", "start the recorder",
+                 f"the recorder's stderr ({self.recorder.stderr}) and the driver's ({self.driver and self.driver.stderr})")
+        return self.recorder
+
+    def finish_recording(self, timeout_s: float = 30.0) -> None:
+        """Stop the recorder (SIGTERM: it closes the file complete) and check it exited cleanly."""
+        rec = self.recorder
+        if rec is None:
+            return
+        code = rec.stop(timeout_s)
+        if code != 0:
+            raise ChainError(f"stop the recorder: it exited with status {code}; its stderr ends: {rec.tail()}")
+
+    def stop(self) -> None:
+        """Stop every child still running, newest first."""
+        for child in reversed(self.children):
+            child.stop()
+
+    def _start(self, name: str, args: list[str]) -> Child:
+        child = start_child(name, args, self.workdir)
+        self.children.append(child)
+        return child
+
+    # -- motions --------------------------------------------------------------------------------------------
+    def enable(self, *, timeout_s: float = 10.0) -> None:
+        """`enable`, then wait until every drive is OPERATION ENABLED."""
+        step = "enable the drives"
+        self.await_status(lambda s: not set(s["drive_states"]) & {"UNKNOWN", "NOT READY TO SWITCH ON"}, timeout_s,
+                          step, "state from the drives (the link delivers no samples)")
+        command(self.commands, step, self.driver, cmd="enable")
+        self.await_status(lambda s: s["enabled"], timeout_s, step, "the drives enabled")
+
+    def run_motion(self, step: str, request_: dict, progress=None, *, margin_s: float = 20.0) -> tuple[int, int]:
+        """Start a motion command (move_to, run_trajectory), wait until it ends, and return the seq range
+        (first, last) of the state messages published while it ran. progress(fraction) is called as it
+        goes. ChainError if the driver refuses it, faults, or the motion outlasts its duration + margin_s."""
+        before = command(self.commands, step, self.driver, cmd="status")["seq"]
+        reply = command(self.commands, step, self.driver, **request_)
+        duration = float(reply["duration"])
+        started = time.monotonic()
+        status = self.await_status(lambda s: not s["moving"], duration + margin_s, step, "the end of the motion",
+                                   tick=None if progress is None else
+                                   lambda: progress(min(1.0, (time.monotonic() - started) / max(duration, 1e-9))))
+        return int(before), int(status["seq"])
+
+    def await_status(self, done, timeout_s: float, step: str, what: str, tick=None) -> dict:
+        """Poll the driver's status every 0.1 s until done(status); ChainError on a fault, a dead driver or
+        timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.driver is not None and not self.driver.alive():
+                raise ChainError(f"{step}: the driver exited with status {self.driver.proc.returncode}; "
+                                 f"its stderr ends: {self.driver.tail()}")
+            status = command(self.commands, step, self.driver, cmd="status")
+            if status.get("fault"):
+                raise ChainError(f"{step}: the driver faulted: {status['fault']} (drive states "
+                                 f"{', '.join(status['drive_states'])}); driver stderr ends: {self.driver.tail()}")
+            if tick is not None:
+                tick()
+            if done(status):
+                return status
+            if time.monotonic() > deadline:
+                raise ChainError(f"{step}: no {what} within {timeout_s:g} s (drive states "
+                                 f"{', '.join(status['drive_states'])}); driver stderr ends: {self.driver.tail()}")
+            time.sleep(0.1)
+
+
+# -- process figures (soak test, benchmarks) ---------------------------------------------------------------
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (bytes), from /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise ChainError(f"/proc/{pid}/status: no VmRSS line")
+
+
+def fd_count(pid: int) -> int:
+    """Open file descriptors of a process (/proc/PID/fd)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (s), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+# -- from the recording to identification data ------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamFigures:
+    """What the recorded stream delivered: state messages, host seconds they span, messages per second,
+    messages lost (seq gaps) and in how many gaps, STALE messages (no new device data) and fresh samples
+    per second."""
+
+    messages: int
+    seconds: float
+    rate_hz: float
+    dropped: int
+    gaps: int
+    stale: int
+    fresh_rate_hz: float
+
+    def line(self) -> str:
+        return (f"stream: {self.messages} state messages in {self.seconds:.1f} s = {self.rate_hz:.1f} msg/s, "
+                f"{self.dropped} dropped ({self.gaps} seq gaps); {self.stale} stale (no new device data), "
+                f"fresh samples {self.fresh_rate_hz:.1f}/s")
+
+
+def stream_figures(log) -> StreamFigures:
+    """StreamFigures of a driver.recording.StateLog."""
+    from firmware_bridge import stream
+
+    s = log.states
+    span = float(s["host_time_ns"][-1] - s["host_time_ns"][0]) * 1e-9 if len(s) > 1 else 0.0
+    stale = int(np.count_nonzero(s["flags"] & stream.FLAG_STALE))
+    dropped, gaps = log.seq_gaps()
+    rate = (len(s) - 1) / span if span > 0 else 0.0
+    return StreamFigures(len(s), span, rate, dropped, gaps, stale, rate * (len(s) - stale) / max(len(s), 1))
+
+
+def motion_window(log, first_seq: int, last_seq: int):
+    """The part of a StateLog published while one motion ran: seq in [first_seq, last_seq] with the
+    MOVING flag. ChainError if there is none."""
+    from firmware_bridge import stream
+
+    s = log.states
+    keep = (s["seq"] >= first_seq) & (s["seq"] <= last_seq) & ((s["flags"] & stream.FLAG_MOVING) != 0)
+    if not keep.any():
+        raise ChainError(f"{log.path}: no MOVING state message with seq in {first_seq}..{last_seq}")
+    return dataclasses.replace(log, states=s[keep])
+
+
+def uniform_samples(arrays: dict[str, np.ndarray], rate_hz: float | None = None) -> tuple[dict[str, np.ndarray], float]:
+    """Resample identification arrays (t s strictly increasing, q rad, tau N m or current A, qd rad/s) on a
+    uniform grid of rate_hz (default: 1 / the median interval, rounded to 1 us): q by a cubic spline
+    (scipy), the rest linearly. A driver whose cycle is not locked to the drives' clock (serial,
+    gateway) reads samples at irregular device times; identification needs a uniform rate. Returns the
+    arrays and the largest interval (s) that was bridged."""
+    from scipy.interpolate import CubicSpline
+
+    t = arrays["t"]
+    if t.size < 4:
+        raise ChainError(f"{t.size} fresh samples: too few to identify anything")
+    dt = np.diff(t)
+    h = 1.0 / rate_hz if rate_hz else max(round(float(np.median(dt)), 6), 1e-6)
+    grid = np.arange(int(np.floor((t[-1] - t[0]) / h + 1e-9)) + 1) * h + t[0]
+    out = {"t": grid - grid[0], "q": CubicSpline(t, arrays["q"], axis=0)(grid)}
+    for name in ("tau", "current", "qd"):
+        if name in arrays:
+            out[name] = np.column_stack([np.interp(grid, t, col) for col in arrays[name].T])
+    return out, float(dt.max())
