@@ -40,28 +40,32 @@ class ChainError(InputError):
 
 @dataclass(frozen=True)
 class TransportPlan:
-    """How the chain runs one transport: the driver's cycle rate (Hz), its watchdog (ms) and the
-    simulator's cycle rate (Hz)."""
+    """How the chain runs one transport: the driver's cycle rate (Hz), its watchdog (ms), the simulator's
+    cycle rate (Hz), extra `armid sim` arguments and extra [transport] options of the driver, and how many
+    times slower than designed an excitation should run through it (slowdown, see docs/demo.md)."""
 
     name: str
     rate_hz: float
     watchdog_ms: float
     sim_rate_hz: float
-    sim_args: tuple[str, ...] = ()                        # extra `armid sim` options
-    driver_options: tuple[tuple[str, object], ...] = ()   # extra [transport] options of the driver
+    sim_args: tuple[str, ...] = ()
+    driver_options: tuple[tuple[str, object], ...] = ()
+    slowdown: float = 1.0
 
 
-# CAN: one 1 Mbit/s bus carries six drives at 341 Hz at most and the Python host side does not reach
-# 1 kHz (docs/driver.md), so 250 Hz. The gateway exchanges at ~200 images/s on a shared machine: the driver
-# runs at 1 kHz and most cycles are STALE (left out of the recording's conversion).
-# Watchdogs of 0.5 s on both sides: the processes share a loaded machine with everything else, and a
-# scheduling gap of 100 ms is no fault of the link.
+# Rates. The simulated drives run CSP at their own cycle: they differentiate the newest target twice for the
+# velocity and acceleration feed-forward, so a target that arrives a cycle late or early is a torque spike,
+# and below 250 Hz their velocity loop (300 rad/s) is unstable. Serial: driver and simulator both at 1 kHz.
+# CAN: the drives step on each SYNC (lockstep), at 250 Hz, what one 1 Mbit/s bus carries for six drives
+# (docs/driver.md). Gateway: the simulator at 1 kHz, the driver at 1 kHz, new targets at the Modbus
+# exchange rate (~200-300/s): held targets are steps for the drives, hence the larger slowdown.
+# Watchdogs of 0.5 s on both sides: the processes share the machine with other work.
 PLANS = {
-    "serial": TransportPlan("serial", 500.0, 500.0, 500.0, ("-o", "watchdog_s=0.5"),
-                            (("device_watchdog_ms", 500),)),
-    "can": TransportPlan("can", 250.0, 500.0, 250.0, (), (("heartbeat_ms", 500),)),
-    "gateway": TransportPlan("gateway", 1000.0, 500.0, 1000.0, (), (("watchdog_ms", 500),)),
-    "sim": TransportPlan("sim", 1000.0, 500.0, 1000.0, (), (("realtime", True),)),
+    "serial": TransportPlan("serial", 1000.0, 500.0, 1000.0, ("-o", "watchdog_s=0.5"),
+                            (("device_watchdog_ms", 500),), 1.0),
+    "can": TransportPlan("can", 250.0, 500.0, 250.0, (), (("heartbeat_ms", 500),), 3.0),
+    "gateway": TransportPlan("gateway", 1000.0, 500.0, 1000.0, (), (("watchdog_ms", 500),), 4.0),
+    "sim": TransportPlan("sim", 1000.0, 500.0, 1000.0, (), (("realtime", True),), 1.0),
 }
 
 
@@ -75,7 +79,7 @@ def plan_for(transport: str, rate_hz: float | None = None) -> TransportPlan:
         return p
     if not (rate_hz > 0 and rate_hz <= 10000):
         raise InputError(f"rate: expected a cycle rate in (0, 10000] Hz, got {rate_hz}")
-    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz))
+    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz) if transport == "can" else p.sim_rate_hz)
 
 
 def sim_options(transport: str) -> list[str]:
@@ -112,23 +116,32 @@ def driver_config(transport: str, options: dict[str, object], *, rate_hz: float,
 
 
 # -- child processes ----------------------------------------------------------------------------------------
-NICE = -10   # the chain's processes run at this niceness when allowed (root, CAP_SYS_NICE): real-time
-             # processes on a machine shared with other work (a driver deployment uses SCHED_FIFO, deploy/RT.md)
+RT_PRIORITY = 10   # SCHED_RR priority of the chain's processes when allowed (root or CAP_SYS_NICE)
+NICE = -10         # else this niceness when allowed; else the default priority
 
 
 def _child_setup() -> None:   # runs in the child between fork and exec
+    """Die with the parent (PR_SET_PDEATHSIG), and run as a real-time process when allowed: the simulator
+    and the driver are 1 kHz loops, and on a machine shared with other work (a test suite, other users)
+    the default scheduler leaves them stalled for tens of ms, long enough for the simulated drives'
+    following-error monitors to trip (a deployed driver runs SCHED_FIFO too, deploy/RT.md).
+    ARMID_CHAIN_RT=0 in the environment keeps the default scheduler."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
     except OSError:
         pass
+    priority = int(os.environ.get("ARMID_CHAIN_RT", RT_PRIORITY) or 0)
     try:
-        if os.environ.get("ARMID_CHAIN_RT"):
-            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(int(os.environ["ARMID_CHAIN_RT"])))
-        else:
-            os.nice(NICE)
-    except OSError:   # not permitted: run at the default priority
+        if priority > 0:
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
+            return
+    except OSError:   # not permitted: try a better niceness
+        pass
+    try:
+        os.nice(NICE)
+    except OSError:   # not permitted either: the default priority
         pass
 
 

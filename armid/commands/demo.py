@@ -25,8 +25,7 @@ PAYLOAD_MASS = 2.0             # kg, the known payload of the --currents demo's 
 PAYLOAD_COM = (0.0, 0.02, 0.05)                       # m, flange frame (not told to the identification)
 PAYLOAD_INERTIA = (0.004, 0.0, 0.0, 0.004, 0.0, 0.003)   # kg m^2 about the centre of mass
 TRANSPORTS = ("serial", "can", "gateway")
-CHAIN_SLOWDOWN = 2.0       # the excitation runs this many times slower through the processes (docs/demo.md)
-MOVE_SPEED = 0.15         # move_to the start at this fraction of the fastest the limits allow
+MOVE_SPEED = 0.3          # move_to the start at this fraction of the fastest the limits allow
 
 
 def register(sub) -> None:
@@ -46,8 +45,8 @@ def register(sub) -> None:
                    help="excitation: a trajectory file (armid excite design) or a preset (default: seed000)")
     p.add_argument("--periods", type=float, default=1.0, help="periods of the excitation to record (default 1)")
     p.add_argument("--slowdown", type=float, default=None, metavar="K",
-                   help=f"play the excitation K times slower (default {CHAIN_SLOWDOWN:g} through the processes, "
-                        "1 in process; see docs/demo.md)")
+                   help="play the excitation K times slower (default: serial 1, can 3, gateway 4; in process 1; "
+                        "see docs/demo.md)")
     p.add_argument("--current-noise", type=float, default=DEFAULT_CURRENT_NOISE,
                    help=f"--in-process: current sensor noise, A (default {DEFAULT_CURRENT_NOISE})")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sensors")
@@ -225,9 +224,9 @@ def _run_chain(args: argparse.Namespace) -> int:
     out = Path(args.out)
     started = time.perf_counter()
     plan = chain.plan_for(args.transport, args.rate)
-    steps = _Steps(9, verbose)
+    steps = _Steps(10, verbose)
     model = load_model("generic6")
-    slowdown = CHAIN_SLOWDOWN if args.slowdown is None else args.slowdown
+    slowdown = plan.slowdown if args.slowdown is None else args.slowdown
     traj = steps("check the excitation against the limits",
                  lambda: time_scaled(_checked(model, load_trajectory(args.trajectory)), slowdown))
     motions = {"excitation": traj, "validation": time_reversed(traj)}
@@ -326,7 +325,8 @@ def _run_in_process(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     steps = _Steps(6 if args.currents else 5, verbose)
     model = load_model("generic6")
-    traj = steps("check the excitation against the limits", lambda: _checked(model, load_trajectory(args.trajectory)))
+    traj = steps("check the excitation against the limits",
+                 lambda: time_scaled(_checked(model, load_trajectory(args.trajectory)), args.slowdown or 1.0))
     seconds = args.periods * traj.period
     what = "motor currents" if args.currents else "drive torques"
     sim = dict(current_noise=args.current_noise, currents=args.currents, progress=verbose)
