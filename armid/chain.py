@@ -15,6 +15,7 @@ wall time agree; serial and the gateway run the simulator on its own 1 kHz real-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -59,13 +60,14 @@ class TransportPlan:
 # CAN: the drives step on each SYNC (lockstep), at 250 Hz, what one 1 Mbit/s bus carries for six drives
 # (docs/driver.md). Gateway: the simulator at 1 kHz, the driver at 1 kHz, new targets at the Modbus
 # exchange rate (~200-300/s): held targets are steps for the drives, hence the larger slowdown.
-# Watchdogs of 0.5 s on both sides: the processes share the machine with other work.
+# Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
+# of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
 PLANS = {
-    "serial": TransportPlan("serial", 1000.0, 500.0, 1000.0, ("-o", "watchdog_s=0.5"),
-                            (("device_watchdog_ms", 500),), 1.0),
-    "can": TransportPlan("can", 250.0, 500.0, 250.0, (), (("heartbeat_ms", 500),), 3.0),
-    "gateway": TransportPlan("gateway", 1000.0, 500.0, 1000.0, (), (("watchdog_ms", 500),), 4.0),
-    "sim": TransportPlan("sim", 1000.0, 500.0, 1000.0, (), (("realtime", True),), 1.0),
+    "serial": TransportPlan("serial", 1000.0, 2000.0, 1000.0, ("-o", "watchdog_s=2"),
+                            (("device_watchdog_ms", 2000),), 2.0),
+    "can": TransportPlan("can", 250.0, 2000.0, 250.0, (), (("heartbeat_ms", 1000),), 4.0),
+    "gateway": TransportPlan("gateway", 1000.0, 2000.0, 1000.0, (), (("watchdog_ms", 2000),), 4.0),
+    "sim": TransportPlan("sim", 1000.0, 2000.0, 1000.0, (), (("realtime", True),), 1.0),
 }
 
 
@@ -116,23 +118,26 @@ def driver_config(transport: str, options: dict[str, object], *, rate_hz: float,
 
 
 # -- child processes ----------------------------------------------------------------------------------------
-RT_PRIORITY = 10   # SCHED_RR priority of the chain's processes when allowed (root or CAP_SYS_NICE)
-NICE = -10         # else this niceness when allowed; else the default priority
+# SCHED_RR priorities when allowed (root or CAP_SYS_NICE): the simulator (standing in for hardware) above the
+# driver; the recorder buffers 200 s of stream and runs at NICE. Else NICE when allowed, else the default.
+RT_PRIORITY = {"sim": 20, "driver": 15}
+NICE = -10
 
 
-def _child_setup() -> None:   # runs in the child between fork and exec
-    """Die with the parent (PR_SET_PDEATHSIG), and run as a real-time process when allowed: the simulator
-    and the driver are 1 kHz loops, and on a machine shared with other work (a test suite, other users)
-    the default scheduler leaves them stalled for tens of ms, long enough for the simulated drives'
-    following-error monitors to trip (a deployed driver runs SCHED_FIFO too, deploy/RT.md).
-    ARMID_CHAIN_RT=0 in the environment keeps the default scheduler."""
+def _child_setup(priority: int) -> None:
+    """Runs in the child between fork and exec: die with the parent (PR_SET_PDEATHSIG), and run SCHED_RR at
+    `priority` (0: no real-time) when allowed. The simulator and the driver are 1 kHz loops, and on a
+    machine shared with other work (a test suite, other users) the default scheduler stalls them for tens
+    of ms, long enough for the simulated drives' following-error monitors to trip (a deployed driver runs
+    SCHED_FIFO too, deploy/RT.md). ARMID_CHAIN_RT=0 in the environment keeps the default scheduler."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
     except OSError:
         pass
-    priority = int(os.environ.get("ARMID_CHAIN_RT", RT_PRIORITY) or 0)
+    if os.environ.get("ARMID_CHAIN_RT", "1") == "0":
+        return
     try:
         if priority > 0:
             os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
@@ -190,7 +195,8 @@ def start_child(name: str, args: list[str], workdir: Path) -> Child:
     out, err = workdir / f"{name}.out", workdir / f"{name}.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
         proc = subprocess.Popen([sys.executable, "-m", "armid.cli", *args], cwd=ROOT, stdout=fo, stderr=fe,
-                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=functools.partial(_child_setup, RT_PRIORITY.get(name, 0)))
     return Child(name, proc, out, err)
 
 
@@ -328,6 +334,13 @@ class Chain:
         if code != 0:
             raise ChainError(f"stop the recorder: it exited with status {code}; its stderr ends: {rec.tail()}")
 
+    def check_alive(self, step: str) -> None:
+        """ChainError naming the first child that has exited, its status and its stderr tail."""
+        for child in self.children:
+            if not child.alive():
+                raise ChainError(f"{step}: the {child.name} process exited with status {child.proc.returncode}; "
+                                 f"its stderr ends: {child.tail()}; check {child.stderr}")
+
     def stop(self) -> None:
         """Stop every child still running, newest first."""
         for child in reversed(self.children):
@@ -365,13 +378,12 @@ class Chain:
         timeout_s."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if self.driver is not None and not self.driver.alive():
-                raise ChainError(f"{step}: the driver exited with status {self.driver.proc.returncode}; "
-                                 f"its stderr ends: {self.driver.tail()}")
+            self.check_alive(step)
             status = command(self.commands, step, self.driver, cmd="status")
             if status.get("fault"):
                 raise ChainError(f"{step}: the driver faulted: {status['fault']} (drive states "
-                                 f"{', '.join(status['drive_states'])}); driver stderr ends: {self.driver.tail()}")
+                                 f"{', '.join(status['drive_states'])}); driver stderr ends: {self.driver.tail()}; "
+                                 f"check the logs in {self.workdir}")
             if tick is not None:
                 tick()
             if done(status):

@@ -45,7 +45,7 @@ def register(sub) -> None:
                    help="excitation: a trajectory file (armid excite design) or a preset (default: seed000)")
     p.add_argument("--periods", type=float, default=1.0, help="periods of the excitation to record (default 1)")
     p.add_argument("--slowdown", type=float, default=None, metavar="K",
-                   help="play the excitation K times slower (default: serial 1, can 3, gateway 4; in process 1; "
+                   help="play the excitation K times slower (default: serial 2, can 4, gateway 4; in process 1; "
                         "see docs/demo.md)")
     p.add_argument("--current-noise", type=float, default=DEFAULT_CURRENT_NOISE,
                    help=f"--in-process: current sensor noise, A (default {DEFAULT_CURRENT_NOISE})")
