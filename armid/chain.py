@@ -119,12 +119,13 @@ def driver_config(transport: str, options: dict[str, object], *, rate_hz: float,
 
 # -- child processes ----------------------------------------------------------------------------------------
 # SCHED_RR priorities when allowed (root or CAP_SYS_NICE): the simulator (standing in for hardware) above the
-# driver; the recorder buffers 200 s of stream and runs at NICE. Else NICE when allowed, else the default.
-RT_PRIORITY = {"sim": 20, "driver": 15}
+# driver above the recorder (which must keep up with 1 kHz: the driver's PUB queues 10 s for it, then
+# drops). Else NICE when allowed, else the default.
+RT_PRIORITY = {"sim": 20, "driver": 15, "recorder": 10}
 NICE = -10
 
 
-def _child_setup(priority: int) -> None:
+def _child_setup(priority: int, better_nice: bool = True) -> None:
     """Runs in the child between fork and exec: die with the parent (PR_SET_PDEATHSIG), and run SCHED_RR at
     `priority` (0: no real-time) when allowed. The simulator and the driver are 1 kHz loops, and on a
     machine shared with other work (a test suite, other users) the default scheduler stalls them for tens
@@ -136,7 +137,7 @@ def _child_setup(priority: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
     except OSError:
         pass
-    if os.environ.get("ARMID_CHAIN_RT", "1") == "0":
+    if os.environ.get("ARMID_CHAIN_RT", "1") == "0" or not better_nice:
         return
     try:
         if priority > 0:
@@ -189,14 +190,16 @@ class Child:
         return self.proc.returncode
 
 
-def start_child(name: str, args: list[str], workdir: Path) -> Child:
+def start_child(name: str, args: list[str], workdir: Path, *, realtime: bool = True) -> Child:
     """Start `python -m armid.cli ARGS` in its own session (a Ctrl-C on the terminal reaches only the
-    parent, which stops its children in order), output to WORKDIR/NAME.out and NAME.err."""
+    parent, which stops its children in order), output to WORKDIR/NAME.out and NAME.err; with realtime,
+    at RT_PRIORITY[name] when allowed (see _child_setup)."""
     out, err = workdir / f"{name}.out", workdir / f"{name}.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
         proc = subprocess.Popen([sys.executable, "-m", "armid.cli", *args], cwd=ROOT, stdout=fo, stderr=fe,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=functools.partial(_child_setup, RT_PRIORITY.get(name, 0)))
+                                preexec_fn=functools.partial(_child_setup, RT_PRIORITY.get(name, 0) if realtime else 0,
+                                                             realtime))
     return Child(name, proc, out, err)
 
 
@@ -248,10 +251,13 @@ class Chain:
     """The processes of one run, in start order; `stop()` (also on leaving `with`) ends them in reverse
     order: the recorder finishes its file, the driver brings the drives to rest, then the simulator stops.
 
-    workdir holds the logs, the driver's config and the ipc endpoints."""
+    workdir holds the logs, the driver's config and the ipc endpoints. realtime: run the simulator and
+    the driver SCHED_RR when allowed (False: the default scheduler, e.g. for benchmarks that compare
+    against a reference at the default priority)."""
 
     workdir: Path
     plan: TransportPlan
+    realtime: bool = True
     children: list[Child] = field(default_factory=list)
     sim: Child | None = None
     driver: Child | None = None
@@ -325,11 +331,22 @@ class Chain:
                  f"the recorder's stderr ({self.recorder.stderr}) and the driver's ({self.driver and self.driver.stderr})")
         return self.recorder
 
-    def finish_recording(self, timeout_s: float = 30.0) -> None:
-        """Stop the recorder (SIGTERM: it closes the file complete) and check it exited cleanly."""
+    def recorded_seq(self) -> int | None:
+        """The last seq the recorder reports having written (from its progress lines), or None."""
+        found = re.findall(r"messages \(seq \d+\.\.(\d+)\)", self.recorder.stderr.read_text(errors="replace"))
+        return int(found[-1]) if found else None
+
+    def finish_recording(self, until_seq: int | None = None, timeout_s: float = 60.0) -> None:
+        """Wait until the recorder has written the state message until_seq (it may lag behind the stream
+        and would lose its backlog when stopped), then stop it (SIGTERM: it closes the file complete) and
+        check it exited cleanly."""
         rec = self.recorder
         if rec is None:
             return
+        if until_seq is not None:
+            wait_for(rec, lambda: True if (self.recorded_seq() or -1) >= until_seq else None, timeout_s,
+                     f"state message {until_seq} recorded", "stop the recorder",
+                     f"the recorder's stderr ({rec.stderr}): it falls behind the stream")
         code = rec.stop(timeout_s)
         if code != 0:
             raise ChainError(f"stop the recorder: it exited with status {code}; its stderr ends: {rec.tail()}")
@@ -347,7 +364,7 @@ class Chain:
             child.stop()
 
     def _start(self, name: str, args: list[str]) -> Child:
-        child = start_child(name, args, self.workdir)
+        child = start_child(name, args, self.workdir, realtime=self.realtime)
         self.children.append(child)
         return child
 

@@ -89,8 +89,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_driver(transport: str, rate: float, seconds: float, tmp: Path) -> dict:
-    """`armid sim` (for serial, can, gateway) and `armid driver` as processes, wired by armid.chain."""
-    with chain.Chain(tmp / transport, chain.plan_for(transport, rate)) as c:
+    """`armid sim` (for serial, can, gateway) and `armid driver` as processes, wired by armid.chain, at the
+    default priority like the reference."""
+    with chain.Chain(tmp / transport, chain.plan_for(transport, rate), realtime=False) as c:
         if transport != "sim":
             c.start_sim()
         c.start_driver()

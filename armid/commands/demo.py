@@ -253,7 +253,8 @@ def _run_chain(args: argparse.Namespace) -> int:
             t, q = excitation_samples(motions[name], args.periods)
             windows[name] = steps(f"run the {name} ({what}) through run_trajectory",
                                   lambda: _run_with_bar(c, name, t, q, verbose))
-        log = steps("stop the recorder and convert its two motions", lambda: _finish(c, recording))
+        log = steps("stop the recorder and convert its two motions",
+                    lambda: _finish(c, recording, windows["validation"][1]))
         c.stop()
 
     def convert():
@@ -296,10 +297,10 @@ def _run_with_bar(c, name: str, t: np.ndarray, q: np.ndarray, verbose: bool) -> 
         bar.close()
 
 
-def _finish(c, recording: Path):
+def _finish(c, recording: Path, last_seq: int):
     from driver.recording import read_recording
 
-    c.finish_recording()
+    c.finish_recording(until_seq=last_seq)
     return read_recording(recording)
 
 
