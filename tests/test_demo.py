@@ -157,8 +157,8 @@ def _wait_gone(pids: set[int], timeout_s: float = 30.0) -> set[int]:
     return {p for p in pids if not _gone(p)}
 
 
-def test_ctrl_c_during_the_excitation_stops_the_demo_and_every_process_it_started(tmp_path):
-    proc, err, children = _start_demo(tmp_path, "run the excitation")
+def test_ctrl_c_while_the_arm_moves_stops_the_demo_and_every_process_it_started(tmp_path):
+    proc, err, children = _start_demo(tmp_path, "move to the start pose")
     try:
         assert len(children) >= 3                       # simulator, driver, recorder
         proc.send_signal(signal.SIGINT)
@@ -175,14 +175,14 @@ def test_ctrl_c_during_the_excitation_stops_the_demo_and_every_process_it_starte
 
 
 def test_a_simulator_that_dies_mid_run_fails_the_running_step_naming_it_and_what_to_check(tmp_path):
-    proc, err, children = _start_demo(tmp_path, "run the excitation")
+    proc, err, children = _start_demo(tmp_path, "move to the start pose")
     try:
         sims = [p for p in children if " sim " in Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")]
         assert len(sims) == 1
         os.kill(sims[0], signal.SIGKILL)
         assert proc.wait(90) == 2
         last = err.read_text(errors="replace").strip().splitlines()[-1]
-        assert last.startswith("armid: demo step 6 (run the excitation"), last
+        assert last.startswith("armid: demo step 5 (enable the drives and move to the start pose) failed: "), last
         assert "the sim process exited with status -9" in last and "check " in last   # which, why, where to look
         assert _wait_gone(children) == set()
     finally:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ident.errors import InputError
+
 LEAD_IN = 2.0              # s of smooth ramp from rest into the periodic motion (and out of it to rest)
 SAMPLE_RATE_HZ = 100.0     # Hz of the samples sent with run_trajectory (the driver splines them to its rate)
 DEFAULT_CURRENT_NOISE = 0.01   # A, standard deviation of the simulated current sensors (--in-process)
@@ -165,8 +167,6 @@ class _Steps:
         self.total, self.verbose, self.k = total, verbose, 0
 
     def __call__(self, name: str, fn):
-        from ident.errors import InputError
-
         self.k += 1
         if self.verbose:
             print(f"[{self.k}/{self.total}] {name}", file=sys.stderr, flush=True)
@@ -176,21 +176,11 @@ class _Steps:
             raise StepFailed(f"demo step {self.k} ({name}) failed: {exc}") from exc
 
 
-def _step_failed():
-    from ident.errors import InputError
-
-    class StepFailed(InputError):
-        """One step of the demo failed (the message names it)."""
-
-    return StepFailed
-
-
-StepFailed = _step_failed()
+class StepFailed(InputError):
+    """One step of the demo failed (the message names it)."""
 
 
 def run(args: argparse.Namespace) -> int:
-    from ident.errors import InputError
-
     if not (args.periods > 0 and np.isfinite(args.periods)):
         raise InputError(f"--periods: expected a positive number, got {args.periods}")
     if not (args.current_noise >= 0 and np.isfinite(args.current_noise)):
@@ -216,7 +206,7 @@ def excitation_samples(traj, periods: float, rate_hz: float = SAMPLE_RATE_HZ) ->
 def _run_chain(args: argparse.Namespace) -> int:
     from armid import chain
     from armid.commands.identify import load_trajectory, write_outputs
-    from driver.recording import identification_arrays, read_recording, write_identification
+    from driver.recording import identification_arrays, write_identification
     from ident import batch
     from ident.model import load_model
 
@@ -224,7 +214,7 @@ def _run_chain(args: argparse.Namespace) -> int:
     out = Path(args.out)
     started = time.perf_counter()
     plan = chain.plan_for(args.transport, args.rate)
-    steps = _Steps(10, verbose)
+    steps = _Steps(11, verbose)
     model = load_model("generic6")
     slowdown = plan.slowdown if args.slowdown is None else args.slowdown
     traj = steps("check the excitation against the limits",
@@ -253,9 +243,8 @@ def _run_chain(args: argparse.Namespace) -> int:
             t, q = excitation_samples(motions[name], args.periods)
             windows[name] = steps(f"run the {name} ({what}) through run_trajectory",
                                   lambda: _run_with_bar(c, name, t, q, verbose))
-        log = steps("stop the recorder and convert its two motions",
+        log = steps("stop the recorder once it has written both motions, then the driver and the simulator",
                     lambda: _finish(c, recording, windows["validation"][1]))
-        c.stop()
 
     def convert():
         paths, bridged = {}, {}
@@ -266,7 +255,8 @@ def _run_chain(args: argparse.Namespace) -> int:
             write_identification(arrays, paths[name])
         return paths, bridged
 
-    paths, bridged = convert()
+    paths, bridged = steps("convert the two motions (their fresh samples on a uniform grid) to excitation.npz and "
+                           "validation.npz", convert)
     ident = steps("identify (filter, regressor, parallel decimation, WLS, physically consistent fit)",
                   lambda: batch.identify(model, paths["excitation"], validate=paths["validation"], trajectory=traj,
                                          consistent=True, verbose=verbose))
@@ -301,6 +291,7 @@ def _finish(c, recording: Path, last_seq: int):
     from driver.recording import read_recording
 
     c.finish_recording(until_seq=last_seq)
+    c.stop()
     return read_recording(recording)
 
 
