@@ -398,6 +398,8 @@ class Chain:
             self.check_alive(step)
             status = command(self.commands, step, self.driver, cmd="status")
             if status.get("fault"):
+                time.sleep(0.2)                 # a child that died caused it: name that one (the root cause)
+                self.check_alive(step)
                 raise ChainError(f"{step}: the driver faulted: {status['fault']} (drive states "
                                  f"{', '.join(status['drive_states'])}); driver stderr ends: {self.driver.tail()}; "
                                  f"check the logs in {self.workdir}")

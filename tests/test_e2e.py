@@ -4,7 +4,7 @@ loopback (armid.chain); runs enable, move_to and two run_trajectory commands thr
 channel; converts the recording and identifies it. One test per transport (serial over a pty, CAN on
 python-can's udp_multicast, the Modbus TCP gateway).
 
-Fast mode (FAST): half a period of the seed000 excitation (at the transport's slowdown, docs/demo.md),
+Fast mode (FAST): a quarter period of the seed000 excitation (at the transport's slowdown, docs/demo.md),
 blended in from rest and out to rest over 2 s each, then the same motion time-reversed for validation.
 Nothing else is shortened: real processes, real links, the driver's real-time cycle, the real recorder.
 
@@ -28,7 +28,7 @@ from ident.errors import InputError
 from ident.model import load_model
 from ident.results import BADLY_IDENTIFIED_PCT
 
-FAST = ["--periods", "0.5"]
+FAST = ["--periods", "0.25"]
 MIN_MEANINGFUL = 3     # fewer well-identified parameters than this: the excitation reached nothing
 
 

@@ -27,7 +27,7 @@ PAYLOAD_MASS = 2.0             # kg, the known payload of the --currents demo's 
 PAYLOAD_COM = (0.0, 0.02, 0.05)                       # m, flange frame (not told to the identification)
 PAYLOAD_INERTIA = (0.004, 0.0, 0.0, 0.004, 0.0, 0.003)   # kg m^2 about the centre of mass
 TRANSPORTS = ("serial", "can", "gateway")
-MOVE_SPEED = 0.3          # move_to the start at this fraction of the fastest the limits allow
+MOVE_SPEED = 0.2          # move_to the start at this fraction of the fastest the limits allow
 
 
 def register(sub) -> None:
