@@ -19,9 +19,11 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,7 +253,7 @@ class Chain:
     """The processes of one run, in start order; `stop()` (also on leaving `with`) ends them in reverse
     order: the recorder finishes its file, the driver brings the drives to rest, then the simulator stops.
 
-    workdir holds the logs, the driver's config and the ipc endpoints. realtime: run the simulator and
+    workdir holds the logs and the driver's config. realtime: run the simulator and
     the driver SCHED_RR when allowed (False: the default scheduler, e.g. for benchmarks that compare
     against a reference at the default priority)."""
 
@@ -264,13 +266,20 @@ class Chain:
     recorder: Child | None = None
     connection: dict[str, object] = field(default_factory=dict)
 
+    sockets: Path | None = None     # a short temporary folder for the ipc endpoints (paths are limited to ~100 bytes)
+
     @property
     def state(self) -> str:
-        return f"ipc://{self.workdir}/state"
+        return f"ipc://{self._sockets()}/state"
 
     @property
     def commands(self) -> str:
-        return f"ipc://{self.workdir}/commands"
+        return f"ipc://{self._sockets()}/commands"
+
+    def _sockets(self) -> Path:
+        if self.sockets is None:
+            self.sockets = Path(tempfile.mkdtemp(prefix="armid-chain-"))
+        return self.sockets
 
     def __enter__(self) -> "Chain":
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -359,9 +368,12 @@ class Chain:
                                  f"its stderr ends: {child.tail()}; check {child.stderr}")
 
     def stop(self) -> None:
-        """Stop every child still running, newest first."""
+        """Stop every child still running, newest first, and remove the ipc folder."""
         for child in reversed(self.children):
             child.stop()
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
+            self.sockets = None
 
     def _start(self, name: str, args: list[str]) -> Child:
         child = start_child(name, args, self.workdir, realtime=self.realtime)
