@@ -67,7 +67,7 @@ class TransportPlan:
 PLANS = {
     "serial": TransportPlan("serial", 1000.0, 2000.0, 1000.0, ("-o", "watchdog_s=2"),
                             (("device_watchdog_ms", 2000),), 2.0),
-    "can": TransportPlan("can", 250.0, 2000.0, 250.0, (), (("heartbeat_ms", 1000),), 4.0),
+    "can": TransportPlan("can", 250.0, 2000.0, 250.0, (), (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0)), 4.0),
     "gateway": TransportPlan("gateway", 1000.0, 2000.0, 1000.0, (), (("watchdog_ms", 2000),), 4.0),
     "sim": TransportPlan("sim", 1000.0, 2000.0, 1000.0, (), (("realtime", True),), 1.0),
 }
@@ -360,8 +360,19 @@ class Chain:
         if code != 0:
             raise ChainError(f"stop the recorder: it exited with status {code}; its stderr ends: {rec.tail()}")
 
-    def check_alive(self, step: str) -> None:
-        """ChainError naming the first child that has exited, its status and its stderr tail."""
+    def command(self, step: str, **req) -> dict:
+        """One driver command that must succeed; when the driver refuses it, a child that has died (the
+        likely cause) is named first."""
+        try:
+            return command(self.commands, step, self.driver, **req)
+        except ChainError:
+            self.check_alive(step, settle_s=0.2)
+            raise
+
+    def check_alive(self, step: str, settle_s: float = 0.0) -> None:
+        """ChainError naming the first child that has exited (after settle_s, s), its status and its stderr
+        tail."""
+        time.sleep(settle_s)
         for child in self.children:
             if not child.alive():
                 raise ChainError(f"{step}: the {child.name} process exited with status {child.proc.returncode}; "
@@ -386,15 +397,15 @@ class Chain:
         step = "enable the drives"
         self.await_status(lambda s: not set(s["drive_states"]) & {"UNKNOWN", "NOT READY TO SWITCH ON"}, timeout_s,
                           step, "state from the drives (the link delivers no samples)")
-        command(self.commands, step, self.driver, cmd="enable")
+        self.command(step, cmd="enable")
         self.await_status(lambda s: s["enabled"], timeout_s, step, "the drives enabled")
 
     def run_motion(self, step: str, request_: dict, progress=None, *, margin_s: float = 20.0) -> tuple[int, int]:
         """Start a motion command (move_to, run_trajectory), wait until it ends, and return the seq range
         (first, last) of the state messages published while it ran. progress(fraction) is called as it
         goes. ChainError if the driver refuses it, faults, or the motion outlasts its duration + margin_s."""
-        before = command(self.commands, step, self.driver, cmd="status")["seq"]
-        reply = command(self.commands, step, self.driver, **request_)
+        before = self.command(step, cmd="status")["seq"]
+        reply = self.command(step, **request_)
         duration = float(reply["duration"])
         started = time.monotonic()
         status = self.await_status(lambda s: not s["moving"], duration + margin_s, step, "the end of the motion",
@@ -408,10 +419,9 @@ class Chain:
         deadline = time.monotonic() + timeout_s
         while True:
             self.check_alive(step)
-            status = command(self.commands, step, self.driver, cmd="status")
+            status = self.command(step, cmd="status")
             if status.get("fault"):
-                time.sleep(0.2)                 # a child that died caused it: name that one (the root cause)
-                self.check_alive(step)
+                self.check_alive(step, settle_s=0.2)       # a child that died caused it: name that one
                 raise ChainError(f"{step}: the driver faulted: {status['fault']} (drive states "
                                  f"{', '.join(status['drive_states'])}); driver stderr ends: {self.driver.tail()}; "
                                  f"check the logs in {self.workdir}")
