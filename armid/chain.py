@@ -120,10 +120,12 @@ def driver_config(transport: str, options: dict[str, object], *, rate_hz: float,
 
 
 # -- child processes ----------------------------------------------------------------------------------------
-# SCHED_RR priorities when allowed (root or CAP_SYS_NICE): the simulator (standing in for hardware) above the
-# driver above the recorder (which must keep up with 1 kHz: the driver's PUB queues 10 s for it, then
-# drops). Else NICE when allowed, else the default.
-RT_PRIORITY = {"sim": 20, "driver": 15, "recorder": 10}
+# SCHED_RR priority of each process when allowed (root or CAP_SYS_NICE); the recorder too, as it must keep up
+# with 1 kHz (the driver's PUB queues 10 s for it, then drops). Else NICE when allowed, else the default.
+# Equal priorities: the runs that completed on the loaded development machine used them. A pty's data
+# still passes through a kernel worker at normal priority, so on a saturated machine the serial link
+# stalls whatever the processes' priority (docs/demo.md).
+RT_PRIORITY = {"sim": 10, "driver": 10, "recorder": 10}
 NICE = -10
 
 
