@@ -15,8 +15,6 @@ usage: python benchmarks/bench_driver.py [--seconds 60] [--rate 1000] [--transpo
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -30,9 +28,8 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from firmware_bridge import stream  # noqa: E402
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from armid import chain  # noqa: E402
+from armid.chain import cpu_seconds  # noqa: E402
 
 BARE_PUBLISHER = textwrap.dedent("""
     import sys, time, zmq
@@ -48,11 +45,6 @@ BARE_PUBLISHER = textwrap.dedent("""
         if rest > 200_000: time.sleep((rest - 200_000) / 1e9)
         while time.perf_counter_ns() < nxt: pass
 """)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def measure(endpoint: str, seconds: float, pid: int, raw: bool = False) -> dict:
@@ -96,43 +88,14 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
-SIM_PROCESS_TRANSPORTS = {"serial", "can", "gateway"}
-# `armid sim` options per transport: CAN crosses processes on python-can's udp_multicast interface (needs
-# msgpack), on a multicast group of this run's own
-SIM_OPTIONS = {"can": ["-o", "interface=udp_multicast", "-o", f"channel=239.74.{os.getpid() % 250}.{os.getpid() // 250 % 250 + 1}"]}
-
-
 def run_driver(transport: str, rate: float, seconds: float, tmp: Path) -> dict:
-    state, commands = f"ipc://{tmp}/{transport}-state", f"ipc://{tmp}/{transport}-commands"
-    procs = []
-    options = 'realtime = true\n' if transport == "sim" else ""
-    try:
-        if transport in SIM_PROCESS_TRANSPORTS:
-            sim = subprocess.Popen([sys.executable, "-m", "armid.cli", "sim", "--transport", transport, "--realtime",
-                                    *SIM_OPTIONS.get(transport, [])],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            procs.append(sim)
-            line = sim.stdout.readline()          # the simulator prints how to reach it, e.g. "device: /dev/pts/5"
-            options = _transport_options(transport, line)
-        cfg = tmp / f"{transport}.toml"
-        cfg.write_text(f'[driver]\nmodel = "generic6"\nrate_hz = {rate}\nwatchdog_ms = 50\n'
-                       f'[transport]\nname = "{transport}"\n{options}'
-                       f'[zmq]\nstate = "{state}"\ncommands = "{commands}"\n')
-        drv = subprocess.Popen([sys.executable, "-m", "armid.cli", "driver", "--config", str(cfg)], cwd=ROOT,
-                               stderr=subprocess.DEVNULL)
-        procs.append(drv)
-        return measure(state, seconds, drv.pid)
-    finally:
-        for p in reversed(procs):
-            _stop(p)
-
-
-def _transport_options(transport: str, line: str) -> str:
-    """The driver's [transport] options from the first line `armid sim` prints (key = value pairs)."""
-    pairs = dict(re.findall(r"(\w+)=(\S+)", line))
-    if not pairs:
-        raise RuntimeError(f"armid sim --transport {transport} printed no address: {line!r}")
-    return "".join(f'{k} = {v if v.lstrip("-").isdigit() else repr(v).replace(chr(39), chr(34))}\n' for k, v in pairs.items())
+    """`armid sim` (for serial, can, gateway) and `armid driver` as processes, wired by armid.chain, at the
+    default priority like the reference."""
+    with chain.Chain(tmp / transport, chain.plan_for(transport, rate), realtime=False) as c:
+        if transport != "sim":
+            c.start_sim()
+        c.start_driver()
+        return measure(c.state, seconds, c.driver.pid)
 
 
 def main() -> None:

@@ -20,3 +20,19 @@ def _compiled_kernels():
     from sim import Simulator
 
     Simulator("generic6", seed=0).step(2)
+
+
+# -- the soak marker ------------------------------------------------------------------------------------
+# Soak tests (tests/test_soak.py, 10 minutes) run only when asked for: `python -m pytest -m soak
+# tests/test_soak.py`, or ARMID_SOAK=1 in the environment. Elsewhere they are skipped.
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: long-running test, run with `python -m pytest -m soak tests/test_soak.py`")
+
+
+def pytest_collection_modifyitems(config, items):
+    if "soak" in (config.getoption("markexpr") or "").replace("not soak", "") or os.environ.get("ARMID_SOAK"):
+        return
+    skip = pytest.mark.skip(reason="soak test: run with `python -m pytest -m soak tests/test_soak.py`")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)

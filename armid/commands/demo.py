@@ -1,10 +1,13 @@
-"""`armid demo`: simulate an excitation on the generic6 arm, record it, identify it, write the report, and
-print the identified base parameters beside the true ones.
+"""`armid demo`: the whole chain on the simulated generic6 arm, then identification, report and the
+identified base parameters beside the true ones.
 
-The recording is made by the real simulator (sim.Simulator, synchronous fast mode, 1 kHz): its CiA 402
-drives follow the trajectory in CSP, its encoders quantise the positions and its current sensors add
-noise; the recorded joint torque is the drives' torque reading (current times the drive gain), as a
-driver would log it. A later issue routes the same demo through the transports and the driver.
+By default the parts run as separate processes on loopback (armid.chain): `armid sim` behind a transport
+(serial over a pty; `--transport can` on python-can's udp_multicast, `--transport gateway` Modbus TCP),
+`armid driver` connected to it, and `armid record` on the driver's ZeroMQ stream. The demo sends the
+driver enable, move_to the start and two run_trajectory commands (the excitation blended in from rest
+and out to rest, then the same motion time-reversed for validation), converts the recording's two
+motions into identification data and identifies them. `--in-process` instead steps sim.Simulator in
+this process (synchronous, 1 kHz; `simulate` below), which is what `--currents` needs.
 """
 from __future__ import annotations
 
@@ -15,25 +18,43 @@ from pathlib import Path
 
 import numpy as np
 
-LEAD_IN = 2.0              # s of smooth ramp from rest into the periodic motion (not recorded)
-DEFAULT_CURRENT_NOISE = 0.01   # A, standard deviation of the simulated current sensors
+from ident.errors import InputError
+
+LEAD_IN = 2.0              # s of smooth ramp from rest into the periodic motion (and out of it to rest)
+SAMPLE_RATE_HZ = 100.0     # Hz of the samples sent with run_trajectory (the driver splines them to its rate)
+DEFAULT_CURRENT_NOISE = 0.01   # A, standard deviation of the simulated current sensors (--in-process)
 PAYLOAD_MASS = 2.0             # kg, the known payload of the --currents demo's second run
 PAYLOAD_COM = (0.0, 0.02, 0.05)                       # m, flange frame (not told to the identification)
 PAYLOAD_INERTIA = (0.004, 0.0, 0.0, 0.004, 0.0, 0.003)   # kg m^2 about the centre of mass
+TRANSPORTS = ("serial", "can", "gateway")
+MOVE_SPEED = 0.2          # move_to the start at this fraction of the fastest the limits allow
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="simulate, record and identify the generic6 arm; print identified vs true")
+    p = sub.add_parser("demo", help="the simulated arm, the driver and the recorder as processes; run an excitation, "
+                                    "identify it; print identified vs true",
+                       description="Start `armid sim`, `armid driver` and `armid record` on loopback, run the "
+                                   "excitation through the driver's commands, identify the recording and print the "
+                                   "identified base parameters beside the simulator's true ones.")
     p.add_argument("-o", "--out", default="armid-demo", metavar="DIR", help="output directory (default: armid-demo)")
+    p.add_argument("--transport", default="serial", choices=TRANSPORTS,
+                   help="how the driver reaches the simulator (default: serial over a pty)")
+    p.add_argument("--rate", type=float, default=None, metavar="HZ",
+                   help="the driver's cycle rate (default: 250 Hz; see docs/demo.md)")
+    p.add_argument("--in-process", action="store_true",
+                   help="no processes: step the simulator in this process (synchronous, 1 kHz)")
     p.add_argument("--trajectory", default="seed000", metavar="T",
                    help="excitation: a trajectory file (armid excite design) or a preset (default: seed000)")
     p.add_argument("--periods", type=float, default=1.0, help="periods of the excitation to record (default 1)")
+    p.add_argument("--slowdown", type=float, default=None, metavar="K",
+                   help="play the excitation K times slower (default: serial 2, can 4, gateway 4; in process 1; "
+                        "see docs/demo.md)")
     p.add_argument("--current-noise", type=float, default=DEFAULT_CURRENT_NOISE,
-                   help=f"current sensor noise, A (default {DEFAULT_CURRENT_NOISE})")
+                   help=f"--in-process: current sensor noise, A (default {DEFAULT_CURRENT_NOISE})")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sensors")
     p.add_argument("--currents", action="store_true",
-                   help=f"record motor currents instead of torques, add a run with a {PAYLOAD_MASS:g} kg payload and "
-                        "identify the drive gains too")
+                   help=f"--in-process: record motor currents instead of torques, add a run with a {PAYLOAD_MASS:g} kg "
+                        "payload and identify the drive gains too")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
 
@@ -48,11 +69,14 @@ def smooth_ramp(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (x ** 3 * (10 - 15 * x + 6 * x * x), 30 * x * x * (1 - x) ** 2, 60 * x * (1 - x) * (1 - 2 * x))
 
 
-def reference(traj, t: np.ndarray) -> np.ndarray:
+def reference(traj, t: np.ndarray, *, end: float | None = None) -> np.ndarray:
     """Position set-points (N, n) rad at times t (s): the trajectory for t >= 0, and for -LEAD_IN <= t < 0 a
-    smooth blend from rest at its mean pose q0 into the motion (velocity and acceleration continuous)."""
+    smooth blend from rest at its mean pose q0 into the motion (velocity and acceleration continuous).
+    With end (s): for end < t <= end + LEAD_IN the same blend back to rest at q0."""
     q = traj.evaluate(t)[0]
     s = smooth_ramp((t + LEAD_IN) / LEAD_IN)[0]
+    if end is not None:
+        s = s * smooth_ramp((end + LEAD_IN - t) / LEAD_IN)[0]
     return traj.q0 + s[:, None] * (q - traj.q0)
 
 
@@ -105,11 +129,22 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
     return Recording(t, q, tau, None, None, "simulated run")
 
 
-def _bar(total: int, enabled: bool, desc: str):
+def _bar(total: int, enabled: bool, desc: str, unit: str = "cycle"):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=f"  {desc}", disable=not enabled, unit="cycle", unit_scale=True, leave=False,
-                file=sys.stderr)
+    return tqdm(total=total, desc=f"  {desc}", disable=not enabled, unit=unit, unit_scale=unit == "cycle",
+                leave=False, file=sys.stderr)
+
+
+def time_scaled(traj, factor: float):
+    """The same path played `factor` times slower, q(t / factor): base frequency / factor and the Fourier
+    coefficients / factor, so the positions are the same, speeds / factor, accelerations / factor^2."""
+    from ident.excitation import FourierTrajectory
+
+    if factor == 1.0:
+        return traj
+    return FourierTrajectory(traj.base_frequency / factor, traj.q0.copy(), traj.a / factor, traj.b / factor,
+                             traj.joint_names, {"made_from": f"excitation {factor:g} times slower"})
 
 
 def time_reversed(traj):
@@ -121,49 +156,182 @@ def time_reversed(traj):
                              {"made_from": "time-reversed excitation"})
 
 
+# ---------------------------------------------------------------------------------------------------
+# the demo
+
+class _Steps:
+    """Numbered steps: announces each on stderr and turns its failure into one InputError that names the
+    step, the cause and (for the chain) what to check."""
+
+    def __init__(self, total: int, verbose: bool):
+        self.total, self.verbose, self.k = total, verbose, 0
+
+    def __call__(self, name: str, fn):
+        self.k += 1
+        if self.verbose:
+            print(f"[{self.k}/{self.total}] {name}", file=sys.stderr, flush=True)
+        try:
+            return fn()
+        except (InputError, RuntimeError, ValueError, ArithmeticError, OSError) as exc:
+            raise StepFailed(f"demo step {self.k} ({name}) failed: {exc}") from exc
+
+
+class StepFailed(InputError):
+    """One step of the demo failed (the message names it)."""
+
+
 def run(args: argparse.Namespace) -> int:
-    from armid.commands.identify import load_trajectory, print_summary, write_outputs
-    from ident import batch
-    from ident.errors import InputError
-    from ident.model import load_model
-
-    class StepFailed(InputError):
-        """One step of the demo failed (the message names it)."""
-
     if not (args.periods > 0 and np.isfinite(args.periods)):
         raise InputError(f"--periods: expected a positive number, got {args.periods}")
     if not (args.current_noise >= 0 and np.isfinite(args.current_noise)):
         raise InputError(f"--current-noise: expected a number >= 0 A, got {args.current_noise}")
+    if args.slowdown is not None and not (args.slowdown >= 1 and np.isfinite(args.slowdown)):
+        raise InputError(f"--slowdown: expected a factor >= 1, got {args.slowdown}")
+    if args.currents and not args.in_process:
+        raise InputError("--currents needs --in-process (the payload run is simulated in this process)")
+    if args.in_process:
+        return _run_in_process(args)
+    return _run_chain(args)
+
+
+def excitation_samples(traj, periods: float, rate_hz: float = SAMPLE_RATE_HZ) -> tuple[np.ndarray, np.ndarray]:
+    """The excitation as run_trajectory samples: t (N,) s from 0, q (N, n) rad; `periods` periods of traj
+    blended in from rest at its mean pose over LEAD_IN s and out to rest over LEAD_IN s (reference)."""
+    end = periods * traj.period
+    t = np.arange(int(np.ceil((end + 2 * LEAD_IN) * rate_hz)) + 1) / rate_hz - LEAD_IN
+    t[-1] = end + LEAD_IN
+    return t + LEAD_IN, reference(traj, t, end=end)
+
+
+def _run_chain(args: argparse.Namespace) -> int:
+    from armid import chain
+    from armid.commands.identify import load_trajectory, write_outputs
+    from driver.recording import identification_arrays, write_identification
+    from ident import batch
+    from ident.model import load_model
+
     verbose = not args.quiet
     out = Path(args.out)
-    total = 6 if args.currents else 5
     started = time.perf_counter()
-    counter = iter(range(1, total + 1))
-
-    def step(name: str, fn):
-        k = next(counter)
-        if verbose:
-            print(f"[{k}/{total}] {name}", file=sys.stderr, flush=True)
-        try:
-            return fn()
-        except (InputError, RuntimeError, ValueError, ArithmeticError, OSError) as exc:
-            raise StepFailed(f"demo step {k} ({name}) failed: {exc}") from exc
-
+    plan = chain.plan_for(args.transport, args.rate)
+    steps = _Steps(11, verbose)
     model = load_model("generic6")
-    traj = step("check the excitation against the limits", lambda: _checked(model, load_trajectory(args.trajectory)))
+    slowdown = plan.slowdown if args.slowdown is None else args.slowdown
+    traj = steps("check the excitation against the limits",
+                 lambda: time_scaled(_checked(model, load_trajectory(args.trajectory)), slowdown))
+    motions = {"excitation": traj, "validation": time_reversed(traj)}
+    seconds = args.periods * traj.period
+    out.mkdir(parents=True, exist_ok=True)
+    recording = out / "run.mcap"
+    windows = {}
+    with chain.Chain(out / "processes", plan) as c:
+        where = steps(f"start the simulator (armid sim --transport {plan.name}, real time)", c.start_sim)
+        if verbose:
+            print("      " + " ".join(f"{k}={v}" for k, v in where.items()), file=sys.stderr)
+        steps(f"start the driver (armid driver, {plan.rate_hz:g} Hz, transport {plan.name})", c.start_driver)
+        steps("start the recorder (armid record)", lambda: c.start_recorder(recording))
+
+        def to_start():
+            c.enable()
+            c.run_motion("move to the start", {"cmd": "move_to", "q": traj.q0.tolist(), "speed": MOVE_SPEED})
+
+        steps("enable the drives and move to the start pose", to_start)
+        for name, what in (("excitation", f"{args.periods:g} period(s) of {args.trajectory}"
+                                          + (f" {slowdown:g} times slower" if slowdown != 1 else "")
+                                          + f", {seconds:g} s + {2 * LEAD_IN:g} s blend in/out"),
+                           ("validation", "the excitation time-reversed")):
+            t, q = excitation_samples(motions[name], args.periods)
+            windows[name] = steps(f"run the {name} ({what}) through run_trajectory",
+                                  lambda: _run_with_bar(c, name, t, q, verbose))
+        log = steps("stop the recorder once it has written both motions, then the driver and the simulator",
+                    lambda: _finish(c, recording, windows["validation"][1]))
+
+    def convert():
+        paths, bridged = {}, {}
+        for name, (first, last) in windows.items():
+            arrays, _ = identification_arrays(chain.motion_window(log, first, last))
+            arrays, bridged[name] = chain.uniform_samples(arrays)
+            paths[name] = out / f"{name}.npz"
+            write_identification(arrays, paths[name])
+        return paths, bridged
+
+    paths, bridged = steps("convert the two motions (their fresh samples on a uniform grid) to excitation.npz and "
+                           "validation.npz", convert)
+    ident = steps("identify (filter, regressor, parallel decimation, WLS, physically consistent fit)",
+                  lambda: batch.identify(model, paths["excitation"], validate=paths["validation"], trajectory=traj,
+                                         consistent=True, verbose=verbose))
+    written = steps("write result.json, model.toml and the report",
+                    lambda: write_outputs(ident, out, str(recording)))
+    figures = chain.stream_figures(log)
+    print(f"armid demo: {model.name} on `armid sim --transport {plan.name}` -> `armid driver` ({plan.rate_hz:g} Hz) "
+          f"-> `armid record`; excitation {args.trajectory}" + (f" {slowdown:g}x slower" if slowdown != 1 else "")
+          + f" ({seconds:g} s + blends), validation on the "
+          f"time-reversed motion")
+    print(figures.line())
+    print(f"identification data: {ident.rows.samples} samples at {ident.rows.rate_hz:g} Hz (fresh samples resampled "
+          f"on a uniform grid; largest interval bridged {1e3 * max(bridged.values()):.0f} ms)")
+    _summary(model, ident, written, started)
+    return 0
+
+
+def _run_with_bar(c, name: str, t: np.ndarray, q: np.ndarray, verbose: bool) -> tuple[int, int]:
+    bar = _bar(1000, verbose, name, unit="‰")
+
+    def progress(fraction: float) -> None:
+        bar.update(int(1000 * fraction) - bar.n)
+
+    try:
+        return c.run_motion(f"run the {name}", {"cmd": "run_trajectory", "samples": {"t": t.tolist(), "q": q.tolist()}},
+                            progress)
+    finally:
+        bar.close()
+
+
+def _finish(c, recording: Path, last_seq: int):
+    from driver.recording import read_recording
+
+    c.finish_recording(until_seq=last_seq)
+    c.stop()
+    return read_recording(recording)
+
+
+def _summary(model, ident, written: dict, started: float) -> None:
+    from armid.commands.identify import print_summary
+
+    truth = ident.base.from_standard(model.standard_parameters())
+    print_summary(ident, truth)
+    within = np.abs(ident.fit.beta - truth) <= 3 * ident.fit.std
+    print(f"{int(within.sum())} of {len(truth)} base parameters within 3 sigma of the truth")
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    print(f"done in {time.perf_counter() - started:.1f} s; open {written['report']}")
+
+
+def _run_in_process(args: argparse.Namespace) -> int:
+    from armid.commands.identify import load_trajectory, write_outputs
+    from ident import batch
+    from ident.model import load_model
+
+    verbose = not args.quiet
+    out = Path(args.out)
+    started = time.perf_counter()
+    steps = _Steps(6 if args.currents else 5, verbose)
+    model = load_model("generic6")
+    traj = steps("check the excitation against the limits",
+                 lambda: time_scaled(_checked(model, load_trajectory(args.trajectory)), args.slowdown or 1.0))
     seconds = args.periods * traj.period
     what = "motor currents" if args.currents else "drive torques"
     sim = dict(current_noise=args.current_noise, currents=args.currents, progress=verbose)
-    runs = {"excitation": step(f"simulate the excitation ({seconds:g} s at 1 kHz, CSP, encoder quantisation, "
-                               f"current noise {args.current_noise:g} A; recording {what})",
-                               lambda: simulate(model, traj, seconds, seed=args.seed, **sim)),
-            "validation": step("simulate the validation run (the excitation time-reversed)",
-                               lambda: simulate(model, time_reversed(traj), seconds, seed=args.seed + 1, **sim))}
+    runs = {"excitation": steps(f"simulate the excitation ({seconds:g} s at 1 kHz, CSP, encoder quantisation, "
+                                f"current noise {args.current_noise:g} A; recording {what})",
+                                lambda: simulate(model, traj, seconds, seed=args.seed, **sim)),
+            "validation": steps("simulate the validation run (the excitation time-reversed)",
+                                lambda: simulate(model, time_reversed(traj), seconds, seed=args.seed + 1, **sim))}
     if args.currents:
-        runs["payload"] = step(f"simulate the excitation with a {PAYLOAD_MASS:g} kg payload (its mass fixes the "
-                               "scale of the drive gains)",
-                               lambda: simulate(model, traj, seconds, seed=args.seed + 2, payload_mass=PAYLOAD_MASS,
-                                                **sim))
+        runs["payload"] = steps(f"simulate the excitation with a {PAYLOAD_MASS:g} kg payload (its mass fixes the "
+                                "scale of the drive gains)",
+                                lambda: simulate(model, traj, seconds, seed=args.seed + 2, payload_mass=PAYLOAD_MASS,
+                                                 **sim))
 
     def identify():
         out.mkdir(parents=True, exist_ok=True)
@@ -174,24 +342,18 @@ def run(args: argparse.Namespace) -> int:
         return batch.identify(model, paths["excitation"], validate=paths["validation"], trajectory=traj,
                               consistent=True, verbose=verbose, **payload)
 
-    ident = step("identify (filter, regressor, parallel decimation, WLS, physically consistent fit"
-                 + (", drive gains" if args.currents else "") + ")", identify)
-    written = step("write result.json, model.toml and the report",
-                   lambda: write_outputs(ident, out, str(out / "excitation.npz")))
-    truth = ident.base.from_standard(model.standard_parameters())
-    print(f"armid demo: {model.name}, excitation {args.trajectory} ({seconds:g} s of {what} recorded at 1 kHz), "
-          f"validation on the time-reversed motion")
-    print_summary(ident, truth)
-    within = np.abs(ident.fit.beta - truth) <= 3 * ident.fit.std
-    print(f"{int(within.sum())} of {len(truth)} base parameters within 3 sigma of the truth")
+    ident = steps("identify (filter, regressor, parallel decimation, WLS, physically consistent fit"
+                  + (", drive gains" if args.currents else "") + ")", identify)
+    written = steps("write result.json, model.toml and the report",
+                    lambda: write_outputs(ident, out, str(out / "excitation.npz")))
+    print(f"armid demo: {model.name} in process, excitation {args.trajectory} ({seconds:g} s of {what} recorded at "
+          f"1 kHz), validation on the time-reversed motion")
     if args.currents:
         true_gains = model.joint_torque_per_amp()
         print("drive gains (N m/A): identified " + " ".join(f"{g:.4f}" for g in ident.gains)
               + "; true " + " ".join(f"{g:.4f}" for g in true_gains)
               + "; error " + " ".join(f"{100 * (g / g0 - 1):+.2f}%" for g, g0 in zip(ident.gains, true_gains)))
-    for name, path in written.items():
-        print(f"{name}: {path}")
-    print(f"done in {time.perf_counter() - started:.1f} s; open {written['report']}")
+    _summary(model, ident, written, started)
     return 0
 
 

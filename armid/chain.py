@@ -1,0 +1,526 @@
+"""The hardware-in-the-loop chain as separate processes on loopback: `armid sim` behind a transport,
+`armid driver` connected to it, `armid record` on the driver's stream, and the driver's command channel.
+
+Used by `armid demo`, the end-to-end and soak tests and benchmarks/bench_driver.py, so that all of them
+start, wire and stop the processes the same way. Every child is started with `python -m armid.cli` (the
+code of this checkout), writes its stdout and stderr to files in the run's work directory (read back
+for the ready line and for the tail shown when a step fails), and dies with its parent
+(PR_SET_PDEATHSIG on Linux), so that no child outlives the process that started it even if that one
+is killed.
+
+CAN crosses processes on python-can's `udp_multicast` interface, on a multicast group of this run's own.
+The simulator's cycle rate equals the driver's on CAN (the drives step on each SYNC), so simulated and
+wall time agree; serial and the gateway run the simulator on its own 1 kHz real-time clock.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from ident.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+TRANSPORTS = ("serial", "can", "gateway")
+
+
+class ChainError(InputError):
+    """A step of the chain failed: the message names the step, the cause and what to check."""
+
+
+@dataclass(frozen=True)
+class TransportPlan:
+    """How the chain runs one transport: the driver's cycle rate (Hz), its watchdog (ms), the simulator's
+    cycle rate (Hz), extra `armid sim` arguments and extra [transport] options of the driver, and how many
+    times slower than designed an excitation should run through it (slowdown, see docs/demo.md)."""
+
+    name: str
+    rate_hz: float
+    watchdog_ms: float
+    sim_rate_hz: float
+    sim_args: tuple[str, ...] = ()
+    driver_options: tuple[tuple[str, object], ...] = ()
+    slowdown: float = 1.0
+
+
+# Rates. The simulated drives run CSP at their own cycle: they differentiate the newest target twice for the
+# velocity and acceleration feed-forward, so a target that arrives a cycle late or early is a torque spike,
+# and below 250 Hz their velocity loop (300 rad/s) is unstable. Serial: driver and simulator both at 1 kHz.
+# CAN: the drives step on each SYNC (lockstep), at 250 Hz, what one 1 Mbit/s bus carries for six drives
+# (docs/driver.md). Gateway: the simulator at 1 kHz, the driver at 1 kHz, new targets at the Modbus
+# exchange rate (~200-300/s): held targets are steps for the drives, hence the larger slowdown.
+# Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
+# of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
+PLANS = {
+    "serial": TransportPlan("serial", 1000.0, 2000.0, 1000.0, ("-o", "watchdog_s=2"),
+                            (("device_watchdog_ms", 2000),), 2.0),
+    "can": TransportPlan("can", 250.0, 2000.0, 250.0, (), (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0)), 4.0),
+    "gateway": TransportPlan("gateway", 1000.0, 2000.0, 1000.0, (), (("watchdog_ms", 2000),), 4.0),
+    "sim": TransportPlan("sim", 1000.0, 2000.0, 1000.0, (), (("realtime", True),), 1.0),
+}
+
+
+def plan_for(transport: str, rate_hz: float | None = None) -> TransportPlan:
+    """The TransportPlan of a transport (serial, can, gateway, or sim: the simulator inside the driver),
+    optionally at another cycle rate (Hz)."""
+    if transport not in PLANS:
+        raise InputError(f"--transport: unknown {transport!r} (available: {', '.join(TRANSPORTS)})")
+    p = PLANS[transport]
+    if rate_hz is None:
+        return p
+    if not (rate_hz > 0 and rate_hz <= 10000):
+        raise InputError(f"rate: expected a cycle rate in (0, 10000] Hz, got {rate_hz}")
+    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz) if transport == "can" else p.sim_rate_hz)
+
+
+def sim_options(transport: str) -> list[str]:
+    """Extra `armid sim` arguments: CAN on udp_multicast, on a multicast group derived from this process's
+    id (two runs at once do not hear each other)."""
+    if transport != "can":
+        return []
+    pid = os.getpid()
+    return ["-o", "interface=udp_multicast", "-o", f"channel=239.74.{pid % 250}.{pid // 250 % 250 + 1}"]
+
+
+def transport_options(transport: str, line: str) -> dict[str, object]:
+    """The driver's [transport] options from the ready line `armid sim` prints
+    (`armid sim: serial ready: port=/dev/pts/5 baudrate=3000000`)."""
+    pairs = dict(re.findall(r"(\w+)=(\S+)", line))
+    if not pairs:
+        raise ChainError(f"armid sim --transport {transport} printed no address: {line!r}")
+    return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in pairs.items()}
+
+
+def driver_config(transport: str, options: dict[str, object], *, rate_hz: float, watchdog_ms: float,
+                  state: str, commands: str, model: str = "generic6") -> str:
+    """The text of a driver TOML file (docs/driver.md) for these transport options and endpoints."""
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return str(v) if isinstance(v, (int, float)) else json.dumps(str(v))
+
+    lines = ["[driver]", f"model = {json.dumps(model)}", f"rate_hz = {rate_hz:g}", f"watchdog_ms = {watchdog_ms:g}",
+             "[transport]", f"name = {json.dumps(transport)}"]
+    lines += [f"{k} = {value(v)}" for k, v in options.items()]
+    lines += ["[zmq]", f"state = {json.dumps(state)}", f"commands = {json.dumps(commands)}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- child processes ----------------------------------------------------------------------------------------
+# SCHED_RR priority of each process when allowed (root or CAP_SYS_NICE); the recorder too, as it must keep up
+# with 1 kHz (the driver's PUB queues 10 s for it, then drops). Else NICE when allowed, else the default.
+# Equal priorities: the runs that completed on the loaded development machine used them. A pty's data
+# still passes through a kernel worker at normal priority, so on a saturated machine the serial link
+# stalls whatever the processes' priority (docs/demo.md).
+RT_PRIORITY = {"sim": 10, "driver": 10, "recorder": 10}
+NICE = -10
+
+
+def _child_setup(priority: int, better_nice: bool = True) -> None:
+    """Runs in the child between fork and exec: die with the parent (PR_SET_PDEATHSIG), and run SCHED_RR at
+    `priority` (0: no real-time) when allowed. The simulator and the driver are 1 kHz loops, and on a
+    machine shared with other work (a test suite, other users) the default scheduler stalls them for tens
+    of ms, long enough for the simulated drives' following-error monitors to trip (a deployed driver runs
+    SCHED_FIFO too, deploy/RT.md). ARMID_CHAIN_RT=0 in the environment keeps the default scheduler."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.environ.get("ARMID_CHAIN_RT", "1") == "0" or not better_nice:
+        return
+    try:
+        if priority > 0:
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
+            return
+    except OSError:   # not permitted: try a better niceness
+        pass
+    try:
+        os.nice(NICE)
+    except OSError:   # not permitted either: the default priority
+        pass
+
+
+@dataclass
+class Child:
+    """One process of the chain: its name, the Popen and the files holding its stdout and stderr."""
+
+    name: str
+    proc: subprocess.Popen
+    stdout: Path
+    stderr: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 6) -> str:
+        """The last lines of its stderr (then stdout), for error messages."""
+        for path in (self.stderr, self.stdout):
+            try:
+                text = path.read_text(errors="replace").strip()
+            except OSError:
+                continue
+            if text:
+                return " | ".join(text.splitlines()[-lines:])
+        return "(no output)"
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, wait up to timeout_s, then SIGKILL; returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def start_child(name: str, args: list[str], workdir: Path, *, realtime: bool = True) -> Child:
+    """Start `python -m armid.cli ARGS` in its own session (a Ctrl-C on the terminal reaches only the
+    parent, which stops its children in order), output to WORKDIR/NAME.out and NAME.err; with realtime,
+    at RT_PRIORITY[name] when allowed (see _child_setup)."""
+    out, err = workdir / f"{name}.out", workdir / f"{name}.err"
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen([sys.executable, "-m", "armid.cli", *args], cwd=ROOT, stdout=fo, stderr=fe,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=functools.partial(_child_setup, RT_PRIORITY.get(name, 0) if realtime else 0,
+                                                             realtime))
+    return Child(name, proc, out, err)
+
+
+def wait_for(child: Child, ready, timeout_s: float, what: str, step: str, check: str):
+    """Poll ready() (a value or None) every 20 ms until it returns a value; ChainError naming the step if
+    the child exits or timeout_s passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = ready()
+        if value is not None:
+            return value
+        if not child.alive():
+            raise ChainError(f"{step}: {child.name} exited with status {child.proc.returncode} before {what}; "
+                             f"its stderr ends: {child.tail()}; check {check}")
+        if time.monotonic() > deadline:
+            raise ChainError(f"{step}: no {what} within {timeout_s:g} s; {child.name} stderr ends: {child.tail()}; "
+                             f"check {check}")
+        time.sleep(0.02)
+
+
+# -- the command channel ------------------------------------------------------------------------------------
+def request(endpoint: str, timeout_s: float = 10.0, **req) -> dict:
+    """Send one JSON command to the driver's REP socket and return the reply; ChainError if none comes
+    within timeout_s (a fresh socket per request, so a lost reply never blocks the next one)."""
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send(json.dumps(req).encode())
+        if not sock.poll(int(timeout_s * 1000)):
+            raise ChainError(f"driver command {req.get('cmd')!r}: no reply within {timeout_s:g} s from {endpoint}")
+        return json.loads(sock.recv())
+    finally:
+        sock.close(0)
+
+
+def command(endpoint: str, step: str, driver: Child | None = None, **req) -> dict:
+    """request() that must succeed: ChainError naming the step, the driver's error and its stderr tail."""
+    reply = request(endpoint, **req)
+    if not reply.get("ok"):
+        tail = f"; driver stderr ends: {driver.tail()}" if driver is not None else ""
+        raise ChainError(f"{step}: the driver refused {req.get('cmd')!r}: {reply.get('error')}{tail}")
+    return reply
+
+
+# -- the chain ----------------------------------------------------------------------------------------------
+@dataclass
+class Chain:
+    """The processes of one run, in start order; `stop()` (also on leaving `with`) ends them in reverse
+    order: the recorder finishes its file, the driver brings the drives to rest, then the simulator stops.
+
+    workdir holds the logs and the driver's config. realtime: run the simulator and
+    the driver SCHED_RR when allowed (False: the default scheduler, e.g. for benchmarks that compare
+    against a reference at the default priority)."""
+
+    workdir: Path
+    plan: TransportPlan
+    realtime: bool = True
+    children: list[Child] = field(default_factory=list)
+    sim: Child | None = None
+    driver: Child | None = None
+    recorder: Child | None = None
+    connection: dict[str, object] = field(default_factory=dict)
+
+    sockets: Path | None = None     # a short temporary folder for the ipc endpoints (paths are limited to ~100 bytes)
+
+    @property
+    def state(self) -> str:
+        return f"ipc://{self._sockets()}/state"
+
+    @property
+    def commands(self) -> str:
+        return f"ipc://{self._sockets()}/commands"
+
+    def _sockets(self) -> Path:
+        if self.sockets is None:
+            self.sockets = Path(tempfile.mkdtemp(prefix="armid-chain-"))
+        return self.sockets
+
+    def __enter__(self) -> "Chain":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start_sim(self, *, seed: int = 0, timeout_s: float = 90.0) -> dict[str, object]:
+        """`armid sim --transport T` (real time); waits for its ready line and returns the connection
+        (the driver's transport options)."""
+        p = self.plan
+        self.sim = self._start("sim", ["sim", "--transport", p.name, "--realtime", "--rate", f"{p.sim_rate_hz:g}",
+                                       "--seed", str(seed), *sim_options(p.name), *p.sim_args])
+
+        def ready():
+            for line in self.sim.stdout.read_text(errors="replace").splitlines():
+                if " ready: " in line:
+                    return line
+            return None
+
+        line = wait_for(self.sim, ready, timeout_s, "its ready line", "start the simulator",
+                        "`python -m armid.cli sim --transport " + p.name + "` by hand")
+        self.connection = transport_options(p.name, line)
+        return self.connection
+
+    def start_driver(self, *, timeout_s: float = 90.0) -> dict:
+        """`armid driver` on the simulator's connection (or the in-process sim), ipc endpoints in the
+        workdir; waits until it answers `status` and returns that status."""
+        from driver.recorder import RecorderError, query_status
+
+        p = self.plan
+        options = {**self.connection, **dict(p.driver_options)}
+        cfg = self.workdir / "driver.toml"
+        cfg.write_text(driver_config(p.name, options, rate_hz=p.rate_hz, watchdog_ms=p.watchdog_ms,
+                                     state=self.state, commands=self.commands))
+        self.driver = self._start("driver", ["driver", "--config", str(cfg)])
+
+        def ready():
+            try:
+                return query_status(self.commands, timeout_s=0.5)
+            except RecorderError:
+                return None
+
+        return wait_for(self.driver, ready, timeout_s, "answer to status", "start the driver",
+                        f"the driver's stderr ({self.driver.stderr}) and its config {cfg}")
+
+    def start_recorder(self, path: Path, *, timeout_s: float = 60.0) -> Child:
+        """`armid record` of the state stream into path (MCAP); waits until it has written messages."""
+        self.recorder = self._start("recorder", ["record", "--state", self.state, "--commands", self.commands,
+                                                 "-o", str(path), "--force", "--progress-interval", "0.2"])
+
+        def ready():
+            counts = re.findall(r": (\d+) messages \(seq", self.recorder.stderr.read_text(errors="replace"))
+            return True if counts and int(counts[-1]) > 0 else None
+
+        wait_for(self.recorder, ready, timeout_s, "state messages recorded", "start the recorder",
+                 f"the recorder's stderr ({self.recorder.stderr}) and the driver's ({self.driver and self.driver.stderr})")
+        return self.recorder
+
+    def recorded_seq(self) -> int | None:
+        """The last seq the recorder reports having written (from its progress lines), or None."""
+        found = re.findall(r"messages \(seq \d+\.\.(\d+)\)", self.recorder.stderr.read_text(errors="replace"))
+        return int(found[-1]) if found else None
+
+    def finish_recording(self, until_seq: int | None = None, timeout_s: float = 60.0) -> None:
+        """Wait until the recorder has written the state message until_seq (it may lag behind the stream
+        and would lose its backlog when stopped), then stop it (SIGTERM: it closes the file complete) and
+        check it exited cleanly."""
+        rec = self.recorder
+        if rec is None:
+            return
+        if until_seq is not None:
+            wait_for(rec, lambda: True if (self.recorded_seq() or -1) >= until_seq else None, timeout_s,
+                     f"state message {until_seq} recorded", "stop the recorder",
+                     f"the recorder's stderr ({rec.stderr}): it falls behind the stream")
+        code = rec.stop(timeout_s)
+        if code != 0:
+            raise ChainError(f"stop the recorder: it exited with status {code}; its stderr ends: {rec.tail()}")
+
+    def command(self, step: str, **req) -> dict:
+        """One driver command that must succeed; when the driver refuses it, a child that has died (the
+        likely cause) is named first."""
+        try:
+            return command(self.commands, step, self.driver, **req)
+        except ChainError:
+            self.check_alive(step, settle_s=0.2)
+            raise
+
+    def check_alive(self, step: str, settle_s: float = 0.0) -> None:
+        """ChainError naming the first child that has exited (after settle_s, s), its status and its stderr
+        tail."""
+        time.sleep(settle_s)
+        for child in self.children:
+            if not child.alive():
+                raise ChainError(f"{step}: the {child.name} process exited with status {child.proc.returncode}; "
+                                 f"its stderr ends: {child.tail()}; check {child.stderr}")
+
+    def stop(self) -> None:
+        """Stop every child still running, newest first, and remove the ipc folder."""
+        for child in reversed(self.children):
+            child.stop()
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
+            self.sockets = None
+
+    def _start(self, name: str, args: list[str]) -> Child:
+        child = start_child(name, args, self.workdir, realtime=self.realtime)
+        self.children.append(child)
+        return child
+
+    # -- motions --------------------------------------------------------------------------------------------
+    def enable(self, *, timeout_s: float = 10.0) -> None:
+        """`enable`, then wait until every drive is OPERATION ENABLED."""
+        step = "enable the drives"
+        self.await_status(lambda s: not set(s["drive_states"]) & {"UNKNOWN", "NOT READY TO SWITCH ON"}, timeout_s,
+                          step, "state from the drives (the link delivers no samples)")
+        self.command(step, cmd="enable")
+        self.await_status(lambda s: s["enabled"], timeout_s, step, "the drives enabled")
+
+    def run_motion(self, step: str, request_: dict, progress=None, *, margin_s: float = 20.0) -> tuple[int, int]:
+        """Start a motion command (move_to, run_trajectory), wait until it ends, and return the seq range
+        (first, last) of the state messages published while it ran. progress(fraction) is called as it
+        goes. ChainError if the driver refuses it, faults, or the motion outlasts its duration + margin_s."""
+        before = self.command(step, cmd="status")["seq"]
+        reply = self.command(step, **request_)
+        duration = float(reply["duration"])
+        started = time.monotonic()
+        status = self.await_status(lambda s: not s["moving"], duration + margin_s, step, "the end of the motion",
+                                   tick=None if progress is None else
+                                   lambda: progress(min(1.0, (time.monotonic() - started) / max(duration, 1e-9))))
+        return int(before), int(status["seq"])
+
+    def await_status(self, done, timeout_s: float, step: str, what: str, tick=None) -> dict:
+        """Poll the driver's status every 0.1 s until done(status); ChainError on a fault, a dead driver or
+        timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check_alive(step)
+            status = self.command(step, cmd="status")
+            if status.get("fault"):
+                self.check_alive(step, settle_s=0.2)       # a child that died caused it: name that one
+                raise ChainError(f"{step}: the driver faulted: {status['fault']} (drive states "
+                                 f"{', '.join(status['drive_states'])}); driver stderr ends: {self.driver.tail()}; "
+                                 f"check the logs in {self.workdir}")
+            if tick is not None:
+                tick()
+            if done(status):
+                return status
+            if time.monotonic() > deadline:
+                raise ChainError(f"{step}: no {what} within {timeout_s:g} s (drive states "
+                                 f"{', '.join(status['drive_states'])}); driver stderr ends: {self.driver.tail()}")
+            time.sleep(0.1)
+
+
+# -- process figures (soak test, benchmarks) ---------------------------------------------------------------
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (bytes), from /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise ChainError(f"/proc/{pid}/status: no VmRSS line")
+
+
+def fd_count(pid: int) -> int:
+    """Open file descriptors of a process (/proc/PID/fd)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (s), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+# -- from the recording to identification data ------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamFigures:
+    """What the recorded stream delivered: state messages, host seconds they span, messages per second,
+    messages lost (seq gaps) and in how many gaps, STALE messages (no new device data) and fresh samples
+    per second."""
+
+    messages: int
+    seconds: float
+    rate_hz: float
+    dropped: int
+    gaps: int
+    stale: int
+    fresh_rate_hz: float
+
+    def line(self) -> str:
+        return (f"stream: {self.messages} state messages in {self.seconds:.1f} s = {self.rate_hz:.1f} msg/s, "
+                f"{self.dropped} dropped ({self.gaps} seq gaps); {self.stale} stale (no new device data), "
+                f"fresh samples {self.fresh_rate_hz:.1f}/s")
+
+
+def stream_figures(log) -> StreamFigures:
+    """StreamFigures of a driver.recording.StateLog."""
+    from firmware_bridge import stream
+
+    s = log.states
+    span = float(s["host_time_ns"][-1] - s["host_time_ns"][0]) * 1e-9 if len(s) > 1 else 0.0
+    stale = int(np.count_nonzero(s["flags"] & stream.FLAG_STALE))
+    dropped, gaps = log.seq_gaps()
+    rate = (len(s) - 1) / span if span > 0 else 0.0
+    return StreamFigures(len(s), span, rate, dropped, gaps, stale, rate * (len(s) - stale) / max(len(s), 1))
+
+
+def motion_window(log, first_seq: int, last_seq: int):
+    """The part of a StateLog published while one motion ran: seq in [first_seq, last_seq] with the
+    MOVING flag. ChainError if there is none."""
+    from firmware_bridge import stream
+
+    s = log.states
+    keep = (s["seq"] >= first_seq) & (s["seq"] <= last_seq) & ((s["flags"] & stream.FLAG_MOVING) != 0)
+    if not keep.any():
+        raise ChainError(f"{log.path}: no MOVING state message with seq in {first_seq}..{last_seq}")
+    return dataclasses.replace(log, states=s[keep])
+
+
+def uniform_samples(arrays: dict[str, np.ndarray], rate_hz: float | None = None) -> tuple[dict[str, np.ndarray], float]:
+    """Resample identification arrays (t s strictly increasing, q rad, tau N m or current A, qd rad/s) on a
+    uniform grid of rate_hz (default: 1 / the median interval, rounded to 1 us): q by a cubic spline
+    (scipy), the rest linearly. A driver whose cycle is not locked to the drives' clock (serial,
+    gateway) reads samples at irregular device times; identification needs a uniform rate. Returns the
+    arrays and the largest interval (s) that was bridged."""
+    from scipy.interpolate import CubicSpline
+
+    t = arrays["t"]
+    if t.size < 4:
+        raise ChainError(f"{t.size} fresh samples: too few to identify anything")
+    dt = np.diff(t)
+    h = 1.0 / rate_hz if rate_hz else max(round(float(np.median(dt)), 6), 1e-6)
+    grid = np.arange(int(np.floor((t[-1] - t[0]) / h + 1e-9)) + 1) * h + t[0]
+    out = {"t": grid - grid[0], "q": CubicSpline(t, arrays["q"], axis=0)(grid)}
+    for name in ("tau", "current", "qd"):
+        if name in arrays:
+            out[name] = np.column_stack([np.interp(grid, t, col) for col in arrays[name].T])
+    return out, float(dt.max())
