@@ -461,6 +461,16 @@ def _fit_to_limits(model: Model, p: _Problem, z: np.ndarray, floor_z: float | No
     return z
 
 
+def start_pose_or_mid_range(model: Model, start_pose=None) -> np.ndarray:
+    """start_pose (n,) rad checked, or by default the middle of each joint's range (0 where unbounded)."""
+    finite = np.isfinite(model.q_min) & np.isfinite(model.q_max)
+    mid = np.where(finite, (np.where(finite, model.q_min, 0) + np.where(finite, model.q_max, 0)) / 2, 0.0)
+    pose = mid if start_pose is None else np.asarray(start_pose, dtype=float)
+    if pose.shape != (model.n,) or not np.isfinite(pose).all():
+        raise InputError(f"start_pose: expected {model.n} finite joint values (rad), got {np.shape(start_pose)}")
+    return pose
+
+
 def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, start_pose=None,
            criterion: str = "cond", floor_z: float | None = None, seed: int = 0, max_iter: int = 200,
            restarts: int = 1, grid: int = GRID_PER_PERIOD, check_rate_hz: float = 1000.0,
@@ -491,11 +501,7 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
         raise InputError(f"base_frequency: expected a positive number in Hz, got {base_frequency}")
     if restarts < 1 or max_iter < 0 or grid < 4:
         raise InputError(f"restarts >= 1, max_iter >= 0 and grid >= 4 expected, got {restarts}, {max_iter}, {grid}")
-    finite = np.isfinite(model.q_min) & np.isfinite(model.q_max)
-    mid = np.where(finite, (np.where(finite, model.q_min, 0) + np.where(finite, model.q_max, 0)) / 2, 0.0)
-    pose = mid if start_pose is None else np.asarray(start_pose, dtype=float)
-    if pose.shape != (model.n,) or not np.isfinite(pose).all():
-        raise InputError(f"start_pose: expected {model.n} finite joint values (rad), got {np.shape(start_pose)}")
+    pose = start_pose_or_mid_range(model, start_pose)
     zero = np.zeros((1, model.n))
     check_motion(model, [0.0], pose[None, :], zero, zero, floor_z=floor_z)
 
