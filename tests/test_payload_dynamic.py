@@ -15,6 +15,7 @@ from ident import dynamics, excitation, spatial
 from ident.errors import InputError
 from ident.model import load_model
 from ident.payload import PARAMETER_NAMES, dynamic, payload_parameters
+from ident.payload.result import Combination
 from ident.payload.excitation import moving_joints, payload_columns, plan
 from ident.preprocess import Recording
 
@@ -104,6 +105,22 @@ def test_a_negative_mass_is_flagged():
     assert dynamic.physical_consistency(CHI) == (True, "")
 
 
+def test_partial_estimates_are_consistent_only_if_some_body_matches_them():
+    """Only ZZ (about the flange origin) known: any body has ZZ >= 0. With a combination XX - YY = 0.01 and
+    ZZ = 0.001 known: XX - YY <= ZZ for every body (triangle inequality about the origin), so none matches."""
+    only_zz = np.full(10, np.nan)
+    only_zz[5] = -0.01
+    ok, why = dynamic.physical_consistency(only_zz)
+    assert not ok and "no body matches" in why
+    only_zz[5] = 0.01
+    assert dynamic.physical_consistency(only_zz) == (True, "")
+    c = np.zeros(10)
+    c[[0, 3]] = 1.0, -1.0
+    only_zz[5] = 0.001
+    assert not dynamic.physical_consistency(only_zz, [Combination("XX - YY", c, 0.01, 0.0)])[0]
+    assert dynamic.physical_consistency(only_zz, [Combination("XX - YY", c, 0.0005, 0.0)]) == (True, "")
+
+
 def test_wrist_only_runs_identify_exactly_what_the_wrist_torques_determine():
     """Only the wrist moves, so only the wrist joints' rows count (the others are slow rows): one payload
     direction is invisible. The estimate names the combinations it does determine, each exact, and none
@@ -137,6 +154,10 @@ def test_wrist_only_runs_identify_exactly_what_the_wrist_torques_determine():
         assert est.consistent, est.consistency
         doc = est.to_json()
         assert doc["combinations"] and None in doc["parameters"].values()
+    body = dynamic.identify(model, loaded, unloaded, "global", consistent=True, trajectory=traj)
+    assert body.consistent and body.identified == est.identified
+    np.testing.assert_allclose([c.value for c in body.combinations], [c.coefficients @ CHI for c in body.combinations],
+                               atol=1e-6)
 
 
 def test_the_wrist_plan_moves_only_the_wrist_and_keeps_the_limits_with_the_payload():
@@ -202,6 +223,7 @@ def test_bad_input_gives_one_clear_error(pin_runs, tmp_path):
                         method="global"),
         "constrained fit is offered for the global method": dict(loaded=loaded, unloaded=unloaded, method="torque",
                                                                  consistent=True),
+        "unknown option 'cutoff'": dict(loaded=loaded, unloaded=unloaded, cutoff=3.0),
     }
     for expected, kwargs in cases.items():
         with pytest.raises(InputError) as info:

@@ -31,18 +31,18 @@ from pathlib import Path
 import numpy as np
 import scipy.linalg
 
-from ident import batch, dynamics, estimate
+from ident import batch, dynamics, estimate, spatial
 from ident.base_params import BaseParameters, _linear_text, base_parameters, clean_coefficients
-from ident.consistent import _link_map, pseudo_inertia
+from ident.consistent import _link_map
 from ident.drive_gains import SCALE_NOTE_NOMINAL
 from ident.errors import InputError
 from ident.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import PARAMS_PER_JOINT, Model
 from ident.preprocess import Recording, estimate_bandwidth, load_recording, sampling_rate
 from ident.payload.result import PARAMETER_NAMES, Combination, PayloadEstimate
-from ident import spatial
 
 METHODS = ("difference", "torque", "global")
+OPTIONS = ("trajectory", "cutoff_hz", "decimate", "slow_velocity", "gains", "base")   # identify(**options)
 RANK_TOL = 1e-7          # singular values of the column-normalised stacked regressor below this (relative to the
                          # largest) are directions the data do not determine
 COEFFICIENT_TOL = 1e-6   # combination coefficients below this are zeros (the basis is orthonormal: entries O(1))
@@ -375,6 +375,9 @@ def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path 
         raise PayloadError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
     if consistent and method != "global":
         raise PayloadError(f"consistent: the constrained fit is offered for the global method, not {method!r}")
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise PayloadError(f"unknown option {unknown[0]!r}: expected some of {', '.join(OPTIONS)}")
     started = time.perf_counter()
     runs = prepare_runs(model, loaded, unloaded, same_instants=(method == "torque"), **options)
     if method == "torque":
