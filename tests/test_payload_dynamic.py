@@ -60,6 +60,14 @@ def _pin_runs(chi_load: np.ndarray, traj: excitation.FourierTrajectory, seconds:
 CHI = payload_parameters(2.5, (0.012, -0.008, 0.07), (0.011, 4e-4, -3e-4, 0.013, 5e-4, 0.004))
 
 
+WRIST_PAYLOAD = (3.0, (0.0, 0.0, 0.05), (0.01, 0.0, 0.0, 0.01, 0.0, 0.003))   # the heaviest, for the limits
+
+
+@pytest.fixture(scope="module")
+def wrist_plan():
+    return plan(load_model("generic6"), "wrist", payload=WRIST_PAYLOAD, max_iter=15)
+
+
 @pytest.fixture(scope="module")
 def pin_runs():
     return _pin_runs(CHI, excitation.preset("seed000"))
@@ -74,6 +82,16 @@ def test_noise_free_runs_recover_every_payload_parameter_exactly(pin_runs, metho
     assert est.consistent and est.consistency == "" and est.combinations == []
     assert np.all(est.sigma < 1e-6) and np.all(np.isfinite(est.sigma))
     np.testing.assert_allclose(est.com, CHI[6:9] / CHI[9], atol=1e-6)
+
+
+def test_runs_read_from_npz_files_give_the_same_estimate(pin_runs, tmp_path):
+    model, unloaded, loaded = pin_runs
+    traj = excitation.preset("seed000")
+    files = dynamic.identify(model, _npz(tmp_path / "l.npz", loaded), _npz(tmp_path / "u.npz", unloaded), "torque",
+                             trajectory=traj)
+    arrays = dynamic.identify(model, loaded, unloaded, "torque", trajectory=traj)
+    np.testing.assert_array_equal(files.chi, arrays.chi)
+    assert files.samples == arrays.samples > 100
 
 
 def test_the_consistent_global_fit_is_exact_on_noise_free_runs(pin_runs):
@@ -121,14 +139,13 @@ def test_partial_estimates_are_consistent_only_if_some_body_matches_them():
     assert dynamic.physical_consistency(only_zz, [Combination("XX - YY", c, 0.0005, 0.0)]) == (True, "")
 
 
-def test_wrist_only_runs_identify_exactly_what_the_wrist_torques_determine():
+def test_wrist_only_runs_identify_exactly_what_the_wrist_torques_determine(wrist_plan):
     """Only the wrist moves, so only the wrist joints' rows count (the others are slow rows): one payload
     direction is invisible. The estimate names the combinations it does determine, each exact, and none
     of them sees the invisible direction (the null space of the wrist rows of the payload regressor,
     computed here by scipy)."""
-    model = load_model("generic6")
-    traj = plan(model, "wrist", max_iter=15)
-    t = np.arange(int(traj.period * RATE)) / RATE
+    model, traj = load_model("generic6"), wrist_plan
+    t = np.arange(int(0.5 * traj.period * RATE)) / RATE
     q, qd, qdd = traj.evaluate(t)
     tau_u = dynamics.rnea(model, q, qd, qdd)
     tau_l = dynamics.rnea(dynamics.merge_payload(model, CHI), q, qd, qdd)
@@ -160,16 +177,14 @@ def test_wrist_only_runs_identify_exactly_what_the_wrist_torques_determine():
                                atol=1e-6)
 
 
-def test_the_wrist_plan_moves_only_the_wrist_and_keeps_the_limits_with_the_payload():
-    model = load_model("generic6")
-    payload = (3.0, (0.0, 0.0, 0.05), (0.01, 0.0, 0.0, 0.01, 0.0, 0.003))
-    traj = plan(model, "wrist", payload=payload, max_iter=15)
+def test_the_wrist_plan_moves_only_the_wrist_and_keeps_the_limits_with_the_payload(wrist_plan):
+    model, traj, payload = load_model("generic6"), wrist_plan, WRIST_PAYLOAD
     assert np.all(traj.a[:3] == 0) and np.all(traj.b[:3] == 0) and np.abs(traj.a[3:]).max() > 0.1
     assert excitation.at_rest(traj)
     excitation.check(dynamics.merge_payload(model, payload_parameters(*payload)), traj)
     assert traj.info["cond"] < traj.info["start_cond"]
     assert traj.info["identifiable_combinations"] == 9
-    full = plan(model, "all", max_iter=15)
+    full = dynamic.plan(model, "all", max_iter=15)        # the entry `armid payload plan` calls
     assert np.abs(full.a).max(axis=1).min() > 0 and full.info["identifiable_combinations"] == 10
     Y = dynamics.regressor(model, *full.evaluate(np.linspace(0, full.period, 120, endpoint=False))) @ payload_columns(model)
     s = np.linalg.svd(Y.reshape(-1, 10), compute_uv=False)

@@ -141,7 +141,7 @@ class Identifiable:
 
 def identifiable(A: np.ndarray, payload: slice) -> Identifiable:
     """The identifiable directions of x from rows A (rows, p) with A x = y; `payload` selects the payload's
-    10 columns. Raises PayloadError when there are fewer rows than parameters."""
+    10 columns. Raises PayloadError when A determines nothing (no joint moves)."""
     scale = np.linalg.norm(A, axis=0)
     scale = np.where(scale > 0, scale, 1.0)
     _, s, Vt = np.linalg.svd(A / scale, full_matrices=A.shape[0] < A.shape[1])
@@ -365,6 +365,14 @@ def _consistent_global(est: PayloadEstimate, ident: Identifiable, fit: estimate.
                            combinations=combos, consistent=ok, consistency=why, notes=notes)
 
 
+def plan(model: Model, joints: str = "wrist", **options) -> FourierTrajectory:
+    """The payload excitation, ident.payload.excitation.plan: the Fourier design with the payload
+    regressor's condition number as its criterion, moving the "wrist" joints only or "all" joints."""
+    from ident.payload.excitation import plan as payload_plan   # it uses `identifiable` of this module
+
+    return payload_plan(model, joints, **options)
+
+
 def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path | Recording,
              method: str = "global", *, consistent: bool = False, **options) -> PayloadEstimate:
     """The payload (flange frame) from a loaded and an unloaded run of the same excitation, by `method`
@@ -379,7 +387,7 @@ def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path 
     if unknown:
         raise PayloadError(f"unknown option {unknown[0]!r}: expected some of {', '.join(OPTIONS)}")
     started = time.perf_counter()
-    runs = prepare_runs(model, loaded, unloaded, same_instants=(method == "torque"), **options)
+    runs = prepare_runs(model, loaded, unloaded, same_instants=method == "torque", **options)
     if method == "torque":
         est = torque_method(runs)
     elif method == "global":
