@@ -21,7 +21,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))        # payload_table when imported from elsewhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # payload_table when imported from elsewhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's ident and sim
 from payload_table import Row  # noqa: E402
 
 from ident import spatial  # noqa: E402

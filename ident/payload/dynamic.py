@@ -34,7 +34,6 @@ import scipy.linalg
 from ident import batch, dynamics, estimate, spatial
 from ident.base_params import BaseParameters, _linear_text, base_parameters, clean_coefficients
 from ident.consistent import _link_map
-from ident.drive_gains import SCALE_NOTE_NOMINAL
 from ident.errors import InputError
 from ident.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import PARAMS_PER_JOINT, Model
@@ -48,6 +47,8 @@ RANK_TOL = 1e-7          # singular values of the column-normalised stacked regr
 COEFFICIENT_TOL = 1e-6   # combination coefficients below this are zeros (the basis is orthonormal: entries O(1))
 SAME_TIME_TOL = 1e-6     # s: the torque method pairs samples whose times agree within this
 CONSISTENT_LAMBDA = 1e-6  # weight of the pull of unidentified directions toward the least-squares estimate
+SCALE_NOTE = ("currents converted into torques with the model's nominal drive gains (gear_ratio * torque_constant): "
+              "an error in a gain scales that joint's torques, and so biases the payload")
 
 
 class PayloadError(InputError):
@@ -60,7 +61,8 @@ class PayloadError(InputError):
 @dataclass(frozen=True, eq=False)
 class Runs:
     """Both runs reduced to fit rows (ident.batch.Rows, with the payload regressor), their torques (N', n)
-    N m, and the arm's base parameters. gains (n,) N m/A turned currents into torques (None for torques)."""
+    N m, and the arm's base parameters. gains (n,) N m/A turned currents into torques (None for torques);
+    notes: what the estimates should say about the data (e.g. nominal drive gains)."""
 
     unloaded: batch.Rows
     loaded: batch.Rows
@@ -68,6 +70,7 @@ class Runs:
     tau_loaded: np.ndarray
     base: BaseParameters
     gains: np.ndarray | None
+    notes: tuple[str, ...] = ()
 
 
 def prepare_runs(model: Model, loaded: str | Path | Recording, unloaded: str | Path | Recording, *,
@@ -91,8 +94,9 @@ def prepare_runs(model: Model, loaded: str | Path | Recording, unloaded: str | P
         raise PayloadError(f"{rec_l.source}: {rec_l.N} samples from t = {rec_l.t[0]:.4f} s, the unloaded run "
                            f"{rec_u.source} {rec_u.N} from t = {rec_u.t[0]:.4f} s: the torque method subtracts "
                            "the runs sample by sample, record the same trajectory at the same instants")
+    notes = ()
     if gains is None and rec_u.kind == "current":
-        gains = model.joint_torque_per_amp()
+        gains, notes = model.joint_torque_per_amp(), (SCALE_NOTE,)
     if gains is not None:
         gains = np.asarray(gains, dtype=float)
         if gains.shape != (model.n,) or not (np.isfinite(gains).all() and (gains > 0).all()):
@@ -113,7 +117,7 @@ def prepare_runs(model: Model, loaded: str | Path | Recording, unloaded: str | P
     rows_u = batch.recording_rows(model, base, rec_u, **opts)
     rows_l = batch.recording_rows(model, base, rec_l, **opts)
     torque = (lambda r: r.in_torque(gains)) if gains is not None else (lambda r: r.y)
-    return Runs(rows_u, rows_l, torque(rows_u), torque(rows_l), base, gains)
+    return Runs(rows_u, rows_l, torque(rows_u), torque(rows_l), base, gains, notes)
 
 
 def _load(data, model: Model, role: str) -> Recording:
@@ -241,10 +245,6 @@ def _estimate(method: str, chi_min: np.ndarray, cov: np.ndarray, payload_basis: 
                            consistent=ok, consistency=why, notes=list(notes))
 
 
-def _notes(runs: Runs) -> list[str]:
-    return [SCALE_NOTE_NOMINAL] if runs.gains is not None else []
-
-
 # ---------------------------------------------------------------------------------------------------
 # The methods
 
@@ -276,7 +276,7 @@ def torque_method(runs: Runs) -> PayloadEstimate:
     if u.t.shape != l.t.shape:
         raise PayloadError(f"{l.source}: {len(l.t)} rows, the unloaded run {len(u.t)}: the runs do not pair up")
     mask = u.mask & l.mask
-    return _time_series("torque", l.Yl, runs.tau_loaded - runs.tau_unloaded, mask, len(l.t), _notes(runs))[0]
+    return _time_series("torque", l.Yl, runs.tau_loaded - runs.tau_unloaded, mask, len(l.t), list(runs.notes))[0]
 
 
 def _global_system(runs: Runs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -294,7 +294,7 @@ def global_method(runs: Runs, *, consistent: bool = False) -> PayloadEstimate:
     """Seed 000 eqs. 22-23: one WLS over both runs for [beta; chi_load]. consistent: the payload part
     constrained to a real body (pseudo-inertia PSD, mass >= 0), the arm's base parameters free."""
     A, y, mask = _global_system(runs)
-    est, ident, fit = _time_series("global", A, y, mask, len(y), _notes(runs))
+    est, ident, fit = _time_series("global", A, y, mask, len(y), list(runs.notes))
     if not consistent:
         return est
     return _consistent_global(est, ident, fit, runs.base.count)
@@ -324,7 +324,7 @@ def difference_method(runs: Runs, model: Model) -> PayloadEstimate:
     theta = scipy.linalg.solve_triangular(R, Q.T @ y)
     Rinv = scipy.linalg.solve_triangular(R, np.eye(R.shape[0]))
     x, cov_x = ident.T @ theta, ident.T @ (Rinv @ Rinv.T) @ ident.T.T
-    notes = _notes(runs) + [f"base parameters the payload enters: {', '.join(runs.base.names[k] for k in entered)}"]
+    notes = list(runs.notes) + [f"base parameters the payload enters: {', '.join(runs.base.names[k] for k in entered)}"]
     return _estimate("difference", x, cov_x, ident.payload, len(runs.unloaded.t) + len(runs.loaded.t), notes)
 
 
