@@ -309,8 +309,12 @@ class _Problem:
         self.chi = model.standard_parameters()
         self.limited = np.isfinite(model.tau_max)                               # joints with a torque limit
         moving = np.arange(model.n) if moving is None else np.asarray(moving, dtype=int)
-        # the free coordinates: those of the moving joints (z index j * k + c); the others stay at the pose
+        # the free coordinates: those of the moving joints (z index j * k + c); the others stay at the pose,
+        # with the constant motion q = pose as their particular solution
         self.free = (moving[:, None] * self.k + np.arange(self.k)[None, :]).ravel()
+        held = np.setdiff1d(np.arange(model.n), moving)
+        self.X_p[:, held] = 0.0
+        self.X_p[0, held] = pose[held]
         self._cache_key: bytes | None = None
 
     @property

@@ -16,7 +16,8 @@ from ident.errors import InputError
 from ident.model import load_model
 from ident.payload import PARAMETER_NAMES, dynamic, payload_parameters
 from ident.payload.result import Combination
-from ident.payload.excitation import moving_joints, payload_columns, plan
+from ident.base_params import base_parameters
+from ident.payload.excitation import moving_joints, payload_columns, payload_criterion, plan
 from ident.preprocess import Recording
 
 pin = pytest.importorskip("pinocchio")
@@ -61,11 +62,12 @@ CHI = payload_parameters(2.5, (0.012, -0.008, 0.07), (0.011, 4e-4, -3e-4, 0.013,
 
 
 WRIST_PAYLOAD = (3.0, (0.0, 0.0, 0.05), (0.01, 0.0, 0.0, 0.01, 0.0, 0.003))   # the heaviest, for the limits
+WRIST_POSE = np.array([0.3, -0.2, 0.4, 0.0, 0.0, 0.0])
 
 
 @pytest.fixture(scope="module")
 def wrist_plan():
-    return plan(load_model("generic6"), "wrist", payload=WRIST_PAYLOAD, max_iter=15)
+    return plan(load_model("generic6"), "wrist", payload=WRIST_PAYLOAD, start_pose=WRIST_POSE, max_iter=15)
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +182,7 @@ def test_wrist_only_runs_identify_exactly_what_the_wrist_torques_determine(wrist
 def test_the_wrist_plan_moves_only_the_wrist_and_keeps_the_limits_with_the_payload(wrist_plan):
     model, traj, payload = load_model("generic6"), wrist_plan, WRIST_PAYLOAD
     assert np.all(traj.a[:3] == 0) and np.all(traj.b[:3] == 0) and np.abs(traj.a[3:]).max() > 0.1
+    np.testing.assert_array_equal(traj.q0[:3], WRIST_POSE[:3])          # the held joints stay at the start pose
     assert excitation.at_rest(traj)
     excitation.check(dynamics.merge_payload(model, payload_parameters(*payload)), traj)
     assert traj.info["cond"] < traj.info["start_cond"]
@@ -191,6 +194,35 @@ def test_the_wrist_plan_moves_only_the_wrist_and_keeps_the_limits_with_the_paylo
     assert s[0] / s[-1] == pytest.approx(full.info["cond"], rel=1e-6)   # the criterion is the payload regressor's cond
     with pytest.raises(InputError, match="joints: expected 'wrist' or 'all'"):
         plan(model, "elbow")
+
+
+def test_payload_design_gradients_are_exact_with_only_the_wrist_free():
+    """The payload criterion and the held joints go through the design's chain rule: its gradients against
+    a fourth-order central difference (h = 1e-4), off the rest samples where sign(qd) jumps."""
+    model = load_model("generic6")
+    wrist = moving_joints(model, "wrist")
+    pose = WRIST_POSE
+    target = payload_criterion(model, wrist, pose)
+    p = excitation._Problem(model, base_parameters(model), 0.2, 3, pose, "cond", None, 24, target, wrist)
+    p.t = p.t + 0.0137
+    p.B = excitation.basis(p.t, 0.2, 3)
+    p.BN = [Bx @ p.Nul for Bx in p.B]
+    assert p.size == 3 * p.k
+    z = np.random.default_rng(0).uniform(-0.3, 0.3, p.size)
+    g, J = p.objective_grad(z).copy(), p.nonlinear_jac(z).copy()
+    h = 1e-4
+    for i in range(p.size):
+        e = np.zeros(p.size)
+        e[i] = h
+        f = {k: p.objective(z + k * e) for k in (-2, -1, 1, 2)}
+        c = {k: p.nonlinear(z + k * e).copy() for k in (-2, -1, 1, 2)}
+        fd = (8 * (f[1] - f[-1]) - (f[2] - f[-2])) / (12 * h)
+        fd_c = (8 * (c[1] - c[-1]) - (c[2] - c[-2])) / (12 * h)
+        assert g[i] == pytest.approx(fd, rel=1e-5, abs=1e-7 * np.abs(g).max())
+        np.testing.assert_allclose(J[:, i], fd_c, atol=1e-7 * np.abs(J).max())
+    q = p.motion(z)[0]
+    np.testing.assert_allclose(q[:, :3], np.broadcast_to(pose[:3], q[:, :3].shape), atol=1e-12)   # held at the pose
+    assert np.ptp(q[:, 3:], axis=0).min() > 0
 
 
 def test_seed000_scenario_global_mass_error_within_the_seeds(tmp_path):
