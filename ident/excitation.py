@@ -239,6 +239,36 @@ def stacked_base_regressor(model: Model, base: BaseParameters, traj: FourierTraj
     return base.regressor(dynamics.regressor(model, q, qd, qdd)).reshape(-1, base.count)
 
 
+@dataclass(frozen=True, eq=False)
+class Criterion:
+    """The regressor a design scores: Y @ columns (columns (14n, c), Y the standard regressor (..., n, 14n)),
+    with only the rows of the joints in `rows` (default all). The base regressor is Y[..., base.indices]
+    (base_columns); a payload regressor is Y @ (its map into the last link's parameters)."""
+
+    columns: np.ndarray
+    rows: np.ndarray | None = None
+
+    def regressor(self, Y: np.ndarray) -> np.ndarray:
+        """(..., n, c) from the standard regressor Y (..., n, 14n); rows outside `rows` are zero."""
+        W = Y @ self.columns
+        if self.rows is not None:
+            dropped = np.setdiff1d(np.arange(W.shape[-2]), self.rows)
+            W[..., dropped, :] = 0.0
+        return W
+
+    def stacked(self, model: Model, traj: FourierTrajectory, samples: int = GRID_PER_PERIOD) -> np.ndarray:
+        """The criterion's regressor (samples*n, c) over one period."""
+        t = np.arange(samples) * (traj.period / samples)
+        return self.regressor(dynamics.regressor(model, *traj.evaluate(t))).reshape(-1, self.columns.shape[1])
+
+
+def base_columns(model: Model, base: BaseParameters) -> np.ndarray:
+    """(14n, b) selection matrix of the base columns: Y @ base_columns(...) == base.regressor(Y)."""
+    S = np.zeros((PARAMS_PER_JOINT * model.n, base.count))
+    S[base.indices, np.arange(base.count)] = 1.0
+    return S
+
+
 def criteria(W: np.ndarray) -> dict[str, float]:
     """cond(W) and log det(W^T W) of a stacked regressor, from the eigenvalues of W^T W (the squared
     singular values; exact enough for cond up to 1e6, and far cheaper than an SVD of the tall W)."""
@@ -265,8 +295,9 @@ class _Problem:
     and the chain rule through the Fourier basis gives d/dz."""
 
     def __init__(self, model: Model, base: BaseParameters, f0: float, H: int, pose: np.ndarray, criterion: str,
-                 floor_z: float | None, grid: int):
+                 floor_z: float | None, grid: int, target: Criterion | None = None, moving: np.ndarray | None = None):
         self.model, self.base, self.criterion, self.floor_z = model, base, criterion, floor_z
+        self.target = target or Criterion(base_columns(model, base))
         self.f0, self.H, self.pose = f0, H, pose
         E = _rest_constraints(f0, H)
         self.Nul = scipy.linalg.null_space(E)                                   # (2H+1, k)
@@ -277,14 +308,26 @@ class _Problem:
         self.k = self.Nul.shape[1]
         self.chi = model.standard_parameters()
         self.limited = np.isfinite(model.tau_max)                               # joints with a torque limit
+        moving = np.arange(model.n) if moving is None else np.asarray(moving, dtype=int)
+        # the free coordinates: those of the moving joints (z index j * k + c); the others stay at the pose,
+        # with the constant motion q = pose as their particular solution
+        self.free = (moving[:, None] * self.k + np.arange(self.k)[None, :]).ravel()
+        held = np.setdiff1d(np.arange(model.n), moving)
+        self.X_p[:, held] = 0.0
+        self.X_p[0, held] = pose[held]
         self._cache_key: bytes | None = None
 
     @property
     def size(self) -> int:
-        return self.k * self.model.n
+        return len(self.free)
+
+    def _full(self, z: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.k * self.model.n)
+        out[self.free] = z
+        return out
 
     def coefficients(self, z: np.ndarray) -> np.ndarray:
-        return self.X_p + self.Nul @ z.reshape(self.k, self.model.n, order="F")
+        return self.X_p + self.Nul @ self._full(z).reshape(self.k, self.model.n, order="F")
 
     def trajectory(self, z: np.ndarray, info: dict | None = None) -> FourierTrajectory:
         X, H = self.coefficients(z), self.H
@@ -300,7 +343,8 @@ class _Problem:
         summed over the samples (a scalar's gradient, (size,)) or per sample ((K, ..., size))."""
         spec = "jk...,kc->k...jc" if per_sample else "jk,kc->jc"
         out = sum(np.einsum(spec, d, BN) for d, BN in zip((dq, dqd, dqdd), self.BN))
-        return out.reshape(out.shape[:-2] + (self.size,))                     # z index j * k + c
+        out = out.reshape(out.shape[:-2] + (self.k * self.model.n,))          # z index j * k + c
+        return out[..., self.free]
 
     def _evaluate(self, z: np.ndarray) -> None:
         """Objective, torques, floor heights and their gradients at z, cached for SLSQP's separate calls."""
@@ -330,7 +374,7 @@ class _Problem:
         D[1][:, :, :, coulomb] = 0.0
         D[1][joints, :, joints, coulomb] = ((1 - sign[0] ** 2) / SIGN_SMOOTHING).T
         # objective from the eigenvalues of the Gram matrix G = W^T W (s_i^2): d lambda_i = 2 <W v_i v_i^T, dW>
-        W = self.base.regressor(Y[0]).reshape(K * n, -1)
+        W = self.target.regressor(Y[0]).reshape(K * n, -1)
         lam, V = np.linalg.eigh(W.T @ W)
         lam = np.maximum(lam, 1e-300)
         if self.criterion == "cond":
@@ -340,8 +384,7 @@ class _Problem:
             self.f = float(-0.5 * np.sum(np.log(lam)) / len(lam))
             M = -(W @ (V / lam) @ V.T) / len(lam)
         M = M.reshape(K, n, -1)
-        idx = self.base.indices
-        self.grad = self._chain_rule(*(np.einsum("jkib,kib->jk", d[..., idx], M) for d in D), False)
+        self.grad = self._chain_rule(*(np.einsum("jkib,kib->jk", self.target.regressor(d), M) for d in D), False)
         # torque at every grid sample and its Jacobian (n_i * K rows)
         self.tau = Y[0] @ self.chi
         self.tau_jac = self._chain_rule(*(d @ self.chi for d in D), True)     # (K, n_i, size)
@@ -388,12 +431,15 @@ class _Problem:
                                    (self.B[2], self.BN[2], -SAFETY * m.qdd_max[j], SAFETY * m.qdd_max[j])):
                 if not (math.isfinite(lo) and math.isfinite(hi)):
                     continue
-                block = np.zeros((K, self.size))
+                block = np.zeros((K, self.k * m.n))
                 block[:, cols] = BN
+                block = block[:, self.free]
                 offset = Bx @ self.X_p[:, j]
                 rows += [block, -block]
                 rhs += [hi - offset, offset - lo]
-        return np.vstack(rows), np.concatenate(rhs)
+        A, c = np.vstack(rows), np.concatenate(rhs)
+        live = np.abs(A).max(axis=1) > 0        # a joint that does not move only adds the rows 0 <= slack
+        return A[live], c[live]
 
 
 def _initial_point(p: _Problem, rng: np.random.Generator, A: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -419,11 +465,21 @@ def _fit_to_limits(model: Model, p: _Problem, z: np.ndarray, floor_z: float | No
     return z
 
 
+def start_pose_or_mid_range(model: Model, start_pose=None) -> np.ndarray:
+    """start_pose (n,) rad checked, or by default the middle of each joint's range (0 where unbounded)."""
+    finite = np.isfinite(model.q_min) & np.isfinite(model.q_max)
+    mid = np.where(finite, (np.where(finite, model.q_min, 0) + np.where(finite, model.q_max, 0)) / 2, 0.0)
+    pose = mid if start_pose is None else np.asarray(start_pose, dtype=float)
+    if pose.shape != (model.n,) or not np.isfinite(pose).all():
+        raise InputError(f"start_pose: expected {model.n} finite joint values (rad), got {np.shape(start_pose)}")
+    return pose
+
+
 def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, start_pose=None,
            criterion: str = "cond", floor_z: float | None = None, seed: int = 0, max_iter: int = 200,
            restarts: int = 1, grid: int = GRID_PER_PERIOD, check_rate_hz: float = 1000.0,
            base: BaseParameters | None = None, exact_gradients: bool = True,
-           progress: bool = False) -> FourierTrajectory:
+           progress: bool = False, target: Criterion | None = None, moving=None) -> FourierTrajectory:
     """Optimal excitation (seed 000 eq. 15): minimise cond() (criterion="cond") or maximise log det
     (criterion="logdet", D-optimal) of the base regressor over one period sampled at `grid` points, with
     scipy's SLSQP from `restarts` random feasible starts drawn from `seed`. The motion starts and ends at
@@ -432,6 +488,9 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
     floor_z (m), keeps the flange origin above that plane. base_frequency in Hz. base: the model's base
     parameters if already computed. exact_gradients=False lets SLSQP take finite differences instead of
     the chain-rule gradients (slower; kept for comparison in benchmarks/bench_excitation.py).
+    target: the regressor whose cond / log det is the criterion (default: the base regressor; e.g. the
+    payload regressor, ident.payload.excitation). moving: indices of the joints that move (default all);
+    the others stay at start_pose.
 
     info of the result: model, criterion, cond and logdet of the result and of the best random start (both on
     GRID_PER_PERIOD samples, whatever the search grid), seed, restarts, start_pose, floor_z.
@@ -446,16 +505,16 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
         raise InputError(f"base_frequency: expected a positive number in Hz, got {base_frequency}")
     if restarts < 1 or max_iter < 0 or grid < 4:
         raise InputError(f"restarts >= 1, max_iter >= 0 and grid >= 4 expected, got {restarts}, {max_iter}, {grid}")
-    finite = np.isfinite(model.q_min) & np.isfinite(model.q_max)
-    mid = np.where(finite, (np.where(finite, model.q_min, 0) + np.where(finite, model.q_max, 0)) / 2, 0.0)
-    pose = mid if start_pose is None else np.asarray(start_pose, dtype=float)
-    if pose.shape != (model.n,) or not np.isfinite(pose).all():
-        raise InputError(f"start_pose: expected {model.n} finite joint values (rad), got {np.shape(start_pose)}")
+    pose = start_pose_or_mid_range(model, start_pose)
     zero = np.zeros((1, model.n))
     check_motion(model, [0.0], pose[None, :], zero, zero, floor_z=floor_z)
 
     base = base_parameters(model) if base is None else base
-    p = _Problem(model, base, float(base_frequency), int(harmonics), pose, criterion, floor_z, grid)
+    if moving is not None:
+        moving = np.unique(np.asarray(moving, dtype=int))
+        if moving.size == 0 or moving.min() < 0 or moving.max() >= model.n:
+            raise InputError(f"moving: expected joint indices 0..{model.n - 1}, got {moving.tolist()}")
+    p = _Problem(model, base, float(base_frequency), int(harmonics), pose, criterion, floor_z, grid, target, moving)
     A, c = p.linear_constraints()
     rng = np.random.default_rng(seed)
     constraints = [{"type": "ineq", "fun": lambda z: c - A @ z, "jac": lambda z: -A},
@@ -474,8 +533,8 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
             if feasible and (best is None or res.fun < best.fun):
                 best = res
     z = _fit_to_limits(model, p, best.x if best is not None else start, floor_z, check_rate_hz)
-    scores = criteria(stacked_base_regressor(model, base, p.trajectory(z)))
-    initial = criteria(stacked_base_regressor(model, base, p.trajectory(start)))
+    scores = criteria(p.target.stacked(model, p.trajectory(z)))
+    initial = criteria(p.target.stacked(model, p.trajectory(start)))
     return p.trajectory(z, {"model": model.name, "criterion": criterion, "cond": scores["cond"], "logdet": scores["logdet"], "start_cond": initial["cond"],
                             "start_logdet": initial["logdet"], "seed": seed, "restarts": restarts,
                             "start_pose": pose.tolist(), "floor_z": floor_z})

@@ -20,7 +20,7 @@ import numpy as np
 
 from ident.errors import InputError
 
-LEAD_IN = 2.0              # s of smooth ramp from rest into the periodic motion (and out of it to rest)
+LEAD_IN = 2.0              # s of smooth ramp from rest into the motion and out of it (sim.recording.LEAD_IN)
 SAMPLE_RATE_HZ = 100.0     # Hz of the samples sent with run_trajectory (the driver splines them to its rate)
 DEFAULT_CURRENT_NOISE = 0.01   # A, standard deviation of the simulated current sensors (--in-process)
 PAYLOAD_MASS = 2.0             # kg, the known payload of the --currents demo's second run
@@ -60,73 +60,25 @@ def register(sub) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# the simulated recording
-
-def smooth_ramp(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Smootherstep s(x) = 6x^5 - 15x^4 + 10x^3 on [0, 1] and its first two derivatives (s', s'' zero at
-    both ends), clipped outside."""
-    x = np.clip(x, 0.0, 1.0)
-    return (x ** 3 * (10 - 15 * x + 6 * x * x), 30 * x * x * (1 - x) ** 2, 60 * x * (1 - x) * (1 - 2 * x))
-
+# the simulated recording (sim.recording, imported when needed: it loads the simulator)
 
 def reference(traj, t: np.ndarray, *, end: float | None = None) -> np.ndarray:
-    """Position set-points (N, n) rad at times t (s): the trajectory for t >= 0, and for -LEAD_IN <= t < 0 a
-    smooth blend from rest at its mean pose q0 into the motion (velocity and acceleration continuous).
-    With end (s): for end < t <= end + LEAD_IN the same blend back to rest at q0."""
-    q = traj.evaluate(t)[0]
-    s = smooth_ramp((t + LEAD_IN) / LEAD_IN)[0]
-    if end is not None:
-        s = s * smooth_ramp((end + LEAD_IN - t) / LEAD_IN)[0]
-    return traj.q0 + s[:, None] * (q - traj.q0)
+    """sim.recording.reference: the set-points (N, n) rad at t (s), blended in from rest over LEAD_IN s and,
+    with end (s), back out to rest after it."""
+    from sim import recording
+
+    return recording.reference(traj, t, end=end)
 
 
 def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float = DEFAULT_CURRENT_NOISE,
              currents: bool = False, payload_mass: float | None = None, progress: bool = False):
-    """Run the excitation on sim.Simulator (CSP, 1 kHz, encoder quantisation, current noise) and return the
-    recording of t >= 0: a Recording with t (s), q (rad, encoder), and tau (N m, the drives' torque reading)
-    or, with currents, the motor currents (A). payload_mass (kg): a payload fixed to the flange (centre of
-    mass PAYLOAD_COM, inertia PAYLOAD_INERTIA). Raises RuntimeError if the drives do not enable or one
-    of them faults."""
-    from firmware_bridge import cia402
-    from firmware_bridge.cia402 import Mode, State
-    from ident.preprocess import Recording
-    from sim import NoiseConfig, Simulator
+    """sim.recording.simulate with the demo's payload: payload_mass (kg) fixed to the flange with its centre
+    of mass at PAYLOAD_COM and inertia PAYLOAD_INERTIA, or None."""
+    from sim import recording
 
-    rate = 1000.0
-    n = model.n
-    lead = int(round(LEAD_IN * rate))
-    count = int(round(seconds * rate))
-    t_all = (np.arange(-lead, count) + 1) / rate                  # the set-point for the sample at the cycle's end
-    q_ref = reference(traj, t_all)
-    sim = Simulator(model, noise=NoiseConfig(current_std=current_noise), seed=seed, q0=q_ref[0])
-    if payload_mass is not None:
-        sim.attach_payload(payload_mass, PAYLOAD_COM, PAYLOAD_INERTIA)
-    sim.set_commands(mode=np.full(n, int(Mode.CSP)), target_position=q_ref[0],
-                     controlword=np.full(n, cia402.CW_SHUTDOWN))
-    sim.step(1)
-    sim.set_commands(controlword=np.full(n, cia402.CW_ENABLE_OPERATION))
-    sim.step(2)
-    if any(s != State.OPERATION_ENABLED for s in sim.read_state().states()):
-        raise RuntimeError(f"drives did not enable: {sim.read_state().states()}")
-    t = np.empty(count)
-    q = np.empty((count, n))
-    tau = np.empty((count, n))
-    bar = _bar(len(t_all), progress, "simulate 1 kHz")
-    for k in range(len(t_all)):
-        sim.set_commands(target_position=q_ref[k])
-        s = sim.step(1)
-        if k >= lead:
-            i = k - lead
-            t[i], q[i], tau[i] = i / rate, s.position, (s.current if currents else s.torque)
-        if k % 1000 == 999:
-            bar.update(1000)
-            if np.any(s.error_code):
-                j = int(np.flatnonzero(s.error_code)[0])
-                raise RuntimeError(f"joint {j + 1}: drive fault 0x{int(s.error_code[j]):04X} at t = {t_all[k]:.3f} s")
-    bar.close()
-    if currents:
-        return Recording(t, q, None, tau, None, "simulated run")
-    return Recording(t, q, tau, None, None, "simulated run")
+    payload = None if payload_mass is None else (payload_mass, PAYLOAD_COM, PAYLOAD_INERTIA)
+    return recording.simulate(model, traj, seconds, seed=seed, current_noise=current_noise, currents=currents,
+                              payload=payload, progress=progress)
 
 
 def _bar(total: int, enabled: bool, desc: str, unit: str = "cycle"):

@@ -47,6 +47,10 @@ def register(sub) -> None:
     ident.add_argument("--loaded", required=True, metavar="A", help="the run with the payload")
     ident.add_argument("--unloaded", required=True, metavar="B", help="the same motion without it")
     ident.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model")
+    ident.add_argument("--trajectory", metavar="T",
+                       help="dynamic methods: the runs' excitation file or preset (sets the filter bandwidth)")
+    ident.add_argument("--consistent", action="store_true",
+                       help="global method: constrain the payload to a body that can exist")
     ident.add_argument("--out", "-o", default="armid-payload", metavar="DIR", help="output directory")
     ident.add_argument("--quiet", action="store_true", help="no progress on stderr")
     ident.set_defaults(run=_identify)
@@ -108,12 +112,14 @@ def load_run(path: str, n: int):
     return rec
 
 
-def estimate(model, method: str, loaded, unloaded):
-    """PayloadEstimates of one method (or of the three dynamic methods for 'dynamic')."""
+def estimate(model, method: str, loaded, unloaded, *, trajectory=None, consistent: bool = False):
+    """PayloadEstimates of one method (or of the three dynamic methods for 'dynamic'). trajectory: the
+    dynamic runs' FourierTrajectory; consistent: the global method constrained to a real body."""
     if method in DYNAMIC or method == "dynamic":
         from ident.payload import dynamic
 
-        return [dynamic.identify(model, loaded, unloaded, method=m)
+        options = {} if trajectory is None else {"trajectory": trajectory}
+        return [dynamic.identify(model, loaded, unloaded, method=m, consistent=consistent and m == "global", **options)
                 for m in (DYNAMIC if method == "dynamic" else (method,))]
     if method == "torque-balance":
         from ident.payload import balance
@@ -145,7 +151,12 @@ def _identify(args: argparse.Namespace) -> int:
         print(f"reading {args.loaded} and {args.unloaded}", file=sys.stderr)
     loaded, unloaded = load_run(args.loaded, model.n), load_run(args.unloaded, model.n)
     t0 = time.perf_counter()
-    estimates = estimate(model, args.method, loaded, unloaded)
+    trajectory = None
+    if args.trajectory:
+        from armid.commands.identify import load_trajectory
+
+        trajectory = load_trajectory(args.trajectory)
+    estimates = estimate(model, args.method, loaded, unloaded, trajectory=trajectory, consistent=args.consistent)
     if not args.quiet:
         print(f"identified in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
     print_table(estimates)
