@@ -36,6 +36,8 @@ from ident.payload import payload_parameters
 
 HEALTH_PERIOD_S = 1.0
 POLL_MS = 50
+_SEND = int(zmq.NOBLOCK)                    # plain ints: no enum arithmetic per message
+_SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
 class EndpointError(InputError):
@@ -187,8 +189,11 @@ class Driver:
 
     # -- used by the cycle and the commands ----------------------------------------------------------
     def _publish(self, topic: bytes, payload) -> None:
+        # two plain sends: send_multipart's per-call checks cost more than the 258-byte copy
+        pub = self._pub
         try:
-            self._pub.send_multipart((topic, payload), flags=zmq.NOBLOCK, copy=True)
+            pub.send(topic, _SEND_MORE)
+            pub.send(payload, _SEND)
         except zmq.Again:
             pass   # PUB never blocks the cycle; slow subscribers lose messages (seq gaps show it)
 
