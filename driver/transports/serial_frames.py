@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 
 import numba
 import numpy as np
@@ -110,39 +111,42 @@ class FrameSplitter:
         self._buf = bytearray()
         self._passing = False      # an overlong chunk is being handed to the decoder up to its delimiter
 
-    def feed(self, data: bytes) -> list[tuple[str, object]]:
-        """Add bytes; return what they completed, in order: (STATE, seq) or (MESSAGE, message)."""
-        out: list[tuple[str, object]] = []
+    def feed(self, data: bytes) -> Iterator[tuple[str, object]]:
+        """Add bytes; yield what they completed, in order: (STATE, seq) or (MESSAGE, message). A generator:
+        `state` holds a STATE's values until the next item is asked for."""
         if not data:
-            return out
+            return
         if self._passing:             # the rest of an overlong chunk: the decoder discards it
             end = data.find(b"\0")
             if end < 0:
                 self.decoder.feed(data)
-                return out
-            self._pass(data[:end + 1], out)
+                return
+            yield from self._pass(data[:end + 1])
             self._passing = False
             data = data[end + 1:]
         self._buf += data
         *chunks, rest = self._buf.split(b"\0")
+        if len(rest) > self.decoder.max_encoded:
+            self._passing = True          # the decoder counts the overflow and skips to a delimiter
+        else:
+            self._buf = bytearray(rest)
+        if self._passing:
+            self._buf = bytearray()
         for chunk in chunks:
             if not chunk:
                 continue
             seq = self._state(chunk)
             if seq >= 0:
                 self.decoder._sequence(seq)       # the decoder's own frame and sequence accounting
-                out.append((STATE, seq))
+                yield STATE, seq
             else:
-                self._pass(chunk + b"\0", out)
-        if len(rest) > self.decoder.max_encoded:
-            self._pass(rest, out)                 # the decoder counts the overflow and skips to a delimiter
-            self._passing, rest = True, b""
-        self._buf = bytearray(rest)
-        return out
+                yield from self._pass(chunk + b"\0")
+        if self._passing and rest:
+            yield from self._pass(rest)
 
-    def _pass(self, data: bytes, out: list) -> None:
+    def _pass(self, data: bytes) -> Iterator[tuple[str, object]]:
         for msg in self.decoder.feed(data):
-            out.append((MESSAGE, msg))
+            yield MESSAGE, msg
 
     def _state(self, chunk: bytes) -> int:
         """The frame's seq if chunk is a well-formed STATE for n joints (copied into `state`), else -1."""
