@@ -17,6 +17,7 @@ from driver.hal import ArmState, copy_sample
 from driver.timer import reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import State
+from waiting import wait_until
 
 # what each intent asks of a drive in each state (CiA 402 state machine, written out from the standard)
 EXPECTED = {
@@ -119,15 +120,6 @@ class PushedArm:
         return {}
 
 
-def _until(predicate, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.001)
-    return False
-
-
 def test_on_the_device_clock_every_sample_gets_its_own_cycle_and_silence_gives_stale_cycles():
     arm = PushedArm()
     sent: list[dict] = []
@@ -143,11 +135,11 @@ def test_on_the_device_clock_every_sample_gets_its_own_cycle_and_silence_gives_s
     try:
         for k in range(1, 31):
             arm.push(k * 1000)
-            assert _until(lambda: any(m["device_time_ns"] == k * 1000 and not m["flags"] & stream.FLAG_STALE
+            assert wait_until(lambda: any(m["device_time_ns"] == k * 1000 and not m["flags"] & stream.FLAG_STALE
                                       for m in sent[-5:]))
         fresh = [int(m["device_time_ns"]) for m in sent if not m["flags"] & stream.FLAG_STALE]
         assert fresh == [k * 1000 for k in range(1, 31)]            # each sample once, in order
-        assert _until(lambda: cycle.fault is not None)             # silence: stale cycles go on, the watchdog trips
+        assert wait_until(lambda: cycle.fault is not None)             # silence: stale cycles go on, the watchdog trips
         assert cycle.fault.startswith("watchdog: no new data")
         with lock:
             seqs = [int(m["seq"]) for m in sent]

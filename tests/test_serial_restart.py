@@ -4,7 +4,6 @@ HELLO), the cycle reports it as a link fault (quick stop, event), the transport 
 port, and fault_reset + enable resume."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from ident import dynamics
 from ident.model import load_model
 from sim import Simulator
 from sim.serial_device import SerialDevice
+from waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +22,6 @@ def model():
     m = load_model("generic6")
     dynamics.gravity_torques(m, np.zeros((1, m.n)))
     return m
-
-
-def _until(predicate, timeout=20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 @pytest.mark.parametrize("announce", [False, True])
@@ -45,26 +36,26 @@ def test_a_device_restart_is_reported_handshaken_again_on_the_open_port_and_reco
         arm.open()
         cycle = Cycle(arm, rate_hz=1000.0, watchdog_s=0.5, clock="device", on_event=events.append)
         cycle.start()
-        assert _until(lambda: cycle.fresh > 20)
+        assert wait_until(lambda: cycle.fresh > 20)
         cycle.submit(cycle.enable, timeout=10.0)
-        assert _until(cycle.enabled)
+        assert wait_until(cycle.enabled)
         assert dev.counters.hellos == 1
 
         dev.restart(announce=announce)
-        assert _until(lambda: cycle.fault is not None)
+        assert wait_until(lambda: cycle.fault is not None)
         assert cycle.fault.startswith(f"link: serial port {dev.path}: the device restarted (")
         assert any(e.startswith("fault: link: serial port") and "the device restarted" in e for e in events)
-        assert _until(lambda: dev.counters.hellos == 2 and arm.link_stats()["connected"])
+        assert wait_until(lambda: dev.counters.hellos == 2 and arm.link_stats()["connected"])
         stats = arm.link_stats()
         assert stats["device_restarts"] == 1 and stats["link_losses"] == 0 and stats["reconnects"] == 0
-        assert _until(lambda: not cycle.enabled())                # stopped: quick stop, then off
+        assert wait_until(lambda: not cycle.enabled())                # stopped: quick stop, then off
 
         fresh = cycle.fresh
-        assert _until(lambda: cycle.fresh > fresh + 20)           # the stream flows again
+        assert wait_until(lambda: cycle.fresh > fresh + 20)           # the stream flows again
         cycle.submit(cycle.fault_reset, timeout=10.0)
-        assert _until(lambda: cycle._reset_grace == 0 and cycle.fault is None)
+        assert wait_until(lambda: cycle._reset_grace == 0 and cycle.fault is None)
         cycle.submit(cycle.enable, timeout=10.0)
-        assert _until(cycle.enabled)
+        assert wait_until(cycle.enabled)
         assert arm.link_stats()["device_restarts"] == 1
     finally:
         if cycle is not None:
