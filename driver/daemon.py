@@ -6,9 +6,8 @@
 Threads: the cycle (the only user of the PUB socket), the command server (the only user of the REP
 socket; it plans motions, then hands them to the cycle), the health reporter (builds the health JSON
 once per second and lets the cycle publish it), and with `record` the recorder (driver.recorder.record on an
-inproc SUB of the PUB socket: the cycle only publishes, the recorder's encoding and writing never hold it
-up beyond the interpreter's switch interval, which the daemon lowers to SWITCH_INTERVAL_S so that no other
-thread keeps the cycle off the interpreter for the default 5 ms).
+inproc SUB of the PUB socket: the cycle only publishes and never waits for the file; the recorder shares the
+interpreter, so its encoding can hold the cycle off for up to the switch interval, sys.getswitchinterval()).
 
 Clock: "auto" (default) runs the cycle on the device's clock when the transport streams on its own
 (it has wait_new: serial), else on the host's (driver/cycle.py).
@@ -23,7 +22,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -44,7 +42,6 @@ from ident.payload import payload_parameters
 
 HEALTH_PERIOD_S = 1.0
 POLL_MS = 50
-SWITCH_INTERVAL_S = 0.0002                  # sys.setswitchinterval while the driver runs (default 0.005)
 _SEND = int(zmq.NOBLOCK)                    # plain ints: no enum arithmetic per message
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 
@@ -128,7 +125,6 @@ class Driver:
         self.bound: dict[str, str] = {}
         self._recorder: threading.Thread | None = None
         self._recorder_stop = threading.Event()
-        self._switch_interval: float | None = None
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,8 +155,6 @@ class Driver:
         self.started_at = time.time()
         self._stop.clear()
         self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
         gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
         self.cycle.start()
@@ -195,9 +189,6 @@ class Driver:
         self._close_sockets()
         self.arm.close()
         gc.unfreeze()
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
-            self._switch_interval = None
 
     def _any_powered(self) -> bool:
         sw = self.cycle.state.statusword
