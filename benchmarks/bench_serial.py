@@ -8,6 +8,9 @@ Prints `name: value unit (reference: value unit, ratio x)`; run with `python ben
     with a pyserial host (another process, as the driver) reading and decoding every frame on the pty;
     reference: the same simulator without a transport. ratio = with / without.
   * real-time lateness p99 at 1 kHz with the serial device and host; reference: without a transport.
+  * the driver's per-cycle frames (driver/transports/serial_frames.py): STATE into SI through FrameSplitter's
+    fast path, COMMAND from SI through CommandEncoder; reference: the same through StreamDecoder / FrameEncoder
+    and JointScaling, as the transport did before. ratio = fast / reference.
 """
 from __future__ import annotations
 
@@ -70,6 +73,47 @@ def codec_us(frames: int) -> tuple[float, float, float, float]:
     return (t1 - t0) * us, (t2 - t1) * us, (t4 - t3) * us, (t5 - t4) * us
 
 
+def driver_frames_us(frames: int) -> tuple[float, float, float, float]:
+    """(STATE -> SI us, its reference, COMMAND from SI us, its reference): CPU time per frame (thread time, which
+    a loaded machine disturbs less than the wall clock)."""
+    from driver.hal import ArmCommand
+    from driver.transports.serial_frames import CommandEncoder, FrameSplitter
+    from firmware_bridge.units import CURRENT_LSB, JointScaling
+
+    n = 6
+    sc = JointScaling.from_gear(np.full(n, 100.0))
+    wire = [sp.encode(state(k), k & 0xFFFF) for k in range(frames)]
+    q, current = np.zeros(n), np.zeros(n)
+    splitter = FrameSplitter(n)
+    t0 = time.thread_time()
+    for w in wire:
+        for _ in splitter.feed(w):
+            np.divide(splitter.joints["position"], sc.counts_per_rad, out=q)
+            np.multiply(splitter.joints["current"], CURRENT_LSB, out=current)
+    t1 = time.thread_time()
+    dec = sp.StreamDecoder()
+    for w in wire:
+        for m in dec.feed(w):
+            np.divide(m.position, sc.counts_per_rad, out=q)
+            np.multiply(m.current, CURRENT_LSB, out=current)
+    t2 = time.thread_time()
+    cmd = ArmCommand(n)
+    cmd.controlword[:], cmd.mode[:], cmd.target_position[:], cmd.target_torque[:] = 0x0F, 8, 0.3, 2.5
+    enc, fenc = CommandEncoder(n, sc.counts_per_rad), sp.FrameEncoder()
+    enc.encode(0, cmd)                  # numba's compile or cache load, outside the timing
+    t3 = time.thread_time()
+    for k in range(frames):
+        enc.encode(k, cmd)
+    t4 = time.thread_time()
+    for _ in range(frames):
+        b"\0" + fenc.encode(sp.Command(controlword=cmd.controlword, mode=cmd.mode,
+                                       target_position=sc.position_to_counts(cmd.target_position),
+                                       target_torque=JointScaling.torque_to_raw(cmd.target_torque)))
+    t5 = time.thread_time()
+    us = 1e6 / frames
+    return (t1 - t0) * us, (t2 - t1) * us, (t4 - t3) * us, (t5 - t4) * us
+
+
 _HOST = """
 import sys, time
 import serial
@@ -112,6 +156,9 @@ def main() -> None:
     enc, dec, ref_enc, ref_dec = codec_us(20_000)
     report("serial STATE encode (6 joints)", enc, "us/frame", ref_enc)
     report("serial STATE decode (6 joints)", dec, "us/frame", ref_dec)
+    fast_state, ref_state, fast_cmd, ref_cmd = driver_frames_us(20_000)
+    report("driver serial STATE -> SI (fast path)", fast_state, "us/frame", ref_state)
+    report("driver serial COMMAND from SI (preallocated)", fast_cmd, "us/frame", ref_cmd)
     fast_s, _, frames = sim_run(seconds, realtime=False, with_serial=True)
     fast_ref, _, _ = sim_run(seconds, realtime=False, with_serial=False)
     report("fast mode with serial device + host", fast_s, "sim s/wall s", fast_ref)

@@ -4,6 +4,7 @@
     model = "generic6"          # shipped name, TOML or URDF path (relative paths: next to this file)
     rate_hz = 1000
     watchdog_ms = 10
+    clock = "auto"              # auto | host | device (driver/cycle.py)
 
     [transport]
     name = "serial"             # sim | serial | can | gateway
@@ -16,6 +17,11 @@
     server_secret_file = "keys/server.key_secret"
     authorized_clients_dir = "keys/clients"
 
+    [record]                    # optional: record the driver's own stream into MCAP while it runs
+    path = "run.mcap"           # relative paths: next to this file
+    chunk_seconds = 0.25
+    overwrite = false
+
 A bad file gives one ConfigError naming the file, the field and what was expected.
 """
 from __future__ import annotations
@@ -25,7 +31,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from driver.daemon import Curve, Endpoints
+from driver.cycle import CLOCKS
+from driver.daemon import Curve, Endpoints, Record
 from ident.errors import InputError
 
 
@@ -44,9 +51,12 @@ class DriverConfig:
     transport_options: dict = field(default_factory=dict)
     endpoints: Endpoints = Endpoints()
     source: str = "<defaults>"
+    clock: str = "auto"
+    record: Record | None = None
 
 
-_SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms"}, "transport": None, "zmq": {"state", "commands", "curve"}}
+_SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock"}, "transport": None,
+             "zmq": {"state", "commands", "curve"}, "record": {"path", "chunk_seconds", "overwrite"}}
 
 
 def load_config(path: str | Path) -> DriverConfig:
@@ -89,7 +99,23 @@ def load_config(path: str | Path) -> DriverConfig:
     endpoints = Endpoints(state=_text(src, "zmq.state", zq.get("state", Endpoints.state)),
                           commands=_text(src, "zmq.commands", zq.get("commands", Endpoints.commands)),
                           curve=_curve(src, path.parent, zq.get("curve")))
-    return DriverConfig(model, rate, watchdog, name, tr, endpoints, src)
+    clock = drv.get("clock", "auto")
+    if clock not in ("auto", *CLOCKS):
+        raise ConfigError(src, "driver.clock", f"one of auto, {', '.join(CLOCKS)}", clock)
+    return DriverConfig(model, rate, watchdog, name, tr, endpoints, src, clock,
+                        _record(src, path.parent, data.get("record")))
+
+
+def _record(src: str, base: Path, table: dict | None) -> Record | None:
+    if table is None:
+        return None
+    if "path" not in table:
+        raise ConfigError(src, "record.path", "the MCAP file to write")
+    chunk = _positive(src, "record.chunk_seconds", table.get("chunk_seconds", 0.25))
+    overwrite = table.get("overwrite", False)
+    if not isinstance(overwrite, bool):
+        raise ConfigError(src, "record.overwrite", "true or false", overwrite)
+    return Record(str((base / _text(src, "record.path", table["path"])).resolve()), chunk, overwrite)
 
 
 def _positive(src: str, key: str, value) -> float:

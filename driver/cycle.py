@@ -9,9 +9,19 @@ One thread runs `Cycle` at rate_hz (1 kHz by default). Each cycle:
   4. write the command: per drive the controlword that walks the CiA 402 state machine towards what is
      wanted, CSP with the current setpoint (the planned motion's, or the hold position) and its torque
      feed-forward; nothing non-finite is ever written;
-  5. fill the preallocated STATE message and hand it to `publish`.
-The hot path allocates nothing per cycle except what numpy scalars cost; planning happens in the
-requesting thread (driver/motion.py), never here.
+  5. hand the STATE message to `publish`: the arm reads straight into it (ArmState.inside), the cycle
+     packs the header.
+The hot path allocates no array per cycle (numpy with out=, one numba call for the per-joint drive logic,
+struct.pack_into for the header); planning happens in the requesting thread (driver/motion.py), never here.
+
+Two clocks (`clock`):
+  "host"    the cycle keeps its own schedule at rate_hz: sleep until `spin_s` before each deadline, then a
+            short spin (driver/timer.py; the thread's timer slack is reduced to 1 ns so the sleep is precise).
+  "device"  for an arm that streams on its own clock (it has `wait_new(timeout_s)`, e.g. the serial joint
+            boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
+            (latency from the device to the stream is the cycle's own work, not up to a period); when no
+            sample comes for 1.25 periods a stale cycle runs anyway, so the watchdog and the command stream
+            keep going while the device is silent. The cycle rate is then the device's.
 """
 from __future__ import annotations
 
@@ -24,15 +34,18 @@ from typing import Callable
 
 import numpy as np
 
-from firmware_bridge import stream
-from driver.hal import Arm, ArmCommand, ArmState, LinkError, copy_sample
+from driver import cycle_kernels as ck
+from driver.hal import Arm, ArmCommand, ArmState, LinkError
 from driver.motion import PlannedMotion
-from firmware_bridge import cia402
+from driver.timer import DEFAULT_SPIN_S, reduce_timer_slack, sleep_until
+from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
 
 _S = State
-_FAULTED = (cia402.STATE_PATTERNS[_S.FAULT], cia402.STATE_PATTERNS[_S.FAULT_REACTION_ACTIVE])
+CLOCKS = ("host", "device")
+DEVICE_GRACE = 0.25           # clock "device": a stale cycle runs when no sample came for (1 + this) periods
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
+_FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
 RESET_PHASE_S = 0.005         # each phase (0, then bit 7) of the fault-reset pulse: several device cycles,
                               # since devices latch only their newest command per cycle
@@ -52,11 +65,17 @@ class Cycle:
     set_health_payload queued."""
 
     def __init__(self, arm: Arm, *, rate_hz: float = 1000.0, watchdog_s: float = 0.01,
-                 publish: Callable[[bytes, memoryview | bytes], None] | None = None, spin_s: float = 0.0002,
-                 on_event: Callable[[str], None] | None = None,
-                 gravity: Callable[[np.ndarray], np.ndarray] | None = None):
+                 publish: Callable[[bytes, memoryview | bytes], None] | None = None,
+                 spin_s: float = DEFAULT_SPIN_S, on_event: Callable[[str], None] | None = None,
+                 gravity: Callable[[np.ndarray], np.ndarray] | None = None, clock: str = "host"):
         if not (rate_hz > 0):
             raise ValueError(f"rate_hz: expected a positive number, got {rate_hz!r}")
+        if clock not in CLOCKS:
+            raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
+        if clock == "device" and not callable(getattr(arm, "wait_new", None)):
+            raise ValueError(f"clock: 'device' needs a transport that streams on its own clock; "
+                             f"{type(arm).__name__} does not (use 'host')")
+        self.clock = clock
         self.arm, self.n = arm, arm.n
         self.rate_hz, self.period_ns = float(rate_hz), int(round(1e9 / rate_hz))
         self.watchdog_ns = int(watchdog_s * 1e9)
@@ -64,9 +83,13 @@ class Cycle:
         self.publish = publish or (lambda topic, payload: None)
         self.on_event = on_event or (lambda text: None)
         self.gravity = gravity          # q (n,) -> holding torque (n,) N m; None: no feed-forward at rest
-        self.state = ArmState(self.n)
-        self.command = ArmCommand(self.n)
         self.message = stream.StateMessage(self.n)
+        self.state = ArmState.inside(self.message)   # the arm reads straight into the published message
+        self.command = ArmCommand(self.n)
+        self.command.mode[:] = int(Mode.CSP)
+        self._bits = 0                               # drive_logic's result for this cycle's statuswords
+        ck.drive_logic(self.state.statusword, ck.OFF, self.state.q, self.state.q,
+                       self.command.controlword)   # compile / load the kernel now, not in the first cycle
         # what is wanted
         self.want_power = False
         self.quick_stop = False
@@ -115,30 +138,53 @@ class Cycle:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        next_ns = time.perf_counter_ns() + self.period_ns
+        reduce_timer_slack()
         try:
-            while not self._stop.is_set():
-                self.step()
-                now = time.perf_counter_ns()
-                late = now - next_ns
-                if late > 0:
-                    self.lateness_ns[self.cycles % LATENESS_WINDOW] = late
-                    if late > self.period_ns:
-                        self.overruns += 1
-                        if late > 10 * self.period_ns:   # far behind: resynchronise instead of bursting
-                            next_ns = now
-                else:
-                    self.lateness_ns[self.cycles % LATENESS_WINDOW] = 0
-                    remaining = -late
-                    if remaining > self.spin_ns:
-                        time.sleep((remaining - self.spin_ns) / 1e9)
-                    while time.perf_counter_ns() < next_ns:
-                        pass
-                next_ns += self.period_ns
+            if self.clock == "device":
+                self._run_device_clock()
+            else:
+                self._run_host_clock()
         except BaseException as exc:  # noqa: BLE001 - reported, never silent
             self.error = exc
             self._event(f"cycle stopped: {type(exc).__name__}: {exc}")
             self._fail_requests(DriverFault(f"the cycle stopped: {exc}"))
+
+    def _run_host_clock(self) -> None:
+        """Cycles on an absolute schedule at rate_hz; lateness = wake-up time - deadline."""
+        period, stop, lateness = self.period_ns, self._stop, self.lateness_ns
+        next_ns = time.perf_counter_ns() + period
+        while not stop.is_set():
+            self.step()
+            now = time.perf_counter_ns()
+            late = now - next_ns
+            if late > 0:
+                lateness[self.cycles % LATENESS_WINDOW] = late
+                if late > period:
+                    self.overruns += 1
+                    if late > 10 * period:   # far behind: resynchronise instead of bursting
+                        next_ns = now
+            else:
+                lateness[self.cycles % LATENESS_WINDOW] = 0
+                sleep_until(next_ns, self.spin_ns)
+            next_ns += period
+
+    def _run_device_clock(self) -> None:
+        """A cycle per new device sample, or a stale one after (1 + DEVICE_GRACE) periods without one;
+        lateness = cycle start - the sample's arrival (host_time_ns)."""
+        period, stop, lateness, st = self.period_ns, self._stop, self.lateness_ns, self.state
+        wait_new = self.arm.wait_new
+        limit = int(period * (1 + DEVICE_GRACE))
+        last = time.perf_counter_ns()
+        while not stop.is_set():
+            remaining = last + limit - time.perf_counter_ns()
+            if remaining > 0:
+                wait_new(remaining * 1e-9)
+            last = time.perf_counter_ns()
+            self.step()
+            late = time.time_ns() - st.host_time_ns if self._bits & _FRESH else 0
+            lateness[self.cycles % LATENESS_WINDOW] = late
+            if time.perf_counter_ns() - last > period:
+                self.overruns += 1
 
     # -- requests from other threads -----------------------------------------------------------------
     def submit(self, fn: Callable[[], object], timeout: float = 2.0) -> object:
@@ -229,7 +275,7 @@ class Cycle:
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
         """One cycle (public for synchronous tests)."""
-        arm, st, cmd = self.arm, self.state, self.command
+        arm, st = self.arm, self.state
         now_mono = time.perf_counter_ns()
         try:
             arm.begin_cycle()
@@ -258,15 +304,25 @@ class Cycle:
         self._command()
         if self._have_sample:
             try:
-                arm.write(cmd)
+                arm.write(self.command)
             except LinkError as exc:
                 if self.fault is None:
                     self._trip(f"link: {exc}")
         self._publish(fresh)
         self.cycles += 1
 
+    def _intent(self) -> int:
+        if self._reset_pulse:
+            return ck.RESET
+        if self.quick_stop:
+            return ck.QUICK_STOP
+        return ck.POWER if self.want_power else ck.OFF
+
     def _supervise(self, fresh: bool, now_mono: int) -> None:
-        st = self.state
+        st, cmd = self.state, self.command
+        bits = ck.drive_logic(st.statusword, self._intent(), cmd.target_position, cmd.target_torque,
+                              cmd.controlword)
+        self._bits = bits | _FRESH if fresh else bits & ~_FRESH
         if self._have_sample and self.fault is None:
             age = now_mono - self._last_fresh_ns
             if age > self.watchdog_ns:
@@ -281,13 +337,9 @@ class Cycle:
                             self._trip(f"fault reset failed: drive {j + 1} still in {s.value} "
                                        f"(error code 0x{int(st.error_code[j]):04X})")
                             return
-            elif fresh:
-                for j in range(self.n):
-                    w = int(st.statusword[j])
-                    for mask, value in _FAULTED:
-                        if w & mask == value:
-                            self._trip(f"drive {j + 1} faulted (error code 0x{int(st.error_code[j]):04X})")
-                            return
+            elif fresh and bits >> ck.FAULTED_SHIFT:
+                j = (bits >> ck.FAULTED_SHIFT) - 1
+                self._trip(f"drive {j + 1} faulted (error code 0x{int(st.error_code[j]):04X})")
 
     def _trip(self, reason: str) -> None:
         self.fault = reason
@@ -296,12 +348,11 @@ class Cycle:
 
     def _command(self) -> None:
         st, cmd = self.state, self.command
-        cmd.mode[:] = int(Mode.CSP)
         if self.motion is not None:
             m, k = self.motion, self._k
             cmd.target_position[:] = m.q[k]
             cmd.target_torque[:] = m.tau_ff[k]
-            self.hold[:] = m.q[k]
+            self.hold[:] = cmd.target_position
             if k + 1 >= m.samples:
                 self.motion = None
                 self.hold_torque[:] = m.tau_ff[k]     # at rest: gravity at the goal
@@ -316,13 +367,14 @@ class Cycle:
             if not self.quick_stop:
                 self.hold[:] = st.q
             cmd.target_position[:] = st.q
-        for j in range(self.n):
-            cmd.controlword[j] = self._controlword(int(st.statusword[j]))
+        bits = ck.drive_logic(st.statusword, self._intent(), cmd.target_position, cmd.target_torque,
+                              cmd.controlword)
+        self._bits = bits | (self._bits & _FRESH)
         if self._reset_pulse:
             self._reset_pulse -= 1
             if self._reset_pulse < self._reset_high:
                 cmd.controlword[:] = cia402.CW_FAULT_RESET
-        if not (np.all(np.isfinite(cmd.target_position)) and np.all(np.isfinite(cmd.target_torque))):
+        if bits & ck.NON_FINITE:
             # cannot happen with checked plans and finite measurements; never send it if it does
             cmd.target_position[:] = np.where(np.isfinite(st.q), st.q, 0.0)
             cmd.target_torque[:] = 0.0
@@ -330,28 +382,10 @@ class Cycle:
             if self.fault is None:
                 self._trip("non-finite setpoint refused")
 
-    def _controlword(self, w: int) -> int:
-        s = cia402.state_of(w)
-        if self._reset_pulse:
-            return cia402.CW_DISABLE_VOLTAGE
-        if self.quick_stop:
-            # powered drives ramp down; the others stay off
-            return cia402.CW_QUICK_STOP if s in (_S.OPERATION_ENABLED, _S.QUICK_STOP_ACTIVE) else cia402.CW_DISABLE_VOLTAGE
-        if not self.want_power:
-            return cia402.CW_SHUTDOWN      # READY TO SWITCH ON: no torque, brakes hold
-        if s is _S.SWITCH_ON_DISABLED:
-            return cia402.CW_SHUTDOWN
-        if s is _S.READY_TO_SWITCH_ON:
-            return cia402.CW_SWITCH_ON
-        if s in (_S.SWITCHED_ON, _S.OPERATION_ENABLED):
-            return cia402.CW_ENABLE_OPERATION
-        return cia402.CW_DISABLE_VOLTAGE
-
     def _publish(self, fresh: bool) -> None:
-        st, msg = self.state, self.message
-        copy_sample(st, msg)
+        st, bits = self.state, self._bits
         flags = self.flags_extra
-        if self.enabled():
+        if bits & ck.ALL_ENABLED:
             flags |= stream.FLAG_ENABLED
         if self.motion is not None:
             flags |= stream.FLAG_MOVING
@@ -359,11 +393,12 @@ class Cycle:
             flags |= stream.FLAG_FAULT
         if not fresh:
             flags |= stream.FLAG_STALE
-        msg.set_header(self.seq, flags, st.device_time_ns, st.host_time_ns)
+        self.message.set_header(self.seq, flags, st.device_time_ns, st.host_time_ns)
         self.seq += 1
-        self.publish(stream.TOPIC_STATE, msg.buffer)
-        health, self._health_payload = self._health_payload, None
+        self.publish(stream.TOPIC_STATE, self.message.buffer)
+        health = self._health_payload
         if health is not None:
+            self._health_payload = None
             self.publish(stream.TOPIC_HEALTH, health)
 
     # -- statistics ----------------------------------------------------------------------------------

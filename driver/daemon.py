@@ -4,8 +4,13 @@
     driver.start() ... driver.stop()      (stop() brings the drives to rest and disables them first)
 
 Threads: the cycle (the only user of the PUB socket), the command server (the only user of the REP
-socket; it plans motions, then hands them to the cycle), and the health reporter (builds the health JSON
-once per second and lets the cycle publish it).
+socket; it plans motions, then hands them to the cycle), the health reporter (builds the health JSON
+once per second and lets the cycle publish it), and with `record` the recorder (driver.recorder.record on an
+inproc SUB of the PUB socket: the cycle only publishes and never waits for the file; the recorder shares the
+interpreter, so its encoding can hold the cycle off for up to the switch interval, sys.getswitchinterval()).
+
+Clock: "auto" (default) runs the cycle on the device's clock when the transport streams on its own
+(it has wait_new: serial), else on the host's (driver/cycle.py).
 
 Security: endpoints bind to loopback or ipc by default. A command endpoint on any other address is
 refused unless CurveZMQ keys are configured (Curve): the server's secret key and a folder of the
@@ -20,6 +25,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
@@ -36,6 +42,8 @@ from ident.payload import payload_parameters
 
 HEALTH_PERIOD_S = 1.0
 POLL_MS = 50
+_SEND = int(zmq.NOBLOCK)                    # plain ints: no enum arithmetic per message
+_SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
 class EndpointError(InputError):
@@ -49,6 +57,17 @@ class Curve:
 
     server_secret_file: str
     authorized_clients_dir: str
+
+
+@dataclass(frozen=True)
+class Record:
+    """Record the driver's own stream into an MCAP file while it runs (driver.recorder: the topics of
+    `armid record`; `armid record convert` reads it). path: the .mcap file (refused if it exists, unless
+    overwrite); chunk_seconds: data per chunk, the most a killed driver loses."""
+
+    path: str
+    chunk_seconds: float = 0.25
+    overwrite: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,7 +92,8 @@ class Driver:
     """The daemon's parts wired together (see the module docstring)."""
 
     def __init__(self, model: Model, arm: Arm, *, endpoints: Endpoints = Endpoints(), rate_hz: float = 1000.0,
-                 watchdog_s: float = 0.01, context: zmq.Context | None = None, log=None):
+                 watchdog_s: float = 0.01, context: zmq.Context | None = None, log=None, clock: str = "auto",
+                 record: Record | None = None):
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
         if not is_local(endpoints.commands) and endpoints.curve is None:
@@ -89,13 +109,22 @@ class Driver:
         self._pub: zmq.Socket | None = None
         self._rep: zmq.Socket | None = None
         self._auth = None
-        self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish,
+        if record is not None:
+            _check_record(record)
+        self.record = record
+        self.recording = None            # driver.recorder.RecordingStats of the running recording
+        self.recording_error: str | None = None
+        if clock == "auto":
+            clock = "device" if callable(getattr(arm, "wait_new", None)) else "host"
+        self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish, clock=clock,
                            on_event=lambda text: self.log(f"event: {text}"), gravity=self._gravity)
         self.commands = Commands(self)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.started_at = 0.0
         self.bound: dict[str, str] = {}
+        self._recorder: threading.Thread | None = None
+        self._recorder_stop = threading.Event()
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -117,6 +146,12 @@ class Driver:
             raise EndpointError(f"cannot bind: {exc}") from None
         self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
                       "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT)}
+        if self.record is not None:
+            inproc = f"inproc://armid-record-{id(self)}"
+            self._pub.bind(inproc)
+            self._recorder_stop = threading.Event()
+            self._recorder = threading.Thread(target=self._record, args=(inproc,), name="armid-recorder", daemon=True)
+            self._recorder.start()
         self.started_at = time.time()
         self._stop.clear()
         self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
@@ -147,6 +182,10 @@ class Driver:
         for t in self._threads:
             t.join(timeout)
         self._threads.clear()
+        if self._recorder is not None:          # after the cycle: the last messages are in the file
+            self._recorder_stop.set()
+            self._recorder.join(timeout + 10.0)
+            self._recorder = None
         self._close_sockets()
         self.arm.close()
         gc.unfreeze()
@@ -187,8 +226,11 @@ class Driver:
 
     # -- used by the cycle and the commands ----------------------------------------------------------
     def _publish(self, topic: bytes, payload) -> None:
+        # two plain sends: send_multipart's per-call checks cost more than the 258-byte copy
+        pub = self._pub
         try:
-            self._pub.send_multipart((topic, payload), flags=zmq.NOBLOCK, copy=True)
+            pub.send(topic, _SEND_MORE)
+            pub.send(payload, _SEND)
         except zmq.Again:
             pass   # PUB never blocks the cycle; slow subscribers lose messages (seq gaps show it)
 
@@ -247,10 +289,37 @@ class Driver:
                "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns,
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),
-               "drive_states": self.status()["drive_states"],
+               "drive_states": self.status()["drive_states"], "recording": self._recording_health(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         return msg
+
+    def _record(self, endpoint: str) -> None:
+        from driver.recorder import record
+
+        def progress(stats) -> None:
+            self.recording = stats
+
+        rec = self.record
+        try:
+            self.recording = record(rec.path, endpoint, joint_names=list(self.model.joint_names),
+                                    rate_hz=self.cycle.rate_hz, chunk_seconds=rec.chunk_seconds,
+                                    stop=self._recorder_stop, progress=progress, progress_interval_s=1.0,
+                                    log=lambda text: self.log(f"record: {text}"), overwrite=rec.overwrite,
+                                    metadata={"model": self.model.name, "source": "armid driver"},
+                                    context=self._ctx)
+            self.log(f"record: {self.recording.line()}")
+        except Exception as exc:  # noqa: BLE001 - a failed recording is reported, the driver goes on
+            self.recording_error = f"{type(exc).__name__}: {exc}"
+            self.log(f"record: stopped: {exc}")
+
+    def _recording_health(self) -> dict | None:
+        if self.record is None:
+            return None
+        st = self.recording
+        return {"path": self.record.path, "messages": 0 if st is None else st.messages,
+                "dropped": 0 if st is None else st.dropped, "malformed": 0 if st is None else st.malformed,
+                "bytes": 0 if st is None else st.bytes_written, "error": self.recording_error}
 
     def _report_health(self) -> None:
         last: dict = {}
@@ -259,3 +328,14 @@ class Driver:
                 self.cycle.set_health_payload(json.dumps(self.health(HEALTH_PERIOD_S, last), default=str).encode())
             except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
                 self.log(f"health: {type(exc).__name__}: {exc}")
+
+
+def _check_record(record: Record) -> None:
+    """Refuse at once what the recorder thread would refuse later: an existing file, a missing folder."""
+    path = Path(record.path)
+    if not path.parent.is_dir():
+        raise InputError(f"record: {record.path}: the folder {path.parent} does not exist")
+    if path.exists() and not record.overwrite:
+        raise InputError(f"record: {record.path}: exists; choose another name or set overwrite")
+    if not record.chunk_seconds > 0:
+        raise InputError(f"record: chunk_seconds: expected a positive number, got {record.chunk_seconds!r}")

@@ -26,6 +26,9 @@ class ArmState:
     """The newest sample of the drives, (n,) arrays, SI units, joint side.
 
     device_time_ns: the drives' timestamp; host_time_ns: time.time_ns() when the host received it.
+    The arrays are views into three blocks: `floats` (4, n) q, qd, current, torque; `words` (2, n) statusword,
+    error_code; `mode` (n,). `ArmState.inside(message)` puts those blocks inside a stream.StateMessage, so
+    a transport reading into it fills the published message directly.
     """
 
     n: int
@@ -41,10 +44,19 @@ class ArmState:
 
     def __post_init__(self):
         n = self.n
-        self.q, self.qd, self.current, self.torque = (np.zeros(n) for _ in range(4))
-        self.statusword = np.zeros(n, np.uint16)
-        self.error_code = np.zeros(n, np.uint16)
-        self.mode = np.zeros(n, np.int8)
+        self._use(np.zeros((4, n)), np.zeros((2, n), np.uint16), np.zeros(n, np.int8))
+
+    def _use(self, floats: np.ndarray, words: np.ndarray, mode: np.ndarray) -> None:
+        self.floats, self.words, self.mode = floats, words, mode
+        self.q, self.qd, self.current, self.torque = floats
+        self.statusword, self.error_code = words
+
+    @classmethod
+    def inside(cls, message) -> "ArmState":
+        """An ArmState whose arrays are the per-joint fields of a firmware_bridge.stream.StateMessage."""
+        st = cls(message.n)
+        st._use(message.floats, message.words, message.mode)
+        return st
 
 
 SAMPLE_FIELDS = ("q", "qd", "current", "torque", "statusword", "error_code", "mode")
@@ -52,9 +64,12 @@ SAMPLE_FIELDS = ("q", "qd", "current", "torque", "statusword", "error_code", "mo
 
 def copy_sample(src, dst) -> None:
     """Copy the per-joint arrays of a sample (SAMPLE_FIELDS) from src into dst in place: between
-    ArmStates, or from an ArmState into a stream message (firmware_bridge.stream.StateMessage)."""
-    for name in SAMPLE_FIELDS:
-        getattr(dst, name)[:] = getattr(src, name)
+    ArmStates, or from an ArmState into a stream message (firmware_bridge.stream.StateMessage); both keep
+    them in three blocks (floats, words, mode), so this is three copies."""
+    if src.floats is not dst.floats:
+        dst.floats[:] = src.floats
+        dst.words[:] = src.words
+        dst.mode[:] = src.mode
 
 
 @dataclass

@@ -26,6 +26,8 @@ Size: 36 + 37 n bytes (258 bytes for 6 joints).
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 MAGIC = b"ARMS"
@@ -41,6 +43,7 @@ FLAG_STALE = 1 << 3        # no new device data in this cycle (values repeat the
 FLAG_PAYLOAD = 1 << 4      # a payload is set (limits and feed-forward include it)
 
 HEADER_SIZE = 36
+_HEADER_TAIL = struct.Struct("<IQqq")   # flags, seq, device_time_ns, host_time_ns at offset 8
 
 
 class StreamDecodeError(ValueError):
@@ -60,7 +63,11 @@ def message_size(n: int) -> int:
 
 
 class StateMessage:
-    """A reusable STATE buffer: fill the fields in place, send `buffer` (no allocation per cycle)."""
+    """A reusable STATE buffer: fill the fields in place, send `buffer` (no allocation per cycle).
+
+    q, qd, current, torque, statusword, error_code, mode are (n,) views into the buffer; `floats` is the
+    (4, n) float64 block q, qd, current, torque and `words` the (2, n) uint16 block statusword, error_code
+    (the layout keeps each block contiguous, so a whole sample is three copies)."""
 
     def __init__(self, n: int):
         self.n = n
@@ -69,22 +76,18 @@ class StateMessage:
         self.record["magic"] = MAGIC
         self.record["version"] = STREAM_VERSION
         self.record["n"] = n
-        self.buffer = memoryview(self._array.view(np.uint8))
+        raw = self._array.view(np.uint8)
+        self.buffer = memoryview(raw)
         # views into the buffer, for in-place writes by the cycle
-        self.q = self._array["q"][0]
-        self.qd = self._array["qd"][0]
-        self.current = self._array["current"][0]
-        self.torque = self._array["torque"][0]
-        self.statusword = self._array["statusword"][0]
-        self.error_code = self._array["error_code"][0]
-        self.mode = self._array["mode"][0]
+        self.floats = raw[HEADER_SIZE:HEADER_SIZE + 32 * n].view("<f8").reshape(4, n)
+        self.words = raw[HEADER_SIZE + 32 * n:HEADER_SIZE + 36 * n].view("<u2").reshape(2, n)
+        self.q, self.qd, self.current, self.torque = self.floats
+        self.statusword, self.error_code = self.words
+        self.mode = raw[HEADER_SIZE + 36 * n:].view(np.int8)
 
     def set_header(self, seq: int, flags: int, device_time_ns: int, host_time_ns: int) -> None:
-        rec = self._array
-        rec["seq"] = seq
-        rec["flags"] = flags
-        rec["device_time_ns"] = device_time_ns
-        rec["host_time_ns"] = host_time_ns
+        """Write the per-message header fields (one struct.pack_into into the buffer)."""
+        _HEADER_TAIL.pack_into(self.buffer, 8, flags, seq, device_time_ns, host_time_ns)
 
 
 def decode_state(payload: bytes) -> np.void:

@@ -165,6 +165,9 @@ class SerialDevice:
         self._last_sw = b""
         self._conv = np.zeros((3, 0))               # position, velocity, current in wire units
         self._next_heartbeat = 0.0
+        self._cycle_base = 0                        # the simulator's cycle and time at the last restart():
+        self._time_base = 0.0                       # the device's cycle counter and clock start there
+        self.restarts = 0
 
     # -- SimTransport ---------------------------------------------------------------------------------------
     def attach(self, sim) -> None:
@@ -209,6 +212,22 @@ class SerialDevice:
             self._link = None
         with self._tx_cond:
             self._tx.clear()
+
+    def restart(self, announce: bool = False) -> None:
+        """Simulate the board rebooting behind a port that stays open: its frame numbering, cycle counter and
+        clock start again from 0, the host watchdog goes back to its default (a HELLO sets it again), what
+        was queued is lost and the drives lose power (SWITCH ON DISABLED). announce: it also sends a HELLO,
+        as firmware announcing itself at boot may. Call it from any thread while the device runs."""
+        with self._tx_cond:
+            self._tx.clear()
+            self._seq = 0
+            s = self.sim.read_state()
+            self._cycle_base, self._time_base = s.cycle + 1, s.time + self.sim.dt
+            self.watchdog_s = self.default_watchdog_s
+            self.restarts += 1
+        self.sim.set_commands(controlword=np.full(self.sim.n, cia402.CW_DISABLE_VOLTAGE))
+        if announce:
+            self._queue(sp.Hello(watchdog_us=0))
 
     def connection(self) -> dict:
         """How a host reaches this device once started, as the driver's [transport] options: the port it
@@ -271,7 +290,8 @@ class SerialDevice:
                 self.counters.unencodable += 1
                 log.warning("serial device: state of cycle %d not sent: %s", s.cycle, exc)
                 return
-        self._queue(sp.State(timestamp_us=int(round(s.time * 1e6)), cycle=s.cycle & 0xFFFFFFFF,
+        self._queue(sp.State(timestamp_us=max(0, int(round((s.time - self._time_base) * 1e6))),
+                             cycle=max(0, s.cycle - self._cycle_base) & 0xFFFFFFFF,
                              statusword=s.statusword.copy(), mode_display=s.mode_display.copy(),
                              error_code=s.error_code.copy(),   # the sample is reused by the next cycle
                              position=pos, velocity=vel, current=cur), skippable=True)

@@ -16,6 +16,7 @@ cycle callbacks. Commands set during a cycle act at the next one (as an RPDO lat
 from __future__ import annotations
 
 import importlib
+import math
 import threading
 from dataclasses import dataclass, fields
 from typing import Callable, Protocol
@@ -287,7 +288,9 @@ class Simulator:
         if cw is not None and ((cw < 0) | (cw > 0xFFFF)).any():
             raise InputError(f"controlword: {self._at(cw, (cw < 0) | (cw > 0xFFFF), j)}: expected 0..0xFFFF")
         if md is not None:
-            bad = ~np.isin(md, _MODE_VALUES)
+            bad = md != _MODE_VALUES[0]
+            for value in _MODE_VALUES[1:]:         # a few comparisons: np.isin costs tens of us per call
+                bad &= md != value
             if bad.any():
                 raise InputError(f"mode: {self._at(md, bad, j)}: expected one of "
                                  + ", ".join(f"{int(m)} ({m.name})" for m in SUPPORTED_MODES))
@@ -460,6 +463,12 @@ class Simulator:
     # -- helpers -----------------------------------------------------------------------------------
     def _checked(self, name: str, value, joint: int | None, integer: bool = False) -> np.ndarray:
         shape = (self.n,) if joint is None else ()
+        if type(value) is np.ndarray and value.shape == shape:   # the per-cycle case, checked cheaply
+            kind = value.dtype.kind
+            if integer and kind in "iu":
+                return value.astype(np.int64)        # integers are finite and whole
+            if not integer and kind == "f" and math.isfinite(value.sum()):   # False for any NaN or inf
+                return value.astype(np.float64, copy=False)
         try:
             arr = np.asarray(value, dtype=np.float64)
         except (TypeError, ValueError):

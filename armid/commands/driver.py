@@ -9,6 +9,8 @@ def register(sub) -> None:
     p.add_argument("--config", required=True, help="driver configuration (TOML; see docs/driver.md and deploy/)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="log lines as plain text or as one JSON object per line (default: text)")
+    p.add_argument("--record", metavar="FILE.mcap", default=None,
+                   help="record the driver's own stream into this MCAP file while it runs ([record] in the config)")
     p.set_defaults(run=_run)
 
 
@@ -34,7 +36,15 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     model = load_model(cfg.model)
     arm = open_arm(cfg.transport, model, **cfg.transport_options)
-    driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s, log=log)
+    from dataclasses import replace
+
+    from driver.daemon import Record
+
+    record = cfg.record
+    if args.record:
+        record = replace(record, path=args.record) if record else Record(args.record)
+    driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s, log=log,
+                    clock=cfg.clock, record=record)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())

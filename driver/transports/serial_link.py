@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import select
+import struct
 import threading
 import time
 
@@ -29,6 +30,7 @@ import numpy as np
 import serial
 
 from driver.hal import ArmCommand, ArmState, LinkError, copy_sample
+from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from ident.errors import InputError
@@ -36,6 +38,9 @@ from ident.errors import InputError
 _READ_POLL_S = 0.05          # the link thread's longest block in read (it then looks at its stop flag)
 _JOIN_S = 2.0
 _GEAR_RTOL = 1e-9            # HELLO_ACK's gear ratios (float64 on the wire) must be the model's
+_STATE_FIXED = struct.Struct("<QI")   # STATE's timestamp_us, cycle, after the header (serial_protocol's record)
+_STATE_FIXED_AT = sp.HEADER.size
+_WRAP_HIGH, _WRAP_LOW = 0xF0000000, 0x10000000   # a cycle counter from above the first to below the second wrapped
 
 
 class SerialOptionError(InputError):
@@ -52,11 +57,21 @@ def _number(name: str, value, lo: float, hi: float, integer: bool = False) -> fl
 
 class _Session:
     """One open, handshaken connection: the pyserial port, its decoder and frame numbering, the device's
-    settings from HELLO_ACK and the scaling built from them."""
+    settings from HELLO_ACK and the scaling built from them; the per-cycle frames' preallocated codecs
+    (driver/transports/serial_frames.py)."""
 
     def __init__(self, port: serial.Serial, ack: sp.HelloAck, scaling: JointScaling, decoder: sp.StreamDecoder,
                  encoder: sp.FrameEncoder):
         self.port, self.ack, self.scaling, self.decoder, self.encoder = port, ack, scaling, decoder, encoder
+        n = scaling.n
+        self.splitter = FrameSplitter(n, decoder)
+        self.commands = CommandEncoder(n, scaling.counts_per_rad)
+        joints = self.splitter.joints
+        self.columns = tuple(joints[name] for name in ("statusword", "mode_display", "error_code", "position",
+                                                        "velocity", "current"))
+        self.last_cycle: int | None = None      # the device's cycle counter in the newest STATE
+        self.backwards = decoder.counters.backwards
+        self.restart: str | None = None         # why the device is seen to have restarted
         try:
             self._fd: int | None = port.fileno()
         except (AttributeError, OSError, ValueError, serial.SerialException):
@@ -125,6 +140,8 @@ class SerialArm:
         self._lock = threading.Lock()
         self._new = ArmState(n)
         self._samples = 0             # STATE frames converted
+        self._arrived = threading.Event()   # set by every STATE stored (wait_new)
+        self._pending: str | None = None    # an error read() reports once (a device restart handled meanwhile)
         self._read_samples = 0        # the value of _samples at the last read()
         self._tx_lock = threading.Lock()   # the port's writers: the cycle (COMMAND) and the link thread
         self._session: _Session | None = None
@@ -135,7 +152,7 @@ class SerialArm:
         self._past = sp.DecoderCounters()      # decoder counters of the sessions that ended
         self.stats = {"states": 0, "commands": 0, "heartbeats_sent": 0, "heartbeats_received": 0,
                       "fault_frames": 0, "unexpected": 0, "wrong_joints": 0, "tx_incomplete": 0,
-                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0}
+                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0, "device_restarts": 0}
         self.last_fault: dict | None = None
         self.last_error: str | None = None
 
@@ -165,7 +182,12 @@ class SerialArm:
         port is gone."""
         down = self._down
         if down is not None:
+            self._pending = None           # reported now
             raise LinkError(down)
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            raise LinkError(pending)
         new = self._new
         with self._lock:
             out.device_time_ns, out.host_time_ns = new.device_time_ns, new.host_time_ns
@@ -180,13 +202,7 @@ class SerialArm:
         s = self._session
         if self._down is not None or s is None:
             raise LinkError(self._down or "not open")
-        try:
-            msg = sp.Command(controlword=command.controlword, mode=command.mode,
-                             target_position=s.scaling.position_to_counts(command.target_position),
-                             target_torque=JointScaling.torque_to_raw(command.target_torque))
-        except WireValueError as exc:
-            raise LinkError(f"serial port {self.port}: command not sent: {exc}") from None
-        self._send(s, msg, "commands")
+        self._send(s, command, "commands")
 
     def link_stats(self) -> dict:
         """Frames and drops by reason (all sessions), handshakes, reconnections, the last FAULT frame."""
@@ -211,6 +227,15 @@ class SerialArm:
         except (serial.SerialException, OSError, ValueError) as exc:
             raise LinkError(f"serial port {self.port}: cannot open: {exc}") from None
         try:
+            return self._handshake(port)
+        except LinkError:
+            port.close()
+            raise
+
+    def _handshake(self, port: serial.Serial) -> _Session:
+        """HELLO -> HELLO_ACK on an open port (at open, at a reconnection, after a device restart), with a
+        new decoder and frame numbering; LinkError naming what failed (the port stays open)."""
+        try:
             port.reset_input_buffer()
             decoder, encoder = sp.StreamDecoder(), sp.FrameEncoder()
             port.write(b"\0" + encoder.encode(sp.Hello(watchdog_us=int(round(self.device_watchdog_s * 1e6)))))
@@ -224,11 +249,7 @@ class SerialArm:
             raise LinkError(f"serial port {self.port}: no HELLO_ACK within {self.handshake_timeout_s:g} s{version}; "
                             f"{decoder.counters.frames} frames received, {decoder.counters.dropped} dropped")
         except (serial.SerialException, OSError) as exc:
-            port.close()
             raise LinkError(f"serial port {self.port}: handshake failed: {exc}") from None
-        except LinkError:
-            port.close()
-            raise
 
     def _check_ack(self, ack: sp.HelloAck) -> JointScaling:
         """The scaling of the device's HELLO_ACK, after checking it against the model and the options."""
@@ -252,18 +273,21 @@ class SerialArm:
             self._last_tx = time.monotonic()
         self._down = None
 
-    def _drop_session(self, reason: str) -> None:
-        """Close the port and mark the link down (reason: what read/write report)."""
+    def _drop_session(self, reason: str, close: bool = True) -> _Session | None:
+        """Mark the link down (reason: what read/write report) and close the port (unless close is False);
+        the session that was up, if any."""
         with self._tx_lock:
             s, self._session = self._session, None
             self._down = reason
         if s is not None:
             for k, v in s.decoder.counters.as_dict().items():
                 setattr(self._past, k, getattr(self._past, k) + v)
+        if s is not None and close:
             try:
                 s.port.close()
             except (serial.SerialException, OSError):
                 pass
+        return s
 
     def _lost(self, session: _Session, exc: BaseException) -> None:
         if self._session is not session:
@@ -272,12 +296,20 @@ class SerialArm:
         self.last_error = f"serial port {self.port} lost: {exc}"
         self._drop_session(f"{self.last_error}; reconnecting every {self.reconnect_s:g} s")
 
-    def _send(self, s: _Session, msg: sp.Message, counter: str) -> None:
-        """Write one frame (0x00 first, then the frame) without blocking; LinkError if the port is gone."""
+    def _send(self, s: _Session, msg: sp.Message | ArmCommand, counter: str) -> None:
+        """Write one frame (0x00 first, then the frame) without blocking; LinkError if the port is gone or
+        the command cannot be sent. An ArmCommand goes through the session's preallocated COMMAND encoder."""
         with self._tx_lock:
             if self._session is not s:
                 raise LinkError(self._down or "not open")
-            data = b"\0" + s.encoder.encode(msg)
+            if isinstance(msg, ArmCommand):
+                try:
+                    data = s.commands.encode(s.encoder.seq, msg)
+                except WireValueError as exc:
+                    raise LinkError(f"serial port {self.port}: command not sent: {exc}") from None
+                s.encoder.seq = (s.encoder.seq + 1) & 0xFFFF
+            else:
+                data = b"\0" + s.encoder.encode(msg)
             error = None
             try:
                 sent = s.write(data)
@@ -305,13 +337,42 @@ class SerialArm:
                 self._lost(s, exc)
                 continue
             host_ns = time.time_ns()
-            for msg in s.decoder.feed(data):
-                self._handle(s, msg, host_ns)
+            for kind, value in s.splitter.feed(data):
+                if kind is STATE:
+                    self._store(s, host_ns)
+                else:
+                    self._handle(s, value, host_ns)
+            if s.decoder.counters.backwards != s.backwards and s.restart is None:
+                s.restart = "its frame sequence numbers went backwards"
+            if s.restart is not None:
+                self._device_restarted(s)
+                continue
             if time.monotonic() - self._last_tx >= self.heartbeat_s:
                 try:
                     self._send(s, sp.Heartbeat(time_us=time.monotonic_ns() // 1000), "heartbeats_sent")
                 except LinkError:
                     pass
+
+    def _device_restarted(self, s: _Session) -> None:
+        """The device rebooted behind a port that stayed open: report it once to the cycle (read raises
+        LinkError: quick stop, fault, health event), handshake again on the same port (a reboot forgets the
+        host watchdog of HELLO; the new HELLO_ACK is checked against the model again)."""
+        self.stats["device_restarts"] += 1
+        self.last_error = f"serial port {self.port}: the device restarted ({s.restart})"
+        self._pending = f"{self.last_error}; handshaking again"
+        self._drop_session(self._pending, close=False)
+        try:
+            session = self._handshake(s.port)
+        except LinkError as exc:          # no answer: close the port; the reconnection loop takes over
+            self.stats["handshake_failures"] += 1
+            self.last_error = str(exc)
+            self._down = f"{exc}; reconnecting every {self.reconnect_s:g} s"
+            try:
+                s.port.close()
+            except (serial.SerialException, OSError):
+                pass
+            return
+        self._install(session)
 
     def _reconnect(self) -> None:
         if self._stop.wait(self.reconnect_s):
@@ -326,32 +387,49 @@ class SerialArm:
         self._install(session)
 
     def _handle(self, s: _Session, msg: sp.Message, host_ns: int) -> None:
-        if isinstance(msg, sp.State):
-            if msg.statusword.shape[0] != self.n:
-                self.stats["wrong_joints"] += 1
-                return
-            self._store(s.scaling, msg, host_ns)
+        if isinstance(msg, sp.State):      # a well-formed STATE for n joints takes the splitter's fast path
+            self.stats["wrong_joints"] += 1
         elif isinstance(msg, sp.Heartbeat):
             self.stats["heartbeats_received"] += 1
         elif isinstance(msg, sp.Fault):
             self.stats["fault_frames"] += 1
             self.last_fault = {"joint": msg.joint + 1, "error_code": f"0x{msg.error_code:04X}",
                                "statusword": f"0x{msg.statusword:04X}", "time": time.time()}
+        elif isinstance(msg, sp.Hello):          # a device announcing itself after a reboot
+            s.restart = "it sent HELLO"
         elif not isinstance(msg, sp.HelloAck):   # a late answer to our HELLO is harmless
             self.stats["unexpected"] += 1
 
-    def _store(self, sc: JointScaling, msg: sp.State, host_ns: int) -> None:
-        """STATE (wire units) -> the newest-sample buffer (SI)."""
-        new = self._new
+    def _store(self, s: _Session, host_ns: int) -> None:
+        """The splitter's STATE record (wire units) -> the newest-sample buffer (SI); a device cycle counter
+        that goes backwards (not a wrap of its 32 bits) is a device restart."""
+        timestamp_us, cycle = _STATE_FIXED.unpack_from(s.splitter.raw, _STATE_FIXED_AT)
+        last = s.last_cycle
+        if last is not None and cycle < last and not (last > _WRAP_HIGH and cycle < _WRAP_LOW):
+            s.restart = f"its cycle counter went back from {last} to {cycle}"
+        s.last_cycle = cycle
+        sw, mode, err, pos, vel, cur = s.columns
+        cpr, new = s.scaling.counts_per_rad, self._new
         with self._lock:
-            new.device_time_ns = msg.timestamp_us * 1000
+            new.device_time_ns = timestamp_us * 1000
             new.host_time_ns = host_ns
-            np.divide(msg.position, sc.counts_per_rad, out=new.q)
-            np.divide(msg.velocity, sc.counts_per_rad, out=new.qd)
-            np.multiply(msg.current, CURRENT_LSB, out=new.current)
+            np.divide(pos, cpr, out=new.q)
+            np.divide(vel, cpr, out=new.qd)
+            np.multiply(cur, CURRENT_LSB, out=new.current)
             np.multiply(new.current, self._torque_per_amp, out=new.torque)
-            new.statusword[:] = msg.statusword
-            new.error_code[:] = msg.error_code
-            new.mode[:] = msg.mode_display
+            new.statusword[:] = sw
+            new.error_code[:] = err
+            new.mode[:] = mode
             self._samples += 1
+        self._arrived.set()
         self.stats["states"] += 1
+
+    def wait_new(self, timeout_s: float) -> bool:
+        """Block until a STATE newer than the last read() arrives (True) or timeout_s (s) passes (False): the
+        cycle's "device" clock."""
+        if self._samples != self._read_samples:
+            return True
+        self._arrived.clear()
+        if self._samples != self._read_samples:    # arrived between the test and the clear
+            return True
+        return self._arrived.wait(timeout_s)

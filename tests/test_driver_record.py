@@ -1,0 +1,107 @@
+"""The driver's record option: `[record]` in the config and Driver(record=...) write the driver's own stream
+into an MCAP file (an inproc SUB and a recorder thread, off the cycle) that `armid record convert` reads;
+the file holds exactly the state messages a plain subscriber saw, and bad options are refused at once."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from driver.config import load_config
+from driver.daemon import Driver, Endpoints, Record
+from driver.recording import read_recording
+from driver.transports.local_sim import LocalSimArm
+from firmware_bridge import stream
+from ident.errors import InputError
+from ident.model import load_model
+from sim import Simulator
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("generic6")
+
+
+def test_a_recording_driver_writes_its_stream_and_armid_record_convert_reads_it(model, tmp_path):
+    path = tmp_path / "run.mcap"
+    sim = Simulator(model, seed=3)
+    drv = Driver(model, LocalSimArm(model, simulator=sim), endpoints=LOCAL, rate_hz=500.0, watchdog_s=0.5,
+                 record=Record(str(path), chunk_seconds=0.05))
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    seen: dict[int, np.void] = {}
+    drv.start()
+    try:
+        sub.connect(drv.bound["state"])
+        sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
+        deadline = time.monotonic() + 30
+        while len(seen) < 400 and time.monotonic() < deadline:
+            if sub.poll(100):
+                m = stream.decode_state(sub.recv_multipart()[1])
+                seen[int(m["seq"])] = m
+        assert len(seen) >= 400
+        assert drv.health(1.0, {})["recording"]["path"] == str(path)
+    finally:
+        sub.close(0)
+        drv.stop()
+        sim.stop()
+    assert drv.recording_error is None
+    log = read_recording(path)
+    assert log.complete and log.skipped == 0
+    assert log.joint_names == tuple(model.joint_names)
+    recorded = {int(s["seq"]): s for s in log.states}
+    assert len(recorded) == drv.recording.messages and drv.recording.dropped == 0
+    common = sorted(set(recorded) & set(seen))
+    assert len(common) >= 300                       # the subscriber's messages are in the file, unchanged
+    for k in common:
+        for name in ("q", "qd", "current", "torque", "statusword", "flags", "host_time_ns", "device_time_ns"):
+            np.testing.assert_array_equal(recorded[k][name], seen[k][name])
+
+    out = tmp_path / "run.npz"
+    done = subprocess.run([sys.executable, "-m", "armid.cli", "record", "convert", str(path), "-o", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    arrays = np.load(out)
+    assert arrays["q"].shape == (len(log.states), model.n)
+    np.testing.assert_array_equal(arrays["q"], log.states["q"])
+
+
+def test_the_config_takes_a_record_section_and_a_clock(tmp_path):
+    cfg = tmp_path / "driver.toml"
+    cfg.write_text('[driver]\nclock = "host"\n[transport]\nname = "sim"\n[record]\npath = "out/run.mcap"\n'
+                   'chunk_seconds = 0.5\n')
+    c = load_config(cfg)
+    assert c.clock == "host"
+    assert c.record == Record(str((tmp_path / "out" / "run.mcap").resolve()), 0.5, False)
+
+
+@pytest.mark.parametrize("text, error", [
+    ('[record]\nchunk_seconds = 1\n', r"record\.path: expected the MCAP file to write"),
+    ('[record]\npath = "a.mcap"\noverwrite = "yes"\n', r"record\.overwrite: expected true or false, got 'yes'"),
+    ('[record]\npath = "a.mcap"\nspeed = 2\n', r"record\.speed: expected one of chunk_seconds, overwrite, path"),
+    ('[driver]\nclock = "wall"\n', r"driver\.clock: expected one of auto, host, device, got 'wall'"),
+])
+def test_bad_record_and_clock_options_are_named(tmp_path, text, error):
+    cfg = tmp_path / "driver.toml"
+    cfg.write_text(text + '[transport]\nname = "sim"\n')
+    with pytest.raises(InputError, match=error):
+        load_config(cfg)
+
+
+def test_a_recording_that_cannot_be_written_stops_the_driver_before_it_starts(model, tmp_path):
+    existing = tmp_path / "old.mcap"
+    existing.write_bytes(b"x")
+    arm = LocalSimArm(model)
+    with pytest.raises(InputError, match="old.mcap: exists"):
+        Driver(model, arm, endpoints=LOCAL, record=Record(str(existing)))
+    with pytest.raises(InputError, match="does not exist"):
+        Driver(model, arm, endpoints=LOCAL, record=Record(str(tmp_path / "no" / "run.mcap")))
+    arm.close()
