@@ -305,25 +305,15 @@ def segments(t: np.ndarray, q: np.ndarray, *, rest_speed: float = REST_SPEED,
     return out
 
 
-def _harmonic_reference(angle: np.ndarray, tau: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """The unloaded torques (K, n) of a one-joint constant-velocity sweep at the angles `at`, from the least
-    squares fit of every joint's torque to [1, cos, sin] of the swept angle over the sweep. Exact for the
-    rigid body at constant speed (every point of the moving links turns on a circle about the swept axis,
-    so gravity and velocity-product torques are of that form) and constant friction; it averages the
-    unloaded run's noise over the whole sweep instead of carrying it into every difference."""
-    basis = lambda a: np.column_stack([np.ones_like(a), np.cos(a), np.sin(a)])
-    coef = np.linalg.lstsq(basis(angle), tau, rcond=None)[0]
-    return basis(at) @ coef
-
-
 def paired_differences(model: Model, loaded: Recording, unloaded: Recording, *,
                        rest_speed: float = REST_SPEED, tolerance: float = SPEED_TOLERANCE,
                        window: float = WINDOW, pose_tolerance: float = POSE_TOLERANCE) -> list[Pair]:
     """Loaded minus unloaded torques at the same poses, for every rest or constant-velocity segment of the
     loaded recording that the unloaded one also has (same line in joint space within pose_tolerance rad,
-    same direction, speed within 10 %). The unloaded torque at the loaded sample's pose: on a one-joint
-    sweep from its [1, cos, sin] fit (exact, `_harmonic_reference`), along other moving segments by linear
-    interpolation (no extrapolation), at rest the unloaded segment's mean."""
+    same direction, speed within 10 %). The unloaded torque at the loaded sample's pose: along a moving
+    segment linearly interpolated (no extrapolation), at rest the unloaded segment's mean. (Smoothing the
+    unloaded torque first would not change the estimates, whose regressors are smooth along the segment,
+    and would hide the unloaded run's noise from the residuals and so from the sigmas.)"""
     tau_l, tau_u = torques(model, loaded), torques(model, unloaded)
     seg_l = segments(loaded.t, loaded.q, rest_speed=rest_speed, tolerance=tolerance, window=window)
     seg_u = segments(unloaded.t, unloaded.q, rest_speed=rest_speed, tolerance=tolerance, window=window)
@@ -348,10 +338,7 @@ def paired_differences(model: Model, loaded: Recording, unloaded: Recording, *,
         if best is None:
             continue
         idx = L.index[best_keep]
-        swept = np.flatnonzero(np.abs(L.direction) > 1e-3)
-        if L.moving and len(swept) == 1 and model.joint_type[swept[0]] == REVOLUTE:
-            ref = _harmonic_reference(unloaded.q[best.index, swept[0]], tau_u[best.index], loaded.q[idx, swept[0]])
-        elif L.moving:
+        if L.moving:
             s = (loaded.q[idx] - best.origin) @ best.direction
             order = np.argsort(best.s)
             ref = np.column_stack([np.interp(s, best.s[order], tau_u[best.index[order], j]) for j in range(model.n)])
@@ -523,6 +510,7 @@ def plan(model: Model, speed: float = SEED_SPEED, *, angles: tuple[float, float]
     q3_line = math.atan2(float(np.cross(v0, g.l2) @ z), float(v0 @ g.l2))
     margin = speed * ramp / 2
     theta = np.array([th0 - margin, th1 + margin])
+    wrists = {along: wrist_orientation(model, along) for along in ("x", "z")}
     reasons = []
     for side, fold in itertools.product((1.0, -1.0), (0.0, math.pi)):
         h = side * np.cross(up, z2)
@@ -547,7 +535,7 @@ def plan(model: Model, speed: float = SEED_SPEED, *, angles: tuple[float, float]
             continue
         steps = []
         for along in ("x", "z"):
-            wrist = wrist_orientation(model, along)
+            wrist = wrists[along]
             a0, a1, b0, b1 = (q.copy() for _ in range(4))
             for p in (a0, a1, b0, b1):
                 p[3:6] = wrist
