@@ -7,15 +7,19 @@ shortened program runs through sim.Simulator in CSP. Geometry is checked against
 import csv
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
 import pinocchio as pin
 import pytest
+import zmq
 
 import ident
 from benchmarks import payload_seed001 as seed
 from driver import motion
+from driver.daemon import Driver, Endpoints
+from driver.transports.local_sim import LocalSimArm
 from firmware_bridge.cia402 import Mode
 from ident import dynamics
 from ident.errors import InputError
@@ -308,3 +312,43 @@ def test_shortened_program_through_the_simulator_gives_the_payload_with_both_met
         mass_err, com_err = _errors(est, chi)
         print(f"simulator {est.method}: mass error {mass_err:.5f} kg, CoM error {com_err:.4f} mm")
         assert mass_err < 0.005 and com_err < 2.0
+
+
+# --- the motion file on the real driver -----------------------------------------------------------------
+
+def test_run_program_sends_each_step_to_the_driver_once_the_previous_motion_has_ended(model):
+    """The daemon (real-time simulator, commands over ZeroMQ on loopback) runs a move and a sweep of a
+    motion program in order and ends at the sweep's end; a step the driver refuses stops the run with its
+    reason."""
+    sim = Simulator(model, seed=3, realtime=True)
+    drv = Driver(model, LocalSimArm(model, simulator=sim), endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
+                 watchdog_s=0.5)
+    drv.start()
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(drv.bound["commands"])
+
+    def send(req):
+        sock.send(json.dumps(req).encode())
+        assert sock.poll(5000), f"no reply to {req['cmd']}"
+        return json.loads(sock.recv())
+
+    try:
+        assert send({"cmd": "enable"})["ok"]
+        deadline = time.monotonic() + 10
+        while not drv.cycle.enabled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        start = np.array([0.1, -0.2, 0.3, 0.0, 0.2, 0.0])
+        sweep = balance.Sweep("short sweep", start, start + np.array([0.0, 0.0, 0.06, 0.0, 0.0, 0.0]), 0.2, ramp=0.2)
+        program = balance.MotionProgram("static", model.name, (sweep.samples()[1][0], sweep))
+        balance.run_program(program.requests(), send, poll=0.02, timeout=30.0)
+        status = send({"cmd": "status"})
+        assert status["fault"] is None and not status["moving"]
+        np.testing.assert_allclose(status["q"], sweep.samples()[1][-1], atol=2e-3)
+        refused = balance.MotionProgram("static", model.name, (np.array([0.0, 0.0, 9.0, 0.0, 0.0, 0.0]),))
+        with pytest.raises(InputError, match="motion step 1 .*refused by the driver: .*j3"):
+            balance.run_program(refused.requests(), send, poll=0.02, timeout=30.0)
+    finally:
+        sock.close(0)
+        drv.stop()
+        sim.stop()
