@@ -21,7 +21,6 @@ Run alone, it prints its rows: `python -m benchmarks.payload_seed001`.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np

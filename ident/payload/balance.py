@@ -88,6 +88,8 @@ class Sweep:
         (raised-cosine velocity, ramp seconds) before start and after end."""
         d = self.end - self.start
         length = float(np.max(np.abs(d)))
+        if not (length > 0 and self.speed > 0 and self.ramp > 0):
+            raise BalanceError(f"{self.name}: a sweep needs distinct start and end, a positive speed and ramp")
         u = d / length
         cruise = length / self.speed
         total = cruise + 2 * self.ramp
