@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -32,8 +33,9 @@ def register(sub) -> None:
     plan.add_argument("--out", "-o", required=True, metavar="FILE", help="the motion file to write")
     plan.add_argument("--joints", choices=("wrist", "all"), default="wrist",
                       help="dynamic: excite the wrist joints only or all joints (default wrist)")
-    plan.add_argument("--speed", type=float, default=5.0, metavar="DEG_S",
-                      help="torque-balance and static: constant sweep speed, deg/s (default 5)")
+    plan.add_argument("--speed", type=float, default=None, metavar="DEG_S",
+                      help="torque-balance and static: constant sweep speed, deg/s (default: the method's; "
+                           "torque balance: the seed's 1 deg/s)")
     plan.add_argument("--count", type=int, default=12, help="static: number of poses (default 12)")
     plan.add_argument("--seed", type=int, default=0, help="random seed of the optimisers")
     plan.set_defaults(run=_plan)
@@ -54,6 +56,15 @@ def register(sub) -> None:
     ident.add_argument("--out", "-o", default="armid-payload", metavar="DIR", help="output directory")
     ident.add_argument("--quiet", action="store_true", help="no progress on stderr")
     ident.set_defaults(run=_identify)
+
+    run = psub.add_parser("run", help="drive a torque-balance or static motion program on a running driver",
+                          description="Sends the program's steps (move_to, constant-velocity run_trajectory) one "
+                                      "after the other, each once the previous motion has ended. Record the run "
+                                      "with `armid record` or `armid driver --record`.")
+    run.add_argument("program", help="the motion file of `armid payload plan`")
+    run.add_argument("--commands", default="tcp://127.0.0.1:5556", help="the driver's command endpoint")
+    run.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each of the driver's replies")
+    run.set_defaults(run=_run_program)
 
     apply = psub.add_parser("apply", help="send an identified payload to a running driver (set_payload)")
     apply.add_argument("result", help="payload.json of `armid payload identify`")
@@ -77,18 +88,17 @@ def _plan(args: argparse.Namespace) -> int:
         excitation.save(traj, out)
         print(f"payload excitation ({args.joints} joints): {out}")
         return 0
-    if not args.speed > 0:
+    if args.speed is not None and not (math.isfinite(args.speed) and args.speed > 0):
         raise InputError(f"--speed: expected a speed > 0 deg/s, got {args.speed}")
+    speed = {} if args.speed is None else {"speed": math.radians(args.speed)}
     if args.method == "torque-balance":
         from ident.payload import balance
 
-        plan = balance.plan(model, speed=args.speed)
+        plan = balance.plan(model, **speed)
     else:
         from ident.payload import static
 
-        if args.count < 4:
-            raise InputError(f"--count: the static method needs at least 4 poses, got {args.count}")
-        plan = static.plan(model, count=args.count, speed=args.speed, seed=args.seed)
+        plan = static.plan(model, count=args.count, seed=args.seed, **speed)
     plan.write(out)
     targets = out.with_suffix(".targets.csv")
     plan.targets_csv(targets)
@@ -166,10 +176,45 @@ def _identify(args: argparse.Namespace) -> int:
     return 0
 
 
+def driver_link(endpoint: str, timeout_s: float):
+    """send(request dict) -> reply dict over a REQ socket to the driver's command endpoint, and close();
+    InputError when the driver does not answer within timeout_s."""
+    import zmq
+
+    from ident.errors import InputError
+
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+    sock.connect(endpoint)
+
+    def send(request: dict) -> dict:
+        try:
+            sock.send_json(request)
+            return sock.recv_json()
+        except zmq.Again:
+            raise InputError(f"{endpoint}: no reply from the driver within {timeout_s} s") from None
+
+    return send, sock.close
+
+
+def _run_program(args: argparse.Namespace) -> int:
+    from ident.payload import balance
+
+    program = balance.load_program(args.program)
+    send, close = driver_link(args.commands, args.timeout)
+    try:
+        steps = program["steps"]
+        print(f"{args.program}: {len(steps)} steps", file=sys.stderr)
+        balance.run_program(steps, send)
+    finally:
+        close()
+    print(f"{args.program}: done")
+    return 0
+
+
 def _apply(args: argparse.Namespace) -> int:
     import json
-
-    import zmq
 
     from ident.errors import InputError
 
@@ -184,17 +229,11 @@ def _apply(args: argparse.Namespace) -> int:
     command = chosen[0].get("set_payload")
     if not command:
         raise InputError(f"{args.result}: the {chosen[0].get('method')} estimate has no mass and centre of mass to apply")
-    sock = zmq.Context.instance().socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, int(args.timeout * 1000))
+    send, close = driver_link(args.commands, args.timeout)
     try:
-        sock.connect(args.commands)
-        sock.send_json(command)
-        reply = sock.recv_json()
-    except zmq.Again:
-        raise InputError(f"{args.commands}: no reply from the driver within {args.timeout} s") from None
+        reply = send(command)
     finally:
-        sock.close()
+        close()
     if not reply.get("ok"):
         raise InputError(f"driver refused set_payload: {reply.get('error')}")
     print(f"payload set on the driver: {reply.get('payload')}")

@@ -132,24 +132,12 @@ def _gains(F: np.ndarray, M: np.ndarray) -> np.ndarray:
     return out
 
 
-def d_optimal(irr: IrreducibleModel, count: int, candidates=None, *, n_candidates: int = 500, seed: int = 0,
-              max_passes: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """D-optimal plan of `count` poses from candidates (M, n) (default: n_candidates random poses within
-    the limits). Greedy forward selection, then exchange passes (Fedorov): each pass tries to swap the
-    quarter of the plan that adds least to det(J^T J) for the best candidate, until no swap raises it.
-    Returns (plan (count, n), indices into the candidates)."""
-    cm = irr.model
-    Q = random_configurations(cm, n_candidates, seed) if candidates is None else np.asarray(candidates, float)
-    if Q.ndim != 2 or Q.shape[1] != cm.n or not np.all(np.isfinite(Q)):
-        raise InputError(f"candidates: expected finite (M, {cm.n}) joint values")
-    outside = np.flatnonzero(np.any((Q < cm.q_min - 1e-12) | (Q > cm.q_max + 1e-12), axis=1))
-    if outside.size:
-        raise InputError(f"candidates: pose {int(outside[0])} is outside the joint limits")
-    if count > len(Q):
-        raise InputError(f"plan: {count} poses requested from only {len(Q)} candidates")
-    F = np.ascontiguousarray(_blocks(irr, Q))
+def select_d_optimal(F: np.ndarray, count: int, *, max_passes: int = 10) -> np.ndarray:
+    """Indices (count,) of the candidate blocks F (M, r, p) that maximise det(sum F_c^T F_c): greedy forward
+    selection, then exchange passes (Fedorov): each pass tries to swap the quarter of the plan that adds
+    least to the determinant for the best candidate, until no swap raises it. count <= M."""
     p = F.shape[2]
-    M = np.eye(p) * 1e-9 * max(np.einsum("crp,crp->", F, F) / len(Q), 1e-300)
+    M = np.eye(p) * 1e-9 * max(np.einsum("crp,crp->", F, F) / len(F), 1e-300)
     chosen: list[int] = []
     for _ in range(count):
         g = _gains(F, M)
@@ -176,5 +164,24 @@ def d_optimal(irr: IrreducibleModel, count: int, candidates=None, *, n_candidate
                 swapped = True
         if not swapped:
             break
-    idx = np.array(chosen)
+    return np.array(chosen)
+
+
+def d_optimal(irr: IrreducibleModel, count: int, candidates=None, *, n_candidates: int = 500, seed: int = 0,
+              max_passes: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """D-optimal plan of `count` poses from candidates (M, n) (default: n_candidates random poses within
+    the limits). Greedy forward selection, then exchange passes (Fedorov): each pass tries to swap the
+    quarter of the plan that adds least to det(J^T J) for the best candidate, until no swap raises it.
+    Returns (plan (count, n), indices into the candidates)."""
+    cm = irr.model
+    Q = random_configurations(cm, n_candidates, seed) if candidates is None else np.asarray(candidates, float)
+    if Q.ndim != 2 or Q.shape[1] != cm.n or not np.all(np.isfinite(Q)):
+        raise InputError(f"candidates: expected finite (M, {cm.n}) joint values")
+    outside = np.flatnonzero(np.any((Q < cm.q_min - 1e-12) | (Q > cm.q_max + 1e-12), axis=1))
+    if outside.size:
+        raise InputError(f"candidates: pose {int(outside[0])} is outside the joint limits")
+    if count > len(Q):
+        raise InputError(f"plan: {count} poses requested from only {len(Q)} candidates")
+    F = np.ascontiguousarray(_blocks(irr, Q))
+    idx = select_d_optimal(F, count, max_passes=max_passes)
     return Q[idx], idx
