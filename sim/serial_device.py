@@ -136,7 +136,8 @@ class SerialDevice:
     external_clock = False
 
     def __init__(self, port: str | None = None, *, baudrate: int = 3_000_000,
-                 watchdog_s: float = sp.DEFAULT_WATCHDOG_US * 1e-6, heartbeat_s: float = 0.1, state_queue: int = 8):
+                 watchdog_s: float = sp.DEFAULT_WATCHDOG_US * 1e-6, heartbeat_s: float = 0.1, state_queue: int = 8,
+                 step_on_command: bool = False):
         for name, v in (("watchdog_s", watchdog_s), ("heartbeat_s", heartbeat_s)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise InputError(f"serial device: {name}: expected seconds > 0, got {v!r}")
@@ -144,6 +145,9 @@ class SerialDevice:
             raise InputError(f"serial device: state_queue: expected 1..{_MAX_QUEUED}, got {state_queue!r}")
         if port is not None and not isinstance(port, str):
             raise InputError(f"serial device: port: expected a port name or URL, got {port!r}")
+        if not isinstance(step_on_command, bool):
+            raise InputError(f"serial device: step_on_command: expected true or false, got {step_on_command!r}")
+        self.external_clock = step_on_command
         self.port, self.baudrate = port, int(baudrate)
         self.watchdog_s, self.heartbeat_s, self.state_queue = float(watchdog_s), float(heartbeat_s), state_queue
         self.default_watchdog_s = self.watchdog_s
@@ -379,3 +383,6 @@ class SerialDevice:
         except InputError as exc:
             self.counters.rejected += 1
             log.warning("serial device: COMMAND refused: %s", exc)
+            return
+        if self.external_clock:
+            self.sim.step(1)

@@ -347,3 +347,38 @@ def test_a_state_that_does_not_fit_the_wire_is_counted_and_not_sent_never_clippe
     dev._on_cycle(sample)
     states = [m for m in dev._tx if isinstance(m, sp.State)]
     assert len(states) == 1 and states[0].current.tolist() == [0, 0, 0, 0, 1_500_000, 0]
+
+
+def test_a_host_clocked_device_steps_once_per_command_and_answers_each_with_that_cycles_state():
+    """step_on_command: no clock of its own; each accepted COMMAND is one cycle, answered by its STATE (the
+    simulator's sample of that cycle); a refused COMMAND (wrong joint count) steps nothing."""
+    dev = SerialDevice(watchdog_s=5.0, step_on_command=True)
+    sim = Simulator("generic6", transport=dev, seed=1)
+    assert sim.external_clock
+    history: dict[int, np.ndarray] = {}
+    sim.add_cycle_callback(lambda s: history.__setitem__(s.cycle, s.position_counts.copy()))
+    sim.start()
+    host = Host(dev.path)
+    try:
+        host.hello()
+        time.sleep(0.05)
+        host.pump(heartbeat=False)
+        assert host.states == 0 and sim.read_state().cycle == 0          # silent until the host commands
+        hold = np.zeros(sim.n, dtype=np.int64)
+        for k in range(1, 31):
+            host.command(cia402.CW_SHUTDOWN, Mode.CSP, hold)
+            host.wait(f"the STATE of command {k}", lambda: host.states >= k, heartbeat=False)
+        assert sim.read_state().cycle == 30 and host.states == 30
+        assert [s.cycle for s in host.log] == list(range(1, 31))
+        np.testing.assert_array_equal(host.state.position, history[30])
+        host.send(sp.Command(controlword=[6], mode=[8], target_position=[0], target_torque=[0]))
+        host.wait("the refusal", lambda: dev.counters.rejected == 1, heartbeat=False)
+        assert sim.read_state().cycle == 30
+    finally:
+        host.close()
+        sim.stop()
+
+
+def test_step_on_command_must_be_a_boolean():
+    with pytest.raises(InputError, match="step_on_command"):
+        SerialDevice(step_on_command="yes")
