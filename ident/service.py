@@ -219,7 +219,9 @@ class IdentService:
         if t.shape[0] < 2000:
             raise InputError(f"identify_now: {t.shape[0]} contiguous samples buffered; at least 2000 are needed")
         rec = Recording(t, q, tau, None, None, "live stream")
-        return result_document(identify(self.model, rec, base=self.identifier.base))
+        # the same low-pass as the online filter (ident.online: the batch pipeline's, causal with a delay)
+        return result_document(identify(self.model, rec, base=self.identifier.base,
+                                        cutoff_hz=self.identifier.samples.cutoff_hz))
 
     def _watch_stream(self, pub: zmq.Socket, now: float) -> None:
         if self._last_rx == 0.0:
@@ -257,7 +259,8 @@ class IdentService:
                 return {"ok": True, "model": self.model.name, "stream": self.stream_state, "frozen": self.identifier.frozen,
                         "counters": vars(c), "messages": self.messages, "malformed": self.malformed,
                         "repeated": self.repeated,
-                        "parameters": self.identifier.p, "delay_samples": self.identifier.delay}
+                        "parameters": self.identifier.p, "delay_samples": self.identifier.delay,
+                        "cutoff_hz": self.identifier.samples.cutoff_hz}
             if cmd == "reset":
                 self._flush()
                 self.identifier.reset()
