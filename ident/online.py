@@ -25,8 +25,9 @@ Rows of joints slower than `min_speed` (rad/s, by default the batch pipeline's t
 friction is ill-modelled, get weight 0.
 
 **Per-joint weights as in the batch WLS (Gautier), by a first pass** (`JointWeightedRLS`): until every
-joint has `warmup_rows` used rows, the rows are kept and fed with unit weights (the estimate is the OLS
-one). Then sigma_j = sqrt(||y_j - Y_j theta||^2 / max(r_j - p, 1)) from the a-posteriori residuals of
+joint has `warmup_rows` used rows (joints with fewer than a tenth of that are taken as not moving, and
+get the largest sigma_j of the others), the rows are kept and fed with unit weights (the estimate is the
+OLS one). Then sigma_j = sqrt(||y_j - Y_j theta||^2 / max(r_j - p, 1)) from the a-posteriori residuals of
 those rows (the batch pipeline's formula, ident.estimate), the filter restarts and replays them with
 weights 1/sigma_j, and every later row of joint j is weighted 1/sigma_j. With no forgetting the estimate
 is then the WLS estimate of all rows with those weights. Giving `joint_sigma` skips the first pass.
@@ -113,6 +114,11 @@ def zero_phase_kernels(cutoff_hz: float, rate_hz: float, order: int = 4) -> np.n
     return np.stack([hp[i + 1], (hp[i] - hp[i + 2]) / (2.0 * dt), (hp[i] - 2.0 * hp[i + 1] + hp[i + 2]) / dt ** 2])
 
 
+def _window_dot(x: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """(N - L + 1, n): for every window of L = len(c) samples of x (N, n), sum_i x[k + i] c[i]."""
+    return np.stack([np.correlate(x[:, j], c, "valid") for j in range(x.shape[1])], axis=1)
+
+
 @dataclass
 class WindowRows:
     """Samples at the centres of the window: seq (K,) device sample indices; q (rad), qd (rad/s),
@@ -123,6 +129,7 @@ class WindowRows:
     qd: np.ndarray
     qdd: np.ndarray
     tau: np.ndarray
+    steady: np.ndarray      # (K, n) bool: no velocity reversal of the joint inside the window
 
     @property
     def count(self) -> int:
@@ -212,10 +219,10 @@ class SampleWindow:
         parts = [p for p in parts if p.count]
         if not parts:
             e = np.empty((0, self.n))
-            return WindowRows(np.empty(0, dtype=np.int64), e, e, e, e)
+            return WindowRows(np.empty(0, dtype=np.int64), e, e, e, e, np.empty((0, self.n), dtype=bool))
         if len(parts) == 1:
             return parts[0]
-        return WindowRows(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("seq", "q", "qd", "qdd", "tau")))
+        return WindowRows(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("seq", "q", "qd", "qdd", "tau", "steady")))
 
     def _run(self, seq, q, tau, measured) -> WindowRows:
         S = np.concatenate([self._hist_seq, seq])
@@ -232,9 +239,11 @@ class SampleWindow:
         real = M[centre]                                                    # rows only at measured samples
         if not real.any():
             return self._rows([])
-        wq = np.lib.stride_tricks.sliding_window_view(Q, L, axis=0)[real]  # (K', n, L)
-        wt = np.lib.stride_tricks.sliding_window_view(T, L, axis=0)[real]
-        return WindowRows(S[centre][real], wq @ self._c[0], wq @ self._c[1], wq @ self._c[2], wt @ self._c[0])
+        q_c, qd_c, qdd_c = (_window_dot(Q, self._c[d])[real] for d in range(3))
+        # a velocity reversal of joint j inside the window: sign(q[i+1] - q[i-1]) not constant over it
+        direction = np.sign(Q[2:] - Q[:-2])
+        steady = np.abs(_window_dot(direction, np.ones(L - 2))[real]) == L - 2
+        return WindowRows(S[centre][real], q_c, qd_c, qdd_c, _window_dot(T, self._c[0])[real], steady)
 
 
 class JointWeightedRLS:
@@ -278,7 +287,8 @@ class JointWeightedRLS:
         if self._pending:
             self._kept.append((np.array(Phi, dtype=float), np.array(y, dtype=float), np.array(use, dtype=bool)))
             self._kept_rows += np.asarray(use, dtype=bool).sum(axis=0)
-            if self._kept_rows.min() >= self.warmup_rows:
+            kept, enough = self._kept_rows, self.warmup_rows
+            if kept.max() >= enough and np.all((kept >= enough) | (kept < enough // 10)):
                 self._first_pass_done()
         return err
 
@@ -287,7 +297,10 @@ class JointWeightedRLS:
         y = np.concatenate([k[1] for k in self._kept])
         use = np.concatenate([k[2] for k in self._kept])
         e = np.where(use, y - Phi @ self.rls.theta, 0.0)
-        sigma = np.sqrt(np.sum(e * e, axis=0) / np.maximum(use.sum(axis=0) - self.p, 1))
+        rows = use.sum(axis=0)
+        sigma = np.sqrt(np.sum(e * e, axis=0) / np.maximum(rows - self.p, 1))
+        moving = rows >= self.warmup_rows // 10
+        sigma[~moving] = np.max(sigma[moving])                      # a joint not moving yet: the largest
         scale = np.sqrt(np.mean(np.where(use, y * y, 0.0)))
         sigma = np.maximum(sigma, max(1e-12 * scale, 1e-300))      # exact data still give finite weights
         self.rls.reset(*self._origin)
