@@ -358,8 +358,12 @@ class OnlineIdentifier:
         rows = self.samples.push(seq, q, tau)
         if not rows.count:
             return 0
-        Yb = self.base.regressor(dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd))   # (K, n, b)
-        return self._feed(Yb, rows.tau, np.abs(rows.qd) >= self.min_speed)
+        return self.feed(rows, dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd))
+
+    def feed(self, rows: WindowRows, Y: np.ndarray) -> int:
+        """Use rows of a SampleWindow with their full regressor Y (K, n, 14 n) (push does both; a caller
+        that feeds several estimators from one window computes them once)."""
+        return self._feed(self.base.regressor(Y), rows.tau, np.abs(rows.qd) >= self.min_speed)
 
     def _feed(self, Yb: np.ndarray, y: np.ndarray, use: np.ndarray) -> int:
         if self.frozen:

@@ -31,6 +31,7 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
+from ident import dynamics
 from ident.errors import InputError
 from ident.model import Model
 from ident.online import OnlineIdentifier
@@ -203,10 +204,16 @@ class IdentService:
     def _flush(self) -> None:
         k = self._k
         if k:
-            self.identifier.push(self._seq[:k], self._q[:k], self._tau[:k])
-            if self.payload is not None:
+            if self.payload is None:
+                self.identifier.push(self._seq[:k], self._q[:k], self._tau[:k])
+            else:                  # one window and one regressor call for both estimators
+                o = self.identifier
+                rows = o.samples.push(self._seq[:k], self._q[:k], self._tau[:k])
                 known = len(self.payload.changes)
-                self.payload.push(self._seq[:k], self._q[:k], self._tau[:k])
+                if rows.count:
+                    Y = dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd)
+                    o.feed(rows, Y)
+                    self.payload.feed(rows, Y)
                 for change in self.payload.changes[known:]:
                     self.log(f"ident-service: payload change detected at sample {change.seq}")
                     self._events.append({"time": time.time(), "model": self.model.name, **change.to_json()})

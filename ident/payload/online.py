@@ -51,7 +51,7 @@ from ident.base_params import BaseParameters, base_parameters
 from ident.batch import DEFAULT_SLOW_VELOCITY
 from ident.errors import InputError
 from ident.model import PARAMS_PER_JOINT, Model
-from ident.online import Counters, JointWeightedRLS, SampleWindow
+from ident.online import Counters, JointWeightedRLS, SampleWindow, WindowRows
 from ident.payload.result import PARAMETER_NAMES, Combination, PayloadEstimate
 from ident.preprocess import NOISE_CUTOFF_HZ
 
@@ -138,7 +138,11 @@ class OnlinePayload:
         rows = self.samples.push(seq, q, tau)
         if not rows.count:
             return 0
-        Y = dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd)          # (K, n, 14 n)
+        return self.feed(rows, dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd))
+
+    def feed(self, rows: WindowRows, Y: np.ndarray) -> int:
+        """Use rows of a SampleWindow (with this tracker's cut-off) and their full regressor Y (K, n, 14 n),
+        e.g. those an OnlineIdentifier on the same stream computed. Returns the number of rows."""
         # = dynamics.load_regressor (the payload is rigidly part of the last link), one kernel call for both
         Yl = Y[:, :, self._last_link] @ self._flange_to_link
         y = rows.tau - self.base.regressor(Y) @ self.arm_theta
