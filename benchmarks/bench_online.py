@@ -1,7 +1,7 @@
 """Online identification: the RLS kernel's cost per sample, and the service on a live 1 kHz stream.
 
 Prints `name: value unit (reference: value unit, ratio x)`:
-  - us per RLS update of one sample (6 rows) for the generic6 base set with friction (58 parameters) and
+  - CPU us per RLS update of one sample (6 rows) for the generic6 base set with friction (58 parameters) and
     for the payload's 10 parameters, numba kernel (ident.rls) beside a plain numpy implementation of the
     same update (the same scalar row updates with numpy vector operations), issue 6 target <= 10 us;
   - the service's CPU (% of one core, from /proc/PID/stat) on a 1 kHz state stream, `armid ident-service`
@@ -104,7 +104,8 @@ def numpy_rls(theta, P, Phi, y, w, lam):
 
 
 def time_rls(p: int, N: int = 4000, N_ref: int = 400) -> tuple[float, float]:
-    """us per sample (6 rows): numba kernel, numpy reference (best of 3)."""
+    """CPU us per sample (6 rows): numba kernel, numpy reference (best of 3; both single-threaded, timed by
+    time.process_time, which other processes on a shared machine disturb less than the wall clock)."""
     rng = np.random.default_rng(1)
     Phi = rng.normal(size=(N, 6, p))
     y = Phi @ rng.normal(size=p) + 0.01 * rng.normal(size=(N, 6))
@@ -112,14 +113,14 @@ def time_rls(p: int, N: int = 4000, N_ref: int = 400) -> tuple[float, float]:
     RecursiveLS(p, 6, forgetting=0.9999).update(Phi[:10], y[:10])     # load the compiled kernel
     for _ in range(3):
         rls = RecursiveLS(p, 6, forgetting=0.9999)
-        t = time.perf_counter()
+        t = time.process_time()
         for k in range(0, N, 100):              # batches of 100 samples, as the service's 10 Hz flushes
             rls.update(Phi[k:k + 100], y[k:k + 100])
-        best = min(best, (time.perf_counter() - t) / N * 1e6)
+        best = min(best, (time.process_time() - t) / N * 1e6)
         theta, P = np.zeros(p), np.eye(p) * 1e4
-        t = time.perf_counter()
+        t = time.process_time()
         numpy_rls(theta, P, Phi[:N_ref], y[:N_ref], np.ones(6), 0.9999)
-        ref = min(ref, (time.perf_counter() - t) / N_ref * 1e6)
+        ref = min(ref, (time.process_time() - t) / N_ref * 1e6)
     return best, ref
 
 
@@ -179,11 +180,11 @@ def main() -> None:
     model = load_model("generic6")
     p = base_parameters(model).count
     ours, ref = time_rls(p)
-    print(f"rls update, {p} base parameters, 6 rows: {ours:.2f} us/sample (reference: numpy {ref:.2f} us/sample, "
-          f"ratio {ref / ours:.1f}x)")
+    print(f"rls update, {p} base parameters, 6 rows: {ours:.2f} us/sample CPU (reference: numpy {ref:.2f} "
+          f"us/sample CPU, ratio {ref / ours:.1f}x)")
     ours, ref = time_rls(10)
-    print(f"payload rls update, 10 parameters, 6 rows: {ours:.2f} us/sample (reference: numpy {ref:.2f} us/sample, "
-          f"ratio {ref / ours:.1f}x)")
+    print(f"payload rls update, 10 parameters, 6 rows: {ours:.2f} us/sample CPU (reference: numpy {ref:.2f} "
+          f"us/sample CPU, ratio {ref / ours:.1f}x)")
     delay_ms = SampleWindow(6, rate_hz=args.rate).delay / args.rate * 1e3
     with tempfile.TemporaryDirectory() as tmp:
         state = f"ipc://{tmp}/state"
