@@ -35,7 +35,7 @@ from ident import dynamics
 from ident.errors import InputError
 from ident.model import Model
 from ident.online import OnlineIdentifier
-from ident.payload.online import OnlinePayload
+from ident.payload.online import OnlinePayload, cusum
 
 TOPIC_ESTIMATE = b"estimate"
 TOPIC_HEALTH = b"health"
@@ -105,12 +105,24 @@ class IdentService:
             self.log(f"ident-service: estimate loaded from {self.estimate_file}")
         if self.payload_arm is not None:
             self.track_payload(self.payload_arm)
+        self._load_kernels()
         self._thread = threading.Thread(target=self._run, name="armid-ident-service", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
             raise RuntimeError("ident-service: sockets not ready")
         if self.error is not None:
             raise self.error
+
+    def _load_kernels(self) -> None:
+        """Load the compiled kernels now (numba's disk cache, or a compile on a fresh install), not at the
+        first batch of samples, which would then wait behind them."""
+        n, o = self.model.n, self.identifier
+        z = np.zeros((1, n))
+        dynamics.regressor(self.model, z, z, z)
+        o.rls.update(np.zeros((0, n, o.p)), np.zeros((0, n)))
+        if self.payload is not None:
+            self.payload.rls.update(np.zeros((0, n, 10)), np.zeros((0, n)))
+            cusum(0.0, np.zeros(0), 1.0, 1.0)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
