@@ -10,7 +10,8 @@ updates (no matrix inverse), then the covariance is divided by the forgetting fa
 
 Wind-up protection: when forgetting would push trace(P) above trace_max (the data carry no information in
 some direction, so P grows without bound there), the division is skipped for that sample (bounded-trace
-forgetting). P is kept symmetric.
+forgetting). P is kept symmetric. The row update is compiled with fastmath (vectorised reductions); the
+finiteness checks before it are not.
 
 With lambda = 1 and P0 = (Phi0' W Phi0)^-1, theta0 the WLS solution of an initial block, RLS reproduces
 the batch WLS solution of all the data exactly (to rounding): the tests check this identity.
@@ -26,6 +27,28 @@ import numpy as np
 from numba import njit
 
 
+@njit(cache=True, nogil=True, fastmath=True)
+def _row_update(theta, P, phi, wj, e, Pr):
+    """One weighted scalar row: r = wj phi, z = wj e (e the a-priori error). Returns the weighted error.
+    Only finite numbers reach here (fastmath: no NaN/inf semantics inside)."""
+    p = phi.shape[0]
+    denom = 1.0
+    for a in range(p):
+        s = 0.0
+        for b in range(p):
+            s += P[a, b] * phi[b]
+        Pr[a] = wj * s
+        denom += wj * phi[a] * Pr[a]
+    ze = wj * e
+    for a in range(p):
+        theta[a] += Pr[a] * ze / denom
+    for a in range(p):
+        ga = Pr[a] / denom
+        for b in range(p):
+            P[a, b] -= ga * Pr[b]
+    return ze
+
+
 @njit(cache=True, nogil=True)
 def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
     """Process N samples: Phi (N, m, p), y (N, m), w (N, m) row weights (0 leaves a row out). Updates theta (p,) and P (p, p)
@@ -37,7 +60,7 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
     for k in range(N):
         finite = True
         for j in range(m):
-            if not math.isfinite(y[k, j]):
+            if not math.isfinite(y[k, j]) or not math.isfinite(w[k, j]):
                 finite = False
             for i in range(p):
                 if not math.isfinite(Phi[k, j, i]):
@@ -56,36 +79,22 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
             wj = w[k, j]
             if wj == 0.0:
                 continue
-            # Pr = P r, with r = wj * Phi[k, j]
-            denom = 1.0
-            for a in range(p):
-                s = 0.0
-                for b in range(p):
-                    s += P[a, b] * Phi[k, j, b]
-                Pr[a] = wj * s
-            for a in range(p):
-                denom += wj * Phi[k, j, a] * Pr[a]
-            ze = wj * e
+            ze = _row_update(theta, P, Phi[k, j], wj, e, Pr)
             stats[0] += ze * ze
             stats[1] += 1.0
-            for a in range(p):
-                theta[a] += Pr[a] * ze / denom
-            for a in range(p):
-                ga = Pr[a] / denom
-                for b in range(p):
-                    P[a, b] -= ga * Pr[b]
         # forgetting, bounded trace
         if lam < 1.0:
             tr = 0.0
             for a in range(p):
                 tr += P[a, a]
             if tr / lam <= trace_max:
+                inv = 1.0 / lam
                 for a in range(p):
                     for b in range(p):
-                        P[a, b] /= lam
+                        P[a, b] *= inv
             else:
                 stats[2] += 1.0
-        # symmetry
+        # symmetry (rounding in the row updates)
         for a in range(p):
             for b in range(a + 1, p):
                 s = 0.5 * (P[a, b] + P[b, a])

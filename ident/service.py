@@ -10,6 +10,8 @@ One thread polls two sockets:
 and publishes on its own PUB socket:
   topic b"estimate"  JSON: names, theta, sigma %, torque prediction RMS per joint, samples, converged, ...
   topic b"health"    JSON: the stream's state ("ok", "stopped", "resumed"), counters of dropped messages.
+  topic b"payload"   JSON (with payload tracking, ident.payload.online): the payload estimate, at the same rate;
+  topic b"event"     JSON, once per detected payload change.
 
 A message that is not a version-1 state message of this model's joint count is counted and dropped.
 Samples are indexed by the drives' clock, round(device_time * rate_hz): a message repeating the previous
@@ -29,26 +31,40 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
+from ident import dynamics
 from ident.errors import InputError
 from ident.model import Model
 from ident.online import OnlineIdentifier
+from ident.payload.online import OnlinePayload, cusum
 
 TOPIC_ESTIMATE = b"estimate"
 TOPIC_HEALTH = b"health"
+TOPIC_PAYLOAD = b"payload"
+TOPIC_EVENT = b"event"
+PAYLOAD_ARMS = ("model", "estimate")
 
 
 class IdentService:
-    """IdentService(model, state_endpoint=..., publish_endpoint=..., command_endpoint=..., ...)."""
+    """IdentService(model, state_endpoint=..., publish_endpoint=..., command_endpoint=..., ...).
+
+    payload: None (no payload tracking), "model" (track the payload with the model's own arm parameters)
+    or "estimate" (with the service's estimate when tracking starts, held fixed: the one loaded from
+    estimate_file at start, or the current one on the payload_track command)."""
 
     def __init__(self, model: Model, *, state_endpoint: str = "tcp://127.0.0.1:5555",
                  publish_endpoint: str = "tcp://127.0.0.1:5557", command_endpoint: str = "tcp://127.0.0.1:5558",
                  publish_hz: float = 10.0, stale_s: float = 0.5, estimate_file: str | None = None,
-                 buffer_s: float = 120.0,
+                 buffer_s: float = 120.0, payload: str | None = None,
                  context: zmq.Context | None = None, log=None, **identifier_options):
         if not publish_hz > 0 or not stale_s > 0:
             raise InputError("publish_hz and stale_s: expected positive numbers")
+        if payload is not None and payload not in PAYLOAD_ARMS:
+            raise InputError(f"payload: expected one of {', '.join(PAYLOAD_ARMS)} (the arm's parameters), got {payload!r}")
         self.model = model
         self.identifier = OnlineIdentifier(model, **identifier_options)
+        self.payload_arm = payload
+        self.payload: OnlinePayload | None = None
+        self._events: list[dict] = []
         self.endpoints = {"state": state_endpoint, "publish": publish_endpoint, "commands": command_endpoint}
         self.publish_period = 1.0 / publish_hz
         self.stale_s = float(stale_s)
@@ -87,12 +103,26 @@ class IdentService:
         if self.estimate_file and Path(self.estimate_file).exists():
             self.identifier.load(self.estimate_file)
             self.log(f"ident-service: estimate loaded from {self.estimate_file}")
+        if self.payload_arm is not None:
+            self.track_payload(self.payload_arm)
+        self._load_kernels()
         self._thread = threading.Thread(target=self._run, name="armid-ident-service", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
             raise RuntimeError("ident-service: sockets not ready")
         if self.error is not None:
             raise self.error
+
+    def _load_kernels(self) -> None:
+        """Load the compiled kernels now (numba's disk cache, or a compile on a fresh install), not at the
+        first batch of samples, which would then wait behind them."""
+        n, o = self.model.n, self.identifier
+        z = np.zeros((1, n))
+        dynamics.regressor(self.model, z, z, z)
+        o.rls.update(np.zeros((0, n, o.p)), np.zeros((0, n)))
+        if self.payload is not None:
+            self.payload.rls.update(np.zeros((0, n, 10)), np.zeros((0, n)))
+            cusum(0.0, np.zeros(0), 1.0, 1.0)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -129,6 +159,8 @@ class IdentService:
                 events = dict(poller.poll(min(wait_ms, 50)))
                 if sub in events:
                     self._receive(sub)
+                while self._events:
+                    pub.send_multipart((TOPIC_EVENT, json.dumps(self._events.pop(0), allow_nan=False).encode()))
                 if rep in events:
                     rep.send(json.dumps(self.handle(_parse(rep.recv())), allow_nan=False, default=str).encode())
                 now = time.monotonic()
@@ -137,6 +169,8 @@ class IdentService:
                     next_pub = now + self.publish_period
                     self._flush()
                     pub.send_multipart((TOPIC_ESTIMATE, json.dumps(self._estimate_message(), allow_nan=False).encode()))
+                    if self.payload is not None:
+                        pub.send_multipart((TOPIC_PAYLOAD, json.dumps(self._payload_message(), allow_nan=False).encode()))
         except BaseException as exc:  # noqa: BLE001 - reported
             self.error = exc
             self.log(f"ident-service: stopped by {type(exc).__name__}: {exc}")
@@ -182,7 +216,19 @@ class IdentService:
     def _flush(self) -> None:
         k = self._k
         if k:
-            self.identifier.push(self._seq[:k], self._q[:k], self._tau[:k])
+            if self.payload is None:
+                self.identifier.push(self._seq[:k], self._q[:k], self._tau[:k])
+            else:                  # one window and one regressor call for both estimators
+                o = self.identifier
+                rows = o.samples.push(self._seq[:k], self._q[:k], self._tau[:k])
+                known = len(self.payload.changes)
+                if rows.count:
+                    Y = dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd)
+                    o.feed(rows, Y)
+                    self.payload.feed(rows, Y)
+                for change in self.payload.changes[known:]:
+                    self.log(f"ident-service: payload change detected at sample {change.seq}")
+                    self._events.append({"time": time.time(), "model": self.model.name, **change.to_json()})
             idx = (self._ring_next + np.arange(k)) % self._ring_t.shape[0]
             self._ring_t[idx], self._ring_seq[idx] = self._t[:k], self._seq[:k]
             self._ring_q[idx], self._ring_tau[idx] = self._q[:k], self._tau[:k]
@@ -219,7 +265,9 @@ class IdentService:
         if t.shape[0] < 2000:
             raise InputError(f"identify_now: {t.shape[0]} contiguous samples buffered; at least 2000 are needed")
         rec = Recording(t, q, tau, None, None, "live stream")
-        return result_document(identify(self.model, rec, base=self.identifier.base))
+        # the same low-pass as the online filter (ident.online: the batch pipeline's, causal with a delay)
+        return result_document(identify(self.model, rec, base=self.identifier.base,
+                                        cutoff_hz=self.identifier.samples.cutoff_hz))
 
     def _watch_stream(self, pub: zmq.Socket, now: float) -> None:
         if self._last_rx == 0.0:
@@ -240,6 +288,28 @@ class IdentService:
         self.log(f"ident-service: stream {msg['stream']}: {text}")
         pub.send_multipart((TOPIC_HEALTH, json.dumps(msg).encode()))
 
+    def track_payload(self, arm: str) -> None:
+        """Start (or restart) payload tracking with the arm's parameters from `arm`: "model" or "estimate"
+        (the service's current estimate, held fixed; refused before any rows were used)."""
+        if arm not in PAYLOAD_ARMS:
+            raise InputError(f"arm: expected one of {', '.join(PAYLOAD_ARMS)}, got {arm!r}")
+        theta = None
+        if arm == "estimate":
+            if self.identifier.rls.rows == 0:
+                raise InputError("payload: arm \"estimate\": the service has no estimate yet (load one, or let it "
+                                 "identify the arm first)")
+            theta = self.identifier.rls.theta.copy()
+        o = self.identifier
+        self.payload = OnlinePayload(self.model, arm_theta=theta, base=o.base, rate_hz=o.rate_hz,
+                                     cutoff_hz=o.samples.cutoff_hz, max_fill=o.max_fill, min_speed=o.min_speed)
+        self.payload_arm = arm
+
+    def _payload_message(self) -> dict:
+        p = self.payload
+        return {"time": time.time(), "model": self.model.name, "arm": self.payload_arm, "stream": self.stream_state,
+                **p.estimate().to_json(), "cusum": p.statistic, "changes": len(p.changes), "rows": p.rows,
+                "joint_sigma": None if p.fit.joint_sigma is None else p.fit.joint_sigma.tolist()}
+
     def _estimate_message(self) -> dict:
         rep = self.identifier.report()
         return {"time": time.time(), "model": self.model.name, "stream": self.stream_state, **rep.to_json(),
@@ -257,7 +327,10 @@ class IdentService:
                 return {"ok": True, "model": self.model.name, "stream": self.stream_state, "frozen": self.identifier.frozen,
                         "counters": vars(c), "messages": self.messages, "malformed": self.malformed,
                         "repeated": self.repeated,
-                        "parameters": self.identifier.p, "delay_samples": self.identifier.delay}
+                        "parameters": self.identifier.p, "delay_samples": self.identifier.delay,
+                        "cutoff_hz": self.identifier.samples.cutoff_hz,
+                        "payload": None if self.payload is None else {"arm": self.payload_arm, "rows": self.payload.rows,
+                                                                       "changes": len(self.payload.changes)}}
             if cmd == "reset":
                 self._flush()
                 self.identifier.reset()
@@ -266,6 +339,16 @@ class IdentService:
                 self._flush()
                 self.identifier.frozen = cmd == "freeze"
                 return {"ok": True, "frozen": self.identifier.frozen}
+            if cmd == "payload_track":
+                self._flush()
+                self.track_payload(req.get("arm", "model"))
+                return {"ok": True, "arm": self.payload_arm}
+            if cmd == "payload_reset":
+                if self.payload is None:
+                    return {"ok": False, "error": "payload_reset: payload tracking is off (payload_track starts it)"}
+                self._flush()
+                self.payload.reset()
+                return {"ok": True}
             if cmd == "identify_now":
                 return {"ok": True, "result": self.identify_now()}
             if cmd in ("save", "load"):
@@ -275,7 +358,7 @@ class IdentService:
                 self._flush()
                 (self.identifier.save if cmd == "save" else self.identifier.load)(path)
                 return {"ok": True, "path": path}
-            return {"ok": False, "error": f"unknown command {cmd!r} (known: freeze, identify_now, load, reset, save, status, unfreeze)"}
+            return {"ok": False, "error": f"unknown command {cmd!r} (known: freeze, identify_now, load, payload_reset, payload_track, reset, save, status, unfreeze)"}
         except InputError as exc:
             return {"ok": False, "error": str(exc)}
         except OSError as exc:

@@ -12,9 +12,13 @@ def register(sub) -> None:
     p.add_argument("--commands", default="tcp://127.0.0.1:5558", help="where to answer commands")
     p.add_argument("--rate", type=float, default=10.0, help="estimates per second (default: 10)")
     p.add_argument("--forgetting", type=float, default=1.0, help="RLS forgetting factor per sample (default: 1)")
-    p.add_argument("--window", type=int, default=41, help="differentiation window, odd number of samples (default: 41)")
+    p.add_argument("--cutoff", type=float, default=40.0,
+                   help="low-pass cut-off of q and torque, Hz, as in `armid identify` (default: 40)")
     p.add_argument("--stream-rate", type=float, default=1000.0, help="the driver's cycle rate, Hz (default: 1000)")
     p.add_argument("--estimate-file", default=None, help="JSON file the estimate is loaded from at start and saved to")
+    p.add_argument("--payload", choices=("model", "estimate"), default=None,
+                   help="also track the payload, with the arm's parameters of the model or of the loaded estimate "
+                        "(publishes topics payload and event)")
     p.set_defaults(run=_run)
 
 
@@ -33,13 +37,15 @@ def _run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     service = IdentService(model, state_endpoint=args.state, publish_endpoint=args.publish,
                            command_endpoint=args.commands, publish_hz=args.rate, estimate_file=args.estimate_file,
-                           log=log, rate_hz=args.stream_rate, window=args.window, forgetting=args.forgetting)
+                           payload=args.payload,
+                           log=log, rate_hz=args.stream_rate, cutoff_hz=args.cutoff, forgetting=args.forgetting)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
     service.start()
     log(f"ident-service: {model.name}, {service.identifier.p} base parameters; listening to {args.state}, "
-        f"estimates on {service.bound['publish']}, commands on {service.bound['commands']}")
+        f"estimates on {service.bound['publish']}, commands on {service.bound['commands']}"
+        + (f"; tracking the payload ({args.payload}'s arm parameters)" if args.payload else ""))
     while not stop.wait(0.5):
         if service.error is not None:
             break
