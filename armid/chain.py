@@ -54,19 +54,21 @@ class TransportPlan:
     sim_args: tuple[str, ...] = ()
     driver_options: tuple[tuple[str, object], ...] = ()
     slowdown: float = 1.0
+    clock: str = "auto"          # the driver's [driver] clock (docs/driver.md)
 
 
 # Rates. The simulated drives run CSP at their own cycle: they differentiate the newest target twice for the
 # velocity and acceleration feed-forward, so a target that arrives a cycle late or early is a torque spike,
-# and below 250 Hz their velocity loop (300 rad/s) is unstable. Serial: driver and simulator both at 1 kHz.
-# CAN: the drives step on each SYNC (lockstep), at 250 Hz, what one 1 Mbit/s bus carries for six drives
+# and below 250 Hz their velocity loop (300 rad/s) is unstable. Serial: the joint boards are clocked by the
+# host (step_on_command: each COMMAND is one cycle, as CAN drives step on SYNC), the driver's own 1 kHz
+# timer sets the pace (clock "host"); a late cycle delays the arm's time, it does not hold its targets. CAN: the drives step on each SYNC (lockstep), at 250 Hz, what one 1 Mbit/s bus carries for six drives
 # (docs/driver.md). Gateway: the simulator at 1 kHz, the driver at 1 kHz, new targets at the Modbus
 # exchange rate (~200-300/s): held targets are steps for the drives, hence the larger slowdown.
 # Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
 # of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
 PLANS = {
-    "serial": TransportPlan("serial", 1000.0, 2000.0, 1000.0, ("-o", "watchdog_s=2"),
-                            (("device_watchdog_ms", 2000),), 2.0),
+    "serial": TransportPlan("serial", 1000.0, 2000.0, 1000.0, ("-o", "watchdog_s=2", "-o", "step_on_command=true"),
+                            (("device_watchdog_ms", 2000),), 1.0, clock="host"),
     "can": TransportPlan("can", 250.0, 2000.0, 250.0, (), (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0)), 4.0),
     "gateway": TransportPlan("gateway", 1000.0, 2000.0, 1000.0, (), (("watchdog_ms", 2000),), 4.0),
     "sim": TransportPlan("sim", 1000.0, 2000.0, 1000.0, (), (("realtime", True),), 1.0),
@@ -105,7 +107,7 @@ def transport_options(transport: str, line: str) -> dict[str, object]:
 
 
 def driver_config(transport: str, options: dict[str, object], *, rate_hz: float, watchdog_ms: float,
-                  state: str, commands: str, model: str = "generic6") -> str:
+                  state: str, commands: str, model: str = "generic6", clock: str = "auto") -> str:
     """The text of a driver TOML file (docs/driver.md) for these transport options and endpoints."""
     def value(v: object) -> str:
         if isinstance(v, bool):
@@ -113,7 +115,7 @@ def driver_config(transport: str, options: dict[str, object], *, rate_hz: float,
         return str(v) if isinstance(v, (int, float)) else json.dumps(str(v))
 
     lines = ["[driver]", f"model = {json.dumps(model)}", f"rate_hz = {rate_hz:g}", f"watchdog_ms = {watchdog_ms:g}",
-             "[transport]", f"name = {json.dumps(transport)}"]
+             f"clock = {json.dumps(clock)}", "[transport]", f"name = {json.dumps(transport)}"]
     lines += [f"{k} = {value(v)}" for k, v in options.items()]
     lines += ["[zmq]", f"state = {json.dumps(state)}", f"commands = {json.dumps(commands)}"]
     return "\n".join(lines) + "\n"
@@ -317,7 +319,7 @@ class Chain:
         options = {**self.connection, **dict(p.driver_options)}
         cfg = self.workdir / "driver.toml"
         cfg.write_text(driver_config(p.name, options, rate_hz=p.rate_hz, watchdog_ms=p.watchdog_ms,
-                                     state=self.state, commands=self.commands))
+                                     state=self.state, commands=self.commands, clock=p.clock))
         self.driver = self._start("driver", ["driver", "--config", str(cfg)])
 
         def ready():

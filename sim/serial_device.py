@@ -366,6 +366,8 @@ class SerialDevice:
                                     watchdog_us=int(round(self.watchdog_s * 1e6)),
                                     counts_per_rev=np.full(n, self.counts_per_rev),
                                     gear_ratio=np.asarray(self.sim.model.gear_ratio, dtype=float)))
+            if self.external_clock:      # host-clocked: one cycle, so the host has a first STATE to start from
+                self.sim.step(1)
         elif not isinstance(msg, sp.Heartbeat):
             self.counters.unexpected += 1
 

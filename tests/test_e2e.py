@@ -39,6 +39,7 @@ def truth():
     return base.names, base.from_standard(model.standard_parameters())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("transport", chain.TRANSPORTS)
 def test_the_demo_chain_drops_nothing_and_finds_the_simulators_parameters_within_3_sigma(transport, truth, tmp_path,
                                                                                             capsys):

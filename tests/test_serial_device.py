@@ -350,8 +350,8 @@ def test_a_state_that_does_not_fit_the_wire_is_counted_and_not_sent_never_clippe
 
 
 def test_a_host_clocked_device_steps_once_per_command_and_answers_each_with_that_cycles_state():
-    """step_on_command: no clock of its own; each accepted COMMAND is one cycle, answered by its STATE (the
-    simulator's sample of that cycle); a refused COMMAND (wrong joint count) steps nothing."""
+    """step_on_command: no clock of its own; the HELLO and each accepted COMMAND are one cycle, answered by
+    its STATE (the simulator's sample of that cycle); a refused COMMAND (wrong joint count) steps nothing."""
     dev = SerialDevice(watchdog_s=5.0, step_on_command=True)
     sim = Simulator("generic6", transport=dev, seed=1)
     assert sim.external_clock
@@ -360,20 +360,24 @@ def test_a_host_clocked_device_steps_once_per_command_and_answers_each_with_that
     sim.start()
     host = Host(dev.path)
     try:
-        host.hello()
         time.sleep(0.05)
         host.pump(heartbeat=False)
-        assert host.states == 0 and sim.read_state().cycle == 0          # silent until the host commands
-        hold = np.zeros(sim.n, dtype=np.int64)
-        for k in range(1, 31):
+        assert host.states == 0 and sim.read_state().cycle == 0          # silent until the host speaks
+        host.hello()
+        host.wait("the first STATE", lambda: host.states >= 1, heartbeat=False)
+        time.sleep(0.05)
+        host.pump(heartbeat=False)
+        assert host.states == 1 and sim.read_state().cycle == 1          # heartbeats step nothing
+        hold = host.state.position.copy()
+        for k in range(2, 32):
             host.command(cia402.CW_SHUTDOWN, Mode.CSP, hold)
             host.wait(f"the STATE of command {k}", lambda: host.states >= k, heartbeat=False)
-        assert sim.read_state().cycle == 30 and host.states == 30
-        assert [s.cycle for s in host.log] == list(range(1, 31))
-        np.testing.assert_array_equal(host.state.position, history[30])
+        assert sim.read_state().cycle == 31 and host.states == 31
+        assert [s.cycle for s in host.log] == list(range(1, 32))
+        np.testing.assert_array_equal(host.state.position, history[31])
         host.send(sp.Command(controlword=[6], mode=[8], target_position=[0], target_torque=[0]))
         host.wait("the refusal", lambda: dev.counters.rejected == 1, heartbeat=False)
-        assert sim.read_state().cycle == 30
+        assert sim.read_state().cycle == 31
     finally:
         host.close()
         sim.stop()
