@@ -85,7 +85,7 @@ def plan_for(transport: str, rate_hz: float | None = None) -> TransportPlan:
         return p
     if not (rate_hz > 0 and rate_hz <= 10000):
         raise InputError(f"rate: expected a cycle rate in (0, 10000] Hz, got {rate_hz}")
-    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz))
+    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz) if transport == "can" else p.sim_rate_hz)
 
 
 def sim_options(transport: str) -> list[str]:

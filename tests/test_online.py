@@ -183,7 +183,7 @@ def test_short_gaps_are_bridged_without_rows_at_missing_samples_and_repeats_are_
 
 def test_report_converges_on_steady_data_and_not_before(model, base, run):
     seq, q, tau = run[:3]
-    ident = OnlineIdentifier(model, base=base, p0=1e8)
+    ident = OnlineIdentifier(model, base=base, p0=1e4)
     _feed(ident, seq[:200], q[:200], tau[:200])
     assert not ident.report().converged
     flags = []
