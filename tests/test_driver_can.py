@@ -30,6 +30,7 @@ from ident.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from sim.can_device import CanDevice
+from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE_HZ = 200.0
@@ -126,12 +127,7 @@ class Rig:
 
 
 def wait(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
+    return wait_until(predicate, timeout, 0.01)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from driver.transports.local_sim import LocalSimArm
 from firmware_bridge.cia402 import State, state_of
 from ident.model import load_model
 from sim import Simulator
+from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
@@ -56,13 +57,8 @@ def _call(sock, timeout_ms=5000, **request):
     return json.loads(sock.recv())
 
 
-def _wait(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
+def _wait(predicate, timeout=10.0) -> bool:
+    return wait_until(predicate, timeout, 0.01)
 
 
 def _newest(sub, timeout=5.0):

@@ -33,6 +33,7 @@ from ident import dynamics
 from ident.errors import InputError
 from ident.model import load_model
 from sim.gateway_device import ModbusServerThread, register_device
+from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 6
@@ -48,12 +49,7 @@ def model():
 
 
 def wait_for(predicate, timeout: float = WAIT_S, poll: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(poll)
-    return False
+    return wait_until(predicate, timeout, poll)
 
 
 # -- a bare pymodbus server with an image written by hand ---------------------------------------------

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +37,7 @@ from ident import dynamics
 from ident.model import load_model
 from sim import Simulator
 from sim.serial_device import SerialDevice
+from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
@@ -51,12 +51,7 @@ def model():
 
 
 def _wait(predicate, timeout=10.0, step=0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
+    return wait_until(predicate, timeout, step)
 
 
 def _within_one_count(got, want, counts_per_rad) -> None:

@@ -15,6 +15,7 @@ from ident import excitation
 from ident.excitation import FourierTrajectory
 from ident.model import load_model
 from ident.service import IdentService
+from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,13 +25,8 @@ def model():
     return load_model("generic6")
 
 
-def _wait(pred, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
+def _wait(pred, timeout=20.0) -> bool:
+    return wait_until(pred, timeout, 0.02)
 
 
 def _req(endpoint, **request):

@@ -30,6 +30,7 @@ from driver.transports.local_sim import LocalSimArm
 from ident.model import load_model
 from sim import Simulator
 from test_driver_daemon import _call, _client
+from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
@@ -69,13 +70,8 @@ def decoded_by_mcap_ros2(path, reader=make_reader):
     return out
 
 
-def wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
+def wait_for(predicate, timeout) -> bool:
+    return wait_until(predicate, timeout, 0.02)
 
 
 def drain(sub, until_seq, timeout=30.0):
