@@ -393,14 +393,14 @@ def operational_device():
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pdo=st.sampled_from(cm.RPDOS), data=st.binary(max_size=10), joint=st.integers(0, 5))
 def test_random_rpdo_frames_become_commands_only_when_whole_and_valid(operational_device, pdo, data, joint):
+    """The frame goes through the device's RPDO handler, then the latch a SYNC does before stepping."""
     dev, sim = operational_device.device, operational_device.sim
     d = dev.drives[joint]
-    pdo_map = next(m for p, m in d.rpdos if p is pdo)
     # the simulator's pending command inputs (private: the only place a half-applied frame would show)
     before = [a.copy() for a in (sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau)]
     counts = dev.counts
-    pdo_map.data = bytearray(data)
-    dev._on_rpdo(d, pdo, pdo_map)
+    dev._on_rpdo(d, pdo, pdo.cob_id(d.node.id), bytearray(data), 0.0)
+    dev._latch_rpdos()
     after = [sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau]
     try:
         expected = rpdo_commands(pdo, data, dev.scaling.counts_per_rad[joint])
