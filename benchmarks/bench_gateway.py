@@ -9,17 +9,28 @@ Prints `name: value unit (reference: value unit, ratio x)`; run with `python ben
     simulator). ratio = ours / reference. A second line compares with the bare server running beside the same
     real-time simulator (drives enabled too) in the process, sharing the GIL with its cycle thread: the
     gateway's own cost.
+  * server CPU per exchange: the process CPU time (client and server threads) of one exchange against a bare
+    server run by the simulated gateway's server class (pymodbus's ModbusTcpServer with requests scheduled in
+    its own loop) beside the stock ModbusTcpServer (every request handed over through the loop's self-pipe).
+  * client CPU per exchange: pymodbus's sync client (what the driver's link thread uses, TCP_NODELAY) beside
+    its asyncio client, each in the calling thread, against the same bare server in its own process.
   * per-cycle cost: one simulator cycle with the gateway's cycle callback (a scaled copy of the sample, the
     watchdog; the 80 registers are encoded at the first read after a cycle, which the round trip includes)
     against the same simulator without a transport, stepped synchronously. ratio = ours / reference.
 """
 from __future__ import annotations
 
+import asyncio
+import socket
+import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import numpy as np
-from pymodbus.client import ModbusTcpClient
+from pymodbus.client import AsyncModbusTcpClient, ModbusTcpClient
+from pymodbus.server import ModbusTcpServer
 
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
@@ -36,13 +47,15 @@ def report(name: str, value: float, unit: str, ref_name: str, ref: float) -> Non
     print(f"{name}: {value:.1f} {unit} (reference: {ref_name} {ref:.1f} {unit}, ratio {ratio:.2f}x)")
 
 
-def round_trips(port: int, outputs: gw.OutputImage, seconds: float) -> float:
-    """Read all inputs + write all outputs (watchdog counting) for `seconds`; round trips per second."""
+def round_trips(port: int, outputs: gw.OutputImage, seconds: float, cpu: list | None = None) -> float:
+    """Read all inputs + write all outputs (watchdog counting) for `seconds`; round trips per second. The
+    process CPU time per round trip is appended to `cpu` when given."""
     client = ModbusTcpClient("127.0.0.1", port=port, timeout=2.0, retries=0)
     if not client.connect():
         raise SystemExit(f"bench_gateway: cannot connect to 127.0.0.1:{port}")
+    client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        count, t0 = 0, time.perf_counter()
+        count, t0, c0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
             r = client.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N))
             gw.decode_inputs(r.registers, N)
@@ -51,6 +64,8 @@ def round_trips(port: int, outputs: gw.OutputImage, seconds: float) -> float:
             if r.isError() or w.isError():
                 raise SystemExit(f"bench_gateway: refused: {r} {w}")
             count += 1
+        if cpu is not None:
+            cpu.append((time.process_time() - c0) / count)
         return count / (time.perf_counter() - t0)
     finally:
         client.close()
@@ -72,9 +87,7 @@ def enabled_csp(sim: Simulator) -> gw.OutputImage:
 def bench_round_trip(model, seconds: float, rounds: int = 5) -> None:
     """The three set-ups take turns, `rounds` times, seconds / rounds each: the machine's load drifts alike
     over all of them. Each figure is the median of its rounds."""
-    zeros = gw.OutputImage(0, 1000, *(np.zeros(N, np.int64) for _ in range(4)))
-    inputs = gw.encode_inputs(gw.InputImage(1, 0, 0, 0, *(np.zeros(N, np.int64) for _ in range(7)))).tolist()
-    bare = ModbusServerThread(register_device(gw.encode_outputs(zeros).tolist(), inputs), "127.0.0.1", 0)
+    bare = _bare_server()
     port = bare.start()
     plain = Simulator(model, realtime=True)
     ours, alone, beside = [], [], []
@@ -99,6 +112,84 @@ def bench_round_trip(model, seconds: float, rounds: int = 5) -> None:
            float(np.median(beside)))
 
 
+def _bare_server(server_class=None) -> ModbusServerThread:
+    zeros = gw.OutputImage(0, 1000, *(np.zeros(N, np.int64) for _ in range(4)))
+    inputs = gw.encode_inputs(gw.InputImage(1, 0, 0, 0, *(np.zeros(N, np.int64) for _ in range(7)))).tolist()
+    device = register_device(gw.encode_outputs(zeros).tolist(), inputs)
+    if server_class is None:
+        return ModbusServerThread(device, "127.0.0.1", 0)
+    return ModbusServerThread(device, "127.0.0.1", 0, server_class=server_class)
+
+
+def bench_server_cpu(seconds: float, rounds: int = 4) -> None:
+    """Process CPU per exchange (client + server threads) against our server class and the stock one, in turns."""
+    outputs = gw.OutputImage(0, 1000, *(np.zeros(N, np.int64) for _ in range(4)))
+    ours, stock = [], []
+    for _ in range(rounds):
+        for server_class, cpu in ((None, ours), (ModbusTcpServer, stock)):
+            server = _bare_server(server_class)
+            port = server.start()
+            try:
+                round_trips(port, outputs, seconds / rounds, cpu)
+            finally:
+                server.stop()
+    report("gateway exchange CPU, client + bare server in one process", 1e6 * float(np.median(ours)), "us",
+           "the same with pymodbus's stock ModbusTcpServer", 1e6 * float(np.median(stock)))
+
+
+_SERVER_PROCESS = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from benchmarks.bench_gateway import _bare_server
+server = _bare_server(); print(server.start(), flush=True)
+sys.stdin.read()          # until the benchmark closes our stdin
+server.stop()
+"""
+
+
+def bench_client_cpu(seconds: float, rounds: int = 4) -> None:
+    """Client CPU per exchange, sync vs asyncio pymodbus client, against a bare server in its own process."""
+    words = gw.encode_outputs(gw.OutputImage(0, 1000, *(np.zeros(N, np.int64) for _ in range(4)))).tolist()
+    count = gw.input_count(N)
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER_PROCESS, str(Path(__file__).resolve().parents[1])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+
+        def sync_client(duration: float) -> float:
+            client = ModbusTcpClient("127.0.0.1", port=port, timeout=2.0, retries=0)
+            client.connect()
+            client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            k, t0, c0 = 0, time.perf_counter(), time.thread_time()
+            while time.perf_counter() - t0 < duration:
+                client.write_registers(gw.HOLDING_BASE, words)
+                client.read_input_registers(gw.INPUT_BASE, count=count)
+                k += 1
+            client.close()
+            return (time.thread_time() - c0) / k
+
+        async def async_client(duration: float) -> float:
+            client = AsyncModbusTcpClient("127.0.0.1", port=port, timeout=2.0, retries=0)
+            await client.connect()
+            k, t0, c0 = 0, time.perf_counter(), time.thread_time()
+            while time.perf_counter() - t0 < duration:
+                await client.write_registers(gw.HOLDING_BASE, words)
+                await client.read_input_registers(gw.INPUT_BASE, count=count)
+                k += 1
+            client.close()
+            return (time.thread_time() - c0) / k
+
+        sync_cpu, async_cpu = [], []
+        for _ in range(rounds):
+            sync_cpu.append(sync_client(seconds / rounds))
+            async_cpu.append(asyncio.run(async_client(seconds / rounds)))
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+    report("gateway client CPU per exchange, pymodbus sync client", 1e6 * float(np.median(sync_cpu)), "us",
+           "pymodbus asyncio client", 1e6 * float(np.median(async_cpu)))
+
+
 def bench_image_update(model, cycles: int = 600, rounds: int = 6) -> None:
     """Synchronous steps of the two simulators in turns (rounds of `cycles`); per-cycle medians."""
     sims = [Simulator(model, transport=GatewayDevice(port=0)), Simulator(model)]
@@ -118,6 +209,8 @@ def main(argv: list[str]) -> None:
     seconds = float(argv[1]) if len(argv) > 1 else 5.0
     model = load_model("generic6")
     bench_round_trip(model, seconds)
+    bench_server_cpu(seconds)
+    bench_client_cpu(seconds)
     bench_image_update(model)
 
 
