@@ -1,9 +1,9 @@
 """Modbus TCP gateway: process-image round trips per second, and the cost of the image update per cycle.
 
 Prints `name: value unit (reference: value unit, ratio x)`; run with `python benchmarks/bench_gateway.py [seconds]`.
-  * round trip: a pymodbus sync client on 127.0.0.1 reads the whole input image (80 registers, function 4)
-    and writes the whole output image (38 registers, function 16) of the 6-drive arm, as a host does each
-    cycle, for `seconds` (default 5) per set-up, in turns (5 rounds; medians). Ours: the simulated gateway in front of the real-time simulator
+  * exchange: a pymodbus sync client on 127.0.0.1 writes the whole output image (38 registers) and reads the
+    whole input image (80 registers) of the 6-drive arm, as a host does each cycle (against the simulated
+    gateway in one function-23 request of its input mirror, against the bare server functions 16 and 4), for `seconds` (default 5) per set-up, in turns (5 rounds; medians). Ours: the simulated gateway in front of the real-time simulator
     (1 kHz, six drives enabled in CSP, every write checked and applied, inputs refreshed every cycle);
     reference: a bare pymodbus server with a plain register store of the same size (no checks, no
     simulator). ratio = ours / reference. A second line compares with the bare server running beside the same
@@ -12,6 +12,10 @@ Prints `name: value unit (reference: value unit, ratio x)`; run with `python ben
   * server CPU per exchange: the process CPU time (client and server threads) of one exchange against a bare
     server run by the simulated gateway's server class (pymodbus's ModbusTcpServer with requests scheduled in
     its own loop) beside the stock ModbusTcpServer (every request handed over through the loop's self-pipe).
+  * exchange CPU, function 23 vs 16 + 4: the process CPU time (client and the simulated gateway's server
+    threads; the simulator is not stepped, so that only the exchange is counted) of one exchange as the
+    driver makes it with the gateway's input mirror (one read/write-multiple request) and without it (a
+    write, then a read).
   * client CPU per exchange: pymodbus's sync client (what the driver's link thread uses, TCP_NODELAY) beside
     its asyncio client, each in the calling thread, against the same bare server in its own process.
   * per-cycle cost: one simulator cycle with the gateway's cycle callback (a scaled copy of the sample, the
@@ -47,9 +51,11 @@ def report(name: str, value: float, unit: str, ref_name: str, ref: float) -> Non
     print(f"{name}: {value:.1f} {unit} (reference: {ref_name} {ref:.1f} {unit}, ratio {ratio:.2f}x)")
 
 
-def round_trips(port: int, outputs: gw.OutputImage, seconds: float, cpu: list | None = None) -> float:
+def round_trips(port: int, outputs: gw.OutputImage, seconds: float, cpu: list | None = None,
+                fc23: bool = False) -> float:
     """Read all inputs + write all outputs (watchdog counting) for `seconds`; round trips per second. The
-    process CPU time per round trip is appended to `cpu` when given."""
+    process CPU time per round trip is appended to `cpu` when given. fc23: one read/write-multiple
+    request of the input mirror instead of function 4 + function 16."""
     client = ModbusTcpClient("127.0.0.1", port=port, timeout=2.0, retries=0)
     if not client.connect():
         raise SystemExit(f"bench_gateway: cannot connect to 127.0.0.1:{port}")
@@ -57,12 +63,17 @@ def round_trips(port: int, outputs: gw.OutputImage, seconds: float, cpu: list | 
     try:
         count, t0, c0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
-            r = client.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N))
-            gw.decode_inputs(r.registers, N)
             outputs.watchdog = (outputs.watchdog + 1) & 0xFFFF
-            w = client.write_registers(gw.HOLDING_BASE, gw.encode_outputs(outputs).tolist())
+            if fc23:
+                r = w = client.readwrite_registers(read_address=gw.INPUT_MIRROR_BASE, read_count=gw.input_count(N),
+                                                   write_address=gw.HOLDING_BASE,
+                                                   values=gw.encode_outputs(outputs).tolist())
+            else:
+                w = client.write_registers(gw.HOLDING_BASE, gw.encode_outputs(outputs).tolist())
+                r = client.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N))
             if r.isError() or w.isError():
                 raise SystemExit(f"bench_gateway: refused: {r} {w}")
+            gw.decode_inputs(r.registers, N)
             count += 1
         if cpu is not None:
             cpu.append((time.process_time() - c0) / count)
@@ -96,7 +107,7 @@ def bench_round_trip(model, seconds: float, rounds: int = 5) -> None:
             sim = Simulator(model, transport=GatewayDevice(port=0, watchdog_s=1.0), realtime=True)
             with sim:
                 outputs = enabled_csp(sim)
-                ours.append(round_trips(sim.transport.port, outputs, seconds / rounds))
+                ours.append(round_trips(sim.transport.port, outputs, seconds / rounds, fc23=True))
                 states = sim.read_state().states()
             if any(s is not cia402.State.OPERATION_ENABLED for s in states):
                 raise SystemExit(f"bench_gateway: the drives did not stay enabled: {states}")
@@ -106,7 +117,7 @@ def bench_round_trip(model, seconds: float, rounds: int = 5) -> None:
                 beside.append(round_trips(port, outputs, seconds / rounds))
     finally:
         bare.stop()
-    name = "gateway round trip (read 80 + write 38 registers)"
+    name = "gateway exchange (write 38 + read 80 registers; ours: one function 23, bare: 16 + 4)"
     report(name, float(np.median(ours)), "/s", "bare pymodbus server, plain register store", float(np.median(alone)))
     report(name, float(np.median(ours)), "/s", "the same bare server beside the same real-time simulator",
            float(np.median(beside)))
@@ -135,6 +146,26 @@ def bench_server_cpu(seconds: float, rounds: int = 4) -> None:
                 server.stop()
     report("gateway exchange CPU, client + bare server in one process", 1e6 * float(np.median(ours)), "us",
            "the same with pymodbus's stock ModbusTcpServer", 1e6 * float(np.median(stock)))
+
+
+def bench_fc23(model, seconds: float, rounds: int = 4) -> None:
+    """Process CPU per exchange against the simulated gateway (not stepped), function 23 vs 16 + 4, in turns."""
+    sim = Simulator(model, transport=GatewayDevice(port=0, watchdog_s=60.0))
+    sim.step(2)
+    state = sim.read_state()
+    scaling = JointScaling.from_gear(sim.model.gear_ratio, sim.plant.noise.encoder_counts)
+    outputs = gw.OutputImage(0, 60000, np.full(N, cia402.CW_SHUTDOWN), np.full(N, int(cia402.Mode.CSP)),
+                             scaling.position_to_counts(state.position), np.zeros(N, np.int64))
+    sim.transport.start()
+    one, two = [], []
+    try:
+        for _ in range(rounds):
+            round_trips(sim.transport.port, outputs, seconds / rounds, one, fc23=True)
+            round_trips(sim.transport.port, outputs, seconds / rounds, two, fc23=False)
+    finally:
+        sim.transport.stop()
+    report("gateway exchange CPU, simulated gateway, one function 23", 1e6 * float(np.median(one)), "us",
+           "a function 16 then a function 4", 1e6 * float(np.median(two)))
 
 
 _SERVER_PROCESS = """
@@ -210,6 +241,7 @@ def main(argv: list[str]) -> None:
     model = load_model("generic6")
     bench_round_trip(model, seconds)
     bench_server_cpu(seconds)
+    bench_fc23(model, seconds)
     bench_client_cpu(seconds)
     bench_image_update(model)
 

@@ -10,6 +10,9 @@ simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
   read after a cycle encodes that cycle's image into the input registers (no encoding for cycles nobody
   reads): positions and velocities in motor counts (the model's gear ratios and the simulator's encoder
   resolution, as JointScaling), currents in uA, torques in mN m, the cycle counter and the device time in us.
+* The input image is mirrored in read-only holding registers from gw.INPUT_MIRROR_BASE, so that one
+  function-23 request (read/write multiple registers) writes the commands and reads the state: the write
+  part is applied (or refused, and then nothing is read) before the read part is served.
 * A write to the holding registers is decoded as a whole command image and becomes one
   sim.set_commands. An impossible image (unknown or unsupported mode, a target position outside the
   joint's limits, a target torque above its tau_max, switching the watchdog off) is refused with the
@@ -133,7 +136,7 @@ class GatewayDevice:
             0, self._timeout_ms, np.zeros(self._n, np.int64), state.mode_display.astype(np.int64),
             self._scaling.position_to_counts(state.position), np.zeros(self._n, np.int64))).astype(np.int64)
         self._last_watchdog, self._expired = time.monotonic(), False
-        device = register_device(self._holding.tolist(), self._inputs, action=self._action)
+        device = register_device(self._holding.tolist(), self._inputs, action=self._action, mirror=True)
         server = ModbusServerThread(device, self.host, self.port, trace_packet=self._trace_packet)
         try:
             self.port = server.start()
@@ -184,6 +187,10 @@ class GatewayDevice:
                 if refused is not None:
                     return refused
             registers[:len(self._holding)] = self._holding.tolist()
+        if values is None and address + count > gw.INPUT_MIRROR_BASE:     # a read of the mirror (3, 23)
+            inputs = self._encoded()
+            at = gw.INPUT_MIRROR_BASE - start
+            registers[at:at + len(inputs)] = inputs
         return None
 
     # -- holding registers: the host's commands ------------------------------------------------------
@@ -271,14 +278,19 @@ class GatewayDevice:
 
 
 
-def register_device(holding: list[int], inputs: list[int], action=None) -> SimDevice:
+def register_device(holding: list[int], inputs: list[int], action=None, mirror: bool = False) -> SimDevice:
     """pymodbus's register store for the gateway layout: holding registers from HOLDING_BASE, input
-    registers from INPUT_BASE (initial words given), no coils or discrete inputs worth the name (one
-    placeholder each; the gateway's action refuses bit functions)."""
+    registers from INPUT_BASE (initial words given), with mirror=True the input image again as read-only
+    holding registers from INPUT_MIRROR_BASE (the action keeps them current); no coils or discrete inputs
+    worth the name (one placeholder each; the gateway's action refuses bit functions)."""
+    holding_blocks = [SimData(gw.HOLDING_BASE, values=list(holding), datatype=DataType.REGISTERS)]
+    if mirror:
+        holding_blocks.append(SimData(gw.INPUT_MIRROR_BASE, values=list(inputs), datatype=DataType.REGISTERS,
+                                      readonly=True))
     return SimDevice(id=0, action=action, simdata=(
         [SimData(0, values=False, datatype=DataType.BITS)],
         [SimData(0, values=False, datatype=DataType.BITS)],
-        [SimData(gw.HOLDING_BASE, values=list(holding), datatype=DataType.REGISTERS)],
+        holding_blocks,
         [SimData(gw.INPUT_BASE, values=list(inputs), datatype=DataType.REGISTERS)]))
 
 
