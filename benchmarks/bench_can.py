@@ -1,4 +1,5 @@
-"""CAN device side throughput: simulated cycles per wall second over python-can's virtual bus.
+"""CAN: device side throughput (simulated cycles per wall second over python-can's virtual bus), the host's
+own CPU per cycle, and what python-can's interfaces cost per frame.
 
 Prints `name: value unit (reference: value unit, ratio x)`; run from the checkout root with
 `python -m benchmarks.bench_can [cycles]`.
@@ -14,12 +15,14 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
   * periodic SYNC: a cyclic 1 kHz SYNC sender (no waiting for TPDOs, as a CANopen master runs) for 3 s, drives
     OPERATIONAL: the cycles the device completed per second against the SYNCs really sent.
   * device CPU per SYNC: the CPU time (time.thread_time) the device's notifier thread spends handling one SYNC
-    (simulator step, 12 TPDOs through canopen, fault injection, EMCY check), against the 1 ms period: the
-    rate the device side could sustain with a core to itself.
-  * host PDO path per cycle: the driver's own CPU per cycle for 6 drives without any interface (frames handed
-    to the bus's listeners, sends to a bus that drops them): SYNC + 12 RPDOs encoded (CanArm.begin_cycle,
-    write), 12 TPDOs decoded (CanArm._on_frame behind canopen's own listener) and read. Reference: the same
-    frames through python-canopen's PdoMaps (callbacks, transmit), the path the driver used before.
+    (RPDOs latched into one set_commands, simulator step, 12 TPDOs packed with PdoCodec and sent through the
+    fault injection and python-can, EMCY check), against the 1 ms period: the rate the device side could
+    sustain with a core to itself.
+  * host PDO path per cycle: the driver's own frame work per cycle for 6 drives without any interface (frames
+    handed to the bus's listeners, sends to a bus that drops them): SYNC sent, 12 TPDOs decoded into a sample
+    (CanArm._on_frame behind canopen's own listener), 12 RPDOs packed and sent (write() without its SI
+    conversion, which both paths need). Reference: the same frames through python-canopen's PdoMaps
+    (callbacks, transmit), the path the driver used before.
   * interface cost per frame: python-can's send and receive of one 8-byte frame on the `virtual` bus (one
     process) and on `udp_multicast` (what a second process needs here: no SocketCAN in this kernel), each
     with the other as reference. udp_multicast packs every frame with msgpack into its own datagram, and
@@ -41,7 +44,7 @@ import numpy as np
 
 from firmware_bridge import canopen_map as cm
 from firmware_bridge.cia402 import CW_ENABLE_OPERATION, CW_SHUTDOWN, Mode
-from driver.hal import ArmCommand, ArmState
+from driver.hal import ArmCommand
 from driver.transports.can import EDS_PATH, CanArm
 from ident.model import load_model
 from sim import Simulator
@@ -188,20 +191,30 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
     arm.network.listeners.append(arm._on_frame)           # as open() does
     listeners = arm.network.listeners
     frames = _tpdo_frames(arm.node_ids)
-    command, state = ArmCommand(model.n), ArmState(model.n)
+    command = ArmCommand(model.n)
     command.controlword[:] = CW_ENABLE_OPERATION
     command.mode[:] = int(Mode.CSP)
     command.target_position[:] = np.linspace(-0.5, 0.5, model.n)
     command.target_torque[:] = np.linspace(-3.0, 3.0, model.n)
 
+    counts = arm.scaling.position_to_counts(command.target_position).tolist()
+    torque = arm.scaling.torque_to_raw(command.target_torque).tolist()
+    cw, mode = command.controlword.tolist(), command.mode.tolist()
+    encode = arm._rpdo_codec.encode
+
     def ours() -> None:
+        """CanArm's frame work of one cycle (write()'s packing and sending without its SI conversion)."""
+        seq = arm._ready_seq
         arm.begin_cycle()
         for f in frames:
             for listener in listeners:
                 listener(f)
-        if not arm.read(state):
+        if arm._ready_seq != seq + 1:
             raise RuntimeError("bench_can: the host completed no sample from a full cycle of TPDOs")
-        arm.write(command)
+        for j in range(model.n):
+            encode(0, j, (cw[j], counts[j], mode[j]))
+            encode(1, j, (torque[j],))
+        arm._send(arm._rpdo_sequence)
 
     net = canopen.Network()
     net.bus = _DroppingBus()
@@ -214,8 +227,6 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
         for p in (cm.TPDO1, cm.TPDO2):
             node.tpdo[p.number].add_callback(lambda m, p=p: got.append(p.unpack(m.data)))
         rpdos.append((node.rpdo[1], node.rpdo[2]))
-    counts = arm.scaling.position_to_counts(command.target_position).tolist()
-    torque = arm.scaling.torque_to_raw(command.target_torque).tolist()
 
     def canopens() -> None:
         net.sync.transmit()
@@ -223,7 +234,7 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
             for listener in net.listeners:
                 listener(f)
         for j, (r1, r2) in enumerate(rpdos):
-            r1.data = bytearray(cm.RPDO1.pack((int(command.controlword[j]), counts[j], int(command.mode[j]))))
+            r1.data = bytearray(cm.RPDO1.pack((cw[j], counts[j], mode[j])))
             r2.data = bytearray(cm.RPDO2.pack((torque[j],)))
             r1.transmit()
             r2.transmit()
@@ -290,7 +301,7 @@ def main() -> None:
     report("can cycles completed under a periodic 1 kHz SYNC, 6 drives", done, "cycles/s", "SYNCs sent", sent)
     report("can device CPU time per SYNC, 6 drives", 1e3 * cpu, "ms", "1 kHz SYNC period", 1.0)
     ours, canopens = host_pdo_path(model, max(cycles // 5, 100))
-    report("can host PDO path per cycle, 6 drives (SYNC + 12 RPDOs encoded, 12 TPDOs decoded, no interface)",
+    report("can host PDO path per cycle, 6 drives (SYNC + 12 RPDOs packed and sent, 12 TPDOs decoded, no interface)",
            1e6 * ours, "us", "the same frames through python-canopen's PdoMaps", 1e6 * canopens)
     v_send, v_recv = interface_cost("virtual", CHANNEL + "-cost")
     u_send, u_recv = interface_cost("udp_multicast", "239.74.163.9")
