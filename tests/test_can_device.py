@@ -82,6 +82,19 @@ class Rig:
         if task is not None:
             task._task.thread.join(TIMEOUT)
 
+    def settle(self, quiet_s: float = 0.05, timeout: float = TIMEOUT) -> None:
+        """Wait until the device has handled every SYNC already sent (its cycle count stays put for quiet_s):
+        a device that lags a periodic SYNC still has some queued after the sender stopped."""
+        end = time.monotonic() + timeout
+        last = self.sim.read_state().cycle
+        while True:
+            time.sleep(quiet_s)
+            now = self.sim.read_state().cycle
+            if now == last:
+                return
+            assert time.monotonic() < end, "the device kept stepping after the SYNCs stopped"
+            last = now
+
     def wait(self, predicate, what: str, timeout: float = TIMEOUT) -> None:
         end = time.monotonic() + timeout
         while not predicate():
@@ -135,6 +148,7 @@ def test_basenode402_enables_a_drive_reads_position_by_sdo_and_pdo_and_moves_it_
              "joint 1 within 0.1 mrad of the CSP target", timeout=30.0)
 
     rig.stop_periodic_sync()
+    rig.settle()
     # position by PDO: wait for this SYNC's TPDO2, sent after its TPDO1, so both carry the same cycle
     tpdo2 = cm.TPDO2.unpack_dict(rig.sync(drive.tpdo[2]))
     s = rig.sim.read_state()
