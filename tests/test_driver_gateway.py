@@ -471,7 +471,7 @@ class Rig:
 
     def enable(self) -> None:
         assert self.call(cmd="enable") == {"ok": True}
-        assert self.until(lambda m: m["flags"] & stream.FLAG_ENABLED)
+        assert self.until(lambda m: m["flags"] & stream.FLAG_ENABLED), self.diagnosis()
 
     def recover(self) -> None:
         """Once new samples flow again: fault_reset, then enable; the driver works again.
