@@ -1,4 +1,5 @@
-"""CAN device side throughput: simulated cycles per wall second over python-can's virtual bus.
+"""CAN: device side throughput (simulated cycles per wall second over python-can's virtual bus), the host's
+own CPU per cycle, and what python-can's interfaces cost per frame.
 
 Prints `name: value unit (reference: value unit, ratio x)`; run from the checkout root with
 `python -m benchmarks.bench_can [cycles]`.
@@ -14,8 +15,20 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
   * periodic SYNC: a cyclic 1 kHz SYNC sender (no waiting for TPDOs, as a CANopen master runs) for 3 s, drives
     OPERATIONAL: the cycles the device completed per second against the SYNCs really sent.
   * device CPU per SYNC: the CPU time (time.thread_time) the device's notifier thread spends handling one SYNC
-    (simulator step, 12 TPDOs through canopen, fault injection, EMCY check), against the 1 ms period: the
-    rate the device side could sustain with a core to itself.
+    (RPDOs latched into one set_commands, simulator step, 12 TPDOs packed with PdoCodec and sent through the
+    fault injection and python-can, EMCY check), against the 1 ms period: the rate the device side could
+    sustain with a core to itself.
+  * host PDO path per cycle: the driver's own frame work per cycle for 6 drives without any interface (frames
+    handed to the bus's listeners, sends to a bus that drops them): SYNC sent, 12 TPDOs decoded into a sample
+    (CanArm._on_frame behind canopen's own listener), 12 RPDOs packed and sent (write() without its SI
+    conversion, which both paths need). Reference: the same frames through python-canopen's PdoMaps
+    (callbacks, transmit), the path the driver used before.
+  * interface cost per frame: python-can's send and receive of one 8-byte frame on the `virtual` bus (one
+    process) and on `udp_multicast` (what a second process needs here: no SocketCAN in this kernel), each
+    with the other as reference. udp_multicast packs every frame with msgpack into its own datagram, and
+    every member of the group, the sender included, receives and unpacks every frame.
+  * host CPU per 1 kHz cycle over udp_multicast, computed from the two lines above: the PDO path, 13 frames
+    sent and 25 received (12 TPDOs, and the host's own 13 frames looped back), against the 1 ms period.
   * bus load (computed, not measured): the highest SYNC rate at which the default maps of 6 drives fit a
     1 Mbit/s classic CAN bus (worst-case bit stuffing), against 1 kHz.
 """
@@ -26,9 +39,14 @@ import sys
 import time
 
 import can
+import canopen
+import numpy as np
 
 from firmware_bridge import canopen_map as cm
 from firmware_bridge.cia402 import CW_ENABLE_OPERATION, CW_SHUTDOWN, Mode
+from driver.hal import ArmCommand
+from driver.transports.can import EDS_PATH, CanArm
+from ident.model import load_model
 from sim import Simulator
 from sim.can_device import CanDevice
 
@@ -146,6 +164,123 @@ def periodic_sync_rate(model: str, seconds: float, period: float = 1e-3) -> tupl
     return sent / elapsed, done / elapsed
 
 
+class _DroppingBus:
+    """Where the host's sends go when only its own CPU is measured: nowhere."""
+
+    def send(self, msg: can.Message, timeout: float | None = None) -> None:
+        pass
+
+
+def _tpdo_frames(nodes: list[int]) -> list[can.Message]:
+    """One cycle of TPDO1 + TPDO2 from every node (operation enabled, CSP, some motion)."""
+    out = []
+    for k, nid in enumerate(nodes):
+        out.append(can.Message(arbitration_id=cm.TPDO1.cob_id(nid), is_extended_id=False, timestamp=time.time(),
+                               data=cm.TPDO1.pack([0x1237, 1000 * k - 2500, int(Mode.CSP)])))
+        out.append(can.Message(arbitration_id=cm.TPDO2.cob_id(nid), is_extended_id=False, timestamp=time.time(),
+                               data=cm.TPDO2.pack([-300 * k, 150_000 + k])))
+    return out
+
+
+def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float, float]:
+    """(ours, canopen's) thread CPU per cycle in seconds, medians of `rounds` alternating rounds."""
+    model = load_model(model_name)
+    arm = CanArm(model, interface="virtual", channel="unused")
+    arm.network = canopen.Network()
+    arm.network.bus = _DroppingBus()
+    arm.network.listeners.append(arm._on_frame)           # as open() does
+    listeners = arm.network.listeners
+    frames = _tpdo_frames(arm.node_ids)
+    command = ArmCommand(model.n)
+    command.controlword[:] = CW_ENABLE_OPERATION
+    command.mode[:] = int(Mode.CSP)
+    command.target_position[:] = np.linspace(-0.5, 0.5, model.n)
+    command.target_torque[:] = np.linspace(-3.0, 3.0, model.n)
+
+    counts = arm.scaling.position_to_counts(command.target_position).tolist()
+    torque = arm.scaling.torque_to_raw(command.target_torque).tolist()
+    cw, mode = command.controlword.tolist(), command.mode.tolist()
+    encode = arm._rpdo_codec.encode
+
+    def ours() -> None:
+        """CanArm's frame work of one cycle (write()'s packing and sending without its SI conversion)."""
+        seq = arm._ready_seq
+        arm.begin_cycle()
+        for f in frames:
+            for listener in listeners:
+                listener(f)
+        if arm._ready_seq != seq + 1:
+            raise RuntimeError("bench_can: the host completed no sample from a full cycle of TPDOs")
+        for j in range(model.n):
+            encode(0, j, (cw[j], counts[j], mode[j]))
+            encode(1, j, (torque[j],))
+        arm._send(arm._rpdo_sequence)
+
+    net = canopen.Network()
+    net.bus = _DroppingBus()
+    rpdos, got = [], []
+    for nid in arm.node_ids:
+        node = canopen.RemoteNode(nid, canopen.objectdictionary.import_od(str(EDS_PATH), nid))
+        net.add_node(node)
+        for maps in (node.tpdo, node.rpdo):
+            maps.read(from_od=True)
+        for p in (cm.TPDO1, cm.TPDO2):
+            node.tpdo[p.number].add_callback(lambda m, p=p: got.append(p.unpack(m.data)))
+        rpdos.append((node.rpdo[1], node.rpdo[2]))
+
+    def canopens() -> None:
+        net.sync.transmit()
+        for f in frames:
+            for listener in net.listeners:
+                listener(f)
+        for j, (r1, r2) in enumerate(rpdos):
+            r1.data = bytearray(cm.RPDO1.pack((cw[j], counts[j], mode[j])))
+            r2.data = bytearray(cm.RPDO2.pack((torque[j],)))
+            r1.transmit()
+            r2.transmit()
+        if len(got) != len(frames):
+            raise RuntimeError("bench_can: canopen's PdoMaps did not deliver every TPDO")
+        got.clear()
+
+    times: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for fn, out in ((ours, times[0]), (canopens, times[1])):
+            t0 = time.thread_time()
+            for _ in range(cycles):
+                fn()
+            out.append((time.thread_time() - t0) / cycles)
+    return float(np.median(times[0])), float(np.median(times[1]))
+
+
+def interface_cost(interface: str, channel: str, frames: int = 2000, burst: int = 50) -> tuple[float, float]:
+    """(send, receive) thread CPU per 8-byte frame on a python-can interface, in bursts that its receive
+    buffers hold (udp_multicast drops datagrams beyond the socket's buffer)."""
+    tx, rx = can.Bus(interface=interface, channel=channel), can.Bus(interface=interface, channel=channel)
+    msg = can.Message(arbitration_id=0x181, is_extended_id=False, data=bytes(8))
+    send_cpu = recv_cpu = 0.0
+    received = 0
+    try:
+        for _ in range(frames // burst):
+            t0 = time.thread_time()
+            for _ in range(burst):
+                tx.send(msg)
+            send_cpu += time.thread_time() - t0
+            t0 = time.thread_time()
+            for _ in range(burst):
+                if rx.recv(1.0) is None:
+                    break
+                received += 1
+            recv_cpu += time.thread_time() - t0
+            while tx.recv(0) is not None:        # udp_multicast: the sender's own frames, looped back
+                pass
+    finally:
+        tx.shutdown()
+        rx.shutdown()
+    if received < frames // 2:
+        raise RuntimeError(f"bench_can: {interface}: only {received} of {frames} frames received")
+    return send_cpu / (frames // burst * burst), recv_cpu / received
+
+
 def bare_step_rate(model: str, cycles: int) -> float:
     sim = Simulator(model, q0=Q0)
     sim.step(10)
@@ -165,6 +300,15 @@ def main() -> None:
     sent, done = periodic_sync_rate(model, 3.0)
     report("can cycles completed under a periodic 1 kHz SYNC, 6 drives", done, "cycles/s", "SYNCs sent", sent)
     report("can device CPU time per SYNC, 6 drives", 1e3 * cpu, "ms", "1 kHz SYNC period", 1.0)
+    ours, canopens = host_pdo_path(model, max(cycles // 5, 100))
+    report("can host PDO path per cycle, 6 drives (SYNC + 12 RPDOs packed and sent, 12 TPDOs decoded, no interface)",
+           1e6 * ours, "us", "the same frames through python-canopen's PdoMaps", 1e6 * canopens)
+    v_send, v_recv = interface_cost("virtual", CHANNEL + "-cost")
+    u_send, u_recv = interface_cost("udp_multicast", "239.74.163.9")
+    report("can interface cost per frame sent, udp_multicast", 1e6 * u_send, "us", "virtual", 1e6 * v_send)
+    report("can interface cost per frame received, udp_multicast", 1e6 * u_recv, "us", "virtual", 1e6 * v_recv)
+    report("can host CPU per cycle over udp_multicast, computed (PDO path + 13 sent + 25 received)",
+           1e6 * (ours + 13 * u_send + 25 * u_recv), "us", "1 kHz period", 1000.0)
     report("bus load: max SYNC rate of 6 drives at 1 Mbit/s, computed", cm.max_cycle_rate(6, 1e6), "Hz",
            "target", 1000.0)
     if bad:

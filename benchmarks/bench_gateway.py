@@ -1,25 +1,40 @@
 """Modbus TCP gateway: process-image round trips per second, and the cost of the image update per cycle.
 
 Prints `name: value unit (reference: value unit, ratio x)`; run with `python benchmarks/bench_gateway.py [seconds]`.
-  * round trip: a pymodbus sync client on 127.0.0.1 reads the whole input image (80 registers, function 4)
-    and writes the whole output image (38 registers, function 16) of the 6-drive arm, as a host does each
-    cycle, for `seconds` (default 5) per set-up, in turns (5 rounds; medians). Ours: the simulated gateway in front of the real-time simulator
+  * exchange: a pymodbus sync client on 127.0.0.1 writes the whole output image (38 registers) and reads the
+    whole input image (80 registers) of the 6-drive arm, as a host does each cycle (against the simulated
+    gateway in one function-23 request of its input mirror, against the bare server functions 16 and 4), for `seconds` (default 5) per set-up, in turns (5 rounds; medians). Ours: the simulated gateway in front of the real-time simulator
     (1 kHz, six drives enabled in CSP, every write checked and applied, inputs refreshed every cycle);
     reference: a bare pymodbus server with a plain register store of the same size (no checks, no
     simulator). ratio = ours / reference. A second line compares with the bare server running beside the same
     real-time simulator (drives enabled too) in the process, sharing the GIL with its cycle thread: the
     gateway's own cost.
+  * server CPU per exchange: the process CPU time (client and server threads) of one exchange against a bare
+    server run by the simulated gateway's server class (pymodbus's ModbusTcpServer with requests scheduled in
+    its own loop) beside the stock ModbusTcpServer (every request handed over through the loop's self-pipe).
+  * exchange CPU, function 23 vs 16 + 4: the process CPU time (client and the simulated gateway's server
+    threads; the simulator is not stepped, so that only the exchange is counted) of one exchange as the
+    driver makes it with the gateway's input mirror (one read/write-multiple request) and without it (a
+    write, then a read).
+  * client CPU per exchange: pymodbus's sync client (what the driver's link thread uses, TCP_NODELAY) beside
+    its asyncio client, each in the calling thread, against the same bare server in its own process.
   * per-cycle cost: one simulator cycle with the gateway's cycle callback (a scaled copy of the sample, the
     watchdog; the 80 registers are encoded at the first read after a cycle, which the round trip includes)
     against the same simulator without a transport, stepped synchronously. ratio = ours / reference.
 """
 from __future__ import annotations
 
+import asyncio
+import socket
+import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import numpy as np
-from pymodbus.client import ModbusTcpClient
+from pymodbus.client import AsyncModbusTcpClient, ModbusTcpClient
+from pymodbus.server import ModbusTcpServer
 
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
@@ -36,21 +51,32 @@ def report(name: str, value: float, unit: str, ref_name: str, ref: float) -> Non
     print(f"{name}: {value:.1f} {unit} (reference: {ref_name} {ref:.1f} {unit}, ratio {ratio:.2f}x)")
 
 
-def round_trips(port: int, outputs: gw.OutputImage, seconds: float) -> float:
-    """Read all inputs + write all outputs (watchdog counting) for `seconds`; round trips per second."""
+def round_trips(port: int, outputs: gw.OutputImage, seconds: float, cpu: list | None = None,
+                fc23: bool = False) -> float:
+    """Read all inputs + write all outputs (watchdog counting) for `seconds`; round trips per second. The
+    process CPU time per round trip is appended to `cpu` when given. fc23: one read/write-multiple
+    request of the input mirror instead of function 4 + function 16."""
     client = ModbusTcpClient("127.0.0.1", port=port, timeout=2.0, retries=0)
     if not client.connect():
         raise SystemExit(f"bench_gateway: cannot connect to 127.0.0.1:{port}")
+    client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        count, t0 = 0, time.perf_counter()
+        count, t0, c0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
-            r = client.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N))
-            gw.decode_inputs(r.registers, N)
             outputs.watchdog = (outputs.watchdog + 1) & 0xFFFF
-            w = client.write_registers(gw.HOLDING_BASE, gw.encode_outputs(outputs).tolist())
+            if fc23:
+                r = w = client.readwrite_registers(read_address=gw.INPUT_MIRROR_BASE, read_count=gw.input_count(N),
+                                                   write_address=gw.HOLDING_BASE,
+                                                   values=gw.encode_outputs(outputs).tolist())
+            else:
+                w = client.write_registers(gw.HOLDING_BASE, gw.encode_outputs(outputs).tolist())
+                r = client.read_input_registers(gw.INPUT_BASE, count=gw.input_count(N))
             if r.isError() or w.isError():
                 raise SystemExit(f"bench_gateway: refused: {r} {w}")
+            gw.decode_inputs(r.registers, N)
             count += 1
+        if cpu is not None:
+            cpu.append((time.process_time() - c0) / count)
         return count / (time.perf_counter() - t0)
     finally:
         client.close()
@@ -72,9 +98,7 @@ def enabled_csp(sim: Simulator) -> gw.OutputImage:
 def bench_round_trip(model, seconds: float, rounds: int = 5) -> None:
     """The three set-ups take turns, `rounds` times, seconds / rounds each: the machine's load drifts alike
     over all of them. Each figure is the median of its rounds."""
-    zeros = gw.OutputImage(0, 1000, *(np.zeros(N, np.int64) for _ in range(4)))
-    inputs = gw.encode_inputs(gw.InputImage(1, 0, 0, 0, *(np.zeros(N, np.int64) for _ in range(7)))).tolist()
-    bare = ModbusServerThread(register_device(gw.encode_outputs(zeros).tolist(), inputs), "127.0.0.1", 0)
+    bare = _bare_server()
     port = bare.start()
     plain = Simulator(model, realtime=True)
     ours, alone, beside = [], [], []
@@ -83,7 +107,7 @@ def bench_round_trip(model, seconds: float, rounds: int = 5) -> None:
             sim = Simulator(model, transport=GatewayDevice(port=0, watchdog_s=1.0), realtime=True)
             with sim:
                 outputs = enabled_csp(sim)
-                ours.append(round_trips(sim.transport.port, outputs, seconds / rounds))
+                ours.append(round_trips(sim.transport.port, outputs, seconds / rounds, fc23=True))
                 states = sim.read_state().states()
             if any(s is not cia402.State.OPERATION_ENABLED for s in states):
                 raise SystemExit(f"bench_gateway: the drives did not stay enabled: {states}")
@@ -93,10 +117,108 @@ def bench_round_trip(model, seconds: float, rounds: int = 5) -> None:
                 beside.append(round_trips(port, outputs, seconds / rounds))
     finally:
         bare.stop()
-    name = "gateway round trip (read 80 + write 38 registers)"
+    name = "gateway exchange (write 38 + read 80 registers; ours: one function 23, bare: 16 + 4)"
     report(name, float(np.median(ours)), "/s", "bare pymodbus server, plain register store", float(np.median(alone)))
     report(name, float(np.median(ours)), "/s", "the same bare server beside the same real-time simulator",
            float(np.median(beside)))
+
+
+def _bare_server(server_class=None) -> ModbusServerThread:
+    zeros = gw.OutputImage(0, 1000, *(np.zeros(N, np.int64) for _ in range(4)))
+    inputs = gw.encode_inputs(gw.InputImage(1, 0, 0, 0, *(np.zeros(N, np.int64) for _ in range(7)))).tolist()
+    device = register_device(gw.encode_outputs(zeros).tolist(), inputs)
+    if server_class is None:
+        return ModbusServerThread(device, "127.0.0.1", 0)
+    return ModbusServerThread(device, "127.0.0.1", 0, server_class=server_class)
+
+
+def bench_server_cpu(seconds: float, rounds: int = 4) -> None:
+    """Process CPU per exchange (client + server threads) against our server class and the stock one, in turns."""
+    outputs = gw.OutputImage(0, 1000, *(np.zeros(N, np.int64) for _ in range(4)))
+    ours, stock = [], []
+    for _ in range(rounds):
+        for server_class, cpu in ((None, ours), (ModbusTcpServer, stock)):
+            server = _bare_server(server_class)
+            port = server.start()
+            try:
+                round_trips(port, outputs, seconds / rounds, cpu)
+            finally:
+                server.stop()
+    report("gateway exchange CPU, client + bare server in one process", 1e6 * float(np.median(ours)), "us",
+           "the same with pymodbus's stock ModbusTcpServer", 1e6 * float(np.median(stock)))
+
+
+def bench_fc23(model, seconds: float, rounds: int = 4) -> None:
+    """Process CPU per exchange against the simulated gateway (not stepped), function 23 vs 16 + 4, in turns."""
+    sim = Simulator(model, transport=GatewayDevice(port=0, watchdog_s=60.0))
+    sim.step(2)
+    state = sim.read_state()
+    scaling = JointScaling.from_gear(sim.model.gear_ratio, sim.plant.noise.encoder_counts)
+    outputs = gw.OutputImage(0, 60000, np.full(N, cia402.CW_SHUTDOWN), np.full(N, int(cia402.Mode.CSP)),
+                             scaling.position_to_counts(state.position), np.zeros(N, np.int64))
+    sim.transport.start()
+    one, two = [], []
+    try:
+        for _ in range(rounds):
+            round_trips(sim.transport.port, outputs, seconds / rounds, one, fc23=True)
+            round_trips(sim.transport.port, outputs, seconds / rounds, two, fc23=False)
+    finally:
+        sim.transport.stop()
+    report("gateway exchange CPU, simulated gateway, one function 23", 1e6 * float(np.median(one)), "us",
+           "a function 16 then a function 4", 1e6 * float(np.median(two)))
+
+
+_SERVER_PROCESS = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from benchmarks.bench_gateway import _bare_server
+server = _bare_server(); print(server.start(), flush=True)
+sys.stdin.read()          # until the benchmark closes our stdin
+server.stop()
+"""
+
+
+def bench_client_cpu(seconds: float, rounds: int = 4) -> None:
+    """Client CPU per exchange, sync vs asyncio pymodbus client, against a bare server in its own process."""
+    words = gw.encode_outputs(gw.OutputImage(0, 1000, *(np.zeros(N, np.int64) for _ in range(4)))).tolist()
+    count = gw.input_count(N)
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER_PROCESS, str(Path(__file__).resolve().parents[1])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+
+        def sync_client(duration: float) -> float:
+            client = ModbusTcpClient("127.0.0.1", port=port, timeout=2.0, retries=0)
+            client.connect()
+            client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            k, t0, c0 = 0, time.perf_counter(), time.thread_time()
+            while time.perf_counter() - t0 < duration:
+                client.write_registers(gw.HOLDING_BASE, words)
+                client.read_input_registers(gw.INPUT_BASE, count=count)
+                k += 1
+            client.close()
+            return (time.thread_time() - c0) / k
+
+        async def async_client(duration: float) -> float:
+            client = AsyncModbusTcpClient("127.0.0.1", port=port, timeout=2.0, retries=0)
+            await client.connect()
+            k, t0, c0 = 0, time.perf_counter(), time.thread_time()
+            while time.perf_counter() - t0 < duration:
+                await client.write_registers(gw.HOLDING_BASE, words)
+                await client.read_input_registers(gw.INPUT_BASE, count=count)
+                k += 1
+            client.close()
+            return (time.thread_time() - c0) / k
+
+        sync_cpu, async_cpu = [], []
+        for _ in range(rounds):
+            sync_cpu.append(sync_client(seconds / rounds))
+            async_cpu.append(asyncio.run(async_client(seconds / rounds)))
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+    report("gateway client CPU per exchange, pymodbus sync client", 1e6 * float(np.median(sync_cpu)), "us",
+           "pymodbus asyncio client", 1e6 * float(np.median(async_cpu)))
 
 
 def bench_image_update(model, cycles: int = 600, rounds: int = 6) -> None:
@@ -118,6 +240,9 @@ def main(argv: list[str]) -> None:
     seconds = float(argv[1]) if len(argv) > 1 else 5.0
     model = load_model("generic6")
     bench_round_trip(model, seconds)
+    bench_server_cpu(seconds)
+    bench_fc23(model, seconds)
+    bench_client_cpu(seconds)
     bench_image_update(model)
 
 

@@ -135,6 +135,7 @@ extern "C" {
 #define ARMID_GW_LAYOUT_VERSION 1  /* input register 0; hosts refuse other versions */
 #define ARMID_GW_INPUT_BASE 0  /* first input register (function 4) */
 #define ARMID_GW_HOLDING_BASE 0x400  /* first holding register (functions 3, 6, 16) */
+#define ARMID_GW_INPUT_MIRROR_BASE 0x800  /* the input image as read-only holding registers (3, 23) */
 #define ARMID_GW_INPUT_HEADER_SIZE 8  /* registers */
 #define ARMID_GW_INPUT_DRIVE_STRIDE 12  /* registers per drive block */
 #define ARMID_GW_HOLDING_HEADER_SIZE 2  /* registers */
@@ -142,6 +143,7 @@ extern "C" {
 #define ARMID_GW_MAX_DRIVES 64  /* drives per gateway */
 #define ARMID_GW_DRIVES_PER_READ 9  /* drives whose inputs fit one read of 125 registers */
 #define ARMID_GW_DRIVES_PER_WRITE 20  /* drives whose outputs fit one write of 123 registers */
+#define ARMID_GW_DRIVES_PER_EXCHANGE 9  /* drives whose whole exchange fits one function 23 */
 #define ARMID_GW_STATUS_DATA_VALID 1  /* gateway_status bit */
 #define ARMID_GW_STATUS_WATCHDOG_EXPIRED 2  /* gateway_status bit */
 #define ARMID_GW_STATUS_DRIVE_FAULT 4  /* gateway_status bit */

@@ -237,6 +237,52 @@ SYNC_TRANSMISSION_TYPES = range(0, 241)   # 0: on SYNC when changed (TPDO); 1..2
 RPDO_ASYNC_TRANSMISSION_TYPES = (254, 255)
 
 
+class PdoCodec:
+    """The cyclic PDOs `pdos` of the nodes `node_ids`, for the side that exchanges them every SYNC (a host's
+    TPDO decoding and RPDO encoding, a drive's the other way round): one preallocated payload (bytearray)
+    per (PDO, node) that encode() fills in place, and decode() of a received frame by its COB-ID. The bytes
+    are PdoDef.pack / unpack's; nothing is allocated per frame but the decoded tuple."""
+
+    def __init__(self, pdos: Sequence[PdoDef], node_ids: Sequence[int]):
+        self.pdos = tuple(pdos)
+        self.node_ids = tuple(int(i) for i in node_ids)
+        self.slots = {p.cob_id(nid): (k, j) for k, p in enumerate(self.pdos) for j, nid in enumerate(self.node_ids)}
+        if len(self.slots) != len(self.pdos) * len(self.node_ids):
+            raise CanFrameError(f"two of {[p.name for p in self.pdos]} on nodes {list(self.node_ids)} share a COB-ID")
+        self.payloads = tuple(tuple(bytearray(p.dlc) for _ in self.node_ids) for p in self.pdos)
+        self._structs = tuple(p._struct for p in self.pdos)
+
+    def unpack(self, k: int, j: int, data: bytes | bytearray) -> tuple[int, ...]:
+        """The values of PDO k's payload from node j (index into node_ids); CanFrameError naming the PDO and
+        the node when its length is not the DLC."""
+        s = self._structs[k]
+        if len(data) != s.size:
+            raise CanFrameError(f"{self.pdos[k].name} of node {self.node_ids[j]}: DLC {len(data)}, expected {s.size}")
+        return s.unpack_from(data)
+
+    def decode(self, cob_id: int, data: bytes | bytearray) -> tuple[int, int, tuple[int, ...]] | None:
+        """(k, j, values) of a frame of PDO k from node j; None when cob_id is none of these PDOs';
+        CanFrameError for a payload of the wrong length."""
+        slot = self.slots.get(cob_id)
+        if slot is None:
+            return None
+        k, j = slot
+        return k, j, self.unpack(k, j, data)
+
+    def encode(self, k: int, j: int, values: Sequence[int]) -> bytearray:
+        """PDO k's payload for node j with `values` (one integer per entry, wire units), written into the
+        preallocated payload, which is returned (reused by the next call). CanFrameError names the field of
+        a value outside its type's range; the payload may then be half-written and must not be sent."""
+        buf = self.payloads[k][j]
+        try:
+            self._structs[k].pack_into(buf, 0, *values)
+        except struct.error:
+            pdef = self.pdos[k]
+            pdef.pack([int(v) if not isinstance(v, bool) else v for v in values])   # names the field
+            raise CanFrameError(f"{pdef.name} of node {self.node_ids[j]}: cannot encode {list(values)}") from None
+        return buf
+
+
 def pdo_by_name(name: str) -> PdoDef:
     """The PdoDef called `name` ('TPDO1', ...)."""
     for p in PDOS:

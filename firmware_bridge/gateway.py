@@ -6,7 +6,9 @@ A vendor gateway is the EtherCAT master of n CiA 402 drives and a Modbus TCP ser
       header (INPUT_HEADER_SIZE registers), then one block of INPUT_DRIVE_STRIDE registers per drive;
   holding registers (functions 3, 6, 16, read/write), from HOLDING_BASE:
       header (HOLDING_HEADER_SIZE registers: host watchdog), then one block of HOLDING_DRIVE_STRIDE
-      registers per drive.
+      registers per drive;
+  the input image mirrored in read-only holding registers from INPUT_MIRROR_BASE (functions 3 and 23), so
+  that one read/write-multiple request (function 23) writes the commands and reads the state.
 
 Values are the integer wire units of firmware_bridge.units (counts, counts/s, uA, mN m). A 32-bit value
 takes two registers, high word first (big-endian words, big-endian bytes in each word: "ABCD", pymodbus's
@@ -33,6 +35,8 @@ INPUT_BASE = 0x0000         # first input register (function 4)
 HOLDING_BASE = 0x0400       # first holding register (functions 3/6/16): a request to the wrong table fails
 MAX_READ_REGISTERS = 125    # Modbus limit of one read (functions 3, 4)
 MAX_WRITE_REGISTERS = 123   # Modbus limit of one write (function 16)
+INPUT_MIRROR_BASE = 0x0800  # the input image again, as read-only holding registers (functions 3, 23)
+MAX_READWRITE_WRITE = 121   # Modbus limit of the write part of function 23 (its read part: 125)
 MAX_DRIVES = 64             # drives one gateway of this layout serves
 
 # gateway status bits (input register gateway_status)
@@ -117,6 +121,8 @@ HOLDING_DRIVE_STRIDE = 6
 
 DRIVES_PER_READ = (MAX_READ_REGISTERS - INPUT_HEADER_SIZE) // INPUT_DRIVE_STRIDE        # 9
 DRIVES_PER_WRITE = (MAX_WRITE_REGISTERS - HOLDING_HEADER_SIZE) // HOLDING_DRIVE_STRIDE  # 20
+DRIVES_PER_EXCHANGE = min(DRIVES_PER_READ,                                              # 9: one function 23
+                          (MAX_READWRITE_WRITE - HOLDING_HEADER_SIZE) // HOLDING_DRIVE_STRIDE)
 
 
 def input_count(n: int) -> int:
@@ -425,6 +431,7 @@ def c_constants() -> list[tuple[str, int, str]]:
         ("ARMID_GW_LAYOUT_VERSION", LAYOUT_VERSION, "input register 0; hosts refuse other versions"),
         ("ARMID_GW_INPUT_BASE", INPUT_BASE, "first input register (function 4)"),
         ("ARMID_GW_HOLDING_BASE", HOLDING_BASE, "first holding register (functions 3, 6, 16)"),
+        ("ARMID_GW_INPUT_MIRROR_BASE", INPUT_MIRROR_BASE, "the input image as read-only holding registers (3, 23)"),
         ("ARMID_GW_INPUT_HEADER_SIZE", INPUT_HEADER_SIZE, "registers"),
         ("ARMID_GW_INPUT_DRIVE_STRIDE", INPUT_DRIVE_STRIDE, "registers per drive block"),
         ("ARMID_GW_HOLDING_HEADER_SIZE", HOLDING_HEADER_SIZE, "registers"),
@@ -432,6 +439,7 @@ def c_constants() -> list[tuple[str, int, str]]:
         ("ARMID_GW_MAX_DRIVES", MAX_DRIVES, "drives per gateway"),
         ("ARMID_GW_DRIVES_PER_READ", DRIVES_PER_READ, "drives whose inputs fit one read of 125 registers"),
         ("ARMID_GW_DRIVES_PER_WRITE", DRIVES_PER_WRITE, "drives whose outputs fit one write of 123 registers"),
+        ("ARMID_GW_DRIVES_PER_EXCHANGE", DRIVES_PER_EXCHANGE, "drives whose whole exchange fits one function 23"),
         ("ARMID_GW_STATUS_DATA_VALID", STATUS_DATA_VALID, "gateway_status bit"),
         ("ARMID_GW_STATUS_WATCHDOG_EXPIRED", STATUS_WATCHDOG_EXPIRED, "gateway_status bit"),
         ("ARMID_GW_STATUS_DRIVE_FAULT", STATUS_DRIVE_FAULT, "gateway_status bit"),

@@ -2,13 +2,18 @@
 1..n) with the armid EDS, on one `canopen.Network` over any python-can bus.
 
 python-canopen does the protocols: the SDO server, NMT slave (boot-up, heartbeat producer at 0x1017),
-the PDO maps (read from the object dictionary) and EMCY producer. This module adds what a LocalNode leaves
-to the application, the way a drive's firmware would:
+the PDO configuration (maps read from the object dictionary, communication parameters) and EMCY producer.
+The cyclic PDOs themselves take a leaner path than canopen's PdoMap objects (tens of microseconds a frame):
+RPDOs are decoded straight from the network's dispatch, TPDOs are packed in place into preallocated messages
+with firmware_bridge's PdoCodec and sent through the fault injection. This module adds what a LocalNode
+leaves to the application, the way a drive's firmware would:
 
-  * SYNC (COB-ID 0x080): step the simulator one cycle, then send each OPERATIONAL node's TPDOs (transmission
-    type n: every n-th SYNC; 0: on SYNC when the payload changed) with the new sample;
-  * RPDOs (OPERATIONAL only) and SDO writes of 0x6040, 0x6060, 0x607A, 0x6071, 0x2002 become
-    Simulator.set_commands (latched by the next cycle, as synchronous RPDOs are); SDO reads of the process
+  * SYNC (COB-ID 0x080): latch the RPDOs received since the last SYNC (one Simulator.set_commands for all
+    drives), step the simulator one cycle, then send each OPERATIONAL node's TPDOs (transmission type n:
+    every n-th SYNC; 0: on SYNC when the payload changed) with the new sample;
+  * RPDOs (OPERATIONAL only) become commands at the next SYNC, as synchronous RPDOs are latched; SDO writes
+    of 0x6040, 0x6060, 0x607A, 0x6071, 0x2002 become Simulator.set_commands at once (the simulator too
+    applies them at its next cycle); SDO reads of the process
     objects (0x6041, 0x6064, 0x606C, 0x2000, ...) return the latest sample; drive parameters (0x6065,
     0x6066, 0x607D, 0x6072, 0x6085, 0x605A) read and write Simulator.drive_parameters / configure_drive;
   * EMCY with the drive's error code (0x603F) and error register when a drive enters FAULT, the error
@@ -63,6 +68,8 @@ _NMT_RESET_NODE, _NMT_RESET_COMM = 129, 130
 _COUNT_NAMES = ("sync_length", "rpdo_length", "rpdo_value", "rpdo_not_operational", "sdo_length",
                 "sdo_not_available", "sdo_aborted", "nmt_length", "tx_value", "tx_failed")
 MALFORMED = ("sync_length", "rpdo_length", "rpdo_value", "sdo_length", "nmt_length")
+_TPDO_FIELDS = tuple(p.fields for p in cm.TPDOS)
+_COMMANDS = ("controlword", "mode", "target_position", "target_torque")    # what RPDO1 + RPDO2 carry
 
 
 def rpdo_commands(pdo: cm.PdoDef, data: bytes | bytearray, counts_per_rad: float) -> dict[str, float | int]:
@@ -159,6 +166,9 @@ class _Drive:
     tpdos: list[tuple[cm.PdoDef, canopen.pdo.PdoMap]] = field(default_factory=list)
     rpdos: list[tuple[cm.PdoDef, canopen.pdo.PdoMap]] = field(default_factory=list)
     last_sent: dict[int, bytes] = field(default_factory=dict)
+    receivers: dict[int, Callable] = field(default_factory=dict)       # RPDO number -> its network callback
+    tx_msgs: list[can.Message] = field(default_factory=list)            # one per TPDO, payload = the codec's
+    latched: dict = field(default_factory=dict)                          # RPDO commands since the last SYNC
     faulted: bool = False
     # commanded values as the host wrote them (for SDO read-back): controlword, mode, counts, N m
     controlword: int = 0
@@ -241,16 +251,21 @@ class CanDevice:
                                        where=torque_per_amp != 0)                       # A
         self.network = canopen.Network()
         self.network.subscribe(cm.SYNC_COB_ID, self._on_sync)
+        self._tx_codec = cm.PdoCodec(cm.TPDOS, ids)
+        self._tx_fields = ()            # the sample fields the enabled TPDOs carry (_load_pdos)
         for j, nid in enumerate(ids):
             node = canopen.LocalNode(nid, canopen.objectdictionary.import_od(self._eds, nid))
             self.network.add_node(node)
             drive = _Drive(j, node)
+            drive.tx_msgs = [can.Message(arbitration_id=p.cob_id(nid), is_extended_id=False,
+                                         data=self._tx_codec.payloads[k][j]) for k, p in enumerate(cm.TPDOS)]
+            drive.receivers = {p.number: functools.partial(self._on_rpdo, drive, p) for p in cm.RPDOS}
             self._guard_services(drive)
             self._store_constants(drive)
             node.add_read_callback(functools.partial(self._on_read, drive))
             node.add_write_callback(functools.partial(self._on_write, drive))
-            self._load_pdos(drive)
             self.drives.append(drive)
+            self._load_pdos(drive)
         # one NMT handler for all nodes, with the length check before the library sees the frame
         self.network.unsubscribe(cm.NMT_COB_ID)
         self.network.subscribe(cm.NMT_COB_ID, self._on_nmt)
@@ -357,12 +372,15 @@ class CanDevice:
         node.data_store.setdefault(index, {})[sub] = obj.encode_raw(value)
 
     def _load_pdos(self, d: _Drive) -> None:
-        """The node's PDO maps from its object dictionary defaults, checked against canopen_map."""
+        """The node's PDO maps from its object dictionary defaults, checked against canopen_map; the RPDOs'
+        COB-IDs dispatch to _on_rpdo (canopen's own PdoMap handlers stay unsubscribed)."""
+        for pdef, pdo_map in d.rpdos:
+            self._unsubscribe(pdo_map.cob_id, d.receivers[pdef.number])
         for maps in (d.node.tpdo, d.node.rpdo):
+            maps.read(from_od=True)
             for pdo_map in maps.map.values():
                 if pdo_map.cob_id is not None:
                     self._unsubscribe(pdo_map.cob_id, pdo_map.on_message)
-            maps.read(from_od=True)
         d.tpdos, d.rpdos = [], []
         for defs, maps, out in ((cm.TPDOS, d.node.tpdo, d.tpdos), (cm.RPDOS, d.node.rpdo, d.rpdos)):
             for pdef in defs:
@@ -373,9 +391,14 @@ class CanDevice:
                     raise InputError(f"can: {self._eds}: {pdef.name} of node {d.node.id} does not match "
                                      f"firmware_bridge.canopen_map ({got} vs {want})")
                 out.append((pdef, pdo_map))
-                if not pdef.transmit:
-                    pdo_map.callbacks = [functools.partial(self._on_rpdo, d, pdef)]
+                if not pdef.transmit and pdo_map.enabled:
+                    self.network.subscribe(pdo_map.cob_id, d.receivers[pdef.number])
         d.last_sent.clear()
+        self._update_tx_fields()
+
+    def _update_tx_fields(self) -> None:
+        self._tx_fields = tuple(dict.fromkeys(f for d in self.drives for pdef, m in d.tpdos if m.enabled
+                                              for f in pdef.fields))
 
     def _unsubscribe(self, cob_id: int, callback) -> None:
         if callback in self.network.subscribers.get(cob_id, []):
@@ -393,6 +416,7 @@ class CanDevice:
         if len(data) > 1:
             self._counts.add("sync_length")
             return
+        self._latch_rpdos()
         sample = self.sim.step(1)
         self._sync_count += 1
         try:
@@ -408,30 +432,52 @@ class CanDevice:
             self._check_fault(d, sample, state)
 
     def _wire_values(self, s: "SimState") -> dict[str, list[int]]:
-        """The sample in wire units, {TPDO field: one int per joint}; WireValueError if one does not fit."""
+        """The fields of the enabled TPDOs in wire units, {field: one int per joint}; WireValueError if one
+        does not fit its type."""
         sc = self.scaling
-        arrays = {
-            "statusword": s.statusword, "mode_display": s.mode_display,
-            "position_actual": sc.position_to_counts(s.position),
-            "velocity_actual": sc.velocity_to_counts(s.velocity),
-            "current_actual": sc.current_to_raw(s.current),
-            "torque_actual": sc.torque_to_raw(s.torque),
-            "following_error_actual": sc.position_to_counts(s.following_error),
+        convert = {
+            "statusword": lambda: s.statusword, "mode_display": lambda: s.mode_display,
+            "position_actual": lambda: sc.position_to_counts(s.position),
+            "velocity_actual": lambda: sc.velocity_to_counts(s.velocity),
+            "current_actual": lambda: sc.current_to_raw(s.current),
+            "torque_actual": lambda: sc.torque_to_raw(s.torque),
+            "following_error_actual": lambda: sc.position_to_counts(s.following_error),
         }
-        return {k: v.tolist() for k, v in arrays.items()}
+        return {f: convert[f]().tolist() for f in self._tx_fields}
 
     def _send_tpdos(self, d: _Drive, wire: dict[str, list[int]]) -> None:
         j = d.joint
-        for pdef, pdo_map in d.tpdos:
+        for k, (pdef, pdo_map) in enumerate(d.tpdos):
             tt = pdo_map.trans_type
             if not pdo_map.enabled or (tt and self._sync_count % tt):
                 continue
-            payload = pdef.pack([wire[f][j] for f in pdef.fields])
-            if tt == 0 and d.last_sent.get(pdef.number) == payload:
-                continue
-            d.last_sent[pdef.number] = payload
-            pdo_map.data = bytearray(payload)
-            pdo_map.transmit()
+            payload = self._tx_codec.encode(k, j, [wire[f][j] for f in _TPDO_FIELDS[k]])
+            if tt == 0:
+                if d.last_sent.get(pdef.number) == payload:
+                    continue
+                d.last_sent[pdef.number] = bytes(payload)
+            msg = d.tx_msgs[k]
+            msg.arbitration_id = pdo_map.cob_id
+            with self.network.send_lock:
+                self._faulty.send(msg)
+
+    def _latch_rpdos(self) -> None:
+        """The RPDO commands received since the last SYNC become the simulator's (one set_commands when every
+        drive got both RPDOs, as a host sends them; per drive otherwise)."""
+        latched = [d.latched for d in self.drives]
+        if not any(latched):
+            return
+        try:
+            if all(len(c) == len(_COMMANDS) for c in latched):
+                self.sim.set_commands(**{k: [c[k] for c in latched] for k in _COMMANDS})
+            else:
+                for j, c in enumerate(latched):
+                    if c:
+                        self.sim.set_commands(joint=j, **c)
+        except InputError:      # cannot happen for frames rpdo_commands accepted; counted if it does
+            self._counts.add("rpdo_value")
+        for c in latched:
+            c.clear()
 
     def _check_fault(self, d: _Drive, sample: "SimState", nmt_state: str) -> None:
         faulted = bool(int(sample.statusword[d.joint]) & cia402.SW_FAULT)
@@ -446,20 +492,21 @@ class CanDevice:
         else:
             d.node.emcy.reset(0)
 
-    def _on_rpdo(self, d: _Drive, pdef: cm.PdoDef, pdo_map) -> None:
+    def _on_rpdo(self, d: _Drive, pdef: cm.PdoDef, can_id: int, data: bytearray, timestamp: float) -> None:
+        """An RPDO frame (network dispatch, notifier thread): a whole valid frame is latched for the next
+        SYNC; anything else is counted and dropped."""
         if d.node.nmt.state != "OPERATIONAL":
             self._counts.add("rpdo_not_operational")
             return
-        data = pdo_map.data
         if len(data) != pdef.dlc:
             self._counts.add("rpdo_length")
             return
         try:
             commands = rpdo_commands(pdef, data, self.scaling.counts_per_rad[d.joint])
-            self.sim.set_commands(joint=d.joint, **commands)
-        except (cm.CanFrameError, InputError):
+        except cm.CanFrameError:
             self._counts.add("rpdo_value")
             return
+        d.latched.update(commands)
         d.remember(commands, self.scaling.counts_per_rad[d.joint])
 
     def _on_sdo_request(self, d: _Drive, can_id: int, data: bytearray, timestamp: float) -> None:
@@ -528,12 +575,14 @@ class CanDevice:
             valid, cob = not value & cm.PDO_NOT_VALID, value & 0x1FFFFFFF
             if value & (1 << 29) or not 0 < cob <= 0x7FF or (pdo_map.enabled and valid and cob != pdo_map.cob_id):
                 raise SdoAbortedError(ABORT_VALUE_RANGE)
+            number = index - (0x1800 if transmit else 0x1400) + 1
             if not transmit:
-                self._unsubscribe(pdo_map.cob_id, pdo_map.on_message)
+                self._unsubscribe(pdo_map.cob_id, d.receivers[number])
             pdo_map.cob_id, pdo_map.enabled = cob, valid
             if not transmit and valid:
-                self.network.subscribe(cob, pdo_map.on_message)
+                self.network.subscribe(cob, d.receivers[number])
             d.last_sent.clear()
+            self._update_tx_fields()
         elif subindex == 2:
             ok = value in cm.SYNC_TRANSMISSION_TYPES or (not transmit and value in cm.RPDO_ASYNC_TRANSMISSION_TYPES)
             if not ok:

@@ -10,6 +10,9 @@ simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
   read after a cycle encodes that cycle's image into the input registers (no encoding for cycles nobody
   reads): positions and velocities in motor counts (the model's gear ratios and the simulator's encoder
   resolution, as JointScaling), currents in uA, torques in mN m, the cycle counter and the device time in us.
+* The input image is mirrored in read-only holding registers from gw.INPUT_MIRROR_BASE, so that one
+  function-23 request (read/write multiple registers) writes the commands and reads the state: the write
+  part is applied (or refused, and then nothing is read) before the read part is served.
 * A write to the holding registers is decoded as a whole command image and becomes one
   sim.set_commands. An impossible image (unknown or unsupported mode, a target position outside the
   joint's limits, a target torque above its tau_max, switching the watchdog off) is refused with the
@@ -35,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 from pymodbus.constants import ExcCodes
 from pymodbus.server import ModbusTcpServer
+from pymodbus.server.requesthandler import ServerRequestHandler
 from pymodbus.simulator import DataType, SimData, SimDevice
 
 from firmware_bridge import cia402
@@ -132,7 +136,7 @@ class GatewayDevice:
             0, self._timeout_ms, np.zeros(self._n, np.int64), state.mode_display.astype(np.int64),
             self._scaling.position_to_counts(state.position), np.zeros(self._n, np.int64))).astype(np.int64)
         self._last_watchdog, self._expired = time.monotonic(), False
-        device = register_device(self._holding.tolist(), self._inputs, action=self._action)
+        device = register_device(self._holding.tolist(), self._inputs, action=self._action, mirror=True)
         server = ModbusServerThread(device, self.host, self.port, trace_packet=self._trace_packet)
         try:
             self.port = server.start()
@@ -183,6 +187,10 @@ class GatewayDevice:
                 if refused is not None:
                     return refused
             registers[:len(self._holding)] = self._holding.tolist()
+        if values is None and address + count > gw.INPUT_MIRROR_BASE:     # a read of the mirror (3, 23)
+            inputs = self._encoded()
+            at = gw.INPUT_MIRROR_BASE - start
+            registers[at:at + len(inputs)] = inputs
         return None
 
     # -- holding registers: the host's commands ------------------------------------------------------
@@ -270,23 +278,47 @@ class GatewayDevice:
 
 
 
-def register_device(holding: list[int], inputs: list[int], action=None) -> SimDevice:
+def register_device(holding: list[int], inputs: list[int], action=None, mirror: bool = False) -> SimDevice:
     """pymodbus's register store for the gateway layout: holding registers from HOLDING_BASE, input
-    registers from INPUT_BASE (initial words given), no coils or discrete inputs worth the name (one
-    placeholder each; the gateway's action refuses bit functions)."""
+    registers from INPUT_BASE (initial words given), with mirror=True the input image again as read-only
+    holding registers from INPUT_MIRROR_BASE (the action keeps them current); no coils or discrete inputs
+    worth the name (one placeholder each; the gateway's action refuses bit functions)."""
+    holding_blocks = [SimData(gw.HOLDING_BASE, values=list(holding), datatype=DataType.REGISTERS)]
+    if mirror:
+        holding_blocks.append(SimData(gw.INPUT_MIRROR_BASE, values=list(inputs), datatype=DataType.REGISTERS,
+                                      readonly=True))
     return SimDevice(id=0, action=action, simdata=(
         [SimData(0, values=False, datatype=DataType.BITS)],
         [SimData(0, values=False, datatype=DataType.BITS)],
-        [SimData(gw.HOLDING_BASE, values=list(holding), datatype=DataType.REGISTERS)],
+        holding_blocks,
         [SimData(gw.INPUT_BASE, values=list(inputs), datatype=DataType.REGISTERS)]))
+
+
+class _InLoopRequestHandler(ServerRequestHandler):
+    """pymodbus's request handler, scheduling each request's coroutine directly on the running loop.
+
+    pymodbus (3.16) hands every decoded request to `asyncio.run_coroutine_threadsafe` from inside the loop's
+    own thread, which writes the loop's self-pipe and costs one more epoll wake-up per request: about a third
+    of the server's CPU per request (benchmarks/bench_gateway.py measures both)."""
+
+    def handle_later(self):
+        self.loop.create_task(self.handle_request())
+
+
+class FastModbusTcpServer(ModbusTcpServer):
+    """ModbusTcpServer whose connections use _InLoopRequestHandler (same protocol, same datastore)."""
+
+    def callback_new_connection(self):
+        return _InLoopRequestHandler(self, self.trace_packet, self.trace_pdu, self.trace_connect)
 
 
 class ModbusServerThread:
     """pymodbus's asyncio ModbusTcpServer for one SimDevice, in its own thread ("armid-gateway") and event
     loop. start() returns the port it listens on (bounded wait); stop() shuts it down and joins the thread."""
 
-    def __init__(self, device: SimDevice, host: str, port: int, trace_packet=None):
+    def __init__(self, device: SimDevice, host: str, port: int, trace_packet=None, server_class=FastModbusTcpServer):
         self.device, self.host, self.port, self.trace_packet = device, host, port, trace_packet
+        self.server_class = server_class
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: ModbusTcpServer | None = None
@@ -338,7 +370,7 @@ class ModbusServerThread:
             self._ready.set()
 
     async def _main(self) -> None:
-        server = ModbusTcpServer(self.device, address=(self.host, self.port), trace_packet=self.trace_packet)
+        server = self.server_class(self.device, address=(self.host, self.port), trace_packet=self.trace_packet)
         await server.serve_forever(background=True)   # RuntimeError when the address cannot be bound
         self.port = server.transport.sockets[0].getsockname()[1]
         self._loop, self._server = asyncio.get_running_loop(), server

@@ -82,6 +82,19 @@ class Rig:
         if task is not None:
             task._task.thread.join(TIMEOUT)
 
+    def settle(self, quiet_s: float = 0.05, timeout: float = TIMEOUT) -> None:
+        """Wait until the device has handled every SYNC already sent (its cycle count stays put for quiet_s):
+        a device that lags a periodic SYNC still has some queued after the sender stopped."""
+        end = time.monotonic() + timeout
+        last = self.sim.read_state().cycle
+        while True:
+            time.sleep(quiet_s)
+            now = self.sim.read_state().cycle
+            if now == last:
+                return
+            assert time.monotonic() < end, "the device kept stepping after the SYNCs stopped"
+            last = now
+
     def wait(self, predicate, what: str, timeout: float = TIMEOUT) -> None:
         end = time.monotonic() + timeout
         while not predicate():
@@ -135,6 +148,7 @@ def test_basenode402_enables_a_drive_reads_position_by_sdo_and_pdo_and_moves_it_
              "joint 1 within 0.1 mrad of the CSP target", timeout=30.0)
 
     rig.stop_periodic_sync()
+    rig.settle()
     # position by PDO: wait for this SYNC's TPDO2, sent after its TPDO1, so both carry the same cycle
     tpdo2 = cm.TPDO2.unpack_dict(rig.sync(drive.tpdo[2]))
     s = rig.sim.read_state()
@@ -393,14 +407,14 @@ def operational_device():
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pdo=st.sampled_from(cm.RPDOS), data=st.binary(max_size=10), joint=st.integers(0, 5))
 def test_random_rpdo_frames_become_commands_only_when_whole_and_valid(operational_device, pdo, data, joint):
+    """The frame goes through the device's RPDO handler, then the latch a SYNC does before stepping."""
     dev, sim = operational_device.device, operational_device.sim
     d = dev.drives[joint]
-    pdo_map = next(m for p, m in d.rpdos if p is pdo)
     # the simulator's pending command inputs (private: the only place a half-applied frame would show)
     before = [a.copy() for a in (sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau)]
     counts = dev.counts
-    pdo_map.data = bytearray(data)
-    dev._on_rpdo(d, pdo, pdo_map)
+    dev._on_rpdo(d, pdo, pdo.cob_id(d.node.id), bytearray(data), 0.0)
+    dev._latch_rpdos()
     after = [sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau]
     try:
         expected = rpdo_commands(pdo, data, dev.scaling.counts_per_rad[joint])

@@ -264,6 +264,34 @@ def test_requests_outside_the_image_or_for_bits_are_refused_by_modbus_itself(rig
     assert host.inputs().refused_writes == 0           # refused by Modbus, never reached the drives
 
 
+def test_one_function_23_applies_the_write_then_reads_the_mirrored_inputs_of_the_simulators_cycle(rig, model):
+    """The input mirror (holding registers from INPUT_MIRROR_BASE) holds the input image; a read/write-multiple
+    request writes the commands first and reads the image; a refused write applies and reads nothing; the
+    mirror itself cannot be written."""
+    sim, gateway, host, recorder = rig
+    now = host.inputs()
+    out = host.outputs()
+    out.mode[:], out.target_position[:], out.controlword[:] = int(Mode.CSP), now.position, cia402.CW_SHUTDOWN
+    reply = host.client.readwrite_registers(read_address=gw.INPUT_MIRROR_BASE, read_count=gw.input_count(N),
+                                           write_address=gw.HOLDING_BASE, values=gw.encode_outputs(out).tolist())
+    assert not reply.isError(), reply
+    image = gw.decode_inputs(reply.registers, N)
+    statusword, mode, error, counts, _, _ = recorder.at(image.cycle_counter)    # a whole cycle's own sample
+    assert np.array_equal(image.statusword, statusword) and np.array_equal(image.position, counts)
+    assert _same(host.outputs(), out)                                          # the write was applied
+    host.wait_states(State.READY_TO_SWITCH_ON)
+    mirrored = host.client.read_holding_registers(gw.INPUT_MIRROR_BASE, count=gw.input_count(N))
+    assert not mirrored.isError() and mirrored.registers[:2] == [gw.LAYOUT_VERSION, N]
+    gw.decode_inputs(mirrored.registers, N)                                    # a whole valid image
+    bad = gw.encode_outputs(out)
+    bad[gw.holding_address("mode", 3) - gw.HOLDING_BASE] = 7                   # not a CiA 402 mode
+    refused = host.client.readwrite_registers(read_address=gw.INPUT_MIRROR_BASE, read_count=gw.input_count(N),
+                                             write_address=gw.HOLDING_BASE, values=bad.tolist())
+    assert _exception_code(refused) == ILLEGAL_VALUE and gateway.refused_writes == 1
+    assert _same(host.outputs(), out)
+    assert _exception_code(host.client.write_register(gw.INPUT_MIRROR_BASE + 4, 1)) == ILLEGAL_ADDRESS
+
+
 def test_the_host_watchdog_quick_stops_enabled_drives_when_the_host_goes_quiet(rig):
     sim, gateway, host, recorder = rig
     host.enable_csp()

@@ -8,6 +8,11 @@ begin_cycle() sends SYNC, the drives answer with TPDO1 (statusword, position, mo
 (velocity, current); write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque),
 which the drives latch at the next SYNC. Wire format: docs/wire-can.md.
 
+python-canopen does what it is good at (SDO, NMT, EMCY, heartbeat, the EDS); the cyclic PDOs of all drives
+take a leaner path, since canopen's per-PDO maps cost tens of microseconds a frame: one python-can listener
+(_on_frame, on the bus's notifier) decodes every TPDO with firmware_bridge's PdoCodec, and SYNC and the
+RPDOs go out through python-can directly, as preallocated messages whose payloads are packed in place.
+
 A sample is complete when every drive's TPDO1 and TPDO2 have arrived; read() returns the newest complete
 sample (the previous SYNC's, since the drives answer after the SYNC the same cycle sent), and False when
 none completed since the last read: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
@@ -20,6 +25,7 @@ recover without restarting the daemon.
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from pathlib import Path
@@ -42,12 +48,20 @@ SUPERVISE_PERIOD_S = 0.05
 MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05
 GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
+_TPDOS = (cm.TPDO1, cm.TPDO2)
+_RPDOS = (cm.RPDO1, cm.RPDO2)
+_ROWS = ((0, 1, 2), (3, 4))     # rows of the sample (statusword, position, mode, velocity, current) per TPDO
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
                "emcy", "nmt_restarts", "reconnects", "send_errors")
 
 
 class CanOptionError(InputError):
     """A [transport] option of the can transport that is not usable."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _valid_statusword(word: int) -> bool:
+    return cia402.state_of(word) is not None
 
 
 def _check_options(n: int, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s,
@@ -101,14 +115,21 @@ class CanArm:
         self.sdo_timeout_s, self.boot_timeout_s, self.heartbeat_ms = float(sdo_timeout_s), float(boot_timeout_s), heartbeat_ms
         self.network: canopen.Network | None = None
         self.nodes: list[canopen.RemoteNode] = []
-        self._rpdos: list[tuple[canopen.pdo.PdoMap, canopen.pdo.PdoMap]] = []
+        # the cyclic PDOs: TPDOs decoded by _on_frame, SYNC and RPDOs sent as these preallocated messages
+        self._tpdo_codec = cm.PdoCodec(_TPDOS, self.node_ids)
+        self._rpdo_codec = cm.PdoCodec(_RPDOS, self.node_ids)
+        self._rpdo_msgs = [[can.Message(arbitration_id=p.cob_id(nid), is_extended_id=False,
+                                        data=self._rpdo_codec.payloads[k][j]) for j, nid in enumerate(self.node_ids)]
+                           for k, p in enumerate(_RPDOS)]
+        self._rpdo_sequence = [m for pair in zip(*self._rpdo_msgs) for m in pair]     # drive 1 RPDO1, RPDO2, drive 2 ...
+        self._sync_msg = can.Message(arbitration_id=cm.SYNC_COB_ID, is_extended_id=False, data=b"")
         # receive side (notifier thread) -> cycle, under _lock
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
-        self._pend = np.zeros((5, n), np.int64)     # statusword, position, mode, velocity, current (wire units)
+        self._pend = [[0] * n for _ in range(5)]     # statusword, position, mode, velocity, current (wire units)
         self._ready = np.zeros((5, n), np.int64)
         self._mask, self._full = 0, (1 << (2 * n)) - 1
-        self._ready_seq, self._read_seq, self._ready_time = 0, 0, 0.0
+        self._ready_seq, self._read_seq, self._ready_time, self._ready_host_ns = 0, 0, 0.0, 0
         self._error_code = np.zeros(n, np.uint16)
         self._heartbeat_at = np.zeros(n)             # time.monotonic() of each node's last heartbeat
         self._restart = np.zeros(n, bool)            # NMT start wanted (boot-up / not OPERATIONAL)
@@ -123,6 +144,7 @@ class CanArm:
         if self.network is not None:
             return
         self.network = canopen.Network()
+        self.network.listeners.append(self._on_frame)      # every connect() (and reopen) builds its notifier with it
         try:
             self._connect()
             for j, nid in enumerate(self.node_ids):
@@ -183,9 +205,6 @@ class CanArm:
         self._check_pdos(j, node)
         node.emcy.add_callback(lambda e, j=j: self._on_emcy(j, e))
         node.nmt.add_heartbeat_callback(lambda state, j=j: self._on_heartbeat(j, state))
-        for k, pdef in enumerate((cm.TPDO1, cm.TPDO2)):
-            node.tpdo[pdef.number].add_callback(lambda m, j=j, k=k, pdef=pdef: self._on_tpdo(j, k, pdef, m))
-        self._rpdos.append((node.rpdo[cm.RPDO1.number], node.rpdo[cm.RPDO2.number]))
         return drive
 
     def _check_pdos(self, j: int, node) -> None:
@@ -213,6 +232,11 @@ class CanArm:
                 problem = f"transmission type {m.trans_type}, expected 1 (every SYNC)"
             if problem:
                 raise CanOptionError(f"can: joint {j + 1} (node {node.id}): {pdef.name}: {problem} (docs/wire-can.md)")
+        # reading the maps subscribed canopen's PdoMaps to their COB-IDs: the PDOs are ours (_on_frame, write)
+        for maps in (node.tpdo, node.rpdo):
+            for m in maps.map.values():
+                if m.cob_id is not None and m.on_message in self.network.subscribers.get(m.cob_id, ()):
+                    self.network.unsubscribe(m.cob_id, m.on_message)
 
     def _start_all(self) -> None:
         for j, node in enumerate(self.nodes):
@@ -249,16 +273,21 @@ class CanArm:
                 net.disconnect()
             except Exception:  # noqa: BLE001 - closing must go on
                 pass
-        self.nodes, self._rpdos = [], []
+        self.nodes = []
 
     # -- receive side (python-can notifier thread) -----------------------------------------------------
-    def _on_tpdo(self, j: int, k: int, pdef: cm.PdoDef, pdo_map) -> None:
+    def _on_frame(self, msg: can.Message) -> None:
+        """Every frame on the bus: TPDO1/TPDO2 of our drives go into the pending sample; the rest is canopen's."""
+        slot = self._tpdo_codec.slots.get(msg.arbitration_id)
+        if slot is None or msg.is_remote_frame or msg.is_error_frame or msg.is_extended_id:
+            return
+        k, j = slot
         try:
-            values = pdef.unpack(pdo_map.data)
+            values = self._tpdo_codec.unpack(k, j, msg.data)
         except cm.CanFrameError:
             self._count("bad_length")
             return
-        if k == 0 and (cia402.state_of(values[0]) is None or values[2] not in MODES):
+        if k == 0 and not (_valid_statusword(values[0]) and values[2] in MODES):
             self._count("bad_value")
             return
         bit = 1 << (2 * j + k)
@@ -267,15 +296,16 @@ class CanArm:
             if self._mask & bit:             # a frame of the next SYNC before this sample completed
                 self._stats["incomplete_samples"] += 1
                 self._mask = 0
-            rows = (0, 1, 2) if k == 0 else (3, 4)
-            for r, v in zip(rows, values):
-                self._pend[r, j] = v
+            pend = self._pend
+            for r, v in zip(_ROWS[k], values):
+                pend[r][j] = v
             self._mask |= bit
             if self._mask == self._full:
-                self._ready[:] = self._pend
+                self._ready[:] = pend
                 self._mask = 0
                 self._ready_seq += 1
-                self._ready_time = pdo_map.timestamp or time.time()
+                self._ready_time = msg.timestamp or time.time()
+                self._ready_host_ns = time.time_ns()
                 self._stats["samples"] += 1
 
     def _on_emcy(self, j: int, error) -> None:
@@ -337,13 +367,19 @@ class CanArm:
                 self._error_code[j] = self._sdo(j, self.nodes[j], cia402.ERROR_CODE, 0)
 
     # -- the cycle's side ----------------------------------------------------------------------------
-    def _send(self, fn, *args) -> None:
+    def _send(self, msgs) -> None:
+        """Send the messages in order through python-can (canopen's send lock: SDO and NMT share the bus)."""
+        net = self.network
         if self._broken is not None:
             raise LinkError(f"can: the bus is down ({self._broken}); reconnecting")
-        if self.network is None:
+        if net is None:
             raise LinkError("can: not open")
         try:
-            fn(*args)
+            net.check()                                  # the receive thread died (interface gone)
+            with net.send_lock:
+                send = net.bus.send
+                for msg in msgs:
+                    send(msg)
         except (can.CanError, OSError, AttributeError) as exc:   # AttributeError: the bus went away under us
             self._count("send_errors")
             self._broken = f"send failed: {exc}"
@@ -353,7 +389,7 @@ class CanArm:
         """Transmit SYNC (the drives latch the last RPDOs, step, and answer with their TPDOs). One SYNC every
         cycle, so that every command reaches the drives; drives slower than the cycle (a simulator) fall
         behind, which link_stats shows as sync_lag."""
-        self._send(self.network.sync.transmit)
+        self._send((self._sync_msg,))
         with self._lock:
             self._stats["syncs"] += 1
 
@@ -377,8 +413,8 @@ class CanArm:
             np.multiply(r[4], CURRENT_LSB, out=out.current)
             out.error_code[:] = self._error_code
             out.device_time_ns = int(self._ready_time * 1e9)
+            out.host_time_ns = self._ready_host_ns
         np.multiply(out.current, self.torque_per_amp, out=out.torque)
-        out.host_time_ns = time.time_ns()
         return True
 
     def write(self, command: ArmCommand) -> None:
@@ -388,14 +424,16 @@ class CanArm:
             torque = self.scaling.torque_to_raw(command.target_torque)
         except WireValueError as exc:
             raise LinkError(f"can: command not sent: {exc}") from None
-        for j, (r1, r2) in enumerate(self._rpdos):
+        enc = self._rpdo_codec.encode
+        cw, mode = command.controlword.tolist(), command.mode.tolist()
+        counts, torque = counts.tolist(), torque.tolist()
+        for j in range(self.n):
             try:
-                r1.data = bytearray(cm.RPDO1.pack((int(command.controlword[j]), int(counts[j]), int(command.mode[j]))))
-                r2.data = bytearray(cm.RPDO2.pack((int(torque[j]),)))
+                enc(0, j, (cw[j], counts[j], mode[j]))
+                enc(1, j, (torque[j],))
             except cm.CanFrameError as exc:
                 raise LinkError(f"can: joint {j + 1}: command not sent: {exc}") from None
-            self._send(r1.transmit)
-            self._send(r2.transmit)
+        self._send(self._rpdo_sequence)
 
     def link_stats(self) -> dict:
         """Frame counters, dropped frames by reason, reconnects, heartbeat ages (s) and NMT restarts."""
