@@ -107,7 +107,8 @@ def transport_options(transport: str, line: str) -> dict[str, object]:
 
 
 def driver_config(transport: str, options: dict[str, object], *, rate_hz: float, watchdog_ms: float,
-                  state: str, commands: str, model: str = "generic6", clock: str = "auto") -> str:
+                  state: str, commands: str, model: str = "generic6", clock: str = "auto",
+                  effort_delay_ms: float = 0.0) -> str:
     """The text of a driver TOML file (docs/driver.md) for these transport options and endpoints."""
     def value(v: object) -> str:
         if isinstance(v, bool):
@@ -115,7 +116,7 @@ def driver_config(transport: str, options: dict[str, object], *, rate_hz: float,
         return str(v) if isinstance(v, (int, float)) else json.dumps(str(v))
 
     lines = ["[driver]", f"model = {json.dumps(model)}", f"rate_hz = {rate_hz:g}", f"watchdog_ms = {watchdog_ms:g}",
-             f"clock = {json.dumps(clock)}", "[transport]", f"name = {json.dumps(transport)}"]
+             f"clock = {json.dumps(clock)}", f"effort_delay_ms = {effort_delay_ms!r}", "[transport]", f"name = {json.dumps(transport)}"]
     lines += [f"{k} = {value(v)}" for k, v in options.items()]
     lines += ["[zmq]", f"state = {json.dumps(state)}", f"commands = {json.dumps(commands)}"]
     return "\n".join(lines) + "\n"
@@ -314,12 +315,14 @@ class Chain:
         """`armid driver` on the simulator's connection (or the in-process sim), ipc endpoints in the
         workdir; waits until it answers `status` and returns that status."""
         from driver.recorder import RecorderError, query_status
+        from sim.simulator import effort_delay
 
         p = self.plan
         options = {**self.connection, **dict(p.driver_options)}
         cfg = self.workdir / "driver.toml"
         cfg.write_text(driver_config(p.name, options, rate_hz=p.rate_hz, watchdog_ms=p.watchdog_ms,
-                                     state=self.state, commands=self.commands, clock=p.clock))
+                                     state=self.state, commands=self.commands, clock=p.clock,
+                                     effort_delay_ms=1000.0 * effort_delay(p.sim_rate_hz)))
         self.driver = self._start("driver", ["driver", "--config", str(cfg)])
 
         def ready():
@@ -511,8 +514,8 @@ def uniform_samples(arrays: dict[str, np.ndarray], rate_hz: float | None = None)
     """Resample identification arrays (t s strictly increasing, q rad, tau N m or current A, qd rad/s) on a
     uniform grid of rate_hz (default: 1 / the median interval, rounded to 1 us): q by a cubic spline
     (scipy), the rest linearly. A driver whose cycle is not locked to the drives' clock (serial,
-    gateway) reads samples at irregular device times; identification needs a uniform rate. Returns the
-    arrays and the largest interval (s) that was bridged."""
+    gateway) reads samples at irregular device times; identification needs a uniform rate. effort_delay
+    passes through. Returns the arrays and the largest interval (s) that was bridged."""
     from scipy.interpolate import CubicSpline
 
     t = arrays["t"]
@@ -525,4 +528,6 @@ def uniform_samples(arrays: dict[str, np.ndarray], rate_hz: float | None = None)
     for name in ("tau", "current", "qd"):
         if name in arrays:
             out[name] = np.column_stack([np.interp(grid, t, col) for col in arrays[name].T])
+    if "effort_delay" in arrays:
+        out["effort_delay"] = arrays["effort_delay"]
     return out, float(dt.max())

@@ -5,6 +5,8 @@
     rate_hz = 1000
     watchdog_ms = 10
     clock = "auto"              # auto | host | device (driver/cycle.py)
+    effort_delay_ms = 0         # how late the drives' current/torque is against their positions (recorded
+                                # with the data; identification aligns them): the simulator's is half a period
 
     [transport]
     name = "serial"             # sim | serial | can | gateway
@@ -36,6 +38,9 @@ from driver.daemon import Curve, Endpoints, Record
 from ident.errors import InputError
 
 
+MAX_EFFORT_DELAY_MS = 100.0   # the bound ident.preprocess.MAX_EFFORT_DELAY puts on a recording's effort delay
+
+
 class ConfigError(InputError):
     def __init__(self, source: str, key: str, expected: str, got=None):
         got_text = "" if got is None else f", got {got!r}"
@@ -53,9 +58,10 @@ class DriverConfig:
     source: str = "<defaults>"
     clock: str = "auto"
     record: Record | None = None
+    effort_delay_s: float = 0.0
 
 
-_SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock"}, "transport": None,
+_SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms"}, "transport": None,
              "zmq": {"state", "commands", "curve"}, "record": {"path", "chunk_seconds", "overwrite"}}
 
 
@@ -102,8 +108,11 @@ def load_config(path: str | Path) -> DriverConfig:
     clock = drv.get("clock", "auto")
     if clock not in ("auto", *CLOCKS):
         raise ConfigError(src, "driver.clock", f"one of auto, {', '.join(CLOCKS)}", clock)
+    delay = drv.get("effort_delay_ms", 0.0)
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not abs(delay) <= MAX_EFFORT_DELAY_MS:
+        raise ConfigError(src, "driver.effort_delay_ms", f"a number of ms within +-{MAX_EFFORT_DELAY_MS:g}", delay)
     return DriverConfig(model, rate, watchdog, name, tr, endpoints, src, clock,
-                        _record(src, path.parent, data.get("record")))
+                        _record(src, path.parent, data.get("record")), float(delay) / 1000.0)
 
 
 def _record(src: str, base: Path, table: dict | None) -> Record | None:

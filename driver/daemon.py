@@ -93,7 +93,9 @@ class Driver:
 
     def __init__(self, model: Model, arm: Arm, *, endpoints: Endpoints = Endpoints(), rate_hz: float = 1000.0,
                  watchdog_s: float = 0.01, context: zmq.Context | None = None, log=None, clock: str = "auto",
-                 record: Record | None = None):
+                 record: Record | None = None, effort_delay_s: float = 0.0):
+        """effort_delay_s: how late the drives' current and torque are against their positions (s), from the
+        config; reported in status and recorded with the data so that identification aligns them."""
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
         if not is_local(endpoints.commands) and endpoints.curve is None:
@@ -112,6 +114,7 @@ class Driver:
         if record is not None:
             _check_record(record)
         self.record = record
+        self.effort_delay_s = float(effort_delay_s)
         self.recording = None            # driver.recorder.RecordingStats of the running recording
         self.recording_error: str | None = None
         if clock == "auto":
@@ -261,7 +264,7 @@ class Driver:
                 "motion": None if c.motion is None else c.motion.name,
                 "q": st.q.tolist(), "drive_states": [s.value if s else "UNKNOWN" for s in states],
                 "error_codes": [int(e) for e in st.error_code], "payload": self.payload.tolist(),
-                "cycles": c.cycles, "seq": c.seq}
+                "cycles": c.cycles, "seq": c.seq, "effort_delay_s": self.effort_delay_s}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
@@ -306,7 +309,8 @@ class Driver:
                                     rate_hz=self.cycle.rate_hz, chunk_seconds=rec.chunk_seconds,
                                     stop=self._recorder_stop, progress=progress, progress_interval_s=1.0,
                                     log=lambda text: self.log(f"record: {text}"), overwrite=rec.overwrite,
-                                    metadata={"model": self.model.name, "source": "armid driver"},
+                                    metadata={"model": self.model.name, "source": "armid driver",
+                                              "effort_delay_s": repr(self.effort_delay_s)},
                                     context=self._ctx)
             self.log(f"record: {self.recording.line()}")
         except Exception as exc:  # noqa: BLE001 - a failed recording is reported, the driver goes on

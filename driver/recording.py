@@ -11,6 +11,7 @@ rest is reported, not guessed. A file that is not MCAP, is corrupt before its en
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 import tempfile
@@ -170,7 +171,9 @@ EFFORTS = {"torque": ("tau", "tau"), "current": ("current", "i")}   # effort -> 
 
 def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[str, np.ndarray], list[str]]:
     """The arrays of the identification layout (docs/data-files.md): t (s, from the device timestamps,
-    starting at 0), q (rad), tau (N m) or current (A), qd (rad/s); and notes on what was left out.
+    starting at 0), q (rad), tau (N m) or current (A), qd (rad/s), effort_delay (s, () array: the driver's
+    configured lag of the effort behind the positions, from the recording's metadata, 0 if it says nothing);
+    and notes on what was left out.
 
     STALE samples (no new device data: the values repeat) and samples whose device time does not
     increase are dropped; seq gaps are reported, never filled in."""
@@ -202,8 +205,20 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
     out = {"t": (s["device_time_ns"] - s["device_time_ns"][0]).astype(np.float64) / 1e9,
            "q": np.ascontiguousarray(s["q"], dtype=np.float64),
            array: np.ascontiguousarray(s[effort], dtype=np.float64),
-           "qd": np.ascontiguousarray(s["qd"], dtype=np.float64)}
+           "qd": np.ascontiguousarray(s["qd"], dtype=np.float64),
+           "effort_delay": np.array(_effort_delay(log))}
     return out, notes
+
+
+def _effort_delay(log: StateLog) -> float:
+    text = log.metadata.get("armid", {}).get("effort_delay_s", "0")
+    try:
+        delay = float(text)
+    except ValueError:
+        raise RecordingError(f"{log.path}: metadata armid.effort_delay_s: expected seconds, got {text!r}") from None
+    if not math.isfinite(delay):
+        raise RecordingError(f"{log.path}: metadata armid.effort_delay_s: expected a finite number, got {text!r}")
+    return delay
 
 
 def csv_header(arrays: dict[str, np.ndarray]) -> list[str]:
@@ -217,7 +232,8 @@ def csv_header(arrays: dict[str, np.ndarray]) -> list[str]:
 
 def write_identification(arrays: dict[str, np.ndarray], out: str | Path) -> None:
     """Write the arrays as CSV (every float with 17 significant digits: exact) or NPZ, by the suffix of
-    `out`; the file appears complete or not at all."""
+    `out`; the file appears complete or not at all. NPZ keeps effort_delay when the arrays have it; CSV has
+    no place for it (give `armid identify --effort-delay`)."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in (".csv", ".npz"):
@@ -230,7 +246,8 @@ def write_identification(arrays: dict[str, np.ndarray], out: str | Path) -> None
     try:
         with os.fdopen(fd, "wb") as f:
             if suffix == ".npz":
-                np.savez(f, t=arrays["t"], q=arrays["q"], qd=arrays["qd"], **{effort: arrays[effort]})
+                extra = {"effort_delay": arrays["effort_delay"]} if "effort_delay" in arrays else {}
+                np.savez(f, t=arrays["t"], q=arrays["q"], qd=arrays["qd"], **{effort: arrays[effort]}, **extra)
             else:
                 table = np.column_stack([arrays["t"], arrays["q"], arrays[effort], arrays["qd"]])
                 np.savetxt(f, table, fmt="%.17g", delimiter=",", header=",".join(csv_header(arrays)), comments="")

@@ -26,7 +26,7 @@ from ident.drive_gains import SCALE_NOTE_NOMINAL, SCALE_NOTE_PAYLOAD, gains_with
 from ident.errors import InputError
 from ident.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import Model
-from ident.preprocess import (Recording, decimate_parallel, decimation_index, estimate_bandwidth, load_recording,
+from ident.preprocess import (Recording, check_effort_delay, decimate_parallel, decimation_index, estimate_bandwidth, load_recording,
                               prepare, sampling_rate, slow_rows)
 
 DEFAULT_SLOW_VELOCITY = 0.1      # rad/s: rows of a joint slower than this are left out (Coulomb friction)
@@ -66,7 +66,8 @@ class Rows:
     """One recording reduced to fit rows. t (N',) s; q, qd (N', n) at the rows; W (N', n, b) base
     regressor and y (N', n) (N m, or A when kind is "current") after parallel decimation; Yl (N', n, 10)
     the payload regressor when asked for; mask (N', n) the rows used (not slow); bandwidth_hz, cutoff_hz,
-    rate_hz and factor (decimation) as applied; samples: samples in the recording."""
+    rate_hz and factor (decimation) as applied; samples: samples in the recording; effort_delay (s) the lag of
+    the effort behind the positions that was removed (ident.preprocess.Recording)."""
 
     source: str
     kind: str
@@ -82,6 +83,7 @@ class Rows:
     rate_hz: float
     factor: int
     samples: int
+    effort_delay: float = 0.0
 
     def in_torque(self, gains: np.ndarray) -> np.ndarray:
         """y as joint torques (N m): currents times the drive gains (n,) N m/A."""
@@ -127,7 +129,8 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
     b = base.count
     return Rows(source=rec.source, kind=s.kind, t=s.t[index], q=s.q[index], qd=qd, W=Wd[:, :, :b], y=yd,
                 Yl=Wd[:, :, b:] if with_load else None, mask=mask, bandwidth_hz=float(bandwidth_hz),
-                cutoff_hz=s.cutoff_hz, rate_hz=s.rate_hz, factor=factor, samples=rec.N)
+                cutoff_hz=s.cutoff_hz, rate_hz=s.rate_hz, factor=factor, samples=rec.N,
+                effort_delay=s.effort_delay)
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,16 +189,18 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
              decimate: int | None = None, slow_velocity: float = DEFAULT_SLOW_VELOCITY,
              consistent: bool = False, regularisation: float = DEFAULT_LAMBDA,
              payload_run: str | Path | Recording | None = None, payload_mass: float | None = None,
-             base: BaseParameters | None = None, verbose: bool = False) -> Identification:
+             base: BaseParameters | None = None, effort_delay: float | None = None,
+             verbose: bool = False) -> Identification:
     """Identify the base parameters of `model` from a recording (path or Recording), with the options of
-    `armid identify`. Raises StepError (an InputError) naming the step that failed and why."""
+    `armid identify`. effort_delay (s), when given, replaces the recordings' own (see
+    ident.preprocess.Recording). Raises StepError (an InputError) naming the step that failed and why."""
     steps = Steps(verbose)
     bandwidth = None if trajectory is None else excitation_bandwidth(trajectory)
     if (payload_run is None) != (payload_mass is None):
         raise InputError("--payload-run and --payload-mass go together")
-    rec = _load(data, model, steps)                 # every input is read first: bad files fail fast
-    loaded_rec = None if payload_run is None else _load(payload_run, model, steps, "the payload run")
-    vrec = None if validate is None else _load(validate, model, steps, "the validation recording")
+    rec = _load(data, model, steps, effort_delay=effort_delay)   # every input is read first: bad files fail fast
+    loaded_rec = None if payload_run is None else _load(payload_run, model, steps, "the payload run", effort_delay)
+    vrec = None if validate is None else _load(validate, model, steps, "the validation recording", effort_delay)
     if rec.kind == "torque" and loaded_rec is not None:
         raise InputError(f"{rec.source}: a payload run fixes the scale of currents; this recording holds torques")
     if loaded_rec is not None and loaded_rec.kind != "current":
@@ -236,8 +241,13 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
                           slow_velocity=slow_velocity, seconds=steps.seconds)
 
 
-def _load(data, model: Model, steps: Steps, role: str = "the recording") -> Recording:
+def _load(data, model: Model, steps: Steps, role: str = "the recording",
+          effort_delay: float | None = None) -> Recording:
     if isinstance(data, Recording):
-        return data
-    with steps(f"read {role}"):
-        return load_recording(data, n=model.n)
+        rec = data
+    else:
+        with steps(f"read {role}"):
+            rec = load_recording(data, n=model.n)
+    if effort_delay is None:
+        return rec
+    return dataclasses.replace(rec, effort_delay=check_effort_delay(effort_delay, "--effort-delay"))

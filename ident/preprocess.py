@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import scipy.interpolate
 import scipy.signal
 import scipy.sparse
 
@@ -82,7 +83,11 @@ class Recording(_JointSamples):
     """Raw data as recorded, SI units. Exactly one of tau / current is set.
 
     t (N,) s, strictly increasing; q (N, n) rad; tau (N, n) N m or current (N, n) A; qd (N, n) rad/s or None;
-    source: the file name (for messages). Constructing one checks shapes, finiteness and time order.
+    source: the file name (for messages); effort_delay (s): how late the effort of sample k is against its
+    positions, i.e. tau[k] or current[k] belongs to the motion at t[k] - effort_delay (a current averaged
+    over the sampling period that ends at t[k] lags by half a period; a drive's current filter adds its
+    group delay). `prepare` aligns the effort with the motion. Constructing one checks shapes, finiteness,
+    time order and the delay.
     """
 
     t: np.ndarray
@@ -91,12 +96,14 @@ class Recording(_JointSamples):
     current: np.ndarray | None
     qd: np.ndarray | None
     source: str
+    effort_delay: float = 0.0
 
     def __post_init__(self) -> None:
         fields = {"t": self.t, "q": self.q, "tau": self.tau, "current": self.current, "qd": self.qd}
         checked = _check_arrays(self.source, fields, lambda k: f"sample {k}")
         for name, arr in checked.items():
             object.__setattr__(self, name, arr)
+        object.__setattr__(self, "effort_delay", check_effort_delay(self.effort_delay, self.source))
 
     @property
     def kind(self) -> str:
@@ -107,6 +114,22 @@ class Recording(_JointSamples):
     def y(self) -> np.ndarray:
         """The measured effort: tau (N m) or current (A), whichever was recorded."""
         return self.tau if self.tau is not None else self.current
+
+
+MAX_EFFORT_DELAY = 0.1          # s: a longer lag between effort and positions is a broken recording, not a filter
+
+
+def check_effort_delay(value, source: str = "recording") -> float:
+    """The effort delay (s) as a float; raises PreprocessError unless it is a finite number of at most
+    MAX_EFFORT_DELAY in magnitude."""
+    try:
+        delay = float(value)
+    except (TypeError, ValueError):
+        raise PreprocessError(f"{source}: effort_delay: expected a number of seconds, got {value!r}") from None
+    if not (math.isfinite(delay) and abs(delay) <= MAX_EFFORT_DELAY):
+        raise PreprocessError(f"{source}: effort_delay: expected a finite number of seconds within "
+                              f"+-{MAX_EFFORT_DELAY:g} s, got {value!r}")
+    return delay
 
 
 _PREFIX = {"q": "q", "tau": "tau", "current": "i", "qd": "qd"}   # array name -> CSV column prefix
@@ -190,17 +213,22 @@ def _load_npz(path: Path) -> Recording:
             arrays = {name: data[name] for name in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise PreprocessError(f"{path}: not a readable NPZ file: {exc}") from None
-    known = ("t", "q", "tau", "current", "qd")
+    known = ("t", "q", "tau", "current", "qd", "effort_delay")
     unknown = sorted(set(arrays) - set(known))
     if unknown:
-        raise PreprocessError(f"{path}: unknown array(s) {', '.join(unknown)}: expected t, q, tau or current, qd")
+        raise PreprocessError(f"{path}: unknown array(s) {', '.join(unknown)}: expected t, q, tau or current, qd, "
+                              "effort_delay")
     for name in ("t", "q"):
         if name not in arrays:
             raise PreprocessError(f"{path}: missing array {name!r}")
     for name, arr in arrays.items():
         if arr.dtype.kind not in "iuf":
             raise PreprocessError(f"{path}: array {name!r}: expected real numbers, got dtype {arr.dtype}")
-    return Recording(arrays["t"], arrays["q"], arrays.get("tau"), arrays.get("current"), arrays.get("qd"), str(path))
+    delay = arrays.pop("effort_delay", np.zeros(()))
+    if delay.shape not in ((), (1,)):
+        raise PreprocessError(f"{path}: array 'effort_delay': expected one number (s), got shape {delay.shape}")
+    return Recording(arrays["t"], arrays["q"], arrays.get("tau"), arrays.get("current"), arrays.get("qd"), str(path),
+                     check_effort_delay(delay.reshape(()).item(), f"{path}"))
 
 
 _HEADER = re.compile(r"^(t|q|tau|i|qd)(\d*)$")
@@ -302,8 +330,9 @@ def _diagnose_csv(path: Path, rows: list[tuple[int, str]], header: list[str]) ->
 class Samples(_JointSamples):
     """Filtered, differentiated samples at the full rate, filter edges trimmed; contiguous float64.
 
-    t (N,) s; q (N, n) rad; qd rad/s; qdd rad/s^2; y (N, n) N m or A per `kind` ("torque" | "current");
-    cutoff_hz: the low-pass cut-off used; rate_hz: the sampling rate; source: the recording's file name.
+    t (N,) s; q (N, n) rad; qd rad/s; qdd rad/s^2; y (N, n) N m or A per `kind` ("torque" | "current"),
+    aligned with the motion (the recording's effort_delay removed); cutoff_hz: the low-pass cut-off used;
+    rate_hz: the sampling rate; source: the recording's file name; effort_delay (s) the delay removed.
     """
 
     t: np.ndarray
@@ -315,6 +344,7 @@ class Samples(_JointSamples):
     cutoff_hz: float
     rate_hz: float
     source: str
+    effort_delay: float = 0.0
 
 
 def sampling_rate(t: np.ndarray, source: str = "recording") -> float:
@@ -381,7 +411,9 @@ def central_differences(t: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.nd
 def prepare(rec: Recording, *, bandwidth_hz: float | None = None, cutoff_hz: float | None = None,
             order: int = 4) -> Samples:
     """Zero-phase Butterworth low-pass (scipy.signal.sosfiltfilt, order `order`) of q and of the torques or
-    currents; qd, qdd by central differences of the filtered q; filter edges trimmed.
+    currents; qd, qdd by central differences of the filtered q; filter edges trimmed. The filtered effort is
+    then read effort_delay later (a cubic spline through it, evaluated at t + effort_delay), so that each row
+    pairs the motion with the effort it caused; the ends lose the samples the shift needs.
 
     The cut-off is cutoff_hz if given, else cutoff_for_bandwidth(bandwidth_hz) (see the module docstring),
     else from estimate_bandwidth(rec.q). Rates in Hz. Raises PreprocessError if too little remains.
@@ -400,7 +432,7 @@ def prepare(rec: Recording, *, bandwidth_hz: float | None = None, cutoff_hz: flo
         raise PreprocessError(f"{rec.source}: cut-off {cutoff_hz} Hz: expected a frequency between 0 and the "
                               f"Nyquist frequency {rate / 2:g} Hz")
     sos = scipy.signal.butter(order, cutoff_hz, fs=rate, output="sos")
-    edge = edge_samples(sos)
+    edge = edge_samples(sos) + math.ceil(abs(rec.effort_delay) * rate)
     kept = rec.N - 2 * edge
     if kept < MIN_SAMPLES:
         raise PreprocessError(
@@ -413,9 +445,12 @@ def prepare(rec: Recording, *, bandwidth_hz: float | None = None, cutoff_hz: flo
     qd, qdd = central_differences(rec.t, q_f)
     keep = slice(edge, rec.N - edge)
     inner = slice(edge - 1, rec.N - edge - 1)        # central differences start at sample 1
+    y = filtered[keep, rec.n:]
+    if rec.effort_delay != 0.0:   # band-limited far below Nyquist: a cubic spline interpolates it to ~1e-6
+        y = scipy.interpolate.CubicSpline(rec.t, filtered[:, rec.n:], axis=0)(rec.t[keep] + rec.effort_delay)
     c = np.ascontiguousarray
-    return Samples(c(rec.t[keep]), c(q_f[keep]), c(qd[inner]), c(qdd[inner]), c(filtered[keep, rec.n:]),
-                   rec.kind, float(cutoff_hz), float(rate), rec.source)
+    return Samples(c(rec.t[keep]), c(q_f[keep]), c(qd[inner]), c(qdd[inner]), c(y),
+                   rec.kind, float(cutoff_hz), float(rate), rec.source, rec.effort_delay)
 
 
 # ---------------------------------------------------------------------------------------------------

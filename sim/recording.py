@@ -42,7 +42,7 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
              currents: bool = False, payload: tuple | None = None, noise=None, progress: bool = False):
     """Run the excitation `traj` for `seconds` on sim.Simulator (CSP, 1 kHz) and return the Recording of
     t >= 0: t (s), q (rad, encoder), and tau (N m, the drives' torque reading) or, with currents, the motor
-    currents (A). payload: (mass kg, com (3,) m flange frame, inertia [XX XY XZ YY YZ ZZ] kg m^2 about the
+    currents (A), with the simulator's effort delay (half a period). payload: (mass kg, com (3,) m flange frame, inertia [XX XY XZ YY YZ ZZ] kg m^2 about the
     centre of mass) fixed to the flange, or None. noise: a sim.NoiseConfig (default: the simulator's
     encoders with current noise `current_noise` A). Raises RuntimeError if the drives do not enable or one
     of them faults."""
@@ -50,6 +50,7 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
     from firmware_bridge.cia402 import Mode, State
     from ident.preprocess import Recording
     from sim import NoiseConfig, Simulator
+    from sim.simulator import effort_delay
 
     n = model.n
     lead = int(round(LEAD_IN * RATE_HZ))
@@ -83,9 +84,10 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
                 j = int(np.flatnonzero(s.error_code)[0])
                 raise RuntimeError(f"joint {j + 1}: drive fault 0x{int(s.error_code[j]):04X} at t = {t_all[k]:.3f} s")
     bar.close()
+    delay = effort_delay(RATE_HZ)
     if currents:
-        return Recording(t, q, None, y, None, "simulated run")
-    return Recording(t, q, y, None, None, "simulated run")
+        return Recording(t, q, None, y, None, "simulated run", delay)
+    return Recording(t, q, y, None, None, "simulated run", delay)
 
 
 def _bar(total: int, enabled: bool, desc: str):

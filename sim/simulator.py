@@ -12,6 +12,11 @@ One cycle (dt = 1 / rate_hz): latch the commands -> apply queued calls (payload,
 injected faults -> state machines -> control law on the last measurement -> plant integrates dt with the
 torque held -> sensors sample at t + dt -> faults from the control flags -> publish the sample -> call the
 cycle callbacks. Commands set during a cycle act at the next one (as an RPDO latched on SYNC).
+
+The current (and torque) of a sample is the one held over the period that ends at the sample's time: the
+mean effort of that period, which belongs to the motion half a period earlier than the sample's positions.
+`effort_delay(rate_hz)` (s) says so; a driver config on the simulator sets `effort_delay_ms` to it, and
+identification aligns the effort with the motion by it (ident.preprocess.Recording.effort_delay).
 """
 from __future__ import annotations
 
@@ -31,6 +36,12 @@ from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
 from ident.payload import payload_parameters
 from sim.plant import FrictionConfig, NoiseConfig, Plant
+
+def effort_delay(rate_hz: float) -> float:
+    """How late (s) the simulator's current and torque are against its positions at rate_hz: half a period
+    (the held effort of the period that ends at the sample)."""
+    return 0.5 / float(rate_hz)
+
 
 # transport name -> "module:factory"; the factory is called as factory(**transport_options) and returns a
 # SimTransport. The device sides (CAN, serial, gateway) register here when they exist.

@@ -101,7 +101,8 @@ def test_demo_with_currents_identifies_the_drive_gains(tmp_path, capsys):
     np.testing.assert_allclose(doc["drive_gains"]["values"], true_gains, rtol=0.02)
     assert np.all(np.abs(np.array(doc["drive_gains"]["values"]) - true_gains) < 4 * np.array(doc["drive_gains"]["std"]))
     with np.load(out / "payload.npz") as run:
-        assert set(run.files) == {"t", "q", "current"}
+        assert set(run.files) == {"t", "q", "current", "effort_delay"}
+        assert float(run["effort_delay"]) == pytest.approx(0.5e-3)   # the simulator's: half of its 1 ms period
 
 
 # -- the process chain: Ctrl-C and a dying child ------------------------------------------------------------

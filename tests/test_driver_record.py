@@ -34,7 +34,7 @@ def test_a_recording_driver_writes_its_stream_and_armid_record_convert_reads_it(
     path = tmp_path / "run.mcap"
     sim = Simulator(model, seed=3)
     drv = Driver(model, LocalSimArm(model, simulator=sim), endpoints=LOCAL, rate_hz=500.0, watchdog_s=0.5,
-                 record=Record(str(path), chunk_seconds=0.05))
+                 record=Record(str(path), chunk_seconds=0.05), effort_delay_s=1e-3)
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     seen: dict[int, np.void] = {}
@@ -49,6 +49,7 @@ def test_a_recording_driver_writes_its_stream_and_armid_record_convert_reads_it(
                 seen[int(m["seq"])] = m
         assert len(seen) >= 400
         assert drv.health(1.0, {})["recording"]["path"] == str(path)
+        assert drv.status()["effort_delay_s"] == 1e-3
     finally:
         sub.close(0)
         drv.stop()
@@ -72,14 +73,15 @@ def test_a_recording_driver_writes_its_stream_and_armid_record_convert_reads_it(
     arrays = np.load(out)
     assert arrays["q"].shape == (len(log.states), model.n)
     np.testing.assert_array_equal(arrays["q"], log.states["q"])
+    assert float(arrays["effort_delay"]) == 1e-3          # the driver's effort delay, for identification
 
 
 def test_the_config_takes_a_record_section_and_a_clock(tmp_path):
     cfg = tmp_path / "driver.toml"
-    cfg.write_text('[driver]\nclock = "host"\n[transport]\nname = "sim"\n[record]\npath = "out/run.mcap"\n'
-                   'chunk_seconds = 0.5\n')
+    cfg.write_text('[driver]\nclock = "host"\neffort_delay_ms = 0.5\n[transport]\nname = "sim"\n[record]\n'
+                   'path = "out/run.mcap"\nchunk_seconds = 0.5\n')
     c = load_config(cfg)
-    assert c.clock == "host"
+    assert c.clock == "host" and c.effort_delay_s == 0.5e-3
     assert c.record == Record(str((tmp_path / "out" / "run.mcap").resolve()), 0.5, False)
 
 
@@ -88,6 +90,8 @@ def test_the_config_takes_a_record_section_and_a_clock(tmp_path):
     ('[record]\npath = "a.mcap"\noverwrite = "yes"\n', r"record\.overwrite: expected true or false, got 'yes'"),
     ('[record]\npath = "a.mcap"\nspeed = 2\n', r"record\.speed: expected one of chunk_seconds, overwrite, path"),
     ('[driver]\nclock = "wall"\n', r"driver\.clock: expected one of auto, host, device, got 'wall'"),
+    ('[driver]\neffort_delay_ms = "half"\n', r"driver\.effort_delay_ms: expected a number of ms within \+-100, got 'half'"),
+    ('[driver]\neffort_delay_ms = 250\n', r"driver\.effort_delay_ms: expected a number of ms within \+-100, got 250"),
 ])
 def test_bad_record_and_clock_options_are_named(tmp_path, text, error):
     cfg = tmp_path / "driver.toml"

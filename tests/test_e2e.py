@@ -76,9 +76,9 @@ def test_the_sims_ready_line_becomes_a_driver_config_that_the_driver_reads_back(
     path = tmp_path / "driver.toml"
     path.write_text(chain.driver_config("serial", {**options, **dict(plan.driver_options)}, rate_hz=plan.rate_hz,
                                        watchdog_ms=plan.watchdog_ms, state="ipc:///tmp/x-state",
-                                       commands="ipc:///tmp/x-commands"))
+                                       commands="ipc:///tmp/x-commands", effort_delay_ms=0.5))
     cfg = load_config(path)
-    assert cfg.transport == "serial" and cfg.rate_hz == plan.rate_hz
+    assert cfg.transport == "serial" and cfg.rate_hz == plan.rate_hz and cfg.effort_delay_s == 0.5e-3
     assert cfg.transport_options == {"port": "/dev/pts/7", "baudrate": 3000000, "device_watchdog_ms": 2000}
     assert cfg.endpoints.state == "ipc:///tmp/x-state" and cfg.endpoints.commands == "ipc:///tmp/x-commands"
     with pytest.raises(chain.ChainError, match="printed no address"):

@@ -153,13 +153,16 @@ def test_joint_count_is_checked_against_the_expected_model(tmp_path):
     ({"t": "t2d", "q": "q", "tau": "tau"}, "t: expected one time per sample"),
     ({"t": "t", "q": "qnan", "tau": "tau"}, "sample 17, column q2: not a finite number"),
     ({"t": "t", "q": "q", "tau": "text"}, "array 'tau': expected real numbers"),
+    ({"t": "t", "q": "q", "tau": "tau", "effort_delay": "t"}, "array 'effort_delay': expected one number (s)"),
+    ({"t": "t", "q": "q", "tau": "tau", "effort_delay": "nan"}, "effort_delay: expected a finite number of seconds"),
+    ({"t": "t", "q": "q", "tau": "tau", "effort_delay": "second"}, "within +-0.1 s, got 1.0"),
 ])
 def test_every_bad_npz_gets_one_error_naming_the_array(tmp_path, arrays, expected):
     t, q, _, _ = fourier_motion(40, n=2)
     qnan = q.copy()
     qnan[17, 1] = np.nan
     pool = {"t": t, "q": q, "tau": np.cos(q), "short": np.cos(q)[:-1], "t2d": t[:, None], "qnan": qnan,
-            "text": np.full(q.shape, "x")}
+            "text": np.full(q.shape, "x"), "nan": np.array(np.nan), "second": np.array(1.0)}
     path = tmp_path / "bad.npz"
     np.savez(path, **{name: pool[key] for name, key in arrays.items()})
     with pytest.raises(PreprocessError) as info:
@@ -260,6 +263,22 @@ def test_prepared_derivatives_match_the_analytic_ones():
     np.testing.assert_allclose(s.qdd, qdd[k], atol=1e-3 * np.abs(qdd).max())
     for a in (s.t, s.q, s.qd, s.qdd, s.y):
         assert a.flags.c_contiguous and a.dtype == np.float64 and len(a) == s.N
+
+
+@pytest.mark.parametrize("delay", [0.5e-3, 2.3e-3, -0.7e-3])
+def test_an_effort_that_lags_the_motion_is_aligned_with_it(delay):
+    """y recorded late by `delay` (y[k] = g(t[k] - delay), g the effort of the motion at t) comes out of
+    prepare as g(t): the alignment interpolates the filtered effort, off the grid when the delay is not a
+    whole number of samples. Without the alignment the same data are off by ~delay * dg/dt."""
+    t, q, _, _ = fourier_motion(6000, n=2, f0=0.5, H=3)
+    f0, amp = 0.5, np.array([1.0, 2.0])
+    g = lambda tt: amp * np.sin(2 * np.pi * 3 * f0 * tt[:, None] + np.array([0.3, 1.1]))   # noqa: E731
+    late = recording(t, q, g(t - delay))
+    aligned = pp.prepare(Recording(late.t, late.q, late.tau, None, None, "late", delay), bandwidth_hz=1.5)
+    np.testing.assert_allclose(aligned.y, g(aligned.t), atol=1e-6 * amp.max())
+    assert aligned.effort_delay == delay and aligned.t[0] > t[0] and aligned.t[-1] < t[-1]
+    unaligned = pp.prepare(late, bandwidth_hz=1.5)
+    assert np.abs(unaligned.y - g(unaligned.t)).max() > 0.5 * abs(delay) * 2 * np.pi * 1.5 * amp.max()
 
 
 def test_noise_is_removed_and_derivatives_stay_usable():

@@ -51,8 +51,8 @@ def payload(n, seq, *, rng=None, flags=0, device_ns=None, host_ns=None):
     return bytes(m.buffer)
 
 
-def write_synthetic(path, payloads, names=None, chunk_seconds=0.25, rate_hz=1000.0):
-    writer = McapStateWriter(path, joint_names=names, chunk_seconds=chunk_seconds, rate_hz=rate_hz)
+def write_synthetic(path, payloads, names=None, chunk_seconds=0.25, rate_hz=1000.0, metadata=None):
+    writer = McapStateWriter(path, joint_names=names, chunk_seconds=chunk_seconds, rate_hz=rate_hz, metadata=metadata)
     for p in payloads:
         rec = stream.decode_state(p)
         writer.write_state(p, int(rec["n"]), int(rec["seq"]), int(rec["host_time_ns"]))
@@ -237,7 +237,8 @@ def test_conversion_to_csv_and_npz_round_trips_the_recorded_values_exactly(live_
                 t, q, y, qd = table[:, 0], table[:, 1:7], table[:, 7:13], table[:, 13:19]
             else:
                 with np.load(out) as z:
-                    assert sorted(z.files) == sorted(["t", "q", array, "qd"])
+                    assert sorted(z.files) == sorted(["t", "q", array, "qd", "effort_delay"])
+                    assert z["effort_delay"].shape == () and float(z["effort_delay"]) == 0.0   # not configured
                     t, q, y, qd = z["t"], z["q"], z[array], z["qd"]
             assert len(t) == len(fresh)
             np.testing.assert_array_equal(t, (dev - dev[0]) / 1e9)
@@ -419,7 +420,7 @@ def test_the_converter_leaves_out_stale_samples_and_reports_seq_gaps(tmp_path):
     kept = [p for p in payloads if not stream.decode_state(p)["flags"] & stream.FLAG_STALE]
     np.testing.assert_array_equal(arrays["t"], [(int(stream.decode_state(p)["device_time_ns"]) - 5) / 1e9 for p in kept])
     np.testing.assert_array_equal(arrays["current"], [stream.decode_state(p)["current"] for p in kept])
-    assert set(arrays) == {"t", "q", "current", "qd"}
+    assert set(arrays) == {"t", "q", "current", "qd", "effort_delay"}
     assert any("3 messages missing in 1 seq gaps" in note for note in notes)
     assert any("2 STALE samples" in note for note in notes)
 
@@ -536,3 +537,18 @@ def test_record_info_says_whether_a_file_is_complete_and_counts_gaps_and_flags(t
     assert re.search(r"ENABLED +48 samples", out) and re.search(r"STALE +13 samples", out)   # seq 0, 4, .., 48
     assert main(["record", "info", str(tmp_path / "cut.mcap")]) == 0
     assert "cut short (no footer)" in capsys.readouterr().out
+
+
+def test_the_drivers_effort_delay_travels_from_the_recording_to_identification(tmp_path):
+    """The driver's configured effort delay (status -> recorder metadata) reaches the NPZ that identify reads,
+    and a recording whose metadata says something else than seconds is refused by name."""
+    from ident.preprocess import load_recording
+
+    payloads = [payload(2, seq, device_ns=seq * 1_000_000) for seq in range(40)]
+    write_synthetic(tmp_path / "d.mcap", payloads, metadata={"effort_delay_s": repr(0.5e-3)})
+    arrays, _ = convert(tmp_path / "d.mcap", tmp_path / "d.npz", "current")
+    assert float(arrays["effort_delay"]) == 0.5e-3
+    assert load_recording(tmp_path / "d.npz").effort_delay == 0.5e-3
+    write_synthetic(tmp_path / "bad.mcap", payloads, metadata={"effort_delay_s": "half a period"})
+    with pytest.raises(RecordingError, match="effort_delay_s: expected seconds, got 'half a period'"):
+        identification_arrays(read_recording(tmp_path / "bad.mcap"))

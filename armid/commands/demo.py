@@ -293,7 +293,8 @@ def _run_in_process(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         paths = {name: out / f"{name}.npz" for name in runs}
         for name, r in runs.items():
-            np.savez(paths[name], t=r.t, q=r.q, **({"current": r.current} if args.currents else {"tau": r.tau}))
+            np.savez(paths[name], t=r.t, q=r.q, effort_delay=r.effort_delay,
+                     **({"current": r.current} if args.currents else {"tau": r.tau}))
         payload = dict(payload_run=paths["payload"], payload_mass=PAYLOAD_MASS) if args.currents else {}
         return batch.identify(model, paths["excitation"], validate=paths["validation"], trajectory=traj,
                               consistent=True, slow_velocity=SLOW_VELOCITY, verbose=verbose, **payload)

@@ -20,6 +20,9 @@ def register(sub) -> None:
     p.add_argument("--payload-run", metavar="DATA3", help="currents only: a run with a payload of known mass")
     p.add_argument("--payload-mass", metavar="KG", type=float, help="the payload's mass (kg) in --payload-run")
     p.add_argument("--cutoff", metavar="HZ", type=float, help="Butterworth cut-off (default: see the docs)")
+    p.add_argument("--effort-delay", metavar="S", type=float, default=None,
+                   help="how late the torques/currents are against the positions, in s (default: the recording's "
+                        "own, 0 if it says nothing; a current averaged over the sample period: half a period)")
     p.add_argument("--decimate", metavar="K", type=int, help="decimation factor (default: from the bandwidth)")
     p.add_argument("--slow", metavar="RAD_S", type=float, default=None,
                    help="leave out rows of joints slower than this (default 0.1 rad/s)")
@@ -65,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     ident = batch.identify(model, args.data, validate=args.validate, trajectory=traj, cutoff_hz=args.cutoff,
                            decimate=args.decimate, consistent=args.consistent,
                            slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
-                           payload_run=args.payload_run, payload_mass=args.payload_mass, verbose=verbose)
+                           payload_run=args.payload_run, payload_mass=args.payload_mass,
+                           effort_delay=args.effort_delay, verbose=verbose)
     written = write_outputs(ident, Path(args.out), args.data)
     print_summary(ident)
     for name, path in written.items():

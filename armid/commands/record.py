@@ -60,7 +60,8 @@ def _record(args: argparse.Namespace) -> int:
         status = query_status(args.commands)
         joint_names = status["joints"]
         rate = rate or float(status.get("rate_hz") or 1000.0)
-        meta = {"model": str(status.get("model", "")), "commands_endpoint": args.commands}
+        meta = {"model": str(status.get("model", "")), "commands_endpoint": args.commands,
+                "effort_delay_s": repr(float(status.get("effort_delay_s") or 0.0))}
 
     def say(text: str) -> None:
         print(f"armid record: {text}", file=sys.stderr, flush=True)
