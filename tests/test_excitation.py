@@ -18,6 +18,7 @@ from ident.errors import InputError
 from ident.excitation import FourierTrajectory, TrajectoryFileError
 from ident.limits import LimitError
 from ident.model import load_model
+from design_gradients import assert_design_gradients_exact  # noqa: E402  (tests/ is on sys.path)
 
 SEED_TEXT = Path("/work/shared/seeds/000_0aec04ad16a5fa9c.txt")
 
@@ -198,26 +199,9 @@ def test_design_gradients_are_exact(arm3, criterion):
     """The objective's and constraints' gradients (chain rule through the Fourier basis) against finite
     differences, on a grid that avoids the rest samples (where sign(qd) of Coulomb friction jumps).
 
-    The oracle is a fourth-order central difference with h = 1e-4: the objective goes through the smallest
-    eigenvalue of W^T W, whose rounding error is about eps * cond(W)^2 relative, so a second-order
-    difference with a small h measures that noise (~1e-4 at h = 1e-6), not the gradient. At h = 1e-4 the
-    stencil's truncation and rounding errors are both near 1e-6, and a gradient error of 1e-5 fails."""
+    The oracle is tests/design_gradients.py's fourth-order central difference."""
     p = excitation._Problem(arm3, base_parameters(arm3), 0.2, 3, np.zeros(3), criterion, -0.2, 24)
-    p.t = p.t + 0.0137
-    p.B = excitation.basis(p.t, 0.2, 3)
-    p.BN = [Bx @ p.Nul for Bx in p.B]
-    z = np.random.default_rng(0).uniform(-0.3, 0.3, p.size)
-    g, J = p.objective_grad(z).copy(), p.nonlinear_jac(z).copy()
-    h = 1e-4
-    for i in range(p.size):
-        e = np.zeros(p.size)
-        e[i] = h
-        f = {k: p.objective(z + k * e) for k in (-2, -1, 1, 2)}            # one evaluation per point
-        c = {k: p.nonlinear(z + k * e).copy() for k in (-2, -1, 1, 2)}
-        fd = (8 * (f[1] - f[-1]) - (f[2] - f[-2])) / (12 * h)
-        fd_c = (8 * (c[1] - c[-1]) - (c[2] - c[-2])) / (12 * h)
-        assert g[i] == pytest.approx(fd, rel=1e-5, abs=1e-7 * np.abs(g).max())
-        np.testing.assert_allclose(J[:, i], fd_c, atol=1e-7 * np.abs(J).max())
+    assert_design_gradients_exact(p)
 
 
 @pytest.mark.parametrize("kwargs, expected", [

@@ -14,6 +14,7 @@ import scipy.linalg
 from ident import dynamics, excitation, spatial
 from ident.errors import InputError
 from ident.model import load_model
+from design_gradients import assert_design_gradients_exact  # noqa: E402  (tests/ is on sys.path)
 from ident.payload import PARAMETER_NAMES, dynamic, payload_parameters
 from ident.payload.result import Combination
 from ident.base_params import base_parameters
@@ -198,28 +199,14 @@ def test_the_wrist_plan_moves_only_the_wrist_and_keeps_the_limits_with_the_paylo
 
 def test_payload_design_gradients_are_exact_with_only_the_wrist_free():
     """The payload criterion and the held joints go through the design's chain rule: its gradients against
-    a fourth-order central difference (h = 1e-4), off the rest samples where sign(qd) jumps."""
+    tests/design_gradients.py's fourth-order central difference, off the rest samples where sign(qd) jumps."""
     model = load_model("generic6")
     wrist = moving_joints(model, "wrist")
     pose = WRIST_POSE
     target = payload_criterion(model, wrist, pose)
     p = excitation._Problem(model, base_parameters(model), 0.2, 3, pose, "cond", None, 24, target, wrist)
-    p.t = p.t + 0.0137
-    p.B = excitation.basis(p.t, 0.2, 3)
-    p.BN = [Bx @ p.Nul for Bx in p.B]
     assert p.size == 3 * p.k
-    z = np.random.default_rng(0).uniform(-0.3, 0.3, p.size)
-    g, J = p.objective_grad(z).copy(), p.nonlinear_jac(z).copy()
-    h = 1e-4
-    for i in range(p.size):
-        e = np.zeros(p.size)
-        e[i] = h
-        f = {k: p.objective(z + k * e) for k in (-2, -1, 1, 2)}
-        c = {k: p.nonlinear(z + k * e).copy() for k in (-2, -1, 1, 2)}
-        fd = (8 * (f[1] - f[-1]) - (f[2] - f[-2])) / (12 * h)
-        fd_c = (8 * (c[1] - c[-1]) - (c[2] - c[-2])) / (12 * h)
-        assert g[i] == pytest.approx(fd, rel=1e-5, abs=1e-7 * np.abs(g).max())
-        np.testing.assert_allclose(J[:, i], fd_c, atol=1e-7 * np.abs(J).max())
+    z = assert_design_gradients_exact(p)
     q = p.motion(z)[0]
     np.testing.assert_allclose(q[:, :3], np.broadcast_to(pose[:3], q[:, :3].shape), atol=1e-12)   # held at the pose
     assert np.ptp(q[:, 3:], axis=0).min() > 0
