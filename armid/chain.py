@@ -210,6 +210,37 @@ def start_child(name: str, args: list[str], workdir: Path, *, realtime: bool = T
     return Child(name, proc, out, err)
 
 
+def run_tool(name: str, args: list[str], workdir: Path, step: str, *, timeout_s: float,
+             echo_stderr: bool = True) -> str:
+    """Run `python -m armid.cli ARGS` to its end as its own process (output in WORKDIR/NAME.out and .err,
+    its stderr relayed as it comes when echo_stderr, e.g. a tool's progress) and return its stdout.
+    ChainError naming the step, the exit status and the stderr tail if it fails or outlasts timeout_s;
+    the process is stopped whatever happens (also on Ctrl-C)."""
+    child = start_child(name, args, workdir, realtime=False)
+    deadline = time.monotonic() + timeout_s
+    relayed = 0
+    try:
+        while True:
+            done = child.proc.poll() is not None
+            if echo_stderr:
+                text = child.stderr.read_bytes()[relayed:]
+                relayed += len(text)
+                sys.stderr.write(text.decode(errors="replace"))
+                sys.stderr.flush()
+            if done:
+                break
+            if time.monotonic() > deadline:
+                raise ChainError(f"{step}: {name} did not finish within {timeout_s:g} s; its stderr ends: "
+                                 f"{child.tail()}; check {child.stderr}")
+            time.sleep(0.05)
+    finally:
+        child.stop(timeout_s=5.0)
+    if child.proc.returncode != 0:
+        raise ChainError(f"{step}: {name} exited with status {child.proc.returncode}; its stderr ends: "
+                         f"{child.tail()}; check {child.stderr}")
+    return child.stdout.read_text(errors="replace")
+
+
 def wait_for(child: Child, ready, timeout_s: float, what: str, step: str, check: str):
     """Poll ready() (a value or None) every 20 ms until it returns a value; ChainError naming the step if
     the child exits or timeout_s passes first."""

@@ -27,7 +27,7 @@ def test_demo_runs_end_to_end_and_recovers_the_well_excited_parameters(tmp_path,
     printed = capsys.readouterr().out
     for name in ("result.json", "model.toml", "report.html", "torque.png", "excitation.npz", "validation.npz"):
         assert (out / name).is_file(), name
-    assert "true" in printed and "within 3 sigma of the truth" in printed and "report.html" in printed
+    assert "generic6" in printed and "within 3 sigma of generic6" in printed and "report.html" in printed
     assert "validation RMS per joint" in printed
     doc = json.loads((out / "result.json").read_text())
     model = load_model("generic6")

@@ -51,7 +51,12 @@ def _client(endpoint, **curve):
 
 
 def _call(sock, timeout_ms=5000, **request):
-    sock.send(json.dumps(request).encode())
+    """The reply, or None when none comes: also when the request cannot even be sent (SNDTIMEO), as for a
+    client whose CURVE handshake the server refused and so holds no connection to queue it on."""
+    try:
+        sock.send(json.dumps(request).encode())
+    except zmq.Again:
+        return None
     if not sock.poll(timeout_ms):
         return None
     return json.loads(sock.recv())

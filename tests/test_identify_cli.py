@@ -146,6 +146,27 @@ def test_currents_with_a_payload_run_identify_the_drive_gains(tmp_path, model):
     np.testing.assert_allclose(reloaded.joint_torque_per_amp(), g["values"], rtol=1e-12)
 
 
+def test_compare_prints_a_models_values_beside_the_identified_ones_and_counts_them(identified, model, capsys,
+                                                                                    tmp_path):
+    """--compare generic6 on data made from generic6: its values as the reference column, and the count within
+    3 sigma agrees with result.json; compared with puma560 (another arm) far fewer are."""
+    data = identified.parent / "run.csv"
+    counts = {}
+    for reference in ("generic6", "puma560"):
+        assert cli.main(["identify", str(data), "--model", "generic6", "-o", str(tmp_path / reference),
+                         "--trajectory", "seed000", "--compare", reference, "--quiet"]) == 0
+        printed = capsys.readouterr().out
+        assert printed.splitlines()[0].split()[-2:] == [reference, "error"]
+        line = next(x for x in printed.splitlines() if "base parameters within 3 sigma of" in x)
+        counts[reference] = int(line.split()[0])
+        assert line.endswith(f"of {base_parameters(model).count} base parameters within 3 sigma of {reference}")
+    doc = json.loads((tmp_path / "generic6" / "result.json").read_text())
+    truth = base_parameters(model).from_standard(model.standard_parameters())
+    within = sum(abs(p["value"] - v) <= 3 * p["std"] for p, v in zip(doc["base_parameters"], truth))
+    assert counts["generic6"] == within >= 0.9 * len(truth)
+    assert counts["puma560"] < 0.5 * len(truth)
+
+
 def _error(capsys, argv) -> str:
     assert cli.main(argv + ["--quiet"]) == 2
     err = capsys.readouterr().err.strip()

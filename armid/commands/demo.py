@@ -6,12 +6,14 @@ By default the parts run as separate processes on loopback (armid.chain): `armid
 `armid driver` connected to it, and `armid record` on the driver's ZeroMQ stream. The demo sends the
 driver enable, move_to the start and two run_trajectory commands (the excitation blended in from rest
 and out to rest, then the same motion time-reversed for validation), converts the recording's two
-motions into identification data and identifies them. `--in-process` instead steps sim.Simulator in
+motions into identification data and identifies them with `armid identify` as a process of its own.
+`--in-process` instead steps sim.Simulator in
 this process (synchronous, 1 kHz; `simulate` below), which is what `--currents` needs.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ PAYLOAD_MASS = 2.0             # kg, the known payload of the --currents demo's 
 PAYLOAD_COM = (0.0, 0.02, 0.05)                       # m, flange frame (not told to the identification)
 PAYLOAD_INERTIA = (0.004, 0.0, 0.0, 0.004, 0.0, 0.003)   # kg m^2 about the centre of mass
 TRANSPORTS = ("serial", "can", "gateway")
+IDENTIFY_TIMEOUT_S = 300.0   # the demo's `armid identify` takes ~5 s; a loaded machine, a cold numba cache: more
 MOVE_SPEED = 0.2          # move_to the start at this fraction of the fastest the limits allow
 
 
@@ -161,16 +164,16 @@ def excitation_samples(traj, periods: float, rate_hz: float = SAMPLE_RATE_HZ) ->
 
 def _run_chain(args: argparse.Namespace) -> int:
     from armid import chain
-    from armid.commands.identify import load_trajectory, write_outputs
+    from armid.commands.identify import load_trajectory
     from driver.recording import identification_arrays, write_identification
-    from ident import batch
+    from ident import excitation
     from ident.model import load_model
 
     verbose = not args.quiet
     out = Path(args.out)
     started = time.perf_counter()
     plan = chain.plan_for(args.transport, args.rate)
-    steps = _Steps(11, verbose)
+    steps = _Steps(10, verbose)
     model = load_model("generic6")
     slowdown = plan.slowdown if args.slowdown is None else args.slowdown
     traj = steps("check the excitation against the limits",
@@ -213,20 +216,27 @@ def _run_chain(args: argparse.Namespace) -> int:
 
     paths, bridged = steps("convert the two motions (their fresh samples on a uniform grid) to excitation.npz and "
                            "validation.npz", convert)
-    ident = steps("identify (filter, regressor, parallel decimation, WLS, physically consistent fit)",
-                  lambda: batch.identify(model, paths["excitation"], validate=paths["validation"], trajectory=traj,
-                                         consistent=True, slow_velocity=SLOW_VELOCITY, verbose=verbose))
-    written = steps("write result.json, model.toml and the report",
-                    lambda: write_outputs(ident, out, str(recording)))
+    excitation.save(traj, out / "excitation.toml")
+    step = ("identify: `armid identify` as its own process (filter, regressor, parallel decimation, WLS, "
+            "physically consistent fit, result.json, model.toml, report)")
+    table = steps(step, lambda: chain.run_tool(
+        "identify", ["identify", str(paths["excitation"]), "--validate", str(paths["validation"]), "--model", model.name,
+                     "-o", str(out), "--trajectory", str(out / "excitation.toml"), "--consistent",
+                     "--slow", repr(SLOW_VELOCITY), "--compare", model.name, *([] if verbose else ["--quiet"])],
+        out / "processes", step, timeout_s=IDENTIFY_TIMEOUT_S, echo_stderr=verbose))
+    data = json.loads((out / "result.json").read_text())["data"]
     figures = chain.stream_figures(log)
     print(f"armid demo: {model.name} on `armid sim --transport {plan.name}` -> `armid driver` ({plan.rate_hz:g} Hz) "
           f"-> `armid record`; excitation {args.trajectory}" + (f" {slowdown:g}x slower" if slowdown != 1 else "")
           + f" ({seconds:g} s + blends), validation on the "
           f"time-reversed motion")
     print(figures.line())
-    print(f"identification data: {ident.rows.samples} samples at {ident.rows.rate_hz:g} Hz (fresh samples resampled "
-          f"on a uniform grid; largest interval bridged {1e3 * max(bridged.values()):.0f} ms)")
-    _summary(model, ident, written, started)
+    print(f"identification data: {data['samples']} samples at {data['rate_hz']:g} Hz (fresh samples resampled "
+          f"on a uniform grid; largest interval bridged {1e3 * max(bridged.values()):.0f} ms; the effort aligned "
+          f"with the motion by the simulator's {1e3 * data['effort_delay_s']:g} ms)")
+    print(table.rstrip())
+    print(f"({model.name} is the model the simulator runs: its values are the truth)")
+    print(f"done in {time.perf_counter() - started:.1f} s; open {out / 'report.html'}")
     return 0
 
 
@@ -252,12 +262,10 @@ def _finish(c, recording: Path, last_seq: int):
 
 
 def _summary(model, ident, written: dict, started: float) -> None:
-    from armid.commands.identify import print_summary
+    from armid.commands.identify import print_comparison
 
-    truth = ident.base.from_standard(model.standard_parameters())
-    print_summary(ident, truth)
-    within = np.abs(ident.fit.beta - truth) <= 3 * ident.fit.std
-    print(f"{int(within.sum())} of {len(truth)} base parameters within 3 sigma of the truth")
+    print_comparison(ident, model)
+    print(f"({model.name} is the model the simulator runs: its values are the truth)")
     for name, path in written.items():
         print(f"{name}: {path}")
     print(f"done in {time.perf_counter() - started:.1f} s; open {written['report']}")

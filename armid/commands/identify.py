@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--decimate", metavar="K", type=int, help="decimation factor (default: from the bandwidth)")
     p.add_argument("--slow", metavar="RAD_S", type=float, default=None,
                    help="leave out rows of joints slower than this (default 0.1 rad/s)")
+    p.add_argument("--compare", metavar="MODEL", default=None,
+                   help="print each base parameter beside its value in MODEL (e.g. the model a simulator runs, or "
+                        "the CAD model) and count those within 3 sigma of it")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
 
@@ -63,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     verbose = not args.quiet
     model = load_model(args.model)
     traj = load_trajectory(args.trajectory) if args.trajectory else None
+    reference = None if args.compare is None else load_model(args.compare)
+    if reference is not None and reference.n != model.n:
+        raise InputError(f"--compare {args.compare}: {reference.n} joints, the model {model.name} has {model.n}")
     if verbose:
         print(f"identifying {model.name} from {args.data}", file=sys.stderr)
     ident = batch.identify(model, args.data, validate=args.validate, trajectory=traj, cutoff_hz=args.cutoff,
@@ -71,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
                            payload_run=args.payload_run, payload_mass=args.payload_mass,
                            effort_delay=args.effort_delay, verbose=verbose)
     written = write_outputs(ident, Path(args.out), args.data)
-    print_summary(ident)
+    if reference is None:
+        print_summary(ident)
+    else:
+        print_comparison(ident, reference)
     for name, path in written.items():
         print(f"{name}: {path}")
     if "model" not in written:
@@ -79,8 +88,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_summary(ident, truth=None) -> None:
-    """The base parameters (with the true values beside them when given) and the fit statistics."""
+def print_comparison(ident, reference) -> None:
+    """print_summary beside the base parameters of the model `reference` (same structure), and how many
+    identified values lie within 3 reported sigma of them."""
+    import numpy as np
+
+    values = ident.base.from_standard(reference.standard_parameters())
+    print_summary(ident, values, reference.name)
+    within = np.abs(ident.fit.beta - values) <= 3 * ident.fit.std
+    print(f"{int(within.sum())} of {len(values)} base parameters within 3 sigma of {reference.name}")
+
+
+def print_summary(ident, truth=None, label: str = "true") -> None:
+    """The base parameters (with the reference values `truth`, titled `label`, beside them when given) and
+    the fit statistics."""
     import numpy as np
 
     from ident.results import BADLY_IDENTIFIED_PCT
@@ -88,7 +109,7 @@ def print_summary(ident, truth=None) -> None:
     fit = ident.fit
     head = f"{'base parameter':>16} {'identified':>12} {'sigma %':>9}"
     if truth is not None:
-        head += f" {'true':>12} {'error':>12}"
+        head += f" {label:>12} {'error':>12}"
     print(head)
     for k, name in enumerate(ident.base.names):
         pct = fit.relative_std_pct[k]
