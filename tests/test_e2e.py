@@ -85,11 +85,18 @@ def test_the_sims_ready_line_becomes_a_driver_config_that_the_driver_reads_back(
         chain.transport_options("gateway", "something else")
 
 
-def test_can_runs_the_simulator_at_the_drivers_rate_because_its_drives_step_on_each_sync():
-    for rate in (100.0, 250.0):
-        p = chain.plan_for("can", rate)
-        assert p.rate_hz == p.sim_rate_hz == rate
-    assert chain.plan_for("serial", 500.0).sim_rate_hz == 1000.0
+def test_every_transport_runs_the_simulator_at_the_drivers_rate_because_the_host_clocks_it():
+    """CAN's drives step on each SYNC, serial's boards on each COMMAND, the gateway on each exchange: the
+    simulator's dt is the driver's period, at the default rate and at any other."""
+    for name in chain.TRANSPORTS:
+        p = chain.plan_for(name)
+        assert p.lockstep and p.sim_rate_hz == p.rate_hz
+        for rate in (100.0, 400.0):
+            p = chain.plan_for(name, rate)
+            assert p.rate_hz == p.sim_rate_hz == rate
+    assert "step_on_command=true" in chain.plan_for("serial").sim_args
+    assert "step_on_exchange=true" in chain.plan_for("gateway").sim_args
+    assert chain.plan_for("gateway").clock == chain.plan_for("serial").clock == "host"
     with pytest.raises(InputError, match="unknown"):
         chain.plan_for("ethercat")
 
