@@ -66,17 +66,20 @@ class TransportPlan:
 # one cycle per driver cycle, and a late cycle delays the arm's time instead of holding or skipping its
 # targets: serial, each COMMAND is one cycle (step_on_command); CAN, each SYNC (the drives' own protocol);
 # gateway, each Modbus exchange (step_on_exchange: a real gateway's EtherCAT cycle follows the master's
-# process data). The driver's own timer sets the pace (clock "host"). CAN at GATEWAY... see docs/demo.md for
-# the rates: CAN at 250 Hz (python-can's udp_multicast between processes, docs/wire-can.md), the gateway at
-# 500 Hz (one function-23 exchange per cycle: ~1 ms of CPU on the two sides).
+# process data). The driver's own timer sets the pace (clock "host" on serial and the gateway; CAN's "auto"
+# is host: the driver is the SYNC master). The rate is what each link carries one exchange per cycle of,
+# measured in docs/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 341 Hz at
+# most, and python-can's udp_multicast between processes loses samples above it on this machine); the
+# gateway 333 Hz (one function-23 exchange takes ~1.7 ms there and back; at 500 Hz ~10 % of the targets
+# were replaced before an exchange sent them).
 # Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
 # of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
-SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 500.0
+SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 333.0
 PLANS = {
     "serial": TransportPlan("serial", SERIAL_HZ, 2000.0, SERIAL_HZ,
                             ("-o", "watchdog_s=2", "-o", "step_on_command=true"), (("device_watchdog_ms", 2000),),
                             1.0, clock="host", lockstep=True),
-    "can": TransportPlan("can", CAN_HZ, 2000.0, CAN_HZ, (), (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0)), 4.0,
+    "can": TransportPlan("can", CAN_HZ, 2000.0, CAN_HZ, (), (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0)), 1.0,
                          lockstep=True),
     "gateway": TransportPlan("gateway", GATEWAY_HZ, 2000.0, GATEWAY_HZ, ("-o", "step_on_exchange=true"),
                              (("watchdog_ms", 2000),), 1.0, clock="host", lockstep=True),
