@@ -70,11 +70,12 @@ class TransportPlan:
 # is host: the driver is the SYNC master). The rate is what each link carries one exchange per cycle of,
 # measured in docs/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 341 Hz at
 # most, and python-can's udp_multicast between processes loses samples above it on this machine); the
-# gateway 333 Hz (one function-23 exchange takes ~1.7 ms there and back; at 500 Hz ~10 % of the targets
-# were replaced before an exchange sent them).
+# gateway 400 Hz (one function-23 exchange takes ~1.7 ms there and back: at 500 Hz 1-10 % of the targets
+# were replaced before an exchange sent them, at 400 Hz 0.2 %; at 333 Hz and below the simulated drives'
+# loops, tuned for 1 kHz, hold joint 3 in a limit cycle ~10 mrad off its target).
 # Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
 # of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
-SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 333.0
+SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 400.0
 PLANS = {
     "serial": TransportPlan("serial", SERIAL_HZ, 2000.0, SERIAL_HZ,
                             ("-o", "watchdog_s=2", "-o", "step_on_command=true"), (("device_watchdog_ms", 2000),),

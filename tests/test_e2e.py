@@ -220,3 +220,14 @@ def test_stream_figures_count_seq_gaps_and_stale_messages_and_the_motion_window_
     assert list(window.states["seq"]) == [11, 12, 15]
     with pytest.raises(chain.ChainError, match="no MOVING"):
         chain.motion_window(log, 16, 19)
+
+
+def test_the_demos_help_states_each_transports_rate_as_the_chain_plans_it():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    demo.register(parser.add_subparsers())
+    text = " ".join(parser._subparsers._group_actions[0].choices["demo"].format_help().split())
+    rates = ", ".join(f"{name} {chain.plan_for(name).rate_hz:g}" for name in chain.TRANSPORTS)
+    assert f"default: {rates} Hz" in text
+    assert all(chain.plan_for(name).slowdown == 1.0 for name in chain.TRANSPORTS)

@@ -461,6 +461,72 @@ def test_a_host_clocked_gateway_runs_one_cycle_per_accepted_write_and_answers_an
         sim.stop()
 
 
+def _wait(predicate, what: str, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.001)
+
+
+def test_the_drivers_transport_sends_each_command_in_its_own_exchange_and_reads_the_cycle_it_started(model):
+    """The driver's gateway transport against the host-clocked gateway: write() starts the exchange, so the
+    command written is the one the simulator's next cycle latches, and the sample read back is that cycle's
+    (device time = cycles run x dt). A command replaced before any exchange took it is counted as superseded
+    and never reaches the drives; the newest one does."""
+    from driver.hal import ArmCommand, ArmState
+    from driver.transports.gateway import GatewayArm
+
+    gateway = GatewayDevice(host="127.0.0.1", port=0, watchdog_s=60.0, step_on_exchange=True)
+    sim = Simulator(model, transport=gateway)
+    sim.start()
+    arm = GatewayArm(model, host="127.0.0.1", port=gateway.port, watchdog_ms=5000, timeout_ms=2000)
+    scaling = _scaling(model)
+    state, cmd = ArmState(N), ArmCommand(N)
+    try:
+        arm.open()
+        _wait(lambda: arm.read(state), "the first sample")
+        cmd.controlword[:], cmd.mode[:] = cia402.CW_SHUTDOWN, int(Mode.CSP)
+        for k in range(1, 31):
+            cmd.target_position[:] = state.q + 1e-4 * k
+            before = sim.read_state().cycle
+            arm.write(cmd)
+            _wait(lambda: arm.read(state), f"the sample of command {k}")
+            now = sim.read_state()
+            assert now.cycle == before + 1, k                                    # one exchange, one cycle
+            assert state.device_time_ns == round(now.time * 1e6) * 1000, k      # the cycle this command started
+            written = gw.decode_outputs(host_words(gateway), N)
+            assert np.array_equal(written.target_position, scaling.position_to_counts(cmd.target_position)), k
+        assert arm.link_stats()["superseded_commands"] == 0
+        sim.faults.set_frame_faults(latency_spike_probability=1.0, latency_spike_s=0.2)
+        arm.write(cmd)                                                   # its exchange is answered 0.2 s late
+        _wait(lambda: not arm._cmd_pending, "the exchange of the first command")
+        cmd.target_position += 1e-3
+        skipped = scaling.position_to_counts(cmd.target_position)
+        arm.write(cmd)                                                   # replaced before any exchange took it
+        cmd.target_position += 1e-3
+        newest = scaling.position_to_counts(cmd.target_position)
+        arm.write(cmd)
+        assert arm.link_stats()["superseded_commands"] == 1
+        seen = []
+
+        def newest_arrived() -> bool:
+            seen.append(gw.decode_outputs(host_words(gateway), N).target_position)
+            return np.array_equal(seen[-1], newest)
+        _wait(newest_arrived, "the newest command at the gateway")
+        assert not any(np.array_equal(t, skipped) for t in seen)
+    finally:
+        sim.faults.clear()
+        arm.close()
+        sim.stop()
+
+
+def host_words(gateway: GatewayDevice) -> list[int]:
+    """The gateway's holding image as the drives were last commanded (its own copy, under its lock)."""
+    with gateway._lock:
+        return gateway._holding.tolist()
+
+
 @pytest.mark.parametrize("kwargs,message", [(dict(port=70000), "port"), (dict(port="502"), "port"),
                                             (dict(host=""), "host"), (dict(watchdog_s=0.0), "watchdog_s"),
                                             (dict(watchdog_s=float("nan")), "watchdog_s"),
