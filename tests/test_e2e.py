@@ -13,7 +13,8 @@ The chain checks, per transport:
 - the stream ran at the plan's rate in the arm's own time: the simulator is clocked by the host (one cycle
   per driver cycle), so consecutive fresh samples are one simulator cycle apart (median device-time
   interval = 1 / rate), and most cycles delivered a fresh sample;
-- the trajectory ran: the excitation window starts and ends at rest at the trajectory's mean pose and sweeps
+- the trajectory ran: the excitation window starts and ends at rest at the trajectory's mean pose (within
+  REST_TOLERANCE) and sweeps
   each joint over the range the commanded samples sweep;
 - identification produced a result: finite parameters, at least MIN_MEANINGFUL well identified, a
   validation RMS per joint.
@@ -46,6 +47,8 @@ FAST = ["--periods", "0.25"]
 PERIODS = 0.25
 MIN_MEANINGFUL = 3     # fewer well-identified parameters than this: the excitation reached nothing
 MIN_FRESH = 0.5        # fraction of the driver's cycles that must carry a new sample
+REST_TOLERANCE = 0.02  # rad: the simulated drives' loops, tuned for 1 kHz, hold joint 3 in a limit cycle up to
+                       # 13 mrad off its target at CAN's 250 Hz (docs/demo.md); their following-error window is 0.05
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +108,9 @@ def test_the_demo_chain_ran_the_excitation_from_rest_at_its_start_pose_over_its_
     with np.load(demo_run.out / "excitation.npz") as data:
         q = data["q"]
     assert q.shape[1] == 6 and len(q) > 100
-    np.testing.assert_allclose(q[0], traj.q0, atol=0.01)           # rad: at rest at the start pose
-    np.testing.assert_allclose(q[-1], traj.q0, atol=0.01)          # and back there at the end
+    # rad: at rest at the start pose and back there at the end, within REST_TOLERANCE
+    np.testing.assert_allclose(q[0], traj.q0, atol=REST_TOLERANCE)
+    np.testing.assert_allclose(q[-1], traj.q0, atol=REST_TOLERANCE)
     swept, commanded = np.ptp(q, axis=0), np.ptp(q_cmd, axis=0)
     np.testing.assert_allclose(swept, commanded, rtol=0.05, atol=0.01)
 
