@@ -129,6 +129,7 @@ def rig(model):
     recorder = Recorder()
     sim.add_cycle_callback(recorder)
     sim.start()
+    sim.wait_until(1, timeout=WAIT_S)      # an image exists (before the first cycle the inputs are not valid)
     host = Host(gateway.port)
     try:
         yield sim, gateway, host, recorder
