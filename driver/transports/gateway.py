@@ -10,9 +10,9 @@ starts it, so that it carries the command this cycle just computed (begin_cycle 
 first command, so that samples come in before there is anything to write). A command that a newer one
 replaces before any exchange sent it is counted (superseded_commands): with the gateway in step with the
 exchanges (the simulated gateway's step_on_exchange, a real gateway's cycle following the master's process
-data), each is a target the drives never saw. A gateway that mirrors its input image in holding registers (gw.INPUT_MIRROR_BASE; checked at
-connect) gets both in one request, function 23 (read/write multiple registers: the write is applied first),
-which halves the requests and the round trips; pymodbus's sync client costs less CPU per request than its
+data), each is a target the drives never saw. A gateway that mirrors its input image in holding registers
+(gw.INPUT_MIRROR_BASE; checked at connect) gets both in one request, function 23 (read/write multiple
+registers: the write is applied first), which halves the requests and the round trips; pymodbus's sync client costs less CPU per request than its
 asyncio client (benchmarks/bench_gateway.py measures both). The cycle never waits for the network:
 read() copies the newest decoded sample out of a preallocated buffer and says whether it is new (a gateway
 image with a cycle counter not seen before); write() leaves the newest command in another preallocated
