@@ -9,8 +9,8 @@ for the ready line and for the tail shown when a step fails), and dies with its 
 is killed.
 
 CAN crosses processes on python-can's `udp_multicast` interface, on a multicast group of this run's own.
-The simulator's cycle rate equals the driver's on CAN (the drives step on each SYNC), so simulated and
-wall time agree; serial and the gateway run the simulator on its own 1 kHz real-time clock.
+Every transport's simulator is clocked by the host, one cycle per driver cycle (CAN: each SYNC; serial: each
+COMMAND; the gateway: each Modbus exchange), so its cycle rate is the driver's.
 """
 from __future__ import annotations
 
@@ -44,8 +44,10 @@ class ChainError(InputError):
 @dataclass(frozen=True)
 class TransportPlan:
     """How the chain runs one transport: the driver's cycle rate (Hz), its watchdog (ms), the simulator's
-    cycle rate (Hz), extra `armid sim` arguments and extra [transport] options of the driver, and how many
-    times slower than designed an excitation should run through it (slowdown, see docs/demo.md)."""
+    cycle rate (Hz), extra `armid sim` arguments and extra [transport] options of the driver, how many
+    times slower than designed an excitation should run through it (slowdown, see docs/demo.md), the
+    driver's clock, and whether the simulator steps once per driver cycle (lockstep: its rate follows the
+    driver's)."""
 
     name: str
     rate_hz: float
@@ -55,22 +57,33 @@ class TransportPlan:
     driver_options: tuple[tuple[str, object], ...] = ()
     slowdown: float = 1.0
     clock: str = "auto"          # the driver's [driver] clock (docs/driver.md)
+    lockstep: bool = False
 
 
 # Rates. The simulated drives run CSP at their own cycle: they differentiate the newest target twice for the
 # velocity and acceleration feed-forward, so a target that arrives a cycle late or early is a torque spike,
-# and below 250 Hz their velocity loop (300 rad/s) is unstable. Serial: the joint boards are clocked by the
-# host (step_on_command: each COMMAND is one cycle, as CAN drives step on SYNC), the driver's own 1 kHz
-# timer sets the pace (clock "host"); a late cycle delays the arm's time, it does not hold its targets. CAN: the drives step on each SYNC (lockstep), at 250 Hz, what one 1 Mbit/s bus carries for six drives
-# (docs/driver.md). Gateway: the simulator at 1 kHz, the driver at 1 kHz, new targets at the Modbus
-# exchange rate (~200-300/s): held targets are steps for the drives, hence the larger slowdown.
+# and below 250 Hz their velocity loop (300 rad/s) is unstable. So every simulator is clocked by the host,
+# one cycle per driver cycle, and a late cycle delays the arm's time instead of holding or skipping its
+# targets: serial, each COMMAND is one cycle (step_on_command); CAN, each SYNC (the drives' own protocol);
+# gateway, each Modbus exchange (step_on_exchange: a real gateway's EtherCAT cycle follows the master's
+# process data). The driver's own timer sets the pace (clock "host" on serial and the gateway; CAN's "auto"
+# is host: the driver is the SYNC master). The rate is what each link carries one exchange per cycle of,
+# measured in docs/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 341 Hz at
+# most, and python-can's udp_multicast between processes loses samples above it on this machine); the
+# gateway 400 Hz (one function-23 exchange takes ~1.7 ms there and back: at 500 Hz 1-10 % of the targets
+# were replaced before an exchange sent them, at 400 Hz 0.2 %; at 333 Hz and below the simulated drives'
+# loops, tuned for 1 kHz, hold joint 3 in a limit cycle ~10 mrad off its target).
 # Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
 # of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
+SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 400.0
 PLANS = {
-    "serial": TransportPlan("serial", 1000.0, 2000.0, 1000.0, ("-o", "watchdog_s=2", "-o", "step_on_command=true"),
-                            (("device_watchdog_ms", 2000),), 1.0, clock="host"),
-    "can": TransportPlan("can", 250.0, 2000.0, 250.0, (), (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0)), 4.0),
-    "gateway": TransportPlan("gateway", 1000.0, 2000.0, 1000.0, (), (("watchdog_ms", 2000),), 4.0),
+    "serial": TransportPlan("serial", SERIAL_HZ, 2000.0, SERIAL_HZ,
+                            ("-o", "watchdog_s=2", "-o", "step_on_command=true"), (("device_watchdog_ms", 2000),),
+                            1.0, clock="host", lockstep=True),
+    "can": TransportPlan("can", CAN_HZ, 2000.0, CAN_HZ, (), (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0)), 1.0,
+                         lockstep=True),
+    "gateway": TransportPlan("gateway", GATEWAY_HZ, 2000.0, GATEWAY_HZ, ("-o", "step_on_exchange=true"),
+                             (("watchdog_ms", 2000),), 1.0, clock="host", lockstep=True),
     "sim": TransportPlan("sim", 1000.0, 2000.0, 1000.0, (), (("realtime", True),), 1.0),
 }
 
@@ -85,7 +98,7 @@ def plan_for(transport: str, rate_hz: float | None = None) -> TransportPlan:
         return p
     if not (rate_hz > 0 and rate_hz <= 10000):
         raise InputError(f"rate: expected a cycle rate in (0, 10000] Hz, got {rate_hz}")
-    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz) if transport == "can" else p.sim_rate_hz)
+    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz) if p.lockstep else p.sim_rate_hz)
 
 
 def sim_options(transport: str) -> list[str]:

@@ -21,6 +21,13 @@ simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
   time.monotonic, so it means the same in real-time and fast mode), every OPERATION ENABLED drive gets a
   quick stop, its controlword register then reads quick stop, and the status bit stays set until the next
   watchdog write.
+* Host-clocked (step_on_exchange=True): the gateway has no clock of its own; every accepted write request
+  (function 23's write part, or 16, 6, 22) runs exactly one simulator cycle, after the write is applied and
+  before anything is read: a function-23 exchange answers with the image of the cycle its own command
+  started, and a following read (3, 4) returns that same image until the next write. Reads and refused
+  writes step nothing. This is the real gateway's EtherCAT cycle, which follows the master's process-data
+  exchange, and the serial device's step_on_command; the simulated arm's time then advances one dt per
+  exchange and stands still while the host is silent.
 * Fault injection (sim.faults): each response draws frame_fate(); DROP, CORRUPT and BAD_CRC send nothing
   (Modbus TCP has no checksum of its own: TCP's discards a corrupted segment, so the host sees a lost
   response), silent sends no response at all, latency() delays the response.
@@ -72,16 +79,20 @@ class _Snapshot(NamedTuple):
 
 
 class GatewayDevice:
-    """Modbus TCP gateway in front of the simulated drives (a sim.SimTransport with its own clock).
+    """Modbus TCP gateway in front of the simulated drives (a sim.SimTransport).
 
     host, port: where to listen (port 0: a free port, then `.port`). watchdog_s: the host watchdog time
-    (s, 0.001..65.535; None: disabled until the host writes watchdog_timeout_ms). Counters:
-    refused_writes, dropped_responses, watchdog_trips; last_refusal is the last refused write's reason.
+    (s, 0.001..65.535; None: disabled until the host writes watchdog_timeout_ms). step_on_exchange: False,
+    the simulator runs on its own clock; True, host-clocked: each accepted write request is one simulator
+    cycle, run after the write and before the request's read (see the module's docstring). Counters:
+    refused_writes, dropped_responses, watchdog_trips, exchanges (cycles run by writes when host-clocked);
+    last_refusal is the last refused write's reason.
     """
 
     external_clock = False
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, watchdog_s: float | None = 0.1):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, watchdog_s: float | None = 0.1,
+                 step_on_exchange: bool = False):
         if not isinstance(host, str) or not host:
             raise InputError(f"gateway: host: expected an address, got {host!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -89,6 +100,10 @@ class GatewayDevice:
         if watchdog_s is not None and (isinstance(watchdog_s, bool) or not isinstance(watchdog_s, (int, float))
                                        or not 0.001 <= watchdog_s <= 65.535):
             raise InputError(f"gateway: watchdog_s: expected 0.001..65.535 s or None, got {watchdog_s!r}")
+        if not isinstance(step_on_exchange, bool):
+            raise InputError(f"gateway: step_on_exchange: expected true or false, got {step_on_exchange!r}")
+        self.external_clock = step_on_exchange
+        self.exchanges = 0
         self.host, self.port = host, port
         self._timeout_ms = 0 if watchdog_s is None else int(round(watchdog_s * 1000))
         self.refused_writes = 0
@@ -187,6 +202,11 @@ class GatewayDevice:
                 if refused is not None:
                     return refused
             registers[:len(self._holding)] = self._holding.tolist()
+        if values is not None and self.external_clock:
+            # host-clocked: the accepted write is one cycle (its commands latched at the cycle's start), run
+            # before the request's read part; outside the lock, the cycle's watchdog check may take it
+            self._sim.step(1)
+            self.exchanges += 1
         if values is None and address + count > gw.INPUT_MIRROR_BASE:     # a read of the mirror (3, 23)
             inputs = self._encoded()
             at = gw.INPUT_MIRROR_BASE - start

@@ -1,35 +1,54 @@
 """End to end on the simulated arm, hardware in the loop: `armid demo --transport T` starts `armid sim`
 behind transport T, `armid driver` connected to it and `armid record` on its stream, as processes on
 loopback (armid.chain); runs enable, move_to and two run_trajectory commands through the driver's command
-channel; converts the recording and identifies it. One test per transport (serial over a pty, CAN on
-python-can's udp_multicast, the Modbus TCP gateway).
+channel; converts the recording and identifies it. Once per transport (serial over a pty, CAN on
+python-can's udp_multicast, the Modbus TCP gateway), shared by the tests below.
 
-Fast mode (FAST): a quarter period of the seed000 excitation (at the transport's slowdown, docs/demo.md),
+Fast mode (FAST): a quarter period of the seed000 excitation (at the transport's plan, docs/demo.md),
 blended in from rest and out to rest over 2 s each, then the same motion time-reversed for validation.
 Nothing else is shortened: real processes, real links, the driver's real-time cycle, the real recorder.
 
-What is asserted, per transport:
-- the demo exits 0 and its recording is complete with no state message lost (no seq gap);
-- every base parameter whose reported relative standard deviation is at most the product's own
-  "well identified" bound (ident.results.BADLY_IDENTIFIED_PCT, 10 %) lies within 3 reported sigma of the
-  simulator's truth (the generic6 model the simulator runs), and there are at least MIN_MEANINGFUL of them.
+The chain checks, per transport:
+- the demo exits 0, its recording is complete with no state message lost (no seq gap);
+- the stream ran at the plan's rate in the arm's own time: the simulator is clocked by the host (one cycle
+  per driver cycle), so consecutive fresh samples are one simulator cycle apart (median device-time
+  interval = 1 / rate), and most cycles delivered a fresh sample;
+- the trajectory ran: the excitation window starts and ends at rest at the trajectory's mean pose (within
+  REST_TOLERANCE) and sweeps
+  each joint over the range the commanded samples sweep;
+- identification produced a result: finite parameters, at least MIN_MEANINGFUL well identified, a
+  validation RMS per joint.
+And the statistics: every base parameter whose reported relative standard deviation is at most the
+product's "well identified" bound (ident.results.BADLY_IDENTIFIED_PCT, 10 %) lies within 3 reported sigma
+of the simulator's truth (the generic6 model it runs); the assertion message lists every z-score.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from armid import chain, cli
-from driver.recording import read_recording
+from armid.commands import demo
+from driver.recording import StateLog, read_recording
+from firmware_bridge import stream
+from ident import excitation
 from ident.base_params import base_parameters
 from ident.errors import InputError
 from ident.model import load_model
 from ident.results import BADLY_IDENTIFIED_PCT
 
 FAST = ["--periods", "0.25"]
+PERIODS = 0.25
 MIN_MEANINGFUL = 3     # fewer well-identified parameters than this: the excitation reached nothing
+MIN_FRESH = 0.5        # fraction of the driver's cycles that must carry a new sample
+REST_TOLERANCE = 0.02  # rad: the simulated drives' loops, tuned for 1 kHz, hold joint 3 in a limit cycle up to
+                       # 13 mrad off its target at CAN's 250 Hz (docs/demo.md); their following-error window is 0.05
 
 
 @pytest.fixture(scope="module")
@@ -39,31 +58,96 @@ def truth():
     return base.names, base.from_standard(model.standard_parameters())
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("transport", chain.TRANSPORTS)
-def test_the_demo_chain_drops_nothing_and_finds_the_simulators_parameters_within_3_sigma(transport, truth, tmp_path,
-                                                                                            capsys):
-    out = tmp_path / transport
-    code = cli.main(["demo", "-o", str(out), "--transport", transport, *FAST, "--quiet"])
-    printed = capsys.readouterr()
-    assert code == 0, printed.err
-    assert "stream: " in printed.out and "report: " in printed.out
+@dataclass
+class DemoRun:
+    transport: str
+    out: Path
+    code: int
+    stdout: str
+    stderr: str
+    log: StateLog | None
 
-    log = read_recording(out / "run.mcap")
+
+@pytest.fixture(scope="module", params=chain.TRANSPORTS)
+def demo_run(request, tmp_path_factory) -> DemoRun:
+    """`armid demo --transport T` in fast mode, once per transport for the tests of this module."""
+    transport = request.param
+    out = tmp_path_factory.mktemp("e2e") / transport
+    so, se = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+        code = cli.main(["demo", "-o", str(out), "--transport", transport, *FAST, "--quiet"])
+    log = read_recording(out / "run.mcap") if (out / "run.mcap").is_file() else None
+    return DemoRun(transport, out, code, so.getvalue(), se.getvalue(), log)
+
+
+def _ran(run: DemoRun) -> None:
+    assert run.code == 0, f"armid demo --transport {run.transport} failed: {run.stderr[-2000:]}"
+
+
+@pytest.mark.e2e
+def test_the_demo_chain_streams_at_its_rate_without_a_lost_message(demo_run):
+    _ran(demo_run)
+    assert "stream: " in demo_run.stdout and "report: " in demo_run.stdout
+    log = demo_run.log
     assert log.complete
     assert log.seq_gaps() == (0, 0)
+    plan = chain.plan_for(demo_run.transport)
+    s = log.states
+    fresh = s[(s["flags"] & stream.FLAG_STALE) == 0]
+    assert len(fresh) >= MIN_FRESH * len(s), f"{len(fresh)} fresh samples of {len(s)} messages"
+    interval = np.median(np.diff(fresh["device_time_ns"])) * 1e-9
+    assert interval == pytest.approx(1.0 / plan.rate_hz, rel=0.01), "one simulator cycle per driver cycle"
 
-    names, true_values = truth
-    doc = json.loads((out / "result.json").read_text())
+
+@pytest.mark.e2e
+def test_the_demo_chain_ran_the_excitation_from_rest_at_its_start_pose_over_its_whole_range(demo_run):
+    _ran(demo_run)
+    plan = chain.plan_for(demo_run.transport)
+    traj = demo.time_scaled(excitation.preset("seed000"), plan.slowdown)
+    _, q_cmd = demo.excitation_samples(traj, PERIODS)
+    with np.load(demo_run.out / "excitation.npz") as data:
+        q = data["q"]
+    assert q.shape[1] == 6 and len(q) > 100
+    # rad: at rest at the start pose and back there at the end, within REST_TOLERANCE
+    np.testing.assert_allclose(q[0], traj.q0, atol=REST_TOLERANCE)
+    np.testing.assert_allclose(q[-1], traj.q0, atol=REST_TOLERANCE)
+    swept, commanded = np.ptp(q, axis=0), np.ptp(q_cmd, axis=0)
+    np.testing.assert_allclose(swept, commanded, rtol=0.05, atol=0.01)
+
+
+@pytest.mark.e2e
+def test_the_demo_chain_identifies_the_recording_and_validates_it(demo_run, truth):
+    _ran(demo_run)
+    names, _ = truth
+    doc = json.loads((demo_run.out / "result.json").read_text())
     rows = doc["base_parameters"]
     assert [r["name"] for r in rows] == names
-    value = np.array([r["value"] for r in rows])
-    std = np.array([r["std"] for r in rows])
+    assert all(r["value"] is not None and np.isfinite(r["value"]) for r in rows)
     pct = np.array([np.inf if r["relative_std_pct"] is None else r["relative_std_pct"] for r in rows])
-    meaningful = pct <= BADLY_IDENTIFIED_PCT
-    assert meaningful.sum() >= MIN_MEANINGFUL, f"only {[n for n, m in zip(names, meaningful) if m]} identified"
-    off = meaningful & (np.abs(value - true_values) > 3 * std)
-    assert not off.any(), [(n, v, t, s) for n, v, t, s, o in zip(names, value, true_values, std, off) if o]
+    assert (pct <= BADLY_IDENTIFIED_PCT).sum() >= MIN_MEANINGFUL, "the excitation identified next to nothing"
+    rms = np.array(doc["validation"]["rms"], dtype=float)
+    assert rms.shape == (6,) and np.all(np.isfinite(rms)) and np.all(rms > 0)
+
+
+def z_scores(doc: dict, true_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(identified - true) / reported sigma of every base parameter, and which are well identified
+    (relative sigma at most BADLY_IDENTIFIED_PCT)."""
+    rows = doc["base_parameters"]
+    value = np.array([r["value"] for r in rows], dtype=float)
+    std = np.array([r["std"] for r in rows], dtype=float)
+    pct = np.array([np.inf if r["relative_std_pct"] is None else r["relative_std_pct"] for r in rows])
+    return (value - true_values) / std, pct <= BADLY_IDENTIFIED_PCT
+
+
+@pytest.mark.e2e
+def test_the_well_identified_parameters_lie_within_3_reported_sigma_of_the_simulators_truth(demo_run, truth):
+    _ran(demo_run)
+    names, true_values = truth
+    z, meaningful = z_scores(json.loads((demo_run.out / "result.json").read_text()), true_values)
+    assert meaningful.sum() >= MIN_MEANINGFUL
+    listed = ", ".join(f"{n} {v:+.1f}" for n, v, m in zip(names, z, meaningful) if m)
+    assert np.all(np.abs(z[meaningful]) <= 3.0), \
+        f"{demo_run.transport}: max |z| {np.abs(z[meaningful]).max():.1f} over {meaningful.sum()} parameters: {listed}"
 
 
 # -- the chain's own pieces (fast) ----------------------------------------------------------------------------
@@ -85,11 +169,18 @@ def test_the_sims_ready_line_becomes_a_driver_config_that_the_driver_reads_back(
         chain.transport_options("gateway", "something else")
 
 
-def test_can_runs_the_simulator_at_the_drivers_rate_because_its_drives_step_on_each_sync():
-    for rate in (100.0, 250.0):
-        p = chain.plan_for("can", rate)
-        assert p.rate_hz == p.sim_rate_hz == rate
-    assert chain.plan_for("serial", 500.0).sim_rate_hz == 1000.0
+def test_every_transport_runs_the_simulator_at_the_drivers_rate_because_the_host_clocks_it():
+    """CAN's drives step on each SYNC, serial's boards on each COMMAND, the gateway on each exchange: the
+    simulator's dt is the driver's period, at the default rate and at any other."""
+    for name in chain.TRANSPORTS:
+        p = chain.plan_for(name)
+        assert p.lockstep and p.sim_rate_hz == p.rate_hz
+        for rate in (100.0, 400.0):
+            p = chain.plan_for(name, rate)
+            assert p.rate_hz == p.sim_rate_hz == rate
+    assert "step_on_command=true" in chain.plan_for("serial").sim_args
+    assert "step_on_exchange=true" in chain.plan_for("gateway").sim_args
+    assert chain.plan_for("gateway").clock == chain.plan_for("serial").clock == "host"
     with pytest.raises(InputError, match="unknown"):
         chain.plan_for("ethercat")
 
@@ -133,3 +224,14 @@ def test_stream_figures_count_seq_gaps_and_stale_messages_and_the_motion_window_
     assert list(window.states["seq"]) == [11, 12, 15]
     with pytest.raises(chain.ChainError, match="no MOVING"):
         chain.motion_window(log, 16, 19)
+
+
+def test_the_demos_help_states_each_transports_rate_as_the_chain_plans_it():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    demo.register(parser.add_subparsers())
+    text = " ".join(parser._subparsers._group_actions[0].choices["demo"].format_help().split())
+    rates = ", ".join(f"{name} {chain.plan_for(name).rate_hz:g}" for name in chain.TRANSPORTS)
+    assert f"default: {rates} Hz" in text
+    assert all(chain.plan_for(name).slowdown == 1.0 for name in chain.TRANSPORTS)

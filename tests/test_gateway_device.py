@@ -129,6 +129,7 @@ def rig(model):
     recorder = Recorder()
     sim.add_cycle_callback(recorder)
     sim.start()
+    sim.wait_until(1, timeout=WAIT_S)      # an image exists (before the first cycle the inputs are not valid)
     host = Host(gateway.port)
     try:
         yield sim, gateway, host, recorder
@@ -392,9 +393,145 @@ def test_stop_closes_the_server_and_releases_the_port_for_the_next_gateway(model
         host.close()
 
 
+def _exchange(host: Host, out: gw.OutputImage):
+    """One function-23 exchange as the driver makes it: the whole holding image written, the mirror read."""
+    host.beat = (host.beat + 1) & 0xFFFF
+    out.watchdog = host.beat
+    return host.client.readwrite_registers(read_address=gw.INPUT_MIRROR_BASE, read_count=gw.input_count(N),
+                                           write_address=gw.HOLDING_BASE, values=gw.encode_outputs(out).tolist())
+
+
+def _is_sample(image: gw.InputImage, sample) -> bool:
+    statusword, mode, error, counts, current, _ = sample
+    return (np.array_equal(image.statusword, statusword) and np.array_equal(image.mode_display, mode)
+            and np.array_equal(image.error_code, error) and np.array_equal(image.position, counts)
+            and np.array_equal(image.current, np.rint(current * 1e6)))
+
+
+def test_a_host_clocked_gateway_runs_one_cycle_per_accepted_write_and_answers_an_exchange_with_that_cycle(model):
+    """step_on_exchange: no clock of its own. Reads step nothing; each accepted write (function 23, 16, 6) is
+    exactly one cycle, run after the write is applied and before the read: a function-23 exchange returns the
+    simulator's own sample of the cycle its command started (a shutdown written in it already shows READY TO
+    SWITCH ON), and reads after a function 16 return that same cycle until the next write. Refused writes
+    step nothing."""
+    gateway = GatewayDevice(host="127.0.0.1", port=0, watchdog_s=60.0, step_on_exchange=True)
+    sim = Simulator(model, transport=gateway, realtime=True)
+    assert sim.external_clock
+    recorder = Recorder()
+    sim.add_cycle_callback(recorder)
+    sim.start()
+    host = Host(gateway.port)
+    try:
+        time.sleep(0.05)                       # a free-running clock would have run ~50 cycles by now
+        first = host.inputs()
+        assert host.client.read_holding_registers(gw.INPUT_MIRROR_BASE, count=gw.input_count(N)).registers[:2] \
+            == [gw.LAYOUT_VERSION, N]
+        assert sim.read_state().cycle == 0 and first.cycle_counter == 0
+        assert not first.gateway_status & gw.STATUS_DATA_VALID            # no cycle has run: no data yet
+        out = host.outputs()                   # the targets start at the drives' actual positions
+        out.mode[:], out.controlword[:] = int(Mode.CSP), cia402.CW_SHUTDOWN
+        reply = _exchange(host, out)
+        assert not reply.isError(), reply
+        image = gw.decode_inputs(reply.registers, N)
+        assert image.cycle_counter == 1 == sim.read_state().cycle == gateway.exchanges
+        assert image.gateway_status & gw.STATUS_DATA_VALID and image.timestamp_us == round(sim.dt * 1e6)
+        assert _is_sample(image, recorder.at(1))
+        assert all(cia402.state_of(int(w)) is State.READY_TO_SWITCH_ON for w in image.statusword)
+        out.controlword[:] = cia402.CW_ENABLE_OPERATION
+        for k in range(2, 42):
+            image = gw.decode_inputs(_exchange(host, out).registers, N)
+            assert image.cycle_counter == k == sim.read_state().cycle, k
+            assert _is_sample(image, recorder.at(k)), k
+        assert all(cia402.state_of(int(w)) is State.OPERATION_ENABLED for w in image.statusword)
+        assert not host.write(out).isError()                               # the fallback: function 16 ...
+        after = [host.inputs() for _ in range(3)]                          # ... then reads (function 4)
+        assert [im.cycle_counter for im in after] == [42] * 3 and sim.read_state().cycle == 42
+        assert _is_sample(after[0], recorder.at(42))
+        bad = gw.encode_outputs(out)
+        bad[gw.holding_address("mode", 3) - gw.HOLDING_BASE] = 7                   # not a CiA 402 mode
+        refused = host.client.readwrite_registers(read_address=gw.INPUT_MIRROR_BASE, read_count=gw.input_count(N),
+                                                 write_address=gw.HOLDING_BASE, values=bad.tolist())
+        assert _exception_code(refused) == ILLEGAL_VALUE
+        assert _exception_code(host.client.write_register(gw.holding_address("mode", 0), 7)) == ILLEGAL_VALUE
+        assert sim.read_state().cycle == 42 == gateway.exchanges
+        assert not host.client.write_register(gw.holding_address("watchdog"), 7).isError()    # function 6
+        assert sim.read_state().cycle == 43 == gateway.exchanges == host.inputs().cycle_counter
+        assert sim.error is None and gateway.watchdog_trips == 0
+    finally:
+        host.close()
+        sim.stop()
+
+
+def _wait(predicate, what: str, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.001)
+
+
+def test_the_drivers_transport_sends_each_command_in_its_own_exchange_and_reads_the_cycle_it_started(model):
+    """The driver's gateway transport against the host-clocked gateway: write() starts the exchange, so the
+    command written is the one the simulator's next cycle latches, and the sample read back is that cycle's
+    (device time = cycles run x dt). A command replaced before any exchange took it is counted as superseded
+    and never reaches the drives; the newest one does."""
+    from driver.hal import ArmCommand, ArmState
+    from driver.transports.gateway import GatewayArm
+
+    gateway = GatewayDevice(host="127.0.0.1", port=0, watchdog_s=60.0, step_on_exchange=True)
+    sim = Simulator(model, transport=gateway)
+    sim.start()
+    arm = GatewayArm(model, host="127.0.0.1", port=gateway.port, watchdog_ms=5000, timeout_ms=2000)
+    scaling = _scaling(model)
+    state, cmd = ArmState(N), ArmCommand(N)
+    try:
+        arm.open()
+        _wait(lambda: arm.read(state), "the first sample")
+        cmd.controlword[:], cmd.mode[:] = cia402.CW_SHUTDOWN, int(Mode.CSP)
+        for k in range(1, 31):
+            cmd.target_position[:] = state.q + 1e-4 * k
+            before = sim.read_state().cycle
+            arm.write(cmd)
+            _wait(lambda: arm.read(state), f"the sample of command {k}")
+            now = sim.read_state()
+            assert now.cycle == before + 1, k                                    # one exchange, one cycle
+            assert state.device_time_ns == round(now.time * 1e6) * 1000, k      # the cycle this command started
+            written = gw.decode_outputs(host_words(gateway), N)
+            assert np.array_equal(written.target_position, scaling.position_to_counts(cmd.target_position)), k
+        assert arm.link_stats()["superseded_commands"] == 0
+        sim.faults.set_frame_faults(latency_spike_probability=1.0, latency_spike_s=0.2)
+        arm.write(cmd)                                                   # its exchange is answered 0.2 s late
+        _wait(lambda: not arm._cmd_pending, "the exchange of the first command")
+        cmd.target_position += 1e-3
+        skipped = scaling.position_to_counts(cmd.target_position)
+        arm.write(cmd)                                                   # replaced before any exchange took it
+        cmd.target_position += 1e-3
+        newest = scaling.position_to_counts(cmd.target_position)
+        arm.write(cmd)
+        assert arm.link_stats()["superseded_commands"] == 1
+        seen = []
+
+        def newest_arrived() -> bool:
+            seen.append(gw.decode_outputs(host_words(gateway), N).target_position)
+            return np.array_equal(seen[-1], newest)
+        _wait(newest_arrived, "the newest command at the gateway")
+        assert not any(np.array_equal(t, skipped) for t in seen)
+    finally:
+        sim.faults.clear()
+        arm.close()
+        sim.stop()
+
+
+def host_words(gateway: GatewayDevice) -> list[int]:
+    """The gateway's holding image as the drives were last commanded (its own copy, under its lock)."""
+    with gateway._lock:
+        return gateway._holding.tolist()
+
+
 @pytest.mark.parametrize("kwargs,message", [(dict(port=70000), "port"), (dict(port="502"), "port"),
                                             (dict(host=""), "host"), (dict(watchdog_s=0.0), "watchdog_s"),
-                                            (dict(watchdog_s=float("nan")), "watchdog_s")])
+                                            (dict(watchdog_s=float("nan")), "watchdog_s"),
+                                            (dict(step_on_exchange="yes"), "step_on_exchange")])
 def test_bad_gateway_options_are_refused_with_input_error(kwargs, message):
     with pytest.raises(InputError, match=message):
         GatewayDevice(**kwargs)

@@ -47,15 +47,15 @@ def register(sub) -> None:
     p.add_argument("--transport", default="serial", choices=TRANSPORTS,
                    help="how the driver reaches the simulator (default: serial over a pty)")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
-                   help="the driver's cycle rate (default: 250 Hz; see docs/demo.md)")
+                   help="the driver's cycle rate, and the simulator's (it steps once per driver cycle); default: "
+                        "serial 1000, can 250, gateway 400 Hz (docs/demo.md)")
     p.add_argument("--in-process", action="store_true",
                    help="no processes: step the simulator in this process (synchronous, 1 kHz)")
     p.add_argument("--trajectory", default="seed000", metavar="T",
                    help="excitation: a trajectory file (armid excite design) or a preset (default: seed000)")
     p.add_argument("--periods", type=float, default=1.0, help="periods of the excitation to record (default 1)")
     p.add_argument("--slowdown", type=float, default=None, metavar="K",
-                   help="play the excitation K times slower (default: serial 2, can 4, gateway 4; in process 1; "
-                        "see docs/demo.md)")
+                   help="play the excitation K times slower (default 1, the designed speed; see docs/demo.md)")
     p.add_argument("--current-noise", type=float, default=DEFAULT_CURRENT_NOISE,
                    help=f"--in-process: current sensor noise, A (default {DEFAULT_CURRENT_NOISE})")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sensors")

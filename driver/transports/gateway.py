@@ -5,10 +5,14 @@ pymodbus's sync client.
 
 The link runs in its own thread ("armid-gateway-link") over one persistent connection (TCP_NODELAY): one
 exchange is one write of the whole holding image (function 16, which also re-arms the gateway's host
-watchdog) and one read of the whole input image (function 4), at most one exchange per cycle (begin_cycle
-paces it). A gateway that mirrors its input image in holding registers (gw.INPUT_MIRROR_BASE; checked at
-connect) gets both in one request, function 23 (read/write multiple registers: the write is applied first),
-which halves the requests and the round trips; pymodbus's sync client costs less CPU per request than its
+watchdog) and one read of the whole input image (function 4), at most one exchange per cycle: write()
+starts it, so that it carries the command this cycle just computed (begin_cycle starts it only until the
+first command, so that samples come in before there is anything to write). A command that a newer one
+replaces before any exchange sent it is counted (superseded_commands): with the gateway in step with the
+exchanges (the simulated gateway's step_on_exchange, a real gateway's cycle following the master's process
+data), each is a target the drives never saw. A gateway that mirrors its input image in holding registers
+(gw.INPUT_MIRROR_BASE; checked at connect) gets both in one request, function 23 (read/write multiple
+registers: the write is applied first), which halves the requests and the round trips; pymodbus's sync client costs less CPU per request than its
 asyncio client (benchmarks/bench_gateway.py measures both). The cycle never waits for the network:
 read() copies the newest decoded sample out of a preallocated buffer and says whether it is new (a gateway
 image with a cycle counter not seen before); write() leaves the newest command in another preallocated
@@ -142,6 +146,7 @@ class GatewayArm:
         # the command: write() fills _cmd under the lock, the link thread copies it into _out
         self._cmd, self._out = ArmCommand(self.n), ArmCommand(self.n)
         self._have_cmd = False
+        self._cmd_pending = False      # a command written that no exchange has taken yet
         self._reset_latch = np.zeros(self.n, dtype=bool)
         self._cw_bit = np.zeros(self.n, dtype=np.uint16)     # scratch of write(): nothing allocated per cycle
         self._cw_set = np.zeros(self.n, dtype=bool)
@@ -162,7 +167,7 @@ class GatewayArm:
         self.counts = {"exchanges": 0, "fresh_images": 0, "repeated_images": 0, "missed_images": 0,
                        "invalid_images": 0, "bad_images": 0, "exception_responses": 0, "timeouts": 0,
                        "connections_lost": 0, "connect_failures": 0, "reconnects": 0, "writes": 0, "refused_writes": 0,
-                       "unsendable_commands": 0, "watchdog_expired": 0}
+                       "unsendable_commands": 0, "superseded_commands": 0, "watchdog_expired": 0}
         self.last_error = ""
         self.gateway_refused_writes = 0
         self._rtt = np.zeros(ROUND_TRIP_WINDOW)
@@ -197,8 +202,10 @@ class GatewayArm:
         self._up = False
 
     def begin_cycle(self) -> None:
-        """Let the link thread start its next exchange (at most one per cycle)."""
-        self._tick.set()
+        """Before the first command: let the link thread start its next exchange (afterwards write() does,
+        so that the exchange carries this cycle's command)."""
+        if not self._have_cmd:
+            self._tick.set()
 
     def read(self, out: ArmState) -> bool:
         """Copy the newest decoded sample into out; True when the gateway's image is new since the last
@@ -224,8 +231,13 @@ class GatewayArm:
         return fresh
 
     def write(self, command: ArmCommand) -> None:
-        """Keep the command for the next exchange (the newest wins; a fault-reset bit is held until sent)."""
+        """Keep the command for the next exchange and start it (at once, or right after the one in flight);
+        the newest wins (the one replaced is counted in superseded_commands); a fault-reset bit is held
+        until sent."""
         with self._lock:
+            if self._cmd_pending:
+                self.counts["superseded_commands"] += 1
+            self._cmd_pending = True
             np.copyto(self._cmd.controlword, command.controlword)
             np.copyto(self._cmd.mode, command.mode)
             np.copyto(self._cmd.target_position, command.target_position)
@@ -234,6 +246,7 @@ class GatewayArm:
             np.not_equal(self._cw_bit, 0, out=self._cw_set)
             np.logical_or(self._reset_latch, self._cw_set, out=self._reset_latch)
             self._have_cmd = True
+        self._tick.set()
 
     def link_stats(self) -> dict:
         """Counters of the link and the exchange round trips (ms) over the last ROUND_TRIP_WINDOW exchanges."""
@@ -453,6 +466,7 @@ class GatewayArm:
         out = self._out
         with self._lock:
             have = self._have_cmd
+            self._cmd_pending = False
             if have:
                 np.copyto(out.controlword, self._cmd.controlword)
                 np.copyto(out.mode, self._cmd.mode)
