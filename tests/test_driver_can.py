@@ -19,7 +19,7 @@ import zmq
 
 from driver.config import load_config
 from driver.daemon import Driver, Endpoints
-from driver.hal import ArmCommand, LinkError
+from driver.hal import ArmCommand, ArmState, LinkError
 from driver.transports import open_arm
 from driver.transports.can import CanArm, CanOptionError
 from firmware_bridge import canopen_map as cm
@@ -289,6 +289,40 @@ def test_bad_frames_are_counted_and_dropped_never_data(rig):
     time.sleep(0.2)
     assert abs(rig.driver.cycle.state.q[0] - q_before[0]) < 1e-2     # 2**30 counts never became a position
     assert rig.driver.cycle.fault is None
+
+
+def test_a_sample_is_stamped_with_the_sync_that_latched_it_not_with_its_frames_arrival(model):
+    """CAN PDOs carry no time: device_time_ns is when the SYNC that made the drives latch the sample was sent.
+    Frames that arrive late (a loaded bus, udp_multicast between processes) do not move the stamp; a sample
+    left incomplete gives its SYNC up, so the next complete one takes its own."""
+    arm = CanArm(model, interface="virtual", channel=_channel(), heartbeat_ms=0)   # not opened: no bus needed
+    arm._send = lambda messages: None
+    ok_word = 0x0237                                                    # OPERATION ENABLED
+
+    def answer(arrival: float, drives=None) -> None:
+        for j, nid in enumerate(arm.node_ids):
+            if drives is not None and j not in drives:
+                continue
+            for pdo, values in ((cm.TPDO1, [ok_word, 1000 * (j + 1), 8]), (cm.TPDO2, [0, 100])):
+                arm._on_frame(can.Message(arbitration_id=pdo.cob_id(nid), data=pdo.pack(values), timestamp=arrival,
+                                          is_extended_id=False))
+
+    def sync() -> tuple[float, float]:
+        before = time.time()
+        arm.begin_cycle()
+        return before, time.time()
+
+    out = ArmState(model.n)
+    first = sync()
+    answer(arrival=first[1] + 0.050)                                    # 50 ms late
+    assert arm.read(out)
+    assert first[0] <= out.device_time_ns / 1e9 <= first[1]
+    second, third = sync(), sync()
+    answer(arrival=third[1] + 0.020, drives={0, 1})                     # SYNC 2's answer incomplete ...
+    answer(arrival=third[1] + 0.030)                                    # ... SYNC 3's complete
+    assert arm.read(out) and arm.link_stats()["incomplete_samples"] == 1
+    assert third[0] <= out.device_time_ns / 1e9 <= third[1]
+    assert not arm.read(out)                                            # nothing new
 
 
 def test_a_command_that_is_not_finite_is_never_sent(model):

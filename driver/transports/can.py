@@ -25,6 +25,7 @@ recover without restarting the daemon.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import threading
@@ -45,6 +46,10 @@ from ident.errors import InputError
 
 EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
 SUPERVISE_PERIOD_S = 0.05
+# SYNC send times kept for stamping samples. Each complete sample takes the oldest: exact while the drives
+# answer every SYNC; if they miss some, the stamps run that many periods early, a constant offset that a
+# bounded queue keeps bounded (identification only needs the sample intervals).
+MAX_UNANSWERED_SYNCS = 4
 MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05
 GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
@@ -130,6 +135,9 @@ class CanArm:
         self._ready = np.zeros((5, n), np.int64)
         self._mask, self._full = 0, (1 << (2 * n)) - 1
         self._ready_seq, self._read_seq, self._ready_time, self._ready_host_ns = 0, 0, 0.0, 0
+        # send times (time.time(), s) of the SYNCs not answered yet, oldest first: a sample is stamped with the
+        # SYNC that made the drives latch it, not with its frames' arrival (which jitters with the bus's load)
+        self._sync_times: collections.deque[float] = collections.deque(maxlen=MAX_UNANSWERED_SYNCS)
         self._error_code = np.zeros(n, np.uint16)
         self._heartbeat_at = np.zeros(n)             # time.monotonic() of each node's last heartbeat
         self._restart = np.zeros(n, bool)            # NMT start wanted (boot-up / not OPERATIONAL)
@@ -296,6 +304,8 @@ class CanArm:
             if self._mask & bit:             # a frame of the next SYNC before this sample completed
                 self._stats["incomplete_samples"] += 1
                 self._mask = 0
+                if self._sync_times:
+                    self._sync_times.popleft()     # that SYNC's sample is lost
             pend = self._pend
             for r, v in zip(_ROWS[k], values):
                 pend[r][j] = v
@@ -304,7 +314,8 @@ class CanArm:
                 self._ready[:] = pend
                 self._mask = 0
                 self._ready_seq += 1
-                self._ready_time = msg.timestamp or time.time()
+                self._ready_time = (self._sync_times.popleft() if self._sync_times
+                                    else msg.timestamp or time.time())
                 self._ready_host_ns = time.time_ns()
                 self._stats["samples"] += 1
 
@@ -389,9 +400,11 @@ class CanArm:
         """Transmit SYNC (the drives latch the last RPDOs, step, and answer with their TPDOs). One SYNC every
         cycle, so that every command reaches the drives; drives slower than the cycle (a simulator) fall
         behind, which link_stats shows as sync_lag."""
+        sent = time.time()
         self._send((self._sync_msg,))
         with self._lock:
             self._stats["syncs"] += 1
+            self._sync_times.append(sent)
 
     def read(self, out: ArmState) -> bool:
         """The newest complete sample in SI units; False when none completed since the last read. LinkError
