@@ -68,7 +68,7 @@ class TransportPlan:
 # gateway, each Modbus exchange (step_on_exchange: a real gateway's EtherCAT cycle follows the master's
 # process data). The driver's own timer sets the pace (clock "host" on serial and the gateway; CAN's "auto"
 # is host: the driver is the SYNC master). The rate is what each link carries one exchange per cycle of,
-# measured in docs/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 341 Hz at
+# measured in docs/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 285 Hz at
 # most, and python-can's udp_multicast between processes loses samples above it on this machine); the
 # gateway 400 Hz (one function-23 exchange takes ~1.7 ms there and back: at 500 Hz 1-10 % of the targets
 # were replaced before an exchange sent them, at 400 Hz 0.2 %; at 333 Hz and below the simulated drives'

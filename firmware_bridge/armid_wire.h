@@ -51,6 +51,11 @@ extern "C" {
 #define ARMID_CAN_TPDO3_TORQUE_ACTUAL_OFFSET 0  /* byte offset of torque_actual (int32, mN m) */
 #define ARMID_CAN_TPDO3_FOLLOWING_ERROR_ACTUAL_MAPPING 0x60F40020  /* 0x60F4:00, 32 bits */
 #define ARMID_CAN_TPDO3_FOLLOWING_ERROR_ACTUAL_OFFSET 4  /* byte offset of following_error_actual (int32, counts) */
+#define ARMID_CAN_TPDO4_COB_BASE 0x480  /* TPDO4 COB-ID = base + node id */
+#define ARMID_CAN_TPDO4_DLC 4  /* TPDO4 payload bytes */
+#define ARMID_CAN_TPDO4_ENABLED 1  /* TPDO4 valid by default */
+#define ARMID_CAN_TPDO4_TIME_STAMP_MAPPING 0x10130020  /* 0x1013:00, 32 bits */
+#define ARMID_CAN_TPDO4_TIME_STAMP_OFFSET 0  /* byte offset of time_stamp (uint32, us) */
 #define ARMID_CAN_RPDO1_COB_BASE 0x200  /* RPDO1 COB-ID = base + node id */
 #define ARMID_CAN_RPDO1_DLC 7  /* RPDO1 payload bytes */
 #define ARMID_CAN_RPDO1_ENABLED 1  /* RPDO1 valid by default */

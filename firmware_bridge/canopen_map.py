@@ -64,6 +64,7 @@ DEVICE_TYPE = 0x1000
 ERROR_REGISTER = 0x1001
 COB_ID_SYNC = 0x1005
 MANUFACTURER_DEVICE_NAME = 0x1008
+HIGH_RES_TIME_STAMP = 0x1013       # uint32, the drive's clock in us at the SYNC that latched the TPDOs (wraps)
 COB_ID_EMCY = 0x1014
 PRODUCER_HEARTBEAT_TIME = 0x1017
 IDENTITY = 0x1018
@@ -213,6 +214,7 @@ class PdoDef:
         return dict(zip(self.fields, self.unpack(data)))
 
 
+_TIME = Mapped(HIGH_RES_TIME_STAMP, 0, UNSIGNED32, "time_stamp", "us")
 _SW = Mapped(cia402.STATUSWORD, 0, UNSIGNED16, "statusword", "")
 _POS = Mapped(cia402.POSITION_ACTUAL, 0, INTEGER32, "position_actual", "counts")
 _MODE_DISPLAY = Mapped(cia402.MODES_OF_OPERATION_DISPLAY, 0, INTEGER8, "mode_display", "")
@@ -228,9 +230,10 @@ _TTQ = Mapped(TARGET_TORQUE_MNM, 0, INTEGER32, "target_torque", "mN m")
 TPDO1 = PdoDef(True, 1, (_SW, _POS, _MODE_DISPLAY))
 TPDO2 = PdoDef(True, 2, (_VEL, _CUR))
 TPDO3 = PdoDef(True, 3, (_TQ, _FERR), enabled=False)   # a host enables it by SDO (0x1802 sub 1 bit 31)
+TPDO4 = PdoDef(True, 4, (_TIME,))     # when the sample was latched, on the drive's clock: PDOs carry no time
 RPDO1 = PdoDef(False, 1, (_CW, _TPOS, _MODE))
 RPDO2 = PdoDef(False, 2, (_TTQ,))
-TPDOS: tuple[PdoDef, ...] = (TPDO1, TPDO2, TPDO3)
+TPDOS: tuple[PdoDef, ...] = (TPDO1, TPDO2, TPDO3, TPDO4)
 RPDOS: tuple[PdoDef, ...] = (RPDO1, RPDO2)
 PDOS: tuple[PdoDef, ...] = TPDOS + RPDOS
 SYNC_TRANSMISSION_TYPES = range(0, 241)   # 0: on SYNC when changed (TPDO); 1..240: every n-th SYNC
@@ -349,6 +352,9 @@ OBJECTS: tuple[Obj, ...] = tuple([
     _var(ERROR_REGISTER, "Error register", UNSIGNED8, "ro", "0x00", pdo=True),
     _var(COB_ID_SYNC, "COB-ID SYNC", UNSIGNED32, "ro", f"0x{SYNC_COB_ID:08X}"),
     _var(MANUFACTURER_DEVICE_NAME, "Manufacturer device name", VISIBLE_STRING, "const", DEVICE_NAME),
+    _var(HIGH_RES_TIME_STAMP, "High resolution time stamp", UNSIGNED32, "ro", "0", pdo=True, unit="us",
+         description="The drive's clock in microseconds when it latched its inputs at the last SYNC (wraps "
+                     "after 2^32 us, 71.6 min)"),
     _var(COB_ID_EMCY, "COB-ID EMCY", UNSIGNED32, "ro", f"$NODEID+0x{EMCY_COB_BASE:X}"),
     _var(PRODUCER_HEARTBEAT_TIME, "Producer heartbeat time", UNSIGNED16, "rw", f"{DEFAULT_HEARTBEAT_MS}", unit="ms"),
     _record(IDENTITY, "Identity object", (
@@ -463,6 +469,14 @@ def frame_bits(dlc: int, stuffing: bool = True) -> int:
     if stuffing:
         bits += (34 + 8 * dlc - 1) // 4
     return bits
+
+
+TIME_STAMP_WRAP = 1 << 32    # 0x1013 counts us modulo 2^32
+
+
+def time_stamp(seconds: float) -> int:
+    """0x1013's value (us, modulo 2^32) for a time in seconds on the drive's clock."""
+    return round(seconds * 1e6) % TIME_STAMP_WRAP
 
 
 def cycle_bits(n_nodes: int, stuffing: bool = True, pdos: Sequence[PdoDef] | None = None) -> int:

@@ -442,6 +442,7 @@ class CanDevice:
             "current_actual": lambda: sc.current_to_raw(s.current),
             "torque_actual": lambda: sc.torque_to_raw(s.torque),
             "following_error_actual": lambda: sc.position_to_counts(s.following_error),
+            "time_stamp": lambda: np.full(len(self.drives), cm.time_stamp(s.time), dtype=np.int64),
         }
         return {f: convert[f]().tolist() for f in self._tx_fields}
 

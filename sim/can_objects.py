@@ -82,6 +82,7 @@ def _per_mille(value: float, rated: float) -> float:
 # index -> f(device, sample, joint): process objects read from the latest sample, in wire units
 _SAMPLE_OBJECTS: dict[int, Callable] = {
     cm.ERROR_REGISTER: lambda dev, s, j: cm.error_register(int(s.error_code[j])),
+    cm.HIGH_RES_TIME_STAMP: lambda dev, s, j: cm.time_stamp(s.time),
     cia402.STATUSWORD: lambda dev, s, j: int(s.statusword[j]),
     cia402.MODES_OF_OPERATION_DISPLAY: lambda dev, s, j: int(s.mode_display[j]),
     cia402.ERROR_CODE: lambda dev, s, j: int(s.error_code[j]),

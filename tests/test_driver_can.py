@@ -198,6 +198,19 @@ def test_move_to_and_run_trajectory_move_the_simulated_arm_and_the_stream_shows_
     assert rig.sim.transport.counts["rpdo_value"] == rig.sim.transport.counts["rpdo_length"] == 0
 
 
+def test_the_streams_device_time_is_the_simulated_drives_own_clock(rig):
+    """The stream's device_time_ns comes from TPDO4's 0x1013: the simulated drives stamp their simulated
+    time, so it equals the simulator's time of a cycle (a whole number of its periods), not a host clock."""
+    assert wait(lambda: rig.driver.cycle.fresh > 20)
+    first, _ = rig.newest()
+    assert wait(lambda: rig.driver.cycle.fresh > 60)
+    later, _ = rig.newest()
+    dt_ns = round(rig.sim.dt * 1e9)
+    for m in (first, later):
+        assert int(m["device_time_ns"]) % dt_ns == 0 and int(m["device_time_ns"]) <= round(rig.sim.read_state().time * 1e9)
+    assert int(later["device_time_ns"]) - int(first["device_time_ns"]) >= 20 * dt_ns      # it advanced
+
+
 def test_a_goal_outside_the_limits_is_refused_and_nothing_moves(rig):
     enable(rig)
     before = rig.sim.read_state().position.copy()
@@ -291,37 +304,35 @@ def test_bad_frames_are_counted_and_dropped_never_data(rig):
     assert rig.driver.cycle.fault is None
 
 
-def test_a_sample_is_stamped_with_the_sync_that_latched_it_not_with_its_frames_arrival(model):
-    """CAN PDOs carry no time: device_time_ns is when the SYNC that made the drives latch the sample was sent.
-    Frames that arrive late (a loaded bus, udp_multicast between processes) do not move the stamp; a sample
-    left incomplete gives its SYNC up, so the next complete one takes its own."""
+def test_a_sample_is_stamped_with_the_drives_time_stamp_unwrapped_not_with_its_frames_arrival(model):
+    """CAN PDOs carry no time but TPDO4's 0x1013 (us, modulo 2^32): device_time_ns is drive 1's stamp,
+    unwrapped across 2^32 us, whatever the frames' arrival (a loaded bus, udp_multicast between processes).
+    A sample missing a frame is dropped with its stamp."""
     arm = CanArm(model, interface="virtual", channel=_channel(), heartbeat_ms=0)   # not opened: no bus needed
-    arm._send = lambda messages: None
     ok_word = 0x0237                                                    # OPERATION ENABLED
 
-    def answer(arrival: float, drives=None) -> None:
+    def answer(stamp_us: int, arrival: float, drives=None) -> None:
         for j, nid in enumerate(arm.node_ids):
             if drives is not None and j not in drives:
                 continue
-            for pdo, values in ((cm.TPDO1, [ok_word, 1000 * (j + 1), 8]), (cm.TPDO2, [0, 100])):
+            for pdo, values in ((cm.TPDO1, [ok_word, 1000 * (j + 1), 8]), (cm.TPDO2, [0, 100]),
+                                (cm.TPDO4, [stamp_us % 2 ** 32])):
                 arm._on_frame(can.Message(arbitration_id=pdo.cob_id(nid), data=pdo.pack(values), timestamp=arrival,
                                           is_extended_id=False))
 
-    def sync() -> tuple[float, float]:
-        before = time.time()
-        arm.begin_cycle()
-        return before, time.time()
-
     out = ArmState(model.n)
-    first = sync()
-    answer(arrival=first[1] + 0.050)                                    # 50 ms late
-    assert arm.read(out)
-    assert first[0] <= out.device_time_ns / 1e9 <= first[1]
-    second, third = sync(), sync()
-    answer(arrival=third[1] + 0.020, drives={0, 1})                     # SYNC 2's answer incomplete ...
-    answer(arrival=third[1] + 0.030)                                    # ... SYNC 3's complete
+    start = 2 ** 32 - 6000                                              # 6 ms before the stamp wraps
+    times = []
+    for k, arrival in enumerate([100.0, 100.013, 100.0131, 100.02, 100.035]):    # arrivals jitter, stamps do not
+        answer(start + 4000 * k, arrival)
+        assert arm.read(out)
+        times.append(out.device_time_ns)
+    assert np.diff(times).tolist() == [4_000_000] * 4                   # 4 ms apart, across the wrap
+    assert times[0] == start * 1000
+    answer(start + 20000, 100.04, drives={0, 1})                        # incomplete: dropped, stamp and all
+    answer(start + 24000, 100.041)
     assert arm.read(out) and arm.link_stats()["incomplete_samples"] == 1
-    assert third[0] <= out.device_time_ns / 1e9 <= third[1]
+    assert out.device_time_ns - times[-1] == 8_000_000
     assert not arm.read(out)                                            # nothing new
 
 

@@ -4,8 +4,8 @@ The host is the SYNC master. At open(), over SDO: each node's device type (0x100
 radian (0x608F encoder resolution, 0x6091 gear ratio: checked against the model and `counts_per_rev`), its
 PDO configuration (read back and compared with firmware_bridge.canopen_map), the producer heartbeat time
 (0x1017); then NMT start and one SYNC whose TPDOs must come back (the handshake). In the cycle:
-begin_cycle() sends SYNC, the drives answer with TPDO1 (statusword, position, mode display) and TPDO2
-(velocity, current); write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque),
+begin_cycle() sends SYNC, the drives answer with TPDO1 (statusword, position, mode display), TPDO2
+(velocity, current) and TPDO4 (0x1013, their time stamp at the SYNC); write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque),
 which the drives latch at the next SYNC. Wire format: docs/wire-can.md.
 
 python-canopen does what it is good at (SDO, NMT, EMCY, heartbeat, the EDS); the cyclic PDOs of all drives
@@ -13,7 +13,8 @@ take a leaner path, since canopen's per-PDO maps cost tens of microseconds a fra
 (_on_frame, on the bus's notifier) decodes every TPDO with firmware_bridge's PdoCodec, and SYNC and the
 RPDOs go out through python-can directly, as preallocated messages whose payloads are packed in place.
 
-A sample is complete when every drive's TPDO1 and TPDO2 have arrived; read() returns the newest complete
+A sample is complete when every drive's TPDO1, TPDO2 and TPDO4 have arrived; its device time is drive 1's
+time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the bus's load; read() returns the newest complete
 sample (the previous SYNC's, since the drives answer after the SYNC the same cycle sent), and False when
 none completed since the last read: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
 a statusword matching no CiA 402 state or an unknown mode are counted in link_stats and dropped; a sample
@@ -25,7 +26,6 @@ recover without restarting the daemon.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import threading
@@ -46,16 +46,14 @@ from ident.errors import InputError
 
 EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
 SUPERVISE_PERIOD_S = 0.05
-# SYNC send times kept for stamping samples. Each complete sample takes the oldest: exact while the drives
-# answer every SYNC; if they miss some, the stamps run that many periods early, a constant offset that a
-# bounded queue keeps bounded (identification only needs the sample intervals).
-MAX_UNANSWERED_SYNCS = 4
 MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05
 GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
-_TPDOS = (cm.TPDO1, cm.TPDO2)
+_TPDOS = (cm.TPDO1, cm.TPDO2, cm.TPDO4)
 _RPDOS = (cm.RPDO1, cm.RPDO2)
-_ROWS = ((0, 1, 2), (3, 4))     # rows of the sample (statusword, position, mode, velocity, current) per TPDO
+_ROWS = ((0, 1, 2), (3, 4), (5,))   # rows of the sample (statusword, position, mode, velocity, current, time stamp)
+_N_ROWS = 1 + max(max(r) for r in _ROWS)
+_PER_DRIVE = len(_TPDOS)            # bits per drive in the mask of frames received
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
                "emcy", "nmt_restarts", "reconnects", "send_errors")
 
@@ -131,13 +129,12 @@ class CanArm:
         # receive side (notifier thread) -> cycle, under _lock
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
-        self._pend = [[0] * n for _ in range(5)]     # statusword, position, mode, velocity, current (wire units)
-        self._ready = np.zeros((5, n), np.int64)
-        self._mask, self._full = 0, (1 << (2 * n)) - 1
-        self._ready_seq, self._read_seq, self._ready_time, self._ready_host_ns = 0, 0, 0.0, 0
-        # send times (time.time(), s) of the SYNCs not answered yet, oldest first: a sample is stamped with the
-        # SYNC that made the drives latch it, not with its frames' arrival (which jitters with the bus's load)
-        self._sync_times: collections.deque[float] = collections.deque(maxlen=MAX_UNANSWERED_SYNCS)
+        self._pend = [[0] * n for _ in range(_N_ROWS)]   # the rows of _ROWS, wire units
+        self._ready = np.zeros((_N_ROWS, n), np.int64)
+        self._mask, self._full = 0, (1 << (_PER_DRIVE * n)) - 1
+        self._ready_seq, self._read_seq, self._ready_time_ns, self._ready_host_ns = 0, 0, 0, 0
+        self._stamp_raw: int | None = None           # drive 1's last time stamp (us mod 2^32) and its unwrapped us
+        self._stamp_us = 0
         self._error_code = np.zeros(n, np.uint16)
         self._heartbeat_at = np.zeros(n)             # time.monotonic() of each node's last heartbeat
         self._restart = np.zeros(n, bool)            # NMT start wanted (boot-up / not OPERATIONAL)
@@ -216,7 +213,7 @@ class CanArm:
         return drive
 
     def _check_pdos(self, j: int, node) -> None:
-        """Read the PDO configuration by SDO; TPDO1/2 and RPDO1/2 must be valid, on their COB-IDs, every SYNC,
+        """Read the PDO configuration by SDO; TPDO1/2/4 and RPDO1/2 must be valid, on their COB-IDs, every SYNC,
         with the maps of firmware_bridge.canopen_map (a drive configured otherwise is refused)."""
         try:
             node.tpdo.read()
@@ -225,7 +222,7 @@ class CanArm:
             raise LinkError(f"can: joint {j + 1} (node {node.id}): reading the PDO configuration: {exc}") from None
         except (SdoCommunicationError, can.CanError, OSError) as exc:
             raise LinkError(f"can: joint {j + 1} (node {node.id}): no answer reading the PDO configuration ({exc})") from None
-        for pdef in (cm.TPDO1, cm.TPDO2, cm.RPDO1, cm.RPDO2):
+        for pdef in (*_TPDOS, *_RPDOS):
             m = (node.tpdo if pdef.transmit else node.rpdo)[pdef.number]
             got = [(v.index, v.subindex) for v in m.map]
             want = [(e.index, e.subindex) for e in pdef.entries]
@@ -265,7 +262,8 @@ class CanArm:
                 if self._ready_seq != seq:
                     return
                 time.sleep(0.002)
-        missing = [self.node_ids[j] for j in range(self.n) if not (self._mask >> (2 * j)) & 3]
+        whole = (1 << _PER_DRIVE) - 1
+        missing = [self.node_ids[j] for j in range(self.n) if not (self._mask >> (_PER_DRIVE * j)) & whole]
         raise LinkError(f"can: no PDOs from the drives after SYNC within {self.boot_timeout_s:g} s "
                         f"(silent nodes: {missing or 'none, but no complete sample'})")
 
@@ -298,14 +296,12 @@ class CanArm:
         if k == 0 and not (_valid_statusword(values[0]) and values[2] in MODES):
             self._count("bad_value")
             return
-        bit = 1 << (2 * j + k)
+        bit = 1 << (_PER_DRIVE * j + k)
         with self._lock:
             self._stats["tpdo_frames"] += 1
             if self._mask & bit:             # a frame of the next SYNC before this sample completed
                 self._stats["incomplete_samples"] += 1
                 self._mask = 0
-                if self._sync_times:
-                    self._sync_times.popleft()     # that SYNC's sample is lost
             pend = self._pend
             for r, v in zip(_ROWS[k], values):
                 pend[r][j] = v
@@ -314,8 +310,15 @@ class CanArm:
                 self._ready[:] = pend
                 self._mask = 0
                 self._ready_seq += 1
-                self._ready_time = (self._sync_times.popleft() if self._sync_times
-                                    else msg.timestamp or time.time())
+                raw = pend[5][0]
+                if self._stamp_raw is not None:
+                    self._stamp_us += (raw - self._stamp_raw) % cm.TIME_STAMP_WRAP
+                elif self._stamp_us:             # drive 1 restarted its clock: go on 1 us after the last stamp
+                    self._stamp_us += 1
+                else:
+                    self._stamp_us = raw
+                self._stamp_raw = raw
+                self._ready_time_ns = self._stamp_us * 1000
                 self._ready_host_ns = time.time_ns()
                 self._stats["samples"] += 1
 
@@ -327,6 +330,9 @@ class CanArm:
         self._heartbeat_at[j] = time.monotonic()
         if state == 0 and self._supervisor is not None:
             self._rebooted[j] = True
+            if j == 0:
+                with self._lock:
+                    self._stamp_raw = None           # its clock starts again: unwrap from its next stamp
         if state != NMT_OPERATIONAL:
             self._restart[j] = True
 
@@ -400,11 +406,9 @@ class CanArm:
         """Transmit SYNC (the drives latch the last RPDOs, step, and answer with their TPDOs). One SYNC every
         cycle, so that every command reaches the drives; drives slower than the cycle (a simulator) fall
         behind, which link_stats shows as sync_lag."""
-        sent = time.time()
         self._send((self._sync_msg,))
         with self._lock:
             self._stats["syncs"] += 1
-            self._sync_times.append(sent)
 
     def read(self, out: ArmState) -> bool:
         """The newest complete sample in SI units; False when none completed since the last read. LinkError
@@ -425,7 +429,7 @@ class CanArm:
             np.divide(r[3], self.scaling.counts_per_rad, out=out.qd)
             np.multiply(r[4], CURRENT_LSB, out=out.current)
             out.error_code[:] = self._error_code
-            out.device_time_ns = int(self._ready_time * 1e9)
+            out.device_time_ns = self._ready_time_ns
             out.host_time_ns = self._ready_host_ns
         np.multiply(out.current, self.torque_per_amp, out=out.torque)
         return True
