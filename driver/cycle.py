@@ -15,8 +15,13 @@ The hot path allocates no array per cycle (numpy with out=, one numba call for t
 struct.pack_into for the header); planning happens in the requesting thread (driver/motion.py), never here.
 
 Two clocks (`clock`):
-  "host"    the cycle keeps its own schedule at rate_hz: sleep until `spin_s` before each deadline, then a
-            short spin (driver/timer.py; the thread's timer slack is reduced to 1 ns so the sleep is precise).
+  "host"    the cycle keeps its own schedule at rate_hz: an absolute clock_nanosleep to each deadline, no spin
+            (driver/timer.py; the thread's timer slack is reduced to 1 ns so the wake-up is precise). With an
+            arm that answers (it has `wait_new`, e.g. serial joint boards stepping on each COMMAND), each
+            deadline sends the command the previous cycle computed, then the cycle waits (at most
+            ANSWER_WINDOW of a period) for the device's answer and runs its work as soon as it arrives: the
+            command leaves on the host's schedule as before, and the sample is published at once instead of
+            waiting for the next deadline (which alone costs the stream a period minus the round trip).
   "device"  for an arm that streams on its own clock (it has `wait_new(timeout_s)`, e.g. the serial joint
             boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
@@ -37,13 +42,14 @@ import numpy as np
 from driver import cycle_kernels as ck
 from driver.hal import Arm, ArmCommand, ArmState, LinkError
 from driver.motion import PlannedMotion
-from driver.timer import DEFAULT_SPIN_S, reduce_timer_slack, sleep_until
+from driver.timer import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
 
 _S = State
 CLOCKS = ("host", "device")
 DEVICE_GRACE = 0.25           # clock "device": a stale cycle runs when no sample came for (1 + this) periods
+ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest wait for the answer, in periods
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
@@ -138,6 +144,7 @@ class Cycle:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        name_os_thread()
         reduce_timer_slack()
         try:
             if self.clock == "device":
@@ -150,22 +157,31 @@ class Cycle:
             self._fail_requests(DriverFault(f"the cycle stopped: {exc}"))
 
     def _run_host_clock(self) -> None:
-        """Cycles on an absolute schedule at rate_hz; lateness = wake-up time - deadline."""
+        """Cycles on an absolute schedule at rate_hz; lateness = wake-up time - deadline. With an arm that has
+        wait_new: send at the deadline, then the cycle's work when the answer arrives (module docstring)."""
         period, stop, lateness = self.period_ns, self._stop, self.lateness_ns
+        wait_new = self.arm.wait_new if callable(getattr(self.arm, "wait_new", None)) else None
+        window = int(period * ANSWER_WINDOW)
         next_ns = time.perf_counter_ns() + period
         while not stop.is_set():
-            self.step()
             now = time.perf_counter_ns()
-            late = now - next_ns
-            if late > 0:
-                lateness[self.cycles % LATENESS_WINDOW] = late
-                if late > period:
-                    self.overruns += 1
-                    if late > 10 * period:   # far behind: resynchronise instead of bursting
-                        next_ns = now
-            else:
-                lateness[self.cycles % LATENESS_WINDOW] = 0
+            if now < next_ns:
                 sleep_until(next_ns, self.spin_ns)
+                now = time.perf_counter_ns()
+            late = now - next_ns
+            lateness[self.cycles % LATENESS_WINDOW] = late
+            if late > period:
+                self.overruns += 1
+                if late > 10 * period:   # far behind: resynchronise instead of bursting
+                    next_ns = now
+            if wait_new is None:
+                self.step()
+            else:
+                self._send()
+                remaining = next_ns + window - time.perf_counter_ns()
+                if remaining > 0:
+                    wait_new(remaining * 1e-9)
+                self._work()
             next_ns += period
 
     def _run_device_clock(self) -> None:
@@ -274,7 +290,20 @@ class Cycle:
 
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
-        """One cycle (public for synchronous tests)."""
+        """One cycle (public for synchronous tests): the work, then the command it computed is sent."""
+        self._work(send=True)
+
+    def _send(self) -> None:
+        """Write the current command (once a sample has come: the hold position comes from it)."""
+        if self._have_sample:
+            try:
+                self.arm.write(self.command)
+            except LinkError as exc:
+                if self.fault is None:
+                    self._trip(f"link: {exc}")
+
+    def _work(self, send: bool = False) -> None:
+        """Read, supervise, run the requests, compute the command (and send it when send), publish."""
         arm, st = self.arm, self.state
         now_mono = time.perf_counter_ns()
         try:
@@ -302,12 +331,8 @@ class Cycle:
             except BaseException as exc:  # noqa: BLE001 - handed to the requester
                 fut.set_exception(exc)
         self._command()
-        if self._have_sample:
-            try:
-                arm.write(self.command)
-            except LinkError as exc:
-                if self.fault is None:
-                    self._trip(f"link: {exc}")
+        if send:
+            self._send()
         self._publish(fresh)
         self.cycles += 1
 

@@ -35,6 +35,7 @@ from firmware_bridge import stream
 from driver.commands import Commands
 from driver.cycle import Cycle
 from driver.hal import Arm
+from driver.timer import name_os_thread
 from ident import dynamics
 from ident.errors import InputError
 from ident.model import Model
@@ -265,6 +266,7 @@ class Driver:
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
+        name_os_thread()
         poller = zmq.Poller()
         poller.register(self._rep, zmq.POLLIN)
         while not self._stop.is_set():
@@ -295,6 +297,7 @@ class Driver:
         return msg
 
     def _record(self, endpoint: str) -> None:
+        name_os_thread()
         from driver.recorder import record
 
         def progress(stats) -> None:
@@ -322,6 +325,7 @@ class Driver:
                 "bytes": 0 if st is None else st.bytes_written, "error": self.recording_error}
 
     def _report_health(self) -> None:
+        name_os_thread()
         last: dict = {}
         while not self._stop.wait(HEALTH_PERIOD_S):
             try:

@@ -30,6 +30,7 @@ import numpy as np
 import serial
 
 from driver.hal import ArmCommand, ArmState, LinkError, copy_sample
+from driver.timer import name_os_thread
 from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
@@ -326,6 +327,7 @@ class SerialArm:
 
     # -- the link thread ------------------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread()
         while not self._stop.is_set():
             s = self._session
             if s is None:
