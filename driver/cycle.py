@@ -26,7 +26,12 @@ Two clocks (`clock`):
             boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
             sample comes for 1.25 periods a stale cycle runs anyway, so the watchdog and the command stream
-            keep going while the device is silent. The cycle rate is then the device's.
+            keep going while the device is silent. The cycle rate is then the device's. An arm with
+            `pump_new` (serial) is read by the cycle thread itself while it waits (select on the port): one
+            wake-up per burst of the line instead of the link thread's and then the cycle's.
+An arm that keeps every sample (it has `backlog()`: serial) gets each one published once and in order: the
+samples that came in one burst before the newest are published first (`caught_up`), then the cycle's work
+runs on the newest.
 """
 from __future__ import annotations
 
@@ -114,6 +119,9 @@ class Cycle:
         self.fresh = 0
         self.stale = 0
         self.overruns = 0
+        self.caught_up = 0              # samples published without their own cycle (they came in a burst)
+        backlog = getattr(arm, "backlog", None)
+        self._backlog: Callable[[], int] | None = backlog if callable(backlog) else None
         self.events: deque[tuple[float, str]] = deque(maxlen=100)
         self.lateness_ns = np.zeros(LATENESS_WINDOW, np.int64)
         self._requests: deque[tuple[Callable[[], object], Future]] = deque()
@@ -188,7 +196,8 @@ class Cycle:
         """A cycle per new device sample, or a stale one after (1 + DEVICE_GRACE) periods without one;
         lateness = cycle start - the sample's arrival (host_time_ns)."""
         period, stop, lateness, st = self.period_ns, self._stop, self.lateness_ns, self.state
-        wait_new = self.arm.wait_new
+        pump = getattr(self.arm, "pump_new", None)      # reads the link in this thread: one wake-up per sample
+        wait_new = pump if callable(pump) else self.arm.wait_new
         limit = int(period * (1 + DEVICE_GRACE))
         last = time.perf_counter_ns()
         while not stop.is_set():
@@ -308,6 +317,8 @@ class Cycle:
         now_mono = time.perf_counter_ns()
         try:
             arm.begin_cycle()
+            if self._backlog is not None and self._backlog() > 1:
+                self._catch_up()
             fresh = arm.read(st)
         except LinkError as exc:
             fresh = False
@@ -335,6 +346,16 @@ class Cycle:
             self._send()
         self._publish(fresh)
         self.cycles += 1
+
+    def _catch_up(self) -> None:
+        """Publish, each once and in order, the samples that came before the newest (an arm that keeps every
+        sample, with backlog(): two STATEs in one burst of the serial line). The cycle's work then runs on the
+        newest; nothing is lost between two cycles. LinkError from read goes to the caller."""
+        st, backlog = self.state, self._backlog
+        while backlog() > 1 and self.arm.read(st):
+            self.fresh += 1
+            self.caught_up += 1
+            self._publish(True)
 
     def _intent(self) -> int:
         if self._reset_pulse:

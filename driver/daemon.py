@@ -288,7 +288,7 @@ class Driver:
         msg = {"time": time.time(), "uptime_s": time.time() - self.started_at,
                "cycle_rate_hz": (cycles - last.get("cycles", cycles)) / dt,
                "sample_rate_hz": (fresh - last.get("fresh", fresh)) / dt,
-               "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns,
+               "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns, "caught_up": c.caught_up,
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),
                "drive_states": self.status()["drive_states"], "recording": self._recording_health(),
