@@ -185,6 +185,8 @@ class Cycle:
             if wait_new is None:
                 self.step()
             else:
+                if self._backlog is not None:
+                    self._catch_up(keep=0)   # answers that came after the last window: the wait is for the next
                 self._send()
                 remaining = next_ns + window - time.perf_counter_ns()
                 if remaining > 0:
@@ -325,11 +327,7 @@ class Cycle:
             if self.fault is None:
                 self._trip(f"link: {exc}")
         if fresh:
-            self.fresh += 1
-            self._last_fresh_ns = now_mono
-            if not self._have_sample:
-                self._have_sample = True
-                self.hold[:] = st.q
+            self._took_sample(now_mono)
         else:
             self.stale += 1
         self._supervise(fresh, now_mono)
@@ -347,15 +345,27 @@ class Cycle:
         self._publish(fresh)
         self.cycles += 1
 
-    def _catch_up(self) -> None:
-        """Publish, each once and in order, the samples that came before the newest (an arm that keeps every
-        sample, with backlog(): two STATEs in one burst of the serial line). The cycle's work then runs on the
-        newest; nothing is lost between two cycles. LinkError from read goes to the caller."""
+    def _catch_up(self, keep: int = 1) -> None:
+        """Publish, each once and in order, the samples not read yet but the newest `keep` (an arm that keeps
+        every sample, with backlog(): two STATEs in one burst of the serial line, an answer later than the
+        host clock's window). The cycle's work then runs on the newest; nothing is lost between two cycles."""
         st, backlog = self.state, self._backlog
-        while backlog() > 1 and self.arm.read(st):
-            self.fresh += 1
-            self.caught_up += 1
-            self._publish(True)
+        try:
+            while backlog() > keep and self.arm.read(st):
+                self._took_sample(time.perf_counter_ns())
+                self.caught_up += 1
+                self._publish(True)
+        except LinkError as exc:
+            if self.fault is None:
+                self._trip(f"link: {exc}")
+
+    def _took_sample(self, now_mono: int) -> None:
+        """Bookkeeping of a new sample in self.state: counted, the watchdog fed, the first one is the hold pose."""
+        self.fresh += 1
+        self._last_fresh_ns = now_mono
+        if not self._have_sample:
+            self._have_sample = True
+            self.hold[:] = self.state.q
 
     def _intent(self) -> int:
         if self._reset_pulse:

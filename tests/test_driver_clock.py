@@ -228,7 +228,8 @@ def test_on_the_host_clock_an_answering_arm_gets_each_sample_published_once_in_o
     # every sample the arm produced and the cycle read, once and in order (the last burst may be unread)
     assert fresh == [k * 1000 for k in range(len(fresh))]
     assert len(fresh) >= 1 + burst * (arm.written - 1)
-    if burst == 1:
-        assert cycle.caught_up == 0
+    if burst == 1:     # only the first sample (before any command) is published without its own work
+        assert cycle.caught_up <= 1
+        assert cycle.stale <= 2
     else:
         assert cycle.caught_up >= (burst - 1) * (arm.written - 1)
