@@ -21,7 +21,8 @@ Two clocks (`clock`):
             deadline sends the command the previous cycle computed, then the cycle waits (at most
             ANSWER_WINDOW of a period) for the device's answer and runs its work as soon as it arrives: the
             command leaves on the host's schedule as before, and the sample is published at once instead of
-            waiting for the next deadline (which alone costs the stream a period minus the round trip).
+            waiting for the next deadline (which alone costs the stream a period minus the round trip). An
+            arm with `pump_new` and `pump_for` (serial) is read by the cycle thread itself during both waits.
   "device"  for an arm that streams on its own clock (it has `wait_new(timeout_s)`, e.g. the serial joint
             boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
@@ -168,12 +169,20 @@ class Cycle:
         """Cycles on an absolute schedule at rate_hz; lateness = wake-up time - deadline. With an arm that has
         wait_new: send at the deadline, then the cycle's work when the answer arrives (module docstring)."""
         period, stop, lateness = self.period_ns, self._stop, self.lateness_ns
-        wait_new = self.arm.wait_new if callable(getattr(self.arm, "wait_new", None)) else None
+        arm = self.arm
+        wait_new = arm.wait_new if callable(getattr(arm, "wait_new", None)) else None
+        pump_for = getattr(arm, "pump_for", None)
+        if not (callable(pump_for) and callable(getattr(arm, "pump_new", None))):
+            pump_for = None
+        else:                           # serial: this thread reads the port while it waits (one wake-up)
+            wait_new = arm.pump_new
         window = int(period * ANSWER_WINDOW)
         next_ns = time.perf_counter_ns() + period
         while not stop.is_set():
             now = time.perf_counter_ns()
             if now < next_ns:
+                if pump_for is not None:
+                    pump_for((next_ns - now) * 1e-9)     # returns early only when it cannot read the port
                 sleep_until(next_ns, self.spin_ns)
                 now = time.perf_counter_ns()
             late = now - next_ns

@@ -301,12 +301,19 @@ def test_pump_new_reads_the_port_in_the_calling_thread_and_sees_the_port_vanish(
             assert arm.read(st) is True and st.device_time_ns == c * 1_000_000
             _within_one_count(st.q, q, ENCODER_COUNTS_PER_REV * model.gear_ratio / (2 * np.pi))
         assert arm.link_stats()["states"] == 3
+        dev.send(_state(model, q, np.zeros(model.n), cycle=4))
+        t0 = time.perf_counter()
+        assert arm.pump_for(0.2) is True                     # reads whatever comes, for the whole time
+        assert time.perf_counter() - t0 >= 0.2
+        assert arm.link_stats()["states"] == 4 and arm.backlog() == 1
+        assert arm.read(st) is True and st.device_time_ns == 4_000_000
         dev.close()                                          # the pty is gone: seen by the pumping thread
         assert arm.pump_new(2.0) is False
         assert _wait(lambda: not arm.link_stats()["connected"], 5)
         with pytest.raises(LinkError, match="lost"):
             arm.read(st)
         assert arm.pump_new(0.02) is False                   # link down: a bounded wait, no error
+        assert arm.pump_for(0.02) is False                   # link down: the caller sleeps instead
     finally:
         arm.close()
 

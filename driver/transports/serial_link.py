@@ -352,24 +352,37 @@ class SerialArm:
         wait_new takes two (the link thread's, then the cycle's) and a hand-over of the interpreter. The link
         thread leaves the port alone while the cycle pumps (it still sends heartbeats, handles a device restart
         and reconnects); while the link is down or the link thread is reading, this is wait_new."""
-        self._pumped = time.monotonic()
         if self._samples != self._read_samples:
+            self._pumped = time.monotonic()
             return True
+        if not self._pump(timeout_s, until_new=True):
+            return self.wait_new(timeout_s)
+        return self._samples != self._read_samples
+
+    def pump_for(self, timeout_s: float) -> bool:
+        """Read and decode the port in the calling thread for timeout_s (s), whatever arrives: the host clock's
+        wait for its deadline, so that a late answer is taken (and stamped) when it arrives. False at once when
+        it cannot (the link down, the link thread reading): the caller then sleeps instead."""
+        return self._pump(timeout_s, until_new=False)
+
+    def _pump(self, timeout_s: float, until_new: bool) -> bool:
+        """pump_new / pump_for: False when this thread could not take the port."""
+        self._pumped = time.monotonic()
         s = self._session
         if s is None or s._fd is None or not self._rx_lock.acquire(blocking=False):
-            return self.wait_new(timeout_s)
+            return False
         try:
             end = time.perf_counter() + timeout_s
             while self._session is s and s.restart is None:
                 self._ingest(s, s.read(max(0.0, end - time.perf_counter())))
-                if self._samples != self._read_samples or time.perf_counter() >= end:
+                if (until_new and self._samples != self._read_samples) or time.perf_counter() >= end:
                     break
         except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial on a closed fd
             self._lost(s, exc)
         finally:
             self._pumped = time.monotonic()
             self._rx_lock.release()
-        return self._samples != self._read_samples
+        return True
 
     def _ingest(self, s: _Session, data: bytes) -> None:
         """Decode what the port gave: STATEs into the ring, the other frames counted; a device restart noted."""
