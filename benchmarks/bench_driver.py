@@ -3,26 +3,38 @@
 For each transport the simulator runs as its own process (`armid sim`, real time) except for `sim`,
 which runs inside the driver's process; the driver runs as `armid driver`; this script subscribes to
 the state stream and measures:
-  - delivered rate (messages per second) and dropped samples (gaps in seq);
-  - latency from the sample's host timestamp (set when the driver read it) to the subscriber's receipt,
-    p50 / p99 / max;
-  - the driver process's CPU time as % of one core (from /proc/PID/stat).
-Reference, measured in the same run: a bare pyzmq PUB loop at the same rate in its own process (the
-floor any Python publisher pays: timer wake-ups and the socket).
+  - delivered rate (messages per second) and dropped messages (gaps in seq);
+  - device samples: fresh samples per second, samples lost (gaps in the device timestamps of the fresh
+    messages, in device periods), stale messages (FLAG_STALE: a cycle without a new sample);
+  - latency of the fresh samples from their host timestamp (when the host received them) to the
+    subscriber's receipt, p50 / p99 / max;
+  - the driver process's CPU time as % of one core (from /proc/PID/stat), and per thread (the driver names
+    its threads in the kernel: cycle, serial-link, health, commands; ZMQbg/IO/0 is libzmq's I/O thread);
+    the simulator process's CPU beside it (it shares the machine).
+Transports: sim, can, gateway, serial (as armid.chain runs it: the simulated boards step on each COMMAND,
+the driver's host clock sets the pace) and serial-device (the boards on their own real-time clock, the
+driver on the device clock, as a deployed driver with `clock = "auto"` runs a real board).
+Reference, measured in the same run: a bare pyzmq PUB loop at the same rate in its own process, waiting
+with the driver's own timer (driver.timer: absolute clock_nanosleep, 1 ns slack, no spin): the floor any
+Python publisher pays, timer wake-ups and the socket.
 
 Two more measurements of the hot path, each beside its reference:
   --cycle  the CPU one cycle costs in the driver (driver.cycle.Cycle.step over an arm that hands it a new
            sample every time, publishing on a real PUB socket), beside a bare pyzmq send of the same message;
-  --timer  the cycle's wait for its deadline (driver.timer: timer slack 1 ns, 50 us spin) beside the previous
-           one (default 50 us slack, 200 us spin): CPU as % of a core and wake-up lateness, each in its own
-           process at --rate.
+  --timer  the cycle's wait for its deadline (driver.timer: absolute clock_nanosleep, timer slack 1 ns, no
+           spin) beside the previous one (slack 1 ns, sleep then a 50 us spin) and the one before (default
+           slack, 200 us spin): CPU as % of a core and wake-up lateness, each in its own process at --rate.
 
-usage: python benchmarks/bench_driver.py [--seconds 60] [--rate 1000] [--transports sim,serial,can,gateway]
+usage: python benchmarks/bench_driver.py [--seconds 60] [--rate 1000]
+                                         [--transports sim,serial,serial-device,can,gateway]
                                          [--cycle] [--timer] [--no-transports]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -37,21 +49,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from armid import chain  # noqa: E402
-from armid.chain import cpu_seconds  # noqa: E402
+from armid.chain import CLK_TCK, cpu_seconds  # noqa: E402
+from firmware_bridge.stream import FLAG_STALE  # noqa: E402
+
+HEADER = struct.Struct("<IQqq")     # flags, seq, device_time_ns, host_time_ns at offset 8 (docs/stream.md)
 
 BARE_PUBLISHER = textwrap.dedent("""
     import sys, time, zmq
+    sys.path.insert(0, sys.argv[3])
+    from driver.timer import reduce_timer_slack, sleep_until
     endpoint, rate = sys.argv[1], float(sys.argv[2])
     pub = zmq.Context().socket(zmq.PUB); pub.bind(endpoint)
+    reduce_timer_slack()
     payload = bytearray(258); period = int(1e9 / rate); nxt = time.perf_counter_ns()
     seq = 0
     while True:
-        payload[12:20] = seq.to_bytes(8, "little"); payload[28:36] = time.time_ns().to_bytes(8, "little")
+        payload[12:20] = seq.to_bytes(8, "little"); now = time.time_ns()
+        payload[20:28] = now.to_bytes(8, "little"); payload[28:36] = now.to_bytes(8, "little")
         pub.send_multipart((b"state", payload)); seq += 1
         nxt += period
-        rest = nxt - time.perf_counter_ns()
-        if rest > 200_000: time.sleep((rest - 200_000) / 1e9)
-        while time.perf_counter_ns() < nxt: pass
+        sleep_until(nxt)
 """)
 
 
@@ -130,7 +147,22 @@ def cycle_figures(tmp: Path, steps: int = 20000) -> tuple[float, float]:
     return per_step, per_send
 
 
-def measure(endpoint: str, seconds: float, pid: int, raw: bool = False) -> dict:
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of a process, by its kernel name (/proc/PID/task/TID/stat); threads of the
+    same name are added."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        f = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / CLK_TCK
+    return out
+
+
+def measure(endpoint: str, seconds: float, pid: int, sim_pid: int | None = None) -> dict:
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.RCVHWM, 0)
@@ -139,26 +171,36 @@ def measure(endpoint: str, seconds: float, pid: int, raw: bool = False) -> dict:
     if not sub.poll(60000):
         raise RuntimeError(f"no state message on {endpoint} within 60 s")
     sub.recv_multipart()
-    n_max = int(seconds * 5000) + 10
-    seqs = np.zeros(n_max, np.int64)
-    lat = np.zeros(n_max, np.int64)
+    n_max = int(seconds * 10000) + 10
+    rows = np.zeros((n_max, 5), np.int64)     # flags, seq, device time, host time, receipt time
     k = 0
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    threads0, sim0 = thread_cpu(pid), cpu_seconds(sim_pid) if sim_pid else 0.0
     end = t0 + seconds
     while time.monotonic() < end and k < n_max:
         if not sub.poll(100):
             continue
         _, payload = sub.recv_multipart()
-        now = time.time_ns()
-        seqs[k] = int.from_bytes(payload[12:20], "little")
-        lat[k] = now - int.from_bytes(payload[28:36], "little")
+        rows[k, 4] = time.time_ns()
+        rows[k, :4] = HEADER.unpack_from(payload, 8)
         k += 1
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
+    threads = {name: 100.0 * (v - threads0.get(name, 0.0)) / wall for name, v in thread_cpu(pid).items()}
+    sim_cpu = 100.0 * (cpu_seconds(sim_pid) - sim0) / wall if sim_pid else None
     sub.close(0)
-    seqs, lat = seqs[:k], lat[:k] / 1e3
+    rows = rows[:k]
+    seqs = rows[:, 1]
     drops = int(np.sum(np.maximum(np.diff(seqs) - 1, 0))) if k > 1 else 0
+    stale = (rows[:, 0] & FLAG_STALE) != 0
+    fresh = rows[~stale & (rows[:, 3] != 0)]
+    lat = (fresh[:, 4] - fresh[:, 3]) / 1e3
+    steps = np.diff(fresh[:, 2])
+    steps = steps[steps > 0]
+    period = float(np.median(steps)) if steps.size else 0.0          # the device's sample period (its clock, ns)
+    lost = int(np.sum(np.maximum(np.rint(steps / period) - 1, 0))) if period else 0
     return {"rate": k / wall, "drops": drops, "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
-            "max": float(lat.max()), "cpu": 100.0 * cpu / wall}
+            "max": float(lat.max()), "cpu": 100.0 * cpu / wall, "fresh_rate": len(fresh) / wall, "lost": lost,
+            "stale": int(stale.sum()), "threads": threads, "sim_cpu": sim_cpu}
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -171,14 +213,28 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
+def plan(transport: str, rate: float) -> chain.TransportPlan:
+    """The chain's plan of a transport at rate; serial-device: the serial boards on their own real-time clock
+    at rate (no step_on_command) and the driver on the device clock."""
+    if transport == "serial-device":
+        serial = chain.plan_for("serial", rate)
+        args = list(serial.sim_args)
+        if "step_on_command=true" in args:
+            i = args.index("step_on_command=true")
+            del args[i - 1:i + 1]                     # its "-o" too
+        return dataclasses.replace(serial, sim_rate_hz=rate, clock="device", sim_args=tuple(args))
+    return chain.plan_for(transport, rate)
+
+
 def run_driver(transport: str, rate: float, seconds: float, tmp: Path) -> dict:
     """`armid sim` (for serial, can, gateway) and `armid driver` as processes, wired by armid.chain, at the
     default priority like the reference."""
-    with chain.Chain(tmp / transport, chain.plan_for(transport, rate), realtime=False) as c:
-        if transport != "sim":
+    p = plan(transport, rate)
+    with chain.Chain(tmp / transport, p, realtime=False) as c:
+        if p.name != "sim":
             c.start_sim()
         c.start_driver()
-        return measure(c.state, seconds, c.driver.pid)
+        return measure(c.state, seconds, c.driver.pid, c.sim.pid if c.sim is not None else None)
 
 
 def main() -> None:
@@ -198,16 +254,17 @@ def main() -> None:
                   f"message {send_us:.1f} us, ratio {step_us / send_us:.1f}x)")
         if args.timer:
             secs = min(args.seconds, 10.0)
-            new = timer_figures(args.rate, secs, 50, True)
-            old = timer_figures(args.rate, secs, 200, False)
-            print(f"driver timer {args.rate:g} Hz (slack 1 ns, spin 50 us): CPU {new[0]:.1f} % of a core, lateness "
-                  f"p50/p99/max {new[1]:.0f}/{new[2]:.0f}/{new[3]:.0f} us (reference: default slack, spin 200 us: "
-                  f"CPU {old[0]:.1f} %, lateness {old[1]:.0f}/{old[2]:.0f}/{old[3]:.0f} us, CPU ratio "
-                  f"{new[0] / max(old[0], 1e-9):.2f}x)")
+            new = timer_figures(args.rate, secs, 0, True)
+            for what, old in (("slack 1 ns, spin 50 us", timer_figures(args.rate, secs, 50, True)),
+                              ("default slack, spin 200 us", timer_figures(args.rate, secs, 200, False))):
+                print(f"driver timer {args.rate:g} Hz (clock_nanosleep, slack 1 ns, no spin): CPU {new[0]:.1f} % of a "
+                      f"core, lateness p50/p99/max {new[1]:.0f}/{new[2]:.0f}/{new[3]:.0f} us (reference: {what}: "
+                      f"CPU {old[0]:.1f} %, lateness {old[1]:.0f}/{old[2]:.0f}/{old[3]:.0f} us, CPU ratio "
+                      f"{new[0] / max(old[0], 1e-9):.2f}x)")
         if args.no_transports:
             return
         ref_ep = f"ipc://{tmp}/bare"
-        bare = subprocess.Popen([sys.executable, "-c", BARE_PUBLISHER, ref_ep, str(args.rate)])
+        bare = subprocess.Popen([sys.executable, "-c", BARE_PUBLISHER, ref_ep, str(args.rate), str(ROOT)])
         try:
             ref = measure(ref_ep, min(args.seconds, 20.0), bare.pid)
         finally:
@@ -217,11 +274,18 @@ def main() -> None:
             tag = f"driver {name} {args.rate:g} Hz {args.seconds:g} s"
             print(f"{tag} delivered rate: {r['rate']:.1f} msg/s (reference: bare pyzmq publisher {ref['rate']:.1f} msg/s, "
                   f"ratio {r['rate'] / ref['rate']:.3f}x)")
-            print(f"{tag} dropped samples: {r['drops']} (reference: bare publisher {ref['drops']})")
+            print(f"{tag} dropped messages: {r['drops']} (reference: bare publisher {ref['drops']})")
+            made = r["fresh_rate"] + r["lost"] / args.seconds
+            print(f"{tag} fresh samples: {r['fresh_rate']:.1f} samples/s, {r['lost']} lost, {r['stale']} stale messages "
+                  f"(reference: the device made {made:.1f} samples/s, ratio {r['fresh_rate'] / max(made, 1e-9):.4f}x)")
             print(f"{tag} latency p50/p99/max: {r['p50']:.0f}/{r['p99']:.0f}/{r['max']:.0f} us (reference: bare publisher "
                   f"{ref['p50']:.0f}/{ref['p99']:.0f}/{ref['max']:.0f} us, p99 ratio {r['p99'] / max(ref['p99'], 1e-9):.1f}x)")
             print(f"{tag} driver CPU: {r['cpu']:.1f} % of a core (reference: bare publisher {ref['cpu']:.1f} %, "
                   f"ratio {r['cpu'] / max(ref['cpu'], 1e-9):.1f}x)")
+            by_thread = ", ".join(f"{name} {v:.1f}" for name, v in sorted(r["threads"].items(), key=lambda x: -x[1])
+                                  if v >= 0.05)
+            sim = "" if r["sim_cpu"] is None else f"; simulator process {r['sim_cpu']:.1f} %"
+            print(f"{tag} driver CPU by thread (% of a core): {by_thread}{sim}")
 
 
 if __name__ == "__main__":

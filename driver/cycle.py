@@ -15,13 +15,24 @@ The hot path allocates no array per cycle (numpy with out=, one numba call for t
 struct.pack_into for the header); planning happens in the requesting thread (driver/motion.py), never here.
 
 Two clocks (`clock`):
-  "host"    the cycle keeps its own schedule at rate_hz: sleep until `spin_s` before each deadline, then a
-            short spin (driver/timer.py; the thread's timer slack is reduced to 1 ns so the sleep is precise).
+  "host"    the cycle keeps its own schedule at rate_hz: an absolute clock_nanosleep to each deadline, no spin
+            (driver/timer.py; the thread's timer slack is reduced to 1 ns so the wake-up is precise). With an
+            arm that answers (it has `wait_new`, e.g. serial joint boards stepping on each COMMAND), each
+            deadline sends the command the previous cycle computed, then the cycle waits (at most
+            ANSWER_WINDOW of a period) for the device's answer and runs its work as soon as it arrives: the
+            command leaves on the host's schedule as before, and the sample is published at once instead of
+            waiting for the next deadline (which alone costs the stream a period minus the round trip). An
+            arm with `pump_new` and `pump_for` (serial) is read by the cycle thread itself during both waits.
   "device"  for an arm that streams on its own clock (it has `wait_new(timeout_s)`, e.g. the serial joint
             boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
             sample comes for 1.25 periods a stale cycle runs anyway, so the watchdog and the command stream
-            keep going while the device is silent. The cycle rate is then the device's.
+            keep going while the device is silent. The cycle rate is then the device's. An arm with
+            `pump_new` (serial) is read by the cycle thread itself while it waits (select on the port): one
+            wake-up per burst of the line instead of the link thread's and then the cycle's.
+An arm that keeps every sample (it has `backlog()`: serial) gets each one published once and in order: the
+samples that came in one burst before the newest are published first (`caught_up`), then the cycle's work
+runs on the newest.
 """
 from __future__ import annotations
 
@@ -37,13 +48,14 @@ import numpy as np
 from driver import cycle_kernels as ck
 from driver.hal import Arm, ArmCommand, ArmState, LinkError
 from driver.motion import PlannedMotion
-from driver.timer import DEFAULT_SPIN_S, reduce_timer_slack, sleep_until
+from driver.timer import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
 
 _S = State
 CLOCKS = ("host", "device")
 DEVICE_GRACE = 0.25           # clock "device": a stale cycle runs when no sample came for (1 + this) periods
+ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest wait for the answer, in periods
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
@@ -108,6 +120,9 @@ class Cycle:
         self.fresh = 0
         self.stale = 0
         self.overruns = 0
+        self.caught_up = 0              # samples published without their own cycle (they came in a burst)
+        backlog = getattr(arm, "backlog", None)
+        self._backlog: Callable[[], int] | None = backlog if callable(backlog) else None
         self.events: deque[tuple[float, str]] = deque(maxlen=100)
         self.lateness_ns = np.zeros(LATENESS_WINDOW, np.int64)
         self._requests: deque[tuple[Callable[[], object], Future]] = deque()
@@ -138,6 +153,7 @@ class Cycle:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        name_os_thread()
         reduce_timer_slack()
         try:
             if self.clock == "device":
@@ -150,29 +166,49 @@ class Cycle:
             self._fail_requests(DriverFault(f"the cycle stopped: {exc}"))
 
     def _run_host_clock(self) -> None:
-        """Cycles on an absolute schedule at rate_hz; lateness = wake-up time - deadline."""
+        """Cycles on an absolute schedule at rate_hz; lateness = wake-up time - deadline. With an arm that has
+        wait_new: send at the deadline, then the cycle's work when the answer arrives (module docstring)."""
         period, stop, lateness = self.period_ns, self._stop, self.lateness_ns
+        arm = self.arm
+        wait_new = arm.wait_new if callable(getattr(arm, "wait_new", None)) else None
+        pump_for = getattr(arm, "pump_for", None)
+        if not (callable(pump_for) and callable(getattr(arm, "pump_new", None))):
+            pump_for = None
+        else:                           # serial: this thread reads the port while it waits (one wake-up)
+            wait_new = arm.pump_new
+        window = int(period * ANSWER_WINDOW)
         next_ns = time.perf_counter_ns() + period
         while not stop.is_set():
-            self.step()
             now = time.perf_counter_ns()
-            late = now - next_ns
-            if late > 0:
-                lateness[self.cycles % LATENESS_WINDOW] = late
-                if late > period:
-                    self.overruns += 1
-                    if late > 10 * period:   # far behind: resynchronise instead of bursting
-                        next_ns = now
-            else:
-                lateness[self.cycles % LATENESS_WINDOW] = 0
+            if now < next_ns:
+                if pump_for is not None:
+                    pump_for((next_ns - now) * 1e-9)     # returns early only when it cannot read the port
                 sleep_until(next_ns, self.spin_ns)
+                now = time.perf_counter_ns()
+            late = now - next_ns
+            lateness[self.cycles % LATENESS_WINDOW] = late
+            if late > period:
+                self.overruns += 1
+                if late > 10 * period:   # far behind: resynchronise instead of bursting
+                    next_ns = now
+            if wait_new is None:
+                self.step()
+            else:
+                if self._backlog is not None:
+                    self._catch_up(keep=0)   # answers that came after the last window: the wait is for the next
+                self._send()
+                remaining = next_ns + window - time.perf_counter_ns()
+                if remaining > 0:
+                    wait_new(remaining * 1e-9)
+                self._work()
             next_ns += period
 
     def _run_device_clock(self) -> None:
         """A cycle per new device sample, or a stale one after (1 + DEVICE_GRACE) periods without one;
         lateness = cycle start - the sample's arrival (host_time_ns)."""
         period, stop, lateness, st = self.period_ns, self._stop, self.lateness_ns, self.state
-        wait_new = self.arm.wait_new
+        pump = getattr(self.arm, "pump_new", None)      # reads the link in this thread: one wake-up per sample
+        wait_new = pump if callable(pump) else self.arm.wait_new
         limit = int(period * (1 + DEVICE_GRACE))
         last = time.perf_counter_ns()
         while not stop.is_set():
@@ -274,22 +310,33 @@ class Cycle:
 
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
-        """One cycle (public for synchronous tests)."""
+        """One cycle (public for synchronous tests): the work, then the command it computed is sent."""
+        self._work(send=True)
+
+    def _send(self) -> None:
+        """Write the current command (once a sample has come: the hold position comes from it)."""
+        if self._have_sample:
+            try:
+                self.arm.write(self.command)
+            except LinkError as exc:
+                if self.fault is None:
+                    self._trip(f"link: {exc}")
+
+    def _work(self, send: bool = False) -> None:
+        """Read, supervise, run the requests, compute the command (and send it when send), publish."""
         arm, st = self.arm, self.state
         now_mono = time.perf_counter_ns()
         try:
             arm.begin_cycle()
+            if self._backlog is not None and self._backlog() > 1:
+                self._catch_up()
             fresh = arm.read(st)
         except LinkError as exc:
             fresh = False
             if self.fault is None:
                 self._trip(f"link: {exc}")
         if fresh:
-            self.fresh += 1
-            self._last_fresh_ns = now_mono
-            if not self._have_sample:
-                self._have_sample = True
-                self.hold[:] = st.q
+            self._took_sample(now_mono)
         else:
             self.stale += 1
         self._supervise(fresh, now_mono)
@@ -302,14 +349,32 @@ class Cycle:
             except BaseException as exc:  # noqa: BLE001 - handed to the requester
                 fut.set_exception(exc)
         self._command()
-        if self._have_sample:
-            try:
-                arm.write(self.command)
-            except LinkError as exc:
-                if self.fault is None:
-                    self._trip(f"link: {exc}")
+        if send:
+            self._send()
         self._publish(fresh)
         self.cycles += 1
+
+    def _catch_up(self, keep: int = 1) -> None:
+        """Publish, each once and in order, the samples not read yet but the newest `keep` (an arm that keeps
+        every sample, with backlog(): two STATEs in one burst of the serial line, an answer later than the
+        host clock's window). The cycle's work then runs on the newest; nothing is lost between two cycles."""
+        st, backlog = self.state, self._backlog
+        try:
+            while backlog() > keep and self.arm.read(st):
+                self._took_sample(time.perf_counter_ns())
+                self.caught_up += 1
+                self._publish(True)
+        except LinkError as exc:
+            if self.fault is None:
+                self._trip(f"link: {exc}")
+
+    def _took_sample(self, now_mono: int) -> None:
+        """Bookkeeping of a new sample in self.state: counted, the watchdog fed, the first one is the hold pose."""
+        self.fresh += 1
+        self._last_fresh_ns = now_mono
+        if not self._have_sample:
+            self._have_sample = True
+            self.hold[:] = self.state.q
 
     def _intent(self) -> int:
         if self._reset_pulse:

@@ -35,6 +35,7 @@ from firmware_bridge import stream
 from driver.commands import Commands
 from driver.cycle import Cycle
 from driver.hal import Arm
+from driver.timer import name_os_thread
 from ident import dynamics
 from ident.errors import InputError
 from ident.model import Model
@@ -268,6 +269,7 @@ class Driver:
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
+        name_os_thread()
         poller = zmq.Poller()
         poller.register(self._rep, zmq.POLLIN)
         while not self._stop.is_set():
@@ -289,7 +291,7 @@ class Driver:
         msg = {"time": time.time(), "uptime_s": time.time() - self.started_at,
                "cycle_rate_hz": (cycles - last.get("cycles", cycles)) / dt,
                "sample_rate_hz": (fresh - last.get("fresh", fresh)) / dt,
-               "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns,
+               "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns, "caught_up": c.caught_up,
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),
                "drive_states": self.status()["drive_states"], "recording": self._recording_health(),
@@ -298,6 +300,7 @@ class Driver:
         return msg
 
     def _record(self, endpoint: str) -> None:
+        name_os_thread()
         from driver.recorder import record
 
         def progress(stats) -> None:
@@ -326,6 +329,7 @@ class Driver:
                 "bytes": 0 if st is None else st.bytes_written, "error": self.recording_error}
 
     def _report_health(self) -> None:
+        name_os_thread()
         last: dict = {}
         while not self._stop.wait(HEALTH_PERIOD_S):
             try:

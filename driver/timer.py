@@ -1,20 +1,50 @@
 """Waiting for the next cycle without spinning a core.
 
-`sleep_until(deadline_ns, spin_ns)` sleeps (the GIL released) until spin_ns before the deadline, then
-busy-waits the rest on time.perf_counter_ns. Linux delays a sleeping thread's wake-up by up to its *timer
-slack* (50 us by default) so that it can batch timers; `reduce_timer_slack()` sets the calling thread's slack
-to 1 ns (prctl PR_SET_TIMERSLACK), so that a plain sleep wakes within the scheduler's latency and the spin
-can stay short (the spin holds the GIL and a core: 200 us of spin per 1 ms cycle is 20 % of a core).
-benchmarks/bench_driver.py --timer measures lateness and CPU of both settings.
+`sleep_until(deadline_ns)` blocks (the GIL released) until an absolute deadline on the time.perf_counter_ns
+clock (CLOCK_MONOTONIC on Linux) with one `clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)` through ctypes:
+the kernel wakes the thread at the deadline itself, so no relative duration is computed (and overshot) in
+Python. Linux delays a sleeping thread's wake-up by up to its *timer slack* (50 us by default) so that it can
+batch timers; `reduce_timer_slack()` sets the calling thread's slack to 1 ns (prctl PR_SET_TIMERSLACK), so the
+wake-up comes within the scheduler's latency (tens of us on an idle kernel, well inside a 1 ms period).
+A spin (busy-wait on the clock for the last spin_ns, holding the GIL and a core) is still available for a
+caller that wants single-microsecond wake-ups and can pay for them; the default is no spin
+(benchmarks/bench_driver.py --timer measures lateness and CPU of both).
 """
 from __future__ import annotations
 
 import ctypes
+import errno
 import sys
+import threading
 import time
 
-PR_SET_TIMERSLACK = 29           # linux/prctl.h
-DEFAULT_SPIN_S = 50e-6           # with the slack reduced, sleep overshoots by a few tens of us on an idle PC
+PR_SET_NAME = 15                 # linux/prctl.h
+PR_SET_TIMERSLACK = 29
+CLOCK_MONOTONIC = 1              # linux/time.h; time.perf_counter_ns reads this clock on Linux
+TIMER_ABSTIME = 1
+DEFAULT_SPIN_S = 0.0             # no spin: clock_nanosleep with 1 ns slack wakes within the scheduler latency
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _libc_clock_nanosleep():
+    """libc's clock_nanosleep (argtypes set), or None off Linux / when it cannot be loaded."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).clock_nanosleep
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Timespec), ctypes.POINTER(_Timespec))
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_CLOCK_NANOSLEEP = _libc_clock_nanosleep()
+_MONOTONIC_IS_PERF = sys.platform.startswith("linux") and \
+    time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
 
 
 def reduce_timer_slack(slack_ns: int = 1) -> bool:
@@ -28,10 +58,33 @@ def reduce_timer_slack(slack_ns: int = 1) -> bool:
         return False
 
 
-def sleep_until(deadline_ns: int, spin_ns: int) -> None:
-    """Return at deadline_ns (time.perf_counter_ns clock): sleep until spin_ns before it, then spin."""
-    remaining = deadline_ns - time.perf_counter_ns()
-    if remaining > spin_ns:
-        time.sleep((remaining - spin_ns) * 1e-9)
+def name_os_thread(name: str | None = None) -> bool:
+    """Give the calling thread a name in the kernel too (first 15 bytes; `top -H`, /proc/PID/task/TID/comm and
+    per-thread CPU figures show it): by default its Python name without the "armid-" prefix. True when the
+    kernel took it (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if name is None:
+        name = threading.current_thread().name.removeprefix("armid-")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def sleep_until(deadline_ns: int, spin_ns: int = 0) -> None:
+    """Return at or after deadline_ns (time.perf_counter_ns clock): block until spin_ns before it (an absolute
+    clock_nanosleep on Linux, else time.sleep), then busy-wait the rest (nothing with spin_ns 0)."""
+    wake_ns = deadline_ns - spin_ns
+    if _CLOCK_NANOSLEEP is not None and _MONOTONIC_IS_PERF:
+        if wake_ns > time.perf_counter_ns():
+            ts = _Timespec(wake_ns // 1_000_000_000, wake_ns % 1_000_000_000)
+            while _CLOCK_NANOSLEEP(CLOCK_MONOTONIC, TIMER_ABSTIME, ts, None) == errno.EINTR:
+                pass            # a signal: the absolute deadline is unchanged, sleep again
+    else:
+        remaining = wake_ns - time.perf_counter_ns()
+        if remaining > 0:
+            time.sleep(remaining * 1e-9)
     while time.perf_counter_ns() < deadline_ns:
         pass

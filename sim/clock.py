@@ -1,10 +1,12 @@
 """Time for the simulator: a real-time tick source with lateness statistics, or none at all (fast mode).
 
-RealtimeClock keeps an absolute schedule t0 + k / rate on time.perf_counter. Each wait sleeps until
-`spin` seconds before the deadline (time.sleep overshoots by tens of microseconds) and busy-waits the
-rest. Lateness is the wake-up time minus the deadline. A tick missed by more than `max_behind` seconds
-(e.g. the process was suspended) re-bases the schedule instead of running a burst of catch-up ticks, and
-counts as `rebased`.
+RealtimeClock keeps an absolute schedule t0 + k / rate on time.perf_counter. Each wait blocks until the
+deadline with the driver's timer (driver/timer.py: an absolute clock_nanosleep, the thread's timer slack set
+to 1 ns by start(), so the wake-up comes within the scheduler's latency) and, only when `spin` > 0, busy-waits
+the last `spin` seconds (holding the GIL and a core: the simulator shares the machine with the driver in every
+test and demo, so by default it does not). Lateness is the wake-up time minus the deadline. A tick missed
+by more than `max_behind` seconds (e.g. the process was suspended) re-bases the schedule instead of running a
+burst of catch-up ticks, and counts as `rebased`: the ticks in between are lost, not run late.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from driver.timer import name_os_thread, reduce_timer_slack, sleep_until
 from ident.errors import InputError
 
 
@@ -37,7 +40,7 @@ class LatenessStats:
 class RealtimeClock:
     """Ticks at rate_hz. Use from one thread: start(), then wait() before every cycle."""
 
-    def __init__(self, rate_hz: float = 1000.0, *, spin: float = 2e-4, history: int = 1 << 18,
+    def __init__(self, rate_hz: float = 1000.0, *, spin: float = 0.0, history: int = 1 << 18,
                  max_behind: float = 0.1):
         if not (isinstance(rate_hz, (int, float)) and math.isfinite(rate_hz) and rate_hz > 0):
             raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
@@ -52,19 +55,18 @@ class RealtimeClock:
         self._deadline = 0.0
 
     def start(self) -> None:
-        """Begin the schedule: the first deadline is one period from now."""
+        """Begin the schedule: the first deadline is one period from now. Call it from the ticking thread (its
+        timer slack is reduced here)."""
+        name_os_thread()
+        reduce_timer_slack()
         self._deadline = time.perf_counter() + self.period
 
     def wait(self) -> float:
         """Block until the next deadline; returns the lateness (s) of this wake-up."""
         deadline = self._deadline
-        remaining = deadline - time.perf_counter() - self.spin
-        if remaining > 0:
-            time.sleep(remaining)
+        sleep_until(int(deadline * 1e9), int(self.spin * 1e9))
         now = time.perf_counter()
-        while now < deadline:
-            now = time.perf_counter()
-        late = now - deadline
+        late = max(now - deadline, 0.0)
         self._record(late)
         if late > self.max_behind:
             self._rebased += 1

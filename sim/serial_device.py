@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from driver.timer import name_os_thread
 from firmware_bridge import cia402
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
@@ -310,6 +311,7 @@ class SerialDevice:
 
     # -- threads --------------------------------------------------------------------------------------------
     def _writer(self) -> None:
+        name_os_thread()
         faults, stop = self.sim.faults, self._stop
         while not stop.is_set():
             with self._tx_cond:
@@ -340,6 +342,7 @@ class SerialDevice:
                 self.counters.write_errors += 1
 
     def _reader(self) -> None:
+        name_os_thread()
         while not self._stop.is_set():
             try:
                 data = self._link.read()

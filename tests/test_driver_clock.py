@@ -158,3 +158,78 @@ def test_the_device_clock_needs_an_arm_that_streams():
         Cycle(HostArm(), clock="device")
     with pytest.raises(ValueError, match="clock: expected one of host, device"):
         Cycle(PushedArm(), clock="sometimes")
+
+
+def test_sleep_until_without_spin_never_returns_early():
+    reduce_timer_slack()
+    for _ in range(20):
+        deadline = time.perf_counter_ns() + 300_000
+        sleep_until(deadline)
+        assert time.perf_counter_ns() >= deadline
+    sleep_until(time.perf_counter_ns() - 1_000_000)     # a deadline in the past returns at once
+
+
+class AnsweringArm(PushedArm):
+    """Answers every written command with `burst` samples (a device stepping on each COMMAND, whose answers
+    may come in bursts), keeping each one (backlog) as the serial transport does."""
+
+    def __init__(self, burst: int):
+        super().__init__()
+        self.burst = burst
+        self.queue = [0]                          # the first sample (the answer to the handshake)
+        self.pushed = 1
+        self.written = 0
+
+    def write(self, command) -> None:
+        with self.cond:
+            self.written += 1
+            for _ in range(self.burst):
+                self.queue.append(self.pushed * 1000)
+                self.pushed += 1
+            self.cond.notify_all()
+
+    def backlog(self) -> int:
+        with self.cond:
+            return self.pushed - self.taken
+
+    def read(self, out: ArmState) -> bool:
+        with self.cond:
+            fresh = self.pushed != self.taken
+            if fresh:
+                self.taken += 1
+                self.device_ns = self.queue[self.taken - 1]
+            out.device_time_ns, out.host_time_ns = self.device_ns, time.time_ns()
+            out.statusword[:] = cia402.statusword_for(State.SWITCH_ON_DISABLED)
+        return fresh
+
+
+@pytest.mark.parametrize("burst", [1, 3])
+def test_on_the_host_clock_an_answering_arm_gets_each_sample_published_once_in_order(burst):
+    arm = AnsweringArm(burst)
+    sent: list[dict] = []
+    lock = threading.Lock()
+
+    def publish(topic, payload):
+        if topic == stream.TOPIC_STATE:
+            with lock:
+                sent.append(stream.decode_state(bytes(payload)))
+
+    cycle = Cycle(arm, rate_hz=200.0, watchdog_s=1.0, clock="host", publish=publish)
+    cycle.start()
+    try:
+        assert wait_until(lambda: arm.written >= 20)
+        assert cycle.error is None
+    finally:
+        cycle.stop()
+    with lock:
+        fresh = [int(m["device_time_ns"]) for m in sent if not m["flags"] & stream.FLAG_STALE]
+        seqs = [int(m["seq"]) for m in sent]
+    assert seqs == list(range(len(seqs)))
+    # every sample the arm produced and the cycle read, once and in order (the last burst may be unread)
+    assert fresh == [k * 1000 for k in range(len(fresh))]
+    assert len(fresh) >= 1 + burst * (arm.written - 1)
+    if burst == 1:     # only the first sample (before any command) is published without its own work
+        assert cycle.caught_up <= 1
+        assert cycle.stale <= 2
+    else:
+        assert cycle.caught_up >= (burst - 1) * (arm.written - 1)

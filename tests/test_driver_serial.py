@@ -29,7 +29,7 @@ from driver.config import load_config
 from driver.daemon import Driver, Endpoints
 from driver.hal import ArmCommand, ArmState, LinkError
 from driver.transports import open_arm
-from driver.transports.serial_link import SerialArm, SerialOptionError
+from driver.transports.serial_link import SAMPLE_RING, SerialArm, SerialOptionError
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge import stream
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling
@@ -250,6 +250,70 @@ def test_states_are_converted_to_si_and_bad_frames_counted_and_dropped(model, sc
         assert _wait(lambda: arm.link_stats()["fault_frames"] == 1, 5)
         assert arm.link_stats()["last_fault"]["joint"] == 3
         assert arm.link_stats()["last_fault"]["error_code"] == "0x7305"
+    finally:
+        arm.close()
+
+
+def test_states_in_one_burst_are_each_read_once_in_order_and_an_overflowing_ring_is_counted(model, scripted):
+    dev = scripted(_ack(model))
+    arm = SerialArm(model, dev.path)
+    arm.open()
+    st = ArmState(model.n)
+    try:
+        q, current = np.full(model.n, 0.25), np.zeros(model.n)
+        dev.send_bytes(b"".join(sp.encode(_state(model, q, current, cycle=c), seq=c) for c in range(1, 6)))
+        assert _wait(lambda: arm.link_stats()["states"] == 5, 5)
+        assert arm.backlog() == 5 and arm.wait_new(0.0)
+        got = []
+        while arm.read(st):
+            got.append(st.device_time_ns)
+        assert got == [c * 1_000_000 for c in range(1, 6)]
+        assert arm.backlog() == 0 and not arm.wait_new(0.0)
+        assert st.device_time_ns == 5_000_000                 # nothing new: the newest again, not fresh
+
+        extra = SAMPLE_RING + 3                              # more than the ring keeps: the oldest are counted
+        dev.send_bytes(b"".join(sp.encode(_state(model, q, current, cycle=c), seq=c) for c in range(6, 6 + extra)))
+        assert _wait(lambda: arm.link_stats()["states"] == 5 + extra, 5)
+        got = []
+        while arm.read(st):
+            got.append(st.device_time_ns // 1_000_000)
+        assert got == list(range(9, 6 + extra))
+        assert arm.link_stats()["samples_overwritten"] == 3
+    finally:
+        arm.close()
+
+
+def test_pump_new_reads_the_port_in_the_calling_thread_and_sees_the_port_vanish(model, scripted):
+    dev = scripted(_ack(model))
+    arm = SerialArm(model, dev.path)
+    arm.open()
+    st = ArmState(model.n)
+    try:
+        assert arm.pump_new(0.05) is False                   # nothing sent: the timeout, no sample
+        for c in (1, 2, 3):
+            q = np.full(model.n, 0.1 * c)
+            timer = threading.Timer(0.05, dev.send, (_state(model, q, np.zeros(model.n), cycle=c),))
+            timer.start()
+            try:
+                assert arm.pump_new(5.0) is True             # woken by the STATE itself, within the bound
+            finally:
+                timer.join()
+            assert arm.read(st) is True and st.device_time_ns == c * 1_000_000
+            _within_one_count(st.q, q, ENCODER_COUNTS_PER_REV * model.gear_ratio / (2 * np.pi))
+        assert arm.link_stats()["states"] == 3
+        dev.send(_state(model, q, np.zeros(model.n), cycle=4))
+        t0 = time.perf_counter()
+        assert arm.pump_for(0.2) is True                     # reads whatever comes, for the whole time
+        assert time.perf_counter() - t0 >= 0.2
+        assert arm.link_stats()["states"] == 4 and arm.backlog() == 1
+        assert arm.read(st) is True and st.device_time_ns == 4_000_000
+        dev.close()                                          # the pty is gone: seen by the pumping thread
+        assert arm.pump_new(2.0) is False
+        assert _wait(lambda: not arm.link_stats()["connected"], 5)
+        with pytest.raises(LinkError, match="lost"):
+            arm.read(st)
+        assert arm.pump_new(0.02) is False                   # link down: a bounded wait, no error
+        assert arm.pump_for(0.02) is False                   # link down: the caller sleeps instead
     finally:
         arm.close()
 

@@ -30,6 +30,7 @@ import numpy as np
 import serial
 
 from driver.hal import ArmCommand, ArmState, LinkError, copy_sample
+from driver.timer import name_os_thread
 from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
@@ -41,6 +42,9 @@ _GEAR_RTOL = 1e-9            # HELLO_ACK's gear ratios (float64 on the wire) mus
 _STATE_FIXED = struct.Struct("<QI")   # STATE's timestamp_us, cycle, after the header (serial_protocol's record)
 _STATE_FIXED_AT = sp.HEADER.size
 _WRAP_HIGH, _WRAP_LOW = 0xF0000000, 0x10000000   # a cycle counter from above the first to below the second wrapped
+SAMPLE_RING = 32             # STATEs kept for the cycle: it reads each once, in order (32 ms at 1 kHz)
+_PUMP_HOLD_S = 0.1           # the link thread leaves the port to a cycle that pumped it this recently
+_STANDBY_S = 0.01            # the link thread's wake-up period meanwhile (heartbeats, a device restart)
 
 
 class SerialOptionError(InputError):
@@ -77,13 +81,13 @@ class _Session:
         except (AttributeError, OSError, ValueError, serial.SerialException):
             self._fd = None          # a URL port (socket://, rfc2217://): pyserial's own write
 
-    def read(self) -> bytes:
-        """What arrived, waiting at most _READ_POLL_S: one select and one read per burst (pyserial's read asks
+    def read(self, timeout_s: float = _READ_POLL_S) -> bytes:
+        """What arrived, waiting at most timeout_s: one select and one read per burst (pyserial's read asks
         for a byte count first; this halves the system calls per frame). OSError / SerialException when the
         port is gone."""
         if self._fd is None:
             return self.port.read(max(1, self.port.in_waiting))
-        ready, _, _ = select.select((self._fd,), (), (), _READ_POLL_S)
+        ready, _, _ = select.select((self._fd,), (), (), timeout_s)
         if not ready:
             return b""
         try:
@@ -136,14 +140,16 @@ class SerialArm:
         self.reconnect_s = float(_number("reconnect_s", reconnect_s, 0.01, 60))
         self._torque_per_amp = np.asarray(model.joint_torque_per_amp(), dtype=float)
         n = self.n
-        # the newest sample, written by the link thread, copied out by read() (under _lock)
+        # the samples, written by the link thread into a ring, each copied out once by read() (under _lock)
         self._lock = threading.Lock()
-        self._new = ArmState(n)
-        self._samples = 0             # STATE frames converted
+        self._ring = [ArmState(n) for _ in range(SAMPLE_RING)]
+        self._samples = 0             # STATE frames converted (the newest is _ring[(_samples - 1) % SAMPLE_RING])
         self._arrived = threading.Event()   # set by every STATE stored (wait_new)
         self._pending: str | None = None    # an error read() reports once (a device restart handled meanwhile)
-        self._read_samples = 0        # the value of _samples at the last read()
+        self._read_samples = 0        # samples read() has handed out (or skipped as overwritten)
         self._tx_lock = threading.Lock()   # the port's writers: the cycle (COMMAND) and the link thread
+        self._rx_lock = threading.Lock()   # the port's reader: the link thread, or the cycle in pump_new
+        self._pumped = -math.inf           # time.monotonic() of the cycle's last pump_new
         self._session: _Session | None = None
         self._down: str | None = "not open"   # why the link is down; None while up
         self._last_tx = 0.0
@@ -152,7 +158,8 @@ class SerialArm:
         self._past = sp.DecoderCounters()      # decoder counters of the sessions that ended
         self.stats = {"states": 0, "commands": 0, "heartbeats_sent": 0, "heartbeats_received": 0,
                       "fault_frames": 0, "unexpected": 0, "wrong_joints": 0, "tx_incomplete": 0,
-                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0, "device_restarts": 0}
+                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0, "device_restarts": 0,
+                      "samples_overwritten": 0}
         self.last_fault: dict | None = None
         self.last_error: str | None = None
 
@@ -178,8 +185,10 @@ class SerialArm:
         pass
 
     def read(self, out: ArmState) -> bool:
-        """Copy the newest STATE (SI) into out; True when it arrived since the last read. LinkError while the
-        port is gone."""
+        """Copy the oldest STATE (SI) not read yet into out and return True; when every STATE has been read,
+        copy the newest again and return False. Every STATE is read once and in order unless more than
+        SAMPLE_RING of them wait (the oldest are then overwritten and counted: samples_overwritten). LinkError
+        while the port is gone."""
         down = self._down
         if down is not None:
             self._pending = None           # reported now
@@ -188,13 +197,24 @@ class SerialArm:
         if pending is not None:
             self._pending = None
             raise LinkError(pending)
-        new = self._new
         with self._lock:
-            out.device_time_ns, out.host_time_ns = new.device_time_ns, new.host_time_ns
-            copy_sample(new, out)
-            fresh = self._samples != self._read_samples
-            self._read_samples = self._samples
+            k, end = self._read_samples, self._samples
+            fresh = k != end
+            if fresh:
+                if end - k > SAMPLE_RING:
+                    self.stats["samples_overwritten"] += end - k - SAMPLE_RING
+                    k = end - SAMPLE_RING
+                self._read_samples = k + 1
+            else:
+                k = end - 1
+            src = self._ring[k % SAMPLE_RING]
+            out.device_time_ns, out.host_time_ns = src.device_time_ns, src.host_time_ns
+            copy_sample(src, out)
         return fresh
+
+    def backlog(self) -> int:
+        """STATEs that arrived and have not been read (at most SAMPLE_RING are kept)."""
+        return min(self._samples - self._read_samples, SAMPLE_RING)
 
     def write(self, command: ArmCommand) -> None:
         """Send one COMMAND frame (targets converted to counts and mN m). LinkError while the port is gone or
@@ -268,6 +288,8 @@ class SerialArm:
         return JointScaling.from_gear(ack.gear_ratio, self.counts_per_rev)
 
     def _install(self, session: _Session) -> None:
+        with self._lock:                  # samples of an earlier session are not new data for this one
+            self._read_samples = self._samples
         with self._tx_lock:
             self._session = session
             self._last_tx = time.monotonic()
@@ -324,28 +346,76 @@ class SerialArm:
             self._lost(s, error)
             raise LinkError(self.last_error)
 
+    def pump_new(self, timeout_s: float) -> bool:
+        """Read and decode the port in the calling thread until a STATE not read yet is there (True) or
+        timeout_s (s) passes (False): the device clock's wait with one wake-up per burst of the line, where
+        wait_new takes two (the link thread's, then the cycle's) and a hand-over of the interpreter. The link
+        thread leaves the port alone while the cycle pumps (it still sends heartbeats, handles a device restart
+        and reconnects); while the link is down or the link thread is reading, this is wait_new."""
+        if self._samples != self._read_samples:
+            self._pumped = time.monotonic()
+            return True
+        if not self._pump(timeout_s, until_new=True):
+            return self.wait_new(timeout_s)
+        return self._samples != self._read_samples
+
+    def pump_for(self, timeout_s: float) -> bool:
+        """Read and decode the port in the calling thread for timeout_s (s), whatever arrives: the host clock's
+        wait for its deadline, so that a late answer is taken (and stamped) when it arrives. False at once when
+        it cannot (the link down, the link thread reading): the caller then sleeps instead."""
+        return self._pump(timeout_s, until_new=False)
+
+    def _pump(self, timeout_s: float, until_new: bool) -> bool:
+        """pump_new / pump_for: False when this thread could not take the port."""
+        self._pumped = time.monotonic()
+        s = self._session
+        if s is None or s._fd is None or not self._rx_lock.acquire(blocking=False):
+            return False
+        try:
+            end = time.perf_counter() + timeout_s
+            while self._session is s and s.restart is None:
+                self._ingest(s, s.read(max(0.0, end - time.perf_counter())))
+                if (until_new and self._samples != self._read_samples) or time.perf_counter() >= end:
+                    break
+        except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial on a closed fd
+            self._lost(s, exc)
+        finally:
+            self._pumped = time.monotonic()
+            self._rx_lock.release()
+        return True
+
+    def _ingest(self, s: _Session, data: bytes) -> None:
+        """Decode what the port gave: STATEs into the ring, the other frames counted; a device restart noted."""
+        host_ns = time.time_ns()
+        for kind, value in s.splitter.feed(data):
+            if kind is STATE:
+                self._store(s, host_ns)
+            else:
+                self._handle(s, value, host_ns)
+        if s.decoder.counters.backwards != s.backwards and s.restart is None:
+            s.restart = "its frame sequence numbers went backwards"
+
     # -- the link thread ------------------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread()
         while not self._stop.is_set():
             s = self._session
             if s is None:
                 self._reconnect()
                 continue
-            try:
-                data = s.read()
-            except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial on a closed fd
-                self._lost(s, exc)
-                continue
-            host_ns = time.time_ns()
-            for kind, value in s.splitter.feed(data):
-                if kind is STATE:
-                    self._store(s, host_ns)
-                else:
-                    self._handle(s, value, host_ns)
-            if s.decoder.counters.backwards != s.backwards and s.restart is None:
-                s.restart = "its frame sequence numbers went backwards"
+            if time.monotonic() - self._pumped < _PUMP_HOLD_S:     # the cycle reads the port (pump_new)
+                if s.restart is None:
+                    self._stop.wait(_STANDBY_S)
+            else:
+                with self._rx_lock:
+                    try:
+                        self._ingest(s, s.read())
+                    except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial, closed fd
+                        self._lost(s, exc)
+                        continue
             if s.restart is not None:
-                self._device_restarted(s)
+                with self._rx_lock:
+                    self._device_restarted(s)
                 continue
             if time.monotonic() - self._last_tx >= self.heartbeat_s:
                 try:
@@ -401,7 +471,7 @@ class SerialArm:
             self.stats["unexpected"] += 1
 
     def _store(self, s: _Session, host_ns: int) -> None:
-        """The splitter's STATE record (wire units) -> the newest-sample buffer (SI); a device cycle counter
+        """The splitter's STATE record (wire units) -> the next slot of the sample ring (SI); a device cycle counter
         that goes backwards (not a wrap of its 32 bits) is a device restart."""
         timestamp_us, cycle = _STATE_FIXED.unpack_from(s.splitter.raw, _STATE_FIXED_AT)
         last = s.last_cycle
@@ -409,8 +479,9 @@ class SerialArm:
             s.restart = f"its cycle counter went back from {last} to {cycle}"
         s.last_cycle = cycle
         sw, mode, err, pos, vel, cur = s.columns
-        cpr, new = s.scaling.counts_per_rad, self._new
+        cpr = s.scaling.counts_per_rad
         with self._lock:
+            new = self._ring[self._samples % SAMPLE_RING]
             new.device_time_ns = timestamp_us * 1000
             new.host_time_ns = host_ns
             np.divide(pos, cpr, out=new.q)
@@ -425,8 +496,8 @@ class SerialArm:
         self.stats["states"] += 1
 
     def wait_new(self, timeout_s: float) -> bool:
-        """Block until a STATE newer than the last read() arrives (True) or timeout_s (s) passes (False): the
-        cycle's "device" clock."""
+        """Block until a STATE not read yet is there (True) or timeout_s (s) passes (False): the cycle's
+        "device" clock, and the host clock's wait for the answer to its COMMAND."""
         if self._samples != self._read_samples:
             return True
         self._arrived.clear()
