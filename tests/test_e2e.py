@@ -18,9 +18,11 @@ The chain checks, per transport:
   each joint over the range the commanded samples sweep;
 - identification produced a result: finite parameters, at least MIN_MEANINGFUL well identified, a
   validation RMS per joint.
-And the statistics: every base parameter whose reported relative standard deviation is at most the
-product's "well identified" bound (ident.results.BADLY_IDENTIFIED_PCT, 10 %) lies within 3 reported sigma
-of the simulator's truth (the generic6 model it runs); the assertion message lists every z-score.
+And the statistics (serial in the default run; CAN and the gateway with `-m e2e`, see below): the base
+parameters whose reported relative standard deviation is at most the product's "well identified" bound
+(ident.results.BADLY_IDENTIFIED_PCT, 10 %) lie within 3 reported sigma of the simulator's truth (the
+generic6 model it runs), at most one of them beyond and none beyond 4; the assertion message lists every
+z-score.
 """
 from __future__ import annotations
 
@@ -68,7 +70,15 @@ class DemoRun:
     log: StateLog | None
 
 
-@pytest.fixture(scope="module", params=chain.TRANSPORTS)
+# CAN's chain is opt-in (`-m e2e`): python-can's udp_multicast, the only interface that joins two processes on
+# this machine (no SocketCAN), drops frames when a process stalls under load, and a lost RPDO is a target held
+# for a cycle, then a jump: the simulated drive 6 trips its following-error monitor (0x8611) in about one run
+# of three at load 3.5, with or without the drive-loop ticks. A SocketCAN bench does not lose frames this way.
+E2E_ONLY = {"can"}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(t, marks=pytest.mark.e2e) if t in E2E_ONLY else t
+                                        for t in chain.TRANSPORTS])
 def demo_run(request, tmp_path_factory) -> DemoRun:
     """`armid demo --transport T` in fast mode, once per transport for the tests of this module."""
     transport = request.param
@@ -84,7 +94,6 @@ def _ran(run: DemoRun) -> None:
     assert run.code == 0, f"armid demo --transport {run.transport} failed: {run.stderr[-2000:]}"
 
 
-@pytest.mark.e2e
 def test_the_demo_chain_streams_at_its_rate_without_a_lost_message(demo_run):
     _ran(demo_run)
     assert "stream: " in demo_run.stdout and "report: " in demo_run.stdout
@@ -99,7 +108,6 @@ def test_the_demo_chain_streams_at_its_rate_without_a_lost_message(demo_run):
     assert interval == pytest.approx(1.0 / plan.rate_hz, rel=0.01), "one simulator cycle per driver cycle"
 
 
-@pytest.mark.e2e
 def test_the_demo_chain_ran_the_excitation_from_rest_at_its_start_pose_over_its_whole_range(demo_run):
     _ran(demo_run)
     plan = chain.plan_for(demo_run.transport)
@@ -115,7 +123,6 @@ def test_the_demo_chain_ran_the_excitation_from_rest_at_its_start_pose_over_its_
     np.testing.assert_allclose(swept, commanded, rtol=0.05, atol=0.01)
 
 
-@pytest.mark.e2e
 def test_the_demo_chain_identifies_the_recording_and_validates_it(demo_run, truth):
     _ran(demo_run)
     names, _ = truth
@@ -139,15 +146,25 @@ def z_scores(doc: dict, true_values: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return (value - true_values) / std, pct <= BADLY_IDENTIFIED_PCT
 
 
-@pytest.mark.e2e
+# CAN and the gateway: opt-in (`-m e2e`). Their chains lose samples on this machine (python-can's
+# udp_multicast drops frames under load: up to 9 cycles in a row; the gateway ~1 % of its cycles), and the
+# demo bridges the gaps by interpolation, which the reported sigmas do not cover: max |z| 3.3-4.5 there,
+# against 2.4 on serial (docs/demo.md).
+@pytest.mark.parametrize("demo_run", ["serial", pytest.param("can", marks=pytest.mark.e2e),
+                                      pytest.param("gateway", marks=pytest.mark.e2e)], indirect=True)
 def test_the_well_identified_parameters_lie_within_3_reported_sigma_of_the_simulators_truth(demo_run, truth):
+    """With honest sigmas each well-identified parameter falls outside 3 sigma with probability 0.27 %, so
+    demanding that none of ~34 does would fail 9 % of correct runs. The test asks what honest sigmas give
+    with probability 99.4 %: at most one outside 3 sigma, none outside 4 (a bias like the half-period effort
+    lag it caught put one at 9.7)."""
     _ran(demo_run)
     names, true_values = truth
     z, meaningful = z_scores(json.loads((demo_run.out / "result.json").read_text()), true_values)
     assert meaningful.sum() >= MIN_MEANINGFUL
     listed = ", ".join(f"{n} {v:+.1f}" for n, v, m in zip(names, z, meaningful) if m)
-    assert np.all(np.abs(z[meaningful]) <= 3.0), \
-        f"{demo_run.transport}: max |z| {np.abs(z[meaningful]).max():.1f} over {meaningful.sum()} parameters: {listed}"
+    outside = np.abs(z[meaningful])
+    assert (outside > 3.0).sum() <= 1 and outside.max() <= 4.0, \
+        f"{demo_run.transport}: max |z| {outside.max():.1f} over {meaningful.sum()} parameters: {listed}"
 
 
 # -- the chain's own pieces (fast) ----------------------------------------------------------------------------
