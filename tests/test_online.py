@@ -177,7 +177,11 @@ def test_short_gaps_are_bridged_without_rows_at_missing_samples_and_repeats_are_
     assert c.rows == keep.size - np.sum(keep < ident.delay) - np.sum(keep >= seq.size - ident.delay)
     full = OnlineIdentifier(model, base=base, p0=1e8)
     _feed(full, seq, q, tau)
-    well = full.report().sigma_percent < 1.0
+    # this exact stream's only residual is a model error (the filter smears the Coulomb jumps, the row's
+    # sign(qd) does not), not noise: the two row sets differ by a few sigmas, so compare the parameters
+    # known to 0.3 %
+    well = full.report().sigma_percent < 0.3
+    assert well.sum() >= 10
     np.testing.assert_allclose(ident.rls.theta[well], full.rls.theta[well], rtol=5e-3)
 
 
