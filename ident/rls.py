@@ -150,16 +150,16 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
     K = np.zeros((rows, p))          # G' scaled by sign(d_i) (the downdate's left factor)
     S = np.empty((m, m))
     d = np.empty(m)
+    dinv = np.empty(m)
+    zeros = np.zeros(p)
     u = np.empty((m, 1))
     inv = 1.0 / lam
     for k in range(N):
         finite = True
         for j in range(m):
-            if not math.isfinite(y[k, j]) or not math.isfinite(w[k, j]):
+            # x * 0 is NaN exactly when x is not finite (no fastmath flag here or in _dot lets it fold to 0)
+            if not math.isfinite(y[k, j] * w[k, j] + _dot(Phi[k, j], zeros)):
                 finite = False
-            for i in range(p):
-                if not math.isfinite(Phi[k, j, i]):
-                    finite = False
         if not finite:
             for j in range(m):
                 err_out[k, j] = math.nan
@@ -189,7 +189,8 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
             _forward(S, mu, G)                           # G' = L^-1 H P
             q = 0.0
             for i in range(mu):
-                c = u[i, 0] / d[i]
+                dinv[i] = 1.0 / d[i]
+                c = u[i, 0] * dinv[i]
                 q += u[i, 0] * c
                 for a in range(p):
                     theta[a] += G[i, a] * c              # theta += P H' S^-1 e = G D^-1 L^-1 e
@@ -199,15 +200,19 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
         if inv != 1.0:
             tr = 0.0
             for a in range(p):
-                t = P[a, a]
-                for i in range(mu):
-                    t -= G[i, a] * G[i, a] / d[i]
-                tr += t
+                tr += P[a, a]
+            for i in range(mu):
+                tr -= _dot(G[i], G[i]) * dinv[i]
             if tr * inv <= trace_max:
                 scale = inv
             else:
                 stats[2] += 1.0
-        if mu > 0 or scale != 1.0:
+        if mu == 0:
+            if scale != 1.0:                             # forgetting only
+                for a in range(p):
+                    for b in range(p):
+                        P[a, b] *= scale
+        else:
             for i in range(mu):                          # G_i sqrt(scale / |d_i|), K_i = sign(d_i) G_i
                 r = math.sqrt(scale / abs(d[i]))
                 sgn = 1.0 if d[i] > 0.0 else -1.0
