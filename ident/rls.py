@@ -5,29 +5,35 @@ WLS weights 1/sigma_j, so the weighted noise has unit variance). Each sample is 
 weighted rows H = diag(w) Phi_k (m', p) (rows of weight 0 left out, m' <= m), z = diag(w) y_k:
 
     e = z - H theta                          (a-priori errors, all rows against the sample's prior theta)
-    PH = P H'  (p, m'),   S = I + H PH = C C'  (m' x m', a tiny Cholesky),   G = PH C^-T  (p, m')
-    theta += G C^-1 e                        (= K e, K = PH S^-1)
-    P = (P - G G') / lambda                  (= (P - K PH') / lambda: one pass over P, forgetting folded in)
+    PH = P H'  (p, m'),   S = I + H PH = L D L'  (m' x m', a tiny factorisation),   G = PH L^-T  (p, m')
+    theta += G D^-1 L^-1 e                   (= K e, K = PH S^-1)
+    P = (P - G D^-1 G') / lambda             (= (P - K PH') / lambda: one pass over P, forgetting folded in)
 
 This is the textbook block form: every row of a sample sees the same prior theta (the m' scalar updates it
-replaces let row 2 see row 1's update; both end at the same theta and P). The covariance update is written
-as the symmetric rank-m' downdate G G' (G scaled by 1/sqrt(lambda)): elements (a, b) and (b, a) are the same
-commutative products summed in the same order, so P stays exactly symmetric without a symmetrising pass,
-and S enters only through its Cholesky factor. Per sample that is one pass over P for PH (six dot
+replaces let row 2 see row 1's update; both end at the same theta and P, tested). The covariance update is
+the symmetric rank-m' downdate K G' with G_i scaled by sqrt(1 / (lambda |d_i|)) and K_i = sign(d_i) G_i:
+elements (a, b) and (b, a) are the same products (up to an exact sign) summed in the same order, so P
+stays exactly symmetric without a symmetrising pass. Per sample that is one pass over P for PH (six dot
 products per row of P, vectorised) and one for the downdate (the scalar form made about 14: two per row,
-one to forget, one to symmetrise). Measured on the 2-core machine, this full-row pass was faster than an
+one to forget, one to symmetrise). On the 2-core machine this full-row pass was faster than an
 upper-triangle pass plus mirroring (whose rows start unaligned, and whose mirror writes go down columns).
+
+Why L D L' and not Cholesky: its pivots d_i are the denominators 1 + r' P r of the scalar updates.
+With a huge prior (p0 = 1e8 with Gautier's weights: ~1e20 times a row's weight) the covariance form
+goes through rounding-indefinite states early on. The scalar updates went on through them and so does
+L D L'; Cholesky would have to stop (a negative pivot has no square root), and skipping those samples
+froze the filter. A pivot of exactly 0 (or a non-finite one) skips the sample (counted, stats[3]).
 
 Wind-up protection: when forgetting would push trace(P) above trace_max (the data carry no information in
 some direction, so P grows without bound there), the division by lambda is skipped for that sample
-(bounded-trace forgetting). A sample whose S is not positive definite (only a covariance that lost its
-definiteness could give one: S = I + H P H' >= I) is skipped and counted (stats[3]).
+(bounded-trace forgetting).
 
 With lambda = 1 and P0 = (Phi0' W Phi0)^-1, theta0 the WLS solution of an initial block, RLS reproduces
 the batch WLS solution of all the data exactly (to rounding): the tests check this identity.
 
-`RecursiveLS` holds theta and P (allocated once) and exposes sigma % per parameter: cov(theta) = P s2, with
-s2 the running mean of e' S^-1 e per row, over the samples. The innovation e of a sample has covariance
+`RecursiveLS` holds theta and P (allocated once) and exposes sigma % per parameter: cov(theta) =
+P s2 row_correlation, with s2 the running mean of e' S^-1 e per row, over the samples (row_correlation: 1
+for independent rows; see ident.online.SampleWindow.noise_correlation for rows of a filtered stream). The innovation e of a sample has covariance
 s2 S when the weighted noise has variance s2 (S = I + H P H' adds the prior uncertainty of theta to the
 noise), so E[e' S^-1 e] = s2 m' and the mean is a unit-variance estimate from the first sample on (the
 squared a-priori errors alone overstate s2 while P is large). With lambda = 1, sum_k e_k' S_k^-1 e_k is
@@ -141,7 +147,7 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
     """Process N samples: Phi (N, m, p), y (N, m), w (N, m) row weights (0 leaves a row out). Updates theta (p,)
     and P (p, p, symmetric) in place; writes the a-priori prediction errors (unweighted, units of y, against
     the sample's prior theta) into err_out (N, m); stats (4,) accumulates [sum of e' S^-1 e (weighted
-    errors), rows used, skipped forgettings, samples skipped for an S not positive definite].
+    errors), rows used, skipped forgettings, samples skipped for a zero or non-finite pivot of S].
     Samples with a non-finite value anywhere in Phi, y or w are skipped whole (their errors are NaN)."""
     N, m, p = Phi.shape
     rows = CHUNK * ((m + CHUNK - 1) // CHUNK)

@@ -1,9 +1,10 @@
 """The identification service: online RLS on the driver's live state stream (docs/ident-service.md).
 
 One thread polls two sockets:
-  SUB  the driver's state stream (firmware_bridge.stream, version 1): samples are decoded, checked and
-       batched; every 1/publish_hz seconds the batch goes to ident.online.OnlineIdentifier and the
-       estimate is published;
+  SUB  the driver's state stream (firmware_bridge.stream, version 1): read at most every drain_s seconds,
+       all queued messages at once, checked and decoded as one numpy record array into a preallocated
+       block; the block goes to ident.online.OnlineIdentifier when `block` samples wait and before each
+       estimate is published (every 1/publish_hz seconds);
   REP  JSON commands: status, reset, freeze, unfreeze, save, load, and identify_now: the batch pipeline
        (ident.batch: filtering, parallel decimation, WLS) over the buffered window, answering with the
        content of result.json.
@@ -75,7 +76,10 @@ class IdentService:
 
     payload: None (no payload tracking), "model" (track the payload with the model's own arm parameters)
     or "estimate" (with the service's estimate when tracking starts, held fixed: the one loaded from
-    estimate_file at start, or the current one on the payload_track command)."""
+    estimate_file at start, or the current one on the payload_track command).
+    block: samples per filter call (window, regressor, RLS; also run at each publication); drain_s: the
+    least time between two reads of the stream (s; each read takes every queued message: fewer wake-ups,
+    at most drain_s more lag; commands are answered at once)."""
 
     def __init__(self, model: Model, *, state_endpoint: str = "tcp://127.0.0.1:5555",
                  publish_endpoint: str = "tcp://127.0.0.1:5557", command_endpoint: str = "tcp://127.0.0.1:5558",
