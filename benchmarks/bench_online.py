@@ -152,7 +152,7 @@ def run_consumer(args: list[str], state: str, rate: float, seconds: float, comma
                                stdout=subprocess.PIPE, text=True)
         t0 = float(pub.stdout.readline())
         cpu0, wall0 = cpu_seconds(consumer.pid), time.monotonic()
-        lags, newest = [], None
+        lags, at, newest = [], [], None
         while pub.poll() is None:
             if sub is not None and sub.poll(50):
                 msg = json.loads(sub.recv_multipart()[1])
@@ -161,6 +161,7 @@ def run_consumer(args: list[str], state: str, rate: float, seconds: float, comma
                 # stream ends, the estimates still published would count the silence as lag)
                 if msg["counters"]["samples"] > rate and msg["newest_sample_time"] != newest:
                     lags.append(msg["time"] - msg["newest_sample_time"])
+                    at.append(msg["counters"]["samples"])
                 newest = msg["newest_sample_time"]
             elif sub is None:
                 time.sleep(0.05)
@@ -169,7 +170,7 @@ def run_consumer(args: list[str], state: str, rate: float, seconds: float, comma
         if sub is not None:
             sub.close(0)
             timing = _status(commands)["timing"]
-        return {"cpu": 100.0 * cpu, "lags": np.array(lags), "log": _text(log), "timing": timing}
+        return {"cpu": 100.0 * cpu, "lags": np.array(lags), "at": np.array(at), "log": _text(log), "timing": timing}
     finally:
         consumer.terminate()
         try:
@@ -224,6 +225,15 @@ def main() -> None:
                       f"{delay_ms / p50:.2f}x)")
             t = svc["timing"]
             seconds = args.seconds
+            if lags.size:
+                # the estimate with the largest lag: was the longest filter block (the first pass's replay)
+                # among the samples it was the first to include?
+                i = int(np.argmax(lags))
+                prev = svc["at"][i - 1] if i else 0
+                made = ("the longest filter block (below), run just before that estimate" if
+                        prev < t["max_flush_at"] <= svc["at"][i] else
+                        "the wait for the next read of the stream plus one block's filtering")
+                print(f"  {label} max lag is {made}")
             print(f"  {label} CPU by stage over the run: receive+decode {100 * t['receive_cpu_s'] / seconds:.1f} %, "
                   f"filter (window, regressor, RLS) {100 * t['flush_cpu_s'] / seconds:.1f} % in {t['flushes']} "
                   f"blocks of {t['flushed_samples'] / max(t['flushes'], 1):.0f} samples, publish "
