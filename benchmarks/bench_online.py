@@ -232,7 +232,8 @@ def main() -> None:
                 prev = svc["at"][i - 1] if i else 0
                 made = ("the longest filter block (below), run just before that estimate" if
                         prev < t["max_flush_at"] <= svc["at"][i] else
-                        "the wait for the next read of the stream plus one block's filtering")
+                        "not the longest filter block: a wait for the next read of the stream, one block's "
+                        "filtering, and the machine's scheduling (the other processes)")
                 print(f"  {label} max lag is {made}")
             print(f"  {label} CPU by stage over the run: receive+decode {100 * t['receive_cpu_s'] / seconds:.1f} %, "
                   f"filter (window, regressor, RLS) {100 * t['flush_cpu_s'] / seconds:.1f} % in {t['flushes']} "
