@@ -234,7 +234,7 @@ def main() -> None:
                         prev < t["max_flush_at"] <= svc["at"][i] else
                         "not the longest filter block: a wait for the next read of the stream, one block's "
                         "filtering, and the machine's scheduling (the other processes)")
-                print(f"  {label} max lag is {made}")
+                print(f"  {label} max lag (the estimate at sample {svc['at'][i]}) is {made}")
             print(f"  {label} CPU by stage over the run: receive+decode {100 * t['receive_cpu_s'] / seconds:.1f} %, "
                   f"filter (window, regressor, RLS) {100 * t['flush_cpu_s'] / seconds:.1f} % in {t['flushes']} "
                   f"blocks of {t['flushed_samples'] / max(t['flushes'], 1):.0f} samples, publish "
