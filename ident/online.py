@@ -294,7 +294,9 @@ class JointWeightedRLS:
         """Rows Phi (N, n, p), y (N, n), use (N, n) bool; returns the a-priori errors (N, n)."""
         err = self.rls.update(Phi, y, use=use)
         if self._pending:
-            self._kept.append((np.array(Phi, dtype=float), np.array(y, dtype=float), np.array(use, dtype=bool)))
+            # C order: the replay's concatenation then goes to the kernel without another copy
+            self._kept.append((np.array(Phi, dtype=float, order="C"), np.array(y, dtype=float, order="C"),
+                               np.array(use, dtype=bool)))
             self._kept_rows += np.asarray(use, dtype=bool).sum(axis=0)
             kept, enough = self._kept_rows, self.warmup_rows
             if kept.max() >= enough and np.all((kept >= enough) | (kept < enough // 10)):
