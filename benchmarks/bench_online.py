@@ -153,15 +153,18 @@ def run_consumer(args: list[str], state: str, rate: float, seconds: float, comma
         t0 = float(pub.stdout.readline())
         cpu0, wall0 = cpu_seconds(consumer.pid), time.monotonic()
         lags, at, newest = [], [], None
+        last = int(seconds * rate) + 1                  # samples the publisher sends
         while pub.poll() is None:
             if sub is not None and sub.poll(50):
                 msg = json.loads(sub.recv_multipart()[1])
                 # lag: publication time - the driver's host time stamp of the newest sample in the estimate;
-                # past the first second (warm-up), and only estimates that saw a new sample (after the
-                # stream ends, the estimates still published would count the silence as lag)
-                if msg["counters"]["samples"] > rate and msg["newest_sample_time"] != newest:
+                # past the first second (warm-up), while the stream runs (not the estimate holding its last
+                # sample: it waits for the next publication with nothing newer to include) and only
+                # estimates that saw a new sample (after the end, the silence would count as lag)
+                s = msg["counters"]["samples"]
+                if rate < s < last and msg["newest_sample_time"] != newest:
                     lags.append(msg["time"] - msg["newest_sample_time"])
-                    at.append(msg["counters"]["samples"])
+                    at.append(s)
                 newest = msg["newest_sample_time"]
             elif sub is None:
                 time.sleep(0.05)
