@@ -233,8 +233,10 @@ def main() -> None:
                 # among the samples it was the first to include?
                 i = int(np.argmax(lags))
                 prev = svc["at"][i - 1] if i else 0
-                made = ("the longest filter block (below), run just before that estimate" if
-                        prev < t["max_flush_at"] <= svc["at"][i] else
+                stalled = t["max_flush_ms"] > 2 * t["max_flush_cpu_ms"] + 5
+                made = ("the longest filter block (below), run just before that estimate" +
+                        (", most of it waiting for a CPU (its wall time >> its CPU time)" if stalled else "")
+                        if prev < t["max_flush_at"] <= svc["at"][i] else
                         "not the longest filter block: a wait for the next read of the stream, one block's "
                         "filtering, and the machine's scheduling (the other processes)")
                 print(f"  {label} max lag (the estimate at sample {svc['at'][i]}) is {made}")
