@@ -3,12 +3,14 @@
 Prints `name: value unit (reference: value unit, ratio x)`:
   - CPU us per RLS update of one sample (6 rows) for the generic6 base set with friction (58 parameters) and
     for the payload's 10 parameters, numba kernel (ident.rls) beside a plain numpy implementation of the
-    same update (the same scalar row updates with numpy vector operations), issue 6 target <= 10 us;
+    same block update (numpy matrix operations per sample), issue 6 target <= 10 us;
   - the service's CPU (% of one core, from /proc/PID/stat) on a 1 kHz state stream, `armid ident-service`
     in its own process, without and with payload tracking, beside a bare subscriber that only receives and
     decodes the same stream (the floor of any Python consumer); issue 6 target < 30 %;
-  - its lag: the age of the newest sample used when an estimate is published (median and max), beside
-    the filter's own delay (the window's half width, a property of the filter, not of the computation).
+  - its lag: publication time of an estimate minus the driver's time stamp of the newest sample in it
+    (percentiles after the first second, estimates that saw a new sample only), beside the filter's own
+    delay (the window's half width, a property of the filter, not of the computation); then where the
+    service's CPU went by stage and its longest filter block (from the service's status command).
 
 usage: python benchmarks/bench_online.py [--seconds 10]
 The machine may be shared: CPU time is what the service itself used, the wall-clock lag is not.
@@ -89,18 +91,18 @@ def cpu_seconds(pid: int) -> float:
 
 
 def numpy_rls(theta, P, Phi, y, w, lam):
-    """The reference: the same update as ident.rls.rls_update, numpy vector operations per row."""
+    """The reference: the same block update as ident.rls.rls_update, one sample at a time with numpy
+    (P H', S, a solve with S, the rank-m downdate, forgetting)."""
+    I = np.eye(Phi.shape[1])
     for k in range(Phi.shape[0]):
-        for j in range(Phi.shape[1]):
-            r = w[j] * Phi[k, j]
-            Pr = P @ r
-            denom = 1.0 + r @ Pr
-            e = w[j] * (y[k, j] - Phi[k, j] @ theta)
-            theta += Pr * (e / denom)
-            P -= np.outer(Pr / denom, Pr)
+        H = w[:, None] * Phi[k]
+        e = w * (y[k] - Phi[k] @ theta)
+        PH = P @ H.T
+        K = np.linalg.solve(I + H @ PH, PH.T).T
+        theta += K @ e
+        P -= K @ PH.T
         if lam < 1.0:
             P /= lam
-        P[:] = 0.5 * (P + P.T)
 
 
 def time_rls(p: int, N: int = 4000, N_ref: int = 400) -> tuple[float, float]:
@@ -150,19 +152,28 @@ def run_consumer(args: list[str], state: str, rate: float, seconds: float, comma
                                stdout=subprocess.PIPE, text=True)
         t0 = float(pub.stdout.readline())
         cpu0, wall0 = cpu_seconds(consumer.pid), time.monotonic()
-        lags = []
+        lags, at, newest = [], [], None
+        last = int(seconds * rate) + 1                  # samples the publisher sends
         while pub.poll() is None:
             if sub is not None and sub.poll(50):
                 msg = json.loads(sub.recv_multipart()[1])
-                newest = t0 + (msg["counters"]["samples"] - 1) / rate
-                if msg["counters"]["samples"] > rate:           # past the start-up
-                    lags.append(msg["time"] - newest)
+                # lag: publication time - the driver's host time stamp of the newest sample in the estimate;
+                # past the first second (warm-up), while the stream runs (not the estimate holding its last
+                # sample: it waits for the next publication with nothing newer to include) and only
+                # estimates that saw a new sample (after the end, the silence would count as lag)
+                s = msg["counters"]["samples"]
+                if rate < s < last and msg["newest_sample_time"] != newest:
+                    lags.append(msg["time"] - msg["newest_sample_time"])
+                    at.append(s)
+                newest = msg["newest_sample_time"]
             elif sub is None:
                 time.sleep(0.05)
         cpu = (cpu_seconds(consumer.pid) - cpu0) / (time.monotonic() - wall0)
+        timing = None
         if sub is not None:
             sub.close(0)
-        return {"cpu": 100.0 * cpu, "lags": np.array(lags), "log": _text(log)}
+            timing = _status(commands)["timing"]
+        return {"cpu": 100.0 * cpu, "lags": np.array(lags), "at": np.array(at), "log": _text(log), "timing": timing}
     finally:
         consumer.terminate()
         try:
@@ -170,6 +181,19 @@ def run_consumer(args: list[str], state: str, rate: float, seconds: float, comma
         except subprocess.TimeoutExpired:
             consumer.kill()
             consumer.wait(5)
+
+
+def _status(endpoint: str) -> dict:
+    req = zmq.Context.instance().socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(endpoint)
+    try:
+        req.send(json.dumps({"cmd": "status"}).encode())
+        if not req.poll(10000):
+            raise RuntimeError("ident-service: no reply to status")
+        return json.loads(req.recv())
+    finally:
+        req.close(0)
 
 
 def main() -> None:
@@ -198,8 +222,30 @@ def main() -> None:
                   f"{bare['cpu']:.1f} % of a core, ratio {bare['cpu'] / svc['cpu']:.2f}x)")
             lags = svc["lags"] * 1e3
             if lags.size:
-                print(f"{label} lag behind the stream: median {np.median(lags):.1f} ms, max {lags.max():.1f} ms "
-                      f"(reference: filter delay {delay_ms:.0f} ms, ratio {delay_ms / np.median(lags):.2f}x)")
+                p50, p90, p99 = np.percentile(lags, [50, 90, 99])
+                print(f"{label} lag behind the stream: median {p50:.1f} ms, p90 {p90:.1f} ms, p99 {p99:.1f} ms, "
+                      f"max {lags.max():.1f} ms (reference: filter delay {delay_ms:.0f} ms, ratio "
+                      f"{delay_ms / p50:.2f}x)")
+            t = svc["timing"]
+            seconds = args.seconds
+            if lags.size:
+                # the estimate with the largest lag: was the longest filter block (the first pass's replay)
+                # among the samples it was the first to include?
+                i = int(np.argmax(lags))
+                prev = svc["at"][i - 1] if i else 0
+                stalled = t["max_flush_ms"] > 2 * t["max_flush_cpu_ms"] + 5
+                made = ("the longest filter block (below), run just before that estimate" +
+                        (", most of it waiting for a CPU (its wall time >> its CPU time)" if stalled else "")
+                        if prev < t["max_flush_at"] <= svc["at"][i] else
+                        "not the longest filter block: a wait for the next read of the stream, one block's "
+                        "filtering, and the machine's scheduling (the other processes)")
+                print(f"  {label} max lag (the estimate at sample {svc['at'][i]}) is {made}")
+            print(f"  {label} CPU by stage over the run: receive+decode {100 * t['receive_cpu_s'] / seconds:.1f} %, "
+                  f"filter (window, regressor, RLS) {100 * t['flush_cpu_s'] / seconds:.1f} % in {t['flushes']} "
+                  f"blocks of {t['flushed_samples'] / max(t['flushes'], 1):.0f} samples, publish "
+                  f"{100 * t['publish_cpu_s'] / seconds:.1f} %; longest block: {t['max_flush_ms']:.1f} ms wall, "
+                  f"{t['max_flush_cpu_ms']:.1f} ms CPU, {t['max_flush_samples']} samples, at sample "
+                  f"{t['max_flush_at']}")
 
 
 if __name__ == "__main__":

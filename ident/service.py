@@ -1,9 +1,10 @@
 """The identification service: online RLS on the driver's live state stream (docs/ident-service.md).
 
 One thread polls two sockets:
-  SUB  the driver's state stream (firmware_bridge.stream, version 1): samples are decoded, checked and
-       batched; every 1/publish_hz seconds the batch goes to ident.online.OnlineIdentifier and the
-       estimate is published;
+  SUB  the driver's state stream (firmware_bridge.stream, version 1): read at most every drain_s seconds,
+       all queued messages at once, checked and decoded as one numpy record array into a preallocated
+       block; the block goes to ident.online.OnlineIdentifier when `block` samples wait and before each
+       estimate is published (every 1/publish_hz seconds);
   REP  JSON commands: status, reset, freeze, unfreeze, save, load, and identify_now: the batch pipeline
        (ident.batch: filtering, parallel decimation, WLS) over the buffered window, answering with the
        content of result.json.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,17 +46,45 @@ TOPIC_EVENT = b"event"
 PAYLOAD_ARMS = ("model", "estimate")
 
 
+@dataclass
+class Timing:
+    """Where the service's CPU time goes (s of process CPU time; the status command reports it): reading
+    and decoding the stream (`receive`), the filter (`flush`: window,
+    regressor, RLS, payload), building and sending the estimates (`publish`), and the longest flush."""
+
+    receive_cpu_s: float = 0.0
+    flush_cpu_s: float = 0.0
+    publish_cpu_s: float = 0.0
+    flushes: int = 0
+    flushed_samples: int = 0
+    max_flush_ms: float = 0.0          # wall clock
+    max_flush_cpu_ms: float = 0.0
+    max_flush_samples: int = 0         # samples in that flush
+    max_flush_at: int = 0              # samples received when it ran
+
+    def flushed(self, samples: int, cpu_s: float, wall_s: float, at: int) -> None:
+        self.flushes += 1
+        self.flushed_samples += samples
+        self.flush_cpu_s += cpu_s
+        if wall_s * 1e3 > self.max_flush_ms:
+            self.max_flush_ms, self.max_flush_cpu_ms = wall_s * 1e3, cpu_s * 1e3
+            self.max_flush_samples, self.max_flush_at = samples, at
+
+
 class IdentService:
     """IdentService(model, state_endpoint=..., publish_endpoint=..., command_endpoint=..., ...).
 
     payload: None (no payload tracking), "model" (track the payload with the model's own arm parameters)
     or "estimate" (with the service's estimate when tracking starts, held fixed: the one loaded from
-    estimate_file at start, or the current one on the payload_track command)."""
+    estimate_file at start, or the current one on the payload_track command).
+    block: samples per filter call (window, regressor, RLS; also run at each publication); drain_s: the
+    least time between two reads of the stream (s; each read takes every queued message: fewer wake-ups,
+    at most drain_s more lag; commands are answered at once)."""
 
     def __init__(self, model: Model, *, state_endpoint: str = "tcp://127.0.0.1:5555",
                  publish_endpoint: str = "tcp://127.0.0.1:5557", command_endpoint: str = "tcp://127.0.0.1:5558",
                  publish_hz: float = 10.0, stale_s: float = 0.5, estimate_file: str | None = None,
-                 buffer_s: float = 120.0, payload: str | None = None,
+                 buffer_s: float = 120.0, payload: str | None = None, block: int = 50, drain_s: float = 0.01,
                  context: zmq.Context | None = None, log=None, **identifier_options):
         if not publish_hz > 0 or not stale_s > 0:
             raise InputError("publish_hz and stale_s: expected positive numbers")
@@ -67,6 +97,9 @@ class IdentService:
         self._events: list[dict] = []
         self.endpoints = {"state": state_endpoint, "publish": publish_endpoint, "commands": command_endpoint}
         self.publish_period = 1.0 / publish_hz
+        if not 0 <= drain_s <= 0.05:
+            raise InputError(f"drain_s: expected 0 to 0.05 s between reads of the stream, got {drain_s!r}")
+        self.drain_s = float(drain_s)
         self.stale_s = float(stale_s)
         self.estimate_file = estimate_file
         self.log = log or (lambda text: None)
@@ -88,6 +121,14 @@ class IdentService:
         self._ring_next = 0
         self._ring_count = 0
         self._t = np.zeros(cap)
+        self._host = np.zeros(cap)          # host UNIX time (s) of each sample, as the driver stamped it
+        self.newest_sample_time = None      # host time of the newest sample the estimate has seen
+        self.block = int(block)
+        if not 1 <= self.block <= cap:
+            raise InputError(f"block: expected 1 to {cap} samples per filter call, got {block!r}")
+        self.timing = Timing()
+        self._dtype = stream.state_dtype(model.n)
+        self._msg_size = stream.message_size(model.n)
         self._rate = float(identifier_options.get("rate_hz", 1000.0))
         self._last_index: int | None = None
         self.repeated = 0
@@ -152,13 +193,27 @@ class IdentService:
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(rep, zmq.POLLIN)
+        commands_only = zmq.Poller()
+        commands_only.register(rep, zmq.POLLIN)
         next_pub = time.monotonic() + self.publish_period
+        next_drain = 0.0
         try:
             while not self._stop.is_set():
-                wait_ms = max(0, int((next_pub - time.monotonic()) * 1000))
-                events = dict(poller.poll(min(wait_ms, 50)))
+                now = time.monotonic()
+                # the stream is read at most every drain_s (a block of messages per wake-up, not one);
+                # commands are answered at once
+                if now < next_drain:
+                    wait = min(next_drain, next_pub) - now
+                    events = dict(commands_only.poll(max(1, int(wait * 1000))))
+                else:
+                    events = dict(poller.poll(max(0, min(int((next_pub - now) * 1000), 50))))
                 if sub in events:
+                    next_drain = time.monotonic() + self.drain_s
+                    c0 = time.process_time()
                     self._receive(sub)
+                    self.timing.receive_cpu_s += time.process_time() - c0
+                    if self._k >= self.block:
+                        self._flush()
                 while self._events:
                     pub.send_multipart((TOPIC_EVENT, json.dumps(self._events.pop(0), allow_nan=False).encode()))
                 if rep in events:
@@ -168,9 +223,11 @@ class IdentService:
                 if now >= next_pub:
                     next_pub = now + self.publish_period
                     self._flush()
+                    c0 = time.process_time()
                     pub.send_multipart((TOPIC_ESTIMATE, json.dumps(self._estimate_message(), allow_nan=False).encode()))
                     if self.payload is not None:
                         pub.send_multipart((TOPIC_PAYLOAD, json.dumps(self._payload_message(), allow_nan=False).encode()))
+                    self.timing.publish_cpu_s += time.process_time() - c0
         except BaseException as exc:  # noqa: BLE001 - reported
             self.error = exc
             self.log(f"ident-service: stopped by {type(exc).__name__}: {exc}")
@@ -180,42 +237,53 @@ class IdentService:
 
     # -- the stream ----------------------------------------------------------------------------------
     def _receive(self, sub: zmq.Socket) -> None:
-        n = self.model.n
+        """Drain the SUB socket, then check and decode what came as one block (no per-message decoding)."""
+        raw = []
         while True:
             try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
+                raw.append(sub.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                return
-            self._last_rx = time.monotonic()
-            self.messages += 1
-            if len(frames) != 2:
-                self.malformed += 1
-                continue
-            try:
-                rec = stream.decode_state(frames[1])
-            except stream.StreamDecodeError:
-                self.malformed += 1
-                continue
-            if int(rec["n"]) != n:
-                self.malformed += 1
-                continue
-            index = int(round(int(rec["device_time_ns"]) * self._rate / 1e9))
-            if index == self._last_index:
-                self.repeated += 1
-                continue
-            self._last_index = index
-            if self._k == self._seq.shape[0]:
+                break
+        if not raw:
+            return
+        self._last_rx = time.monotonic()
+        self.messages += len(raw)
+        size = self._msg_size
+        good = [f[1] for f in raw if len(f) == 2 and len(f[1]) == size]
+        if not good:
+            self.malformed += len(raw)
+            return
+        rec = np.frombuffer(b"".join(good), dtype=self._dtype)
+        ok = (rec["magic"] == stream.MAGIC) & (rec["version"] == stream.STREAM_VERSION) & (rec["n"] == self.model.n)
+        self.malformed += len(raw) - int(ok.sum())
+        if not ok.all():
+            rec = rec[ok]
+        if rec.shape[0] == 0:
+            return
+        index = np.rint(rec["device_time_ns"] * (self._rate / 1e9)).astype(np.int64)
+        new = index != np.r_[-1 if self._last_index is None else self._last_index, index[:-1]]
+        self.repeated += int(rec.shape[0] - new.sum())
+        self._last_index = int(index[-1])
+        rec, index = rec[new], index[new]
+        cap, start = self._seq.shape[0], 0
+        while start < index.shape[0]:
+            if self._k == cap:
                 self._flush()
             k = self._k
-            self._t[k] = rec["device_time_ns"] * 1e-9
-            self._seq[k] = index
-            self._q[k] = rec["q"]
-            self._tau[k] = rec["torque"]
-            self._k = k + 1
+            c = min(cap - k, index.shape[0] - start)
+            part = slice(start, start + c)
+            self._t[k:k + c] = rec["device_time_ns"][part] * 1e-9
+            self._host[k:k + c] = rec["host_time_ns"][part] * 1e-9
+            self._seq[k:k + c] = index[part]
+            self._q[k:k + c] = rec["q"][part]
+            self._tau[k:k + c] = rec["torque"][part]
+            self._k = k + c
+            start += c
 
     def _flush(self) -> None:
         k = self._k
         if k:
+            c0, w0 = time.process_time(), time.perf_counter()
             if self.payload is None:
                 self.identifier.push(self._seq[:k], self._q[:k], self._tau[:k])
             else:                  # one window and one regressor call for both estimators
@@ -234,7 +302,9 @@ class IdentService:
             self._ring_q[idx], self._ring_tau[idx] = self._q[:k], self._tau[:k]
             self._ring_next = int(idx[-1] + 1) % self._ring_t.shape[0]
             self._ring_count = min(self._ring_count + k, self._ring_t.shape[0])
+            self.newest_sample_time = float(self._host[k - 1])
             self._k = 0
+            self.timing.flushed(k, time.process_time() - c0, time.perf_counter() - w0, self.identifier.counters.samples)
 
     def buffered(self):
         """The newest run of buffered samples without a gap longer than the identifier's max_fill, on the
@@ -313,6 +383,7 @@ class IdentService:
     def _estimate_message(self) -> dict:
         rep = self.identifier.report()
         return {"time": time.time(), "model": self.model.name, "stream": self.stream_state, **rep.to_json(),
+                "newest_sample_time": self.newest_sample_time,
                 "messages": self.messages, "malformed": self.malformed, "repeated": self.repeated}
 
     # -- commands ------------------------------------------------------------------------------------
@@ -328,7 +399,7 @@ class IdentService:
                         "counters": vars(c), "messages": self.messages, "malformed": self.malformed,
                         "repeated": self.repeated,
                         "parameters": self.identifier.p, "delay_samples": self.identifier.delay,
-                        "cutoff_hz": self.identifier.samples.cutoff_hz,
+                        "cutoff_hz": self.identifier.samples.cutoff_hz, "timing": asdict(self.timing),
                         "payload": None if self.payload is None else {"arm": self.payload_arm, "rows": self.payload.rows,
                                                                        "changes": len(self.payload.changes)}}
             if cmd == "reset":

@@ -159,3 +159,43 @@ def test_malformed_stream_messages_are_counted_and_never_become_data(model):
     finally:
         svc.stop()
         pub.close(0)
+
+
+def test_messages_are_decoded_in_blocks_with_repeats_dropped_and_the_newest_sample_time_published(model):
+    """The stream is drained in blocks (one numpy view per block): a message repeating the previous device
+    sample is dropped wherever it falls (inside a block or across two), the samples reach the identifier in
+    order, and each estimate names the driver's time stamp of the newest sample it saw."""
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    svc = IdentService(model, state_endpoint=f"tcp://127.0.0.1:{port}", publish_endpoint="tcp://127.0.0.1:*",
+                       command_endpoint="tcp://127.0.0.1:*", publish_hz=20, block=16, drain_s=0.02)
+    svc.start()
+    out = Listener(svc.bound["publish"])
+    try:
+        msg = stream.StateMessage(6)
+        time.sleep(0.3)                                  # let the subscription reach the publisher
+        sent, stamps = [], []
+        for k in range(300):
+            device = k if k % 7 else max(k - 1, 0)       # every 7th message repeats the previous sample
+            stamp = 1.7e9 + k * 1e-3
+            msg.set_header(k, 0, device * 1_000_000, int(stamp * 1e9))
+            msg.q[:] = 0.001 * device
+            pub.send_multipart((stream.TOPIC_STATE, bytes(msg.buffer)))
+            sent.append(device)
+            stamps.append(stamp)
+            if k % 50 == 49:
+                time.sleep(0.05)                         # a few drains, some repeats at block edges
+        unique = np.unique(sent).size
+        assert _wait(lambda: svc.messages == 300 and svc.identifier.counters.samples == unique, 10)
+        assert svc.repeated == 300 - unique and svc.malformed == 0
+        assert svc.identifier.counters.repeated == 0 and svc.identifier.counters.gaps == 0
+        np.testing.assert_array_equal(svc._ring_seq[:unique], np.unique(sent))
+        last = max(i for i, d in enumerate(sent) if d == sent[-1] and (i == 0 or sent[i - 1] != d))
+        assert _wait(lambda: (e := out.latest(b"estimate")) is not None and e["newest_sample_time"] is not None
+                     and abs(e["newest_sample_time"] - stamps[last]) < 1e-6, 5)
+        timing = _req(svc.bound["commands"], cmd="status")["timing"]
+        assert timing["flushed_samples"] == unique and 1 <= timing["flushes"] <= unique // 4   # blocks, not samples
+    finally:
+        svc.stop()
+        pub.close(0)

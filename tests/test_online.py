@@ -177,7 +177,11 @@ def test_short_gaps_are_bridged_without_rows_at_missing_samples_and_repeats_are_
     assert c.rows == keep.size - np.sum(keep < ident.delay) - np.sum(keep >= seq.size - ident.delay)
     full = OnlineIdentifier(model, base=base, p0=1e8)
     _feed(full, seq, q, tau)
-    well = full.report().sigma_percent < 1.0
+    # this exact stream's only residual is a model error (the filter smears the Coulomb jumps, the row's
+    # sign(qd) does not), not noise: the two row sets differ by a few sigmas, so compare the parameters
+    # known to 0.3 %
+    well = full.report().sigma_percent < 0.3
+    assert well.sum() >= 10
     np.testing.assert_allclose(ident.rls.theta[well], full.rls.theta[well], rtol=5e-3)
 
 
@@ -191,6 +195,30 @@ def test_report_converges_on_steady_data_and_not_before(model, base, run):
         _feed(ident, seq[k:k + 1000], q[k:k + 1000], tau[k:k + 1000])
         flags.append(ident.report().converged)
     assert flags[-1] and not flags[0]
+
+
+def test_at_a_large_prior_covariance_the_convergence_flag_once_set_stays_set(model, base, run):
+    """p0 = 1e8 (with Gautier's weights, a prior about 1e20 times a row's weight): the covariance form goes
+    through rounding-indefinite states early on. The scalar row updates then drifted enough to flip the
+    flag (True, False, False, False, True on this feed); the block update (S = L D L', one symmetric
+    downdate) stays converged once it is, and ends at the default p0's estimate. (Not claimed: that P
+    stays positive definite at this p0; a square-root form would be needed for that.)"""
+    seq, q, tau = run[:3]
+    flags, estimates = {}, {}
+    for p0 in (1e4, 1e8):
+        ident = OnlineIdentifier(model, base=base, p0=p0)
+        _feed(ident, seq[:200], q[:200], tau[:200])
+        flags[p0] = [ident.report().converged]
+        for k in range(200, seq.size, 1000):
+            _feed(ident, seq[k:k + 1000], q[k:k + 1000], tau[k:k + 1000])
+            flags[p0].append(ident.report().converged)
+        estimates[p0] = ident.report()
+        assert ident.rls.stats[3] == 0                       # no sample skipped
+    for f in flags.values():
+        assert f[-1] and not f[0] and f == sorted(f), f       # False ... False, True ... True
+    well = estimates[1e4].sigma_percent < 0.3
+    assert well.sum() >= 10
+    np.testing.assert_allclose(estimates[1e8].theta[well], estimates[1e4].theta[well], rtol=2e-3)
 
 
 def test_saved_estimate_survives_a_restart_and_refuses_another_model(model, base, run, tmp_path):

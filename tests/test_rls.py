@@ -95,3 +95,68 @@ def test_bad_arguments_are_refused():
         RecursiveLS(3, 2, weights=[1.0, np.nan])
     with pytest.raises(ValueError, match=r"expected Phi \(N, 2, 3\)"):
         RecursiveLS(3, 2).update(np.zeros((4, 3, 2)), np.zeros((4, 2)))
+
+
+def _sequential_rows(theta, P, Phi, y, w, lam):
+    """Independent oracle: the textbook scalar RLS, one weighted row at a time (numpy), then P / lambda."""
+    for k in range(Phi.shape[0]):
+        for j in range(Phi.shape[1]):
+            if w[k, j] == 0.0:
+                continue
+            r = w[k, j] * Phi[k, j]
+            Pr = P @ r
+            g = Pr / (1.0 + r @ Pr)
+            theta += g * (w[k, j] * y[k, j] - r @ theta)
+            P -= np.outer(g, Pr)
+        P /= lam
+
+
+def test_block_update_ends_where_the_scalar_row_updates_end_with_forgetting_and_rows_left_out():
+    """One block update per sample (S = I + H P H') equals m scalar row updates in turn (the same theta
+    and P), with forgetting and with rows of weight 0; its a-priori errors are all against the sample's
+    prior theta."""
+    rng = np.random.default_rng(5)
+    Phi, y, _, sigma = _data(rng, N=300)
+    use = rng.random(size=y.shape) > 0.2
+    rls = RecursiveLS(12, 6, forgetting=0.995, weights=1 / sigma, p0=10.0, trace_max=np.inf)
+    theta_prior = rls.theta.copy()
+    err = rls.update(Phi[:1], y[:1], use=use[:1]).copy()
+    np.testing.assert_allclose(err, y[:1] - Phi[:1] @ theta_prior, rtol=1e-15)
+    rls.update(Phi[1:], y[1:], use=use[1:])
+    theta, P = np.zeros(12), np.eye(12) * 10.0
+    _sequential_rows(theta, P, Phi, y, np.where(use, 1 / sigma, 0.0), 0.995)
+    np.testing.assert_allclose(rls.theta, theta, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(rls.P, P, rtol=1e-8, atol=1e-14)
+
+
+def test_covariance_stays_exactly_symmetric_and_positive_definite_under_forgetting():
+    rng = np.random.default_rng(6)
+    Phi, y, _, sigma = _data(rng, N=3000, p=58)
+    rls = RecursiveLS(58, 6, forgetting=0.999, weights=1 / sigma, p0=1e4)
+    rls.update(Phi, y)
+    assert np.array_equal(rls.P, rls.P.T)             # bit for bit: no symmetrising pass needed
+    assert np.linalg.eigvalsh(rls.P).min() > 0
+    assert rls.stats[3] == 0                         # no sample skipped for an indefinite S
+
+
+def test_sum_of_normalised_innovations_is_the_prior_weighted_residual_sum_of_squares():
+    """With lambda = 1, sum_k e_k' S_k^-1 e_k = (theta - theta0)' P0^-1 (theta - theta0) + sum ||W (y - Phi
+    theta)||^2 at the final theta: the identity that makes s2 (its mean per row) a unit-variance estimate."""
+    rng = np.random.default_rng(7)
+    Phi, y, _, sigma = _data(rng, N=500)
+    theta0 = rng.normal(size=12)
+    rls = RecursiveLS(12, 6, weights=1 / sigma, p0=3.0, theta0=theta0)
+    rls.update(Phi, y)
+    d = rls.theta - theta0
+    rss = np.sum(((y - Phi @ rls.theta) / sigma) ** 2)
+    assert rls.stats[0] == pytest.approx(d @ d / 3.0 + rss, rel=1e-8)
+    assert rls.stats[1] == Phi.shape[0] * Phi.shape[1]
+
+
+def test_residual_variance_is_one_from_the_first_sample_on_with_the_noise_sigmas_as_weights():
+    """No start-up bias: the early a-priori errors are large, but so is S, and e' S^-1 e stays ~1 per row."""
+    rng = np.random.default_rng(8)
+    Phi, y, theta, sigma = _data(rng, N=3000)
+    rls = RecursiveLS(12, 6, weights=1.0 / sigma, p0=1e4)        # from theta = 0: large early errors
+    rls.update(Phi, y)
+    assert rls.residual_variance == pytest.approx(1.0, rel=0.05)    # their plain mean square: ~70 here

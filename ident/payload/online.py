@@ -117,6 +117,7 @@ class OnlinePayload:
         self.fit = JointWeightedRLS(10, self.n, forgetting=forgetting, p0=p0, joint_sigma=joint_sigma,
                                     warmup_rows=warmup_rows, theta0=self.chi0)
         self.rls = self.fit.rls
+        self.rls.row_correlation = self.samples.noise_correlation
         first = PARAMS_PER_JOINT * (self.n - 1)
         self._last_link = slice(first, first + 10)                     # link n's XX .. m columns
         self._flange_to_link = dynamics.flange_to_link_matrix(model)
