@@ -16,6 +16,9 @@ def register(sub) -> None:
                    help="low-pass cut-off of q and torque, Hz, as in `armid identify` (default: 40)")
     p.add_argument("--stream-rate", type=float, default=1000.0, help="the driver's cycle rate, Hz (default: 1000)")
     p.add_argument("--estimate-file", default=None, help="JSON file the estimate is loaded from at start and saved to")
+    p.add_argument("--block", type=int, default=50, help="samples per filter call (default: 50)")
+    p.add_argument("--drain", type=float, default=0.01,
+                   help="least time between reads of the stream, s (default: 0.01)")
     p.add_argument("--payload", choices=("model", "estimate"), default=None,
                    help="also track the payload, with the arm's parameters of the model or of the loaded estimate "
                         "(publishes topics payload and event)")
@@ -37,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     service = IdentService(model, state_endpoint=args.state, publish_endpoint=args.publish,
                            command_endpoint=args.commands, publish_hz=args.rate, estimate_file=args.estimate_file,
-                           payload=args.payload,
+                           payload=args.payload, block=args.block, drain_s=args.drain,
                            log=log, rate_hz=args.stream_rate, cutoff_hz=args.cutoff, forgetting=args.forgetting)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
