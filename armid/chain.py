@@ -231,21 +231,19 @@ def run_tool(name: str, args: list[str], workdir: Path, step: str, *, timeout_s:
     the process is stopped whatever happens (also on Ctrl-C)."""
     child = start_child(name, args, workdir, realtime=False)
     deadline = time.monotonic() + timeout_s
-    relayed = 0
     try:
-        while True:
-            done = child.proc.poll() is not None
-            if echo_stderr:
-                text = child.stderr.read_bytes()[relayed:]
-                relayed += len(text)
-                sys.stderr.write(text.decode(errors="replace"))
-                sys.stderr.flush()
-            if done:
-                break
-            if time.monotonic() > deadline:
-                raise ChainError(f"{step}: {name} did not finish within {timeout_s:g} s; its stderr ends: "
-                                 f"{child.tail()}; check {child.stderr}")
-            time.sleep(0.05)
+        with open(child.stderr, "rb") as err:
+            while True:
+                done = child.proc.poll() is not None
+                if echo_stderr:
+                    sys.stderr.write(err.read().decode(errors="replace"))    # what came since the last read
+                    sys.stderr.flush()
+                if done:
+                    break
+                if time.monotonic() > deadline:
+                    raise ChainError(f"{step}: {name} did not finish within {timeout_s:g} s; its stderr ends: "
+                                     f"{child.tail()}; check {child.stderr}")
+                time.sleep(0.05)
     finally:
         child.stop(timeout_s=5.0)
     if child.proc.returncode != 0:

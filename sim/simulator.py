@@ -473,8 +473,10 @@ class Simulator:
         self._tau_sum[:] = 0.0
         self._flags_any[:] = 0
         position = self._sample.position
+        step = (self._tpos - start) / k
         for i in range(1, k + 1):
-            np.add(start, (self._tpos - start) * (i / k), out=self._tick_ref)
+            np.multiply(step, i, out=self._tick_ref)
+            self._tick_ref += start
             tau = drives.control(self._tick_ref, self._ttau, position)
             plant.advance(tau)
             self._tau_sum += plant.tau

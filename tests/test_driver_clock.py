@@ -120,8 +120,8 @@ class PushedArm:
         return {}
 
 
-def test_on_the_device_clock_every_sample_gets_its_own_cycle_and_silence_gives_stale_cycles():
-    arm = PushedArm()
+def _collector():
+    """(sent, lock, publish): publish(topic, payload) appends each decoded state message to sent under lock."""
     sent: list[dict] = []
     lock = threading.Lock()
 
@@ -129,6 +129,12 @@ def test_on_the_device_clock_every_sample_gets_its_own_cycle_and_silence_gives_s
         if topic == stream.TOPIC_STATE:
             with lock:
                 sent.append(stream.decode_state(bytes(payload)))
+    return sent, lock, publish
+
+
+def test_on_the_device_clock_every_sample_gets_its_own_cycle_and_silence_gives_stale_cycles():
+    arm = PushedArm()
+    sent, lock, publish = _collector()
 
     cycle = Cycle(arm, rate_hz=200.0, watchdog_s=0.2, clock="device", publish=publish)
     cycle.start()
@@ -206,13 +212,7 @@ class AnsweringArm(PushedArm):
 @pytest.mark.parametrize("burst", [1, 3])
 def test_on_the_host_clock_an_answering_arm_gets_each_sample_published_once_in_order(burst):
     arm = AnsweringArm(burst)
-    sent: list[dict] = []
-    lock = threading.Lock()
-
-    def publish(topic, payload):
-        if topic == stream.TOPIC_STATE:
-            with lock:
-                sent.append(stream.decode_state(bytes(payload)))
+    sent, lock, publish = _collector()
 
     cycle = Cycle(arm, rate_hz=200.0, watchdog_s=1.0, clock="host", publish=publish)
     cycle.start()
