@@ -550,26 +550,3 @@ def motion_window(log, first_seq: int, last_seq: int):
     if not keep.any():
         raise ChainError(f"{log.path}: no MOVING state message with seq in {first_seq}..{last_seq}")
     return dataclasses.replace(log, states=s[keep])
-
-
-def uniform_samples(arrays: dict[str, np.ndarray], rate_hz: float | None = None) -> tuple[dict[str, np.ndarray], float]:
-    """Resample identification arrays (t s strictly increasing, q rad, tau N m or current A, qd rad/s) on a
-    uniform grid of rate_hz (default: 1 / the median interval, rounded to 1 us): q by a cubic spline
-    (scipy), the rest linearly. A driver whose cycle is not locked to the drives' clock (serial,
-    gateway) reads samples at irregular device times; identification needs a uniform rate. effort_delay
-    passes through. Returns the arrays and the largest interval (s) that was bridged."""
-    from scipy.interpolate import CubicSpline
-
-    t = arrays["t"]
-    if t.size < 4:
-        raise ChainError(f"{t.size} fresh samples: too few to identify anything")
-    dt = np.diff(t)
-    h = 1.0 / rate_hz if rate_hz else max(round(float(np.median(dt)), 6), 1e-6)
-    grid = np.arange(int(np.floor((t[-1] - t[0]) / h + 1e-9)) + 1) * h + t[0]
-    out = {"t": grid - grid[0], "q": CubicSpline(t, arrays["q"], axis=0)(grid)}
-    for name in ("tau", "current", "qd"):
-        if name in arrays:
-            out[name] = np.column_stack([np.interp(grid, t, col) for col in arrays[name].T])
-    if "effort_delay" in arrays:
-        out["effort_delay"] = arrays["effort_delay"]
-    return out, float(dt.max())

@@ -1,8 +1,14 @@
 """Batch identification of a recording, end to end (docs/identification.md):
 
-    load_recording -> prepare (zero-phase filter, central differences) -> dynamics.regressor -> base
-    regressor -> decimate_parallel -> leave out slow rows -> WLS -> [physically consistent fit]
+    load_recording -> split_at_gaps -> per uniformly sampled segment: prepare (zero-phase filter, central
+    differences) -> dynamics.regressor -> base regressor -> decimate_parallel; the segments' rows together ->
+    leave out slow rows -> WLS -> [physically consistent fit]
     [-> drive gains from a payload run] [-> validation on a second recording]
+
+A recording that lost samples (a dropped frame, a stalled process): gaps of at most MAX_BRIDGED_SAMPLES lost
+samples are bridged (ident.preprocess.bridge_short_gaps: positions by a cubic spline, effort linearly); at
+longer gaps the recording is cut, and every segment is filtered, differentiated and decimated on its own, so
+that nothing is invented across a long gap. Segments too short for the filters are left out and counted.
 
 Each step is a plain function; `identify` composes them and times every step. Currents are turned into
 joint torques with drive gains (the model's nominal ones, or gains identified with a payload run, see
@@ -26,8 +32,9 @@ from ident.drive_gains import SCALE_NOTE_NOMINAL, SCALE_NOTE_PAYLOAD, gains_with
 from ident.errors import InputError
 from ident.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import Model
-from ident.preprocess import (Recording, check_effort_delay, decimate_parallel, decimation_index, estimate_bandwidth, load_recording,
-                              prepare, sampling_rate, slow_rows)
+from ident.preprocess import (MAX_BRIDGED_SAMPLES, Recording, TooFewSamples, bridge_short_gaps, check_effort_delay,
+                              decimate_parallel, decimation_index, estimate_bandwidth, load_recording, nominal_rate,
+                              Samples, prepare, segment, slow_rows, split_at_gaps)
 
 DEFAULT_SLOW_VELOCITY = 0.1      # rad/s: rows of a joint slower than this are left out (Coulomb friction)
 DECIMATION_PER_BANDWIDTH = 20.0  # the decimation filter's cut-off is about this many excitation bandwidths
@@ -67,7 +74,10 @@ class Rows:
     regressor and y (N', n) (N m, or A when kind is "current") after parallel decimation; Yl (N', n, 10)
     the payload regressor when asked for; mask (N', n) the rows used (not slow); bandwidth_hz, cutoff_hz,
     rate_hz and factor (decimation) as applied; samples: samples in the recording; effort_delay (s) the lag of
-    the effort behind the positions that was removed (ident.preprocess.Recording)."""
+    the effort behind the positions that was removed (ident.preprocess.Recording); segments: the uniformly
+    sampled stretches the rows come from (the recording was cut at segments - 1 long gaps, or more when
+    short segments were left out); unused_samples: samples in segments too short to filter and decimate;
+    bridged_samples: lost samples filled in across short gaps."""
 
     source: str
     kind: str
@@ -84,6 +94,20 @@ class Rows:
     factor: int
     samples: int
     effort_delay: float = 0.0
+    segments: int = 1
+    unused_samples: int = 0
+    bridged_samples: int = 0
+
+    def gaps_note(self) -> str:
+        """"in 3 uniformly sampled segments (...)" when the recording was cut at gaps, else ""."""
+        parts = []
+        if self.bridged_samples:
+            parts.append(f"{self.bridged_samples} lost samples bridged across short gaps")
+        if self.segments > 1 or self.unused_samples:
+            unused = f"; {self.unused_samples} samples in shorter ones unused" if self.unused_samples else ""
+            parts.append(f"in {self.segments} uniformly sampled segments (cut where more samples were lost, each "
+                         f"filtered and decimated apart{unused})")
+        return ", ".join(parts)
 
     def in_torque(self, gains: np.ndarray) -> np.ndarray:
         """y as joint torques (N m): currents times the drive gains (n,) N m/A."""
@@ -99,23 +123,71 @@ def decimation_factor(rate_hz: float, bandwidth_hz: float) -> int:
 def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwidth_hz: float | None = None,
                    cutoff_hz: float | None = None, decimate: int | None = None,
                    slow_velocity: float = DEFAULT_SLOW_VELOCITY, with_load: bool = False,
-                   steps: Steps | None = None) -> Rows:
-    """Filter, differentiate, build the base regressor (and the payload's when with_load), decimate in
-    parallel and mark the slow rows of one recording."""
+                   steps: Steps | None = None, max_bridged: int = MAX_BRIDGED_SAMPLES) -> Rows:
+    """Bridge short gaps, cut at long ones, then per segment filter, differentiate, build the base regressor
+    (and the payload's when with_load) and decimate in parallel; mark the slow rows of one recording."""
     steps = steps or Steps()
     if rec.n != model.n:
         raise InputError(f"{rec.source}: {rec.n} joints recorded, the model {model.name} has {model.n}")
-    with steps(f"filter and differentiate {Path(rec.source).name}"):
-        rate = sampling_rate(rec.t, rec.source)
+    label = f"filter and differentiate {Path(rec.source).name}"
+    with steps(label):
+        rate = nominal_rate(rec.t, rec.source)
+        filled, bridged = bridge_short_gaps(rec, max_bridged)
+        pieces = split_at_gaps(filled)
+        longest = max(pieces, key=len)
         if bandwidth_hz is None:
-            bandwidth_hz = estimate_bandwidth(rec.q, rate)
-        s = prepare(rec, bandwidth_hz=bandwidth_hz, cutoff_hz=cutoff_hz)   # default cut-off: a noise filter
+            bandwidth_hz = estimate_bandwidth(filled.q[longest.index], rate)
+    prepared, short = [], []          # filtered segments; segments too short for the filters (sample counts)
+    for piece in pieces:
+        try:
+            with steps(label):
+                part = filled if len(pieces) == 1 else segment(filled, piece)
+                prepared.append((len(piece), prepare(part, bandwidth_hz=bandwidth_hz, cutoff_hz=cutoff_hz)))  # noise filter
+        except StepError as exc:
+            if len(pieces) == 1 or not isinstance(exc.__cause__, TooFewSamples):
+                raise
+            short.append(len(piece))
     if decimate is None:   # the default, but never so coarse that fewer than 2 rows per parameter remain
-        factor = min(decimation_factor(s.rate_hz, bandwidth_hz), max(1, s.N // (2 * base.count + 20)))
+        factor = min(decimation_factor(rate, bandwidth_hz), max(1, sum(p.N for _, p in prepared) // (2 * base.count + 20)))
     else:
         factor = int(decimate)
     if factor < 1:
         raise InputError(f"decimation: expected a positive integer, got {decimate}")
+    parts = []
+    for length, s in prepared:
+        try:
+            parts.append(_segment_rows(model, base, s, factor, with_load, steps))
+        except StepError as exc:
+            if len(pieces) == 1 or not isinstance(exc.__cause__, TooFewSamples):
+                raise
+            short.append(length)
+    if not parts:
+        raise StepError(f"{label}: {rec.source}: the recording lost samples in {len(pieces) - 1} gaps longer than "
+                        f"{max_bridged} samples, and its longest uniformly sampled stretch ({len(longest)} samples "
+                        f"from t = {filled.t[longest.start]:.4f} s) is too short for the filters at {rate:g} Hz: "
+                        "record again with fewer losses")
+    cat = lambda name: np.concatenate([getattr(p, name) for p in parts])   # noqa: E731
+    b = base.count
+    W = cat("W")
+    return Rows(source=rec.source, kind=rec.kind, t=cat("t"), q=cat("q"), qd=cat("qd"), W=W[:, :, :b], y=cat("y"),
+                Yl=W[:, :, b:] if with_load else None, mask=~slow_rows(cat("qd"), slow_velocity),
+                bandwidth_hz=float(bandwidth_hz), cutoff_hz=prepared[0][1].cutoff_hz, rate_hz=rate, factor=factor,
+                samples=rec.N, effort_delay=rec.effort_delay, segments=len(parts), unused_samples=sum(short),
+                bridged_samples=bridged)
+
+
+@dataclass(frozen=True, eq=False)
+class _SegmentRows:
+    t: np.ndarray
+    q: np.ndarray
+    qd: np.ndarray
+    W: np.ndarray      # (N', n, b [+ 10]): the base regressor [and the payload's], decimated
+    y: np.ndarray
+
+
+def _segment_rows(model: Model, base: BaseParameters, s: Samples, factor: int, with_load: bool,
+                  steps: Steps) -> _SegmentRows:
+    """The regressors of one segment's filtered samples, decimated in parallel with its effort."""
     with steps("regressor"):
         # base columns by np.take: the same as base.regressor(Y), three times faster than fancy indexing
         W = np.take(dynamics.regressor(model, s.q, s.qd, s.qdd), base.indices, axis=2)
@@ -124,13 +196,7 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
     with steps("parallel decimation"):
         Wd, yd = decimate_parallel(W, s.y, factor)
         index = decimation_index(s.N, factor)
-    qd = s.qd[index]
-    mask = ~slow_rows(qd, slow_velocity)
-    b = base.count
-    return Rows(source=rec.source, kind=s.kind, t=s.t[index], q=s.q[index], qd=qd, W=Wd[:, :, :b], y=yd,
-                Yl=Wd[:, :, b:] if with_load else None, mask=mask, bandwidth_hz=float(bandwidth_hz),
-                cutoff_hz=s.cutoff_hz, rate_hz=s.rate_hz, factor=factor, samples=rec.N,
-                effort_delay=s.effort_delay)
+    return _SegmentRows(s.t[index], s.q[index], s.qd[index], Wd, yd)
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,10 +256,11 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
              consistent: bool = False, regularisation: float = DEFAULT_LAMBDA,
              payload_run: str | Path | Recording | None = None, payload_mass: float | None = None,
              base: BaseParameters | None = None, effort_delay: float | None = None,
-             verbose: bool = False) -> Identification:
+             verbose: bool = False, max_bridged: int = MAX_BRIDGED_SAMPLES) -> Identification:
     """Identify the base parameters of `model` from a recording (path or Recording), with the options of
     `armid identify`. effort_delay (s), when given, replaces the recordings' own (see
-    ident.preprocess.Recording). Raises StepError (an InputError) naming the step that failed and why."""
+    ident.preprocess.Recording); gaps of at most max_bridged lost samples are bridged, the recordings cut at
+    longer ones (recording_rows). Raises StepError (an InputError) naming the step that failed and why."""
     steps = Steps(verbose)
     bandwidth = None if trajectory is None else excitation_bandwidth(trajectory)
     if (payload_run is None) != (payload_mass is None):
@@ -210,7 +277,7 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
     with steps("base parameters"):
         base = base or base_parameters(model)
     opts = dict(bandwidth_hz=bandwidth, cutoff_hz=cutoff_hz, decimate=decimate, slow_velocity=slow_velocity,
-                steps=steps)
+                steps=steps, max_bridged=max_bridged)
     rows = recording_rows(model, base, rec, **opts)
     gains = gains_std = note = None
     if rows.kind == "current":

@@ -51,12 +51,18 @@ EDGE_DECAY = 1e-4             # filter edges are trimmed until the slowest pole 
 BANDWIDTH_ENERGY = 0.999      # estimate_bandwidth: share of the velocity energy below the bandwidth
 MIN_SAMPLES = 32              # fewer samples cannot be filtered (padding) and differentiated
 SAMPLING_JITTER = 0.25        # sample intervals may differ from their median by this fraction at most
+MAX_BRIDGED_SAMPLES = 3       # gaps of at most this many lost samples are bridged; longer ones cut the recording
 DECIMATION_TAPS_PER_FACTOR = 20   # FIR length of decimate_parallel: 20 * factor + 1 taps (as scipy's decimate)
 DECIMATION_CUTOFF = 0.8           # ... with the cut-off at 0.8 of the new Nyquist frequency
 
 
 class PreprocessError(InputError):
     """A recording cannot be used: the message names the file and the column, line or sample at fault."""
+
+
+class TooFewSamples(PreprocessError):
+    """Too few samples for the filter, the differences or the decimation (a recording, or one of its
+    uniformly sampled segments, is too short)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -166,7 +172,7 @@ def _check_arrays(source: str, fields: dict[str, np.ndarray | None],
             raise PreprocessError(f"{source}: {name}: expected shape {q.shape} like q, got {arr.shape}")
     N = t.shape[0]
     if N < MIN_SAMPLES:
-        raise PreprocessError(f"{source}: {N} samples are too few: filtering and differentiation need at least "
+        raise TooFewSamples(f"{source}: {N} samples are too few: filtering and differentiation need at least "
                               f"{MIN_SAMPLES}")
     for name, arr in out.items():
         bad = ~np.isfinite(arr)
@@ -347,18 +353,99 @@ class Samples(_JointSamples):
     effort_delay: float = 0.0
 
 
-def sampling_rate(t: np.ndarray, source: str = "recording") -> float:
-    """The sampling rate (Hz) of strictly increasing times t (s): 1 / median interval. Raises
-    PreprocessError naming the time of the first interval more than SAMPLING_JITTER away from the median
-    (a gap or a burst: the filter needs a uniform rate)."""
+def nominal_rate(t: np.ndarray, source: str = "recording") -> float:
+    """The sampling rate (Hz) of strictly increasing times t (s): 1 / the median interval. Gaps (samples lost:
+    longer intervals) are allowed; raises PreprocessError naming the time of the first interval shorter than
+    the median by more than SAMPLING_JITTER (a burst: doubled or misordered time stamps are not a rate)."""
     dt = np.diff(np.asarray(t, dtype=float))
+    if dt.size == 0:
+        raise PreprocessError(f"{source}: one sample has no sampling rate")
     h = float(np.median(dt))
-    off = np.abs(dt - h) > SAMPLING_JITTER * h
-    if off.any():
-        k = int(np.flatnonzero(off)[0])
-        raise PreprocessError(f"{source}: sampling interval {dt[k]:.6g} s at t = {t[k]:.4f} s differs from the "
-                              f"median {h:.6g} s by more than {SAMPLING_JITTER:.0%}: resample or split the recording")
+    short = dt < (1.0 - SAMPLING_JITTER) * h
+    if short.any():
+        k = int(np.flatnonzero(short)[0])
+        raise PreprocessError(f"{source}: sampling interval {dt[k]:.6g} s at t = {t[k]:.4f} s is shorter than the "
+                              f"median {h:.6g} s by more than {SAMPLING_JITTER:.0%}: time stamps doubled or out of "
+                              "step; resample the recording")
     return 1.0 / h
+
+
+def sampling_rate(t: np.ndarray, source: str = "recording") -> float:
+    """The sampling rate (Hz) of uniformly sampled, strictly increasing times t (s): 1 / median interval.
+    Raises PreprocessError naming the time of the first interval more than SAMPLING_JITTER away from the
+    median (a gap or a burst: the filter needs a uniform rate; split_at_gaps cuts a recording at its gaps)."""
+    rate = nominal_rate(t, source)
+    dt = np.diff(np.asarray(t, dtype=float))
+    long = dt > (1.0 + SAMPLING_JITTER) / rate
+    if long.any():
+        k = int(np.flatnonzero(long)[0])
+        raise PreprocessError(f"{source}: sampling interval {dt[k]:.6g} s at t = {t[k]:.4f} s exceeds the "
+                              f"median {1.0 / rate:.6g} s by more than {SAMPLING_JITTER:.0%}: samples are missing; "
+                              "identify the uniformly sampled stretches apart (split_at_gaps)")
+    return rate
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A uniformly sampled stretch of a recording: samples start..stop-1 (a Python slice's bounds)."""
+
+    start: int
+    stop: int
+
+    @property
+    def index(self) -> slice:
+        return slice(self.start, self.stop)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def split_at_gaps(rec: Recording) -> list[Segment]:
+    """The uniformly sampled stretches of a recording, in order: it is cut wherever an interval exceeds the
+    median interval by more than SAMPLING_JITTER (samples were lost there: a dropped frame, a stalled
+    process). Filtering, differentiating or decimating across a long gap would invent the motion in it;
+    each stretch is treated on its own instead (bridge_short_gaps fills the short ones first). Raises
+    PreprocessError on a burst (nominal_rate)."""
+    rate = nominal_rate(rec.t, rec.source)
+    cuts = np.flatnonzero(np.diff(rec.t) > (1.0 + SAMPLING_JITTER) / rate) + 1
+    bounds = [0, *cuts.tolist(), rec.N]
+    return [Segment(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def bridge_short_gaps(rec: Recording, max_missing: int = MAX_BRIDGED_SAMPLES) -> tuple[Recording, int]:
+    """The recording with the samples lost in every gap of at most max_missing samples filled in, and how many
+    were filled. Positions come from a cubic spline through the recorded ones (band-limited far below the
+    sampling rate, they are interpolated to a tiny fraction of their motion across a few samples); effort and
+    velocities linearly (a noisy signal: a spline would ring). Longer gaps stay and split_at_gaps cuts the
+    recording there. 0 fills nothing."""
+    if int(max_missing) != max_missing or max_missing < 0:
+        raise PreprocessError(f"bridged gaps: expected a whole number of samples >= 0, got {max_missing!r}")
+    rate = nominal_rate(rec.t, rec.source)
+    dt = np.diff(rec.t)
+    missing = np.rint(dt * rate).astype(int) - 1
+    fill = (dt > (1.0 + SAMPLING_JITTER) / rate) & (missing >= 1) & (missing <= max_missing)
+    if not fill.any():
+        return rec, 0
+    # the lost samples evenly spaced inside their gaps
+    at = np.flatnonzero(fill)
+    new_t = np.concatenate([rec.t[k] + dt[k] * np.arange(1, missing[k] + 1) / (missing[k] + 1) for k in at])
+    t = np.sort(np.concatenate([rec.t, new_t]))
+
+    def linear(x):
+        return None if x is None else np.column_stack([np.interp(t, rec.t, c) for c in x.T])
+
+    q = scipy.interpolate.CubicSpline(rec.t, rec.q, axis=0)(t)
+    q[np.isin(t, rec.t)] = rec.q                    # the recorded samples exactly as recorded
+    return (Recording(t, q, linear(rec.tau), linear(rec.current), linear(rec.qd), rec.source, rec.effort_delay),
+            int(len(new_t)))
+
+
+def segment(rec: Recording, seg: Segment) -> Recording:
+    """The samples of one segment as a Recording of their own (the source names the time span)."""
+    k = seg.index
+    return Recording(rec.t[k], rec.q[k], None if rec.tau is None else rec.tau[k],
+                     None if rec.current is None else rec.current[k], None if rec.qd is None else rec.qd[k],
+                     f"{rec.source} [t = {rec.t[seg.start]:.4f}..{rec.t[seg.stop - 1]:.4f} s]", rec.effort_delay)
 
 
 def cutoff_for_bandwidth(bandwidth_hz: float, rate_hz: float) -> float:
@@ -435,7 +522,7 @@ def prepare(rec: Recording, *, bandwidth_hz: float | None = None, cutoff_hz: flo
     edge = edge_samples(sos) + math.ceil(abs(rec.effort_delay) * rate)
     kept = rec.N - 2 * edge
     if kept < MIN_SAMPLES:
-        raise PreprocessError(
+        raise TooFewSamples(
             f"{rec.source}: {rec.N} samples at {rate:g} Hz are too few for a cut-off of {cutoff_hz:.4g} Hz: the "
             f"filter edges take {edge} samples at each end and leave {max(kept, 0)}; record at least "
             f"{2 * edge + MIN_SAMPLES} samples ({(2 * edge + MIN_SAMPLES) / rate:.3g} s)")
@@ -485,7 +572,7 @@ def decimate_parallel(W: np.ndarray, y: np.ndarray, factor: int) -> tuple[np.nda
         return W.copy(), y.copy()
     index = decimation_index(W.shape[0], factor)
     if len(index) == 0:
-        raise PreprocessError(f"decimate_parallel: {W.shape[0]} samples are too few to decimate by {factor} "
+        raise TooFewSamples(f"decimate_parallel: {W.shape[0]} samples are too few to decimate by {factor} "
                               f"(the filter spans {DECIMATION_TAPS_PER_FACTOR * factor + 1})")
     h = decimation_filter(factor)
     return _fir_decimate(h, W, factor, len(index)), _fir_decimate(h, y, factor, len(index))

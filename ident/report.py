@@ -116,7 +116,8 @@ def write_html(ident: Identification, out: str | Path, plots: dict[str, Path]) -
     bad = [not p <= BADLY_IDENTIFIED_PCT for p in pct]
     parts = [f"<h1>Identification of {html.escape(model.name)}</h1>",
              f"<p>Data <code>{html.escape(rows.source)}</code>: {rows.samples} samples at {rows.rate_hz:g} Hz "
-             f"({rows.kind}); cut-off {rows.cutoff_hz:.3g} Hz, decimation {rows.factor}, {len(rows.t)} rows, "
+             f"({rows.kind}){', ' + html.escape(rows.gaps_note()) if rows.gaps_note() else ''}; cut-off {rows.cutoff_hz:.3g} Hz, decimation {rows.factor}, "
+             f"{len(rows.t)} rows, "
              f"rows slower than {ident.slow_velocity:g} rad/s left out. Weighted least squares (Gautier's weights): "
              f"condition number {fit.cond:.4g}; {sum(bad)} of {len(bad)} base parameters above "
              f"{BADLY_IDENTIFIED_PCT:g} % relative standard deviation.</p>"]

@@ -34,7 +34,8 @@ def result_document(ident: Identification) -> dict:
         "format": FORMAT,
         "model": {"name": ident.model.name, "source": ident.model.source, "joints": list(ident.model.joint_names)},
         "data": {"source": rows.source, "kind": rows.kind, "samples": rows.samples, "rate_hz": rows.rate_hz,
-                 "cutoff_hz": rows.cutoff_hz, "effort_delay_s": rows.effort_delay, "decimation": rows.factor, "rows": int(len(rows.t)),
+                 "cutoff_hz": rows.cutoff_hz, "effort_delay_s": rows.effort_delay, "segments": rows.segments,
+                 "unused_samples": rows.unused_samples, "bridged_samples": rows.bridged_samples, "decimation": rows.factor, "rows": int(len(rows.t)),
                  "rows_used_per_joint": [int(r) for r in fit.rows], "slow_velocity_rad_s": ident.slow_velocity},
         "base_parameters": [
             {"name": name, "expression": expr, "value": _num(v), "std": _num(s), "relative_std_pct": _num(r),

@@ -202,22 +202,6 @@ def test_every_transport_runs_the_simulator_at_the_drivers_rate_because_the_host
         chain.plan_for("ethercat")
 
 
-def test_uniform_samples_are_exact_for_a_cubic_path_and_linear_torques_from_irregular_times():
-    rng = np.random.default_rng(3)
-    t = np.cumsum(rng.choice([0.001, 0.002, 0.004], size=400))      # irregular, as a free-running link delivers
-    t -= t[0]
-    q = np.column_stack([1 + 2 * t - 3 * t ** 2 + 0.5 * t ** 3, np.full_like(t, 0.2)])
-    tau = np.column_stack([4 - 2 * t, 3 * t])
-    out, bridged = chain.uniform_samples({"t": t, "q": q, "tau": tau}, rate_hz=1000.0)
-    g = out["t"]
-    np.testing.assert_allclose(np.diff(g), 0.001, rtol=0, atol=1e-12)
-    assert g[-1] <= t[-1] + 1e-12 and bridged == pytest.approx(np.diff(t).max())
-    np.testing.assert_allclose(out["q"][:, 0], 1 + 2 * g - 3 * g ** 2 + 0.5 * g ** 3, atol=1e-9)
-    np.testing.assert_allclose(out["tau"], np.column_stack([4 - 2 * g, 3 * g]), atol=1e-12)
-    with pytest.raises(chain.ChainError, match="too few"):
-        chain.uniform_samples({"t": t[:3], "q": q[:3], "tau": tau[:3]})
-
-
 def _log(seq, flags, host_ns):
     from driver.recording import StateLog
     from firmware_bridge import stream

@@ -206,16 +206,15 @@ def _run_chain(args: argparse.Namespace) -> int:
                     lambda: _finish(c, recording, windows["validation"][1]))
 
     def convert():
-        paths, bridged = {}, {}
+        paths = {}
         for name, (first, last) in windows.items():
             arrays, _ = identification_arrays(chain.motion_window(log, first, last))
-            arrays, bridged[name] = chain.uniform_samples(arrays)
             paths[name] = out / f"{name}.npz"
             write_identification(arrays, paths[name])
-        return paths, bridged
+        return paths
 
-    paths, bridged = steps("convert the two motions (their fresh samples on a uniform grid) to excitation.npz and "
-                           "validation.npz", convert)
+    paths = steps("convert the two motions (their fresh samples, at the drives' own times) to excitation.npz and "
+                  "validation.npz", convert)
     excitation.save(traj, out / "excitation.toml")
     step = ("identify: `armid identify` as its own process (filter, regressor, parallel decimation, WLS, "
             "physically consistent fit, result.json, model.toml, report)")
@@ -231,9 +230,10 @@ def _run_chain(args: argparse.Namespace) -> int:
           + f" ({seconds:g} s + blends), validation on the "
           f"time-reversed motion")
     print(figures.line())
-    print(f"identification data: {data['samples']} samples at {data['rate_hz']:g} Hz (fresh samples resampled "
-          f"on a uniform grid; largest interval bridged {1e3 * max(bridged.values()):.0f} ms; the effort aligned "
-          f"with the motion by the simulator's {1e3 * data['effort_delay_s']:g} ms)")
+    gaps = (f"cut into {data['segments']} uniformly sampled segments where samples were lost, each filtered apart"
+            if data["segments"] > 1 else "no sample lost")
+    print(f"identification data: {data['samples']} fresh samples at {data['rate_hz']:g} Hz ({gaps}; the effort "
+          f"aligned with the motion by the simulator's {1e3 * data['effort_delay_s']:g} ms)")
     print(table.rstrip())
     print(f"({model.name} is the model the simulator runs: its values are the truth)")
     print(f"done in {time.perf_counter() - started:.1f} s; open {out / 'report.html'}")

@@ -24,6 +24,9 @@ def register(sub) -> None:
                    help="how late the torques/currents are against the positions, in s (default: the recording's "
                         "own, 0 if it says nothing; a current averaged over the sample period: half a period)")
     p.add_argument("--decimate", metavar="K", type=int, help="decimation factor (default: from the bandwidth)")
+    p.add_argument("--bridge", metavar="N", type=int, default=None,
+                   help="fill gaps of at most N lost samples by interpolation; cut the recording at longer ones and "
+                        "identify its segments together (default 3; 0 cuts at every gap)")
     p.add_argument("--slow", metavar="RAD_S", type=float, default=None,
                    help="leave out rows of joints slower than this (default 0.1 rad/s)")
     p.add_argument("--compare", metavar="MODEL", default=None,
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
                            decimate=args.decimate, consistent=args.consistent,
                            slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
                            payload_run=args.payload_run, payload_mass=args.payload_mass,
-                           effort_delay=args.effort_delay, verbose=verbose)
+                           effort_delay=args.effort_delay, verbose=verbose,
+                           max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge)
     written = write_outputs(ident, Path(args.out), args.data)
     if reference is None:
         print_summary(ident)
@@ -121,6 +125,8 @@ def print_summary(ident, truth=None, label: str = "true") -> None:
     print(f"condition number {fit.cond:.4g}; rows per joint {' '.join(str(int(r)) for r in fit.rows)}; "
           f"'!' = sigma above {BADLY_IDENTIFIED_PCT:g} %")
     print("residual RMS per joint (N m): " + " ".join(f"{x:.4g}" for x in fit.residual_rms))
+    if ident.rows.gaps_note():
+        print(f"data: {ident.rows.gaps_note()}")
     if ident.validation is not None:
         v = ident.validation
         print("validation RMS per joint (N m): " + " ".join(f"{x:.4g}" for x in v.rms)

@@ -37,7 +37,7 @@ from ident.consistent import _link_map
 from ident.errors import InputError
 from ident.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import PARAMS_PER_JOINT, Model
-from ident.preprocess import Recording, estimate_bandwidth, load_recording, sampling_rate
+from ident.preprocess import Recording, estimate_bandwidth, load_recording, nominal_rate
 from ident.payload.result import PARAMETER_NAMES, Combination, PayloadEstimate
 
 METHODS = ("difference", "torque", "global")
@@ -86,7 +86,7 @@ def prepare_runs(model: Model, loaded: str | Path | Recording, unloaded: str | P
     if rec_u.kind != rec_l.kind:
         raise PayloadError(f"{rec_l.source}: the loaded run holds {rec_l.kind}s, the unloaded run "
                            f"{rec_u.source} {rec_u.kind}s: record both alike")
-    rate_u, rate_l = sampling_rate(rec_u.t, rec_u.source), sampling_rate(rec_l.t, rec_l.source)
+    rate_u, rate_l = nominal_rate(rec_u.t, rec_u.source), nominal_rate(rec_l.t, rec_l.source)
     if abs(rate_l / rate_u - 1.0) > 1e-3:
         raise PayloadError(f"{rec_l.source}: sampled at {rate_l:.6g} Hz, the unloaded run {rec_u.source} at "
                            f"{rate_u:.6g} Hz: both runs need the same rate")
