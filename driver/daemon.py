@@ -295,6 +295,7 @@ class Driver:
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),
                "drive_states": self.status()["drive_states"], "recording": self._recording_health(),
+               "effort_delay_s": self.effort_delay_s,
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         return msg

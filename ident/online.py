@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import scipy.interpolate
 import scipy.signal
 
 from ident import dynamics
@@ -50,7 +51,7 @@ from ident.base_params import BaseParameters, base_parameters
 from ident.batch import DEFAULT_SLOW_VELOCITY
 from ident.errors import InputError
 from ident.model import Model
-from ident.preprocess import NOISE_CUTOFF_HZ, edge_samples
+from ident.preprocess import NOISE_CUTOFF_HZ, check_effort_delay, edge_samples
 from ident.rls import RecursiveLS
 
 
@@ -93,13 +94,18 @@ class Report:
                 "joint_sigma": None if self.joint_sigma is None else finite(self.joint_sigma)}
 
 
-def zero_phase_kernels(cutoff_hz: float, rate_hz: float, order: int = 4) -> np.ndarray:
-    """The batch pipeline's preprocessing as three FIR kernels (3, L) applied as dot products over a window
-    of L = 2 D + 3 samples (oldest first): the zero-phase Butterworth (order `order`, cut-off in Hz) value,
-    and the central-difference first (1/s) and second (1/s^2) derivatives of the filtered signal, all at
-    the window's centre. D = ident.preprocess.edge_samples (where the batch pipeline trims its edges)."""
+def zero_phase_kernels(cutoff_hz: float, rate_hz: float, order: int = 4, effort_shift: float = 0.0) -> np.ndarray:
+    """The batch pipeline's preprocessing as four FIR kernels (4, L) applied as dot products over a window
+    of L = 2 (D + s) + 3 samples (oldest first): the zero-phase Butterworth (order `order`, cut-off in Hz)
+    value, and the central-difference first (1/s) and second (1/s^2) derivatives of the filtered signal,
+    all at the window's centre; and the filtered value effort_shift samples after the centre (for an effort
+    that lags the positions by that much: ident.preprocess.Recording.effort_delay times the rate), read
+    from a cubic spline through the kernel as the batch pipeline reads the filtered effort from a cubic
+    spline. D = ident.preprocess.edge_samples (where the batch pipeline trims its edges); s = ceil(|shift|)."""
     if not (math.isfinite(cutoff_hz) and 0 < cutoff_hz < rate_hz / 2):
         raise InputError(f"cutoff: expected a frequency between 0 and {rate_hz / 2:g} Hz, got {cutoff_hz!r}")
+    if not math.isfinite(effort_shift):
+        raise InputError(f"effort shift: expected a finite number of samples, got {effort_shift!r}")
     sos = scipy.signal.butter(order, cutoff_hz, fs=rate_hz, output="sos")
     D = edge_samples(sos)
     impulse = np.zeros(3 * D + 1)
@@ -107,11 +113,14 @@ def zero_phase_kernels(cutoff_hz: float, rate_hz: float, order: int = 4) -> np.n
     g = scipy.signal.sosfilt(sos, impulse)                     # the causal impulse response
     h = np.correlate(g, g, "full")[g.size - 1 - D:g.size + D]  # forward-backward: its autocorrelation
     h /= h.sum()                                               # unit gain at 0 Hz (truncation ~1e-4)
-    hp = np.pad(h, 2)
+    s = math.ceil(abs(effort_shift))
+    hp = np.pad(h, 2 + s)
     dt = 1.0 / rate_hz
-    L = 2 * D + 3
+    L = 2 * (D + s) + 3
     i = np.arange(L)
-    return np.stack([hp[i + 1], (hp[i] - hp[i + 2]) / (2.0 * dt), (hp[i] - 2.0 * hp[i + 1] + hp[i + 2]) / dt ** 2])
+    later = scipy.interpolate.CubicSpline(np.arange(hp.size), hp)(i + 1 - effort_shift) if effort_shift else hp[i + 1]
+    return np.stack([hp[i + 1], (hp[i] - hp[i + 2]) / (2.0 * dt), (hp[i] - 2.0 * hp[i + 1] + hp[i + 2]) / dt ** 2,
+                     later / later.sum()])
 
 
 def _window_dot(x: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -138,12 +147,16 @@ class WindowRows:
 
 class SampleWindow:
     """The sliding window over a stream of (seq, q, tau) samples: gaps, repeats, non-finite samples, and
-    the batch pipeline's filter and differentiation at the window centre (zero_phase_kernels)."""
+    the batch pipeline's filter and differentiation at the window centre (zero_phase_kernels). effort_delay
+    (s): how late the torques are against the positions (ident.preprocess.Recording.effort_delay); a row's
+    torque is then the filtered torque that much after the row's motion."""
 
-    def __init__(self, n: int, *, rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, max_fill: int = 3):
+    def __init__(self, n: int, *, rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, max_fill: int = 3,
+                 effort_delay: float = 0.0):
         self.n = int(n)
         self.rate_hz, self.cutoff_hz = float(rate_hz), float(cutoff_hz)
-        self._c = zero_phase_kernels(self.cutoff_hz, self.rate_hz)            # (3, L)
+        self.effort_delay = check_effort_delay(effort_delay, "effort_delay")
+        self._c = zero_phase_kernels(self.cutoff_hz, self.rate_hz, effort_shift=self.effort_delay * self.rate_hz)
         self.window = self._c.shape[1]
         self.delay = (self.window - 1) // 2     # samples between the newest sample and the rows built
         self.max_fill = int(max_fill)
@@ -156,7 +169,7 @@ class SampleWindow:
         correlated, and a least-squares estimate from its rows (regressors slow beside the filter) has
         this many times the variance it would have from as many independent rows (about 14 at 1 kHz and
         40 Hz: one row in 14 counts). RecursiveLS.row_correlation."""
-        h = self._c[0]
+        h = self._c[3]
         return float(h.sum() ** 2 / np.dot(h, h))
 
     def clear(self) -> None:
@@ -252,7 +265,7 @@ class SampleWindow:
         # a velocity reversal of joint j inside the window: sign(q[i+1] - q[i-1]) not constant over it
         direction = np.sign(Q[2:] - Q[:-2])
         steady = np.abs(_window_dot(direction, np.ones(L - 2))[real]) == L - 2
-        return WindowRows(S[centre][real], q_c, qd_c, qdd_c, _window_dot(T, self._c[0])[real], steady)
+        return WindowRows(S[centre][real], q_c, qd_c, qdd_c, _window_dot(T, self._c[3])[real], steady)
 
 
 class JointWeightedRLS:
@@ -335,22 +348,23 @@ class OnlineIdentifier:
 
     rate_hz: the stream's sample rate; cutoff_hz: the low-pass cut-off (the batch pipeline's, default its
     40 Hz noise floor); forgetting: lambda per sample (1: none); joint_sigma (n,) N m: fixed weights
-    (default: estimated by the first pass over warmup_rows rows per joint); p0: initial covariance scale."""
+    (default: estimated by the first pass over warmup_rows rows per joint); p0: initial covariance scale;
+    effort_delay (s): how late the torques are against the positions (SampleWindow)."""
 
     def __init__(self, model: Model, *, rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ,
                  forgetting: float = 1.0, joint_sigma=None, warmup_rows: int = 2000, p0: float = 1e4,
                  trace_max: float | None = None, min_speed: float = DEFAULT_SLOW_VELOCITY, converge_tol: float = 1e-3,
-                 converge_reports: int = 3, max_fill: int = 3, base: BaseParameters | None = None):
+                 converge_reports: int = 3, max_fill: int = 3, base: BaseParameters | None = None,
+                 effort_delay: float = 0.0):
         self.model = model
         self.base = base or base_parameters(model)
         self.n, self.p = model.n, self.base.count
-        self.samples = SampleWindow(self.n, rate_hz=rate_hz, cutoff_hz=cutoff_hz, max_fill=max_fill)
-        self.rate_hz = self.samples.rate_hz
-        self.window, self.delay, self.max_fill = self.samples.window, self.samples.delay, self.samples.max_fill
         self.fit = JointWeightedRLS(self.p, self.n, forgetting=forgetting, p0=p0, trace_max=trace_max,
                                     joint_sigma=joint_sigma, warmup_rows=warmup_rows)
         self.rls = self.fit.rls
-        self.rls.row_correlation = self.samples.noise_correlation
+        self.samples = SampleWindow(self.n, rate_hz=rate_hz, cutoff_hz=cutoff_hz, max_fill=max_fill,
+                                    effort_delay=effort_delay)
+        self._window_changed()
         self.min_speed = float(min_speed)
         self.converge_tol, self.converge_reports = float(converge_tol), int(converge_reports)
         self.frozen = False
@@ -362,6 +376,27 @@ class OnlineIdentifier:
     @property
     def counters(self) -> Counters:
         return self.samples.counters
+
+    @property
+    def effort_delay(self) -> float:
+        """How late the torques are against the positions, s (SampleWindow)."""
+        return self.samples.effort_delay
+
+    def set_effort_delay(self, seconds: float) -> None:
+        """Align the torques by a new effort delay (s) from the next sample on: the window starts afresh (its
+        counters go on); the estimate stays."""
+        s = self.samples
+        fresh = SampleWindow(self.n, rate_hz=s.rate_hz, cutoff_hz=s.cutoff_hz, max_fill=s.max_fill,
+                             effort_delay=seconds)
+        fresh.counters = s.counters
+        self.samples = fresh
+        self._window_changed()
+
+    def _window_changed(self) -> None:
+        s = self.samples
+        self.rate_hz = s.rate_hz
+        self.window, self.delay, self.max_fill = s.window, s.delay, s.max_fill
+        self.rls.row_correlation = s.noise_correlation
 
     # -- feeding -------------------------------------------------------------------------------------
     def push(self, seq, q, tau) -> int:

@@ -20,6 +20,12 @@ device sample (the driver republishes the last sample when no new one arrived in
 (`repeated`) and dropped; a device sample missing between two messages is a gap for the identifier.
 When no message arrives for stale_s, the service says so once (health "stopped") and says "resumed"
 when the stream comes back; the sequence numbers tell the identifier to restart its window.
+
+The effort delay (how late the drives' torques are against their positions, ident.preprocess.Recording):
+a number of seconds given, or "driver": the service reads it from the driver's own health messages
+(`effort_delay_s`, topic health on the same endpoint, once per second). Until the first one arrives the
+samples are buffered for identify_now but not fed to the filter (counted `waiting`); with no health message
+within DELAY_WAIT_S of the first state message, the delay is taken as 0 and the service says so in its log.
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ from ident import dynamics
 from ident.errors import InputError
 from ident.model import Model
 from ident.online import OnlineIdentifier
+from ident.preprocess import check_effort_delay
 from ident.payload.online import OnlinePayload, cusum
 
 TOPIC_ESTIMATE = b"estimate"
@@ -44,6 +51,8 @@ TOPIC_HEALTH = b"health"
 TOPIC_PAYLOAD = b"payload"
 TOPIC_EVENT = b"event"
 PAYLOAD_ARMS = ("model", "estimate")
+DELAY_FROM_DRIVER = "driver"
+DELAY_WAIT_S = 3.0       # s after the first state message: no driver health with the effort delay -> 0
 
 
 @dataclass
@@ -79,19 +88,25 @@ class IdentService:
     estimate_file at start, or the current one on the payload_track command).
     block: samples per filter call (window, regressor, RLS; also run at each publication); drain_s: the
     least time between two reads of the stream (s; each read takes every queued message: fewer wake-ups,
-    at most drain_s more lag; commands are answered at once)."""
+    at most drain_s more lag; commands are answered at once). effort_delay: seconds, or "driver" (the module
+    docstring)."""
 
     def __init__(self, model: Model, *, state_endpoint: str = "tcp://127.0.0.1:5555",
                  publish_endpoint: str = "tcp://127.0.0.1:5557", command_endpoint: str = "tcp://127.0.0.1:5558",
                  publish_hz: float = 10.0, stale_s: float = 0.5, estimate_file: str | None = None,
                  buffer_s: float = 120.0, payload: str | None = None, block: int = 50, drain_s: float = 0.01,
-                 context: zmq.Context | None = None, log=None, **identifier_options):
+                 context: zmq.Context | None = None, log=None, effort_delay: float | str = 0.0, **identifier_options):
         if not publish_hz > 0 or not stale_s > 0:
             raise InputError("publish_hz and stale_s: expected positive numbers")
         if payload is not None and payload not in PAYLOAD_ARMS:
             raise InputError(f"payload: expected one of {', '.join(PAYLOAD_ARMS)} (the arm's parameters), got {payload!r}")
         self.model = model
-        self.identifier = OnlineIdentifier(model, **identifier_options)
+        self.delay_source = "driver" if effort_delay == DELAY_FROM_DRIVER else "given"
+        delay = 0.0 if self.delay_source == "driver" else check_effort_delay(effort_delay, "effort_delay")
+        self._delay_known = self.delay_source == "given"
+        self._first_state_at: float | None = None
+        self.waiting = 0                    # samples not fed while the driver's effort delay was unknown
+        self.identifier = OnlineIdentifier(model, effort_delay=delay, **identifier_options)
         self.payload_arm = payload
         self.payload: OnlinePayload | None = None
         self._events: list[dict] = []
@@ -181,6 +196,8 @@ class IdentService:
             sub.setsockopt(zmq.RCVHWM, 200000)
             sub.connect(self.endpoints["state"])
             sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
+            if self.delay_source == "driver":
+                sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_HEALTH)
             pub.bind(self.endpoints["publish"])
             rep.bind(self.endpoints["commands"])
         except zmq.ZMQError as exc:
@@ -247,12 +264,18 @@ class IdentService:
         if not raw:
             return
         self._last_rx = time.monotonic()
+        health = [f[1] for f in raw if len(f) == 2 and f[0] == stream.TOPIC_HEALTH]
+        if health:
+            self._driver_health(health[-1])
+            raw = [f for f in raw if not (len(f) == 2 and f[0] == stream.TOPIC_HEALTH)]
         self.messages += len(raw)
         size = self._msg_size
         good = [f[1] for f in raw if len(f) == 2 and len(f[1]) == size]
         if not good:
             self.malformed += len(raw)
             return
+        if self._first_state_at is None:
+            self._first_state_at = self._last_rx
         rec = np.frombuffer(b"".join(good), dtype=self._dtype)
         ok = (rec["magic"] == stream.MAGIC) & (rec["version"] == stream.STREAM_VERSION) & (rec["n"] == self.model.n)
         self.malformed += len(raw) - int(ok.sum())
@@ -280,11 +303,30 @@ class IdentService:
             self._k = k + c
             start += c
 
+    def _driver_health(self, payload: bytes) -> None:
+        """The driver's health message: adopt its effort_delay_s (the first time, or when it changed)."""
+        try:
+            delay = check_effort_delay(json.loads(payload)["effort_delay_s"], "the driver's health message")
+        except (KeyError, TypeError, ValueError, InputError):   # an older driver, or not one: keep waiting
+            return
+        if self._delay_known and delay == self.identifier.effort_delay:
+            return
+        self._flush()                        # what came before goes through with the delay it came with
+        self.identifier.set_effort_delay(delay)
+        self._delay_known = True
+        self.log(f"ident-service: effort delay {1e3 * delay:g} ms, from the driver's health message")
+
     def _flush(self) -> None:
         k = self._k
         if k:
             c0, w0 = time.process_time(), time.perf_counter()
-            if self.payload is None:
+            if not self._delay_known and time.monotonic() - (self._first_state_at or time.monotonic()) > DELAY_WAIT_S:
+                self._delay_known = True
+                self.log(f"ident-service: no health message with the effort delay from the driver within "
+                         f"{DELAY_WAIT_S:g} s: torques taken as simultaneous with the positions (give --effort-delay)")
+            if not self._delay_known:
+                self.waiting += k
+            elif self.payload is None:
                 self.identifier.push(self._seq[:k], self._q[:k], self._tau[:k])
             else:                  # one window and one regressor call for both estimators
                 o = self.identifier
@@ -307,22 +349,16 @@ class IdentService:
             self.timing.flushed(k, time.process_time() - c0, time.perf_counter() - w0, self.identifier.counters.samples)
 
     def buffered(self):
-        """The newest run of buffered samples without a gap longer than the identifier's max_fill, on the
-        drives' uniform sample grid (shorter gaps bridged by linear interpolation): (t s, q, tau)."""
+        """The newest run of buffered samples whose device sample indices increase (a driver restart starts
+        a new run), at their device times: (t s from the run's first sample, q, tau). Gaps stay: the batch
+        pipeline bridges the short ones and cuts at the long ones (ident.batch.recording_rows)."""
         cap, c = self._ring_t.shape[0], self._ring_count
         idx = (self._ring_next - c + np.arange(c)) % cap
         seq, q, tau = self._ring_seq[idx], self._ring_q[idx], self._ring_tau[idx]
-        step = np.diff(seq)
-        long = np.flatnonzero((step > self.identifier.max_fill + 1) | (step <= 0))
-        start = int(long[-1]) + 1 if long.size else 0
+        back = np.flatnonzero(np.diff(seq) <= 0)
+        start = int(back[-1]) + 1 if back.size else 0
         seq, q, tau = seq[start:], q[start:], tau[start:]
-        if seq.shape[0] < 2:
-            return np.zeros(seq.shape[0]), q, tau
-        grid = np.arange(seq[0], seq[-1] + 1)
-        if grid.shape[0] != seq.shape[0]:
-            q = np.stack([np.interp(grid, seq, q[:, j]) for j in range(self.model.n)], axis=1)
-            tau = np.stack([np.interp(grid, seq, tau[:, j]) for j in range(self.model.n)], axis=1)
-        return (grid - grid[0]) / self._rate, q, tau
+        return (seq - (seq[0] if seq.size else 0)) / self._rate, q, tau
 
     def identify_now(self) -> dict:
         """Batch identification (ident.batch) of the buffered window: the content of result.json."""
@@ -333,11 +369,13 @@ class IdentService:
         self._flush()
         t, q, tau = self.buffered()
         if t.shape[0] < 2000:
-            raise InputError(f"identify_now: {t.shape[0]} contiguous samples buffered; at least 2000 are needed")
-        rec = Recording(t, q, tau, None, None, "live stream")
-        # the same low-pass as the online filter (ident.online: the batch pipeline's, causal with a delay)
+            raise InputError(f"identify_now: {t.shape[0]} samples buffered; at least 2000 are needed")
+        rec = Recording(t, q, tau, None, None, "live stream", self.identifier.effort_delay)
+        # the same low-pass as the online filter (ident.online: the batch pipeline's, causal with a delay), and
+        # the same bridging of short gaps
         return result_document(identify(self.model, rec, base=self.identifier.base,
-                                        cutoff_hz=self.identifier.samples.cutoff_hz))
+                                        cutoff_hz=self.identifier.samples.cutoff_hz,
+                                        max_bridged=self.identifier.max_fill))
 
     def _watch_stream(self, pub: zmq.Socket, now: float) -> None:
         if self._last_rx == 0.0:
@@ -371,7 +409,8 @@ class IdentService:
             theta = self.identifier.rls.theta.copy()
         o = self.identifier
         self.payload = OnlinePayload(self.model, arm_theta=theta, base=o.base, rate_hz=o.rate_hz,
-                                     cutoff_hz=o.samples.cutoff_hz, max_fill=o.max_fill, min_speed=o.min_speed)
+                                     cutoff_hz=o.samples.cutoff_hz, max_fill=o.max_fill, min_speed=o.min_speed,
+                                     effort_delay=o.effort_delay)
         self.payload_arm = arm
 
     def _payload_message(self) -> dict:
@@ -399,6 +438,8 @@ class IdentService:
                         "counters": vars(c), "messages": self.messages, "malformed": self.malformed,
                         "repeated": self.repeated,
                         "parameters": self.identifier.p, "delay_samples": self.identifier.delay,
+                        "effort_delay_s": self.identifier.effort_delay if self._delay_known else None,
+                        "effort_delay_source": self.delay_source, "waiting": self.waiting,
                         "cutoff_hz": self.identifier.samples.cutoff_hz, "timing": asdict(self.timing),
                         "payload": None if self.payload is None else {"arm": self.payload_arm, "rows": self.payload.rows,
                                                                        "changes": len(self.payload.changes)}}

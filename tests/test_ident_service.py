@@ -65,12 +65,13 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
     production; the service runs here."""
     state, commands = f"ipc://{tmp_path}/state", f"ipc://{tmp_path}/commands"
     cfg = tmp_path / "driver.toml"
-    cfg.write_text(f'[driver]\nmodel = "generic6"\nwatchdog_ms = 500\n[transport]\nname = "sim"\nrealtime = true\n'
-                   f'[zmq]\nstate = "{state}"\ncommands = "{commands}"\n')
+    # the in-process simulator publishes each period's mean current: half a period (0.5 ms) late
+    cfg.write_text(f'[driver]\nmodel = "generic6"\nwatchdog_ms = 500\neffort_delay_ms = 0.5\n[transport]\nname = "sim"\n'
+                   f'realtime = true\n[zmq]\nstate = "{state}"\ncommands = "{commands}"\n')
     drv = subprocess.Popen([sys.executable, "-m", "armid.cli", "driver", "--config", str(cfg)], cwd=ROOT,
                            stderr=subprocess.DEVNULL)
     svc = IdentService(model, state_endpoint=state, publish_endpoint="tcp://127.0.0.1:*",
-                       command_endpoint="tcp://127.0.0.1:*", publish_hz=10, stale_s=0.3, p0=1e6)
+                       command_endpoint="tcp://127.0.0.1:*", publish_hz=10, stale_s=0.3, p0=1e6, effort_delay="driver")
     svc.start()
     out = Listener(svc.bound["publish"])
     try:
@@ -79,6 +80,8 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
         path = tmp_path / "traj.toml"
         excitation.save(FourierTrajectory(0.5, np.zeros(6), a, b), path)
         assert _wait(lambda: svc.identifier.counters.samples > 100, 60)      # the driver is up and streaming
+        status = _req(svc.bound["commands"], cmd="status")           # the delay came with the driver's health
+        assert (status["effort_delay_s"], status["effort_delay_source"]) == (0.0005, "driver")
         enabled = _req(commands, cmd="enable")
         assert enabled["ok"], enabled
         assert _wait(lambda: _req(commands, cmd="status")["enabled"])
@@ -134,6 +137,69 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
         if drv.poll() is None:
             drv.kill()
             drv.wait(10)
+
+
+def _publisher():
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    return pub, pub.bind_to_random_port("tcp://127.0.0.1")
+
+
+def _send_samples(pub, first, count):
+    msg = stream.StateMessage(6)
+    for k in range(first, first + count):
+        msg.set_header(k, 0, k * 1_000_000, time.time_ns())
+        msg.q[:] = 0.001 * k
+        pub.send_multipart((stream.TOPIC_STATE, bytes(msg.buffer)))
+
+
+def test_the_effort_delay_comes_from_the_drivers_health_and_samples_wait_for_it(model):
+    """"driver": samples before the first health message are buffered, not fed; the delay of the health
+    message is adopted (and again when it changes); a health message without a valid delay changes nothing."""
+    pub, port = _publisher()
+    svc = IdentService(model, state_endpoint=f"tcp://127.0.0.1:{port}", publish_endpoint="tcp://127.0.0.1:*",
+                       command_endpoint="tcp://127.0.0.1:*", block=10, effort_delay="driver")
+    svc.start()
+    try:
+        time.sleep(0.3)                                  # let the subscription reach the publisher
+        _send_samples(pub, 0, 40)
+        assert _wait(lambda: _req(svc.bound["commands"], cmd="status")["waiting"] == 40, 5)
+        assert svc.identifier.counters.samples == 0 and svc._ring_count == 40
+        assert _req(svc.bound["commands"], cmd="status")["effort_delay_s"] is None
+        pub.send_multipart((stream.TOPIC_HEALTH, json.dumps({"effort_delay_s": "soon"}).encode()))
+        pub.send_multipart((stream.TOPIC_HEALTH, json.dumps({"effort_delay_s": 0.002}).encode()))
+        _send_samples(pub, 40, 30)
+        assert _wait(lambda: svc.identifier.counters.samples == 30, 5)
+        status = _req(svc.bound["commands"], cmd="status")
+        assert (status["effort_delay_s"], status["waiting"], status["malformed"]) == (0.002, 40, 0)
+        pub.send_multipart((stream.TOPIC_HEALTH, json.dumps({"effort_delay_s": 0.001}).encode()))
+        assert _wait(lambda: svc.identifier.effort_delay == 0.001, 5)
+        assert svc.identifier.counters.samples == 30    # the window restarted, the counters went on
+    finally:
+        svc.stop()
+        pub.close(0)
+
+
+def test_without_the_drivers_health_the_effort_delay_is_taken_as_zero_after_a_wait(model, monkeypatch):
+    from ident import service
+
+    monkeypatch.setattr(service, "DELAY_WAIT_S", 0.2)
+    pub, port = _publisher()
+    logged = []
+    svc = IdentService(model, state_endpoint=f"tcp://127.0.0.1:{port}", publish_endpoint="tcp://127.0.0.1:*",
+                       command_endpoint="tcp://127.0.0.1:*", block=10, effort_delay="driver", log=logged.append)
+    svc.start()
+    try:
+        time.sleep(0.3)
+        _send_samples(pub, 0, 20)
+        assert _wait(lambda: svc.waiting == 20, 5)
+        time.sleep(0.3)
+        _send_samples(pub, 20, 20)
+        assert _wait(lambda: svc.identifier.counters.samples == 20, 5)
+        assert svc.identifier.effort_delay == 0.0 and any("taken as simultaneous" in text for text in logged)
+    finally:
+        svc.stop()
+        pub.close(0)
 
 
 def test_malformed_stream_messages_are_counted_and_never_become_data(model):

@@ -75,6 +75,45 @@ def test_the_causal_filter_is_the_batch_pipelines_zero_phase_filter_and_central_
         assert np.max(np.abs(got[a] - want[b]) / scale) < 2e-4
 
 
+@pytest.mark.parametrize("delay_samples", [0.5, 2.25])
+def test_a_lagging_torque_is_read_as_late_as_the_batch_pipeline_reads_it(smooth, delay_samples):
+    """A torque recorded d late (tau_rec(t) = tau(t - d)): the rows' torques equal the batch pipeline's
+    (prepare with the recording's effort_delay: a spline through the filtered torque read at t + d) and the
+    undelayed torque's rows, and not the unaligned ones."""
+    seq, q, tau = smooth[:3]
+    t = seq / RATE
+    d = delay_samples / RATE
+    late = np.stack([np.interp(t - d, t, tau[:, j]) for j in range(6)], axis=1)    # tau is smooth: exact to 1e-7
+    rec = Recording(t, q, late, None, None, "late", d)
+    s = prepare(rec, cutoff_hz=40.0)
+    window = SampleWindow(6, rate_hz=RATE, cutoff_hz=40.0, effort_delay=d)
+    rows = window.push(seq, q, late)
+    on_time = SampleWindow(6, rate_hz=RATE, cutoff_hz=40.0).push(seq, q, tau)
+    unaligned = SampleWindow(6, rate_hz=RATE, cutoff_hz=40.0).push(seq, q, late)
+    assert window.window == SampleWindow(6, rate_hz=RATE, cutoff_hz=40.0).window + 2 * int(np.ceil(delay_samples))
+    common, a, b = np.intersect1d(rows.seq, np.rint(s.t * RATE).astype(int), return_indices=True)
+    inner = slice(window.window, -window.window)
+    a, b = a[inner], b[inner]
+    scale = np.max(np.abs(s.y), axis=0)
+    assert np.max(np.abs(rows.tau[a] - s.y[b]) / scale) < 2e-5          # measured 6e-6
+    _, c, e = np.intersect1d(rows.seq, on_time.seq, return_indices=True)
+    _, f, g = np.intersect1d(rows.seq, unaligned.seq, return_indices=True)
+    aligned_error = np.max(np.abs(rows.tau[c] - on_time.tau[e]) / scale)
+    assert aligned_error < 2e-5                                              # measured 4e-6
+    assert np.max(np.abs(unaligned.tau[g] - rows.tau[f]) / scale) > 100 * aligned_error   # 3e-3, 1.4e-2
+
+
+def test_the_effort_delay_is_checked_and_can_change_on_a_running_identifier(model, base):
+    with pytest.raises(Exception, match="effort_delay: expected a finite number of seconds within"):
+        SampleWindow(6, effort_delay=float("nan"))
+    ident = OnlineIdentifier(model, base=base, effort_delay=0.0005)
+    assert ident.effort_delay == 0.0005 and ident.window == SampleWindow(6).window + 2
+    ident.samples.counters.samples = 7
+    ident.set_effort_delay(0.003)
+    assert ident.effort_delay == 0.003 and ident.window == SampleWindow(6).window + 6
+    assert ident.counters.samples == 7 and ident.delay == (ident.window - 1) // 2
+
+
 def test_noise_free_stream_predicts_torque_to_a_tiny_fraction_and_recovers_the_model(model, base, smooth):
     seq, q, tau, qd, qdd, truth = smooth
     ident = OnlineIdentifier(model, base=base, p0=1e8)

@@ -19,10 +19,25 @@ def register(sub) -> None:
     p.add_argument("--block", type=int, default=50, help="samples per filter call (default: 50)")
     p.add_argument("--drain", type=float, default=0.01,
                    help="least time between reads of the stream, s (default: 0.01)")
+    p.add_argument("--effort-delay", default="driver", metavar="S|driver",
+                   help="how late the torques are against the positions, s; default \"driver\": read from the "
+                        "driver's health messages ([driver] effort_delay_ms)")
     p.add_argument("--payload", choices=("model", "estimate"), default=None,
                    help="also track the payload, with the arm's parameters of the model or of the loaded estimate "
                         "(publishes topics payload and event)")
     p.set_defaults(run=_run)
+
+
+def _effort_delay(text: str):
+    """ "driver", or the seconds given (checked by the service)."""
+    from ident.errors import InputError
+
+    if text == "driver":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"--effort-delay: expected seconds or \"driver\", got {text!r}") from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -41,7 +56,8 @@ def _run(args: argparse.Namespace) -> int:
     service = IdentService(model, state_endpoint=args.state, publish_endpoint=args.publish,
                            command_endpoint=args.commands, publish_hz=args.rate, estimate_file=args.estimate_file,
                            payload=args.payload, block=args.block, drain_s=args.drain,
-                           log=log, rate_hz=args.stream_rate, cutoff_hz=args.cutoff, forgetting=args.forgetting)
+                           log=log, rate_hz=args.stream_rate, cutoff_hz=args.cutoff, forgetting=args.forgetting,
+                           effort_delay=_effort_delay(args.effort_delay))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())

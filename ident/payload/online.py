@@ -92,7 +92,7 @@ class PayloadChange:
 class OnlinePayload:
     """RLS tracking of the payload's 10 parameters on a stream of (seq, q, tau) samples, with change
     detection (module docstring). arm_theta (b,): the arm's base parameters (default: the model's own);
-    cutoff_hz, rate_hz, max_fill: as ident.online.OnlineIdentifier; forgetting: lambda per sample;
+    cutoff_hz, rate_hz, max_fill, effort_delay: as ident.online.OnlineIdentifier; forgetting: lambda per sample;
     joint_sigma (n,) N m: fixed weights (default: first pass over warmup_rows rows per joint); p0: prior
     variance of each payload parameter (SI units squared); chi0 (10,): the prior payload."""
 
@@ -100,7 +100,7 @@ class OnlinePayload:
                  rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, forgetting: float = 1.0,
                  joint_sigma=None, warmup_rows: int = 1000, p0: float = 100.0, chi0=None,
                  min_speed: float = DEFAULT_SLOW_VELOCITY, max_fill: int = 3, drift: float = CUSUM_DRIFT,
-                 threshold: float = CUSUM_THRESHOLD, holdoff_rows: int = 1000):
+                 threshold: float = CUSUM_THRESHOLD, holdoff_rows: int = 1000, effort_delay: float = 0.0):
         self.model = model
         self.base = base or base_parameters(model)
         self.n = model.n
@@ -113,7 +113,8 @@ class OnlinePayload:
             raise InputError("chi0: expected 10 finite payload parameters")
         if not (drift >= 0 and threshold > 0 and holdoff_rows >= 0):
             raise InputError("drift, threshold, holdoff_rows: expected drift >= 0, threshold > 0, holdoff_rows >= 0")
-        self.samples = SampleWindow(self.n, rate_hz=rate_hz, cutoff_hz=cutoff_hz, max_fill=max_fill)
+        self.samples = SampleWindow(self.n, rate_hz=rate_hz, cutoff_hz=cutoff_hz, max_fill=max_fill,
+                                    effort_delay=effort_delay)
         self.fit = JointWeightedRLS(10, self.n, forgetting=forgetting, p0=p0, joint_sigma=joint_sigma,
                                     warmup_rows=warmup_rows, theta0=self.chi0)
         self.rls = self.fit.rls
