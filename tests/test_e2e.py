@@ -134,6 +134,14 @@ def test_the_demo_chain_identifies_the_recording_and_validates_it(demo_run, trut
     assert (pct <= BADLY_IDENTIFIED_PCT).sum() >= MIN_MEANINGFUL, "the excitation identified next to nothing"
     rms = np.array(doc["validation"]["rms"], dtype=float)
     assert rms.shape == (6,) and np.all(np.isfinite(rms)) and np.all(rms > 0)
+    # the identification used the fresh samples as recorded, and the summary says what it did with lost ones
+    data = doc["data"]
+    with np.load(demo_run.out / "excitation.npz") as npz:
+        assert data["samples"] == npz["t"].size and np.all(np.diff(npz["t"]) > 0)
+    line = next(x for x in demo_run.stdout.splitlines() if x.startswith("identification data:"))
+    assert line.startswith(f"identification data: {data['samples']} fresh samples at {data['rate_hz']:g} Hz")
+    assert (f"{data['bridged_samples']} lost samples bridged" in line) == (data["bridged_samples"] > 0)
+    assert (f"cut into {data['segments']} uniformly sampled segments" in line) == (data["segments"] > 1)
 
 
 def z_scores(doc: dict, true_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

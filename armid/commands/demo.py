@@ -230,8 +230,10 @@ def _run_chain(args: argparse.Namespace) -> int:
           + f" ({seconds:g} s + blends), validation on the "
           f"time-reversed motion")
     print(figures.line())
-    gaps = (f"cut into {data['segments']} uniformly sampled segments where samples were lost, each filtered apart"
-            if data["segments"] > 1 else "no sample lost")
+    gaps = [f"{data['bridged_samples']} lost samples bridged across short gaps"] if data["bridged_samples"] else []
+    if data["segments"] > 1:
+        gaps.append(f"cut into {data['segments']} uniformly sampled segments at longer ones, each filtered apart")
+    gaps = ", ".join(gaps) or "no sample lost"
     print(f"identification data: {data['samples']} fresh samples at {data['rate_hz']:g} Hz ({gaps}; the effort "
           f"aligned with the motion by the simulator's {1e3 * data['effort_delay_s']:g} ms)")
     print(table.rstrip())
