@@ -16,7 +16,7 @@ differentiator with another band, e.g. a 41-sample Savitzky-Golay window whose b
 cuts into the servo's real motion: on the HIL stream it moved ZZR2 by 130 % from the batch estimate.)
 
 Samples carry the drives' sample index. A non-finite sample is dropped (it then counts as missing), and
-nothing non-finite reaches the filter. Up to `max_fill` missing samples in a row are bridged by linear
+nothing non-finite reaches the filter. Up to `max_fill` (3, as the batch pipeline bridges) missing samples in a row are bridged by linear
 interpolation of the positions, for the differentiation window only: no row is built at an interpolated
 sample. A longer gap restarts the window: no row spans it.
 
@@ -51,7 +51,7 @@ from ident.base_params import BaseParameters, base_parameters
 from ident.batch import DEFAULT_SLOW_VELOCITY
 from ident.errors import InputError
 from ident.model import Model
-from ident.preprocess import NOISE_CUTOFF_HZ, check_effort_delay, edge_samples
+from ident.preprocess import MAX_BRIDGED_SAMPLES, NOISE_CUTOFF_HZ, check_effort_delay, edge_samples
 from ident.rls import RecursiveLS
 
 
@@ -151,7 +151,7 @@ class SampleWindow:
     (s): how late the torques are against the positions (ident.preprocess.Recording.effort_delay); a row's
     torque is then the filtered torque that much after the row's motion."""
 
-    def __init__(self, n: int, *, rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, max_fill: int = 3,
+    def __init__(self, n: int, *, rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, max_fill: int = MAX_BRIDGED_SAMPLES,
                  effort_delay: float = 0.0):
         self.n = int(n)
         self.rate_hz, self.cutoff_hz = float(rate_hz), float(cutoff_hz)
@@ -354,7 +354,7 @@ class OnlineIdentifier:
     def __init__(self, model: Model, *, rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ,
                  forgetting: float = 1.0, joint_sigma=None, warmup_rows: int = 2000, p0: float = 1e4,
                  trace_max: float | None = None, min_speed: float = DEFAULT_SLOW_VELOCITY, converge_tol: float = 1e-3,
-                 converge_reports: int = 3, max_fill: int = 3, base: BaseParameters | None = None,
+                 converge_reports: int = 3, max_fill: int = MAX_BRIDGED_SAMPLES, base: BaseParameters | None = None,
                  effort_delay: float = 0.0):
         self.model = model
         self.base = base or base_parameters(model)

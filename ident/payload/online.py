@@ -53,7 +53,7 @@ from ident.errors import InputError
 from ident.model import PARAMS_PER_JOINT, Model
 from ident.online import Counters, JointWeightedRLS, SampleWindow, WindowRows
 from ident.payload.result import PARAMETER_NAMES, Combination, PayloadEstimate
-from ident.preprocess import NOISE_CUTOFF_HZ
+from ident.preprocess import MAX_BRIDGED_SAMPLES, NOISE_CUTOFF_HZ
 
 EXCITED_SHRINK = 1e-3   # a direction is excited when the data shrank its prior variance below this fraction
 ALIGN_TOL = 1e-3        # a parameter is identified when less than this of its unit vector is unexcited
@@ -99,7 +99,7 @@ class OnlinePayload:
     def __init__(self, model: Model, *, arm_theta=None, base: BaseParameters | None = None,
                  rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, forgetting: float = 1.0,
                  joint_sigma=None, warmup_rows: int = 1000, p0: float = 100.0, chi0=None,
-                 min_speed: float = DEFAULT_SLOW_VELOCITY, max_fill: int = 3, drift: float = CUSUM_DRIFT,
+                 min_speed: float = DEFAULT_SLOW_VELOCITY, max_fill: int = MAX_BRIDGED_SAMPLES, drift: float = CUSUM_DRIFT,
                  threshold: float = CUSUM_THRESHOLD, holdoff_rows: int = 1000, effort_delay: float = 0.0):
         self.model = model
         self.base = base or base_parameters(model)
