@@ -254,14 +254,19 @@ class RecursiveLS:
         self.stats = np.zeros(4)
         self._err = np.empty((0, m))
 
-    def reset(self, theta0=None, P0=None) -> None:
-        """Start again from theta0 (default 0) and P0 (symmetric positive definite, default p0 I); stats cleared."""
-        self.theta[:] = 0.0 if theta0 is None else theta0
-        if P0 is None:
+    def reset(self, theta0=None, P0=None, *, factors=None) -> None:
+        """Start again from theta0 (default 0) and P0 (symmetric positive definite, default p0 I), or from P's
+        factors (U, D) (see set_factors); stats cleared. ValueError when P0 or the factors are not valid."""
+        if P0 is not None and factors is not None:
+            raise ValueError("reset: give P0 or its factors, not both")
+        if factors is not None:
+            self.set_factors(*factors)
+        elif P0 is not None:
+            self.P = P0
+        else:
             self._W[:] = 0.0
             self.D[:] = self.p0
-        else:
-            self.P = P0
+        self.theta[:] = 0.0 if theta0 is None else theta0
         self.stats[:] = 0.0
 
     @property
