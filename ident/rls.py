@@ -14,17 +14,22 @@ row is one scalar update with unit noise variance:
     theta += b (z - h' theta) / alpha_p          (b / alpha_p is the gain P h / (1 + h' P h))
 
 alpha_p = 1 + h' P h >= 1 and D_j only ever shrinks by a factor in (0, 1]: D > 0 and so P positive
-definite by construction, whatever the prior (the covariance form, P - K P H', went through
-rounding-indefinite states at p0 = 1e8 with Gautier's weights, a prior ~1e20 times a row's weight, and
-its sigma % could be NaN there). Forgetting is D /= lambda (no pass over P).
+definite by construction, whatever the prior. The covariance form, P - K H P, loses what the data say
+when they say much more than the prior: on the generic arm's excitation with Gautier's weights its P was
+3e-5 off the ridge-WLS covariance at p0 = 1e4, 9 % off and indefinite at p0 = 1e8 (a prior ~1e20 times a
+row's information), where its sigma % could be NaN; this form stays within 1e-10 (tested at 1e8).
+Forgetting is D /= lambda (no pass over P).
 
 One pass over the columns per sample: the m' rows are fused. Row r needs f_j only from column j as rows
 < r left it, so for each column j the rows take their turn, and row r's pass over the column also
 accumulates row r+1's f_j; the last row's pass accumulates ||U[:, j]||^2, so trace(P) = sum_j D_j
 ||U[:, j]||^2 comes out of the same pass (bounded-trace forgetting needs no extra one). U is stored as its
 transpose (column j of U = row j of the stored array, contiguous, zero-padded so that every loop runs
-in whole vectors). Per row that is ~1.5 p^2 multiply-adds (the block
-covariance form: ~2 p^2 over all of P).
+in whole vectors; 1 / alpha is kept so that no division lies between one row and the next). Per row that
+is ~1.5 p^2 multiply-adds (the block covariance form: ~2 p^2 over all of P), but in short rows and with
+two stores per element (the column and the row's gain vector) where the covariance form stores each
+element of P once per sample: on the 2-core machine this kernel takes ~1.5x the covariance form's time
+(benchmarks/bench_online.py prints both).
 
 The rows of a sample are applied in turn (row 2 sees row 1's update); the final theta and P are those of
 the block update with every row against the sample's prior theta (the same least-squares problem). The
