@@ -1,6 +1,8 @@
 """Online identification on a sample stream: the batch pipeline's filter as a causal FIR with a known
 delay, aligned torques, Gautier's per-joint weights by a first pass, gaps and bad samples, agreement with
 batch least squares on the same rows, persistence."""
+import json
+
 import numpy as np
 import pytest
 
@@ -231,7 +233,24 @@ def test_saved_estimate_survives_a_restart_and_refuses_another_model(model, base
     fresh = OnlineIdentifier(model, base=base)
     fresh.load(path)
     np.testing.assert_array_equal(fresh.rls.theta, ident.rls.theta)
-    np.testing.assert_array_equal(fresh.rls.P, ident.rls.P)
+    np.testing.assert_array_equal(fresh.rls.P, ident.rls.P)      # P's factors saved: the same state exactly
+    np.testing.assert_array_equal(fresh.rls.D, ident.rls.D)
+    # a file written before the factors were saved: P is factored, the same P to rounding
+    doc = json.loads(path.read_text())
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({k: v for k, v in doc.items() if k not in ("U", "D")}))
+    fresh.load(old)
+    np.testing.assert_allclose(fresh.rls.P, ident.rls.P, rtol=1e-8, atol=1e-12 * np.abs(ident.rls.P).max())
+    # a covariance that is not positive definite, or broken factors, is refused naming the field
+    doc_bad = {k: v for k, v in doc.items() if k not in ("U", "D")}
+    doc_bad["P"] = (-np.eye(ident.p)).tolist()
+    old.write_text(json.dumps(doc_bad))
+    with pytest.raises(EstimateFileError, match="P/U/D: P0: not positive definite"):
+        fresh.load(old)
+    doc["D"][3] = -1.0
+    old.write_text(json.dumps(doc))
+    with pytest.raises(EstimateFileError, match="P/U/D: factors: D is not finite and positive"):
+        fresh.load(old)
     other = OnlineIdentifier(load_model("puma560"))
     with pytest.raises(EstimateFileError, match="not this model's"):
         other.load(path)
