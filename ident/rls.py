@@ -66,7 +66,7 @@ from numba import njit
 
 # reassociation (vectorised sums) and fused multiply-add, but no "no NaN / no inf" assumption
 FAST = {"reassoc", "contract", "nsz"}
-PAD = 8                 # the sweep's loops run in multiples of PAD elements (no scalar remainder)
+PAD = 8                 # the sweep's loops run to multiples of PAD elements (the padding: exact no-ops)
 HUGE = 1e290            # a sample whose sum_r ||h_r||^2 trace(P) exceeds this is skipped (no overflow below)
 
 
