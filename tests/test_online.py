@@ -115,7 +115,7 @@ def test_per_joint_weights_come_from_the_first_pass_and_the_estimate_is_then_bat
     assert well.sum() >= 10
     assert np.all(np.abs(ident.rls.theta - batch.beta)[well] < 3 * batch.std[well])
     # and the WLS (with the prior 1/p0 as a ridge) of the same rows with the first pass's weights, to
-    # rounding (the factored filter: 1e-10 here; the covariance form, at p0 = 1e4, was 2e-3 off)
+    # rounding (the factored filter: 1e-10 here; the test allowed the covariance form 2e-3, at p0 = 1e4)
     rows = SampleWindow(6, rate_hz=RATE, cutoff_hz=40.0).push(seq, q, noisy)
     Yb = base.regressor(dynamics.regressor(model, rows.q, rows.qd, rows.qdd))
     use = np.abs(rows.qd) >= ident.min_speed
