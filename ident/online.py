@@ -287,11 +287,11 @@ class JointWeightedRLS:
         """(n,) the sigma_j (units of y) the rows are weighted by; None during the first pass."""
         return None if self._pending else 1.0 / self.rls.weights
 
-    def reset(self, theta0=None, P0=None) -> None:
-        """Start again from theta0 (default 0) and P0 (default p0 I), with the weights estimated anew
-        (unless fixed)."""
-        self.rls.reset(theta0, P0)
-        self._origin = (self.rls.theta.copy(), self.rls.P.copy())      # where the first pass restarts
+    def reset(self, theta0=None, P0=None, *, factors=None) -> None:
+        """Start again from theta0 (default 0) and P0 (default p0 I) or P's factors (U, D), with the weights
+        estimated anew (unless fixed)."""
+        self.rls.reset(theta0, P0, factors=factors)
+        self._origin = (self.rls.theta.copy(), (self.rls.U, self.rls.D.copy()))   # where the first pass restarts
         self._pending = self.fixed_sigma is None
         self.rls.weights[:] = 1.0 if self._pending else 1.0 / self.fixed_sigma
         self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -327,7 +327,7 @@ class JointWeightedRLS:
         sigma[~moving] = np.max(sigma[moving])                      # a joint not moving yet: the largest
         scale = np.sqrt(np.mean(np.where(use, y * y, 0.0)))
         sigma = np.maximum(sigma, max(1e-12 * scale, 1e-300))      # exact data still give finite weights
-        self.rls.reset(*self._origin)
+        self.rls.reset(self._origin[0], factors=self._origin[1])
         self.set_weights(sigma)
         self.rls.update(Phi, y, use=use)
         # the residual variance of the replayed rows is the first pass's a-posteriori one (about 1 by
@@ -450,11 +450,12 @@ class OnlineIdentifier:
 
     # -- persistence ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Write the estimate (theta, covariance, names, model) as JSON; written atomically."""
+        """Write the estimate (theta, covariance P and its factors U, D, names, model) as JSON; written
+        atomically."""
         path = Path(path)
         doc = {"format": "armid-online-estimate", "version": 1, "model": self.model.name,
                "names": self.base.names, "theta": self.rls.theta.tolist(), "P": self.rls.P.tolist(),
-               "stats": self.rls.stats.tolist(), "counters": vars(self.counters),
+               "U": self.rls.U.tolist(), "D": self.rls.D.tolist(), "stats": self.rls.stats.tolist(), "counters": vars(self.counters),
                "joint_sigma": None if self.fit.joint_sigma is None else self.fit.joint_sigma.tolist()}
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(doc))
@@ -492,7 +493,13 @@ class OnlineIdentifier:
             sigma = None if sigma is None else _checked_sigma(sigma, self.n)
         except (InputError, TypeError, ValueError):
             raise EstimateFileError(f"{src}: joint_sigma: expected null or {self.n} positive numbers") from None
-        self.fit.reset(theta, P)
+        try:
+            if "U" in doc or "D" in doc:             # P's factors: the state exactly as saved
+                self.fit.reset(theta, factors=(np.asarray(doc["U"], dtype=float), np.asarray(doc["D"], dtype=float)))
+            else:                                    # written before the filter kept P factored
+                self.fit.reset(theta, P)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EstimateFileError(f"{src}: P/U/D: {exc}") from None
         self.rls.stats[:] = stats
         if sigma is not None:
             self.fit.set_weights(sigma)

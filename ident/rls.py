@@ -1,28 +1,41 @@
-"""Recursive least squares for online identification: a numba kernel over batches of samples.
+"""Recursive least squares for online identification: a numba kernel over batches of samples, in factored
+(U D U') form.
 
 Model: y_k = Phi_k theta + v_k, with m rows per sample (one per joint), each row j weighted by w_j (Gautier's
-WLS weights 1/sigma_j, so the weighted noise has unit variance). Each sample is ONE block update of its
-weighted rows H = diag(w) Phi_k (m', p) (rows of weight 0 left out, m' <= m), z = diag(w) y_k:
+WLS weights 1/sigma_j, so the weighted noise has unit variance). The sample's weighted rows are
+h_r = w_j Phi_k[j] (rows of weight 0 left out, m' <= m of them), z_r = w_j y_k[j].
 
-    e = z - H theta                          (a-priori errors, all rows against the sample's prior theta)
-    PH = P H'  (p, m'),   S = I + H PH = L D L'  (m' x m', a tiny factorisation),   G = PH L^-T  (p, m')
-    theta += G D^-1 L^-1 e                   (= K e, K = PH S^-1)
-    P = (P - G D^-1 G') / lambda             (= (P - K PH') / lambda: one pass over P, forgetting folded in)
+The covariance is kept as P = U D U' (Bierman's UD filter): U unit upper triangular, D > 0 diagonal. Each
+row is one scalar update with unit noise variance:
 
-This is the textbook block form: every row of a sample sees the same prior theta (the m' scalar updates it
-replaces let row 2 see row 1's update; both end at the same theta and P, tested). The covariance update is
-the symmetric rank-m' downdate K G' with G_i scaled by sqrt(1 / (lambda |d_i|)) and K_i = sign(d_i) G_i:
-elements (a, b) and (b, a) are the same products (up to an exact sign) summed in the same order, so P
-stays exactly symmetric without a symmetrising pass. Per sample that is one pass over P for PH (six dot
-products per row of P, vectorised) and one for the downdate (the scalar form made about 14: two per row,
-one to forget, one to symmetrise). On the 2-core machine this full-row pass was faster than an
-upper-triangle pass plus mirroring (whose rows start unaligned, and whose mirror writes go down columns).
+    f = U' h,  v = D f,  alpha_0 = 1
+    for each column j:  alpha_j = alpha_{j-1} + f_j v_j,   D_j *= alpha_{j-1} / alpha_j,
+                        U[:j, j] += b[:j] (-f_j / alpha_{j-1}),   b[:j] += U_old[:j, j] v_j,   b_j = v_j
+    theta += b (z - h' theta) / alpha_p          (b / alpha_p is the gain P h / (1 + h' P h))
 
-Why L D L' and not Cholesky: its pivots d_i are the denominators 1 + r' P r of the scalar updates.
-With a huge prior (p0 = 1e8 with Gautier's weights: ~1e20 times a row's weight) the covariance form
-goes through rounding-indefinite states early on. The scalar updates went on through them and so does
-L D L'; Cholesky would have to stop (a negative pivot has no square root), and skipping those samples
-froze the filter. A pivot of exactly 0 (or a non-finite one) skips the sample (counted, stats[3]).
+alpha_p = 1 + h' P h >= 1 and D_j only ever shrinks by a factor in (0, 1]: D > 0 and so P positive
+definite by construction, whatever the prior. The covariance form, P - K H P, loses what the data say
+when they say much more than the prior: on the generic arm's excitation with Gautier's weights its P was
+3e-5 off the ridge-WLS covariance at p0 = 1e4, 9 % off and indefinite at p0 = 1e8 (a prior ~1e20 times a
+row's information), where its sigma % could be NaN; this form stays within 1e-10 (tested at 1e8).
+Forgetting is D /= lambda (no pass over P).
+
+One pass over the columns per sample: the m' rows are fused. Row r needs f_j only from column j as rows
+< r left it, so for each column j the rows take their turn, and row r's pass over the column also
+accumulates row r+1's f_j; the last row's pass accumulates ||U[:, j]||^2, so trace(P) = sum_j D_j
+||U[:, j]||^2 comes out of the same pass (bounded-trace forgetting needs no extra one). U is stored as its
+transpose (column j of U = row j of the stored array, contiguous, zero-padded so that every loop runs
+in whole vectors; 1 / alpha is kept so that no division lies between one row and the next). Per row that
+is ~1.5 p^2 multiply-adds (the block covariance form: ~2 p^2 over all of P), but in short rows and with
+two stores per element (the column and the row's gain vector) where the covariance form stores each
+element of P once per sample: on the 2-core machine this kernel takes ~1.5x the covariance form's time
+(benchmarks/bench_online.py prints both).
+
+The rows of a sample are applied in turn (row 2 sees row 1's update); the final theta and P are those of
+the block update with every row against the sample's prior theta (the same least-squares problem). The
+errors err_out keep the block form's meaning: all rows against the sample's prior theta. The sequential
+innovations e_r (row r against theta after rows < r) over their variances alpha_r are exactly the u_i^2 /
+d_i of S = I + H P H' = L D L': sum_r e_r^2 / alpha_r = e' S^-1 e of the block (stats[0]).
 
 Wind-up protection: when forgetting would push trace(P) above trace_max (the data carry no information in
 some direction, so P grows without bound there), the division by lambda is skipped for that sample
@@ -31,17 +44,18 @@ some direction, so P grows without bound there), the division by lambda is skipp
 With lambda = 1 and P0 = (Phi0' W Phi0)^-1, theta0 the WLS solution of an initial block, RLS reproduces
 the batch WLS solution of all the data exactly (to rounding): the tests check this identity.
 
-`RecursiveLS` holds theta and P (allocated once) and exposes sigma % per parameter: cov(theta) =
-P s2 row_correlation, with s2 the running mean of e' S^-1 e per row, over the samples (row_correlation: 1
-for independent rows; see ident.online.SampleWindow.noise_correlation for rows of a filtered stream). The innovation e of a sample has covariance
-s2 S when the weighted noise has variance s2 (S = I + H P H' adds the prior uncertainty of theta to the
-noise), so E[e' S^-1 e] = s2 m' and the mean is a unit-variance estimate from the first sample on (the
-squared a-priori errors alone overstate s2 while P is large). With lambda = 1, sum_k e_k' S_k^-1 e_k is
-exactly the ridge (prior-weighted) residual sum of squares of the final estimate (tested).
+`RecursiveLS` holds theta and the factors (allocated once) and exposes P = U D U' (rebuilt when read) and
+sigma % per parameter: cov(theta) = P s2 row_correlation, with s2 the running mean of e' S^-1 e per row,
+over the samples (row_correlation: 1 for independent rows; see ident.online.SampleWindow.noise_correlation
+for rows of a filtered stream). The innovation e of a sample has covariance s2 S when the weighted noise has
+variance s2 (S = I + H P H' adds the prior uncertainty of theta to the noise), so E[e' S^-1 e] = s2 m' and
+the mean is a unit-variance estimate from the first sample on (the squared a-priori errors alone overstate
+s2 while P is large). With lambda = 1, sum_k e_k' S_k^-1 e_k is exactly the ridge (prior-weighted)
+residual sum of squares of the final estimate (tested).
 
-The loops over P are compiled with numba's fastmath flags for reassociation (the vectorised sums; not in
-the downdate, whose operation order keeps P symmetric) and contraction only, not its no-NaN/no-inf
-assumptions; non-finite samples are refused before them anyway.
+The loops are compiled with numba's fastmath flags for reassociation and contraction only, not its
+no-NaN/no-inf assumptions. Non-finite samples are refused before them, and so are samples whose rows are
+so large that h' P h could overflow (counted, stats[3]): past those checks every alpha is finite and >= 1.
 """
 from __future__ import annotations
 
@@ -52,78 +66,8 @@ from numba import njit
 
 # reassociation (vectorised sums) and fused multiply-add, but no "no NaN / no inf" assumption
 FAST = {"reassoc", "contract", "nsz"}
-CHUNK = 6               # rows per unrolled pass over P (a sample's rows, padded with zero rows)
-
-
-@njit(cache=True, nogil=True, fastmath=FAST)
-def _ph(P, H, rows, PHt):
-    """PHt[i] = P H[i] for the rows of H (rows a multiple of CHUNK; P symmetric): one pass over P per CHUNK
-    rows, six dot products per row of P."""
-    p = P.shape[0]
-    for g in range(0, rows, CHUNK):
-        for a in range(p):
-            s0 = s1 = s2 = s3 = s4 = s5 = 0.0
-            for b in range(p):
-                x = P[a, b]
-                s0 += x * H[g, b]
-                s1 += x * H[g + 1, b]
-                s2 += x * H[g + 2, b]
-                s3 += x * H[g + 3, b]
-                s4 += x * H[g + 4, b]
-                s5 += x * H[g + 5, b]
-            PHt[g, a] = s0
-            PHt[g + 1, a] = s1
-            PHt[g + 2, a] = s2
-            PHt[g + 3, a] = s3
-            PHt[g + 4, a] = s4
-            PHt[g + 5, a] = s5
-
-
-@njit(cache=True, nogil=True, fastmath={"contract"})
-def _downdate(P, Kt, Gt, rows, scale):
-    """P = scale P - K G' (K = Kt', G = Gt', rows a multiple of CHUNK, Kt = diag(+-1) Gt): one pass over P
-    per CHUNK rows. Elements (a, b) and (b, a) are then the same products (up to an exact sign) summed in
-    the same order, so a symmetric P stays exactly symmetric (no reassociation is allowed here)."""
-    p = P.shape[0]
-    for g in range(0, rows, CHUNK):
-        f = scale if g == 0 else 1.0
-        for a in range(p):
-            k0, k1, k2 = Kt[g, a], Kt[g + 1, a], Kt[g + 2, a]
-            k3, k4, k5 = Kt[g + 3, a], Kt[g + 4, a], Kt[g + 5, a]
-            for b in range(p):
-                P[a, b] = f * P[a, b] - (k0 * Gt[g, b] + k1 * Gt[g + 1, b] + k2 * Gt[g + 2, b]
-                                         + k3 * Gt[g + 3, b] + k4 * Gt[g + 4, b] + k5 * Gt[g + 5, b])
-
-
-@njit(cache=True, nogil=True)
-def _ldl(S, mu, d) -> bool:
-    """S = L D L' in place (unit L below the diagonal of the first mu rows, D into d); False when a pivot
-    is 0 or not finite. No square roots: like the scalar row updates it replaces (whose denominators
-    1 + r' P r are these pivots), it goes on through a covariance that rounding made indefinite."""
-    for j in range(mu):
-        dj = S[j, j]
-        for k in range(j):
-            dj -= S[j, k] * S[j, k] * d[k]
-        if dj == 0.0 or not math.isfinite(dj):
-            return False
-        d[j] = dj
-        for i in range(j + 1, mu):
-            s = S[i, j]
-            for k in range(j):
-                s -= S[i, k] * S[j, k] * d[k]
-            S[i, j] = s / dj
-    return True
-
-
-@njit(cache=True, nogil=True, fastmath=FAST)
-def _forward(L, mu, B):
-    """B[:mu] = L^-1 B[:mu] in place (L unit lower triangular, B (rows, p)): whole rows at a time."""
-    p = B.shape[1]
-    for i in range(mu):
-        for k in range(i):
-            c = L[i, k]
-            for a in range(p):
-                B[i, a] -= c * B[k, a]
+PAD = 8                 # the sweep's loops run to multiples of PAD elements (the padding: exact no-ops)
+HUGE = 1e290            # a sample whose sum_r ||h_r||^2 trace(P) exceeds this is skipped (no overflow below)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -134,32 +78,93 @@ def _dot(x, y) -> float:
     return s
 
 
+def padded_width(p: int) -> int:
+    """Row length of the stored factor: p rounded up to a multiple of PAD (the sweep's loops run to it)."""
+    return PAD * ((p + PAD - 1) // PAD)
+
+
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _innovation_matrix(H, PHt, mu, S) -> None:
-    """S = I + H P H' (lower triangle of the first mu rows), from PHt = (P H')'."""
-    for i in range(mu):
-        for l in range(i + 1):
-            S[i, l] = _dot(H[i], PHt[l]) + (1.0 if i == l else 0.0)
+def ud_trace(W, D) -> float:
+    """trace(U D U') = sum_j D_j ||U[:, j]||^2 from W (p, q): row j holds U[:j, j] (the strictly upper part of
+    U, transposed), zeros elsewhere."""
+    tr = 0.0
+    for j in range(D.shape[0]):
+        s = 1.0
+        for i in range(j):
+            s += W[j, i] * W[j, i]
+        tr += D[j] * s
+    return tr
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _sweep(W, D, H, mu, b, alpha, ialpha) -> float:
+    """Bierman's scalar updates of P = U D U' by the rows H[:mu] (unit noise variance), in turn, fused into
+    one pass over the columns. W (p, q): row j holds U[:j, j], zeros from j on (so the loops can run to j
+    rounded up to PAD: the padding is an exact no-op). Writes the unnormalised gains b[r] (P h_r as row r
+    found P; b (mu, q)) and the innovation variances alpha[r] = 1 + h_r' P h_r; returns trace(P) after the
+    update. No division on the path from one row to the next (1 / alpha is kept)."""
+    p = D.shape[0]
+    last = mu - 1
+    tr = 0.0
+    for r in range(mu):
+        alpha[r] = 1.0
+        ialpha[r] = 1.0
+        for i in range(b.shape[1]):
+            b[r, i] = 0.0                            # b[r, i >= j] must be 0 when column j is swept
+    for j in range(p):
+        jj = (j + PAD - 1) & ~(PAD - 1)
+        f = H[0, j]                                  # f_j = (U' h)_j, U's diagonal 1
+        for i in range(jj):
+            f += W[j, i] * H[0, i]
+        for r in range(mu):
+            dj = D[j]
+            v = dj * f
+            c = -f * ialpha[r]
+            a0 = alpha[r]
+            a1 = a0 + v * f
+            i1 = 1.0 / a1
+            D[j] = dj * a0 * i1
+            alpha[r] = a1
+            ialpha[r] = i1
+            if r < last:                             # update the column, and row r+1's f_j from it
+                f = H[r + 1, j]
+                for i in range(jj):
+                    t = W[j, i]
+                    n = t + b[r, i] * c
+                    W[j, i] = n
+                    b[r, i] += t * v
+                    f += n * H[r + 1, i]
+            else:                                    # the last row: ||U[:, j]||^2 for the trace
+                s = 1.0
+                for i in range(jj):
+                    t = W[j, i]
+                    n = t + b[r, i] * c
+                    W[j, i] = n
+                    b[r, i] += t * v
+                    s += n * n
+                tr += D[j] * s
+            b[r, j] = v
+    return tr
 
 
 @njit(cache=True, nogil=True)
-def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
+def rls_update(theta, W, D, Phi, y, w, lam, trace_max, err_out, stats):
     """Process N samples: Phi (N, m, p), y (N, m), w (N, m) row weights (0 leaves a row out). Updates theta (p,)
-    and P (p, p, symmetric) in place; writes the a-priori prediction errors (unweighted, units of y, against
-    the sample's prior theta) into err_out (N, m); stats (4,) accumulates [sum of e' S^-1 e (weighted
-    errors), rows used, skipped forgettings, samples skipped for a zero or non-finite pivot of S].
+    and the factors of P = U D U' in place: W (p, padded_width(p)) holds U[:j, j] in row j and zeros
+    elsewhere, D (p,) > 0. Writes the a-priori prediction errors (unweighted, units of y, against the
+    sample's prior theta) into err_out (N, m); stats (4,) accumulates [sum of e' S^-1 e (weighted errors),
+    rows used, skipped forgettings, samples skipped because h' P h could overflow].
     Samples with a non-finite value anywhere in Phi, y or w are skipped whole (their errors are NaN)."""
     N, m, p = Phi.shape
-    rows = CHUNK * ((m + CHUNK - 1) // CHUNK)
-    H = np.zeros((rows, p))          # the sample's weighted rows; rows past the used ones stay 0
-    G = np.zeros((rows, p))          # P H', then G' = L^-1 H P (S = L D L'): P H' S^-1 H P = G D^-1 G'
-    K = np.zeros((rows, p))          # G' scaled by sign(d_i) (the downdate's left factor)
-    S = np.empty((m, m))
-    d = np.empty(m)
-    dinv = np.empty(m)
+    q = W.shape[1]
+    H = np.zeros((m, q))             # the sample's weighted rows (the used ones first), zero padded
+    z = np.empty(m)
+    b = np.empty((m, q))
+    alpha = np.empty(m)
+    ialpha = np.empty(m)
     zeros = np.zeros(p)
-    u = np.empty((m, 1))
     inv = 1.0 / lam
+    tr = ud_trace(W, D)
     for k in range(N):
         finite = True
         for j in range(m):
@@ -171,6 +176,7 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
                 err_out[k, j] = math.nan
             continue
         mu = 0
+        size = 0.0
         for j in range(m):
             e = y[k, j] - _dot(Phi[k, j], theta)
             err_out[k, j] = e
@@ -178,63 +184,51 @@ def rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
             if wj != 0.0:
                 for i in range(p):
                     H[mu, i] = wj * Phi[k, j, i]
-                u[mu, 0] = wj * e
+                z[mu] = wj * y[k, j]
+                size += wj * wj * _dot(Phi[k, j], Phi[k, j])
                 mu += 1
-        for i in range(mu, rows):
-            for a in range(p):
-                H[i, a] = 0.0
         if mu > 0:
-            _ph(P, H, rows, G)
-            _innovation_matrix(H, G, mu, S)
-            if not _ldl(S, mu, d):
+            if not size * tr <= HUGE:                # h' P h <= ||h||^2 trace(P): could overflow
                 stats[3] += 1.0
                 for j in range(m):
                     err_out[k, j] = math.nan
                 continue
-            _forward(S, mu, u)                           # u = L^-1 e: e' S^-1 e = sum u_i^2 / d_i
-            _forward(S, mu, G)                           # G' = L^-1 H P
-            q = 0.0
-            for i in range(mu):
-                dinv[i] = 1.0 / d[i]
-                c = u[i, 0] * dinv[i]
-                q += u[i, 0] * c
-                for a in range(p):
-                    theta[a] += G[i, a] * c              # theta += P H' S^-1 e = G D^-1 L^-1 e
-            stats[0] += q
+            tr = _sweep(W, D, H, mu, b, alpha, ialpha)
+            q2 = 0.0
+            for r in range(mu):                      # theta += b_r e_r / alpha_r, e_r against theta so far
+                e = z[r]
+                for i in range(p):
+                    e -= H[r, i] * theta[i]
+                c = e / alpha[r]
+                q2 += e * c
+                for i in range(p):
+                    theta[i] += b[r, i] * c
+            stats[0] += q2
             stats[1] += mu
-        scale = 1.0                                      # forgetting: P = (P - G D^-1 G') / lambda
-        if inv != 1.0:
-            tr = 0.0
-            for a in range(p):
-                tr += P[a, a]
-            for i in range(mu):
-                tr -= _dot(G[i], G[i]) * dinv[i]
+        if inv != 1.0:                               # forgetting: P /= lambda, unless trace(P) would pass the bound
             if tr * inv <= trace_max:
-                scale = inv
+                for j in range(p):
+                    D[j] *= inv
+                tr *= inv
             else:
                 stats[2] += 1.0
-        if mu == 0:
-            if scale != 1.0:                             # forgetting only
-                for a in range(p):
-                    for b in range(p):
-                        P[a, b] *= scale
-        else:
-            for i in range(mu):                          # G_i sqrt(scale / |d_i|), K_i = sign(d_i) G_i
-                r = math.sqrt(scale / abs(d[i]))
-                sgn = 1.0 if d[i] > 0.0 else -1.0
-                for a in range(p):
-                    x = G[i, a] * r
-                    G[i, a] = x
-                    K[i, a] = sgn * x
-            for i in range(mu, rows):
-                for a in range(p):
-                    G[i, a] = 0.0
-                    K[i, a] = 0.0
-            _downdate(P, K, G, rows, scale)
+
+
+def ud_factor(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Factors of a symmetric positive definite P (p, p) = U D U': returns (U, D), U unit upper triangular,
+    D (p,) > 0. Raises ValueError when P is not positive definite."""
+    P = np.asarray(P, dtype=float)
+    try:
+        R = np.linalg.cholesky(P[::-1, ::-1])       # J P J = R R' (J reverses the order): P = (J R J)(J R J)'
+    except np.linalg.LinAlgError:
+        raise ValueError("P0: not positive definite (its Cholesky factorisation failed)") from None
+    c = np.diag(R)
+    U = (R / c[None, :])[::-1, ::-1]                 # unit upper triangular
+    return np.ascontiguousarray(U), (c * c)[::-1].copy()
 
 
 class RecursiveLS:
-    """RLS state for p parameters and m rows per sample.
+    """RLS state for p parameters and m rows per sample, with P = U D U' kept factored.
 
     forgetting: lambda in (0, 1] per sample (1: no forgetting; 0.9999 at 1 kHz remembers ~10 s).
     weights: (m,) row weights (1/sigma_j), default ones. p0: initial covariance scale (P0 = p0 I).
@@ -253,23 +247,65 @@ class RecursiveLS:
         if self.weights.shape != (m,) or not np.all(np.isfinite(self.weights)) or np.any(self.weights < 0):
             raise ValueError(f"weights: expected {m} finite values >= 0")
         self.p0 = float(p0)
+        if not (self.p0 > 0.0 and math.isfinite(self.p0)):
+            raise ValueError(f"p0: expected a finite number > 0, got {p0!r}")
         if not row_correlation >= 1.0:
             raise ValueError(f"row_correlation: expected a number >= 1, got {row_correlation!r}")
         self.row_correlation = float(row_correlation)
         self.trace_max = float(trace_max) if trace_max is not None else 10.0 * p0 * p
         self.theta = np.zeros(p) if theta0 is None else np.asarray(theta0, dtype=float).copy()
-        self.P = np.eye(p) * p0
+        self._W = np.zeros((p, padded_width(p)))     # row j: U[:j, j] (U unit upper triangular), zeros elsewhere
+        self.D = np.full(p, self.p0)                 # P = U diag(D) U'
         self.stats = np.zeros(4)
         self._err = np.empty((0, m))
 
-    def reset(self, theta0=None, P0=None) -> None:
+    def reset(self, theta0=None, P0=None, *, factors=None) -> None:
+        """Start again from theta0 (default 0) and P0 (symmetric positive definite, default p0 I), or from P's
+        factors (U, D) (see set_factors); stats cleared. ValueError when P0 or the factors are not valid."""
+        if P0 is not None and factors is not None:
+            raise ValueError("reset: give P0 or its factors, not both")
+        if factors is not None:
+            self.set_factors(*factors)
+        elif P0 is not None:
+            self.P = P0
+        else:
+            self._W[:] = 0.0
+            self.D[:] = self.p0
         self.theta[:] = 0.0 if theta0 is None else theta0
-        if P0 is None:
-            self.P[:] = np.eye(self.p) * self.p0
-        else:                      # the kernel keeps a symmetric P symmetric; start it exactly so
-            P0 = np.asarray(P0, dtype=float)
-            self.P[:] = 0.5 * (P0 + P0.T)
         self.stats[:] = 0.0
+
+    @property
+    def U(self) -> np.ndarray:
+        """The unit upper triangular factor of P = U diag(D) U' (p, p), a copy."""
+        return self._W[:, :self.p].T + np.eye(self.p)
+
+    @property
+    def P(self) -> np.ndarray:
+        """The covariance factor P = U diag(D) U' (p, p; cov(theta) = P s2 row_correlation), rebuilt from the
+        factors (a new, exactly symmetric array) each time it is read; assigning a symmetric positive definite
+        matrix factors it."""
+        U = self.U
+        P = (U * self.D[None, :]) @ U.T
+        return 0.5 * (P + P.T)
+
+    @P.setter
+    def P(self, P0) -> None:
+        P0 = np.asarray(P0, dtype=float)
+        if P0.shape != (self.p, self.p) or not np.isfinite(P0).all():
+            raise ValueError(f"P0: expected a finite ({self.p}, {self.p}) matrix")
+        self.set_factors(*ud_factor(0.5 * (P0 + P0.T)))
+
+    def set_factors(self, U, D) -> None:
+        """Set P = U diag(D) U' from its factors: U (p, p) unit upper triangular, D (p,) > 0."""
+        U, D = np.asarray(U, dtype=float), np.asarray(D, dtype=float)
+        if U.shape != (self.p, self.p) or D.shape != (self.p,):
+            raise ValueError(f"factors: expected U ({self.p}, {self.p}) and D ({self.p},)")
+        if not (np.isfinite(U).all() and np.all(np.diag(U) == 1.0) and not np.tril(U, -1).any()):
+            raise ValueError("factors: U is not a finite unit upper triangular matrix")
+        if not (np.isfinite(D).all() and np.all(D > 0.0)):
+            raise ValueError("factors: D is not finite and positive")
+        self._W[:, :self.p] = np.tril(U.T, -1)
+        self.D[:] = D
 
     def update(self, Phi: np.ndarray, y: np.ndarray, use=None) -> np.ndarray:
         """Process samples Phi (N, m, p), y (N, m); returns the a-priori prediction errors (N, m).
@@ -286,8 +322,12 @@ class RecursiveLS:
         w[:] = self.weights
         if use is not None:
             w[~np.asarray(use, dtype=bool).reshape(N, self.m)] = 0.0
-        rls_update(self.theta, self.P, Phi, y, w, self.forgetting, self.trace_max, err, self.stats)
+        rls_update(self.theta, self._W, self.D, Phi, y, w, self.forgetting, self.trace_max, err, self.stats)
         return err
+
+    def trace(self) -> float:
+        """trace(P), from the factors."""
+        return float(ud_trace(self._W, self.D))
 
     @property
     def rows(self) -> int:

@@ -1,6 +1,8 @@
 """Online identification on a sample stream: the batch pipeline's filter as a causal FIR with a known
 delay, aligned torques, Gautier's per-joint weights by a first pass, gaps and bad samples, agreement with
 batch least squares on the same rows, persistence."""
+import json
+
 import numpy as np
 import pytest
 
@@ -136,7 +138,7 @@ def test_per_joint_weights_come_from_the_first_pass_and_the_estimate_is_then_bat
     WLS of all rows with those weights, and within 3 sigma of the batch pipeline with the same filter."""
     seq, q, tau = smooth[:3]
     noisy = tau + np.random.default_rng(3).normal(size=tau.shape) * np.linspace(0.01, 0.05, 6)
-    ident = OnlineIdentifier(model, base=base, warmup_rows=3000)         # p0 = 1e4, the default
+    ident = OnlineIdentifier(model, base=base, p0=1e8, warmup_rows=3000)   # a huge prior: a ridge of 1e-8
     _feed(ident, seq[:2000], q[:2000], noisy[:2000])
     assert ident.fit.joint_sigma is None                     # still in the first pass
     _feed(ident, seq[2000:], q[2000:], noisy[2000:])
@@ -151,14 +153,14 @@ def test_per_joint_weights_come_from_the_first_pass_and_the_estimate_is_then_bat
     well = batch.relative_std_pct < 1.0
     assert well.sum() >= 10
     assert np.all(np.abs(ident.rls.theta - batch.beta)[well] < 3 * batch.std[well])
-    # and the WLS (with the prior 1/p0 as a ridge) of the same rows with the first pass's weights, to the
-    # rounding of the covariance-form RLS
+    # and the WLS (with the prior 1/p0 as a ridge) of the same rows with the first pass's weights, to
+    # rounding (the factored filter: 1e-10 here; the test allowed the covariance form 2e-3, at p0 = 1e4)
     rows = SampleWindow(6, rate_hz=RATE, cutoff_hz=40.0).push(seq, q, noisy)
     Yb = base.regressor(dynamics.regressor(model, rows.q, rows.qd, rows.qdd))
     use = np.abs(rows.qd) >= ident.min_speed
     A, b = (Yb / sigma[None, :, None])[use], (rows.tau / sigma)[use]
-    wls = np.linalg.solve(A.T @ A + np.eye(A.shape[1]) / 1e4, A.T @ b)
-    np.testing.assert_allclose(ident.rls.theta[well], wls[well], rtol=2e-3)
+    wls = np.linalg.solve(A.T @ A + np.eye(A.shape[1]) / 1e8, A.T @ b)
+    np.testing.assert_allclose(ident.rls.theta[well], wls[well], rtol=1e-8)
 
 
 def test_torques_are_aligned_with_the_delayed_regressor_rows(model, base, smooth):
@@ -226,7 +228,7 @@ def test_short_gaps_are_bridged_without_rows_at_missing_samples_and_repeats_are_
 
 def test_report_converges_on_steady_data_and_not_before(model, base, run):
     seq, q, tau = run[:3]
-    ident = OnlineIdentifier(model, base=base, p0=1e4)
+    ident = OnlineIdentifier(model, base=base, p0=1e8)   # a huge prior: P = U D U' stays positive definite
     _feed(ident, seq[:200], q[:200], tau[:200])
     assert not ident.report().converged
     flags = []
@@ -237,11 +239,10 @@ def test_report_converges_on_steady_data_and_not_before(model, base, run):
 
 
 def test_at_a_large_prior_covariance_the_convergence_flag_once_set_stays_set(model, base, run):
-    """p0 = 1e8 (with Gautier's weights, a prior about 1e20 times a row's weight): the covariance form goes
-    through rounding-indefinite states early on. The scalar row updates then drifted enough to flip the
-    flag (True, False, False, False, True on this feed); the block update (S = L D L', one symmetric
-    downdate) stays converged once it is, and ends at the default p0's estimate. (Not claimed: that P
-    stays positive definite at this p0; a square-root form would be needed for that.)"""
+    """p0 = 1e8 (with Gautier's weights, a prior about 1e20 times a row's weight): the covariance form went
+    through rounding-indefinite states early on, and its scalar row updates drifted enough to flip the flag
+    (True, False, False, False, True on this feed). The factored filter (P = U D U', D > 0) stays
+    converged once it is, keeps P positive definite, and ends at the default p0's estimate."""
     seq, q, tau = run[:3]
     flags, estimates = {}, {}
     for p0 in (1e4, 1e8):
@@ -253,6 +254,8 @@ def test_at_a_large_prior_covariance_the_convergence_flag_once_set_stays_set(mod
             flags[p0].append(ident.report().converged)
         estimates[p0] = ident.report()
         assert ident.rls.stats[3] == 0                       # no sample skipped
+        assert np.all(ident.rls.D > 0) and np.linalg.eigvalsh(ident.rls.P).min() > 0
+        assert np.isfinite(estimates[p0].sigma_percent).all()
     for f in flags.values():
         assert f[-1] and not f[0] and f == sorted(f), f       # False ... False, True ... True
     well = estimates[1e4].sigma_percent < 0.3
@@ -269,7 +272,24 @@ def test_saved_estimate_survives_a_restart_and_refuses_another_model(model, base
     fresh = OnlineIdentifier(model, base=base)
     fresh.load(path)
     np.testing.assert_array_equal(fresh.rls.theta, ident.rls.theta)
-    np.testing.assert_array_equal(fresh.rls.P, ident.rls.P)
+    np.testing.assert_array_equal(fresh.rls.P, ident.rls.P)      # P's factors saved: the same state exactly
+    np.testing.assert_array_equal(fresh.rls.D, ident.rls.D)
+    # a file written before the factors were saved: P is factored, the same P to rounding
+    doc = json.loads(path.read_text())
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({k: v for k, v in doc.items() if k not in ("U", "D")}))
+    fresh.load(old)
+    np.testing.assert_allclose(fresh.rls.P, ident.rls.P, rtol=1e-8, atol=1e-12 * np.abs(ident.rls.P).max())
+    # a covariance that is not positive definite, or broken factors, is refused naming the field
+    doc_bad = {k: v for k, v in doc.items() if k not in ("U", "D")}
+    doc_bad["P"] = (-np.eye(ident.p)).tolist()
+    old.write_text(json.dumps(doc_bad))
+    with pytest.raises(EstimateFileError, match="P/U/D: P0: not positive definite"):
+        fresh.load(old)
+    doc["D"][3] = -1.0
+    old.write_text(json.dumps(doc))
+    with pytest.raises(EstimateFileError, match="P/U/D: factors: D is not finite and positive"):
+        fresh.load(old)
     other = OnlineIdentifier(load_model("puma560"))
     with pytest.raises(EstimateFileError, match="not this model's"):
         other.load(path)

@@ -129,14 +129,97 @@ def test_block_update_ends_where_the_scalar_row_updates_end_with_forgetting_and_
     np.testing.assert_allclose(rls.P, P, rtol=1e-8, atol=1e-14)
 
 
-def test_covariance_stays_exactly_symmetric_and_positive_definite_under_forgetting():
+def test_factors_keep_their_form_under_forgetting_and_the_kernels_trace_is_the_trace_of_p():
+    """P = U diag(D) U' with U unit upper triangular and D > 0 after 3000 samples with forgetting at 58
+    parameters; the trace the kernel keeps for the wind-up bound (from the same pass) is trace(U D U')."""
     rng = np.random.default_rng(6)
     Phi, y, _, sigma = _data(rng, N=3000, p=58)
     rls = RecursiveLS(58, 6, forgetting=0.999, weights=1 / sigma, p0=1e4)
     rls.update(Phi, y)
-    assert np.array_equal(rls.P, rls.P.T)             # bit for bit: no symmetrising pass needed
-    assert np.linalg.eigvalsh(rls.P).min() > 0
-    assert rls.stats[3] == 0                         # no sample skipped for an indefinite S
+    U = rls.U
+    assert np.array_equal(np.diag(U), np.ones(58)) and not np.tril(U, -1).any()
+    assert np.all(rls.D > 0)
+    P = rls.P
+    np.testing.assert_allclose(P, (U * rls.D) @ U.T, rtol=1e-12, atol=1e-14 * np.abs(P).max())
+    assert np.linalg.eigvalsh(P).min() > 0
+    assert rls.trace() == pytest.approx(np.trace(P), rel=1e-12)
+    assert rls.stats[3] == 0
+
+
+def _ridge_wls(A, b, p0):
+    """Independent oracle: min ||A x - b||^2 + ||x||^2 / p0 and its covariance (A'A + I/p0)^-1, by a QR
+    of the stacked system (no normal equations, no recursion)."""
+    p = A.shape[1]
+    Q, R = np.linalg.qr(np.vstack([A, np.eye(p) / np.sqrt(p0)]))
+    x = np.linalg.solve(R, Q.T @ np.r_[b, np.zeros(p)])
+    Rinv = np.linalg.inv(R)
+    return x, Rinv @ Rinv.T
+
+
+def test_at_a_huge_prior_with_gautiers_weights_p_stays_positive_definite_and_equals_the_ridge_wls_one():
+    """p0 = 1e8 and weights 1/sigma_j (sigma 0.01..0.05 N m): the prior is ~1e12 times a row's information,
+    ~1e20 in the worst directions. 4 s of an exciting motion of the generic arm at 1 kHz (58 base
+    parameters): U D U' stays positive definite and ends at the ridge-WLS covariance (A'A + I/p0)^-1 and
+    estimate, computed by a QR. (The covariance-form block kernel this replaced ended with a negative
+    eigenvalue, -8.5e-11 where the true smallest is +1.7e-10, its diagonal 9 % off and theta 0.06 sd off.)"""
+    from ident import dynamics
+    from ident.base_params import base_parameters
+    from ident.excitation import FourierTrajectory
+    from ident.model import load_model
+    model = load_model("generic6")
+    base = base_parameters(model)
+    rng = np.random.default_rng(7)
+    traj = FourierTrajectory(0.25, rng.uniform(-0.3, 0.3, 6), rng.uniform(-0.6, 0.6, (6, 4)), rng.uniform(-0.6, 0.6, (6, 4)))
+    q, qd, qdd = traj.evaluate(np.arange(4000) / 1000.0)
+    Y = base.regressor(dynamics.regressor(model, q, qd, qdd))
+    sigma = np.linspace(0.01, 0.05, 6)
+    tau = Y @ base.from_standard(model.standard_parameters()) + rng.normal(size=(4000, 6)) * sigma
+    p = Y.shape[2]
+    rls = RecursiveLS(p, 6, weights=1 / sigma, p0=1e8)
+    for k in range(0, 4000, 100):                      # in blocks, as the service feeds it
+        rls.update(Y[k:k + 100], tau[k:k + 100])
+    theta, P_ref = _ridge_wls((Y / sigma[None, :, None]).reshape(-1, p), (tau / sigma).reshape(-1), 1e8)
+    P = rls.P
+    assert np.all(rls.D > 0)
+    assert np.linalg.eigvalsh(P).min() > 0.5 * np.linalg.eigvalsh(P_ref).min()
+    np.testing.assert_allclose(np.diag(P), np.diag(P_ref), rtol=1e-6)
+    sd = np.sqrt(np.diag(P_ref))
+    assert np.max(np.abs(rls.theta - theta) / sd) < 1e-5
+    assert np.isfinite(rls.sigma_percent()).all() and rls.stats[3] == 0
+
+
+def test_reset_factors_a_given_covariance_and_refuses_one_that_is_not_positive_definite():
+    rng = np.random.default_rng(9)
+    A = rng.normal(size=(40, 12))
+    P0 = np.linalg.inv(A.T @ A)
+    rls = RecursiveLS(12, 6)
+    rls.reset(np.ones(12), P0)
+    np.testing.assert_allclose(rls.P, P0, rtol=1e-10, atol=1e-12 * np.abs(P0).max())
+    assert np.all(rls.D > 0) and np.array_equal(rls.theta, np.ones(12))
+    again = RecursiveLS(12, 6)
+    again.reset(factors=(rls.U, rls.D))                # the factors themselves: the same state, bit for bit
+    assert np.array_equal(again.P, rls.P)
+    bad = P0.copy()
+    bad[0, 0] = -1.0
+    with pytest.raises(ValueError, match="not positive definite"):
+        rls.reset(P0=bad)
+    with pytest.raises(ValueError, match="unit upper triangular"):
+        rls.set_factors(np.tril(np.ones((12, 12))), np.ones(12))
+    with pytest.raises(ValueError, match="D is not finite and positive"):
+        rls.set_factors(np.eye(12), np.r_[np.ones(11), 0.0])
+
+
+def test_a_sample_so_large_that_its_update_could_overflow_is_skipped_and_counted():
+    rng = np.random.default_rng(10)
+    Phi, y, _, _ = _data(rng, N=50)
+    Phi[7] *= 1e150                                  # finite, but h' P h ~ 1e300 p0
+    rls = RecursiveLS(12, 6, p0=1e6)
+    err = rls.update(Phi, y)
+    assert rls.stats[3] == 1 and np.isnan(err[7]).all() and np.isfinite(np.delete(err, 7, axis=0)).all()
+    ref = RecursiveLS(12, 6, p0=1e6)
+    ref.update(np.delete(Phi, 7, axis=0), np.delete(y, 7, axis=0))
+    np.testing.assert_array_equal(rls.theta, ref.theta)
+    assert np.isfinite(rls.P).all()
 
 
 def test_sum_of_normalised_innovations_is_the_prior_weighted_residual_sum_of_squares():
