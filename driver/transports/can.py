@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import socket
 import threading
 from pathlib import Path
 import time
@@ -56,6 +58,73 @@ _N_ROWS = 1 + max(max(r) for r in _ROWS)
 _PER_DRIVE = len(_TPDOS)            # bits per drive in the mask of frames received
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
                "emcy", "nmt_restarts", "reconnects", "send_errors")
+
+# python-can's udp_multicast (the only CAN between two processes without SocketCAN): one datagram per frame,
+# and every member of the group, the sender too, receives every frame (31 per cycle for 6 drives). The kernel's
+# default receive buffer (net.core.rmem_default, 212992 bytes here) holds 256 of them, 33 ms at 250 Hz: a
+# process that stalls longer under load loses frames. UDP_RECEIVE_BUFFER asks for 4 MiB (the kernel doubles
+# it for its bookkeeping: ~10000 frames, 1.3 s at 250 Hz); SO_RCVBUFFORCE gets it with CAP_NET_ADMIN, a plain
+# SO_RCVBUF up to net.core.rmem_max otherwise.
+UDP_RECEIVE_BUFFER = 4 * 1024 * 1024       # bytes requested
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)                 # Linux values; not in Python's socket
+_IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)
+_IPV6_MULTICAST_ALL = getattr(socket, "IPV6_MULTICAST_ALL", 29)
+
+
+def tune_udp_multicast(bus: can.BusABC, receive_buffer: int = UDP_RECEIVE_BUFFER) -> dict[str, object]:
+    """Make a python-can `udp_multicast` bus fit for a CAN cycle between processes; any other bus is left
+    alone ({} returned).
+
+    * receive only its own group: Linux delivers every group joined anywhere on the host to every socket
+      bound to the port (IP_MULTICAST_ALL defaults to 1), so two runs on different groups heard each
+      other's SDO answers and PDOs (same node ids, same COB-IDs);
+    * a receive buffer of `receive_buffer` bytes (see UDP_RECEIVE_BUFFER).
+
+    python-can has no option for either; its public `fileno()` gives the socket, and the options are set on
+    a duplicate of that descriptor (same socket, closed again here). Returns {"receive_buffer_bytes": what
+    the kernel granted (SO_RCVBUF), "own_group_only": bool}; an option the kernel refuses is left as it was."""
+    from can.interfaces.udp_multicast import UdpMulticastBus
+
+    if not isinstance(bus, UdpMulticastBus):
+        return {}
+    with socket.socket(fileno=os.dup(bus.fileno())) as sock:
+        own_only = True
+        try:
+            if sock.family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_MULTICAST_ALL, 0)
+            else:
+                sock.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
+        except OSError:
+            own_only = False                  # not Linux, or an old kernel: groups are per socket already
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, receive_buffer)
+        except OSError:                       # no CAP_NET_ADMIN: capped at net.core.rmem_max
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            except OSError:
+                pass
+        granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    return {"receive_buffer_bytes": granted, "own_group_only": own_only}
+
+
+def udp_receive_drops(bus: can.BusABC) -> int | None:
+    """Datagrams the kernel dropped at this udp_multicast bus's socket because its receive buffer was full
+    (the `drops` column of /proc/net/udp[6]); None for other buses or where that is not readable."""
+    from can.interfaces.udp_multicast import UdpMulticastBus
+
+    if not isinstance(bus, UdpMulticastBus):
+        return None
+    try:
+        inode = str(os.fstat(bus.fileno()).st_ino)
+        for table in ("/proc/net/udp", "/proc/net/udp6"):
+            with open(table) as f:
+                for line in f:
+                    cols = line.split()
+                    if len(cols) > 12 and cols[9] == inode:
+                        return int(cols[-1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 class CanOptionError(InputError):
@@ -140,6 +209,7 @@ class CanArm:
         self._restart = np.zeros(n, bool)            # NMT start wanted (boot-up / not OPERATIONAL)
         self._rebooted = np.zeros(n, bool)           # boot-up seen, not yet reported by read()
         self._broken: str | None = None              # why the bus is down (send failed); None when up
+        self._bus_tuning: dict[str, object] = {}     # tune_udp_multicast's answer for the open bus
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
 
@@ -175,6 +245,7 @@ class CanArm:
         except (can.CanError, OSError, ValueError, ImportError) as exc:
             self.network.bus = None
             raise LinkError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
+        self._bus_tuning = tune_udp_multicast(self.network.bus)
 
     def _sdo(self, j: int, node, index: int, sub: int, value: int | None = None) -> int:
         what = f"can: joint {j + 1} (node {node.id}): SDO {'write' if value is not None else 'read'} 0x{index:04X}:{sub:02X}"
@@ -453,7 +524,9 @@ class CanArm:
         self._send(self._rpdo_sequence)
 
     def link_stats(self) -> dict:
-        """Frame counters, dropped frames by reason, reconnects, heartbeat ages (s) and NMT restarts."""
+        """Frame counters, dropped frames by reason, reconnects, heartbeat ages (s) and NMT restarts; on
+        udp_multicast also the receive buffer the kernel granted (bytes), whether the socket hears its own
+        group only, and the datagrams the kernel dropped at it (udp_receive_drops)."""
         with self._lock:
             out = dict(self._stats)
         now = time.monotonic()
@@ -461,4 +534,7 @@ class CanArm:
         out.update(transport="can", bus=" ".join(f"{k}={v}" for k, v in self._bus_options.items()),
                    link_up=self._broken is None and self.network is not None,
                    heartbeat_age_s=[round(float(now - t), 3) if t else None for t in self._heartbeat_at])
+        net = self.network
+        if self._bus_tuning and net is not None and net.bus is not None:
+            out.update(self._bus_tuning, udp_receive_drops=udp_receive_drops(net.bus))
         return out
