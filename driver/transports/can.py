@@ -14,9 +14,11 @@ take a leaner path, since canopen's per-PDO maps cost tens of microseconds a fra
 RPDOs go out through python-can directly, as preallocated messages whose payloads are packed in place.
 
 A sample is complete when every drive's TPDO1, TPDO2 and TPDO4 have arrived; its device time is drive 1's
-time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the bus's load; read() returns the newest complete
-sample (the previous SYNC's, since the drives answer after the SYNC the same cycle sent), and False when
-none completed since the last read: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
+time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the bus's load.
+Complete samples are kept in order (SAMPLE_RING): read() returns the oldest not read yet (normally the
+previous SYNC's, since the drives answer after the SYNC the same cycle sent) and backlog() says how many wait,
+so a sample that completes a cycle late is published late (the cycle's caught_up) instead of being replaced by
+the next; False when none is unread: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
 a statusword matching no CiA 402 state or an unknown mode are counted in link_stats and dropped; a sample
 missing a frame is discarded whole. The error code comes from EMCY (0x603F by SDO when the EMCY was lost).
 
@@ -57,7 +59,8 @@ _ROWS = ((0, 1, 2), (3, 4), (5,))   # rows of the sample (statusword, position, 
 _N_ROWS = 1 + max(max(r) for r in _ROWS)
 _PER_DRIVE = len(_TPDOS)            # bits per drive in the mask of frames received
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
-               "emcy", "nmt_restarts", "reconnects", "send_errors")
+               "emcy", "nmt_restarts", "reconnects", "send_errors", "samples_overwritten")
+SAMPLE_RING = 64                    # complete samples kept until read (0.26 s at 250 Hz)
 
 # python-can's udp_multicast (the only CAN between two processes without SocketCAN): one datagram per frame,
 # and every member of the group, the sender too, receives every frame (31 per cycle for 6 drives). The kernel's
@@ -199,9 +202,12 @@ class CanArm:
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
         self._pend = [[0] * n for _ in range(_N_ROWS)]   # the rows of _ROWS, wire units
-        self._ready = np.zeros((_N_ROWS, n), np.int64)
+        # complete samples in arrival order (wire units), each with its device and host time (ns): read() takes the
+        # oldest unread, so a sample that completes late is published late, not overwritten by the next one
+        self._ring = np.zeros((SAMPLE_RING, _N_ROWS, n), np.int64)
+        self._ring_times = np.zeros((SAMPLE_RING, 2), np.int64)
         self._mask, self._full = 0, (1 << (_PER_DRIVE * n)) - 1
-        self._ready_seq, self._read_seq, self._ready_time_ns, self._ready_host_ns = 0, 0, 0, 0
+        self._ready_seq, self._read_seq = 0, 0       # complete samples so far, samples read so far
         self._stamp_raw: int | None = None           # drive 1's last time stamp (us mod 2^32) and its unwrapped us
         self._stamp_us = 0
         self._error_code = np.zeros(n, np.uint16)
@@ -378,7 +384,8 @@ class CanArm:
                 pend[r][j] = v
             self._mask |= bit
             if self._mask == self._full:
-                self._ready[:] = pend
+                slot = self._ready_seq % SAMPLE_RING
+                self._ring[slot] = pend
                 self._mask = 0
                 self._ready_seq += 1
                 raw = pend[5][0]
@@ -389,8 +396,7 @@ class CanArm:
                 else:
                     self._stamp_us = raw
                 self._stamp_raw = raw
-                self._ready_time_ns = self._stamp_us * 1000
-                self._ready_host_ns = time.time_ns()
+                self._ring_times[slot] = (self._stamp_us * 1000, time.time_ns())
                 self._stats["samples"] += 1
 
     def _on_emcy(self, j: int, error) -> None:
@@ -449,7 +455,7 @@ class CanArm:
     def _fill_error_codes(self) -> None:
         """A drive in FAULT whose EMCY was lost: read its error code (0x603F) by SDO."""
         with self._lock:
-            sw = self._ready[0].copy()
+            sw = self._ring[(self._ready_seq - 1) % SAMPLE_RING, 0].copy()
         for j in range(self.n):
             if sw[j] & cia402.SW_FAULT and self._error_code[j] == 0:
                 self._error_code[j] = self._sdo(j, self.nodes[j], cia402.ERROR_CODE, 0)
@@ -482,28 +488,38 @@ class CanArm:
             self._stats["syncs"] += 1
 
     def read(self, out: ArmState) -> bool:
-        """The newest complete sample in SI units; False when none completed since the last read. LinkError
-        once when a drive rebooted (it lost its state; the supervisor restarts it)."""
+        """The oldest complete sample not read yet, in SI units (each sample once, in order: one that came late
+        is not lost to the next; beyond SAMPLE_RING unread the oldest are overwritten, counted); False when
+        none is unread. LinkError once when a drive rebooted (it lost its state; the supervisor restarts it)."""
         if self._rebooted.any():
             j = int(np.flatnonzero(self._rebooted)[0])
             self._rebooted[j] = False
             raise LinkError(f"can: joint {j + 1} (node {self.node_ids[j]}) rebooted (boot-up message); "
                             f"restarted by NMT, fault_reset to go on")
         with self._lock:
-            if self._ready_seq == self._read_seq:
+            k, end = self._read_seq, self._ready_seq
+            if k == end:
                 return False
-            self._read_seq = self._ready_seq
-            r = self._ready
+            if end - k > SAMPLE_RING:
+                self._stats["samples_overwritten"] += end - k - SAMPLE_RING
+                k = end - SAMPLE_RING
+            self._read_seq = k + 1
+            r = self._ring[k % SAMPLE_RING]
             out.statusword[:] = r[0]
             out.mode[:] = r[2]
             np.divide(r[1], self.scaling.counts_per_rad, out=out.q)
             np.divide(r[3], self.scaling.counts_per_rad, out=out.qd)
             np.multiply(r[4], CURRENT_LSB, out=out.current)
             out.error_code[:] = self._error_code
-            out.device_time_ns = self._ready_time_ns
-            out.host_time_ns = self._ready_host_ns
+            out.device_time_ns, out.host_time_ns = (int(t) for t in self._ring_times[k % SAMPLE_RING])
         np.multiply(out.current, self.torque_per_amp, out=out.torque)
         return True
+
+    def backlog(self) -> int:
+        """Complete samples not read yet (at most SAMPLE_RING are kept): the cycle publishes the older ones first
+        (driver.cycle, caught_up)."""
+        with self._lock:
+            return min(self._ready_seq - self._read_seq, SAMPLE_RING)
 
     def write(self, command: ArmCommand) -> None:
         """RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive."""
