@@ -29,12 +29,17 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     every member of the group, the sender included, receives and unpacks every frame.
   * host CPU per 1 kHz cycle over udp_multicast, computed from the two lines above: the PDO path, 13 frames
     sent and 25 received (12 TPDOs, and the host's own 13 frames looped back), against the 1 ms period.
+  * udp_multicast frames kept over a stall: a receiver that does not read for 200 ms while the chain's traffic
+    at 250 Hz arrives (31 frames a cycle, every member hears all), with the socket as driver and simulator tune
+    it (driver.transports.can.tune_udp_multicast: own group only, 4 MiB asked) against python-can's socket as
+    it comes (net.core.rmem_default: 256 datagrams).
   * bus load (computed, not measured): the highest SYNC rate at which the default maps of 6 drives fit a
     1 Mbit/s classic CAN bus (worst-case bit stuffing), against 1 kHz.
 """
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
@@ -281,6 +286,34 @@ def interface_cost(interface: str, channel: str, frames: int = 2000, burst: int 
     return send_cpu / (frames // burst * burst), recv_cpu / received
 
 
+def frames_kept_over_a_stall(tuned: bool, stall_s: float = 0.2, rate_hz: float = 250.0,
+                             frames_per_cycle: int = 31) -> tuple[int, int]:
+    """udp_multicast between two buses: the receiver does not read for stall_s while the chain's traffic
+    (frames_per_cycle a cycle at rate_hz: 6 drives' SYNC, 12 RPDOs, 18 TPDOs, all heard by every member)
+    arrives, then reads what its socket kept. tuned: driver.transports.can.tune_udp_multicast (own group,
+    4 MiB asked); untuned: python-can's socket as it comes (net.core.rmem_default). (kept, sent)."""
+    from driver.transports.can import tune_udp_multicast
+
+    group, port = f"239.74.164.{1 + os.getpid() % 200}", 43700 + os.getpid() % 200
+    rx = can.Bus(interface="udp_multicast", channel=group, port=port)
+    tx = can.Bus(interface="udp_multicast", channel=group, port=port)
+    try:
+        if tuned:
+            tune_udp_multicast(rx)
+        msg = can.Message(arbitration_id=0x181, data=bytes(8), is_extended_id=False)
+        sent = round(stall_s * rate_hz) * frames_per_cycle
+        for _ in range(sent):
+            tx.send(msg)
+        time.sleep(0.05)                       # loopback delivery is immediate; a margin all the same
+        kept = 0
+        while rx.recv(0) is not None:
+            kept += 1
+        return kept, sent
+    finally:
+        rx.shutdown()
+        tx.shutdown()
+
+
 def bare_step_rate(model: str, cycles: int) -> float:
     sim = Simulator(model, q0=Q0)
     sim.step(10)
@@ -311,6 +344,10 @@ def main() -> None:
            1e6 * (ours + 13 * u_send + 25 * u_recv), "us", "1 kHz period", 1000.0)
     report("bus load: max SYNC rate of 6 drives at 1 Mbit/s, computed", cm.max_cycle_rate(6, 1e6), "Hz",
            "target", 1000.0)
+    kept, sent = frames_kept_over_a_stall(True)
+    kept_default, _ = frames_kept_over_a_stall(False)
+    report(f"can udp_multicast frames kept by a receiver stalled 200 ms at 250 Hz ({sent} sent), tuned socket",
+           kept, "frames", "python-can's socket as it comes", kept_default)
     if bad:
         print(f"warning: the device counted {bad} malformed frames")
 

@@ -335,6 +335,7 @@ class CanDevice:
             if not self._running:
                 return
             self._running = False
+            self._report_losses()
             for d in self.drives:
                 d.node.nmt.stop_heartbeat()
             self._faulty.close(_STOP_TIMEOUT)
@@ -344,6 +345,15 @@ class CanDevice:
             if self._bus_given is None:
                 self.bus.shutdown()
             self.bus = None
+
+    def _report_losses(self) -> None:
+        """One warning at stop when process data from the host went missing (it lands in `armid sim`'s stderr)."""
+        c = self._counts.snapshot()
+        drops = self.udp_receive_drops()
+        if c["missed_targets"] or c["missed_syncs"] or drops:
+            log.warning("can: %d SYNCs found no new CSP target (%d extrapolated), %d SYNCs lost%s",
+                        c["missed_targets"], c["extrapolated_targets"], c["missed_syncs"],
+                        "" if drops is None else f", {drops} frames dropped by the kernel at the socket")
 
     @property
     def running(self) -> bool:
