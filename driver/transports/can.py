@@ -60,7 +60,7 @@ _N_ROWS = 1 + max(max(r) for r in _ROWS)
 _PER_DRIVE = len(_TPDOS)            # bits per drive in the mask of frames received
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
                "emcy", "nmt_restarts", "reconnects", "send_errors", "samples_overwritten")
-SAMPLE_RING = 64                    # complete samples kept until read (0.26 s at 250 Hz)
+SAMPLE_RING = 1024                  # complete samples kept until read (4 s at 250 Hz; a stalled cycle thread overran 64)
 
 # python-can's udp_multicast (the only CAN between two processes without SocketCAN): one datagram per frame,
 # and every member of the group, the sender too, receives every frame (31 per cycle for 6 drives). The kernel's
