@@ -12,8 +12,7 @@ leaves to the application, the way a drive's firmware would:
     drives), step the simulator one cycle, then send each OPERATIONAL node's TPDOs (transmission type n:
     every n-th SYNC; 0: on SYNC when the payload changed) with the new sample;
   * a lost RPDO1 (a SYNC without a new CSP target from a drive that had one at the previous SYNC): the drive
-    extrapolates its last two targets for up to EXTRAPOLATED_TARGETS SYNCs, then holds; a lost SYNC (a second
-    RPDO1 before it): the drives run that cycle anyway on the target they had, without TPDOs; both counted;
+    extrapolates its last two targets for up to EXTRAPOLATED_TARGETS SYNCs, then holds; counted;
   * RPDOs (OPERATIONAL only) become commands at the next SYNC, as synchronous RPDOs are latched; SDO writes
     of 0x6040, 0x6060, 0x607A, 0x6071, 0x2002 become Simulator.set_commands at once (the simulator too
     applies them at its next cycle); SDO reads of the process
@@ -71,7 +70,7 @@ _STOP_TIMEOUT = 2.0                 # s, bound on joining each thread at stop()
 _NMT_RESET_NODE, _NMT_RESET_COMM = 129, 130
 _COUNT_NAMES = ("sync_length", "rpdo_length", "rpdo_value", "rpdo_not_operational", "sdo_length",
                 "sdo_not_available", "sdo_aborted", "nmt_length", "tx_value", "tx_failed", "missed_targets",
-                "extrapolated_targets", "missed_syncs")
+                "extrapolated_targets")
 MALFORMED = ("sync_length", "rpdo_length", "rpdo_value", "sdo_length", "nmt_length")
 _TPDO_FIELDS = tuple(p.fields for p in cm.TPDOS)
 _COMMANDS = ("controlword", "mode", "target_position", "target_torque")    # what RPDO1 + RPDO2 carry
@@ -350,10 +349,10 @@ class CanDevice:
         """One warning at stop when process data from the host went missing (it lands in `armid sim`'s stderr)."""
         c = self._counts.snapshot()
         drops = self.udp_receive_drops()
-        if c["missed_targets"] or c["missed_syncs"] or drops:
-            log.warning("can: %d SYNCs found no new CSP target (%d extrapolated), %d SYNCs lost%s",
-                        c["missed_targets"], c["extrapolated_targets"], c["missed_syncs"],
-                        "" if drops is None else f", {drops} frames dropped by the kernel at the socket")
+        if c["missed_targets"] or drops:
+            log.warning("can: %d SYNCs found no new CSP target (%d extrapolated)%s", c["missed_targets"],
+                        c["extrapolated_targets"], "" if drops is None else f"; the kernel dropped {drops} frames "
+                        f"at the socket")
 
     @property
     def running(self) -> bool:
@@ -365,9 +364,8 @@ class CanDevice:
         """Frames refused or failed, by cause: sync_length, rpdo_length, rpdo_value (unsupported mode),
         rpdo_not_operational, sdo_length, sdo_not_available (NMT STOPPED), sdo_aborted (abort responses
         sent), nmt_length, tx_value (a sample not representable in int32), tx_failed (bus send errors); and
-        the process data the host did not deliver: missed_targets (SYNCs without a new CSP target; the first
-        EXTRAPOLATED_TARGETS in a row extrapolated_targets), missed_syncs (a second RPDO1 before the SYNC:
-        the drives ran the lost SYNC's cycle on the target they had, without TPDOs)."""
+        the targets the host did not deliver: missed_targets (SYNCs without a new CSP target), of which
+        extrapolated_targets (the first EXTRAPOLATED_TARGETS in a row)."""
         return self._counts.snapshot()
 
     @property
@@ -456,21 +454,15 @@ class CanDevice:
         if len(data) > 1:
             self._counts.add("sync_length")
             return
-        self._sync_count += 1
-        self._cycle(answer=True)
-
-    def _cycle(self, answer: bool) -> None:
-        """One drive cycle: latch the RPDOs, step the simulator, send the TPDOs (answer: a SYNC came; a cycle
-        run for a lost SYNC sends none, synchronous TPDOs answer a SYNC) and EMCY on a fault change."""
         self._latch_rpdos()
         sample = self.sim.step(1)
-        wire = None
-        if answer:
-            try:
-                wire = self._wire_values(sample)
-            except WireValueError as exc:
-                self._counts.add("tx_value")
-                log.warning("can: TPDOs not sent this cycle: %s", exc)
+        self._sync_count += 1
+        try:
+            wire = self._wire_values(sample)
+        except WireValueError as exc:
+            self._counts.add("tx_value")
+            log.warning("can: TPDOs not sent this cycle: %s", exc)
+            wire = None
         for d in self.drives:
             state = d.node.nmt.state
             if wire is not None and state == "OPERATIONAL":
@@ -577,11 +569,6 @@ class CanDevice:
         except cm.CanFrameError:
             self._counts.add("rpdo_value")
             return
-        if "target_position" in commands and "target_position" in d.latched:
-            # a second target before a SYNC latched the first: the SYNC between them was lost. A drive
-            # synchronised to SYNC runs that cycle on its own clock all the same, on the target it had.
-            self._counts.add("missed_syncs")
-            self._cycle(answer=False)
         d.latched.update(commands)
         d.remember(commands, self.scaling.counts_per_rad[d.joint])
 
