@@ -76,12 +76,18 @@ class TransportPlan:
 # Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
 # of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
 SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 400.0
+# CAN's handshake (one SYNC whose TPDOs must come back) is the simulator's first cycle: in a fresh checkout that
+# compiles the drive and plant kernels (numba, tens of seconds on a loaded 2-core machine). With the driver's
+# default 2 s the driver gave up, the chain killed the simulator mid-compile, nothing was cached, and every
+# `armid demo --transport can` of a fresh checkout failed the same way.
+CAN_BOOT_TIMEOUT_S = 60.0         # s, within start_driver's 90 s
 PLANS = {
     "serial": TransportPlan("serial", SERIAL_HZ, 2000.0, SERIAL_HZ,
                             ("-o", "watchdog_s=2", "-o", "step_on_command=true"), (("device_watchdog_ms", 2000),),
                             1.0, clock="host", lockstep=True),
-    "can": TransportPlan("can", CAN_HZ, 2000.0, CAN_HZ, (), (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0)), 1.0,
-                         lockstep=True),
+    "can": TransportPlan("can", CAN_HZ, 2000.0, CAN_HZ, (),
+                         (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0), ("boot_timeout_s", CAN_BOOT_TIMEOUT_S)),
+                         1.0, lockstep=True),
     "gateway": TransportPlan("gateway", GATEWAY_HZ, 2000.0, GATEWAY_HZ, ("-o", "step_on_exchange=true"),
                              (("watchdog_ms", 2000),), 1.0, clock="host", lockstep=True),
     "sim": TransportPlan("sim", 1000.0, 2000.0, 1000.0, (), (("realtime", True),), 1.0),

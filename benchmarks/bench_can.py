@@ -19,7 +19,7 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     fault injection and python-can, EMCY check), against the 1 ms period: the rate the device side could
     sustain with a core to itself.
   * host PDO path per cycle: the driver's own frame work per cycle for 6 drives without any interface (frames
-    handed to the bus's listeners, sends to a bus that drops them): SYNC sent, 12 TPDOs decoded into a sample
+    handed to the bus's listeners, sends to a bus that drops them): SYNC sent, 18 TPDOs decoded into a sample
     (CanArm._on_frame behind canopen's own listener), 12 RPDOs packed and sent (write() without its SI
     conversion, which both paths need). Reference: the same frames through python-canopen's PdoMaps
     (callbacks, transmit), the path the driver used before.
@@ -28,13 +28,18 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     with the other as reference. udp_multicast packs every frame with msgpack into its own datagram, and
     every member of the group, the sender included, receives and unpacks every frame.
   * host CPU per 1 kHz cycle over udp_multicast, computed from the two lines above: the PDO path, 13 frames
-    sent and 25 received (12 TPDOs, and the host's own 13 frames looped back), against the 1 ms period.
+    sent and 31 received (18 TPDOs, and the host's own 13 frames looped back), against the 1 ms period.
+  * udp_multicast frames kept over a stall: a receiver that does not read for 200 ms while the chain's traffic
+    at 250 Hz arrives (31 frames a cycle, every member hears all), with the socket as driver and simulator tune
+    it (driver.transports.can.tune_udp_multicast: own group only, 4 MiB asked) against python-can's socket as
+    it comes (net.core.rmem_default: 256 datagrams).
   * bus load (computed, not measured): the highest SYNC rate at which the default maps of 6 drives fit a
     1 Mbit/s classic CAN bus (worst-case bit stuffing), against 1 kHz.
 """
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
@@ -172,13 +177,15 @@ class _DroppingBus:
 
 
 def _tpdo_frames(nodes: list[int]) -> list[can.Message]:
-    """One cycle of TPDO1 + TPDO2 from every node (operation enabled, CSP, some motion)."""
+    """One cycle of TPDO1, TPDO2 and TPDO4 from every node (operation enabled, CSP, some motion, a time stamp)."""
     out = []
     for k, nid in enumerate(nodes):
         out.append(can.Message(arbitration_id=cm.TPDO1.cob_id(nid), is_extended_id=False, timestamp=time.time(),
                                data=cm.TPDO1.pack([0x1237, 1000 * k - 2500, int(Mode.CSP)])))
         out.append(can.Message(arbitration_id=cm.TPDO2.cob_id(nid), is_extended_id=False, timestamp=time.time(),
                                data=cm.TPDO2.pack([-300 * k, 150_000 + k])))
+        out.append(can.Message(arbitration_id=cm.TPDO4.cob_id(nid), is_extended_id=False, timestamp=time.time(),
+                               data=cm.TPDO4.pack([4000])))
     return out
 
 
@@ -224,7 +231,7 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
         net.add_node(node)
         for maps in (node.tpdo, node.rpdo):
             maps.read(from_od=True)
-        for p in (cm.TPDO1, cm.TPDO2):
+        for p in (cm.TPDO1, cm.TPDO2, cm.TPDO4):
             node.tpdo[p.number].add_callback(lambda m, p=p: got.append(p.unpack(m.data)))
         rpdos.append((node.rpdo[1], node.rpdo[2]))
 
@@ -281,6 +288,34 @@ def interface_cost(interface: str, channel: str, frames: int = 2000, burst: int 
     return send_cpu / (frames // burst * burst), recv_cpu / received
 
 
+def frames_kept_over_a_stall(tuned: bool, stall_s: float = 0.2, rate_hz: float = 250.0,
+                             frames_per_cycle: int = 31) -> tuple[int, int]:
+    """udp_multicast between two buses: the receiver does not read for stall_s while the chain's traffic
+    (frames_per_cycle a cycle at rate_hz: 6 drives' SYNC, 12 RPDOs, 18 TPDOs, all heard by every member)
+    arrives, then reads what its socket kept. tuned: driver.transports.can.tune_udp_multicast (own group,
+    4 MiB asked); untuned: python-can's socket as it comes (net.core.rmem_default). (kept, sent)."""
+    from driver.transports.can import tune_udp_multicast
+
+    group, port = f"239.74.164.{1 + os.getpid() % 200}", 43700 + os.getpid() % 200
+    rx = can.Bus(interface="udp_multicast", channel=group, port=port)
+    tx = can.Bus(interface="udp_multicast", channel=group, port=port)
+    try:
+        if tuned:
+            tune_udp_multicast(rx)
+        msg = can.Message(arbitration_id=0x181, data=bytes(8), is_extended_id=False)
+        sent = round(stall_s * rate_hz) * frames_per_cycle
+        for _ in range(sent):
+            tx.send(msg)
+        time.sleep(0.05)                       # loopback delivery is immediate; a margin all the same
+        kept = 0
+        while rx.recv(0) is not None:
+            kept += 1
+        return kept, sent
+    finally:
+        rx.shutdown()
+        tx.shutdown()
+
+
 def bare_step_rate(model: str, cycles: int) -> float:
     sim = Simulator(model, q0=Q0)
     sim.step(10)
@@ -301,16 +336,20 @@ def main() -> None:
     report("can cycles completed under a periodic 1 kHz SYNC, 6 drives", done, "cycles/s", "SYNCs sent", sent)
     report("can device CPU time per SYNC, 6 drives", 1e3 * cpu, "ms", "1 kHz SYNC period", 1.0)
     ours, canopens = host_pdo_path(model, max(cycles // 5, 100))
-    report("can host PDO path per cycle, 6 drives (SYNC + 12 RPDOs packed and sent, 12 TPDOs decoded, no interface)",
+    report("can host PDO path per cycle, 6 drives (SYNC + 12 RPDOs packed and sent, 18 TPDOs decoded, no interface)",
            1e6 * ours, "us", "the same frames through python-canopen's PdoMaps", 1e6 * canopens)
     v_send, v_recv = interface_cost("virtual", CHANNEL + "-cost")
     u_send, u_recv = interface_cost("udp_multicast", "239.74.163.9")
     report("can interface cost per frame sent, udp_multicast", 1e6 * u_send, "us", "virtual", 1e6 * v_send)
     report("can interface cost per frame received, udp_multicast", 1e6 * u_recv, "us", "virtual", 1e6 * v_recv)
-    report("can host CPU per cycle over udp_multicast, computed (PDO path + 13 sent + 25 received)",
-           1e6 * (ours + 13 * u_send + 25 * u_recv), "us", "1 kHz period", 1000.0)
+    report("can host CPU per cycle over udp_multicast, computed (PDO path + 13 sent + 31 received)",
+           1e6 * (ours + 13 * u_send + 31 * u_recv), "us", "1 kHz period", 1000.0)
     report("bus load: max SYNC rate of 6 drives at 1 Mbit/s, computed", cm.max_cycle_rate(6, 1e6), "Hz",
            "target", 1000.0)
+    kept, sent = frames_kept_over_a_stall(True)
+    kept_default, _ = frames_kept_over_a_stall(False)
+    report(f"can udp_multicast frames kept by a receiver stalled 200 ms at 250 Hz ({sent} sent), tuned socket",
+           kept, "frames", "python-can's socket as it comes", kept_default)
     if bad:
         print(f"warning: the device counted {bad} malformed frames")
 

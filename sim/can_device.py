@@ -11,6 +11,8 @@ leaves to the application, the way a drive's firmware would:
   * SYNC (COB-ID 0x080): latch the RPDOs received since the last SYNC (one Simulator.set_commands for all
     drives), step the simulator one cycle, then send each OPERATIONAL node's TPDOs (transmission type n:
     every n-th SYNC; 0: on SYNC when the payload changed) with the new sample;
+  * a lost RPDO1 (a SYNC without a new CSP target from a drive that had one at the previous SYNC): the drive
+    extrapolates its last two targets for up to EXTRAPOLATED_TARGETS SYNCs, then holds; counted;
   * RPDOs (OPERATIONAL only) become commands at the next SYNC, as synchronous RPDOs are latched; SDO writes
     of 0x6040, 0x6060, 0x607A, 0x6071, 0x2002 become Simulator.set_commands at once (the simulator too
     applies them at its next cycle); SDO reads of the process
@@ -50,6 +52,7 @@ import numpy as np
 from can.broadcastmanager import ThreadBasedCyclicSendTask
 from canopen.sdo import SdoAbortedError
 
+from driver.transports.can import tune_udp_multicast, udp_receive_drops
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
@@ -66,10 +69,16 @@ EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
 _STOP_TIMEOUT = 2.0                 # s, bound on joining each thread at stop()
 _NMT_RESET_NODE, _NMT_RESET_COMM = 129, 130
 _COUNT_NAMES = ("sync_length", "rpdo_length", "rpdo_value", "rpdo_not_operational", "sdo_length",
-                "sdo_not_available", "sdo_aborted", "nmt_length", "tx_value", "tx_failed")
+                "sdo_not_available", "sdo_aborted", "nmt_length", "tx_value", "tx_failed", "missed_targets",
+                "extrapolated_targets")
 MALFORMED = ("sync_length", "rpdo_length", "rpdo_value", "sdo_length", "nmt_length")
 _TPDO_FIELDS = tuple(p.fields for p in cm.TPDOS)
 _COMMANDS = ("controlword", "mode", "target_position", "target_torque")    # what RPDO1 + RPDO2 carry
+# A SYNC that finds no new target from a drive streaming CSP targets (the RPDO was lost): the drive extrapolates
+# its last two targets linearly (constant velocity) for up to this many SYNCs in a row, then holds the last
+# target (as drives with "linear extrapolation on data loss" in CSP do; others hold at once). Holding at once
+# is a one-cycle stop and then a two-cycle jump: at full speed that tripped the following-error monitor.
+EXTRAPOLATED_TARGETS = 4
 
 
 def rpdo_commands(pdo: cm.PdoDef, data: bytes | bytearray, counts_per_rad: float) -> dict[str, float | int]:
@@ -170,6 +179,12 @@ class _Drive:
     tx_msgs: list[can.Message] = field(default_factory=list)            # one per TPDO, payload = the codec's
     latched: dict = field(default_factory=dict)                          # RPDO commands since the last SYNC
     faulted: bool = False
+    # CSP target stream (rad, joint side): the target of the last SYNC, its step from the one before (None when
+    # those were not consecutive SYNCs' targets), whether it was the previous SYNC's, and the misses in a row
+    target: float | None = None
+    target_step: float | None = None
+    target_fresh: bool = False
+    missed: int = 0
     # commanded values as the host wrote them (for SDO read-back): controlword, mode, counts, N m
     controlword: int = 0
     mode: int = 0
@@ -226,6 +241,7 @@ class CanDevice:
         self._notifier: can.Notifier | None = None
         self._running = False
         self._sync_count = 0
+        self.bus_tuning: dict[str, object] = {}     # tune_udp_multicast's answer for a bus opened here
 
     # -- SimTransport ------------------------------------------------------------------------------
     def attach(self, sim: "Simulator") -> None:
@@ -296,11 +312,21 @@ class CanDevice:
                 self._boot(d)
 
     def _open_bus(self) -> can.BusABC:
+        """The bus from the interface options; on udp_multicast with its own group only and a large receive
+        buffer (driver.transports.can.tune_udp_multicast, the driver's side does the same)."""
         try:
-            return can.Bus(**self._bus_options)
+            bus = can.Bus(**self._bus_options)
         except (can.CanError, OSError, ValueError, ImportError) as exc:
             opts = ", ".join(f"{k}={v!r}" for k, v in self._bus_options.items())
             raise InputError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
+        self.bus_tuning = tune_udp_multicast(bus)
+        return bus
+
+    def udp_receive_drops(self) -> int | None:
+        """Frames the kernel dropped at the device's udp_multicast socket (full receive buffer); None on
+        other buses or when stopped."""
+        bus = self.bus
+        return None if bus is None else udp_receive_drops(bus)
 
     def stop(self) -> None:
         """Stop the heartbeats and the receive thread (bounded joins); shut the bus down if we opened it."""
@@ -308,6 +334,7 @@ class CanDevice:
             if not self._running:
                 return
             self._running = False
+            self._report_losses()
             for d in self.drives:
                 d.node.nmt.stop_heartbeat()
             self._faulty.close(_STOP_TIMEOUT)
@@ -318,6 +345,15 @@ class CanDevice:
                 self.bus.shutdown()
             self.bus = None
 
+    def _report_losses(self) -> None:
+        """One warning at stop when process data from the host went missing (it lands in `armid sim`'s stderr)."""
+        c = self._counts.snapshot()
+        drops = self.udp_receive_drops()
+        if c["missed_targets"] or drops:
+            log.warning("can: %d SYNCs found no new CSP target (%d extrapolated)%s", c["missed_targets"],
+                        c["extrapolated_targets"], "" if drops is None else f"; the kernel dropped {drops} frames "
+                        f"at the socket")
+
     @property
     def running(self) -> bool:
         """True between start() and stop()."""
@@ -327,7 +363,9 @@ class CanDevice:
     def counts(self) -> dict[str, int]:
         """Frames refused or failed, by cause: sync_length, rpdo_length, rpdo_value (unsupported mode),
         rpdo_not_operational, sdo_length, sdo_not_available (NMT STOPPED), sdo_aborted (abort responses
-        sent), nmt_length, tx_value (a sample not representable in int32), tx_failed (bus send errors)."""
+        sent), nmt_length, tx_value (a sample not representable in int32), tx_failed (bus send errors); and
+        the targets the host did not deliver: missed_targets (SYNCs without a new CSP target), of which
+        extrapolated_targets (the first EXTRAPOLATED_TARGETS in a row)."""
         return self._counts.snapshot()
 
     @property
@@ -464,7 +502,10 @@ class CanDevice:
 
     def _latch_rpdos(self) -> None:
         """The RPDO commands received since the last SYNC become the simulator's (one set_commands when every
-        drive got both RPDOs, as a host sends them; per drive otherwise)."""
+        drive got both RPDOs, as a host sends them; per drive otherwise). A drive streaming CSP targets whose
+        RPDO1 did not come extrapolates its target (_follow_target)."""
+        for d in self.drives:
+            self._follow_target(d)
         latched = [d.latched for d in self.drives]
         if not any(latched):
             return
@@ -479,6 +520,27 @@ class CanDevice:
             self._counts.add("rpdo_value")
         for c in latched:
             c.clear()
+
+    def _follow_target(self, d: _Drive) -> None:
+        """At a SYNC: track drive d's CSP targets (rad). Without a new one (OPERATIONAL, in CSP, after a first
+        target) count a missed target; while the targets were a stream (one at each SYNC before), extrapolate
+        at the last step for up to EXTRAPOLATED_TARGETS SYNCs in a row (into d.latched), then hold."""
+        new = d.latched.get("target_position")
+        if new is not None:
+            d.target_step = new - d.target if d.target_fresh and d.target is not None else None
+            d.target, d.target_fresh, d.missed = float(new), True, 0
+            return
+        if d.target is None or d.mode != cia402.Mode.CSP or d.node.nmt.state != "OPERATIONAL":
+            d.target_fresh = False
+            return
+        self._counts.add("missed_targets")
+        d.missed += 1
+        if not d.target_fresh or d.target_step is None or d.missed > EXTRAPOLATED_TARGETS:
+            d.target_fresh = False                       # hold the last target
+            return
+        d.target += d.target_step
+        d.latched["target_position"] = d.target
+        self._counts.add("extrapolated_targets")
 
     def _check_fault(self, d: _Drive, sample: "SimState", nmt_state: str) -> None:
         faulted = bool(int(sample.statusword[d.joint]) & cia402.SW_FAULT)

@@ -18,9 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from firmware_bridge import canopen_map as cm
+from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
 from ident.errors import InputError
 from sim import Simulator
+from sim import can_device
 from sim.can_device import EDS_PATH, CanDevice, rpdo_commands
 
 TIMEOUT = 5.0                      # s, bound of every wait for a frame
@@ -30,12 +32,12 @@ _channels = itertools.count()
 class Rig:
     """A simulated arm behind a CanDevice, and a python-canopen host network on the same virtual channel."""
 
-    def __init__(self, heartbeat_ms: int = 20):
+    def __init__(self, heartbeat_ms: int = 20, rate_hz: float = 1000.0):
         channel = f"armid-test-can-{next(_channels)}-{time.monotonic_ns()}"
         self.threads_before = set(threading.enumerate())
         self.dev_bus = can.Bus(interface="virtual", channel=channel)
         self.device = CanDevice(bus=self.dev_bus, heartbeat_ms=heartbeat_ms)
-        self.sim = Simulator("generic6", transport=self.device, seed=1)
+        self.sim = Simulator("generic6", transport=self.device, seed=1, rate_hz=rate_hz)
         self.net = canopen.Network(bus=can.Bus(interface="virtual", channel=channel))
         self.net.NOTIFIER_CYCLE = 0.05        # its receive thread checks for stop() this often
         self.net.connect()
@@ -409,6 +411,8 @@ def operational_device():
 def test_random_rpdo_frames_become_commands_only_when_whole_and_valid(operational_device, pdo, data, joint):
     """The frame goes through the device's RPDO handler, then the latch a SYNC does before stepping."""
     dev, sim = operational_device.device, operational_device.sim
+    for other in dev.drives:      # one frame, one latch per example: no CSP target stream across examples to extrapolate
+        other.target, other.target_fresh = None, False
     d = dev.drives[joint]
     # the simulator's pending command inputs (private: the only place a half-applied frame would show)
     before = [a.copy() for a in (sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau)]
@@ -497,3 +501,90 @@ def test_latency_spikes_delay_frames_without_changing_them(rig):
     rig.sim.faults.set_frame_faults(latency_spike_probability=0.0)
     assert rig.sim.faults.counts["delayed"] >= 1
     assert cm.TPDO1.unpack(payload)[1] == rig.sim.read_state().position_counts[5]
+
+
+# -- process data lost on the way: a real CiA 402 drive in CSP keeps its cycle --------------------------------
+CSP_RATE_HZ = 250.0                 # the chain's CAN rate: the drives' loops tick 4 times per cycle
+
+
+def csp_run(drop_targets=(), n_cycles=130, extrapolated=None, monkeypatch=None) -> dict:
+    """Six drives enabled in CSP at 250 Hz follow q0 + 0.6 (1 - cos 2 pi t) rad (up to 3.8 rad/s, 24 rad/s^2),
+    a host of raw python-can frames sending RPDO1 + RPDO2 to every drive, then SYNC, each cycle. Cycles in
+    drop_targets send no RPDOs (lost). Per cycle: following error (rad), the plant's torque (N m) and the
+    statusword, after the cycle's SYNC."""
+    if extrapolated is not None:
+        monkeypatch.setattr(can_device, "EXTRAPOLATED_TARGETS", extrapolated)
+    rig = Rig(heartbeat_ms=0, rate_hz=CSP_RATE_HZ)
+    try:
+        rig.start()
+        dev, sim, bus = rig.device, rig.sim, rig.net.bus
+        for d in dev.drives:
+            d.node.nmt.state = "OPERATIONAL"
+        cpr = dev.scaling.counts_per_rad
+        q0 = sim.read_state().position.copy()
+        cycle = sim.read_state().cycle
+
+        def send_targets(q, cw=0x0F):
+            counts = np.round(q * cpr).astype(int).tolist()
+            for j, nid in enumerate(dev.node_ids()):
+                send_rpdo(rig, cm.RPDO1, nid, [cw, counts[j], int(Mode.CSP)])
+                send_rpdo(rig, cm.RPDO2, nid, [0])
+
+        def sync():
+            rig.net.bus.send(can.Message(arbitration_id=cm.SYNC_COB_ID, data=b"", is_extended_id=False))
+
+        for cw in (0x06, 0x0F, 0x0F):                       # shutdown, enable operation (3 + 4), hold
+            send_targets(q0, cw)
+            sync()
+            cycle += 1
+            sim.wait_until(cycle, TIMEOUT)
+        ferr, tau, sw = [], [], []
+        for k in range(n_cycles):
+            if k not in drop_targets:
+                send_targets(q0 + 0.6 * (1.0 - np.cos(2.0 * np.pi * k / CSP_RATE_HZ)))
+            cycle += 1
+            sync()
+            sim.wait_until(cycle, TIMEOUT)
+            s = sim.read_state()
+            ferr.append(s.following_error.copy())
+            tau.append(sim.read_truth().tau.copy())
+            sw.append(s.statusword.copy())
+        return {"ferr": np.array(ferr), "tau": np.array(tau), "statusword": np.array(sw), "counts": dev.counts}
+    finally:
+        rig.close()
+
+
+@pytest.fixture(scope="module")
+def undisturbed():
+    return csp_run()
+
+
+def _window() -> float:
+    from sim.drive import DriveConfig
+    return DriveConfig().following_error_window
+
+
+def test_a_lost_rpdo_is_extrapolated_so_the_drives_neither_trip_nor_jerk(undisturbed, monkeypatch):
+    """One cycle's RPDOs lost at full speed: the drives extrapolate the target at its last step (counted) and
+    the torque stays within 20 N m of the undisturbed run; holding the target instead (a one-cycle stop, then
+    a two-cycle jump, what the drives did before) kicks it by over 60 N m. Neither comes near the
+    following-error window, and no drive faults or flags a following error."""
+    lost = csp_run(drop_targets={100})
+    held = csp_run(drop_targets={100}, extrapolated=0, monkeypatch=monkeypatch)
+    assert lost["counts"]["missed_targets"] == 6 and lost["counts"]["extrapolated_targets"] == 6
+    assert held["counts"]["missed_targets"] == 6 and held["counts"]["extrapolated_targets"] == 0
+    kick = np.abs(lost["tau"] - undisturbed["tau"]).max()
+    kick_held = np.abs(held["tau"] - undisturbed["tau"]).max()
+    assert kick < 20.0 and kick_held > 60.0, (kick, kick_held)
+    for run in (undisturbed, lost):
+        assert np.abs(run["ferr"]).max() < 0.5 * _window()
+        assert not np.any(run["statusword"] & (cia402.SW_FAULT | cia402.SW_FOLLOWING_ERROR))
+
+
+def test_a_burst_of_lost_rpdos_is_extrapolated_for_a_bounded_number_of_cycles_then_held(monkeypatch):
+    """EXTRAPOLATED_TARGETS SYNCs in a row extrapolate; beyond that the drive holds its last target."""
+    burst = set(range(90, 90 + can_device.EXTRAPOLATED_TARGETS + 2))
+    run = csp_run(drop_targets=burst)
+    assert run["counts"]["missed_targets"] == 6 * len(burst)
+    assert run["counts"]["extrapolated_targets"] == 6 * can_device.EXTRAPOLATED_TARGETS
+    assert not np.any(run["statusword"] & cia402.SW_FAULT)

@@ -9,6 +9,7 @@ and motions are commanded at speed 0.2 (the drives see speed 1)."""
 import collections
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -304,21 +305,48 @@ def test_bad_frames_are_counted_and_dropped_never_data(rig):
     assert rig.driver.cycle.fault is None
 
 
+def _answer_sync(arm: CanArm, stamp_us: int, arrival: float, drives=None, position: int = 1000) -> None:
+    """Every drive's (or `drives`') TPDO1, TPDO2 and TPDO4 of one SYNC into the arm's frame handler: OPERATION
+    ENABLED, CSP, position counts `position * node`, drive time stamp stamp_us."""
+    for j, nid in enumerate(arm.node_ids):
+        if drives is not None and j not in drives:
+            continue
+        for pdo, values in ((cm.TPDO1, [0x0237, position * (j + 1), 8]), (cm.TPDO2, [0, 100]),
+                            (cm.TPDO4, [stamp_us % 2 ** 32])):
+            arm._on_frame(can.Message(arbitration_id=pdo.cob_id(nid), data=pdo.pack(values), timestamp=arrival,
+                                      is_extended_id=False))
+
+
+def test_samples_that_complete_before_a_read_are_each_read_once_in_order_and_the_backlog_says_so(model):
+    """Two SYNCs answered before the cycle reads (a late answer, then the next one): both samples come out,
+    the older first, instead of the newer replacing it; beyond SAMPLE_RING unread the oldest are overwritten
+    and counted."""
+    from driver.transports.can import SAMPLE_RING
+
+    arm = CanArm(model, interface="virtual", channel=_channel(), heartbeat_ms=0)   # not opened: no bus needed
+    out = ArmState(model.n)
+    for k in range(3):
+        _answer_sync(arm, 4000 * k, 0.0, position=1000 + k)
+    assert arm.backlog() == 3
+    got = []
+    while arm.read(out):
+        got.append((out.device_time_ns, round(out.q[0] * arm.scaling.counts_per_rad[0])))
+    assert got == [(0, 1000), (4_000_000, 1001), (8_000_000, 1002)] and arm.backlog() == 0
+    for k in range(3, 3 + SAMPLE_RING + 5):
+        _answer_sync(arm, 4000 * k, 0.0, position=1000 + k)
+    assert arm.backlog() == SAMPLE_RING
+    assert arm.read(out) and out.device_time_ns == 4_000_000 * (3 + 5)           # the 5 oldest were overwritten
+    assert arm.link_stats()["samples_overwritten"] == 5
+
+
 def test_a_sample_is_stamped_with_the_drives_time_stamp_unwrapped_not_with_its_frames_arrival(model):
     """CAN PDOs carry no time but TPDO4's 0x1013 (us, modulo 2^32): device_time_ns is drive 1's stamp,
     unwrapped across 2^32 us, whatever the frames' arrival (a loaded bus, udp_multicast between processes).
     A sample missing a frame is dropped with its stamp."""
     arm = CanArm(model, interface="virtual", channel=_channel(), heartbeat_ms=0)   # not opened: no bus needed
-    ok_word = 0x0237                                                    # OPERATION ENABLED
 
     def answer(stamp_us: int, arrival: float, drives=None) -> None:
-        for j, nid in enumerate(arm.node_ids):
-            if drives is not None and j not in drives:
-                continue
-            for pdo, values in ((cm.TPDO1, [ok_word, 1000 * (j + 1), 8]), (cm.TPDO2, [0, 100]),
-                                (cm.TPDO4, [stamp_us % 2 ** 32])):
-                arm._on_frame(can.Message(arbitration_id=pdo.cob_id(nid), data=pdo.pack(values), timestamp=arrival,
-                                          is_extended_id=False))
+        _answer_sync(arm, stamp_us, arrival, drives)
 
     out = ArmState(model.n)
     start = 2 ** 32 - 6000                                              # 6 ms before the stamp wraps
@@ -406,3 +434,34 @@ def test_the_example_config_loads_and_builds_the_transport(model):
     arm = open_arm(cfg.transport, model, **cfg.transport_options)
     assert isinstance(arm, CanArm) and arm.node_ids == [1, 2, 3, 4, 5, 6]
     assert cfg.rate_hz <= cm.max_cycle_rate(6, arm._bus_options.get("bitrate", 1_000_000))
+
+
+def test_udp_multicast_buses_hear_their_own_group_only_with_a_large_receive_buffer_once_tuned():
+    """python-can's udp_multicast binds every bus to the same port on all addresses: untuned, a bus on another
+    group hears this one's frames (Linux delivers every group joined on the host to every socket on the port;
+    two chains at once answered each other's SDOs). tune_udp_multicast: own group only, the receive buffer
+    asked for (the kernel reports twice what it grants), the kernel's drops readable; other buses untouched."""
+    from driver.transports.can import UDP_RECEIVE_BUFFER, tune_udp_multicast, udp_receive_drops
+
+    port = 43200 + os.getpid() % 500
+    groups = [f"239.74.201.{1 + os.getpid() % 200}", f"239.74.202.{1 + os.getpid() % 200}"]
+    buses = [can.Bus(interface="udp_multicast", channel=g, port=port) for g in groups + groups[1:]]
+    a, b, b_tuned = buses
+    try:
+        tuned = tune_udp_multicast(b_tuned)
+        assert tuned == {"receive_buffer_bytes": 2 * UDP_RECEIVE_BUFFER, "own_group_only": True}
+        assert udp_receive_drops(b_tuned) == 0
+        a.send(can.Message(arbitration_id=0x181, data=b"\x01", is_extended_id=False))
+        assert b.recv(5.0) is not None                    # untuned: a's group reaches b's socket too
+        assert b_tuned.recv(0.3) is None                      # tuned: not its group, not its frames
+        b.send(can.Message(arbitration_id=0x182, data=b"\x02", is_extended_id=False))
+        got = b_tuned.recv(5.0)
+        assert got is not None and got.arbitration_id == 0x182
+    finally:
+        for bus in buses:
+            bus.shutdown()
+    virtual = can.Bus(interface="virtual", channel=_channel())
+    try:
+        assert tune_udp_multicast(virtual) == {} and udp_receive_drops(virtual) is None
+    finally:
+        virtual.shutdown()

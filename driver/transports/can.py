@@ -14,9 +14,11 @@ take a leaner path, since canopen's per-PDO maps cost tens of microseconds a fra
 RPDOs go out through python-can directly, as preallocated messages whose payloads are packed in place.
 
 A sample is complete when every drive's TPDO1, TPDO2 and TPDO4 have arrived; its device time is drive 1's
-time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the bus's load; read() returns the newest complete
-sample (the previous SYNC's, since the drives answer after the SYNC the same cycle sent), and False when
-none completed since the last read: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
+time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the bus's load.
+Complete samples are kept in order (SAMPLE_RING): read() returns the oldest not read yet (normally the
+previous SYNC's, since the drives answer after the SYNC the same cycle sent) and backlog() says how many wait,
+so a sample that completes a cycle late is published late (the cycle's caught_up) instead of being replaced by
+the next; False when none is unread: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
 a statusword matching no CiA 402 state or an unknown mode are counted in link_stats and dropped; a sample
 missing a frame is discarded whole. The error code comes from EMCY (0x603F by SDO when the EMCY was lost).
 
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import socket
 import threading
 from pathlib import Path
 import time
@@ -55,7 +59,75 @@ _ROWS = ((0, 1, 2), (3, 4), (5,))   # rows of the sample (statusword, position, 
 _N_ROWS = 1 + max(max(r) for r in _ROWS)
 _PER_DRIVE = len(_TPDOS)            # bits per drive in the mask of frames received
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
-               "emcy", "nmt_restarts", "reconnects", "send_errors")
+               "emcy", "nmt_restarts", "reconnects", "send_errors", "samples_overwritten")
+SAMPLE_RING = 1024                  # complete samples kept until read (4 s at 250 Hz; a stalled cycle thread overran 64)
+
+# python-can's udp_multicast (the only CAN between two processes without SocketCAN): one datagram per frame,
+# and every member of the group, the sender too, receives every frame (31 per cycle for 6 drives). The kernel's
+# default receive buffer (net.core.rmem_default, 212992 bytes here) holds 256 of them, 33 ms at 250 Hz: a
+# process that stalls longer under load loses frames. UDP_RECEIVE_BUFFER asks for 4 MiB (the kernel doubles
+# it for its bookkeeping: ~10000 frames, 1.3 s at 250 Hz); SO_RCVBUFFORCE gets it with CAP_NET_ADMIN, a plain
+# SO_RCVBUF up to net.core.rmem_max otherwise.
+UDP_RECEIVE_BUFFER = 4 * 1024 * 1024       # bytes requested
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)                 # Linux values; not in Python's socket
+_IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)
+_IPV6_MULTICAST_ALL = getattr(socket, "IPV6_MULTICAST_ALL", 29)
+
+
+def tune_udp_multicast(bus: can.BusABC, receive_buffer: int = UDP_RECEIVE_BUFFER) -> dict[str, object]:
+    """Make a python-can `udp_multicast` bus fit for a CAN cycle between processes; any other bus is left
+    alone ({} returned).
+
+    * receive only its own group: Linux delivers every group joined anywhere on the host to every socket
+      bound to the port (IP_MULTICAST_ALL defaults to 1), so two runs on different groups heard each
+      other's SDO answers and PDOs (same node ids, same COB-IDs);
+    * a receive buffer of `receive_buffer` bytes (see UDP_RECEIVE_BUFFER).
+
+    python-can has no option for either; its public `fileno()` gives the socket, and the options are set on
+    a duplicate of that descriptor (same socket, closed again here). Returns {"receive_buffer_bytes": what
+    the kernel granted (SO_RCVBUF), "own_group_only": bool}; an option the kernel refuses is left as it was."""
+    from can.interfaces.udp_multicast import UdpMulticastBus
+
+    if not isinstance(bus, UdpMulticastBus):
+        return {}
+    with socket.socket(fileno=os.dup(bus.fileno())) as sock:
+        own_only = True
+        try:
+            if sock.family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_MULTICAST_ALL, 0)
+            else:
+                sock.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
+        except OSError:
+            own_only = False                  # not Linux, or an old kernel: groups are per socket already
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, receive_buffer)
+        except OSError:                       # no CAP_NET_ADMIN: capped at net.core.rmem_max
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            except OSError:
+                pass
+        granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    return {"receive_buffer_bytes": granted, "own_group_only": own_only}
+
+
+def udp_receive_drops(bus: can.BusABC) -> int | None:
+    """Datagrams the kernel dropped at this udp_multicast bus's socket because its receive buffer was full
+    (the `drops` column of /proc/net/udp[6]); None for other buses or where that is not readable."""
+    from can.interfaces.udp_multicast import UdpMulticastBus
+
+    if not isinstance(bus, UdpMulticastBus):
+        return None
+    try:
+        inode = str(os.fstat(bus.fileno()).st_ino)
+        for table in ("/proc/net/udp", "/proc/net/udp6"):
+            with open(table) as f:
+                for line in f:
+                    cols = line.split()
+                    if len(cols) > 12 and cols[9] == inode:
+                        return int(cols[-1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 class CanOptionError(InputError):
@@ -130,9 +202,12 @@ class CanArm:
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
         self._pend = [[0] * n for _ in range(_N_ROWS)]   # the rows of _ROWS, wire units
-        self._ready = np.zeros((_N_ROWS, n), np.int64)
+        # complete samples in arrival order (wire units), each with its device and host time (ns): read() takes the
+        # oldest unread, so a sample that completes late is published late, not overwritten by the next one
+        self._ring = np.zeros((SAMPLE_RING, _N_ROWS, n), np.int64)
+        self._ring_times = np.zeros((SAMPLE_RING, 2), np.int64)
         self._mask, self._full = 0, (1 << (_PER_DRIVE * n)) - 1
-        self._ready_seq, self._read_seq, self._ready_time_ns, self._ready_host_ns = 0, 0, 0, 0
+        self._ready_seq, self._read_seq = 0, 0       # complete samples so far, samples read so far
         self._stamp_raw: int | None = None           # drive 1's last time stamp (us mod 2^32) and its unwrapped us
         self._stamp_us = 0
         self._error_code = np.zeros(n, np.uint16)
@@ -140,6 +215,7 @@ class CanArm:
         self._restart = np.zeros(n, bool)            # NMT start wanted (boot-up / not OPERATIONAL)
         self._rebooted = np.zeros(n, bool)           # boot-up seen, not yet reported by read()
         self._broken: str | None = None              # why the bus is down (send failed); None when up
+        self._bus_tuning: dict[str, object] = {}     # tune_udp_multicast's answer for the open bus
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
 
@@ -175,6 +251,7 @@ class CanArm:
         except (can.CanError, OSError, ValueError, ImportError) as exc:
             self.network.bus = None
             raise LinkError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
+        self._bus_tuning = tune_udp_multicast(self.network.bus)
 
     def _sdo(self, j: int, node, index: int, sub: int, value: int | None = None) -> int:
         what = f"can: joint {j + 1} (node {node.id}): SDO {'write' if value is not None else 'read'} 0x{index:04X}:{sub:02X}"
@@ -307,7 +384,8 @@ class CanArm:
                 pend[r][j] = v
             self._mask |= bit
             if self._mask == self._full:
-                self._ready[:] = pend
+                slot = self._ready_seq % SAMPLE_RING
+                self._ring[slot] = pend
                 self._mask = 0
                 self._ready_seq += 1
                 raw = pend[5][0]
@@ -318,8 +396,7 @@ class CanArm:
                 else:
                     self._stamp_us = raw
                 self._stamp_raw = raw
-                self._ready_time_ns = self._stamp_us * 1000
-                self._ready_host_ns = time.time_ns()
+                self._ring_times[slot] = (self._stamp_us * 1000, time.time_ns())
                 self._stats["samples"] += 1
 
     def _on_emcy(self, j: int, error) -> None:
@@ -378,7 +455,7 @@ class CanArm:
     def _fill_error_codes(self) -> None:
         """A drive in FAULT whose EMCY was lost: read its error code (0x603F) by SDO."""
         with self._lock:
-            sw = self._ready[0].copy()
+            sw = self._ring[(self._ready_seq - 1) % SAMPLE_RING, 0].copy()
         for j in range(self.n):
             if sw[j] & cia402.SW_FAULT and self._error_code[j] == 0:
                 self._error_code[j] = self._sdo(j, self.nodes[j], cia402.ERROR_CODE, 0)
@@ -411,28 +488,38 @@ class CanArm:
             self._stats["syncs"] += 1
 
     def read(self, out: ArmState) -> bool:
-        """The newest complete sample in SI units; False when none completed since the last read. LinkError
-        once when a drive rebooted (it lost its state; the supervisor restarts it)."""
+        """The oldest complete sample not read yet, in SI units (each sample once, in order: one that came late
+        is not lost to the next; beyond SAMPLE_RING unread the oldest are overwritten, counted); False when
+        none is unread. LinkError once when a drive rebooted (it lost its state; the supervisor restarts it)."""
         if self._rebooted.any():
             j = int(np.flatnonzero(self._rebooted)[0])
             self._rebooted[j] = False
             raise LinkError(f"can: joint {j + 1} (node {self.node_ids[j]}) rebooted (boot-up message); "
                             f"restarted by NMT, fault_reset to go on")
         with self._lock:
-            if self._ready_seq == self._read_seq:
+            k, end = self._read_seq, self._ready_seq
+            if k == end:
                 return False
-            self._read_seq = self._ready_seq
-            r = self._ready
+            if end - k > SAMPLE_RING:
+                self._stats["samples_overwritten"] += end - k - SAMPLE_RING
+                k = end - SAMPLE_RING
+            self._read_seq = k + 1
+            r = self._ring[k % SAMPLE_RING]
             out.statusword[:] = r[0]
             out.mode[:] = r[2]
             np.divide(r[1], self.scaling.counts_per_rad, out=out.q)
             np.divide(r[3], self.scaling.counts_per_rad, out=out.qd)
             np.multiply(r[4], CURRENT_LSB, out=out.current)
             out.error_code[:] = self._error_code
-            out.device_time_ns = self._ready_time_ns
-            out.host_time_ns = self._ready_host_ns
+            out.device_time_ns, out.host_time_ns = (int(t) for t in self._ring_times[k % SAMPLE_RING])
         np.multiply(out.current, self.torque_per_amp, out=out.torque)
         return True
+
+    def backlog(self) -> int:
+        """Complete samples not read yet (at most SAMPLE_RING are kept): the cycle publishes the older ones first
+        (driver.cycle, caught_up)."""
+        with self._lock:
+            return min(self._ready_seq - self._read_seq, SAMPLE_RING)
 
     def write(self, command: ArmCommand) -> None:
         """RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive."""
@@ -453,7 +540,9 @@ class CanArm:
         self._send(self._rpdo_sequence)
 
     def link_stats(self) -> dict:
-        """Frame counters, dropped frames by reason, reconnects, heartbeat ages (s) and NMT restarts."""
+        """Frame counters, dropped frames by reason, reconnects, heartbeat ages (s) and NMT restarts; on
+        udp_multicast also the receive buffer the kernel granted (bytes), whether the socket hears its own
+        group only, and the datagrams the kernel dropped at it (udp_receive_drops)."""
         with self._lock:
             out = dict(self._stats)
         now = time.monotonic()
@@ -461,4 +550,7 @@ class CanArm:
         out.update(transport="can", bus=" ".join(f"{k}={v}" for k, v in self._bus_options.items()),
                    link_up=self._broken is None and self.network is not None,
                    heartbeat_age_s=[round(float(now - t), 3) if t else None for t in self._heartbeat_at])
+        net = self.network
+        if self._bus_tuning and net is not None and net.bus is not None:
+            out.update(self._bus_tuning, udp_receive_drops=udp_receive_drops(net.bus))
         return out
