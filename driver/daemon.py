@@ -126,6 +126,8 @@ class Driver:
         self.effort_delay_s = float(effort_delay_s)
         self.realtime = realtime
         self._rt_applied: Applied | None = None
+        self._rt_threads: dict[str, int | list[int]] = {}   # the threads found at start, by [realtime] label
+        self._gc_frozen = 0
         self.recording = None            # driver.recorder.RecordingStats of the running recording
         self.recording_error: str | None = None
         if clock == "auto":
@@ -171,11 +173,13 @@ class Driver:
         self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
         gc.collect()
         gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
+        self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
         self.cycle.start()
+        self._rt_threads = self._realtime_threads()
         if self.realtime is not None:
             try:
-                self._rt_applied = rt.apply(self.realtime, self._realtime_threads(self.realtime.threads),
-                                            warn=lambda text: self.log(f"warning: {text}"))
+                chosen = {k: v for k, v in self._rt_threads.items() if k in self.realtime.threads}
+                self._rt_applied = rt.apply(self.realtime, chosen, warn=lambda text: self.log(f"warning: {text}"))
             except RealtimeError:
                 self._stop.set()
                 self.cycle.stop()
@@ -218,23 +222,23 @@ class Driver:
             self._rt_applied = None
         gc.unfreeze()
 
-    def _realtime_threads(self, labels=("cycle", "zmq-io", "serial-link")) -> dict[str, int | list[int]]:
+    def _realtime_threads(self) -> dict[str, int | list[int]]:
         """Native thread ids by [realtime] label, of the threads that exist: the cycle, libzmq's I/O threads
         (by their kernel name), the transport's link thread (when it exposes link_thread_id)."""
         found: dict[str, int | list[int]] = {}
-        if "cycle" in labels and self.cycle.native_id is not None:
+        if self.cycle.native_id is not None:
             found["cycle"] = self.cycle.native_id
-        if "zmq-io" in labels and (io := threads_named(ZMQ_IO_PREFIX)):
+        if io := threads_named(ZMQ_IO_PREFIX):
             found["zmq-io"] = io
         link = getattr(self.arm, "link_thread_id", None)
-        if "serial-link" in labels and link is not None:
+        if link is not None:
             found["serial-link"] = link
         return found
 
     def realtime_status(self) -> dict:
         """What is in effect for the driver's real-time threads (driver.realtime.in_effect): policy, priority
         and CPUs per thread, locked memory, the garbage collector, refused settings."""
-        report = rt.in_effect(self._realtime_threads(), self._rt_applied)
+        report = rt.in_effect(self._rt_threads, self._rt_applied, self._gc_frozen)
         report["requested"] = None if self.realtime is None else {
             "priority": self.realtime.priority, "threads": list(self.realtime.threads),
             "cpus": None if self.realtime.cpus is None else list(self.realtime.cpus),
@@ -302,7 +306,8 @@ class Driver:
 
         self.cycle.submit(apply)
 
-    def status(self) -> dict:
+    def status(self, realtime: dict | None = None) -> dict:
+        """The status command's answer; realtime: the realtime_status() the caller has already read."""
         from firmware_bridge.cia402 import state_of
 
         c, st = self.cycle, self.cycle.state
@@ -313,7 +318,7 @@ class Driver:
                 "q": st.q.tolist(), "drive_states": [s.value if s else "UNKNOWN" for s in states],
                 "error_codes": [int(e) for e in st.error_code], "payload": self.payload.tolist(),
                 "cycles": c.cycles, "seq": c.seq, "effort_delay_s": self.effort_delay_s,
-                "realtime": self.realtime_status()}
+                "realtime": self.realtime_status() if realtime is None else realtime}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
@@ -336,14 +341,15 @@ class Driver:
         now = time.monotonic()
         dt = max(now - last.get("t", now - period_s), 1e-9)
         cycles, fresh = c.cycles, c.fresh
+        realtime = self.realtime_status()
         msg = {"time": time.time(), "uptime_s": time.time() - self.started_at,
                "cycle_rate_hz": (cycles - last.get("cycles", cycles)) / dt,
                "sample_rate_hz": (fresh - last.get("fresh", fresh)) / dt,
                "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns, "caught_up": c.caught_up,
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),
-               "drive_states": self.status()["drive_states"], "recording": self._recording_health(),
-               "realtime": self.realtime_status(),
+               "drive_states": self.status(realtime)["drive_states"], "recording": self._recording_health(),
+               "realtime": realtime,
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         return msg
