@@ -40,8 +40,8 @@ from firmware_bridge import stream
 from driver.commands import Commands
 from driver.cycle import Cycle
 from driver.hal import Arm
-from driver.realtime import ZMQ_IO_PREFIX, Applied, Realtime, RealtimeError, threads_named
 from driver import realtime as rt
+from driver.realtime import Applied, Realtime, RealtimeError
 from driver.timer import name_os_thread
 from ident import dynamics
 from ident.errors import InputError
@@ -181,11 +181,7 @@ class Driver:
                 chosen = {k: v for k, v in self._rt_threads.items() if k in self.realtime.threads}
                 self._rt_applied = rt.apply(self.realtime, chosen, warn=lambda text: self.log(f"warning: {text}"))
             except RealtimeError:
-                self._stop.set()
-                self.cycle.stop()
-                self._close_sockets()
-                self.arm.close()
-                gc.unfreeze()
+                self.stop()           # nothing is powered yet: this closes everything and restores the threads
                 raise
         for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -228,7 +224,7 @@ class Driver:
         found: dict[str, int | list[int]] = {}
         if self.cycle.native_id is not None:
             found["cycle"] = self.cycle.native_id
-        if io := threads_named(ZMQ_IO_PREFIX):
+        if io := rt.threads_named(rt.ZMQ_IO_PREFIX):
             found["zmq-io"] = io
         link = getattr(self.arm, "link_thread_id", None)
         if link is not None:

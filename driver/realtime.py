@@ -70,11 +70,12 @@ class Applied:
     def restore(self) -> None:
         """Give the threads still alive their previous scheduling and affinity back; unlock the memory."""
         for tid, policy, priority, cpus in self.saved:
-            try:
-                os.sched_setscheduler(tid, policy, os.sched_param(priority))
-                os.sched_setaffinity(tid, cpus)
-            except OSError:      # the thread has ended (the cycle's), or the OS refuses: nothing to undo
-                pass
+            for undo in (lambda: os.sched_setscheduler(tid, policy, os.sched_param(priority)),
+                         lambda: os.sched_setaffinity(tid, cpus)):
+                try:
+                    undo()
+                except OSError:  # the thread has ended (the cycle's), or the OS refused the setting: nothing to undo
+                    pass
         self.saved.clear()
         if self.locked:
             _libc().munlockall()
@@ -105,10 +106,19 @@ def threads_named(prefix: str, pid: int | str = "self") -> list[int]:
 
 def apply(settings: Realtime, threads: dict[str, int | list[int]], warn: Callable[[str], None]) -> Applied:
     """Apply settings to the threads (label -> native thread id or ids) and the process; one warning per
-    refused setting through warn, or RealtimeError when settings.required (what was applied before it stays
-    applied; the caller stops and calls restore())."""
+    refused setting through warn, or RealtimeError when settings.required (what was applied before it is
+    undone first)."""
     applied = Applied()
+    try:
+        _apply(settings, threads, warn, applied)
+    except RealtimeError:
+        applied.restore()
+        raise
+    return applied
 
+
+def _apply(settings: Realtime, threads: dict[str, int | list[int]], warn: Callable[[str], None],
+           applied: Applied) -> None:
     def refused(key: str, what: str, exc: OSError) -> None:
         hint = {"priority": "run as root, with CAP_SYS_NICE, or with RLIMIT_RTPRIO >= the priority "
                             "(systemd LimitRTPRIO=, /etc/security/limits.conf rtprio)",
@@ -125,7 +135,7 @@ def apply(settings: Realtime, threads: dict[str, int | list[int]], warn: Callabl
     if not sys.platform.startswith("linux"):
         if settings.priority is not None or settings.cpus is not None or settings.lock_memory:
             refused("priority", "real-time settings off Linux", OSError(38, "not supported"))
-        return applied
+        return
     if settings.lock_memory:
         if _libc().mlockall(MCL_CURRENT | MCL_FUTURE) == 0:
             applied.locked = True
@@ -149,7 +159,6 @@ def apply(settings: Realtime, threads: dict[str, int | list[int]], warn: Callabl
                     os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(settings.priority))
                 except OSError as exc:
                     refused("priority", f"SCHED_FIFO {settings.priority} for the {label} thread", exc)
-    return applied
 
 
 def in_effect(threads: dict[str, int | list[int]], applied: Applied | None = None, gc_frozen: int = 0) -> dict:

@@ -245,3 +245,20 @@ def test_an_unprivileged_process_gets_one_warning_per_refused_setting_and_keeps_
 def test_an_unprivileged_process_with_required_gets_the_error_of_the_first_refusal():
     got = _unprivileged(required=True)
     assert got["error"].startswith("realtime.lock_memory: mlockall") and got["error"].endswith("(required = true)")
+
+
+@can_fifo
+def test_a_required_refusal_undoes_what_was_applied_before_it(monkeypatch):
+    import threading
+
+    def refuse(*args):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    cpus = os.sched_getaffinity(0)
+    one = {sorted(cpus)[0]}
+    with pytest.raises(RealtimeError, match="realtime.priority"):
+        rt.apply(Realtime(priority=PRIORITY, cpus=tuple(one), lock_memory=True, required=True),
+                 {"cycle": threading.get_native_id()}, warn=print)
+    assert rt._status_kib("VmLck") == 0                    # mlockall succeeded, then was undone
+    assert os.sched_getaffinity(0) == cpus                 # the affinity set before the refusal is back
