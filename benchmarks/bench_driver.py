@@ -24,8 +24,9 @@ publisher gets the same (its loop thread and its libzmq I/O thread SCHED_FIFO PR
 does this script's subscriber (its thread and its libzmq I/O thread): a consumer that cares about the
 stream's latency (a controller on the same PC) runs real-time too, while a consumer at the default policy
 measures its own wake-ups under load, not the driver's. The simulator processes stay at the default policy
-in both runs (with their threads at SCHED_FIFO the serial simulator stepping on each COMMAND sometimes never
-sent its first STATE: not diagnosed, so not used). Without --realtime everything runs at the default policy. The script checks that the driver reports SCHED_FIFO for its
+in both runs: with their threads at SCHED_FIFO the host-clocked serial chain often never started, because the
+driver's handshake drops a STATE that arrives in the same read as the HELLO_ACK (docs/driver.md, "Real-time
+settings"), which a fast device makes likely. Without --realtime everything runs at the default policy. The script checks that the driver reports SCHED_FIFO for its
 cycle (status) and stops if it does not. The load average (`uptime`) is printed before and after.
 
 Two more measurements of the hot path, each beside its reference:
