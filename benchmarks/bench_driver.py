@@ -18,6 +18,17 @@ Reference, measured in the same run: a bare pyzmq PUB loop at the same rate in i
 with the driver's own timer (driver.timer: absolute clock_nanosleep, 1 ns slack, no spin): the floor any
 Python publisher pays, timer wake-ups and the socket.
 
+--realtime PRIO: the driver runs with a [realtime] section (priority = PRIO for its cycle thread and libzmq's
+I/O thread, lock_memory = true; driver/realtime.py), and so that the comparison stays fair the reference
+publisher gets the same (its loop thread and its libzmq I/O thread SCHED_FIFO PRIO, memory locked), and so
+does this script's subscriber (its thread and its libzmq I/O thread): a consumer that cares about the
+stream's latency (a controller on the same PC) runs real-time too, while a consumer at the default policy
+measures its own wake-ups under load, not the driver's. The simulator processes stay at the default policy
+in both runs: with their threads at SCHED_FIFO the host-clocked serial chain often never started, because the
+driver's handshake drops a STATE that arrives in the same read as the HELLO_ACK (docs/driver.md, "Real-time
+settings"), which a fast device makes likely. Without --realtime everything runs at the default policy. The script checks that the driver reports SCHED_FIFO for its
+cycle (status) and stops if it does not. The load average (`uptime`) is printed before and after.
+
 Two more measurements of the hot path, each beside its reference:
   --cycle  the CPU one cycle costs in the driver (driver.cycle.Cycle.step over an arm that hands it a new
            sample every time, publishing on a real PUB socket), beside a bare pyzmq send of the same message;
@@ -27,12 +38,15 @@ Two more measurements of the hot path, each beside its reference:
 
 usage: python benchmarks/bench_driver.py [--seconds 60] [--rate 1000]
                                          [--transports sim,serial,serial-device,can,gateway]
-                                         [--cycle] [--timer] [--no-transports]
+                                         [--realtime PRIO] [--cycle] [--timer] [--no-transports]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
+import threading
 import os
 import struct
 import subprocess
@@ -50,16 +64,21 @@ sys.path.insert(0, str(ROOT))
 
 from armid import chain  # noqa: E402
 from armid.chain import CLK_TCK, cpu_seconds  # noqa: E402
+from driver import realtime as rt  # noqa: E402
 from firmware_bridge.stream import FLAG_STALE  # noqa: E402
 
 HEADER = struct.Struct("<IQqq")     # flags, seq, device_time_ns, host_time_ns at offset 8 (docs/stream.md)
 
 BARE_PUBLISHER = textwrap.dedent("""
-    import sys, time, zmq
+    import sys, threading, time, zmq
     sys.path.insert(0, sys.argv[3])
     from driver.timer import reduce_timer_slack, sleep_until
-    endpoint, rate = sys.argv[1], float(sys.argv[2])
+    from driver import realtime as rt
+    endpoint, rate, prio = sys.argv[1], float(sys.argv[2]), int(sys.argv[4])
     pub = zmq.Context().socket(zmq.PUB); pub.bind(endpoint)
+    if prio:          # the driver's own [realtime] treatment: this thread and libzmq's I/O thread, memory locked
+        rt.apply(rt.Realtime(priority=prio, lock_memory=True, required=True),
+                 {"cycle": threading.get_native_id(), "zmq-io": rt.threads_named(rt.ZMQ_IO_PREFIX)}, print)
     reduce_timer_slack()
     payload = bytearray(258); period = int(1e9 / rate); nxt = time.perf_counter_ns()
     seq = 0
@@ -162,15 +181,39 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
-def measure(endpoint: str, seconds: float, pid: int, sim_pid: int | None = None) -> dict:
-    sub = zmq.Context.instance().socket(zmq.SUB)
+@contextlib.contextmanager
+def realtime_subscriber(priority: int):
+    """This thread and libzmq's I/O threads SCHED_FIFO at priority (0: unchanged) while inside, the memory
+    locked: the subscriber of a --realtime run (driver.realtime, as the driver applies it)."""
+    if not priority:
+        yield
+        return
+    applied = rt.apply(rt.Realtime(priority=priority, lock_memory=True, required=True),
+                       {"subscriber": threading.get_native_id(), "zmq-io": rt.threads_named(rt.ZMQ_IO_PREFIX)},
+                       print)
+    try:
+        yield
+    finally:
+        applied.restore()
+
+
+def measure(endpoint: str, seconds: float, pid: int, sim_pid: int | None = None, priority: int = 0) -> dict:
+    """Subscribe to endpoint's state topic for seconds and measure (module docstring); priority: the
+    subscriber's SCHED_FIFO priority (0: the default policy)."""
+    sub = zmq.Context.instance().socket(zmq.SUB)      # libzmq's I/O thread exists from here on
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.RCVHWM, 0)
-    sub.connect(endpoint)
-    sub.setsockopt(zmq.SUBSCRIBE, b"state")
-    if not sub.poll(60000):
-        raise RuntimeError(f"no state message on {endpoint} within 60 s")
-    sub.recv_multipart()
+    with realtime_subscriber(priority):                # before the first message: mlockall takes a while
+        sub.connect(endpoint)
+        sub.setsockopt(zmq.SUBSCRIBE, b"state")
+        if not sub.poll(60000):
+            raise RuntimeError(f"no state message on {endpoint} within 60 s")
+        while sub.poll(0):                             # what queued before: not part of the measurement
+            sub.recv_multipart()
+        return _collect(sub, seconds, pid, sim_pid)
+
+
+def _collect(sub: zmq.Socket, seconds: float, pid: int, sim_pid: int | None) -> dict:
     n_max = int(seconds * 10000) + 10
     rows = np.zeros((n_max, 5), np.int64)     # flags, seq, device time, host time, receipt time
     k = 0
@@ -193,7 +236,7 @@ def measure(endpoint: str, seconds: float, pid: int, sim_pid: int | None = None)
     drops = int(np.sum(np.maximum(np.diff(seqs) - 1, 0))) if k > 1 else 0
     stale = (rows[:, 0] & FLAG_STALE) != 0
     fresh = rows[~stale & (rows[:, 3] != 0)]
-    lat = (fresh[:, 4] - fresh[:, 3]) / 1e3
+    lat = (fresh[:, 4] - fresh[:, 3]) / 1e3 if len(fresh) else np.full(1, np.nan)   # no fresh sample: nan
     steps = np.diff(fresh[:, 2])
     steps = steps[steps > 0]
     period = float(np.median(steps)) if steps.size else 0.0          # the device's sample period (its clock, ns)
@@ -226,15 +269,49 @@ def plan(transport: str, rate: float) -> chain.TransportPlan:
     return chain.plan_for(transport, rate)
 
 
-def run_driver(transport: str, rate: float, seconds: float, tmp: Path) -> dict:
+REALTIME_SECTION = "[realtime]\npriority = {priority}\nthreads = {threads}\nlock_memory = true\nrequired = true\n"
+
+
+@contextlib.contextmanager
+def realtime_config(priority: int, threads: tuple[str, ...] = rt.DEFAULT_THREADS):
+    """While inside, the driver configs armid.chain writes carry a [realtime] section at priority (0: none)
+    for these threads."""
+    if not priority:
+        yield
+        return
+    plain = chain.driver_config
+
+    def with_section(*args, **kwargs) -> str:
+        return plain(*args, **kwargs) + REALTIME_SECTION.format(priority=priority, threads=json.dumps(list(threads)))
+
+    chain.driver_config = with_section
+    try:
+        yield
+    finally:
+        chain.driver_config = plain
+
+
+def run_driver(transport: str, rate: float, seconds: float, tmp: Path, priority: int = 0,
+               threads: tuple[str, ...] = rt.DEFAULT_THREADS) -> dict:
     """`armid sim` (for serial, can, gateway) and `armid driver` as processes, wired by armid.chain, at the
-    default priority like the reference."""
+    default policy like the reference; priority > 0: the driver with [realtime] at that priority (and the
+    subscriber too); the simulator stays at the default policy."""
     p = plan(transport, rate)
     with chain.Chain(tmp / transport, p, realtime=False) as c:
         if p.name != "sim":
             c.start_sim()
-        c.start_driver()
-        return measure(c.state, seconds, c.driver.pid, c.sim.pid if c.sim is not None else None)
+        with realtime_config(priority, threads):
+            status = c.start_driver()
+        cycle = status.get("realtime", {}).get("threads", {}).get("cycle", {})
+        if priority and (cycle.get("policy"), cycle.get("priority")) != ("SCHED_FIFO", priority):
+            raise RuntimeError(f"the driver did not apply [realtime] priority = {priority} (its status: {cycle or 'none'}); "
+                               f"`armid driver` must pass realtime=cfg.realtime to Driver (armid/commands/driver.py)")
+        return measure(c.state, seconds, c.driver.pid, c.sim.pid if c.sim is not None else None, priority)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as `uptime` prints them."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -242,6 +319,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--transports", default="sim")
+    ap.add_argument("--realtime", type=int, default=0, metavar="PRIO",
+                    help="SCHED_FIFO priority of the driver ([realtime]), the reference publisher and the subscriber")
+    ap.add_argument("--rt-threads", default=",".join(rt.DEFAULT_THREADS),
+                    help="with --realtime: the driver's [realtime] threads (cycle, zmq-io, serial-link)")
     ap.add_argument("--cycle", action="store_true", help="measure the CPU of one cycle (in this process)")
     ap.add_argument("--timer", action="store_true", help="measure the timer's CPU and lateness at --rate")
     ap.add_argument("--no-transports", action="store_true", help="only --cycle / --timer")
@@ -263,15 +344,20 @@ def main() -> None:
                       f"{new[0] / max(old[0], 1e-9):.2f}x)")
         if args.no_transports:
             return
+        prio = args.realtime
+        rt_tag = f" SCHED_FIFO {prio}" if prio else ""
+        if prio and args.rt_threads != ",".join(rt.DEFAULT_THREADS):
+            rt_tag += f" ({args.rt_threads})"
+        print(f"# load average {load_average()} at the start")
         ref_ep = f"ipc://{tmp}/bare"
-        bare = subprocess.Popen([sys.executable, "-c", BARE_PUBLISHER, ref_ep, str(args.rate), str(ROOT)])
+        bare = subprocess.Popen([sys.executable, "-c", BARE_PUBLISHER, ref_ep, str(args.rate), str(ROOT), str(prio)])
         try:
-            ref = measure(ref_ep, min(args.seconds, 20.0), bare.pid)
+            ref = measure(ref_ep, min(args.seconds, 20.0), bare.pid, priority=prio)
         finally:
             _stop(bare)
         for name in args.transports.split(","):
-            r = run_driver(name, args.rate, args.seconds, tmp)
-            tag = f"driver {name} {args.rate:g} Hz {args.seconds:g} s"
+            r = run_driver(name, args.rate, args.seconds, tmp, prio, tuple(args.rt_threads.split(",")))
+            tag = f"driver {name} {args.rate:g} Hz {args.seconds:g} s{rt_tag}"
             print(f"{tag} delivered rate: {r['rate']:.1f} msg/s (reference: bare pyzmq publisher {ref['rate']:.1f} msg/s, "
                   f"ratio {r['rate'] / ref['rate']:.3f}x)")
             print(f"{tag} dropped messages: {r['drops']} (reference: bare publisher {ref['drops']})")
@@ -286,6 +372,7 @@ def main() -> None:
                                   if v >= 0.05)
             sim = "" if r["sim_cpu"] is None else f"; simulator process {r['sim_cpu']:.1f} %"
             print(f"{tag} driver CPU by thread (% of a core): {by_thread}{sim}")
+        print(f"# load average {load_average()} at the end")
 
 
 if __name__ == "__main__":

@@ -24,17 +24,26 @@
     chunk_seconds = 0.25
     overwrite = false
 
+    [realtime]                  # optional, all keys optional (driver/realtime.py, deploy/RT.md)
+    priority = 80               # SCHED_FIFO 1-99 for `threads`
+    threads = ["cycle", "zmq-io"]   # which: cycle | zmq-io (libzmq's I/O threads) | serial-link
+    cpus = [3]                  # CPU affinity of those threads
+    lock_memory = true          # mlockall(MCL_CURRENT | MCL_FUTURE)
+    required = false            # true: a setting the OS refuses stops the driver (else: one warning)
+
 A bad file gives one ConfigError naming the file, the field and what was expected.
 """
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.cycle import CLOCKS
 from driver.daemon import Curve, Endpoints, Record
+from driver.realtime import PRIORITY_RANGE, THREADS, Realtime
 from ident.errors import InputError
 
 
@@ -59,10 +68,12 @@ class DriverConfig:
     clock: str = "auto"
     record: Record | None = None
     effort_delay_s: float = 0.0
+    realtime: Realtime | None = None
 
 
 _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms"}, "transport": None,
-             "zmq": {"state", "commands", "curve"}, "record": {"path", "chunk_seconds", "overwrite"}}
+             "zmq": {"state", "commands", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
+             "realtime": {"priority", "threads", "cpus", "lock_memory", "required"}}
 
 
 def load_config(path: str | Path) -> DriverConfig:
@@ -112,7 +123,35 @@ def load_config(path: str | Path) -> DriverConfig:
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not abs(delay) <= MAX_EFFORT_DELAY_MS:
         raise ConfigError(src, "driver.effort_delay_ms", f"a number of ms within +-{MAX_EFFORT_DELAY_MS:g}", delay)
     return DriverConfig(model, rate, watchdog, name, tr, endpoints, src, clock,
-                        _record(src, path.parent, data.get("record")), float(delay) / 1000.0)
+                        _record(src, path.parent, data.get("record")), float(delay) / 1000.0,
+                        _realtime(src, data.get("realtime")))
+
+
+def _realtime(src: str, table: dict | None) -> Realtime | None:
+    if table is None:
+        return None
+    lo, hi = PRIORITY_RANGE
+    priority = table.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or not lo <= priority <= hi):
+        raise ConfigError(src, "realtime.priority", f"a SCHED_FIFO priority, an integer {lo}..{hi}", priority)
+    threads = table.get("threads", list(Realtime.threads))
+    if not isinstance(threads, list) or not threads or any(t not in THREADS for t in threads) \
+            or len(set(threads)) != len(threads):
+        raise ConfigError(src, "realtime.threads", f"a list of distinct thread names among {', '.join(THREADS)}",
+                          threads)
+    cpus = table.get("cpus")
+    if cpus is not None:
+        count = os.cpu_count() or 1
+        if not isinstance(cpus, list) or not cpus or len(set(cpus)) != len(cpus) or \
+                any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < count for c in cpus):
+            raise ConfigError(src, "realtime.cpus", f"a list of distinct CPU numbers 0..{count - 1} "
+                                                    f"(this machine has {count})", cpus)
+    flags = {}
+    for key in ("lock_memory", "required"):
+        flags[key] = table.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise ConfigError(src, f"realtime.{key}", "true or false", flags[key])
+    return Realtime(priority, tuple(threads), None if cpus is None else tuple(cpus), **flags)
 
 
 def _record(src: str, base: Path, table: dict | None) -> Record | None:

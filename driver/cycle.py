@@ -149,6 +149,12 @@ class Cycle:
         self._fail_requests(DriverFault("the driver stopped"))
 
     @property
+    def native_id(self) -> int | None:
+        """The cycle thread's native (kernel) thread id while it runs (for its scheduling: driver/realtime.py)."""
+        t = self._thread
+        return None if t is None or not t.is_alive() else t.native_id
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

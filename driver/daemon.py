@@ -9,6 +9,11 @@ once per second and lets the cycle publish it), and with `record` the recorder (
 inproc SUB of the PUB socket: the cycle only publishes and never waits for the file; the recorder shares the
 interpreter, so its encoding can hold the cycle off for up to the switch interval, sys.getswitchinterval()).
 
+Real time ([realtime], driver/realtime.py): once the cycle runs, start() gives the cycle thread and libzmq's
+I/O threads (and the serial link thread when asked) SCHED_FIFO and their CPU affinity, and locks the memory;
+stop() gives them back what they had. A refused setting is one warning in the log (or, with required, an
+error and no start). status() and the health topic report what the kernel says is in effect.
+
 Clock: "auto" (default) runs the cycle on the device's clock when the transport streams on its own
 (it has wait_new: serial), else on the host's (driver/cycle.py).
 
@@ -35,6 +40,8 @@ from firmware_bridge import stream
 from driver.commands import Commands
 from driver.cycle import Cycle
 from driver.hal import Arm
+from driver import realtime as rt
+from driver.realtime import Applied, Realtime, RealtimeError
 from driver.timer import name_os_thread
 from ident import dynamics
 from ident.errors import InputError
@@ -94,9 +101,10 @@ class Driver:
 
     def __init__(self, model: Model, arm: Arm, *, endpoints: Endpoints = Endpoints(), rate_hz: float = 1000.0,
                  watchdog_s: float = 0.01, context: zmq.Context | None = None, log=None, clock: str = "auto",
-                 record: Record | None = None, effort_delay_s: float = 0.0):
+                 record: Record | None = None, effort_delay_s: float = 0.0, realtime: Realtime | None = None):
         """effort_delay_s: how late the drives' current and torque are against their positions (s), from the
-        config; reported in status and recorded with the data so that identification aligns them."""
+        config; reported in status and recorded with the data so that identification aligns them.
+        realtime: the [realtime] settings applied at start (None: the threads keep what they inherit)."""
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
         if not is_local(endpoints.commands) and endpoints.curve is None:
@@ -116,6 +124,10 @@ class Driver:
             _check_record(record)
         self.record = record
         self.effort_delay_s = float(effort_delay_s)
+        self.realtime = realtime
+        self._rt_applied: Applied | None = None
+        self._rt_threads: dict[str, int | list[int]] = {}   # the threads found at start, by [realtime] label
+        self._gc_frozen = 0
         self.recording = None            # driver.recorder.RecordingStats of the running recording
         self.recording_error: str | None = None
         if clock == "auto":
@@ -161,7 +173,16 @@ class Driver:
         self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
         gc.collect()
         gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
+        self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
         self.cycle.start()
+        self._rt_threads = self._realtime_threads()
+        if self.realtime is not None:
+            try:
+                chosen = {k: v for k, v in self._rt_threads.items() if k in self.realtime.threads}
+                self._rt_applied = rt.apply(self.realtime, chosen, warn=lambda text: self.log(f"warning: {text}"))
+            except RealtimeError:
+                self.stop()           # nothing is powered yet: this closes everything and restores the threads
+                raise
         for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -192,7 +213,33 @@ class Driver:
             self._recorder = None
         self._close_sockets()
         self.arm.close()
+        if self._rt_applied is not None:
+            self._rt_applied.restore()
+            self._rt_applied = None
         gc.unfreeze()
+
+    def _realtime_threads(self) -> dict[str, int | list[int]]:
+        """Native thread ids by [realtime] label, of the threads that exist: the cycle, libzmq's I/O threads
+        (by their kernel name), the transport's link thread (when it exposes link_thread_id)."""
+        found: dict[str, int | list[int]] = {}
+        if self.cycle.native_id is not None:
+            found["cycle"] = self.cycle.native_id
+        if io := rt.threads_named(rt.ZMQ_IO_PREFIX):
+            found["zmq-io"] = io
+        link = getattr(self.arm, "link_thread_id", None)
+        if link is not None:
+            found["serial-link"] = link
+        return found
+
+    def realtime_status(self) -> dict:
+        """What is in effect for the driver's real-time threads (driver.realtime.in_effect): policy, priority
+        and CPUs per thread, locked memory, the garbage collector, refused settings."""
+        report = rt.in_effect(self._rt_threads, self._rt_applied, self._gc_frozen)
+        report["requested"] = None if self.realtime is None else {
+            "priority": self.realtime.priority, "threads": list(self.realtime.threads),
+            "cpus": None if self.realtime.cpus is None else list(self.realtime.cpus),
+            "lock_memory": self.realtime.lock_memory, "required": self.realtime.required}
+        return report
 
     def _any_powered(self) -> bool:
         sw = self.cycle.state.statusword
@@ -255,7 +302,8 @@ class Driver:
 
         self.cycle.submit(apply)
 
-    def status(self) -> dict:
+    def status(self, realtime: dict | None = None) -> dict:
+        """The status command's answer; realtime: the realtime_status() the caller has already read."""
         from firmware_bridge.cia402 import state_of
 
         c, st = self.cycle, self.cycle.state
@@ -265,7 +313,8 @@ class Driver:
                 "motion": None if c.motion is None else c.motion.name,
                 "q": st.q.tolist(), "drive_states": [s.value if s else "UNKNOWN" for s in states],
                 "error_codes": [int(e) for e in st.error_code], "payload": self.payload.tolist(),
-                "cycles": c.cycles, "seq": c.seq, "effort_delay_s": self.effort_delay_s}
+                "cycles": c.cycles, "seq": c.seq, "effort_delay_s": self.effort_delay_s,
+                "realtime": self.realtime_status() if realtime is None else realtime}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
@@ -288,14 +337,15 @@ class Driver:
         now = time.monotonic()
         dt = max(now - last.get("t", now - period_s), 1e-9)
         cycles, fresh = c.cycles, c.fresh
+        realtime = self.realtime_status()
         msg = {"time": time.time(), "uptime_s": time.time() - self.started_at,
                "cycle_rate_hz": (cycles - last.get("cycles", cycles)) / dt,
                "sample_rate_hz": (fresh - last.get("fresh", fresh)) / dt,
                "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns, "caught_up": c.caught_up,
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),
-               "drive_states": self.status()["drive_states"], "recording": self._recording_health(),
-               "effort_delay_s": self.effort_delay_s,
+               "drive_states": self.status(realtime)["drive_states"], "recording": self._recording_health(),
+               "realtime": realtime, "effort_delay_s": self.effort_delay_s,
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         return msg

@@ -44,7 +44,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.record:
         record = replace(record, path=args.record) if record else Record(args.record)
     driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s, log=log,
-                    clock=cfg.clock, record=record, effort_delay_s=cfg.effort_delay_s)
+                    clock=cfg.clock, record=record, effort_delay_s=cfg.effort_delay_s,
+                    realtime=cfg.realtime)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())

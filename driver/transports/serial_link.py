@@ -181,6 +181,12 @@ class SerialArm:
             self._thread = None
         self._drop_session("closed")
 
+    @property
+    def link_thread_id(self) -> int | None:
+        """The link thread's native (kernel) thread id while it runs ([realtime] threads = ["serial-link"])."""
+        t = self._thread
+        return None if t is None or not t.is_alive() else t.native_id
+
     def begin_cycle(self) -> None:
         pass
 
