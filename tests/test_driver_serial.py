@@ -74,8 +74,9 @@ class ScriptedDevice:
     """The device end of a pty, driven by the test: answers HELLO with the given HELLO_ACK, sends what the
     test asks, collects what the host sent."""
 
-    def __init__(self, ack: sp.HelloAck | None):
+    def __init__(self, ack: sp.HelloAck | None, then: sp.Message | None = None):
         self.master, slave = os.openpty()
+        self.then = then                 # sent in the same write as HELLO_ACK (a board that starts streaming)
         os.set_blocking(self.master, False)
         import tty
         tty.setraw(slave)
@@ -103,7 +104,8 @@ class ScriptedDevice:
                 with self._lock:
                     self.received.append(msg)
                 if isinstance(msg, sp.Hello) and self.ack is not None:
-                    self.send(self.ack)
+                    self.send_bytes(self.encoder.encode(self.ack)
+                                    + (b"" if self.then is None else self.encoder.encode(self.then)))
 
     def send_bytes(self, data: bytes) -> None:
         with self._lock:
@@ -148,8 +150,8 @@ def _state(model, q, current, cycle=1, statusword=0x0250) -> sp.State:
 def scripted(model):
     devices = []
 
-    def make(ack):
-        d = ScriptedDevice(ack)
+    def make(ack, then=None):
+        d = ScriptedDevice(ack, then)
         devices.append(d)
         return d
 
@@ -180,6 +182,23 @@ def test_handshake_refuses_a_device_that_does_not_match_the_model(model, scripte
     arm.close()
     assert len(dev.of_type(sp.Hello)) == 1
     assert dev.of_type(sp.Hello)[0].watchdog_us == 100_000
+
+
+def test_a_state_that_arrives_with_the_hello_ack_is_the_first_sample_not_lost(model, scripted):
+    """A board that answers HELLO with HELLO_ACK and its first STATE in one write (the simulated boards stepping
+    on COMMANDs do, and then wait for one): the STATE is the session's first sample. Lost, the driver would wait
+    for a sample before its first COMMAND, and the board for a COMMAND before its next STATE."""
+    q = np.array([0.1, -0.2, 0.3, -0.4, 0.5, -0.6])
+    dev = scripted(_ack(model), _state(model, q, np.zeros(model.n), cycle=1))
+    arm = SerialArm(model, dev.path)
+    arm.open()
+    st = ArmState(model.n)
+    try:
+        assert arm.wait_new(2.0) and arm.read(st)
+        _within_one_count(st.q, q, ENCODER_COUNTS_PER_REV * model.gear_ratio / (2 * np.pi))
+        assert st.device_time_ns == 1_000_000 and arm.link_stats()["states"] == 1
+    finally:
+        arm.close()
 
 
 def test_a_port_that_does_not_exist_is_a_link_error_naming_it(model, tmp_path):

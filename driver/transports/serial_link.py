@@ -74,6 +74,7 @@ class _Session:
         self.columns = tuple(joints[name] for name in ("statusword", "mode_display", "error_code", "position",
                                                         "velocity", "current"))
         self.last_cycle: int | None = None      # the device's cycle counter in the newest STATE
+        self.pending = b""                      # bytes that came with HELLO_ACK, after it (a first STATE)
         self.backwards = decoder.counters.backwards
         self.restart: str | None = None         # why the device is seen to have restarted
         try:
@@ -267,9 +268,17 @@ class SerialArm:
             port.write(b"\0" + encoder.encode(sp.Hello(watchdog_us=int(round(self.device_watchdog_s * 1e6)))))
             deadline = time.monotonic() + self.handshake_timeout_s
             while time.monotonic() < deadline:
-                for msg in decoder.feed(port.read(max(1, port.in_waiting))):
-                    if isinstance(msg, sp.HelloAck):
-                        return _Session(port, msg, self._check_ack(msg), decoder, encoder)
+                data = port.read(max(1, port.in_waiting))
+                start = 0
+                while start < len(data):           # frame by frame: what follows HELLO_ACK belongs to the session
+                    end = data.find(b"\0", start)
+                    end = len(data) if end < 0 else end + 1
+                    for msg in decoder.feed(data[start:end]):
+                        if isinstance(msg, sp.HelloAck):
+                            session = _Session(port, msg, self._check_ack(msg), decoder, encoder)
+                            session.pending = data[end:]
+                            return session
+                    start = end
             version = "" if decoder.other_version is None else \
                 f" (it speaks protocol version {decoder.other_version}, this host {sp.VERSION})"
             raise LinkError(f"serial port {self.port}: no HELLO_ACK within {self.handshake_timeout_s:g} s{version}; "
@@ -296,6 +305,9 @@ class SerialArm:
     def _install(self, session: _Session) -> None:
         with self._lock:                  # samples of an earlier session are not new data for this one
             self._read_samples = self._samples
+        if session.pending:               # a device that answers HELLO with HELLO_ACK and its first STATE at once:
+            self._ingest(session, session.pending)   # that STATE is new data (no one else sees the session yet)
+            session.pending = b""
         with self._tx_lock:
             self._session = session
             self._last_tx = time.monotonic()
