@@ -144,7 +144,7 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
                 part = filled if len(pieces) == 1 else segment(filled, piece)
                 prepared.append((len(piece), prepare(part, bandwidth_hz=bandwidth_hz, cutoff_hz=cutoff_hz)))  # noise filter
         except StepError as exc:
-            if len(pieces) == 1 or not isinstance(exc.__cause__, TooFewSamples):
+            if len(pieces) == 1 or not isinstance(exc.__cause__, TooFewSamples):   # a segment too short: left out
                 raise
             short.append(len(piece))
     if decimate is None:   # the default, but never so coarse that fewer than 2 rows per parameter remain
@@ -158,7 +158,7 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
         try:
             parts.append(_segment_rows(model, base, s, factor, with_load, steps))
         except StepError as exc:
-            if len(pieces) == 1 or not isinstance(exc.__cause__, TooFewSamples):
+            if len(pieces) == 1 or not isinstance(exc.__cause__, TooFewSamples):   # shorter than the decimation
                 raise
             short.append(length)
     if not parts:
