@@ -43,6 +43,7 @@ import numpy as np
 from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
 from driver.hal import ArmCommand, ArmState, LinkError
+from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
@@ -500,18 +501,18 @@ class CanArm:
             k, end = self._read_seq, self._ready_seq
             if k == end:
                 return False
-            if end - k > SAMPLE_RING:
-                self._stats["samples_overwritten"] += end - k - SAMPLE_RING
-                k = end - SAMPLE_RING
+            k, lost = oldest_unread(k, end, SAMPLE_RING)
+            self._stats["samples_overwritten"] += lost
             self._read_seq = k + 1
             r = self._ring[k % SAMPLE_RING]
+            times = self._ring_times[k % SAMPLE_RING]
             out.statusword[:] = r[0]
             out.mode[:] = r[2]
             np.divide(r[1], self.scaling.counts_per_rad, out=out.q)
             np.divide(r[3], self.scaling.counts_per_rad, out=out.qd)
             np.multiply(r[4], CURRENT_LSB, out=out.current)
             out.error_code[:] = self._error_code
-            out.device_time_ns, out.host_time_ns = (int(t) for t in self._ring_times[k % SAMPLE_RING])
+            out.device_time_ns, out.host_time_ns = int(times[0]), int(times[1])
         np.multiply(out.current, self.torque_per_amp, out=out.torque)
         return True
 
@@ -519,7 +520,7 @@ class CanArm:
         """Complete samples not read yet (at most SAMPLE_RING are kept): the cycle publishes the older ones first
         (driver.cycle, caught_up)."""
         with self._lock:
-            return min(self._ready_seq - self._read_seq, SAMPLE_RING)
+            return unread_held(self._read_seq, self._ready_seq, SAMPLE_RING)
 
     def write(self, command: ArmCommand) -> None:
         """RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive."""

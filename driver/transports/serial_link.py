@@ -31,6 +31,7 @@ import serial
 
 from driver.hal import ArmCommand, ArmState, LinkError, copy_sample
 from driver.timer import name_os_thread
+from driver.transports.sample_ring import oldest_unread, unread_held
 from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
@@ -208,9 +209,8 @@ class SerialArm:
             k, end = self._read_samples, self._samples
             fresh = k != end
             if fresh:
-                if end - k > SAMPLE_RING:
-                    self.stats["samples_overwritten"] += end - k - SAMPLE_RING
-                    k = end - SAMPLE_RING
+                k, lost = oldest_unread(k, end, SAMPLE_RING)
+                self.stats["samples_overwritten"] += lost
                 self._read_samples = k + 1
             else:
                 k = end - 1
@@ -221,7 +221,7 @@ class SerialArm:
 
     def backlog(self) -> int:
         """STATEs that arrived and have not been read (at most SAMPLE_RING are kept)."""
-        return min(self._samples - self._read_samples, SAMPLE_RING)
+        return unread_held(self._read_samples, self._samples, SAMPLE_RING)
 
     def write(self, command: ArmCommand) -> None:
         """Send one COMMAND frame (targets converted to counts and mN m). LinkError while the port is gone or
