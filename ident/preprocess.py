@@ -429,13 +429,16 @@ def bridge_short_gaps(rec: Recording, max_missing: int = MAX_BRIDGED_SAMPLES) ->
     # the lost samples evenly spaced inside their gaps
     at = np.flatnonzero(fill)
     new_t = np.concatenate([rec.t[k] + dt[k] * np.arange(1, missing[k] + 1) / (missing[k] + 1) for k in at])
-    t = np.sort(np.concatenate([rec.t, new_t]))
+    order = np.argsort(np.concatenate([rec.t, new_t]), kind="stable")
+    t = np.concatenate([rec.t, new_t])[order]
+    lost = order >= rec.N                           # the recorded samples stay exactly as recorded
 
     def linear(x):
         return None if x is None else np.column_stack([np.interp(t, rec.t, c) for c in x.T])
 
-    q = scipy.interpolate.CubicSpline(rec.t, rec.q, axis=0)(t)
-    q[np.isin(t, rec.t)] = rec.q                    # the recorded samples exactly as recorded
+    q = np.empty((t.size, rec.n))
+    q[~lost] = rec.q
+    q[lost] = scipy.interpolate.CubicSpline(rec.t, rec.q, axis=0)(t[lost])
     return (Recording(t, q, linear(rec.tau), linear(rec.current), linear(rec.qd), rec.source, rec.effort_delay),
             int(len(new_t)))
 

@@ -101,8 +101,8 @@ class IdentService:
         if payload is not None and payload not in PAYLOAD_ARMS:
             raise InputError(f"payload: expected one of {', '.join(PAYLOAD_ARMS)} (the arm's parameters), got {payload!r}")
         self.model = model
-        self.delay_source = "driver" if effort_delay == DELAY_FROM_DRIVER else "given"
-        delay = 0.0 if self.delay_source == "driver" else check_effort_delay(effort_delay, "effort_delay")
+        self.delay_source = DELAY_FROM_DRIVER if effort_delay == DELAY_FROM_DRIVER else "given"
+        delay = 0.0 if self.delay_source == DELAY_FROM_DRIVER else check_effort_delay(effort_delay, "effort_delay")
         self._delay_known = self.delay_source == "given"
         self._first_state_at: float | None = None
         self.waiting = 0                    # samples not fed while the driver's effort delay was unknown
@@ -196,7 +196,7 @@ class IdentService:
             sub.setsockopt(zmq.RCVHWM, 200000)
             sub.connect(self.endpoints["state"])
             sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
-            if self.delay_source == "driver":
+            if self.delay_source == DELAY_FROM_DRIVER:
                 sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_HEALTH)
             pub.bind(self.endpoints["publish"])
             rep.bind(self.endpoints["commands"])
@@ -264,10 +264,11 @@ class IdentService:
         if not raw:
             return
         self._last_rx = time.monotonic()
-        health = [f[1] for f in raw if len(f) == 2 and f[0] == stream.TOPIC_HEALTH]
-        if health:
-            self._driver_health(health[-1])
-            raw = [f for f in raw if not (len(f) == 2 and f[0] == stream.TOPIC_HEALTH)]
+        if self.delay_source == DELAY_FROM_DRIVER:   # subscribed to the driver's health too (once a second)
+            health = [f[1] for f in raw if len(f) == 2 and f[0] == stream.TOPIC_HEALTH]
+            if health:
+                self._driver_health(health[-1])
+                raw = [f for f in raw if not (len(f) == 2 and f[0] == stream.TOPIC_HEALTH)]
         self.messages += len(raw)
         size = self._msg_size
         good = [f[1] for f in raw if len(f) == 2 and len(f[1]) == size]
