@@ -142,13 +142,15 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
         try:
             with steps(label):
                 part = filled if len(pieces) == 1 else segment(filled, piece)
-                prepared.append((len(piece), prepare(part, bandwidth_hz=bandwidth_hz, cutoff_hz=cutoff_hz)))  # noise filter
+                # the default cut-off: a noise filter
+                prepared.append((len(piece), prepare(part, bandwidth_hz=bandwidth_hz, cutoff_hz=cutoff_hz)))
         except StepError as exc:
             if len(pieces) == 1 or not isinstance(exc.__cause__, TooFewSamples):   # a segment too short: left out
                 raise
             short.append(len(piece))
     if decimate is None:   # the default, but never so coarse that fewer than 2 rows per parameter remain
-        factor = min(decimation_factor(rate, bandwidth_hz), max(1, sum(p.N for _, p in prepared) // (2 * base.count + 20)))
+        filtered = sum(p.N for _, p in prepared)
+        factor = min(decimation_factor(rate, bandwidth_hz), max(1, filtered // (2 * base.count + 20)))
     else:
         factor = int(decimate)
     if factor < 1:

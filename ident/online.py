@@ -16,9 +16,9 @@ differentiator with another band, e.g. a 41-sample Savitzky-Golay window whose b
 cuts into the servo's real motion: on the HIL stream it moved ZZR2 by 130 % from the batch estimate.)
 
 Samples carry the drives' sample index. A non-finite sample is dropped (it then counts as missing), and
-nothing non-finite reaches the filter. Up to `max_fill` (3, as the batch pipeline bridges) missing samples in a row are bridged by linear
-interpolation of the positions, for the differentiation window only: no row is built at an interpolated
-sample. A longer gap restarts the window: no row spans it.
+nothing non-finite reaches the filter. Up to `max_fill` (3, as the batch pipeline bridges) missing samples in a
+row are bridged by linear interpolation of the positions, for the differentiation window only: no row is
+built at an interpolated sample. A longer gap restarts the window: no row spans it.
 
 Rows of the base regressor (ident.dynamics.regressor, ident.base_params) feed ident.rls.RecursiveLS.
 Rows of joints slower than `min_speed` (rad/s, by default the batch pipeline's threshold), where Coulomb
@@ -151,8 +151,8 @@ class SampleWindow:
     (s): how late the torques are against the positions (ident.preprocess.Recording.effort_delay); a row's
     torque is then the filtered torque that much after the row's motion."""
 
-    def __init__(self, n: int, *, rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, max_fill: int = MAX_BRIDGED_SAMPLES,
-                 effort_delay: float = 0.0):
+    def __init__(self, n: int, *, rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ,
+                 max_fill: int = MAX_BRIDGED_SAMPLES, effort_delay: float = 0.0):
         self.n = int(n)
         self.rate_hz, self.cutoff_hz = float(rate_hz), float(cutoff_hz)
         self.effort_delay = check_effort_delay(effort_delay, "effort_delay")
