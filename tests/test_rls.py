@@ -129,6 +129,26 @@ def test_block_update_ends_where_the_scalar_row_updates_end_with_forgetting_and_
     np.testing.assert_allclose(rls.P, P, rtol=1e-8, atol=1e-14)
 
 
+def test_rows_with_leading_zeros_in_any_order_end_where_the_scalar_row_updates_end():
+    """The sweep skips each row's columns before its first non-zero one (there its update is an exact
+    no-op) and takes the rows in order of that column. Rows whose leading zeros run 5, 0, 9, 3, all 12 (a
+    zero row) and 1 columns, in that order, some left out, with forgetting: the same theta and P as the
+    textbook scalar row updates in the given order, and a-priori errors against the prior theta."""
+    rng = np.random.default_rng(15)
+    Phi, y, _, sigma = _data(rng, N=300)
+    for j, lead in enumerate((5, 0, 9, 3, 12, 1)):
+        Phi[:, j, :lead] = 0.0
+    use = rng.random(size=y.shape) > 0.2
+    rls = RecursiveLS(12, 6, forgetting=0.995, weights=1 / sigma, p0=10.0, trace_max=np.inf)
+    err = rls.update(Phi, y, use=use).copy()
+    theta, P = np.zeros(12), np.eye(12) * 10.0
+    _sequential_rows(theta, P, Phi, y, np.where(use, 1 / sigma, 0.0), 0.995)
+    np.testing.assert_allclose(rls.theta, theta, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(rls.P, P, rtol=1e-8, atol=1e-14)
+    np.testing.assert_array_equal(err[:, 4], y[:, 4])           # the zero row: its error is its value
+    assert rls.rows == use.sum()
+
+
 def test_factors_keep_their_form_under_forgetting_and_the_kernels_trace_is_the_trace_of_p():
     """P = U diag(D) U' with U unit upper triangular and D > 0 after 3000 samples with forgetting at 58
     parameters; the trace the kernel keeps for the wind-up bound (from the same pass) is trace(U D U')."""
