@@ -175,15 +175,20 @@ def rls_update(theta, W, D, Phi, y, w, lam, trace_max, err_out, stats):
     b = np.empty((m, q))
     alpha = np.empty(m)
     ialpha = np.empty(m)
+    lead = np.empty(m, dtype=np.int64)     # each row's first non-zero column
     start = np.empty(m, dtype=np.int64)    # the used rows' first non-zero columns, ascending
     inv = 1.0 / lam
     tr = ud_trace(W, D)
     for k in range(N):
         finite = True
         for j in range(m):
+            first = 0                                # the row's leading zeros (a NaN is not one)
+            while first < p and Phi[k, j, first] == 0.0:
+                first += 1
+            lead[j] = first
             # not finite when anything in the row is not (inf * 0 is NaN: no fastmath flag here or in _dot
             # lets it fold to 0), or when the error overflows
-            e = y[k, j] - _dot(Phi[k, j], theta)
+            e = y[k, j] - _dot(Phi[k, j, first:], theta[first:])
             err_out[k, j] = e
             if not math.isfinite(e * w[k, j]):
                 finite = False
@@ -196,9 +201,7 @@ def rls_update(theta, W, D, Phi, y, w, lam, trace_max, err_out, stats):
         for j in range(m):
             wj = w[k, j]
             if wj != 0.0:
-                first = 0
-                while first < p and Phi[k, j, first] == 0.0:
-                    first += 1
+                first = lead[j]
                 r = mu                               # rows in order of their first non-zero column
                 while r > 0 and start[r - 1] > first:
                     start[r] = start[r - 1]
@@ -210,7 +213,7 @@ def rls_update(theta, W, D, Phi, y, w, lam, trace_max, err_out, stats):
                 for i in range(p):
                     H[r, i] = wj * Phi[k, j, i]
                 z[r] = wj * y[k, j]
-                size += wj * wj * _dot(Phi[k, j], Phi[k, j])
+                size += _dot(H[r, first:p], H[r, first:p])
                 mu += 1
         if mu > 0:
             if not size * tr <= HUGE:                # h' P h <= ||h||^2 trace(P): could overflow
@@ -221,9 +224,8 @@ def rls_update(theta, W, D, Phi, y, w, lam, trace_max, err_out, stats):
             tr = _sweep(W, D, H, mu, start, b, alpha, ialpha)
             q2 = 0.0
             for r in range(mu):                      # theta += b_r e_r / alpha_r, e_r against theta so far
-                e = z[r]
-                for i in range(start[r], p):
-                    e -= H[r, i] * theta[i]
+                s = start[r]
+                e = z[r] - _dot(H[r, s:p], theta[s:p])
                 c = e / alpha[r]
                 q2 += e * c
                 for i in range(p):
