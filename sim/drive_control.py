@@ -10,7 +10,9 @@ Per joint, the drive runs one of four laws (the state machine in sim.drive picks
           tau  = J (aff + KV ev) + I + fc tanh(vff / VS) + fv vff + target torque (torque feed-forward)
           I'   = J KV KI ev   (PI velocity loop; the integrator is frozen while the torque saturates)
         KV is the velocity-loop bandwidth (rad/s) for a joint of inertia J, KI the PI corner (rad/s), KP the
-        position gain (1/s). The target torque acts as the torque offset (CiA 402 0x60B2): a host with a
+        position gain (1/s). Where a bus cycle spans several loop ticks, ref, vff and aff come from the
+        interpolant of the cycles' targets (interpolant, tick_references: vff, aff its mean velocity and
+        acceleration over each tick), the differences above only where a limit clamps the reference. The target torque acts as the torque offset (CiA 402 0x60B2): a host with a
         model sends its inverse dynamics there.
   RAMP  quick stop / hold: a velocity reference ramps from the current velocity to zero at the quick-stop
         deceleration QSD, its integral is the position reference, and the CSP cascade follows it.
