@@ -165,8 +165,8 @@ def z_scores(doc: dict, true_values: np.ndarray) -> tuple[np.ndarray, np.ndarray
 # not pinned down, superseded targets are one candidate); five runs at load 2.6-4.2 gave max |z| 4.2, 6.2, 1.6,
 # 3.3, 3.2 (3 passed).
 # CAN's was opt-in for its drives' bias at 250 Hz (fv2/fv3 +2 to +5 sigma: the linear interpolation of the targets
-# between the drives' 1 kHz loop ticks, docs/simulator.md); with the drives' cubic interpolation it passed 8 of 8
-# runs at load 2.8-5.5, max |z| 1.7-2.5 (docs/demo.md).
+# between the drives' 1 kHz loop ticks, docs/simulator.md); with the drives' cubic interpolation it passed 12 of 12
+# runs at load 2.6-5.5, max |z| 1.7-2.7 (docs/demo.md).
 @pytest.mark.parametrize("demo_run", ["serial", "can", pytest.param("gateway", marks=pytest.mark.e2e)],
                          indirect=True)
 def test_the_well_identified_parameters_lie_within_3_reported_sigma_of_the_simulators_truth(demo_run, truth):
