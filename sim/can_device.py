@@ -12,7 +12,8 @@ leaves to the application, the way a drive's firmware would:
     drives), step the simulator one cycle, then send each OPERATIONAL node's TPDOs (transmission type n:
     every n-th SYNC; 0: on SYNC when the payload changed) with the new sample;
   * a lost RPDO1 (a SYNC without a new CSP target from a drive that had one at the previous SYNC): the drive
-    extrapolates its last two targets for up to EXTRAPOLATED_TARGETS SYNCs, then holds; counted;
+    continues its last targets on the cubic through them for up to EXTRAPOLATED_TARGETS SYNCs, then holds;
+    counted;
   * RPDOs (OPERATIONAL only) become commands at the next SYNC, as synchronous RPDOs are latched; SDO writes
     of 0x6040, 0x6060, 0x607A, 0x6071, 0x2002 become Simulator.set_commands at once (the simulator too
     applies them at its next cycle); SDO reads of the process
@@ -57,6 +58,7 @@ from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from ident.errors import InputError
+from sim.drive_control import EXACT_DEGREE, next_target
 from sim.can_objects import ABORT_VALUE_RANGE, MODES, fit_type, read_object, write_object
 from sim.faults import Fate, FaultInjection
 
@@ -74,11 +76,13 @@ _COUNT_NAMES = ("sync_length", "rpdo_length", "rpdo_value", "rpdo_not_operationa
 MALFORMED = ("sync_length", "rpdo_length", "rpdo_value", "sdo_length", "nmt_length")
 _TPDO_FIELDS = tuple(p.fields for p in cm.TPDOS)
 _COMMANDS = ("controlword", "mode", "target_position", "target_torque")    # what RPDO1 + RPDO2 carry
-# A SYNC that finds no new target from a drive streaming CSP targets (the RPDO was lost): the drive extrapolates
-# its last two targets linearly (constant velocity) for up to this many SYNCs in a row, then holds the last
-# target (as drives with "linear extrapolation on data loss" in CSP do; others hold at once). Holding at once
-# is a one-cycle stop and then a two-cycle jump: at full speed that tripped the following-error monitor.
+# A SYNC that finds no new target from a drive streaming CSP targets (the RPDO was lost): the drive continues its
+# last targets (up to _RECENT consecutive ones) on the cubic through them, the polynomial its interpolation
+# reproduces (sim.drive_control.next_target), for up to this many SYNCs in a row, then holds the last target
+# (as drives that extrapolate on data loss in CSP do; others hold at once). Holding at once is a one-cycle stop
+# and then a two-cycle jump: at full speed that tripped the following-error monitor.
 EXTRAPOLATED_TARGETS = 4
+_RECENT = EXACT_DEGREE + 1
 
 
 def rpdo_commands(pdo: cm.PdoDef, data: bytes | bytearray, counts_per_rad: float) -> dict[str, float | int]:
@@ -179,10 +183,10 @@ class _Drive:
     tx_msgs: list[can.Message] = field(default_factory=list)            # one per TPDO, payload = the codec's
     latched: dict = field(default_factory=dict)                          # RPDO commands since the last SYNC
     faulted: bool = False
-    # CSP target stream (rad, joint side): the target of the last SYNC, its step from the one before (None when
-    # those were not consecutive SYNCs' targets), whether it was the previous SYNC's, and the misses in a row
+    # CSP target stream (rad, joint side): the target of the last SYNC, the last consecutive SYNCs' targets
+    # (oldest first, at most _RECENT, ending with it), whether it was the previous SYNC's, and the misses in a row
     target: float | None = None
-    target_step: float | None = None
+    recent: list[float] = field(default_factory=list)
     target_fresh: bool = False
     missed: int = 0
     # commanded values as the host wrote them (for SDO read-back): controlword, mode, counts, N m
@@ -523,11 +527,12 @@ class CanDevice:
 
     def _follow_target(self, d: _Drive) -> None:
         """At a SYNC: track drive d's CSP targets (rad). Without a new one (OPERATIONAL, in CSP, after a first
-        target) count a missed target; while the targets were a stream (one at each SYNC before), extrapolate
-        at the last step for up to EXTRAPOLATED_TARGETS SYNCs in a row (into d.latched), then hold."""
+        target) count a missed target; while the targets were a stream (one at each SYNC before), continue them on
+        the polynomial through the last ones (next_target) for up to EXTRAPOLATED_TARGETS SYNCs in a row (into
+        d.latched), then hold."""
         new = d.latched.get("target_position")
         if new is not None:
-            d.target_step = new - d.target if d.target_fresh and d.target is not None else None
+            d.recent = (d.recent[1 - _RECENT:] if d.target_fresh and d.target is not None else []) + [float(new)]
             d.target, d.target_fresh, d.missed = float(new), True, 0
             return
         if d.target is None or d.mode != cia402.Mode.CSP or d.node.nmt.state != "OPERATIONAL":
@@ -535,10 +540,11 @@ class CanDevice:
             return
         self._counts.add("missed_targets")
         d.missed += 1
-        if not d.target_fresh or d.target_step is None or d.missed > EXTRAPOLATED_TARGETS:
+        if not d.target_fresh or len(d.recent) < 2 or d.missed > EXTRAPOLATED_TARGETS:
             d.target_fresh = False                       # hold the last target
             return
-        d.target += d.target_step
+        d.target = next_target(d.recent)
+        d.recent = d.recent[1 - _RECENT:] + [d.target]
         d.latched["target_position"] = d.target
         self._counts.add("extrapolated_targets")
 

@@ -212,6 +212,7 @@ class Drives:
         self.ferr = np.zeros(n)
         self.velocity = np.zeros(n)
         self.flags = np.zeros(n, dtype=np.int64)
+        self._no_ff = np.zeros(n)
         self._cw_seen = np.full(n, -1, dtype=np.int64)
         self._reset_bit = np.zeros(n, dtype=bool)
         self._dirty = np.ones(n, dtype=bool)
@@ -331,10 +332,15 @@ class Drives:
             else:
                 self.kind[j] = dc.OFF
 
-    def control(self, target_position: np.ndarray, target_torque: np.ndarray, position: np.ndarray) -> np.ndarray:
-        """Torque (n,) N m from the targets and the measured position; fills ferr, velocity, flags."""
+    def control(self, target_position: np.ndarray, target_torque: np.ndarray, position: np.ndarray,
+                velocity_ff: np.ndarray | None = None, acceleration_ff: np.ndarray | None = None) -> np.ndarray:
+        """Torque (n,) N m from the targets and the measured position; fills ferr, velocity, flags.
+        velocity_ff (rad/s), acceleration_ff (rad/s^2): the CSP feed-forward of an interpolated reference
+        (both or neither; without them the drive differentiates target_position)."""
+        given = velocity_ff is not None
         dc.control(self.kind, target_position, target_torque, position, self.dt, self.params, self.st,
-                   self.tau, self.ferr, self.velocity, self.flags)
+                   self.tau, self.ferr, self.velocity, self.flags, velocity_ff if given else self._no_ff,
+                   acceleration_ff if given else self._no_ff, given)
         return self.tau
 
     def start_from(self, position: np.ndarray) -> None:

@@ -10,7 +10,9 @@ Per joint, the drive runs one of four laws (the state machine in sim.drive picks
           tau  = J (aff + KV ev) + I + fc tanh(vff / VS) + fv vff + target torque (torque feed-forward)
           I'   = J KV KI ev   (PI velocity loop; the integrator is frozen while the torque saturates)
         KV is the velocity-loop bandwidth (rad/s) for a joint of inertia J, KI the PI corner (rad/s), KP the
-        position gain (1/s). The target torque acts as the torque offset (CiA 402 0x60B2): a host with a
+        position gain (1/s). Where a bus cycle spans several loop ticks, ref, vff and aff come from the
+        interpolant of the cycles' targets (interpolant, tick_references: vff, aff its mean velocity and
+        acceleration over each tick), the differences above only where a limit clamps the reference. The target torque acts as the torque offset (CiA 402 0x60B2): a host with a
         model sends its inverse dynamics there.
   RAMP  quick stop / hold: a velocity reference ramps from the current velocity to zero at the quick-stop
         deceleration QSD, its integral is the position reference, and the CSP cascade follows it.
@@ -18,6 +20,8 @@ The velocity the drive uses (and reports) is the backward difference of the meas
 A following error |ref - p| above the window for longer than the timeout raises the FOLLOWING flag.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
@@ -49,8 +53,11 @@ def _clamp(x, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags):
-    """One control cycle for every joint: torque (N m), following error (rad), velocity (rad/s), flags."""
+def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags, vff_in, aff_in, ff_given):
+    """One control cycle for every joint: torque (N m), following error (rad), velocity (rad/s), flags.
+    ff_given: the CSP velocity and acceleration feed-forward are vff_in (rad/s), aff_in (rad/s^2) (the
+    interpolant's, see interpolate) wherever no limit clamps the reference; otherwise backward differences
+    of the references."""
     for j in range(p.shape[0]):
         v = (p[j] - st[j, P_PREV]) / dt
         st[j, P_PREV] = p[j]
@@ -85,11 +92,13 @@ def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags)
         else:
             if k == CSP:
                 ref = target_pos[j]
+                given = ff_given
                 if ref < prm[j, QLO] or ref > prm[j, QHI]:
                     ref = _clamp(ref, prm[j, QLO], prm[j, QHI])
                     fl |= F_LIMIT_ACTIVE
+                    given = False
                 prev = st[j, PREV_REF]
-                vff = (ref - prev) / dt
+                vff = vff_in[j] if given else (ref - prev) / dt
                 # approach a software limit no faster than the quick-stop deceleration can stop at it
                 v_hi = np.sqrt(2.0 * prm[j, QSD] * max(prm[j, QHI] - prev, 0.0))
                 v_lo = -np.sqrt(2.0 * prm[j, QSD] * max(prev - prm[j, QLO], 0.0))
@@ -97,10 +106,12 @@ def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags)
                     vff = _clamp(vff, v_lo, v_hi)
                     ref = prev + vff * dt
                     fl |= F_LIMIT_ACTIVE
+                    given = False
                 if abs(vff) > prm[j, VMAX]:
                     vff = _clamp(vff, -prm[j, VMAX], prm[j, VMAX])
                     fl |= F_LIMIT_ACTIVE
-                aff = (vff - st[j, PREV_VFF]) / dt
+                    given = False
+                aff = aff_in[j] if given else (vff - st[j, PREV_VFF]) / dt
                 if abs(aff) > prm[j, AMAX]:
                     aff = _clamp(aff, -prm[j, AMAX], prm[j, AMAX])
                     fl |= F_LIMIT_ACTIVE
@@ -183,3 +194,80 @@ def commands_pending(controlword, mode, cw_seen, mode_display, dirty, reset_bit,
         if todo[j] or mode[j] != mode_display[j]:
             anything = True
     return anything
+
+
+
+# -- CSP interpolation between bus-cycle targets (a cycle of several loop ticks, sim.simulator) ---------------
+TARGETS_KEPT = 5        # the targets the interpolation keeps per joint, oldest first: p[k-4] .. p[k]
+EXACT_DEGREE = 3        # target sequences sampled from a polynomial of at most this degree are reproduced exactly
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _knot(pm2, pm1, pm, pp1, T):
+    """Velocity (rad/s) and acceleration (rad/s^2) at the target pm of the cubic through pm2, pm1, pm, pp1
+    (consecutive targets T s apart)."""
+    return (2.0 * pp1 + 3.0 * pm - 6.0 * pm1 + pm2) / (6.0 * T), (pp1 - 2.0 * pm + pm1) / (T * T)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _segment(p, j, T):
+    """Coefficients c0..c5 (rad) of joint j's quintic x(s) = sum c_i s^i, s in [0, 1] over one cycle, from
+    p[j, 2] to p[j, 3] with the knots' velocities and accelerations of _knot (quintic Hermite)."""
+    v0, a0 = _knot(p[j, 0], p[j, 1], p[j, 2], p[j, 3], T)
+    v1, a1 = _knot(p[j, 1], p[j, 2], p[j, 3], p[j, 4], T)
+    d = p[j, 3] - p[j, 2]
+    m0, m1 = v0 * T, v1 * T
+    b0, b1 = a0 * T * T, a1 * T * T
+    return (p[j, 2], m0, 0.5 * b0, 10.0 * d - 6.0 * m0 - 4.0 * m1 - 1.5 * b0 + 0.5 * b1,
+            -15.0 * d + 8.0 * m0 + 7.0 * m1 + 1.5 * b0 - b1, 6.0 * d - 3.0 * m0 - 3.0 * m1 - 0.5 * b0 + 0.5 * b1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _at(c, u, T):
+    """Position (rad), velocity (rad/s) and acceleration (rad/s^2) of the segment c at the fraction u."""
+    c0, c1, c2, c3, c4, c5 = c
+    return (c0 + u * (c1 + u * (c2 + u * (c3 + u * (c4 + u * c5)))),
+            (c1 + u * (2.0 * c2 + u * (3.0 * c3 + u * (4.0 * c4 + u * 5.0 * c5)))) / T,
+            (2.0 * c2 + u * (6.0 * c3 + u * (12.0 * c4 + u * 20.0 * c5))) / (T * T))
+
+
+@njit(cache=True, nogil=True)
+def interpolant(targets, T, s, x, dx, ddx):
+    """The CSP reference over one cycle of T s from the targets (n, TARGETS_KEPT) (rad, oldest first,
+    p[k-4] .. p[k], T s apart): at the fractions s (m,) of the cycle, position x (m, n) rad, velocity dx
+    rad/s, acceleration ddx rad/s^2. The cycle runs from p[k-2] (s = 0) to p[k-1] (s = 1), one cycle behind
+    the newest target, which gives the velocity and acceleration at p[k-1]: at every target the derivatives
+    of the cubic through it, the two before it and the one after it, joined by a quintic (C2, and exact for
+    cubic target sequences)."""
+    for j in range(targets.shape[0]):
+        c = _segment(targets, j, T)
+        for i in range(s.shape[0]):
+            x[i, j], dx[i, j], ddx[i, j] = _at(c, s[i], T)
+
+
+@njit(cache=True, nogil=True)
+def tick_references(targets, T, ref, vff, aff):
+    """The references of the k = ref.shape[0] loop ticks of one cycle (interpolant): ref (k, n) rad, the
+    interpolant at the end of each tick; vff (k, n) rad/s and aff rad/s^2 its mean velocity and mean
+    acceleration over the tick (the feed-forward that a torque held over the tick needs)."""
+    k = ref.shape[0]
+    h = T / k
+    for j in range(targets.shape[0]):
+        c = _segment(targets, j, T)
+        x_prev, dx_prev, _ = _at(c, 0.0, T)
+        for i in range(1, k + 1):
+            x, dx, _ = _at(c, i / k, T)
+            ref[i - 1, j] = x
+            vff[i - 1, j] = (x - x_prev) / h
+            aff[i - 1, j] = (dx - dx_prev) / h
+            x_prev, dx_prev = x, dx
+
+
+def next_target(recent: list[float]) -> float:
+    """The target (rad) that continues the consecutive targets `recent` (oldest first, 1..EXACT_DEGREE + 1
+    of them) on the polynomial through them: for a lost target, what the interpolant itself assumes about
+    the next one (with 4, the cubic whose derivatives it takes at the newest target)."""
+    m = len(recent)
+    if not 1 <= m <= EXACT_DEGREE + 1:
+        raise ValueError(f"next_target: expected 1..{EXACT_DEGREE + 1} targets, got {m}")
+    return float(sum((-1) ** (i + 1) * math.comb(m, i) * recent[m - i] for i in range(1, m + 1)))

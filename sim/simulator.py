@@ -14,16 +14,20 @@ torque held -> sensors sample at t + dt -> faults from the control flags -> publ
 cycle callbacks. Commands set during a cycle act at the next one (as an RPDO latched on SYNC).
 
 The drives' control loops run at least at DRIVE_LOOP_MIN_HZ, as a real drive's do whatever its bus cycle:
-below that rate each cycle runs `loop_ticks` loop ticks of dt / loop_ticks, the CSP target interpolated
-linearly from the previous cycle's (CiA 402's interpolated position), and the published current is the mean
-of the ticks' torques over the cycle (a drive's current reading averaged over its sampling period). At
-1 kHz and above a cycle is one tick, exactly as before. (Loops tuned for 1 kHz and run at the bus cycle left
-joint 3 in a ~10 mrad limit cycle at 333 Hz and tripped a following error at 250 Hz.)
+below that rate each cycle runs `loop_ticks` loop ticks of dt / loop_ticks, and the published current is
+the mean of the ticks' torques over the cycle (a drive's current reading averaged over its sampling period).
+The CSP reference between the cycles' targets is a drive's cubic interpolation with one cycle of delay
+(sim.drive_control.interpolant: C2, exact for cubic target sequences), the velocity and acceleration
+feed-forward are the interpolant's own, so the motion is `interpolation_delay(rate_hz)` = one cycle behind
+the targets. At 1 kHz and above a cycle is one tick, exactly as before, without delay. (Loops tuned for
+1 kHz and run at the bus cycle left joint 3 in a ~10 mrad limit cycle at 333 Hz and tripped a following
+error at 250 Hz; targets interpolated linearly biased identification at 250 Hz, docs/simulator.md.)
 
 The current (and torque) of a sample is the one held over the period that ends at the sample's time: the
 mean effort of that period, which belongs to the motion half a period earlier than the sample's positions.
 `effort_delay(rate_hz)` (s) says so; a driver config on the simulator sets `effort_delay_ms` to it, and
-identification aligns the effort with the motion by it (ident.preprocess.Recording.effort_delay).
+identification aligns the effort with the motion by it (ident.preprocess.Recording.effort_delay). The
+interpolation delay moves positions and effort alike, so it does not enter effort_delay.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from firmware_bridge.cia402 import State, state_of
 from ident.errors import InputError
 from ident.model import Model, load_model
 from sim.clock import FastClock, LatenessStats, RealtimeClock
+from sim import drive_control as dc
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
 from ident.payload import payload_parameters
@@ -51,6 +56,19 @@ def effort_delay(rate_hz: float) -> float:
 
 
 DRIVE_LOOP_MIN_HZ = 1000.0   # the drives' control loops never run slower than this (see the module docstring)
+
+
+def loop_ticks(rate_hz: float) -> int:
+    """Drive-loop ticks per cycle at rate_hz: the fewest that run the loops at DRIVE_LOOP_MIN_HZ or faster."""
+    return max(1, math.ceil(DRIVE_LOOP_MIN_HZ / float(rate_hz) - 1e-9))
+
+
+def interpolation_delay(rate_hz: float) -> float:
+    """How late (s) the simulated drives' CSP reference follows the targets at rate_hz: one cycle where a
+    cycle is several loop ticks (the cubic interpolation needs the next target), 0 at one tick per cycle.
+    Positions and effort lag alike (effort_delay is their difference); only a comparison of positions with
+    the commanded targets must shift the targets by it."""
+    return 1.0 / float(rate_hz) if loop_ticks(rate_hz) > 1 else 0.0
 
 
 # transport name -> "module:factory"; the factory is called as factory(**transport_options) and returns a
@@ -165,7 +183,7 @@ class Simulator:
             raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
         self.rate_hz = float(rate_hz)
         self.dt = 1.0 / self.rate_hz
-        self.loop_ticks = max(1, math.ceil(DRIVE_LOOP_MIN_HZ / self.rate_hz - 1e-9))
+        self.loop_ticks = loop_ticks(self.rate_hz)
         self.loop_dt = self.dt / self.loop_ticks
         self.realtime = bool(realtime)
         self.brakes = bool(brakes)
@@ -188,10 +206,14 @@ class Simulator:
         self._truth = TrueState(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(10))
         self._pos_prev = np.zeros(n)
         self._powered = np.zeros(n, dtype=bool)
-        # loop ticks (loop_ticks > 1): the previous cycle's targets, the tick's reading, the cycle's torque sum
-        self._tpos_from = self.plant.q.copy()
-        self._was_powered = np.zeros(n, dtype=bool)
-        self._tick_ref = np.zeros(n)
+        # loop ticks (loop_ticks > 1): the last targets (oldest first), whether each drive was in CSP, the
+        # ticks' references and feed-forward, the tick's reading, the cycle's torque sum
+        self._targets = np.repeat(self.plant.q[:, None], dc.TARGETS_KEPT, axis=1)
+        self._csp = np.zeros(n, dtype=bool)
+        self._was_csp = np.zeros(n, dtype=bool)
+        self._tick_ref = np.zeros((self.loop_ticks, n))
+        self._tick_vff = np.zeros((self.loop_ticks, n))
+        self._tick_aff = np.zeros((self.loop_ticks, n))
         self._tick_pos = np.zeros(n)
         self._tick_counts = np.zeros(n, np.int64)
         self._tau_sum = np.zeros(n)
@@ -465,29 +487,33 @@ class Simulator:
             fn(self._sample)
 
     def _ticks(self) -> None:
-        """One cycle as loop_ticks drive-loop ticks: targets interpolated from the last cycle's (joints whose
-        drive was not powered start at the new target), the drives' encoders read every tick, the flags of
-        every tick kept, and the cycle's mean torque left in the plant for the current reading."""
+        """One cycle as loop_ticks drive-loop ticks: the CSP references and feed-forward from the interpolant
+        of the last targets (sim.drive_control.interpolant; a drive entering CSP starts at rest at its new
+        target), the drives' encoders read every tick, the flags of every tick kept, and the cycle's mean
+        torque left in the plant for the current reading."""
         drives, plant, k = self.drives, self.plant, self.loop_ticks
-        start = np.where(self._powered & self._was_powered, self._tpos_from, self._tpos)
+        targets = self._targets
+        targets[:, :-1] = targets[:, 1:]
+        targets[:, -1] = self._tpos
+        np.equal(drives.kind, dc.CSP, out=self._csp)
+        if not self._was_csp.all():
+            entering = ~self._was_csp
+            targets[entering] = self._tpos[entering, None]
+        self._was_csp[:] = self._csp
+        dc.tick_references(targets, self.dt, self._tick_ref, self._tick_vff, self._tick_aff)
         self._tau_sum[:] = 0.0
         self._flags_any[:] = 0
         position = self._sample.position
-        step = (self._tpos - start) / k
-        for i in range(1, k + 1):
-            np.multiply(step, i, out=self._tick_ref)
-            self._tick_ref += start
-            tau = drives.control(self._tick_ref, self._ttau, position)
+        for i in range(k):
+            tau = drives.control(self._tick_ref[i], self._ttau, position, self._tick_vff[i], self._tick_aff[i])
             plant.advance(tau)
             self._tau_sum += plant.tau
             self._flags_any |= drives.flags
-            if i < k:
+            if i < k - 1:
                 plant.measure_position(self._tick_pos, self._tick_counts)
                 position = self._tick_pos
         drives.flags[:] = self._flags_any
         np.divide(self._tau_sum, k, out=plant.tau)
-        self._tpos_from[:] = self._tpos
-        self._was_powered[:] = self._powered
 
     def _restart_sensors(self) -> None:
         """Sample the sensors afresh (start, teleport): the velocity estimate restarts from rest."""

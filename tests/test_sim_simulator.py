@@ -256,22 +256,24 @@ def test_the_simulators_effort_lags_its_positions_by_half_a_period():
 
 def _track_seed000(rate_hz: float, seconds: float = 3.0):
     """Enable CSP at rate_hz, blend into seed000's excitation and run it for `seconds`, then hold its last
-    target for 1.5 s: (the simulator, the per-joint max |position - target| during the motion, the per-joint
-    peak-to-peak position over the last 0.5 s of the hold)."""
+    target for 1.5 s: (the simulator, the per-joint max |position - target| during the motion, the target the
+    drives' interpolation delay earlier, the per-joint peak-to-peak position over the last 0.5 s of the hold)."""
     from ident import excitation
     from sim.recording import LEAD_IN, reference
+    from sim.simulator import interpolation_delay
 
     traj = excitation.preset("seed000")
     sim = Simulator("generic6", rate_hz=rate_hz, seed=1, q0=traj.q0)
     enable(sim, Mode.CSP)
     t = (np.arange(-int(LEAD_IN * rate_hz), int(seconds * rate_hz)) + 1) / rate_hz
     q_ref = reference(traj, t)
+    lag = round(interpolation_delay(rate_hz) * rate_hz)
     err = np.zeros(sim.n)
-    for q in q_ref:
+    for k, q in enumerate(q_ref):
         sim.set_commands(target_position=q)
         s = sim.step(1)
         assert not s.error_code.any()
-        np.maximum(err, np.abs(s.position - q), out=err)
+        np.maximum(err, np.abs(s.position - q_ref[max(k - lag, 0)]), out=err)
     sim.set_commands(target_position=q_ref[-1])
     sim.step(int(rate_hz))
     held = np.array([sim.step(1).position for _ in range(int(rate_hz / 2))])
