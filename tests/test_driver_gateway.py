@@ -8,8 +8,10 @@ GatewayArm -> a plain ZMQ SUB: moves, limits, a drive fault, lost responses, a s
 connection reset, each detected, reported and recovered with fault_reset."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import re
 import select
 import socket
 import subprocess
@@ -71,12 +73,15 @@ class StaticGateway:
         self.inputs = list(inputs)
         self.writes: list[tuple[int, list[int]]] = []
         self.functions: list[int] = []
+        self.delays: list[float] = []        # seconds before answering each of the next requests
         device = register_device([0] * gw.holding_count(N), self.inputs, action=self._action, mirror=mirror)
         self.server = ModbusServerThread(device, "127.0.0.1", port)
         self.port = self.server.start()
 
     async def _action(self, function_code, start, address, count, registers, values):
         self.functions.append(function_code)
+        if self.delays:
+            await asyncio.sleep(self.delays.pop(0))
         if function_code == 4:
             registers[:len(self.inputs)] = self.inputs
         elif values is not None:
@@ -163,6 +168,30 @@ def test_open_without_a_gateway_raises_a_link_error_naming_the_address(model, ar
     arm = arms(model, port)
     with pytest.raises(LinkError, match=f"gateway 127.0.0.1:{port}: cannot connect"):
         arm.open()
+
+
+def test_a_gateway_slow_to_answer_its_first_requests_is_asked_again_until_the_handshake_window_ends(
+        model, arms, static_gateway):
+    """A gateway that accepted the connection but answers its first two requests only after 300 ms (still
+    booting, or a loaded host): each attempt waits timeout_ms (100 ms), then open() asks again on a new
+    connection, and the third attempt's handshake succeeds."""
+    server = static_gateway()
+    server.delays = [0.3, 0.3]
+    arm = arms(model, server.port, timeout_ms=100, handshake_timeout_ms=5000)
+    arm.open()
+    assert arm.counts["timeouts"] >= 2
+    assert read_fresh(arm, ArmState(N))
+
+
+def test_a_gateway_that_never_answers_the_handshake_raises_one_link_error_at_the_end_of_the_window(
+        model, arms, static_gateway):
+    server = static_gateway()
+    server.delays = [2.0] * 20
+    arm = arms(model, server.port, timeout_ms=100, handshake_timeout_ms=450)
+    with pytest.raises(LinkError, match=r"no answer to the handshake within 450 ms \((\d+) attempts of 100 ms\)") as err:
+        arm.open()
+    attempts = int(re.search(r"\((\d+) attempts", str(err.value)).group(1))
+    assert attempts >= 2 and arm.counts["timeouts"] == attempts    # each attempt gave up after its 100 ms
 
 
 @pytest.mark.parametrize("words, message", [

@@ -66,7 +66,9 @@ class GatewayOptions:
     host: the gateway's address; port: its Modbus TCP port; device_id: the Modbus unit id (gateways of
     this layout ignore it); timeout_ms: how long one request may wait for its response; watchdog_ms: the
     host-watchdog time written to the gateway (it quick-stops the drives when no write came for this long);
-    reconnect_ms: the pause between reconnection attempts; counts_per_rev: the motor encoders' resolution.
+    reconnect_ms: the pause between reconnection attempts; handshake_timeout_ms: how long open() keeps asking a
+    gateway that accepted the connection but did not answer (a gateway still booting, a loaded host), each
+    attempt waiting timeout_ms; counts_per_rev: the motor encoders' resolution.
     """
 
     host: str
@@ -75,6 +77,7 @@ class GatewayOptions:
     timeout_ms: float = 100.0
     watchdog_ms: int = 100
     reconnect_ms: float = 500.0
+    handshake_timeout_ms: float = 2000.0
     counts_per_rev: int = ENCODER_COUNTS_PER_REV
 
 
@@ -113,6 +116,7 @@ def gateway_options(**options) -> GatewayOptions:
         timeout_ms=_milliseconds(options, "timeout_ms", 100.0, 1.0, 10000.0),
         watchdog_ms=_integer(options, "watchdog_ms", 100, 1, 65535),
         reconnect_ms=_milliseconds(options, "reconnect_ms", 500.0, 1.0, 60000.0),
+        handshake_timeout_ms=_milliseconds(options, "handshake_timeout_ms", 2000.0, 1.0, 600000.0),
         counts_per_rev=_integer(options, "counts_per_rev", ENCODER_COUNTS_PER_REV, 1, 2 ** 31 - 1))
 
 
@@ -179,14 +183,23 @@ class GatewayArm:
         naming the gateway when it cannot be reached or does not match the model."""
         if self._thread is not None:
             return
-        try:
-            self._connect()
-        except _NoAnswer as exc:
-            self._close_client()
-            raise self._down(f"no answer to the handshake within {self.options.timeout_ms:g} ms: {exc}") from None
-        except LinkError:
-            self._close_client()
-            raise
+        opts = self.options
+        deadline = time.monotonic() + opts.handshake_timeout_ms / 1000
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                self._connect()
+                break
+            except _NoAnswer as exc:             # connected, not answered: ask again on a new connection
+                self._close_client()
+                self.counts["timeouts"] += 1
+                if time.monotonic() + opts.timeout_ms / 1000 > deadline:
+                    raise self._down(f"no answer to the handshake within {opts.handshake_timeout_ms:g} ms "
+                                     f"({attempts} attempts of {opts.timeout_ms:g} ms): {exc}") from None
+            except LinkError:
+                self._close_client()
+                raise
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="armid-gateway-link", daemon=True)
         self._thread.start()
