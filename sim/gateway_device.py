@@ -22,10 +22,12 @@ simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
   quick stop, its controlword register then reads quick stop, and the status bit stays set until the next
   watchdog write.
 * Host-clocked (step_on_exchange=True): the gateway has no clock of its own; every accepted write request
-  (function 23's write part, or 16, 6, 22) runs exactly one simulator cycle, after the write is applied and
-  before anything is read: a function-23 exchange answers with the image of the cycle its own command
-  started, and a following read (3, 4) returns that same image until the next write. Reads and refused
-  writes step nothing. This is the real gateway's EtherCAT cycle, which follows the master's process-data
+  that carries process data (function 23's write part, or 16, 6, 22, reaching past the two watchdog words)
+  runs exactly one simulator cycle, after the write is applied and before anything is read: a function-23
+  exchange answers with the image of the cycle its own command started, and a following read (3, 4)
+  returns that same image until the next write. Reads, refused writes and writes of the watchdog words
+  alone (a host's reconnection) step nothing, except that the first accepted write of all runs the first
+  cycle (a host's handshake writes the watchdog: the image is valid from then on). This is the real gateway's EtherCAT cycle, which follows the master's process-data
   exchange, and the serial device's step_on_command; the simulated arm's time then advances one dt per
   exchange and stands still while the host is silent.
 * Fault injection (sim.faults): each response draws frame_fate(); DROP, CORRUPT and BAD_CRC send nothing
@@ -83,8 +85,8 @@ class GatewayDevice:
 
     host, port: where to listen (port 0: a free port, then `.port`). watchdog_s: the host watchdog time
     (s, 0.001..65.535; None: disabled until the host writes watchdog_timeout_ms). step_on_exchange: False,
-    the simulator runs on its own clock; True, host-clocked: each accepted write request is one simulator
-    cycle, run after the write and before the request's read (see the module's docstring). Counters:
+    the simulator runs on its own clock; True, host-clocked: each accepted write request of process data is
+    one simulator cycle, run after the write and before the request's read (see the module's docstring). Counters:
     refused_writes, dropped_responses, watchdog_trips, exchanges (cycles run by writes when host-clocked);
     last_refusal is the last refused write's reason.
     """
@@ -202,9 +204,12 @@ class GatewayDevice:
                 if refused is not None:
                     return refused
             registers[:len(self._holding)] = self._holding.tolist()
-        if values is not None and self.external_clock:
-            # host-clocked: the accepted write is one cycle (its commands latched at the cycle's start), run
-            # before the request's read part; outside the lock, the cycle's watchdog check may take it
+        if values is not None and self.external_clock and (
+                address - start + len(values) > gw.HOLDING_HEADER_SIZE or self.exchanges == 0):
+            # host-clocked: an accepted write of process data is one cycle (its commands latched at the cycle's
+            # start), run before the request's read part; a write of the watchdog words alone (a host's
+            # reconnection) runs none, but the first write of all runs the first. Outside the lock: the
+            # cycle's watchdog check may take it
             self._sim.step(1)
             self.exchanges += 1
         if values is None and address + count > gw.INPUT_MIRROR_BASE:     # a read of the mirror (3, 23)

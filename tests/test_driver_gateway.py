@@ -310,6 +310,8 @@ def test_commands_go_out_as_one_holding_image_in_wire_units(model, arms, static_
     q = np.array([0.1, -0.2, 0.3, -0.4, 0.5, -0.6])
     tau = np.array([1.25, -2.5, 0.0, 0.75, -0.001, 0.002])
     arm.write(_command(model, q, tau, cia402.CW_ENABLE_OPERATION))
+    assert wait_for(lambda: len(server.full_writes()) >= 1)
+    arm.write(_command(model, q, tau, cia402.CW_ENABLE_OPERATION))
     assert wait_for(lambda: len(server.full_writes()) >= 2)
     first, second = server.full_writes()[:2]
     counts_per_rad = CPR * model.gear_ratio / (2 * math.pi)
@@ -317,9 +319,13 @@ def test_commands_go_out_as_one_holding_image_in_wire_units(model, arms, static_
     assert first.target_torque.tolist() == [1250, -2500, 0, 750, -1, 2]
     assert first.controlword.tolist() == [cia402.CW_ENABLE_OPERATION] * N and first.mode.tolist() == [8] * N
     assert first.watchdog_timeout_ms == 250 and second.watchdog != first.watchdog   # every write re-arms it
+    # no new command: the idle exchanges only read; the last command is never sent again
+    idle = arm.counts["idle_reads"]
+    assert wait_for(lambda: arm.counts["idle_reads"] >= idle + 3)
+    assert len(server.full_writes()) == 2
     handshake = [4, 16, 3] if mirror else [4, 16]        # header, watchdog, probe of the mirror (refused: no mirror)
     assert server.functions[:len(handshake)] == handshake
-    assert set(server.functions[len(handshake):]) == ({23} if mirror else {16, 4})
+    assert set(server.functions[len(handshake):]) == ({23, 4} if mirror else {16, 4})
 
 
 def test_a_fault_reset_pulse_between_two_exchanges_still_reaches_the_drives(model, arms, static_gateway):
@@ -329,6 +335,8 @@ def test_a_fault_reset_pulse_between_two_exchanges_still_reaches_the_drives(mode
     q = np.zeros(N)
     arm.write(_command(model, q, q, cia402.CW_FAULT_RESET))     # the cycle's one-cycle pulse ...
     arm.write(_command(model, q, q, cia402.CW_SHUTDOWN))        # ... replaced at once by the next cycle
+    assert wait_for(lambda: len(server.full_writes()) >= 1)
+    arm.write(_command(model, q, q, cia402.CW_SHUTDOWN))        # the cycle after
     assert wait_for(lambda: len(server.full_writes()) >= 2)
     words = [int(img.controlword[0]) for img in server.full_writes()]
     assert words[0] == cia402.CW_FAULT_RESET and words[1] == cia402.CW_SHUTDOWN
@@ -340,8 +348,9 @@ def test_a_non_finite_command_is_never_sent(model, arms, static_gateway):
     arm.open()
     q = np.zeros(N)
     q[2] = np.nan
-    arm.write(_command(model, q, np.zeros(N), cia402.CW_ENABLE_OPERATION))
-    assert wait_for(lambda: arm.link_stats()["unsendable_commands"] >= 3)
+    for k in range(1, 4):                                       # three cycles, each command refused
+        arm.write(_command(model, q, np.zeros(N), cia402.CW_ENABLE_OPERATION))
+        assert wait_for(lambda: arm.counts["unsendable_commands"] >= k)
     assert server.full_writes() == []
     assert "position: joint 3: nan cannot be sent" in arm.link_stats()["last_error"]
 

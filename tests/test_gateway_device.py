@@ -409,11 +409,11 @@ def _is_sample(image: gw.InputImage, sample) -> bool:
 
 
 def test_a_host_clocked_gateway_runs_one_cycle_per_accepted_write_and_answers_an_exchange_with_that_cycle(model):
-    """step_on_exchange: no clock of its own. Reads step nothing; each accepted write (function 23, 16, 6) is
-    exactly one cycle, run after the write is applied and before the read: a function-23 exchange returns the
+    """step_on_exchange: no clock of its own. Reads step nothing; each accepted write of process data (function
+    23, 16, 6) is exactly one cycle, run after the write is applied and before the read: a function-23 exchange returns the
     simulator's own sample of the cycle its command started (a shutdown written in it already shows READY TO
-    SWITCH ON), and reads after a function 16 return that same cycle until the next write. Refused writes
-    step nothing."""
+    SWITCH ON), and reads after a function 16 return that same cycle until the next write. Refused writes and
+    writes of the watchdog word alone (after the first write) step nothing."""
     gateway = GatewayDevice(host="127.0.0.1", port=0, watchdog_s=60.0, step_on_exchange=True)
     sim = Simulator(model, transport=gateway, realtime=True)
     assert sim.external_clock
@@ -454,7 +454,10 @@ def test_a_host_clocked_gateway_runs_one_cycle_per_accepted_write_and_answers_an
         assert _exception_code(refused) == ILLEGAL_VALUE
         assert _exception_code(host.client.write_register(gw.holding_address("mode", 0), 7)) == ILLEGAL_VALUE
         assert sim.read_state().cycle == 42 == gateway.exchanges
-        assert not host.client.write_register(gw.holding_address("watchdog"), 7).isError()    # function 6
+        assert not host.client.write_register(gw.holding_address("watchdog"), 7).isError()    # the watchdog alone
+        assert sim.read_state().cycle == 42 == gateway.exchanges       # (a host reconnecting): no cycle
+        assert not host.client.write_register(gw.holding_address("controlword", 0),
+                                              cia402.CW_ENABLE_OPERATION).isError()        # function 6, process data
         assert sim.read_state().cycle == 43 == gateway.exchanges == host.inputs().cycle_counter
         assert sim.error is None and gateway.watchdog_trips == 0
     finally:

@@ -10,7 +10,9 @@ starts it, so that it carries the command this cycle just computed (begin_cycle 
 first command, so that samples come in before there is anything to write). A command that a newer one
 replaces before any exchange sent it is counted (superseded_commands): with the gateway in step with the
 exchanges (the simulated gateway's step_on_exchange, a real gateway's cycle following the master's process
-data), each is a target the drives never saw. A gateway that mirrors its input image in holding registers
+data), each is a target the drives never saw. An exchange without a new command (the cycle late by more
+than IDLE_EXCHANGE_S) only reads (idle_reads): re-sending the last command would re-arm the gateway's
+watchdog without the cycle, and give such a gateway a cycle on a stale target, a torque kick. A gateway that mirrors its input image in holding registers
 (gw.INPUT_MIRROR_BASE; checked at connect) gets both in one request, function 23 (read/write multiple
 registers: the write is applied first), which halves the requests and the round trips; pymodbus's sync client costs less CPU per request than its
 asyncio client (benchmarks/bench_gateway.py measures both). The cycle never waits for the network:
@@ -171,7 +173,7 @@ class GatewayArm:
         self.counts = {"exchanges": 0, "fresh_images": 0, "repeated_images": 0, "missed_images": 0,
                        "invalid_images": 0, "bad_images": 0, "exception_responses": 0, "timeouts": 0,
                        "connections_lost": 0, "connect_failures": 0, "reconnects": 0, "writes": 0, "refused_writes": 0,
-                       "unsendable_commands": 0, "superseded_commands": 0, "watchdog_expired": 0}
+                       "unsendable_commands": 0, "superseded_commands": 0, "idle_reads": 0, "watchdog_expired": 0}
         self.last_error = ""
         self.gateway_refused_writes = 0
         self._rtt = np.zeros(ROUND_TRIP_WINDOW)
@@ -388,10 +390,10 @@ class GatewayArm:
             raise _Refused(str(reply))
 
     def _exchange(self) -> None:
-        """One write of the newest command (or of the watchdog alone), then one read of the input image:
+        """One write of the cycle's new command (or of the watchdog alone), then one read of the input image:
         writing first lets the image read in the same exchange already show the command's effect. With
-        the gateway's input mirror both are one function-23 request; a refused write (nothing applied,
-        nothing read) or a command that cannot be sent leaves a plain read (function 4)."""
+        the gateway's input mirror both are one function-23 request; nothing new to send, a refused write
+        (nothing applied, nothing read) or a command that cannot be sent leaves a plain read (function 4)."""
         t0 = time.perf_counter()
         words = self._command_words()
         read = True
@@ -473,14 +475,18 @@ class GatewayArm:
         self.last_error = f"write refused (nothing applied): {reason}"
 
     def _command_words(self) -> list[int] | None:
-        """The words to write from HOLDING_BASE: the newest command as the whole holding image (re-arming the
-        watchdog), or the watchdog alone while the cycle has not commanded anything yet; None (counted) for a
-        command that cannot be represented, which is then not sent at all."""
+        """The words to write from HOLDING_BASE: a command the cycle wrote since the last exchange, as the whole
+        holding image (re-arming the watchdog), or the watchdog alone while the cycle has not commanded
+        anything yet. None, and the exchange only reads, when the cycle has written nothing new (an idle
+        exchange while the cycle is late: sending its last command again would re-arm the gateway's watchdog
+        without the cycle, and a gateway whose cycle follows the host's writes would run a cycle on a stale
+        target) or a command that cannot be represented (counted; never sent)."""
         out = self._out
         with self._lock:
             have = self._have_cmd
+            fresh = self._cmd_pending
             self._cmd_pending = False
-            if have:
+            if have and fresh:
                 np.copyto(out.controlword, self._cmd.controlword)
                 np.copyto(out.mode, self._cmd.mode)
                 np.copyto(out.target_position, self._cmd.target_position)
@@ -489,6 +495,9 @@ class GatewayArm:
                 self._reset_latch[:] = False
         if not have:
             return [self._next_beat(), self.options.watchdog_ms]
+        if not fresh:
+            self.counts["idle_reads"] += 1
+            return None
         cw = np.where(latched & ((out.controlword & _FAULT_RESET_BIT) == 0), cia402.CW_FAULT_RESET, out.controlword)
         try:
             image = gw.OutputImage(self._next_beat(), self.options.watchdog_ms, cw.astype(np.int64),
