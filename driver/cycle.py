@@ -101,7 +101,7 @@ class Cycle:
         self.command.mode[:] = int(Mode.CSP)
         self._bits = 0                               # drive_logic's result for this cycle's statuswords
         ck.drive_logic(self.state.statusword, ck.OFF, self.state.q, self.state.q,
-                       self.command.controlword)   # compile / load the kernel now, not in the first cycle
+                       self.command.controlword)   # compile / load the kernels now, not in the first cycle
         # what is wanted
         self.want_power = False
         self.quick_stop = False
@@ -111,6 +111,8 @@ class Cycle:
         self.fault: str | None = None   # the driver's fault, None when healthy
         self.hold = np.zeros(self.n)    # setpoint when no motion runs
         self.hold_torque = np.zeros(self.n)  # its feed-forward (gravity at the hold pose)
+        ck.command(self.state.statusword, ck.OFF, self.hold, self.hold_torque, self.state.q, ck.FOLLOW, self.hold,
+                   self.command.target_position, self.command.target_torque, self.command.controlword)
         self.motion: PlannedMotion | None = None
         self._k = 0
         self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
@@ -419,11 +421,10 @@ class Cycle:
 
     def _command(self) -> None:
         st, cmd = self.state, self.command
+        how = 0
         if self.motion is not None:
             m, k = self.motion, self._k
-            cmd.target_position[:] = m.q[k]
-            cmd.target_torque[:] = m.tau_ff[k]
-            self.hold[:] = cmd.target_position
+            plan_q, plan_tau, how = m.q[k], m.tau_ff[k], ck.HOLD_PLAN
             if k + 1 >= m.samples:
                 self.motion = None
                 self.hold_torque[:] = m.tau_ff[k]     # at rest: gravity at the goal
@@ -431,15 +432,12 @@ class Cycle:
             else:
                 self._k = k + 1
         else:
-            cmd.target_position[:] = self.hold
-            cmd.target_torque[:] = self.hold_torque
+            plan_q, plan_tau = self.hold, self.hold_torque
         if not self.want_power or self.quick_stop:
             # not holding actively: keep the reference on the measured position so enabling never jumps
-            if not self.quick_stop:
-                self.hold[:] = st.q
-            cmd.target_position[:] = st.q
-        bits = ck.drive_logic(st.statusword, self._intent(), cmd.target_position, cmd.target_torque,
-                              cmd.controlword)
+            how |= ck.FOLLOW if self.quick_stop else ck.FOLLOW | ck.HOLD_FOLLOWS
+        bits = ck.command(st.statusword, self._intent(), plan_q, plan_tau, st.q, how, self.hold,
+                          cmd.target_position, cmd.target_torque, cmd.controlword)
         self._bits = bits | (self._bits & _FRESH)
         if self._reset_pulse:
             self._reset_pulse -= 1

@@ -85,6 +85,23 @@ class CommandEncoder:
         return b"\0" + cobs.encode(self._bytes) + b"\0"
 
 
+@numba.njit(cache=True, nogil=True)
+def state_to_si(position, velocity, current, statusword, error_code, mode, counts_per_rad, amp_per_raw,
+                torque_per_amp, floats_out, words_out, mode_out):
+    """A STATE's joint columns (wire units) into a sample's blocks (driver.hal.ArmState: floats (4, n) q rad,
+    qd rad/s, current A, torque N m; words (2, n) statusword, error code; mode (n,)), in one call: counts /
+    counts_per_rad, raw current * amp_per_raw, current * torque_per_amp (the model's gear * torque constant)."""
+    for j in range(position.shape[0]):
+        floats_out[0, j] = position[j] / counts_per_rad[j]
+        floats_out[1, j] = velocity[j] / counts_per_rad[j]
+        amps = current[j] * amp_per_raw
+        floats_out[2, j] = amps
+        floats_out[3, j] = amps * torque_per_amp[j]
+        words_out[0, j] = statusword[j]
+        words_out[1, j] = error_code[j]
+        mode_out[j] = mode[j]
+
+
 STATE = "state"
 MESSAGE = "message"
 
@@ -104,6 +121,7 @@ class FrameSplitter:
         self._record = np.zeros(1, dt)
         self.state = self._record[0]
         self.raw = self._record.view(np.uint8)
+        self._raw_bytes = memoryview(self.raw)
         self.joints = self._record["joints"][0]
         self._prefix = bytes((sp.VERSION, int(sp.MsgType.STATE)))
         self._length = struct.pack("<H", sp.SPECS[sp.MsgType.STATE].payload_size(n))
@@ -160,5 +178,5 @@ class FrameSplitter:
                 or frame[self._n_at] != self.n
                 or zlib.crc32(memoryview(frame)[:-sp.CRC_SIZE]) != _CRC.unpack_from(frame, self.size - sp.CRC_SIZE)[0]):
             return -1
-        self.raw[:] = np.frombuffer(frame, np.uint8)
+        self._raw_bytes[:] = frame            # a C-level copy into the record (no numpy call per frame)
         return _SEQ.unpack_from(frame, 2)[0]

@@ -32,7 +32,7 @@ import serial
 from driver.hal import ArmCommand, ArmState, LinkError, copy_sample
 from driver.timer import name_os_thread
 from driver.transports.sample_ring import oldest_unread, unread_held
-from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
+from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter, state_to_si
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from ident.errors import InputError
@@ -497,18 +497,12 @@ class SerialArm:
             s.restart = f"its cycle counter went back from {last} to {cycle}"
         s.last_cycle = cycle
         sw, mode, err, pos, vel, cur = s.columns
-        cpr = s.scaling.counts_per_rad
         with self._lock:
             new = self._ring[self._samples % SAMPLE_RING]
             new.device_time_ns = timestamp_us * 1000
             new.host_time_ns = host_ns
-            np.divide(pos, cpr, out=new.q)
-            np.divide(vel, cpr, out=new.qd)
-            np.multiply(cur, CURRENT_LSB, out=new.current)
-            np.multiply(new.current, self._torque_per_amp, out=new.torque)
-            new.statusword[:] = sw
-            new.error_code[:] = err
-            new.mode[:] = mode
+            state_to_si(pos, vel, cur, sw, err, mode, s.scaling.counts_per_rad, CURRENT_LSB, self._torque_per_amp,
+                        new.floats, new.words, new.mode)
             self._samples += 1
         self._arrived.set()
         self.stats["states"] += 1
