@@ -318,7 +318,7 @@ class Cycle:
 
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
-        """One cycle (public for synchronous tests): the work, then the command it computed is sent."""
+        """One cycle (public for synchronous tests): the work and its message, then the command it computed is sent."""
         self._work(send=True)
 
     def _send(self) -> None:
@@ -331,7 +331,7 @@ class Cycle:
                     self._trip(f"link: {exc}")
 
     def _work(self, send: bool = False) -> None:
-        """Read, supervise, run the requests, compute the command (and send it when send), publish."""
+        """Read, supervise, run the requests, compute the command, publish (then send the command when send)."""
         arm, st = self.arm, self.state
         now_mono = time.perf_counter_ns()
         try:
@@ -357,9 +357,9 @@ class Cycle:
             except BaseException as exc:  # noqa: BLE001 - handed to the requester
                 fut.set_exception(exc)
         self._command()
-        if send:
-            self._send()
         self._publish(fresh)
+        if send:        # after publishing: the write wakes the device side (a simulator, a pty's worker), which
+            self._send()    # may preempt this thread; the sample is then already on its way
         self.cycles += 1
 
     def _catch_up(self, keep: int = 1) -> None:

@@ -42,7 +42,7 @@ import canopen
 import numpy as np
 from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
-from driver.hal import ArmCommand, ArmState, LinkError
+from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
@@ -506,14 +506,9 @@ class CanArm:
             self._read_seq = k + 1
             r = self._ring[k % SAMPLE_RING]
             times = self._ring_times[k % SAMPLE_RING]
-            out.statusword[:] = r[0]
-            out.mode[:] = r[2]
-            np.divide(r[1], self.scaling.counts_per_rad, out=out.q)
-            np.divide(r[3], self.scaling.counts_per_rad, out=out.qd)
-            np.multiply(r[4], CURRENT_LSB, out=out.current)
-            out.error_code[:] = self._error_code
+            raw_to_si(r[1], r[3], r[4], r[0], self._error_code, r[2], self.scaling.counts_per_rad, CURRENT_LSB,
+                      self.torque_per_amp, out.floats, out.words, out.mode)
             out.device_time_ns, out.host_time_ns = int(times[0]), int(times[1])
-        np.multiply(out.current, self.torque_per_amp, out=out.torque)
         return True
 
     def backlog(self) -> int:

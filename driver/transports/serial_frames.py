@@ -85,23 +85,6 @@ class CommandEncoder:
         return b"\0" + cobs.encode(self._bytes) + b"\0"
 
 
-@numba.njit(cache=True, nogil=True)
-def state_to_si(position, velocity, current, statusword, error_code, mode, counts_per_rad, amp_per_raw,
-                torque_per_amp, floats_out, words_out, mode_out):
-    """A STATE's joint columns (wire units) into a sample's blocks (driver.hal.ArmState: floats (4, n) q rad,
-    qd rad/s, current A, torque N m; words (2, n) statusword, error code; mode (n,)), in one call: counts /
-    counts_per_rad, raw current * amp_per_raw, current * torque_per_amp (the model's gear * torque constant)."""
-    for j in range(position.shape[0]):
-        floats_out[0, j] = position[j] / counts_per_rad[j]
-        floats_out[1, j] = velocity[j] / counts_per_rad[j]
-        amps = current[j] * amp_per_raw
-        floats_out[2, j] = amps
-        floats_out[3, j] = amps * torque_per_amp[j]
-        words_out[0, j] = statusword[j]
-        words_out[1, j] = error_code[j]
-        mode_out[j] = mode[j]
-
-
 STATE = "state"
 MESSAGE = "message"
 
