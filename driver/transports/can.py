@@ -43,6 +43,7 @@ import numpy as np
 from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
 from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
+from driver.timer import name_os_thread
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
@@ -202,6 +203,7 @@ class CanArm:
         # receive side (notifier thread) -> cycle, under _lock
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        self._rx_thread: int | None = None    # the thread _on_frame last ran in (named "can-rx" once)
         self._pend = [[0] * n for _ in range(_N_ROWS)]   # the rows of _ROWS, wire units
         # complete samples in arrival order (wire units), each with its device and host time (ns): read() takes the
         # oldest unread, so a sample that completes late is published late, not overwritten by the next one
@@ -362,6 +364,9 @@ class CanArm:
     # -- receive side (python-can notifier thread) -----------------------------------------------------
     def _on_frame(self, msg: can.Message) -> None:
         """Every frame on the bus: TPDO1/TPDO2 of our drives go into the pending sample; the rest is canopen's."""
+        if self._rx_thread != threading.get_ident():     # python-can's notifier thread (a new one per connect)
+            self._rx_thread = threading.get_ident()
+            name_os_thread("can-rx")
         slot = self._tpdo_codec.slots.get(msg.arbitration_id)
         if slot is None or msg.is_remote_frame or msg.is_error_frame or msg.is_extended_id:
             return
@@ -420,6 +425,7 @@ class CanArm:
 
     # -- supervisor thread ---------------------------------------------------------------------------
     def _supervise(self) -> None:
+        name_os_thread()
         while not self._stop.wait(SUPERVISE_PERIOD_S):
             try:
                 if self._broken is not None:

@@ -46,6 +46,7 @@ from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException
 
 from driver.hal import ArmCommand, ArmState, LinkError, copy_sample, raw_to_si
+from driver.timer import name_os_thread
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
@@ -270,6 +271,7 @@ class GatewayArm:
 
     # -- the link thread -----------------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread()                 # "gateway-link" in top -H and the benchmark's CPU by thread
         try:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - a bug here must become a link fault, not a silent stop
