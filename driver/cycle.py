@@ -26,8 +26,9 @@ Two clocks (`clock`):
   "device"  for an arm that streams on its own clock (it has `wait_new(timeout_s)`, e.g. the serial joint
             boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
-            sample comes for 1.25 periods a stale cycle runs anyway, so the watchdog and the command stream
-            keep going while the device is silent. The cycle rate is then the device's. An arm with
+            sample comes for 2 periods a stale cycle runs anyway, so the watchdog and the command stream
+            keep going while the device is silent (not sooner: a sample late by a fraction of a period, common
+            on a loaded host, would get a stale cycle just before it, which costs a cycle's CPU and delays it). The cycle rate is then the device's. An arm with
             `pump_new` (serial) is read by the cycle thread itself while it waits (select on the port): one
             wake-up per burst of the line instead of the link thread's and then the cycle's.
 An arm that keeps every sample (it has `backlog()`: serial) gets each one published once and in order: the
@@ -54,7 +55,7 @@ from firmware_bridge.cia402 import Mode, State
 
 _S = State
 CLOCKS = ("host", "device")
-DEVICE_GRACE = 0.25           # clock "device": a stale cycle runs when no sample came for (1 + this) periods
+DEVICE_GRACE = 1.0            # clock "device": a stale cycle runs when no sample came for (1 + this) periods
 ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest wait for the answer, in periods
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
