@@ -8,15 +8,22 @@ the state stream and measures:
     messages, in device periods), stale messages (FLAG_STALE: a cycle without a new sample);
   - latency of the fresh samples from their host timestamp (when the host received them) to the
     subscriber's receipt, p50 / p99 / max;
-  - the driver process's CPU time as % of one core (from /proc/PID/stat), and per thread (the driver names
-    its threads in the kernel: cycle, serial-link, health, commands; ZMQbg/IO/0 is libzmq's I/O thread);
-    the simulator process's CPU beside it (it shares the machine).
+  - the driver process's CPU time as % of one core (from /proc/PID/stat), and per thread with its wake-ups per
+    second (voluntary context switches, /proc/PID/task/TID/status; the driver names its threads in the kernel:
+    cycle, serial-link, gateway-link, can-rx, can-supervisor, health, commands; ZMQbg/IO/0 is libzmq's I/O
+    thread); the simulator process's CPU beside it (it shares the machine).
 Transports: sim, can, gateway, serial (as armid.chain runs it: the simulated boards step on each COMMAND,
 the driver's host clock sets the pace) and serial-device (the boards on their own real-time clock, the
 driver on the device clock, as a deployed driver with `clock = "auto"` runs a real board).
 Reference, measured in the same run: a bare pyzmq PUB loop at the same rate in its own process, waiting
 with the driver's own timer (driver.timer: absolute clock_nanosleep, 1 ns slack, no spin): the floor any
 Python publisher pays, timer wake-ups and the socket.
+Two more references bound the links, each measured in the same run: for the gateway a bare pymodbus FC23
+client loop against the same simulated gateway before the driver connects (benchmarks/bench_gateway.py's
+round_trips: exchanges per second and CPU per exchange, printed as the CPU it takes at the driver's exchange
+rate); for CAN python-can's udp_multicast alone (benchmarks/bench_can.py's interface_cost: CPU per frame sent
+and received, printed as the CPU of one cycle's 13 sends and 31 receives at the rate). CAN at a rate beyond
+what one 1 Mbit/s bus carries for six drives (285 Hz) is also run at 250 Hz.
 
 --realtime PRIO: the driver runs with a [realtime] section (priority = PRIO for its cycle thread and libzmq's
 I/O thread, lock_memory = true; driver/realtime.py), and so that the comparison stays fair the reference
@@ -31,7 +38,8 @@ cycle (status) and stops if it does not. The load average (`uptime`) is printed 
 
 Two more measurements of the hot path, each beside its reference:
   --cycle  the CPU one cycle costs in the driver (driver.cycle.Cycle.step over an arm that hands it a new
-           sample every time, publishing on a real PUB socket), beside a bare pyzmq send of the same message;
+           sample every time, publishing on a real PUB socket), beside a bare pyzmq send of the same message,
+           in a tight loop and each after a sleep of one period (as the running driver wakes for each cycle);
   --timer  the cycle's wait for its deadline (driver.timer: absolute clock_nanosleep, timer slack 1 ns, no
            spin) beside the previous one (slack 1 ns, sleep then a 50 us spin) and the one before (default
            slack, 200 us spin): CPU as % of a core and wake-up lateness, each in its own process at --rate.
