@@ -252,8 +252,10 @@ def _collect(sub: zmq.Socket, seconds: float, pid: int, sim_pid: int | None) -> 
         rows[k, :4] = HEADER.unpack_from(payload, 8)
         k += 1
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
-    threads = {name: (100.0 * (cpu - threads0.get(name, (0.0, 0))[0]) / wall, (wakes - threads0.get(name, (0.0, 0))[1]) / wall)
-               for name, (cpu, wakes) in thread_cpu(pid).items()}
+    threads = {}                                 # name -> (% of a core, wake-ups per second)
+    for name, (cpu_s, wakes) in thread_cpu(pid).items():
+        cpu0_s, wakes0 = threads0.get(name, (0.0, 0))
+        threads[name] = (100.0 * (cpu_s - cpu0_s) / wall, (wakes - wakes0) / wall)
     sim_cpu = 100.0 * (cpu_seconds(sim_pid) - sim0) / wall if sim_pid else None
     sub.close(0)
     rows = rows[:k]

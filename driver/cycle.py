@@ -28,9 +28,10 @@ Two clocks (`clock`):
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
             sample comes for 2 periods a stale cycle runs anyway, so the watchdog and the command stream
             keep going while the device is silent (not sooner: a sample late by a fraction of a period, common
-            on a loaded host, would get a stale cycle just before it, which costs a cycle's CPU and delays it). The cycle rate is then the device's. An arm with
-            `pump_new` (serial) is read by the cycle thread itself while it waits (select on the port): one
-            wake-up per burst of the line instead of the link thread's and then the cycle's.
+            on a loaded host, would get a stale cycle just before it, which costs a cycle's CPU and delays
+            it). The cycle rate is then the device's. An arm with `pump_new` (serial) is read by the cycle
+            thread itself while it waits (select on the port): one wake-up per burst of the line instead of
+            the link thread's and then the cycle's.
 An arm that keeps every sample (it has `backlog()`: serial) gets each one published once and in order: the
 samples that came in one burst before the newest are published first (`caught_up`), then the cycle's work
 runs on the newest.
@@ -319,7 +320,7 @@ class Cycle:
 
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
-        """One cycle (public for synchronous tests): the work and its message, then the command it computed is sent."""
+        """One cycle (public for synchronous tests): the work and its message, then the command it computed."""
         self._work(send=True)
 
     def _send(self) -> None:
