@@ -8,15 +8,22 @@ the state stream and measures:
     messages, in device periods), stale messages (FLAG_STALE: a cycle without a new sample);
   - latency of the fresh samples from their host timestamp (when the host received them) to the
     subscriber's receipt, p50 / p99 / max;
-  - the driver process's CPU time as % of one core (from /proc/PID/stat), and per thread (the driver names
-    its threads in the kernel: cycle, serial-link, health, commands; ZMQbg/IO/0 is libzmq's I/O thread);
-    the simulator process's CPU beside it (it shares the machine).
+  - the driver process's CPU time as % of one core (from /proc/PID/stat), and per thread with its wake-ups per
+    second (voluntary context switches, /proc/PID/task/TID/status; the driver names its threads in the kernel:
+    cycle, serial-link, gateway-link, can-rx, can-supervisor, health, commands; ZMQbg/IO/0 is libzmq's I/O
+    thread); the simulator process's CPU beside it (it shares the machine).
 Transports: sim, can, gateway, serial (as armid.chain runs it: the simulated boards step on each COMMAND,
 the driver's host clock sets the pace) and serial-device (the boards on their own real-time clock, the
 driver on the device clock, as a deployed driver with `clock = "auto"` runs a real board).
 Reference, measured in the same run: a bare pyzmq PUB loop at the same rate in its own process, waiting
 with the driver's own timer (driver.timer: absolute clock_nanosleep, 1 ns slack, no spin): the floor any
 Python publisher pays, timer wake-ups and the socket.
+Two more references bound the links, each measured in the same run: for the gateway a bare pymodbus FC23
+client loop against the same simulated gateway before the driver connects (benchmarks/bench_gateway.py's
+round_trips: exchanges per second and CPU per exchange, printed as the CPU it takes at the driver's exchange
+rate); for CAN python-can's udp_multicast alone (benchmarks/bench_can.py's interface_cost: CPU per frame sent
+and received, printed as the CPU of one cycle's 13 sends and 31 receives at the rate). CAN at a rate beyond
+what one 1 Mbit/s bus carries for six drives (285 Hz) is also run at 250 Hz.
 
 --realtime PRIO: the driver runs with a [realtime] section (priority = PRIO for its cycle thread and libzmq's
 I/O thread, lock_memory = true; driver/realtime.py), and so that the comparison stays fair the reference
@@ -31,7 +38,8 @@ cycle (status) and stops if it does not. The load average (`uptime`) is printed 
 
 Two more measurements of the hot path, each beside its reference:
   --cycle  the CPU one cycle costs in the driver (driver.cycle.Cycle.step over an arm that hands it a new
-           sample every time, publishing on a real PUB socket), beside a bare pyzmq send of the same message;
+           sample every time, publishing on a real PUB socket), beside a bare pyzmq send of the same message,
+           in a tight loop and each after a sleep of one period (as the running driver wakes for each cycle);
   --timer  the cycle's wait for its deadline (driver.timer: absolute clock_nanosleep, timer slack 1 ns, no
            spin) beside the previous one (slack 1 ns, sleep then a 50 us spin) and the one before (default
            slack, 200 us spin): CPU as % of a core and wake-up lateness, each in its own process at --rate.
@@ -140,11 +148,16 @@ class _ReplayArm:
         pass
 
 
-def cycle_figures(tmp: Path, steps: int = 20000) -> tuple[float, float]:
-    """CPU per Cycle.step (us) publishing on a PUB socket the way the daemon does, and per bare send (us)."""
+def cycle_figures(tmp: Path, steps: int = 20000, gap_us: float = 0.0) -> tuple[float, float]:
+    """CPU per Cycle.step (us) publishing on a PUB socket the way the daemon does, and per bare send (us).
+    gap_us > 0: each step (and each send) comes right after a sleep of gap_us (driver.timer's wait), as in the
+    running driver, whose thread wakes for every cycle: on this VM the caches and predictors are cold then, and
+    the same code costs 2-3x what it costs in a tight loop (docs/driver.md, "Where the CPU goes")."""
     from driver.cycle import Cycle
     from driver.daemon import Driver
+    from driver.timer import reduce_timer_slack, sleep_until
 
+    reduce_timer_slack()
     sock = zmq.Context.instance().socket(zmq.PUB)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(f"ipc://{tmp}/cycle")
@@ -153,31 +166,42 @@ def cycle_figures(tmp: Path, steps: int = 20000) -> tuple[float, float]:
     cycle.want_power = True
     for _ in range(1000):
         cycle.step()
-    t0 = time.thread_time_ns()
-    for _ in range(steps):
-        cycle.step()
-    per_step = (time.thread_time_ns() - t0) / steps / 1e3
     payload = bytes(cycle.message.buffer)
-    t0 = time.thread_time_ns()
-    for _ in range(steps):
-        sock.send_multipart((b"state", payload))
-    per_send = (time.thread_time_ns() - t0) / steps / 1e3
+    gap_ns = int(gap_us * 1000)
+
+    def per_call(fn) -> float:
+        spent, nxt = 0, time.perf_counter_ns()
+        for _ in range(steps):
+            if gap_ns:
+                nxt += gap_ns
+                sleep_until(nxt)
+            t0 = time.thread_time_ns()
+            fn()
+            spent += time.thread_time_ns() - t0
+        return spent / steps / 1e3
+
+    per_step = per_call(cycle.step)
+    per_send = per_call(lambda: sock.send_multipart((b"state", payload)))
     sock.close(0)
     return per_step, per_send
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of each thread of a process, by its kernel name (/proc/PID/task/TID/stat); threads of the
-    same name are added."""
-    out: dict[str, float] = {}
+def thread_cpu(pid: int) -> dict[str, tuple[float, int]]:
+    """(CPU seconds, wake-ups) of each thread of a process, by its kernel name: utime + stime from
+    /proc/PID/task/TID/stat, and voluntary_ctxt_switches from its status (each is a sleep that ended in a
+    wake-up); threads of the same name are added."""
+    out: dict[str, tuple[float, int]] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
         except OSError:
             continue
         name = text[text.index("(") + 1:text.rindex(")")]
         f = text.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / CLK_TCK
+        wakes = int(status.split("voluntary_ctxt_switches:", 1)[1].split()[0])
+        cpu, n = out.get(name, (0.0, 0))
+        out[name] = (cpu + (int(f[11]) + int(f[12])) / CLK_TCK, n + wakes)
     return out
 
 
@@ -228,7 +252,10 @@ def _collect(sub: zmq.Socket, seconds: float, pid: int, sim_pid: int | None) -> 
         rows[k, :4] = HEADER.unpack_from(payload, 8)
         k += 1
     wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
-    threads = {name: 100.0 * (v - threads0.get(name, 0.0)) / wall for name, v in thread_cpu(pid).items()}
+    threads = {}                                 # name -> (% of a core, wake-ups per second)
+    for name, (cpu_s, wakes) in thread_cpu(pid).items():
+        cpu0_s, wakes0 = threads0.get(name, (0.0, 0))
+        threads[name] = (100.0 * (cpu_s - cpu0_s) / wall, (wakes - wakes0) / wall)
     sim_cpu = 100.0 * (cpu_seconds(sim_pid) - sim0) / wall if sim_pid else None
     sub.close(0)
     rows = rows[:k]
@@ -291,22 +318,71 @@ def realtime_config(priority: int, threads: tuple[str, ...] = rt.DEFAULT_THREADS
         chain.driver_config = plain
 
 
+CAN_BUS_MAX_HZ = 285.0      # six drives with the default PDO maps on one 1 Mbit/s bus, worst-case bit stuffing
+CAN_REALISTIC_HZ = 250.0    # what the chain and deploy/ run CAN at (docs/driver.md, "Transport can")
+LINK_REFERENCE_S = 5.0      # seconds of the bare library loops (gateway, CAN)
+
+
+def gateway_reference(connection: dict, seconds: float = LINK_REFERENCE_S) -> tuple[float, float]:
+    """A bare pymodbus FC23 client loop (benchmarks/bench_gateway.round_trips: the driver link thread's request,
+    write the output image and read the input mirror, TCP_NODELAY, the image decoded) against the simulated
+    gateway the driver is about to use: (exchanges per second, process CPU per exchange in us). The drives get
+    a disabled command (controlword 0), so nothing moves."""
+    from bench_gateway import round_trips
+    from firmware_bridge import cia402, gateway as gw
+
+    n = 6
+    idle = gw.OutputImage(0, 2000, np.full(n, cia402.CW_DISABLE_VOLTAGE), np.full(n, int(cia402.Mode.CSP)),
+                          np.zeros(n, np.int64), np.zeros(n, np.int64))
+    cpu: list[float] = []
+    rate = round_trips(int(connection["port"]), idle, seconds, cpu, fc23=True)
+    return rate, cpu[0] * 1e6
+
+
+def can_reference() -> tuple[float, float, int, int]:
+    """python-can's udp_multicast on its own (benchmarks/bench_can.interface_cost, a group of this run's own):
+    (send, receive) CPU per frame in us, and the frames the driver sends and receives per cycle for six drives
+    (SYNC and two RPDOs per drive; three TPDOs per drive and its own frames, which udp_multicast loops back)."""
+    from bench_can import interface_cost
+    from driver.transports.can import _RPDOS, _TPDOS
+
+    pid = os.getpid() + 101
+    send, receive = interface_cost("udp_multicast", f"239.75.{pid % 250}.{pid // 250 % 250 + 1}")
+    sent = 1 + len(_RPDOS) * 6
+    return send * 1e6, receive * 1e6, sent, len(_TPDOS) * 6 + sent
+
+
 def run_driver(transport: str, rate: float, seconds: float, tmp: Path, priority: int = 0,
                threads: tuple[str, ...] = rt.DEFAULT_THREADS) -> dict:
     """`armid sim` (for serial, can, gateway) and `armid driver` as processes, wired by armid.chain, at the
     default policy like the reference; priority > 0: the driver with [realtime] at that priority (and the
-    subscriber too); the simulator stays at the default policy."""
+    subscriber too); the simulator stays at the default policy. For the gateway, the bare FC23 client loop
+    (gateway_reference) runs against the simulator before the driver starts: r["gateway"]."""
     p = plan(transport, rate)
-    with chain.Chain(tmp / transport, p, realtime=False) as c:
+    with chain.Chain(tmp / f"{transport}-{rate:g}", p, realtime=False) as c:
+        extra = {}
         if p.name != "sim":
             c.start_sim()
+        if p.name == "gateway":
+            extra["gateway"] = gateway_reference(c.connection)
         with realtime_config(priority, threads):
             status = c.start_driver()
         cycle = status.get("realtime", {}).get("threads", {}).get("cycle", {})
         if priority and (cycle.get("policy"), cycle.get("priority")) != ("SCHED_FIFO", priority):
             raise RuntimeError(f"the driver did not apply [realtime] priority = {priority} (its status: {cycle or 'none'}); "
                                f"`armid driver` must pass realtime=cfg.realtime to Driver (armid/commands/driver.py)")
-        return measure(c.state, seconds, c.driver.pid, c.sim.pid if c.sim is not None else None, priority)
+        return measure(c.state, seconds, c.driver.pid, c.sim.pid if c.sim is not None else None, priority) | extra
+
+
+def runs(transports: str, rate: float) -> list[tuple[str, float]]:
+    """(transport, rate) pairs to run: each transport at rate, and CAN also at CAN_REALISTIC_HZ when rate is
+    more than one 1 Mbit/s bus carries."""
+    out = []
+    for name in transports.split(","):
+        out.append((name, rate))
+        if name == "can" and rate > CAN_BUS_MAX_HZ:
+            out.append((name, CAN_REALISTIC_HZ))
+    return out
 
 
 def load_average() -> str:
@@ -333,6 +409,10 @@ def main() -> None:
             step_us, send_us = cycle_figures(tmp)
             print(f"driver cycle: {step_us:.1f} us CPU per cycle (reference: bare pyzmq send_multipart of the same "
                   f"message {send_us:.1f} us, ratio {step_us / send_us:.1f}x)")
+            step_us, send_us = cycle_figures(tmp, steps=3000, gap_us=1e6 / args.rate)
+            print(f"driver cycle after a {1e3 / args.rate:g} ms sleep: {step_us:.1f} us CPU per cycle (reference: bare "
+                  f"pyzmq send_multipart of the same message after the same sleep {send_us:.1f} us, ratio "
+                  f"{step_us / send_us:.1f}x)")
         if args.timer:
             secs = min(args.seconds, 10.0)
             new = timer_figures(args.rate, secs, 0, True)
@@ -349,15 +429,26 @@ def main() -> None:
         if prio and args.rt_threads != ",".join(rt.DEFAULT_THREADS):
             rt_tag += f" ({args.rt_threads})"
         print(f"# load average {load_average()} at the start")
-        ref_ep = f"ipc://{tmp}/bare"
-        bare = subprocess.Popen([sys.executable, "-c", BARE_PUBLISHER, ref_ep, str(args.rate), str(ROOT), str(prio)])
-        try:
-            ref = measure(ref_ep, min(args.seconds, 20.0), bare.pid, priority=prio)
-        finally:
-            _stop(bare)
-        for name in args.transports.split(","):
-            r = run_driver(name, args.rate, args.seconds, tmp, prio, tuple(args.rt_threads.split(",")))
-            tag = f"driver {name} {args.rate:g} Hz {args.seconds:g} s{rt_tag}"
+        refs: dict[float, dict] = {}
+
+        def reference(rate: float) -> dict:
+            """The bare publisher at rate, measured once per rate in this run."""
+            if rate not in refs:
+                ref_ep = f"ipc://{tmp}/bare-{rate:g}"
+                bare = subprocess.Popen([sys.executable, "-c", BARE_PUBLISHER, ref_ep, str(rate), str(ROOT), str(prio)])
+                try:
+                    refs[rate] = measure(ref_ep, min(args.seconds, 20.0), bare.pid, priority=prio)
+                finally:
+                    _stop(bare)
+            return refs[rate]
+
+        todo = runs(args.transports, args.rate)
+        reference(args.rate)
+        can_ref = can_reference() if any(name == "can" for name, _ in todo) else None
+        for name, rate in todo:
+            ref = reference(rate)
+            r = run_driver(name, rate, args.seconds, tmp, prio, tuple(args.rt_threads.split(",")))
+            tag = f"driver {name} {rate:g} Hz {args.seconds:g} s{rt_tag}"
             print(f"{tag} delivered rate: {r['rate']:.1f} msg/s (reference: bare pyzmq publisher {ref['rate']:.1f} msg/s, "
                   f"ratio {r['rate'] / ref['rate']:.3f}x)")
             print(f"{tag} dropped messages: {r['drops']} (reference: bare publisher {ref['drops']})")
@@ -368,10 +459,23 @@ def main() -> None:
                   f"{ref['p50']:.0f}/{ref['p99']:.0f}/{ref['max']:.0f} us, p99 ratio {r['p99'] / max(ref['p99'], 1e-9):.1f}x)")
             print(f"{tag} driver CPU: {r['cpu']:.1f} % of a core (reference: bare publisher {ref['cpu']:.1f} %, "
                   f"ratio {r['cpu'] / max(ref['cpu'], 1e-9):.1f}x)")
-            by_thread = ", ".join(f"{name} {v:.1f}" for name, v in sorted(r["threads"].items(), key=lambda x: -x[1])
-                                  if v >= 0.05)
+            if "gateway" in r:          # what pymodbus alone costs at the exchange rate the driver ran
+                bare_rate, per_exchange_us = r["gateway"]
+                alone = per_exchange_us * made / 1e4
+                print(f"{tag} driver CPU: {r['cpu']:.1f} % of a core (reference: a bare pymodbus FC23 client loop against "
+                      f"the same simulated gateway, {per_exchange_us:.0f} us CPU per exchange, {alone:.1f} % at the "
+                      f"driver's {made:.0f} exchanges/s; alone it made {bare_rate:.0f} exchanges/s; ratio "
+                      f"{r['cpu'] / max(alone, 1e-9):.1f}x)")
+            if name == "can" and can_ref is not None:    # what python-can alone costs for a cycle's frames
+                send_us, receive_us, sent, received = can_ref
+                alone = (sent * send_us + received * receive_us) * rate / 1e4
+                print(f"{tag} driver CPU: {r['cpu']:.1f} % of a core (reference: python-can udp_multicast alone, {sent} "
+                      f"sends at {send_us:.1f} us + {received} receives at {receive_us:.1f} us CPU per cycle, {alone:.1f} % "
+                      f"at {rate:g} Hz; ratio {r['cpu'] / max(alone, 1e-9):.1f}x)")
+            by_thread = ", ".join(f"{name} {v:.1f} ({w:.0f}/s)" for name, (v, w) in
+                                  sorted(r["threads"].items(), key=lambda x: -x[1][0]) if v >= 0.05)
             sim = "" if r["sim_cpu"] is None else f"; simulator process {r['sim_cpu']:.1f} %"
-            print(f"{tag} driver CPU by thread (% of a core): {by_thread}{sim}")
+            print(f"{tag} driver CPU by thread (% of a core, wake-ups per second): {by_thread}{sim}")
         print(f"# load average {load_average()} at the end")
 
 

@@ -26,10 +26,12 @@ Two clocks (`clock`):
   "device"  for an arm that streams on its own clock (it has `wait_new(timeout_s)`, e.g. the serial joint
             boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
-            sample comes for 1.25 periods a stale cycle runs anyway, so the watchdog and the command stream
-            keep going while the device is silent. The cycle rate is then the device's. An arm with
-            `pump_new` (serial) is read by the cycle thread itself while it waits (select on the port): one
-            wake-up per burst of the line instead of the link thread's and then the cycle's.
+            sample comes for 2 periods a stale cycle runs anyway, so the watchdog and the command stream
+            keep going while the device is silent (not sooner: a sample late by a fraction of a period, common
+            on a loaded host, would get a stale cycle just before it, which costs a cycle's CPU and delays
+            it). The cycle rate is then the device's. An arm with `pump_new` (serial) is read by the cycle
+            thread itself while it waits (select on the port): one wake-up per burst of the line instead of
+            the link thread's and then the cycle's.
 An arm that keeps every sample (it has `backlog()`: serial) gets each one published once and in order: the
 samples that came in one burst before the newest are published first (`caught_up`), then the cycle's work
 runs on the newest.
@@ -54,7 +56,7 @@ from firmware_bridge.cia402 import Mode, State
 
 _S = State
 CLOCKS = ("host", "device")
-DEVICE_GRACE = 0.25           # clock "device": a stale cycle runs when no sample came for (1 + this) periods
+DEVICE_GRACE = 1.0            # clock "device": a stale cycle runs when no sample came for (1 + this) periods
 ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest wait for the answer, in periods
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
@@ -101,7 +103,7 @@ class Cycle:
         self.command.mode[:] = int(Mode.CSP)
         self._bits = 0                               # drive_logic's result for this cycle's statuswords
         ck.drive_logic(self.state.statusword, ck.OFF, self.state.q, self.state.q,
-                       self.command.controlword)   # compile / load the kernel now, not in the first cycle
+                       self.command.controlword)   # compile / load the kernels now, not in the first cycle
         # what is wanted
         self.want_power = False
         self.quick_stop = False
@@ -111,6 +113,8 @@ class Cycle:
         self.fault: str | None = None   # the driver's fault, None when healthy
         self.hold = np.zeros(self.n)    # setpoint when no motion runs
         self.hold_torque = np.zeros(self.n)  # its feed-forward (gravity at the hold pose)
+        ck.command(self.state.statusword, ck.OFF, self.hold, self.hold_torque, self.state.q, ck.FOLLOW, self.hold,
+                   self.command.target_position, self.command.target_torque, self.command.controlword)
         self.motion: PlannedMotion | None = None
         self._k = 0
         self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
@@ -316,7 +320,7 @@ class Cycle:
 
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
-        """One cycle (public for synchronous tests): the work, then the command it computed is sent."""
+        """One cycle (public for synchronous tests): the work and its message, then the command it computed."""
         self._work(send=True)
 
     def _send(self) -> None:
@@ -329,7 +333,7 @@ class Cycle:
                     self._trip(f"link: {exc}")
 
     def _work(self, send: bool = False) -> None:
-        """Read, supervise, run the requests, compute the command (and send it when send), publish."""
+        """Read, supervise, run the requests, compute the command, publish (then send the command when send)."""
         arm, st = self.arm, self.state
         now_mono = time.perf_counter_ns()
         try:
@@ -355,9 +359,9 @@ class Cycle:
             except BaseException as exc:  # noqa: BLE001 - handed to the requester
                 fut.set_exception(exc)
         self._command()
-        if send:
-            self._send()
         self._publish(fresh)
+        if send:        # after publishing: the write wakes the device side (a simulator, a pty's worker), which
+            self._send()    # may preempt this thread; the sample is then already on its way
         self.cycles += 1
 
     def _catch_up(self, keep: int = 1) -> None:
@@ -419,11 +423,10 @@ class Cycle:
 
     def _command(self) -> None:
         st, cmd = self.state, self.command
+        how = 0
         if self.motion is not None:
             m, k = self.motion, self._k
-            cmd.target_position[:] = m.q[k]
-            cmd.target_torque[:] = m.tau_ff[k]
-            self.hold[:] = cmd.target_position
+            plan_q, plan_tau, how = m.q[k], m.tau_ff[k], ck.HOLD_PLAN
             if k + 1 >= m.samples:
                 self.motion = None
                 self.hold_torque[:] = m.tau_ff[k]     # at rest: gravity at the goal
@@ -431,15 +434,12 @@ class Cycle:
             else:
                 self._k = k + 1
         else:
-            cmd.target_position[:] = self.hold
-            cmd.target_torque[:] = self.hold_torque
+            plan_q, plan_tau = self.hold, self.hold_torque
         if not self.want_power or self.quick_stop:
             # not holding actively: keep the reference on the measured position so enabling never jumps
-            if not self.quick_stop:
-                self.hold[:] = st.q
-            cmd.target_position[:] = st.q
-        bits = ck.drive_logic(st.statusword, self._intent(), cmd.target_position, cmd.target_torque,
-                              cmd.controlword)
+            how |= ck.FOLLOW if self.quick_stop else ck.FOLLOW | ck.HOLD_FOLLOWS
+        bits = ck.command(st.statusword, self._intent(), plan_q, plan_tau, st.q, how, self.hold,
+                          cmd.target_position, cmd.target_torque, cmd.controlword)
         self._bits = bits | (self._bits & _FRESH)
         if self._reset_pulse:
             self._reset_pulse -= 1

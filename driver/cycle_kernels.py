@@ -21,6 +21,10 @@ RESET, QUICK_STOP, OFF, POWER = 0, 1, 2, 3
 ALL_ENABLED = 1 << 0        # every drive is OPERATION ENABLED
 NON_FINITE = 1 << 1         # a target position or torque is NaN or infinite
 FAULTED_SHIFT = 8           # (first faulted joint + 1) << FAULTED_SHIFT, 0 when none
+# how `command` takes its targets (bits)
+HOLD_PLAN = 1 << 0          # the plan is a motion's sample: the hold position follows it
+FOLLOW = 1 << 1             # not holding actively: the target position is the measured one
+HOLD_FOLLOWS = 1 << 2       # with FOLLOW: the hold position too (so that enabling never jumps)
 
 
 def _controlword(intent: int, s: State | None) -> int:
@@ -74,3 +78,30 @@ def drive_logic(statusword: np.ndarray, intent: int, target_position: np.ndarray
     """Fill controlword_out (n,) for `intent` (RESET, QUICK_STOP, OFF, POWER) from the drives' statuswords;
     return ALL_ENABLED | NON_FINITE | (first faulted joint + 1) << FAULTED_SHIFT, as bits."""
     return _drive_logic(statusword, intent, CONTROLWORD, FAULTED, target_position, target_torque, controlword_out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _command(statusword, intent, table, faulted, plan_q, plan_tau, measured, how, hold, target_position,
+             target_torque, controlword_out):
+    for j in range(target_position.shape[0]):
+        p = plan_q[j]
+        target_position[j] = p
+        target_torque[j] = plan_tau[j]
+        if how & HOLD_PLAN:
+            hold[j] = p
+        if how & FOLLOW:
+            if how & HOLD_FOLLOWS:
+                hold[j] = measured[j]
+            target_position[j] = measured[j]
+    return _drive_logic(statusword, intent, table, faulted, target_position, target_torque, controlword_out)
+
+
+def command(statusword: np.ndarray, intent: int, plan_q: np.ndarray, plan_tau: np.ndarray, measured: np.ndarray,
+            how: int, hold: np.ndarray, target_position: np.ndarray, target_torque: np.ndarray,
+            controlword_out: np.ndarray) -> int:
+    """The cycle's command in one call: target position (rad) and torque (N m) from the plan (a motion's sample,
+    or the hold position and its torque), the hold position (HOLD_PLAN, HOLD_FOLLOWS) and the measured position
+    (FOLLOW) as `how` says, element by element (plan_q may be `hold` itself); then drive_logic over the result
+    (its bits are returned)."""
+    return _command(statusword, intent, CONTROLWORD, FAULTED, plan_q, plan_tau, measured, how, hold, target_position,
+                    target_torque, controlword_out)

@@ -42,7 +42,8 @@ import canopen
 import numpy as np
 from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
-from driver.hal import ArmCommand, ArmState, LinkError
+from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
+from driver.timer import name_os_thread
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
@@ -202,6 +203,7 @@ class CanArm:
         # receive side (notifier thread) -> cycle, under _lock
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        self._rx_thread: int | None = None    # the thread _on_frame last ran in (named "can-rx" once)
         self._pend = [[0] * n for _ in range(_N_ROWS)]   # the rows of _ROWS, wire units
         # complete samples in arrival order (wire units), each with its device and host time (ns): read() takes the
         # oldest unread, so a sample that completes late is published late, not overwritten by the next one
@@ -362,6 +364,9 @@ class CanArm:
     # -- receive side (python-can notifier thread) -----------------------------------------------------
     def _on_frame(self, msg: can.Message) -> None:
         """Every frame on the bus: TPDO1/TPDO2 of our drives go into the pending sample; the rest is canopen's."""
+        if self._rx_thread != threading.get_ident():     # python-can's notifier thread (a new one per connect)
+            self._rx_thread = threading.get_ident()
+            name_os_thread("can-rx")
         slot = self._tpdo_codec.slots.get(msg.arbitration_id)
         if slot is None or msg.is_remote_frame or msg.is_error_frame or msg.is_extended_id:
             return
@@ -420,6 +425,7 @@ class CanArm:
 
     # -- supervisor thread ---------------------------------------------------------------------------
     def _supervise(self) -> None:
+        name_os_thread()
         while not self._stop.wait(SUPERVISE_PERIOD_S):
             try:
                 if self._broken is not None:
@@ -506,14 +512,9 @@ class CanArm:
             self._read_seq = k + 1
             r = self._ring[k % SAMPLE_RING]
             times = self._ring_times[k % SAMPLE_RING]
-            out.statusword[:] = r[0]
-            out.mode[:] = r[2]
-            np.divide(r[1], self.scaling.counts_per_rad, out=out.q)
-            np.divide(r[3], self.scaling.counts_per_rad, out=out.qd)
-            np.multiply(r[4], CURRENT_LSB, out=out.current)
-            out.error_code[:] = self._error_code
+            raw_to_si(r[1], r[3], r[4], r[0], self._error_code, r[2], self.scaling.counts_per_rad, CURRENT_LSB,
+                      self.torque_per_amp, out.floats, out.words, out.mode)
             out.device_time_ns, out.host_time_ns = int(times[0]), int(times[1])
-        np.multiply(out.current, self.torque_per_amp, out=out.torque)
         return True
 
     def backlog(self) -> int:

@@ -42,14 +42,16 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException
 
-from driver.hal import ArmCommand, ArmState, LinkError
+from driver.hal import ArmCommand, ArmState, LinkError, copy_sample, raw_to_si
+from driver.timer import name_os_thread
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
-from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from ident.errors import InputError
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
@@ -126,6 +128,20 @@ class _NoAnswer(Exception):
     """The gateway accepted the connection but did not answer within timeout_ms."""
 
 
+@numba.njit(cache=True, nogil=True)
+def _keep_command(controlword, mode, target_position, target_torque, cw_out, mode_out, position_out, torque_out,
+                  reset_latch):
+    """write()'s copy of a command (one call instead of seven numpy calls per cycle); a joint whose controlword
+    has the fault-reset bit set is latched in reset_latch until an exchange sends it."""
+    for j in range(controlword.shape[0]):
+        cw_out[j] = controlword[j]
+        mode_out[j] = mode[j]
+        position_out[j] = target_position[j]
+        torque_out[j] = target_torque[j]
+        if controlword[j] & _FAULT_RESET_BIT:
+            reset_latch[j] = True
+
+
 class _Refused(Exception):
     """The gateway answered a request with a Modbus exception (the request was not carried out)."""
 
@@ -154,8 +170,6 @@ class GatewayArm:
         self._have_cmd = False
         self._cmd_pending = False      # a command written that no exchange has taken yet
         self._reset_latch = np.zeros(self.n, dtype=bool)
-        self._cw_bit = np.zeros(self.n, dtype=np.uint16)     # scratch of write(): nothing allocated per cycle
-        self._cw_set = np.zeros(self.n, dtype=bool)
         # link state
         self._tick = threading.Event()
         self._stop = threading.Event()
@@ -234,13 +248,7 @@ class GatewayArm:
                                 f"a write): the gateway quick-stopped the drives")
             src = self._front
             out.device_time_ns, out.host_time_ns = src.device_time_ns, src.host_time_ns
-            np.copyto(out.q, src.q)
-            np.copyto(out.qd, src.qd)
-            np.copyto(out.current, src.current)
-            np.copyto(out.torque, src.torque)
-            np.copyto(out.statusword, src.statusword)
-            np.copyto(out.error_code, src.error_code)
-            np.copyto(out.mode, src.mode)
+            copy_sample(src, out)
             fresh = self._published != self._taken
             self._taken = self._published
         return fresh
@@ -253,13 +261,9 @@ class GatewayArm:
             if self._cmd_pending:
                 self.counts["superseded_commands"] += 1
             self._cmd_pending = True
-            np.copyto(self._cmd.controlword, command.controlword)
-            np.copyto(self._cmd.mode, command.mode)
-            np.copyto(self._cmd.target_position, command.target_position)
-            np.copyto(self._cmd.target_torque, command.target_torque)
-            np.bitwise_and(command.controlword, _FAULT_RESET_BIT, out=self._cw_bit)
-            np.not_equal(self._cw_bit, 0, out=self._cw_set)
-            np.logical_or(self._reset_latch, self._cw_set, out=self._reset_latch)
+            c = self._cmd
+            _keep_command(command.controlword, command.mode, command.target_position, command.target_torque,
+                          c.controlword, c.mode, c.target_position, c.target_torque, self._reset_latch)
             self._have_cmd = True
         self._tick.set()
 
@@ -282,6 +286,7 @@ class GatewayArm:
 
     # -- the link thread -----------------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread()                 # "gateway-link" in top -H and the benchmark's CPU by thread
         try:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - a bug here must become a link fault, not a silent stop
@@ -455,18 +460,12 @@ class GatewayArm:
         self._last_counter, self._last_ts_us = img.cycle_counter, img.timestamp_us
         b, sc = self._back, self.scaling
         b.device_time_ns, b.host_time_ns = (self._ts_epoch * _U32 + img.timestamp_us) * 1000, host_ns
-        b.q[:] = sc.counts_to_position(img.position)
-        b.qd[:] = sc.counts_to_velocity(img.velocity)
-        b.current[:] = sc.raw_to_current(img.current)
-        np.multiply(b.current, self._torque_per_amp, out=b.torque)
-        b.statusword[:] = img.statusword
-        b.error_code[:] = img.error_code
-        b.mode[:] = img.mode_display
+        raw_to_si(img.position, img.velocity, img.current, img.statusword, img.error_code, img.mode_display,
+                  sc.counts_per_rad, CURRENT_LSB, self._torque_per_amp, b.floats, b.words, b.mode)
         with self._lock:
             f = self._front
             f.device_time_ns, f.host_time_ns = b.device_time_ns, b.host_time_ns
-            for name in ("q", "qd", "current", "torque", "statusword", "error_code", "mode"):
-                np.copyto(getattr(f, name), getattr(b, name))
+            copy_sample(b, f)
             self._published += 1
         c["fresh_images"] += 1
 

@@ -104,6 +104,7 @@ class FrameSplitter:
         self._record = np.zeros(1, dt)
         self.state = self._record[0]
         self.raw = self._record.view(np.uint8)
+        self._raw_bytes = memoryview(self.raw)
         self.joints = self._record["joints"][0]
         self._prefix = bytes((sp.VERSION, int(sp.MsgType.STATE)))
         self._length = struct.pack("<H", sp.SPECS[sp.MsgType.STATE].payload_size(n))
@@ -160,5 +161,5 @@ class FrameSplitter:
                 or frame[self._n_at] != self.n
                 or zlib.crc32(memoryview(frame)[:-sp.CRC_SIZE]) != _CRC.unpack_from(frame, self.size - sp.CRC_SIZE)[0]):
             return -1
-        self.raw[:] = np.frombuffer(frame, np.uint8)
+        self._raw_bytes[:] = frame            # a C-level copy into the record (no numpy call per frame)
         return _SEQ.unpack_from(frame, 2)[0]

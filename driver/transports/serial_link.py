@@ -29,7 +29,7 @@ import time
 import numpy as np
 import serial
 
-from driver.hal import ArmCommand, ArmState, LinkError, copy_sample
+from driver.hal import ArmCommand, ArmState, LinkError, copy_sample, raw_to_si
 from driver.timer import name_os_thread
 from driver.transports.sample_ring import oldest_unread, unread_held
 from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
@@ -146,7 +146,8 @@ class SerialArm:
         self._lock = threading.Lock()
         self._ring = [ArmState(n) for _ in range(SAMPLE_RING)]
         self._samples = 0             # STATE frames converted (the newest is _ring[(_samples - 1) % SAMPLE_RING])
-        self._arrived = threading.Event()   # set by every STATE stored (wait_new)
+        self._arrived = threading.Event()   # set by every STATE stored while a wait_new may be waiting
+        self._waiters = 0                   # threads in wait_new (the cycle pumping itself needs no event)
         self._pending: str | None = None    # an error read() reports once (a device restart handled meanwhile)
         self._read_samples = 0        # samples read() has handed out (or skipped as overwritten)
         self._tx_lock = threading.Lock()   # the port's writers: the cycle (COMMAND) and the link thread
@@ -497,20 +498,15 @@ class SerialArm:
             s.restart = f"its cycle counter went back from {last} to {cycle}"
         s.last_cycle = cycle
         sw, mode, err, pos, vel, cur = s.columns
-        cpr = s.scaling.counts_per_rad
         with self._lock:
             new = self._ring[self._samples % SAMPLE_RING]
             new.device_time_ns = timestamp_us * 1000
             new.host_time_ns = host_ns
-            np.divide(pos, cpr, out=new.q)
-            np.divide(vel, cpr, out=new.qd)
-            np.multiply(cur, CURRENT_LSB, out=new.current)
-            np.multiply(new.current, self._torque_per_amp, out=new.torque)
-            new.statusword[:] = sw
-            new.error_code[:] = err
-            new.mode[:] = mode
+            raw_to_si(pos, vel, cur, sw, err, mode, s.scaling.counts_per_rad, CURRENT_LSB, self._torque_per_amp,
+                      new.floats, new.words, new.mode)
             self._samples += 1
-        self._arrived.set()
+        if self._waiters:                 # Event.set costs microseconds of Python; skipped when no one waits
+            self._arrived.set()
         self.stats["states"] += 1
 
     def wait_new(self, timeout_s: float) -> bool:
@@ -518,7 +514,13 @@ class SerialArm:
         "device" clock, and the host clock's wait for the answer to its COMMAND."""
         if self._samples != self._read_samples:
             return True
-        self._arrived.clear()
-        if self._samples != self._read_samples:    # arrived between the test and the clear
-            return True
-        return self._arrived.wait(timeout_s)
+        with self._lock:
+            self._waiters += 1
+        try:
+            self._arrived.clear()
+            if self._samples != self._read_samples:    # arrived before the waiter was counted, or since the clear
+                return True
+            return self._arrived.wait(timeout_s)
+        finally:
+            with self._lock:
+                self._waiters -= 1
