@@ -454,6 +454,16 @@ class Cycle:
                 self._trip("non-finite setpoint refused")
 
     def _publish(self, fresh: bool) -> None:
+        """The STATE message of this cycle (stale ones repeat the last sample; none before the first sample:
+        there is nothing to repeat, and zeros are no state), then a queued health message."""
+        if self._have_sample:
+            self._publish_state(fresh)
+        health = self._health_payload
+        if health is not None:
+            self._health_payload = None
+            self.publish(stream.TOPIC_HEALTH, health)
+
+    def _publish_state(self, fresh: bool) -> None:
         st, bits = self.state, self._bits
         flags = self.flags_extra
         if bits & ck.ALL_ENABLED:
@@ -467,10 +477,6 @@ class Cycle:
         self.message.set_header(self.seq, flags, st.device_time_ns, st.host_time_ns)
         self.seq += 1
         self.publish(stream.TOPIC_STATE, self.message.buffer)
-        health = self._health_payload
-        if health is not None:
-            self._health_payload = None
-            self.publish(stream.TOPIC_HEALTH, health)
 
     # -- statistics ----------------------------------------------------------------------------------
     def lateness_percentiles(self) -> dict[str, float]:

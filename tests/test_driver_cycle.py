@@ -140,6 +140,30 @@ def test_the_watchdog_trips_when_the_device_data_stops(model):
     assert stream.decode_state(r.sent[-1][1])["flags"] & stream.FLAG_STALE
 
 
+class _LateArm(LocalSimArm):
+    """An arm whose first sample comes only at its `late`-th cycle (a link still starting)."""
+    late = 4
+
+    def read(self, out):
+        self.late -= 1
+        return super().read(out) if self.late < 0 else False
+
+
+def test_no_state_is_published_before_the_first_sample_and_the_first_one_is_seq_0(model):
+    """Stale cycles repeat the last sample; before the first there is none, and a message of zeros (q = 0,
+    times 0) would be read as a state by anyone ignoring the flag (it made the demo's stream rate 0 msg/s)."""
+    sent = []
+    cycle = Cycle(_LateArm(model, simulator=Simulator(model, seed=3)), watchdog_s=5.0,
+                  publish=lambda topic, p: sent.append((topic, bytes(p))))
+    for _ in range(4):
+        cycle.step()
+    assert cycle.stale == 4 and not [p for t, p in sent if t == stream.TOPIC_STATE]
+    cycle.step()
+    states = [stream.decode_state(p) for t, p in sent if t == stream.TOPIC_STATE]
+    assert len(states) == 1 and states[0]["seq"] == 0 and not states[0]["flags"] & stream.FLAG_STALE
+    assert states[0]["host_time_ns"] > 0 and states[0]["device_time_ns"] > 0
+
+
 class _BrokenArm(LocalSimArm):
     broken = False
 
