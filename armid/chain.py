@@ -504,8 +504,17 @@ def rss_bytes(pid: int) -> int:
 
 
 def fd_count(pid: int) -> int:
-    """Open file descriptors of a process (/proc/PID/fd)."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    """Open file descriptors of a process (/proc/PID/fd), but those open on /proc itself: the driver's
+    health reads /proc/self/status for a moment now and then, which is not a leak."""
+    base = f"/proc/{pid}/fd"
+    count = 0
+    for fd in os.listdir(base):
+        try:
+            target = os.readlink(f"{base}/{fd}")
+        except OSError:                     # closed meanwhile
+            continue
+        count += not target.startswith("/proc/")
+    return count
 
 
 def cpu_seconds(pid: int) -> float:
