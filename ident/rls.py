@@ -103,6 +103,125 @@ def ud_trace(W, D) -> float:
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
+def _column(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
+    """Column j swept by the rows H[:na] in turn (Bierman's scalar updates, see _sweep); returns D_j
+    ||U[:, j]||^2 after the update. jj: j rounded up to PAD (W[j, j:] and b[:na, j:] are 0)."""
+    last = na - 1
+    f = H[0, j]                                  # f_j = (U' h)_j, U's diagonal 1
+    for i in range(jj):
+        f += W[j, i] * H[0, i]
+    tr = 0.0
+    for r in range(na):
+        dj = D[j]
+        v = dj * f
+        c = -f * ialpha[r]
+        a0 = alpha[r]
+        a1 = a0 + v * f
+        i1 = 1.0 / a1
+        D[j] = dj * a0 * i1
+        alpha[r] = a1
+        ialpha[r] = i1
+        if r < last:                             # update the column, and row r+1's f_j from it
+            f = H[r + 1, j]
+            for i in range(jj):
+                t = W[j, i]
+                n = t + b[r, i] * c
+                W[j, i] = n
+                b[r, i] += t * v
+                f += n * H[r + 1, i]
+        else:                                    # the last row: ||U[:, j]||^2 for the trace
+            s = 1.0
+            for i in range(jj):
+                t = W[j, i]
+                n = t + b[r, i] * c
+                W[j, i] = n
+                b[r, i] += t * v
+                s += n * n
+            tr = D[j] * s
+        b[r, j] = v
+    return tr
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _column_pair(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
+    """Columns j and j + 1 swept by the rows H[:na] in turn, each row's updates of both in one pass over
+    their first jj elements: the same arithmetic as _column on j then on j + 1 (row r's f_{j+1} does not
+    depend on its own update of column j), with one load and one store of the row's gain b[r, i] for both
+    columns. U[j, j + 1], the one element of column j + 1 below the pass (it needs b_j = v_j, which row r
+    sets at column j), is held in a scalar meanwhile and 0 in W, so that the pass's element j is an exact
+    no-op. Returns D_j ||U[:, j]||^2 + D_{j+1} ||U[:, j+1]||^2 after the update."""
+    last = na - 1
+    k = j + 1
+    u = W[k, j]                                  # U[j, j+1], as rows < r left it
+    W[k, j] = 0.0
+    f0 = H[0, j]
+    f1 = H[0, k] + u * H[0, j]
+    for i in range(jj):
+        f0 += W[j, i] * H[0, i]
+        f1 += W[k, i] * H[0, i]
+    tr = 0.0
+    for r in range(na):
+        d0 = D[j]                                # column j, as in _column
+        v0 = d0 * f0
+        c0 = -f0 * ialpha[r]
+        a0 = alpha[r]
+        a1 = a0 + v0 * f0
+        i1 = 1.0 / a1
+        D[j] = d0 * a0 * i1
+        d1 = D[k]                                # column j + 1
+        v1 = d1 * f1
+        c1 = -f1 * i1
+        a2 = a1 + v1 * f1
+        i2 = 1.0 / a2
+        D[k] = d1 * a1 * i2
+        alpha[r] = a2
+        ialpha[r] = i2
+        bj = v0 + u * v1                         # b_j after both columns (v0 after column j)
+        u = u + v0 * c1
+        if r < last:
+            h = H[r + 1, j]
+            g0 = h
+            g1 = H[r + 1, k] + u * h
+            for i in range(jj):
+                x0 = W[j, i]
+                x1 = W[k, i]
+                bi = b[r, i]
+                n0 = x0 + bi * c0
+                bi += x0 * v0
+                n1 = x1 + bi * c1
+                bi += x1 * v1
+                W[j, i] = n0
+                W[k, i] = n1
+                b[r, i] = bi
+                h = H[r + 1, i]
+                g0 += n0 * h
+                g1 += n1 * h
+            f0 = g0
+            f1 = g1
+        else:
+            s0 = 1.0
+            s1 = 1.0 + u * u
+            for i in range(jj):
+                x0 = W[j, i]
+                x1 = W[k, i]
+                bi = b[r, i]
+                n0 = x0 + bi * c0
+                bi += x0 * v0
+                n1 = x1 + bi * c1
+                bi += x1 * v1
+                W[j, i] = n0
+                W[k, i] = n1
+                b[r, i] = bi
+                s0 += n0 * n0
+                s1 += n1 * n1
+            tr = D[j] * s0 + D[k] * s1
+        b[r, j] = bj
+        b[r, k] = v1
+    W[k, j] = u
+    return tr
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _sweep(W, D, H, mu, start, b, alpha, ialpha) -> float:
     """Bierman's scalar updates of P = U D U' by the rows H[:mu] (unit noise variance), in turn, fused into
     one pass over the columns. W (p, q): row j holds U[:j, j], zeros from j on (so the loops can run to j
@@ -110,9 +229,10 @@ def _sweep(W, D, H, mu, start, b, alpha, ialpha) -> float:
     in r (p for a zero row). Before it the row's f_j is 0 and its update of column j an exact no-op, so
     column j is swept by the rows that have started only, a prefix of them (a base regressor's row for
     joint k is 0 in the columns of the links before k: on the generic arm that leaves 78 % of the work of
-    dense rows). Writes the unnormalised gains b[r] (P h_r as row r found P; b (mu, q)) and the innovation
-    variances alpha[r] = 1 + h_r' P h_r; returns trace(P) after the update. No division on the path from one
-    row to the next (1 / alpha is kept)."""
+    dense rows). The columns go two at a time (_column_pair) where no row starts at the second, else one
+    (_column). Writes the unnormalised gains b[r] (P h_r as row r found P; b (mu, q)) and the innovation
+    variances alpha[r] = 1 + h_r' P h_r; returns trace(P) after the update. No division on the path from
+    one row to the next (1 / alpha is kept)."""
     p = D.shape[0]
     tr = 0.0
     for r in range(mu):
@@ -121,45 +241,20 @@ def _sweep(W, D, H, mu, start, b, alpha, ialpha) -> float:
         for i in range(b.shape[1]):
             b[r, i] = 0.0                            # b[r, i >= j] must be 0 when column j is swept
     na = 0                                           # the rows that have started at column j
-    for j in range(p):
+    j = 0
+    while j < p:
         jj = (j + PAD - 1) & ~(PAD - 1)
         while na < mu and start[na] <= j:
             na += 1
         if na == 0:                                  # no row yet: column j keeps its ||U[:, j]||^2
             tr += D[j] * _column_norm2(W, j, jj)
-            continue
-        last = na - 1
-        f = H[0, j]                                  # f_j = (U' h)_j, U's diagonal 1
-        for i in range(jj):
-            f += W[j, i] * H[0, i]
-        for r in range(na):
-            dj = D[j]
-            v = dj * f
-            c = -f * ialpha[r]
-            a0 = alpha[r]
-            a1 = a0 + v * f
-            i1 = 1.0 / a1
-            D[j] = dj * a0 * i1
-            alpha[r] = a1
-            ialpha[r] = i1
-            if r < last:                             # update the column, and row r+1's f_j from it
-                f = H[r + 1, j]
-                for i in range(jj):
-                    t = W[j, i]
-                    n = t + b[r, i] * c
-                    W[j, i] = n
-                    b[r, i] += t * v
-                    f += n * H[r + 1, i]
-            else:                                    # the last row: ||U[:, j]||^2 for the trace
-                s = 1.0
-                for i in range(jj):
-                    t = W[j, i]
-                    n = t + b[r, i] * c
-                    W[j, i] = n
-                    b[r, i] += t * v
-                    s += n * n
-                tr += D[j] * s
-            b[r, j] = v
+            j += 1
+        elif j + 1 < p and (na == mu or start[na] > j + 1):
+            tr += _column_pair(W, D, H, na, j, jj, b, alpha, ialpha)
+            j += 2
+        else:
+            tr += _column(W, D, H, na, j, jj, b, alpha, ialpha)
+            j += 1
     return tr
 
 
