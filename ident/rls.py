@@ -28,8 +28,10 @@ transpose (column j of U = row j of the stored array, contiguous, zero-padded so
 in whole vectors; 1 / alpha is kept so that no division lies between one row and the next). Per row that
 is ~1.5 p^2 multiply-adds (the block covariance form: ~2 p^2 over all of P), but in short rows and with
 two stores per element (the column and the row's gain vector) where the covariance form stores each
-element of P once per sample: on the 2-core machine this kernel takes ~1.5x the covariance form's time
-(benchmarks/bench_online.py prints both).
+element of P once per sample. Two columns go together where they can (one load and store of the gain for
+both), and each row skips its leading zero columns (exact no-ops): on the arm's base regressor rows the
+update takes about 1.1x the covariance form's time, on dense rows about 1.3x (benchmarks/bench_online.py
+prints both).
 
 The rows of a sample are applied in turn (row 2 sees row 1's update); the final theta and P are those of
 the block update with every row against the sample's prior theta (the same least-squares problem). The
