@@ -63,3 +63,28 @@ def fourier(q0: np.ndarray, a: np.ndarray, b: np.ndarray, wf: float, t: float):
         qd += a[:, i] * c + b[:, i] * s
         qdd += -a[:, i] * w * s + b[:, i] * w * c
     return q, qd, qdd
+
+
+def noise_free_seed000(model, rate: float, seconds: float, name: str = "sim"):
+    """seed000's excitation run by the simulator in CSP at `rate` with perfect sensors, after sim.recording's
+    lead-in (not recorded): a Recording of `seconds` (positions, joint torques, the simulator's effort delay)."""
+    from ident import excitation
+    from ident.preprocess import Recording
+    from sim import Simulator
+    from sim.plant import NoiseConfig
+    from sim.recording import LEAD_IN, reference
+    from sim.simulator import effort_delay
+
+    traj = excitation.preset("seed000")
+    lead = int(round(LEAD_IN * rate))
+    q_ref = reference(traj, (np.arange(-lead, int(round(seconds * rate))) + 1) / rate)
+    sim = Simulator(model, noise=NoiseConfig.off(), seed=0, q0=q_ref[0], rate_hz=rate)
+    enable(sim, cia402.Mode.CSP)
+    q, tau = [], []
+    for k, target in enumerate(q_ref):
+        sim.set_commands(target_position=target)
+        s = sim.step(1)
+        if k >= lead:
+            q.append(s.position.copy())
+            tau.append(s.torque.copy())
+    return Recording(np.arange(len(q)) / rate, np.array(q), np.array(tau), None, None, name, effort_delay(rate))

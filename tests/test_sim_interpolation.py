@@ -7,7 +7,7 @@ of a cycle is the previous cycle's target, and a 250 Hz recording identifies vis
 import numpy as np
 import pytest
 from numpy.polynomial import polynomial as P
-from sim_helpers import enable
+from sim_helpers import enable, noise_free_seed000
 
 from firmware_bridge.cia402 import Mode
 from sim import Simulator
@@ -150,27 +150,12 @@ def _identify_friction(rate: float, seconds: float) -> np.ndarray:
     from ident import batch, excitation
     from ident.base_params import base_parameters
     from ident.model import load_model
-    from ident.preprocess import Recording
-    from sim.recording import LEAD_IN, reference
-    from sim.simulator import effort_delay
 
     model = load_model("generic6")
     base = base_parameters(model)
     truth = base.from_standard(model.standard_parameters())
     traj = excitation.preset("seed000")
-    lead = int(round(LEAD_IN * rate))
-    q_ref = reference(traj, (np.arange(-lead, int(round(seconds * rate))) + 1) / rate)
-    sim = Simulator(model, noise=NoiseConfig.off(), seed=0, q0=q_ref[0], rate_hz=rate)
-    sim.set_commands(target_position=q_ref[0])
-    enable(sim, Mode.CSP)
-    q, tau = [], []
-    for k, target in enumerate(q_ref):
-        sim.set_commands(target_position=target)
-        s = sim.step(1)
-        if k >= lead:
-            q.append(s.position.copy())
-            tau.append(s.torque.copy())
-    rec = Recording(np.arange(len(q)) / rate, np.array(q), np.array(tau), None, None, "sim", effort_delay(rate))
+    rec = noise_free_seed000(model, rate, seconds)
     fit = batch.identify(model, rec, trajectory=traj, slow_velocity=0.2).fit
     fv = [base.names.index(f"fv{j}") for j in range(1, 7)]
     return 100.0 * (fit.beta - truth)[fv] / truth[fv]

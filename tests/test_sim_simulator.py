@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from sim_helpers import enable
+from sim_helpers import enable, noise_free_seed000
 
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
@@ -298,30 +298,15 @@ def test_at_a_slow_cycle_the_effort_is_the_cycles_mean_half_a_cycle_late():
     quarter or three quarters of a cycle, or 0.5 ms either side."""
     import dataclasses
 
-    from ident import batch, excitation
-    from ident.base_params import base_parameters
-    from ident.preprocess import Recording
-    from sim.recording import LEAD_IN, reference
+    from ident import batch
     from sim.simulator import effort_delay
+    from ident.base_params import base_parameters
 
     model = load_model("generic6")
     base = base_parameters(model)
     beta = base.from_standard(model.standard_parameters())
     rate = 250.0
-    traj = excitation.preset("seed000")
-    sim = Simulator(model, rate_hz=rate, seed=2, q0=traj.q0, noise=NoiseConfig.off())
-    enable(sim, Mode.CSP)
-    lead = int(LEAD_IN * rate)
-    t_all = (np.arange(-lead, int(6.0 * rate)) + 1) / rate
-    q_ref = reference(traj, t_all)
-    q, tau = [], []
-    for k, target in enumerate(q_ref):
-        sim.set_commands(target_position=target)
-        s = sim.step(1)
-        if k >= lead:
-            q.append(s.position.copy())
-            tau.append(s.torque.copy())
-    rec = Recording(np.arange(len(q)) / rate, np.array(q), np.array(tau), None, None, "250 Hz", effort_delay(rate))
+    rec = noise_free_seed000(model, rate, 6.0, "250 Hz")
 
     def residual_rms(delay: float) -> float:
         rows = batch.recording_rows(model, base, dataclasses.replace(rec, effort_delay=delay), decimate=1,
