@@ -2,7 +2,8 @@
 
 Prints `name: value unit (reference: value unit, ratio x)`:
   - CPU us per RLS update of one sample (6 rows) for the generic6 base set with friction (58 parameters),
-    on the rows the service feeds (the arm's base regressor on an exciting motion: joint k's row is 0 in the
+    and for the UR5's (example-robot-data's URDF with rotor inertia and friction, 58 too) when Pinocchio's
+    data are installed, on the rows the service feeds (the arm's base regressor on an exciting motion: joint k's row is 0 in the
     columns of the links before k, which the kernel skips) and on dense random rows (the worst case), and for
     the payload's 10 parameters, numba kernel (ident.rls, P = U D U' factored) beside a plain numpy
     implementation of the same update in covariance form (numpy matrix operations per sample), and beside
@@ -289,6 +290,16 @@ def numpy_rls(theta, P, Phi, y, w, lam):
             P /= lam
 
 
+def ur5_with_drives():
+    """The UR5 of example-robot-data with rotor inertia and friction (bench_identify's model: the issue's
+    "UR5 base set with friction"), or None when Pinocchio's robot data are not installed (a test dependency)."""
+    try:
+        from bench_identify import arm_with_drives
+        return load_model(arm_with_drives(Path(tempfile.mkdtemp(prefix="bench_online_"))))
+    except ImportError:
+        return None
+
+
 def arm_rows(model, N: int = 4000, rate: float = 1000.0) -> np.ndarray:
     """The base regressor rows (N, 6, p) the service feeds its filter on an exciting motion of the arm: each
     joint's row is 0 in the columns of the links before it (the kernel skips those)."""
@@ -409,9 +420,14 @@ def main() -> None:
     model = load_model("generic6")
     p = base_parameters(model).count
     dense = np.random.default_rng(1).normal(size=(4000, 6, p))
-    for label, Phi in ((f"rls update, {p} base parameters, 6 rows of the arm's base regressor", arm_rows(model)),
-                       (f"rls update, {p} base parameters, 6 dense random rows", dense),
-                       ("payload rls update, 10 parameters, 6 rows", dense[..., :10].copy())):
+    cases = [(f"rls update, {p} base parameters, 6 rows of the arm's base regressor", arm_rows(model))]
+    ur5 = ur5_with_drives()
+    if ur5 is not None:
+        cases.append((f"rls update, UR5 base set with friction and rotor inertia ({base_parameters(ur5).count} "
+                       f"parameters), 6 rows of its base regressor", arm_rows(ur5)))
+    cases += [(f"rls update, {p} base parameters, 6 dense random rows", dense),
+              ("payload rls update, 10 parameters, 6 rows", dense[..., :10].copy())]
+    for label, Phi in cases:
         ours, old, ref = time_rls(Phi)
         print(f"{label}: {ours:.2f} us/sample CPU (reference: numpy {ref:.2f} us/sample CPU, ratio {ref / ours:.1f}x)")
         print(f"{label}: {ours:.2f} us/sample CPU (reference: old block kernel, covariance form, {old:.2f} "

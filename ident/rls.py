@@ -28,8 +28,8 @@ transpose (column j of U = row j of the stored array, contiguous, zero-padded so
 in whole vectors; 1 / alpha is kept so that no division lies between one row and the next). Per row that
 is ~1.5 p^2 multiply-adds (the block covariance form: ~2 p^2 over all of P), but in short rows and with
 two stores per element (the column and the row's gain vector) where the covariance form stores each
-element of P once per sample. Two columns go together where they can (one load and store of the gain for
-both), and each row skips its leading zero columns (exact no-ops): on the arm's base regressor rows the
+element of P once per sample. Three columns go together where they can (one load and store of the gain
+for all three), and each row skips its leading zero columns (exact no-ops): on the arm's base regressor rows the
 update takes about 1.1x the covariance form's time, on dense rows about 1.3x (benchmarks/bench_online.py
 prints both).
 
@@ -144,6 +144,18 @@ def _column(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
     return tr
 
 
+@njit(inline="always", fastmath=FAST)
+def _update2(W, b, r, j, i, c0, v0, c1, v1):
+    """Element i of columns j, j + 1 and of row r's gain, by the two columns' updates in turn; returns the
+    columns' new elements."""
+    bi = b[r, i]
+    x = W[j, i]; n0 = x + bi * c0; bi += x * v0
+    x = W[j + 1, i]; n1 = x + bi * c1; bi += x * v1
+    W[j, i] = n0; W[j + 1, i] = n1
+    b[r, i] = bi
+    return n0, n1
+
+
 @njit(cache=True, nogil=True, fastmath=FAST)
 def _column_pair(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
     """Columns j and j + 1 swept by the rows H[:na] in turn, each row's updates of both in one pass over
@@ -185,16 +197,7 @@ def _column_pair(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
             g0 = h
             g1 = H[r + 1, k] + u * h
             for i in range(jj):
-                x0 = W[j, i]
-                x1 = W[k, i]
-                bi = b[r, i]
-                n0 = x0 + bi * c0
-                bi += x0 * v0
-                n1 = x1 + bi * c1
-                bi += x1 * v1
-                W[j, i] = n0
-                W[k, i] = n1
-                b[r, i] = bi
+                n0, n1 = _update2(W, b, r, j, i, c0, v0, c1, v1)
                 h = H[r + 1, i]
                 g0 += n0 * h
                 g1 += n1 * h
@@ -204,22 +207,82 @@ def _column_pair(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
             s0 = 1.0
             s1 = 1.0 + u * u
             for i in range(jj):
-                x0 = W[j, i]
-                x1 = W[k, i]
-                bi = b[r, i]
-                n0 = x0 + bi * c0
-                bi += x0 * v0
-                n1 = x1 + bi * c1
-                bi += x1 * v1
-                W[j, i] = n0
-                W[k, i] = n1
-                b[r, i] = bi
+                n0, n1 = _update2(W, b, r, j, i, c0, v0, c1, v1)
                 s0 += n0 * n0
                 s1 += n1 * n1
             tr = D[j] * s0 + D[k] * s1
         b[r, j] = bj
         b[r, k] = v1
     W[k, j] = u
+    return tr
+
+
+@njit(inline="always", fastmath=FAST)
+def _update3(W, b, r, j, i, c0, v0, c1, v1, c2, v2):
+    """Element i of columns j, j + 1, j + 2 and of row r's gain, by the three columns' updates in turn;
+    returns the columns' new elements."""
+    bi = b[r, i]
+    x = W[j, i]; n0 = x + bi * c0; bi += x * v0
+    x = W[j + 1, i]; n1 = x + bi * c1; bi += x * v1
+    x = W[j + 2, i]; n2 = x + bi * c2; bi += x * v2
+    W[j, i] = n0; W[j + 1, i] = n1; W[j + 2, i] = n2
+    b[r, i] = bi
+    return n0, n1, n2
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _column_triple(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
+    """Columns j, j + 1 and j + 2 swept by the rows H[:na] in turn, as _column_pair does two: one pass of each
+    row over their first jj elements, one load and store of its gain for the three columns (per element
+    five loads and four stores where three single passes make nine and six). Their own upper triangle
+    (U[j, j+1], U[j, j+2], U[j+1, j+2]) is held in scalars meanwhile, updated as _column would, and 0 in W.
+    Returns the three columns' D_j ||U[:, j]||^2 after the update."""
+    last = na - 1
+    u01 = W[j + 1, j]; u02 = W[j + 2, j]; u12 = W[j + 2, j + 1]
+    W[j + 1, j] = 0.0; W[j + 2, j] = 0.0; W[j + 2, j + 1] = 0.0
+    h0 = H[0, j]; h1 = H[0, j + 1]; h2 = H[0, j + 2]
+    f0 = h0
+    f1 = h1 + u01 * h0
+    f2 = h2 + u02 * h0 + u12 * h1
+    for i in range(jj):
+        h = H[0, i]
+        f0 += W[j, i] * h
+        f1 += W[j + 1, i] * h
+        f2 += W[j + 2, i] * h
+    tr = 0.0
+    for r in range(na):
+        a = alpha[r]
+        ia = ialpha[r]
+        d = D[j]; v0 = d * f0; c0 = -f0 * ia; an = a + v0 * f0; ia = 1.0 / an; D[j] = d * a * ia; a = an
+        d = D[j + 1]; v1 = d * f1; c1 = -f1 * ia; an = a + v1 * f1; ia = 1.0 / an; D[j + 1] = d * a * ia; a = an
+        d = D[j + 2]; v2 = d * f2; c2 = -f2 * ia; an = a + v2 * f2; ia = 1.0 / an; D[j + 2] = d * a * ia; a = an
+        alpha[r] = a
+        ialpha[r] = ia
+        bl0 = v0                                # the gain's elements j, j + 1 (b_j = v0 after column j)
+        t = u01; u01 = t + bl0 * c1; bl0 += t * v1
+        bl1 = v1
+        t = u02; u02 = t + bl0 * c2; bl0 += t * v2
+        t = u12; u12 = t + bl1 * c2; bl1 += t * v2
+        if r < last:
+            h0 = H[r + 1, j]; h1 = H[r + 1, j + 1]; h2 = H[r + 1, j + 2]
+            g0 = h0
+            g1 = h1 + u01 * h0
+            g2 = h2 + u02 * h0 + u12 * h1
+            for i in range(jj):
+                n0, n1, n2 = _update3(W, b, r, j, i, c0, v0, c1, v1, c2, v2)
+                h = H[r + 1, i]
+                g0 += n0 * h; g1 += n1 * h; g2 += n2 * h
+            f0 = g0; f1 = g1; f2 = g2
+        else:
+            s0 = 1.0
+            s1 = 1.0 + u01 * u01
+            s2 = 1.0 + u02 * u02 + u12 * u12
+            for i in range(jj):
+                n0, n1, n2 = _update3(W, b, r, j, i, c0, v0, c1, v1, c2, v2)
+                s0 += n0 * n0; s1 += n1 * n1; s2 += n2 * n2
+            tr = D[j] * s0 + D[j + 1] * s1 + D[j + 2] * s2
+        b[r, j] = bl0; b[r, j + 1] = bl1; b[r, j + 2] = v2
+    W[j + 1, j] = u01; W[j + 2, j] = u02; W[j + 2, j + 1] = u12
     return tr
 
 
@@ -231,8 +294,8 @@ def _sweep(W, D, H, mu, start, b, alpha, ialpha) -> float:
     in r (p for a zero row). Before it the row's f_j is 0 and its update of column j an exact no-op, so
     column j is swept by the rows that have started only, a prefix of them (a base regressor's row for
     joint k is 0 in the columns of the links before k: on the generic arm that leaves 78 % of the work of
-    dense rows). The columns go two at a time (_column_pair) where no row starts at the second, else one
-    (_column). Writes the unnormalised gains b[r] (P h_r as row r found P; b (mu, q)) and the innovation
+    dense rows). The columns go three at a time (_column_triple) where no row starts at the second or third,
+    else two (_column_pair), else one (_column): a single column's pass is the most expensive per element. Writes the unnormalised gains b[r] (P h_r as row r found P; b (mu, q)) and the innovation
     variances alpha[r] = 1 + h_r' P h_r; returns trace(P) after the update. No division on the path from
     one row to the next (1 / alpha is kept)."""
     p = D.shape[0]
@@ -248,10 +311,14 @@ def _sweep(W, D, H, mu, start, b, alpha, ialpha) -> float:
         jj = (j + PAD - 1) & ~(PAD - 1)
         while na < mu and start[na] <= j:
             na += 1
+        nxt = start[na] if na < mu else p            # the next row's first column
         if na == 0:                                  # no row yet: column j keeps its ||U[:, j]||^2
             tr += D[j] * _column_norm2(W, j, jj)
             j += 1
-        elif j + 1 < p and (na == mu or start[na] > j + 1):
+        elif j + 2 < p and nxt > j + 2:
+            tr += _column_triple(W, D, H, na, j, jj, b, alpha, ialpha)
+            j += 3
+        elif j + 1 < p and nxt > j + 1:
             tr += _column_pair(W, D, H, na, j, jj, b, alpha, ialpha)
             j += 2
         else:
