@@ -189,7 +189,12 @@ def test_a_sequence_gap_restarts_the_window_and_no_row_spans_it(model, base, run
     _feed(two, seq[:3000], q[:3000], tau[:3000])
     two.samples.clear()
     _feed(two, seq[3100:6000], q[3100:6000], tau[3100:6000])
-    np.testing.assert_allclose(ident.rls.theta, two.rls.theta, rtol=1e-10, atol=1e-12)
+    # equal to rounding: the same rows in other blocks of samples can differ in their last bits (BLAS and
+    # numba's threads sum in an order that depends on the blocks and the memory), which the least squares
+    # amplifies on its small parameters (3.7e-10 relative once, on one of 0.004 in a vector of scale 3.5);
+    # a row spanning the gap would move the estimate by orders of magnitude more
+    scale = np.abs(two.rls.theta).max()
+    np.testing.assert_allclose(ident.rls.theta, two.rls.theta, rtol=1e-10, atol=1e-10 * scale)
 
 
 def test_non_finite_samples_are_dropped_and_never_reach_the_filter(model, base, run):
