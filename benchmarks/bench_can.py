@@ -20,7 +20,7 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     sustain with a core to itself.
   * host PDO path per cycle: the driver's own frame work per cycle for 6 drives without any interface (frames
     handed to the bus's listeners, sends to a bus that drops them): SYNC sent, 18 TPDOs decoded into a sample
-    (CanArm._on_frame behind canopen's own listener), 12 RPDOs packed and sent (write() without its SI
+    (CanArm._on_frame, which reads the bus itself), 12 RPDOs packed and sent (write() without its SI
     conversion, which both paths need). Reference: the same frames through python-canopen's PdoMaps
     (callbacks, transmit), the path the driver used before.
   * interface cost per frame: python-can's send and receive of one 8-byte frame on the `virtual` bus (one
@@ -195,8 +195,6 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
     arm = CanArm(model, interface="virtual", channel="unused")
     arm.network = canopen.Network()
     arm.network.bus = _DroppingBus()
-    arm.network.listeners.append(arm._on_frame)           # as open() does
-    listeners = arm.network.listeners
     frames = _tpdo_frames(arm.node_ids)
     command = ArmCommand(model.n)
     command.controlword[:] = CW_ENABLE_OPERATION
@@ -212,16 +210,15 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
     def ours() -> None:
         """CanArm's frame work of one cycle (write()'s packing and sending without its SI conversion)."""
         seq = arm._ready_seq
-        arm.begin_cycle()
+        on_frame = arm._on_frame
         for f in frames:
-            for listener in listeners:
-                listener(f)
+            on_frame(f)
         if arm._ready_seq != seq + 1:
             raise RuntimeError("bench_can: the host completed no sample from a full cycle of TPDOs")
         for j in range(model.n):
             encode(0, j, (cw[j], counts[j], mode[j]))
             encode(1, j, (torque[j],))
-        arm._send(arm._rpdo_sequence)
+        arm._send(arm._cycle_frames)            # the RPDOs, then SYNC
 
     net = canopen.Network()
     net.bus = _DroppingBus()
