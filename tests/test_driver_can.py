@@ -466,3 +466,161 @@ def test_udp_multicast_buses_hear_their_own_group_only_with_a_large_receive_buff
         assert tune_udp_multicast(virtual) == {} and udp_receive_drops(virtual) is None
     finally:
         virtual.shutdown()
+
+
+def _udp_pair(tag: int):
+    """Two udp_multicast buses on a group and port of this test's own (two sockets of one host, as the simulator's
+    and the driver's are in the chain)."""
+    port = 43700 + (os.getpid() + 37 * tag) % 250
+    group = f"239.74.{210 + tag}.{1 + os.getpid() % 200}"
+    return [can.Bus(interface="udp_multicast", channel=group, port=port) for _ in range(2)], group, port
+
+
+def test_the_kernel_filter_drops_exactly_our_own_ids_in_every_msgpack_width_and_passes_the_rest():
+    """udp_multicast returns every frame to its sender; tune_udp_multicast(own_ids=...) attaches a socket filter
+    that drops those ids before python-can reads them. Ids in each of msgpack's widths (positive fixint 0x00..0x7F,
+    uint8 0x80..0xFF, uint16 above) and an extended 29-bit id (uint32) with every payload length: what arrives is
+    exactly what was sent minus the own ids, in order, and the kernel's drop count is the own frames sent."""
+    from driver.transports.can import tune_udp_multicast, udp_receive_drops
+
+    (rx, tx), _, _ = _udp_pair(0)
+    own = [0x000, 0x07F, 0x080, 0x201, 0x206, 0x301, 0x7FF]
+    sent = [0x000, 0x001, 0x07E, 0x07F, 0x080, 0x081, 0x0FF, 0x100, 0x181, 0x200, 0x201, 0x206, 0x207, 0x301,
+            0x581, 0x701, 0x7FE, 0x7FF]
+    try:
+        assert tune_udp_multicast(rx, own_ids=own)["own_frames_filtered"] is True
+        frames = [can.Message(arbitration_id=cob, data=bytes(range(k % 9)), is_extended_id=False)
+                  for k, cob in enumerate(sent)]
+        frames.append(can.Message(arbitration_id=0x1FFFF080, data=b"\x01", is_extended_id=True))
+        for f in frames:
+            tx.send(f)
+        got = []
+        while (msg := rx.recv(0.5)) is not None:
+            got.append((msg.arbitration_id, bytes(msg.data)))
+        assert got == [(f.arbitration_id, bytes(f.data)) for f in frames if f.arbitration_id not in own
+                       or f.is_extended_id]
+        assert udp_receive_drops(rx) == sum(cob in own for cob in sent)
+    finally:
+        rx.shutdown()
+        tx.shutdown()
+
+
+class _Subscriber:
+    def __init__(self):
+        self.got: list[tuple[int, bytes]] = []
+
+    def __call__(self, cob, data, timestamp):
+        self.got.append((cob, bytes(data)))
+
+
+def test_own_frames_a_bus_returns_are_counted_and_ignored_and_only_non_pdo_frames_reach_canopen(model):
+    """Frames only this host sends (SYNC, our RPDOs) that a bus hands back are counted (own_frames) and go
+    nowhere; TPDOs go into the sample and not to canopen; everything else (an SDO answer, a heartbeat, an EMCY)
+    reaches canopen's subscribers through Network.notify, as canopen's own listener would deliver it."""
+    import canopen
+
+    arm = CanArm(model, interface="virtual", channel=_channel(), heartbeat_ms=0)   # not opened: frames fed by hand
+    arm.network = canopen.Network()
+    spy = _Subscriber()
+    for cob in (0x581, 0x701, 0x081, cm.TPDO1.cob_id(1), cm.SYNC_COB_ID, cm.RPDO1.cob_id(2)):
+        arm.network.subscribe(cob, spy)
+    frames = [(cm.SYNC_COB_ID, b""), (cm.RPDO1.cob_id(2), cm.RPDO1.pack([6, 0, 8])), (0x581, bytes(8)),
+              (0x701, b"\x05"), (0x081, bytes(8)), (cm.RPDO2.cob_id(6), bytes(4))]
+    for cob, data in frames:
+        arm._on_frame(can.Message(arbitration_id=cob, data=data, is_extended_id=False))
+    _answer_sync(arm, 4000, 0.0)
+    assert arm.link_stats()["own_frames"] == 3
+    assert spy.got == [(0x581, bytes(8)), (0x701, b"\x05"), (0x081, bytes(8))]
+    assert arm.link_stats()["samples"] == 1 and arm.backlog() == 1
+
+
+def test_write_sends_the_rpdos_then_sync_and_the_next_begin_cycle_sends_none(model):
+    """One SYNC per cycle either way: write() sends every drive's RPDO1 and RPDO2 and then SYNC (the drives latch
+    the command at that SYNC and answer at once); the begin_cycle() after it sends nothing, one without a write
+    before it sends SYNC."""
+    import canopen
+
+    channel = _channel()
+    arm = CanArm(model, interface="virtual", channel=channel, heartbeat_ms=0)
+    arm.network = canopen.Network()
+    arm.network.bus = can.Bus(interface="virtual", channel=channel)
+    spy = can.Bus(interface="virtual", channel=channel)
+    try:
+        command = ArmCommand(model.n)
+        command.controlword[:] = 0x0F
+        command.mode[:] = 8
+        command.target_position[:] = np.linspace(-0.5, 0.5, model.n)
+        arm.write(command)
+        arm.begin_cycle()
+        arm.begin_cycle()
+        got = []
+        while (msg := spy.recv(0.2)) is not None:
+            got.append(msg.arbitration_id)
+        want = [p.cob_id(nid) for nid in arm.node_ids for p in (cm.RPDO1, cm.RPDO2)] + [cm.SYNC_COB_ID] * 2
+        assert got == want
+        assert arm.link_stats()["syncs"] == 2
+    finally:
+        spy.shutdown()
+        arm.network.bus.shutdown()
+
+
+def test_the_cycle_thread_reads_the_bus_itself_and_sdo_answers_still_reach_canopen(rig):
+    """While the cycle runs, every frame is read and dispatched in the cycle thread (pump_new / pump_for: no
+    thread woken per frame); an SDO read meanwhile gets its answer through that path; once the cycle stops, the
+    receive thread takes the bus over and SDO still works."""
+    import threading
+
+    assert wait(lambda: rig.driver.cycle.fresh > 20)
+    threads = collections.Counter()
+    plain = rig.arm._on_frame
+
+    def on_frame(msg):
+        threads[threading.get_ident()] += 1
+        plain(msg)
+
+    rig.arm._on_frame = on_frame
+    try:
+        assert wait(lambda: sum(threads.values()) > 200)
+        assert rig.arm._sdo(0, rig.arm.nodes[0], cm.DEVICE_TYPE, 0) == cm.DEVICE_TYPE_VALUE
+        cycle_thread = rig.driver.cycle._thread.ident
+        assert threads[cycle_thread] >= 0.8 * sum(threads.values()), (cycle_thread, threads)   # a stall > 20 ms: can-rx
+        rig.driver.cycle.stop()
+        threads.clear()
+        assert rig.arm._sdo(1, rig.arm.nodes[1], cm.DEVICE_TYPE, 0) == cm.DEVICE_TYPE_VALUE
+        assert threads and cycle_thread not in threads
+        assert rig.arm._receiver.ident in threads
+    finally:
+        rig.arm._on_frame = plain
+
+
+def test_over_udp_multicast_the_drivers_own_frames_never_reach_python_and_are_accounted_for(model):
+    """The simulated drives and the arm on two udp_multicast sockets (one process): samples complete, none of the
+    arm's own SYNCs and RPDOs comes back to Python (own_frames 0), each was dropped by the kernel filter
+    (own_frames_sent), and the kernel's drop count less those is 0: no frame was lost for want of room."""
+    (dev_bus, _), group, port = _udp_pair(1)
+    _.shutdown()
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus, heartbeat_ms=50), seed=4)
+    sim.start()
+    arm = CanArm(model, interface="udp_multicast", channel=group, sdo_timeout_s=2.0, boot_timeout_s=10.0)
+    arm._bus_options["port"] = port
+    try:
+        arm.open()
+        out = ArmState(model.n)
+        command = ArmCommand(model.n)
+        command.mode[:] = 8
+        samples = 0
+        for _ in range(40):
+            arm.write(command)                 # the RPDOs, then SYNC
+            if arm.pump_new(0.5):
+                while arm.read(out):
+                    samples += 1
+            arm.begin_cycle()                  # sends nothing: write() sent this cycle's SYNC
+        stats = arm.link_stats()
+        assert samples >= 30, stats
+        assert stats["own_frames_filtered"] is True and stats["own_frames"] == 0
+        assert stats["own_frames_sent"] == stats["syncs"] + 40 * 12, stats    # every SYNC, 40 cycles of 12 RPDOs
+        assert stats["udp_receive_drops"] == 0
+    finally:
+        arm.close()
+        sim.stop()
+        dev_bus.shutdown()
