@@ -19,10 +19,10 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     fault injection and python-can, EMCY check), against the 1 ms period: the rate the device side could
     sustain with a core to itself.
   * host PDO path per cycle: the driver's own frame work per cycle for 6 drives without any interface (frames
-    handed to the bus's listeners, sends to a bus that drops them): SYNC sent, 18 TPDOs decoded into a sample
-    (CanArm._on_frame, which reads the bus itself), 12 RPDOs packed and sent (write() without its SI
-    conversion, which both paths need). Reference: the same frames through python-canopen's PdoMaps
-    (callbacks, transmit), the path the driver used before.
+    handed to CanArm._on_frame as its reading of the bus does, sends to a bus that drops them): 18 TPDOs decoded
+    into a sample, then write(): the targets from SI into wire units (range-checked), 12 RPDOs packed and sent
+    with SYNC. Reference: the same frames through python-canopen's PdoMaps (callbacks, transmit), the path the
+    driver used before, given the wire values already converted (so the reference does less).
   * interface cost per frame: python-can's send and receive of one 8-byte frame on the `virtual` bus (one
     process) and on `udp_multicast` (what a second process needs here: no SocketCAN in this kernel), each
     with the other as reference. udp_multicast packs every frame with msgpack into its own datagram, and
@@ -206,20 +206,17 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
     counts = arm.scaling.position_to_counts(command.target_position).tolist()
     torque = arm.scaling.torque_to_raw(command.target_torque).tolist()
     cw, mode = command.controlword.tolist(), command.mode.tolist()
-    encode = arm._rpdo_codec.encode
 
     def ours() -> None:
-        """CanArm's frame work of one cycle (write()'s packing and sending without its SI conversion)."""
+        """CanArm's frame work of one cycle: 18 TPDOs decoded, then write() (SI to wire units, the RPDOs packed,
+        sent with SYNC)."""
         seq = arm._ready_seq
         on_frame = arm._on_frame
         for f in frames:
             on_frame(f)
         if arm._ready_seq != seq + 1:
             raise RuntimeError("bench_can: the host completed no sample from a full cycle of TPDOs")
-        for j in range(model.n):
-            encode(0, j, (cw[j], counts[j], mode[j]))
-            encode(1, j, (torque[j],))
-        arm._send(arm._cycle_frames)            # the RPDOs, then SYNC
+        arm.write(command)
 
     net = canopen.Network()
     net.bus = _DroppingBus()

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from firmware_bridge import cia402
 
 
@@ -212,6 +214,12 @@ class PdoDef:
     def unpack_dict(self, data: bytes | bytearray) -> dict[str, int]:
         """unpack() as {field: value}."""
         return dict(zip(self.fields, self.unpack(data)))
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The payload as a packed numpy record (one field per entry, little-endian, itemsize = dlc): for
+        encoding or decoding many payloads at once; its bytes are pack() / unpack()'s."""
+        return np.dtype([(e.field, "<" + _FORMAT[e.data_type]) for e in self.entries])
 
 
 _TIME = Mapped(HIGH_RES_TIME_STAMP, 0, UNSIGNED32, "time_stamp", "us")

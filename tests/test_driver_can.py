@@ -550,15 +550,23 @@ def test_write_sends_the_rpdos_then_sync_and_the_next_begin_cycle_sends_none(mod
         command.controlword[:] = 0x0F
         command.mode[:] = 8
         command.target_position[:] = np.linspace(-0.5, 0.5, model.n)
+        command.target_torque[:] = np.linspace(-40.0, 40.0, model.n)
         arm.write(command)
         arm.begin_cycle()
         arm.begin_cycle()
         got = []
         while (msg := spy.recv(0.2)) is not None:
-            got.append(msg.arbitration_id)
-        want = [p.cob_id(nid) for nid in arm.node_ids for p in (cm.RPDO1, cm.RPDO2)] + [cm.SYNC_COB_ID] * 2
-        assert got == want
+            got.append((msg.arbitration_id, bytes(msg.data)))
+        counts = arm.scaling.position_to_counts(command.target_position)       # the reference conversion and codec
+        torque = arm.scaling.torque_to_raw(command.target_torque)
+        want = [(p.cob_id(nid), p.pack(values)) for j, nid in enumerate(arm.node_ids)
+                for p, values in ((cm.RPDO1, [0x0F, int(counts[j]), 8]), (cm.RPDO2, [int(torque[j])]))]
+        assert got == want + [(cm.SYNC_COB_ID, b"")] * 2
         assert arm.link_stats()["syncs"] == 2
+        command.target_torque[4] = 3e6                   # 3e9 mN m: no int32
+        with pytest.raises(LinkError, match="torque: joint 5"):
+            arm.write(command)
+        assert spy.recv(0.2) is None and arm.link_stats()["syncs"] == 2
     finally:
         spy.shutdown()
         arm.network.bus.shutdown()

@@ -46,6 +46,7 @@ from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
 from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
 from driver.timer import name_os_thread
+from driver.transports.serial_frames import _fill_command
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
@@ -276,6 +277,14 @@ class CanArm:
                                         data=self._rpdo_codec.payloads[k][j]) for j, nid in enumerate(self.node_ids)]
                            for k, p in enumerate(_RPDOS)]
         self._sync_msg = can.Message(arbitration_id=cm.SYNC_COB_ID, is_extended_id=False, data=b"")
+        # write(): the targets of all drives converted and range-checked into RPDO1 and RPDO2 records in one numba
+        # call, each record's bytes then copied into its drive's preallocated payload
+        self._rpdo_records = [np.zeros(n, p.dtype) for p in _RPDOS]
+        r1, r2 = self._rpdo_records
+        self._rpdo_columns = (r1["controlword"], r1["mode"], r1["target_position"], r2["target_torque"])
+        self._rpdo_copies = [(self._rpdo_codec.payloads[k][j], memoryview(rec.view(np.uint8))[j * p.dlc:(j + 1) * p.dlc])
+                             for j in range(n) for k, (p, rec) in enumerate(zip(_RPDOS, self._rpdo_records))]
+        self._counts_per_rad = np.ascontiguousarray(self.scaling.counts_per_rad, dtype=np.float64)
         # one cycle's frames, sent by write(): drive 1 RPDO1, RPDO2, drive 2 ..., then SYNC (the drives latch them)
         self._cycle_frames = [m for pair in zip(*self._rpdo_msgs) for m in pair] + [self._sync_msg]
         self._synced = False                  # write() sent this cycle's SYNC: begin_cycle() sends none
@@ -327,6 +336,7 @@ class CanArm:
                 self.nodes.append(node)
             counts_per_rad = np.array([self._configure(j, node) for j, node in enumerate(self.nodes)])
             self.scaling = JointScaling(counts_per_rad)
+            self._counts_per_rad = np.ascontiguousarray(counts_per_rad, dtype=np.float64)
             self._start_all()
             self._handshake()
         except BaseException:
@@ -715,20 +725,18 @@ class CanArm:
         """RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive, then SYNC: the
         drives latch the command at once and answer (pump_new waits for that answer; the next begin_cycle() sends
         no SYNC of its own)."""
-        try:
-            counts = self.scaling.position_to_counts(command.target_position)
-            torque = self.scaling.torque_to_raw(command.target_torque)
-        except WireValueError as exc:
-            raise LinkError(f"can: command not sent: {exc}") from None
-        enc = self._rpdo_codec.encode
-        cw, mode = command.controlword.tolist(), command.mode.tolist()
-        counts, torque = counts.tolist(), torque.tolist()
-        for j in range(self.n):
+        cw, mode, position, torque = self._rpdo_columns
+        bad = _fill_command(command.controlword, command.mode, command.target_position, command.target_torque,
+                            self._counts_per_rad, cw, mode, position, torque)
+        if bad >= 0:          # the field and the value, as JointScaling words them
             try:
-                enc(0, j, (cw[j], counts[j], mode[j]))
-                enc(1, j, (torque[j],))
-            except cm.CanFrameError as exc:
-                raise LinkError(f"can: joint {j + 1}: command not sent: {exc}") from None
+                self.scaling.position_to_counts(command.target_position)
+                self.scaling.torque_to_raw(command.target_torque)
+            except WireValueError as exc:
+                raise LinkError(f"can: command not sent: {exc}") from None
+            raise LinkError(f"can: joint {bad + 1}: command not sent: a target does not fit int32")
+        for payload, record in self._rpdo_copies:
+            payload[:] = record
         self._send(self._cycle_frames)
         self._synced = True
         with self._lock:
