@@ -261,7 +261,7 @@ class PdoCodec:
         if len(self.slots) != len(self.pdos) * len(self.node_ids):
             raise CanFrameError(f"two of {[p.name for p in self.pdos]} on nodes {list(self.node_ids)} share a COB-ID")
         self.payloads = tuple(tuple(bytearray(p.dlc) for _ in self.node_ids) for p in self.pdos)
-        self._structs = tuple(p._struct for p in self.pdos)
+        self.structs = self._structs = tuple(p._struct for p in self.pdos)   # PDO k's struct.Struct (pack / unpack)
 
     def unpack(self, k: int, j: int, data: bytes | bytearray) -> tuple[int, ...]:
         """The values of PDO k's payload from node j (index into node_ids); CanFrameError naming the PDO and
