@@ -3,28 +3,38 @@
 The host is the SYNC master. At open(), over SDO: each node's device type (0x1000), its counts per joint
 radian (0x608F encoder resolution, 0x6091 gear ratio: checked against the model and `counts_per_rev`), its
 PDO configuration (read back and compared with firmware_bridge.canopen_map), the producer heartbeat time
-(0x1017); then NMT start and one SYNC whose TPDOs must come back (the handshake). In the cycle:
-begin_cycle() sends SYNC, the drives answer with TPDO1 (statusword, position, mode display), TPDO2
-(velocity, current) and TPDO4 (0x1013, their time stamp at the SYNC); write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque),
-which the drives latch at the next SYNC. Wire format: docs/wire-can.md.
+(0x1017); then NMT start and one SYNC whose TPDOs must come back (the handshake). In the cycle: write() sends
+RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive and then SYNC, so the drives
+latch the command at once and answer with TPDO1 (statusword, position, mode display), TPDO2 (velocity, current)
+and TPDO4 (0x1013, their time stamp at the SYNC); the cycle waits for that answer (pump_new) and publishes it
+at once. begin_cycle() sends a SYNC of its own only when no write() sent one since its last call (before the
+first sample, after a command that could not be sent). Wire format: docs/wire-can.md.
 
 python-canopen does what it is good at (SDO, NMT, EMCY, heartbeat, the EDS); the cyclic PDOs of all drives
-take a leaner path, since canopen's per-PDO maps cost tens of microseconds a frame: one python-can listener
-(_on_frame, on the bus's notifier) decodes every TPDO with firmware_bridge's PdoCodec, and SYNC and the
-RPDOs go out through python-can directly, as preallocated messages whose payloads are packed in place.
+take a leaner path, since canopen's per-PDO maps cost tens of microseconds a frame: _on_frame decodes every
+TPDO with firmware_bridge's PdoCodec, hands every other frame to canopen (Network.notify, as canopen documents
+for a bus it does not read itself), and SYNC and the RPDOs go out through python-can directly, as preallocated
+messages whose payloads one numba call fills (serial's _fill_command over PdoDef.dtype records).
+
+Who reads the bus: the cycle thread, while it waits (pump_new for the answer, pump_for until its deadline),
+so that no other thread wakes per frame and takes the interpreter from it (python-can's Notifier did both: at
+250 Hz it cost more CPU than everything else of the driver's); the receive thread (`can-rx`) only while the cycle
+does not (during open(), once the cycle stopped, or stalled for PUMP_STANDBY_S). On udp_multicast, which returns
+every frame to its sender (SocketCAN does not), a kernel socket filter drops our own SYNC and RPDOs before
+python-can receives them (own_frames_filter); a bus that returns them anyway gets them counted and ignored.
 
 A sample is complete when every drive's TPDO1, TPDO2 and TPDO4 have arrived; its device time is drive 1's
 time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the bus's load.
-Complete samples are kept in order (SAMPLE_RING): read() returns the oldest not read yet (normally the
-previous SYNC's, since the drives answer after the SYNC the same cycle sent) and backlog() says how many wait,
-so a sample that completes a cycle late is published late (the cycle's caught_up) instead of being replaced by
-the next; False when none is unread: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
-a statusword matching no CiA 402 state or an unknown mode are counted in link_stats and dropped; a sample
-missing a frame is discarded whole. The error code comes from EMCY (0x603F by SDO when the EMCY was lost).
+Complete samples are kept in order (SAMPLE_RING): read() returns the oldest not read yet and backlog() says how
+many wait, so a sample that completes after the cycle's wait is published late (the cycle's caught_up) instead
+of being replaced by the next; False when none is unread: the cycle's watchdog trips on a silent bus. Frames
+of the wrong length, a statusword matching no CiA 402 state or an unknown mode are counted in link_stats and
+dropped; a sample missing a frame is discarded whole. The error code comes from EMCY (0x603F by SDO when the
+EMCY was lost).
 
 A supervisor thread restarts (NMT start) a drive whose heartbeat reports boot-up, PRE-OPERATIONAL or
-STOPPED, and reopens the bus after a send failed (interface down, bus-off), so that fault_reset + enable
-recover without restarting the daemon.
+STOPPED, and reopens the bus after a send or a receive failed (interface down, bus-off), so that fault_reset +
+enable recover without restarting the daemon.
 """
 from __future__ import annotations
 
