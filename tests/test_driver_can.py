@@ -632,3 +632,28 @@ def test_over_udp_multicast_the_drivers_own_frames_never_reach_python_and_are_ac
         arm.close()
         sim.stop()
         dev_bus.shutdown()
+
+
+def test_a_pump_ends_at_its_time_even_while_frames_keep_coming(model):
+    """pump_for(t) reads what arrives for t and returns, also when the bus never goes quiet (20 000 frames queued:
+    reading them all takes far longer than t); the rest waits for the next pump, in order."""
+    import canopen
+
+    channel = _channel()
+    arm = CanArm(model, interface="virtual", channel=channel, heartbeat_ms=0)
+    arm.network = canopen.Network()
+    arm.network.bus = can.Bus(interface="virtual", channel=channel)
+    spy = can.Bus(interface="virtual", channel=channel)
+    seen = []
+    arm._on_frame = lambda msg: seen.append(msg.data[0])
+    try:
+        for k in range(20000):
+            spy.send(can.Message(arbitration_id=0x701, data=bytes([k % 256]), is_extended_id=False))
+        assert arm.pump_for(0.01) is True
+        first = len(seen)
+        assert 0 < first < 20000
+        arm.pump_for(0.01)
+        assert seen == [k % 256 for k in range(len(seen))] and len(seen) > first
+    finally:
+        spy.shutdown()
+        arm.network.bus.shutdown()

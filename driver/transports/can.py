@@ -506,12 +506,13 @@ class CanArm:
             end = time.monotonic() + timeout_s
             recv, dispatch = bus.recv, self._on_frame
             while True:
-                msg = recv(max(0.0, end - time.monotonic()))
+                left = end - time.monotonic()
+                msg = recv(left if left > 0.0 else 0.0)
                 if msg is None:
                     break
                 dispatch(msg)
-                if until_new and self._ready_seq != self._read_seq:
-                    break
+                if left <= 0.0 or (until_new and self._ready_seq != self._read_seq):
+                    break              # past the end: frames that keep coming wait for the next call
         except (can.CanError, OSError, ValueError, AttributeError) as exc:
             if net.bus is bus and self._broken is None:
                 self._broken = f"receive failed: {exc}"
