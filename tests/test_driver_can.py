@@ -307,13 +307,16 @@ def test_bad_frames_are_counted_and_dropped_never_data(rig):
 
 
 def _answer_sync(arm: CanArm, stamp_us: int, arrival: float, drives=None, position: int = 1000) -> None:
-    """Every drive's (or `drives`') TPDO1, TPDO2 and TPDO4 of one SYNC into the arm's frame handler: OPERATION
-    ENABLED, CSP, position counts `position * node`, drive time stamp stamp_us."""
+    """Every drive's (or `drives`') TPDO1 and TPDO2 of one SYNC, and the first drive's TPDO4 (open() switches the
+    others off), into the arm's frame handler: OPERATION ENABLED, CSP, position counts `position * node`, drive time
+    stamp stamp_us."""
     for j, nid in enumerate(arm.node_ids):
         if drives is not None and j not in drives:
             continue
         for pdo, values in ((cm.TPDO1, [0x0237, position * (j + 1), 8]), (cm.TPDO2, [0, 100]),
                             (cm.TPDO4, [stamp_us % 2 ** 32])):
+            if pdo is cm.TPDO4 and j > 0:
+                continue
             arm._on_frame(can.Message(arbitration_id=pdo.cob_id(nid), data=pdo.pack(values), timestamp=arrival,
                                       is_extended_id=False))
 
@@ -657,3 +660,38 @@ def test_a_pump_ends_at_its_time_even_while_frames_keep_coming(model):
     finally:
         spy.shutdown()
         arm.network.bus.shutdown()
+
+
+def test_open_switches_off_every_time_stamp_tpdo_but_the_first_drives_and_a_second_open_accepts_that(model):
+    """Only the first drive's TPDO4 (0x1013) is used, so open() sets COB-ID bit 31 of the others' (0x1803:01): a
+    SYNC is then answered by 6 TPDO1, 6 TPDO2 and 1 TPDO4 (13 frames, not 18) and the samples still complete;
+    a driver opened again on drives configured so (a restart of the daemon) accepts them."""
+    channel = _channel()
+    dev_bus, spy = can.Bus(interface="virtual", channel=channel), can.Bus(interface="virtual", channel=channel)
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus, heartbeat_ms=0), seed=1)
+    sim.start()
+    try:
+        for attempt in range(2):
+            arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0,
+                         heartbeat_ms=0)
+            try:
+                arm.open()
+                assert arm.nodes[3].sdo[0x1803][1].raw == cm.TPDO4.cob_id(4) | cm.PDO_NOT_VALID
+                assert arm.nodes[0].sdo[0x1803][1].raw == cm.TPDO4.cob_id(1)
+                while spy.recv(0.1) is not None:          # what open() caused
+                    pass
+                out = ArmState(model.n)
+                while arm.read(out):
+                    pass
+                arm.begin_cycle()
+                assert arm.pump_new(5.0) and arm.read(out)
+                answered = collections.Counter()
+                while (msg := spy.recv(0.2)) is not None:
+                    answered[msg.arbitration_id & 0x780] += 1
+                assert (answered[0x180], answered[0x280], answered[0x480]) == (6, 6, 1), (attempt, answered)
+            finally:
+                arm.close()
+    finally:
+        sim.stop()
+        spy.shutdown()
+        dev_bus.shutdown()

@@ -23,8 +23,10 @@ does not (during open(), once the cycle stopped, or stalled for PUMP_STANDBY_S).
 every frame to its sender (SocketCAN does not), a kernel socket filter drops our own SYNC and RPDOs before
 python-can receives them (own_frames_filter); a bus that returns them anyway gets them counted and ignored.
 
-A sample is complete when every drive's TPDO1, TPDO2 and TPDO4 have arrived; its device time is drive 1's
-time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the bus's load.
+A sample is complete when every drive's TPDO1 and TPDO2 and the first drive's TPDO4 have arrived; its device
+time is that drive's time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the
+bus's load. The other drives' TPDO4 is switched off at open() (5 frames of 31 a cycle less for 6 drives: bus
+load and CPU); a drive that reboots sends it again until the next open(), and it is ignored.
 Complete samples are kept in order (SAMPLE_RING): read() returns the oldest not read yet and backlog() says how
 many wait, so a sample that completes after the cycle's wait is published late (the cycle's caught_up) instead
 of being replaced by the next; False when none is unread: the cycle's watchdog trips on a silent bus. Frames
@@ -69,6 +71,8 @@ MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05
 GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
 _TPDOS = (cm.TPDO1, cm.TPDO2, cm.TPDO4)
+_CLOCK_TPDO = cm.TPDO4                # only the first drive's: its time stamp is the sample's device time, so the
+                                      # others' TPDO4 is switched off at open() (5 frames a cycle less for 6 drives)
 _RPDOS = (cm.RPDO1, cm.RPDO2)
 _ROWS = ((0, 1, 2), (3, 4), (5,))   # rows of the sample (statusword, position, mode, velocity, current, time stamp)
 _N_ROWS = 1 + max(max(r) for r in _ROWS)
@@ -229,6 +233,12 @@ def _valid_statusword(word: int) -> bool:
     return cia402.state_of(word) is not None
 
 
+def frames_per_cycle(n: int) -> tuple[int, int]:
+    """(sent, received) CAN frames of one cycle of CanArm with n drives: SYNC and RPDO1/RPDO2 per drive; TPDO1 and
+    TPDO2 per drive and the first drive's TPDO4."""
+    return 1 + len(_RPDOS) * n, (len(_TPDOS) - 1) * n + 1
+
+
 def _check_options(n: int, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s,
                    heartbeat_ms) -> list[int]:
     if not isinstance(interface, str) or not interface:
@@ -284,7 +294,7 @@ class CanArm:
         self._tpdo_codec = cm.PdoCodec(_TPDOS, self.node_ids)
         # per TPDO COB-ID what _on_frame needs: (k, drive j, its bit in the mask, the codec's struct, the rows it fills)
         self._tpdo_slots = {cob: (k, j, 1 << (_PER_DRIVE * j + k), self._tpdo_codec.structs[k], _ROWS[k])
-                            for cob, (k, j) in self._tpdo_codec.slots.items()}
+                            for cob, (k, j) in self._tpdo_codec.slots.items() if j == 0 or _TPDOS[k] is not _CLOCK_TPDO}
         self._rpdo_codec = cm.PdoCodec(_RPDOS, self.node_ids)
         self._rpdo_msgs = [[can.Message(arbitration_id=p.cob_id(nid), is_extended_id=False,
                                         data=self._rpdo_codec.payloads[k][j]) for j, nid in enumerate(self.node_ids)]
@@ -318,7 +328,7 @@ class CanArm:
         # oldest unread, so a sample that completes late is published late, not overwritten by the next one
         self._ring = np.zeros((SAMPLE_RING, _N_ROWS, n), np.int64)
         self._ring_times = np.zeros((SAMPLE_RING, 2), np.int64)
-        self._mask, self._full = 0, (1 << (_PER_DRIVE * n)) - 1
+        self._mask, self._full = 0, sum(bit for _, _, bit, _, _ in self._tpdo_slots.values())   # every frame awaited
         self._ready_seq, self._read_seq = 0, 0       # complete samples so far, samples read so far
         self._stamp_raw: int | None = None           # drive 1's last time stamp (us mod 2^32) and its unwrapped us
         self._stamp_us = 0
@@ -409,8 +419,9 @@ class CanArm:
         return drive
 
     def _check_pdos(self, j: int, node) -> None:
-        """Read the PDO configuration by SDO; TPDO1/2/4 and RPDO1/2 must be valid, on their COB-IDs, every SYNC,
-        with the maps of firmware_bridge.canopen_map (a drive configured otherwise is refused)."""
+        """Read the PDO configuration by SDO; TPDO1/2 and RPDO1/2 (and the first drive's TPDO4) must be valid, on
+        their COB-IDs, every SYNC, with the maps of firmware_bridge.canopen_map (a drive configured otherwise is
+        refused); the other drives' TPDO4 is switched off (COB-ID bit 31 set): only the first drive's clock is used."""
         try:
             node.tpdo.read()
             node.rpdo.read()
@@ -420,6 +431,9 @@ class CanArm:
             raise LinkError(f"can: joint {j + 1} (node {node.id}): no answer reading the PDO configuration ({exc})") from None
         for pdef in (*_TPDOS, *_RPDOS):
             m = (node.tpdo if pdef.transmit else node.rpdo)[pdef.number]
+            if pdef is _CLOCK_TPDO and j > 0:     # not used (the first drive's clock is): switched off, valid or not
+                self._sdo(j, node, pdef.communication_index, 1, pdef.cob_id(node.id) | cm.PDO_NOT_VALID)
+                continue
             got = [(v.index, v.subindex) for v in m.map]
             want = [(e.index, e.subindex) for e in pdef.entries]
             problem = None
