@@ -19,22 +19,25 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     fault injection and python-can, EMCY check), against the 1 ms period: the rate the device side could
     sustain with a core to itself.
   * host PDO path per cycle: the driver's own frame work per cycle for 6 drives without any interface (frames
-    handed to the bus's listeners, sends to a bus that drops them): SYNC sent, 18 TPDOs decoded into a sample
-    (CanArm._on_frame behind canopen's own listener), 12 RPDOs packed and sent (write() without its SI
-    conversion, which both paths need). Reference: the same frames through python-canopen's PdoMaps
-    (callbacks, transmit), the path the driver used before.
+    handed to CanArm._on_frame as its reading of the bus does, sends to a bus that drops them): 13 TPDOs decoded
+    into a sample, then write(): the targets from SI into wire units (range-checked), 12 RPDOs packed and sent
+    with SYNC. Reference: the same frames through python-canopen's PdoMaps (callbacks, transmit), the path the
+    driver used before, given the wire values already converted (so the reference does less).
   * interface cost per frame: python-can's send and receive of one 8-byte frame on the `virtual` bus (one
     process) and on `udp_multicast` (what a second process needs here: no SocketCAN in this kernel), each
     with the other as reference. udp_multicast packs every frame with msgpack into its own datagram, and
     every member of the group, the sender included, receives and unpacks every frame.
   * host CPU per 1 kHz cycle over udp_multicast, computed from the two lines above: the PDO path, 13 frames
-    sent and 31 received (18 TPDOs, and the host's own 13 frames looped back), against the 1 ms period.
+    sent and 13 received (TPDO1 and TPDO2 of each drive, the first drive's TPDO4: the host switches the others
+    off; its own 13 frames, which udp_multicast loops back, are dropped by its socket filter in the kernel: 26
+    received where that filter cannot be attached), against the 1 ms period.
   * udp_multicast frames kept over a stall: a receiver that does not read for 200 ms while the chain's traffic
     at 250 Hz arrives (31 frames a cycle, every member hears all), with the socket as driver and simulator tune
     it (driver.transports.can.tune_udp_multicast: own group only, 4 MiB asked) against python-can's socket as
     it comes (net.core.rmem_default: 256 datagrams).
   * bus load (computed, not measured): the highest SYNC rate at which the default maps of 6 drives fit a
-    1 Mbit/s classic CAN bus (worst-case bit stuffing), against 1 kHz.
+    1 Mbit/s classic CAN bus (worst-case bit stuffing), against 1 kHz; and with TPDO4 from the first drive only (the
+    driver switches the others' off), against every drive's.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ import numpy as np
 from firmware_bridge import canopen_map as cm
 from firmware_bridge.cia402 import CW_ENABLE_OPERATION, CW_SHUTDOWN, Mode
 from driver.hal import ArmCommand
-from driver.transports.can import EDS_PATH, CanArm
+from driver.transports.can import EDS_PATH, CanArm, frames_per_cycle
 from ident.model import load_model
 from sim import Simulator
 from sim.can_device import CanDevice
@@ -177,15 +180,17 @@ class _DroppingBus:
 
 
 def _tpdo_frames(nodes: list[int]) -> list[can.Message]:
-    """One cycle of TPDO1, TPDO2 and TPDO4 from every node (operation enabled, CSP, some motion, a time stamp)."""
+    """One cycle of TPDO1 and TPDO2 from every node and TPDO4 from the first (the driver switches the others' off):
+    operation enabled, CSP, some motion, a time stamp."""
     out = []
     for k, nid in enumerate(nodes):
         out.append(can.Message(arbitration_id=cm.TPDO1.cob_id(nid), is_extended_id=False, timestamp=time.time(),
                                data=cm.TPDO1.pack([0x1237, 1000 * k - 2500, int(Mode.CSP)])))
         out.append(can.Message(arbitration_id=cm.TPDO2.cob_id(nid), is_extended_id=False, timestamp=time.time(),
                                data=cm.TPDO2.pack([-300 * k, 150_000 + k])))
-        out.append(can.Message(arbitration_id=cm.TPDO4.cob_id(nid), is_extended_id=False, timestamp=time.time(),
-                               data=cm.TPDO4.pack([4000])))
+        if k == 0:
+            out.append(can.Message(arbitration_id=cm.TPDO4.cob_id(nid), is_extended_id=False, timestamp=time.time(),
+                                   data=cm.TPDO4.pack([4000])))
     return out
 
 
@@ -195,8 +200,6 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
     arm = CanArm(model, interface="virtual", channel="unused")
     arm.network = canopen.Network()
     arm.network.bus = _DroppingBus()
-    arm.network.listeners.append(arm._on_frame)           # as open() does
-    listeners = arm.network.listeners
     frames = _tpdo_frames(arm.node_ids)
     command = ArmCommand(model.n)
     command.controlword[:] = CW_ENABLE_OPERATION
@@ -207,21 +210,17 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
     counts = arm.scaling.position_to_counts(command.target_position).tolist()
     torque = arm.scaling.torque_to_raw(command.target_torque).tolist()
     cw, mode = command.controlword.tolist(), command.mode.tolist()
-    encode = arm._rpdo_codec.encode
 
     def ours() -> None:
-        """CanArm's frame work of one cycle (write()'s packing and sending without its SI conversion)."""
+        """CanArm's frame work of one cycle: 13 TPDOs decoded, then write() (SI to wire units, the RPDOs packed,
+        sent with SYNC)."""
         seq = arm._ready_seq
-        arm.begin_cycle()
+        on_frame = arm._on_frame
         for f in frames:
-            for listener in listeners:
-                listener(f)
+            on_frame(f)
         if arm._ready_seq != seq + 1:
             raise RuntimeError("bench_can: the host completed no sample from a full cycle of TPDOs")
-        for j in range(model.n):
-            encode(0, j, (cw[j], counts[j], mode[j]))
-            encode(1, j, (torque[j],))
-        arm._send(arm._rpdo_sequence)
+        arm.write(command)
 
     net = canopen.Network()
     net.bus = _DroppingBus()
@@ -288,6 +287,27 @@ def interface_cost(interface: str, channel: str, frames: int = 2000, burst: int 
     return send_cpu / (frames // burst * burst), recv_cpu / received
 
 
+def own_frames_dropped_by_the_kernel(group: str, port: int = 43113 + 7) -> bool:
+    """Whether driver.transports.can's socket filter works here: a udp_multicast bus tuned with a SYNC as its
+    own id gets a TPDO sent on its group but not the SYNC, while an untuned bus gets both."""
+    from driver.transports.can import tune_udp_multicast
+
+    rx, plain = (can.Bus(interface="udp_multicast", channel=group, port=port) for _ in range(2))
+    try:
+        if not tune_udp_multicast(rx, own_ids=[cm.SYNC_COB_ID]).get("own_frames_filtered"):
+            return False
+        for cob in (cm.SYNC_COB_ID, cm.TPDO1.cob_id(1)):
+            plain.send(can.Message(arbitration_id=cob, data=b"" if cob == cm.SYNC_COB_ID else bytes(7),
+                                   is_extended_id=False))
+        got = []
+        while (msg := rx.recv(0.2)) is not None:
+            got.append(msg.arbitration_id)
+        return got == [cm.TPDO1.cob_id(1)]
+    finally:
+        rx.shutdown()
+        plain.shutdown()
+
+
 def frames_kept_over_a_stall(tuned: bool, stall_s: float = 0.2, rate_hz: float = 250.0,
                              frames_per_cycle: int = 31) -> tuple[int, int]:
     """udp_multicast between two buses: the receiver does not read for stall_s while the chain's traffic
@@ -336,16 +356,21 @@ def main() -> None:
     report("can cycles completed under a periodic 1 kHz SYNC, 6 drives", done, "cycles/s", "SYNCs sent", sent)
     report("can device CPU time per SYNC, 6 drives", 1e3 * cpu, "ms", "1 kHz SYNC period", 1.0)
     ours, canopens = host_pdo_path(model, max(cycles // 5, 100))
-    report("can host PDO path per cycle, 6 drives (SYNC + 12 RPDOs packed and sent, 18 TPDOs decoded, no interface)",
+    report("can host PDO path per cycle, 6 drives (targets converted, 12 RPDOs packed and sent with SYNC, 13 TPDOs decoded, no interface)",
            1e6 * ours, "us", "the same frames through python-canopen's PdoMaps", 1e6 * canopens)
     v_send, v_recv = interface_cost("virtual", CHANNEL + "-cost")
     u_send, u_recv = interface_cost("udp_multicast", "239.74.163.9")
     report("can interface cost per frame sent, udp_multicast", 1e6 * u_send, "us", "virtual", 1e6 * v_send)
     report("can interface cost per frame received, udp_multicast", 1e6 * u_recv, "us", "virtual", 1e6 * v_recv)
-    report("can host CPU per cycle over udp_multicast, computed (PDO path + 13 sent + 31 received)",
-           1e6 * (ours + 13 * u_send + 31 * u_recv), "us", "1 kHz period", 1000.0)
+    sent, received = frames_per_cycle(6)
+    received += 0 if own_frames_dropped_by_the_kernel("239.74.163.10") else sent
+    report(f"can host CPU per cycle over udp_multicast, computed (PDO path + {sent} sent + {received} received)",
+           1e6 * (ours + sent * u_send + received * u_recv), "us", "1 kHz period", 1000.0)
     report("bus load: max SYNC rate of 6 drives at 1 Mbit/s, computed", cm.max_cycle_rate(6, 1e6), "Hz",
            "target", 1000.0)
+    driver_bits = cm.cycle_bits(6, pdos=[cm.TPDO1, cm.TPDO2, cm.RPDO1, cm.RPDO2]) + cm.frame_bits(cm.TPDO4.dlc)
+    report("bus load: max SYNC rate of 6 drives at 1 Mbit/s as the driver configures them (TPDO4 from the first "
+           "drive only), computed", 1e6 / driver_bits, "Hz", "every drive's TPDO4", cm.max_cycle_rate(6, 1e6))
     kept, sent = frames_kept_over_a_stall(True)
     kept_default, _ = frames_kept_over_a_stall(False)
     report(f"can udp_multicast frames kept by a receiver stalled 200 ms at 250 Hz ({sent} sent), tuned socket",

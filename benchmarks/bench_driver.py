@@ -22,7 +22,10 @@ Two more references bound the links, each measured in the same run: for the gate
 client loop against the same simulated gateway before the driver connects (benchmarks/bench_gateway.py's
 round_trips: exchanges per second and CPU per exchange, printed as the CPU it takes at the driver's exchange
 rate); for CAN python-can's udp_multicast alone (benchmarks/bench_can.py's interface_cost: CPU per frame sent
-and received, printed as the CPU of one cycle's 13 sends and 31 receives at the rate). CAN at a rate beyond
+and received, printed as the CPU of one cycle's 13 sends and 13 receives at the rate: TPDO1 and TPDO2 of six
+drives and the first drive's TPDO4; its own 13 frames, which udp_multicast returns to the sender, are dropped by
+the driver's socket filter in the kernel, as SocketCAN does not return them; 26 receives where that filter cannot
+be attached). CAN at a rate beyond
 what one 1 Mbit/s bus carries for six drives (285 Hz) is also run at 250 Hz.
 
 --realtime PRIO: the driver runs with a [realtime] section (priority = PRIO for its cycle thread and libzmq's
@@ -342,14 +345,18 @@ def gateway_reference(connection: dict, seconds: float = LINK_REFERENCE_S) -> tu
 def can_reference() -> tuple[float, float, int, int]:
     """python-can's udp_multicast on its own (benchmarks/bench_can.interface_cost, a group of this run's own):
     (send, receive) CPU per frame in us, and the frames the driver sends and receives per cycle for six drives
-    (SYNC and two RPDOs per drive; three TPDOs per drive and its own frames, which udp_multicast loops back)."""
-    from bench_can import interface_cost
-    from driver.transports.can import _RPDOS, _TPDOS
+    (driver.transports.can.frames_per_cycle: SYNC and two RPDOs per drive; TPDO1 and TPDO2 per drive and the first
+    drive's TPDO4; and its own frames, which udp_multicast loops back, unless the driver's socket filter drops them
+    in the kernel: driver.transports.can.own_frames_filter)."""
+    from bench_can import interface_cost, own_frames_dropped_by_the_kernel
+    from driver.transports.can import frames_per_cycle
 
     pid = os.getpid() + 101
-    send, receive = interface_cost("udp_multicast", f"239.75.{pid % 250}.{pid // 250 % 250 + 1}")
-    sent = 1 + len(_RPDOS) * 6
-    return send * 1e6, receive * 1e6, sent, len(_TPDOS) * 6 + sent
+    group = f"239.75.{pid % 250}.{pid // 250 % 250 + 1}"
+    send, receive = interface_cost("udp_multicast", group)
+    sent, received = frames_per_cycle(6)
+    own = 0 if own_frames_dropped_by_the_kernel(group) else sent
+    return send * 1e6, receive * 1e6, sent, received + own
 
 
 def run_driver(transport: str, rate: float, seconds: float, tmp: Path, priority: int = 0,

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from firmware_bridge import cia402
 
 
@@ -213,6 +215,12 @@ class PdoDef:
         """unpack() as {field: value}."""
         return dict(zip(self.fields, self.unpack(data)))
 
+    @property
+    def dtype(self) -> np.dtype:
+        """The payload as a packed numpy record (one field per entry, little-endian, itemsize = dlc): for
+        encoding or decoding many payloads at once; its bytes are pack() / unpack()'s."""
+        return np.dtype([(e.field, "<" + _FORMAT[e.data_type]) for e in self.entries])
+
 
 _TIME = Mapped(HIGH_RES_TIME_STAMP, 0, UNSIGNED32, "time_stamp", "us")
 _SW = Mapped(cia402.STATUSWORD, 0, UNSIGNED16, "statusword", "")
@@ -253,7 +261,7 @@ class PdoCodec:
         if len(self.slots) != len(self.pdos) * len(self.node_ids):
             raise CanFrameError(f"two of {[p.name for p in self.pdos]} on nodes {list(self.node_ids)} share a COB-ID")
         self.payloads = tuple(tuple(bytearray(p.dlc) for _ in self.node_ids) for p in self.pdos)
-        self._structs = tuple(p._struct for p in self.pdos)
+        self.structs = self._structs = tuple(p._struct for p in self.pdos)   # PDO k's struct.Struct (pack / unpack)
 
     def unpack(self, k: int, j: int, data: bytes | bytearray) -> tuple[int, ...]:
         """The values of PDO k's payload from node j (index into node_ids); CanFrameError naming the PDO and

@@ -277,9 +277,10 @@ def test_a_rebooted_drive_is_restarted_by_nmt_and_fault_reset_plus_enable_recove
 
 def test_a_bus_that_fails_under_the_driver_is_reopened_and_fault_reset_plus_enable_recover(rig):
     enable(rig)
-    rig.arm.network.bus.shutdown()           # the adapter vanished: sends fail from now on
+    rig.arm.network.bus.shutdown()           # the adapter vanished: sends and receives fail from now on
     assert wait(lambda: rig.driver.cycle.fault is not None)
-    assert rig.driver.cycle.fault.startswith("link: can: send failed")
+    fault = rig.driver.cycle.fault           # whichever noticed first: the cycle's send or a receive
+    assert fault.startswith("link: can: send failed") or fault.startswith("link: can: the bus is down (receive failed"), fault
     assert wait(lambda: rig.arm.link_stats()["reconnects"] >= 1 and rig.arm.link_stats()["link_up"])
     fault_reset(rig)
     enable(rig)
@@ -306,13 +307,16 @@ def test_bad_frames_are_counted_and_dropped_never_data(rig):
 
 
 def _answer_sync(arm: CanArm, stamp_us: int, arrival: float, drives=None, position: int = 1000) -> None:
-    """Every drive's (or `drives`') TPDO1, TPDO2 and TPDO4 of one SYNC into the arm's frame handler: OPERATION
-    ENABLED, CSP, position counts `position * node`, drive time stamp stamp_us."""
+    """Every drive's (or `drives`') TPDO1 and TPDO2 of one SYNC, and the first drive's TPDO4 (open() switches the
+    others off), into the arm's frame handler: OPERATION ENABLED, CSP, position counts `position * node`, drive time
+    stamp stamp_us."""
     for j, nid in enumerate(arm.node_ids):
         if drives is not None and j not in drives:
             continue
         for pdo, values in ((cm.TPDO1, [0x0237, position * (j + 1), 8]), (cm.TPDO2, [0, 100]),
                             (cm.TPDO4, [stamp_us % 2 ** 32])):
+            if pdo is cm.TPDO4 and j > 0:
+                continue
             arm._on_frame(can.Message(arbitration_id=pdo.cob_id(nid), data=pdo.pack(values), timestamp=arrival,
                                       is_extended_id=False))
 
@@ -465,3 +469,229 @@ def test_udp_multicast_buses_hear_their_own_group_only_with_a_large_receive_buff
         assert tune_udp_multicast(virtual) == {} and udp_receive_drops(virtual) is None
     finally:
         virtual.shutdown()
+
+
+def _udp_pair(tag: int):
+    """Two udp_multicast buses on a group and port of this test's own (two sockets of one host, as the simulator's
+    and the driver's are in the chain)."""
+    port = 43700 + (os.getpid() + 37 * tag) % 250
+    group = f"239.74.{210 + tag}.{1 + os.getpid() % 200}"
+    return [can.Bus(interface="udp_multicast", channel=group, port=port) for _ in range(2)], group, port
+
+
+def test_the_kernel_filter_drops_exactly_our_own_ids_in_every_msgpack_width_and_passes_the_rest():
+    """udp_multicast returns every frame to its sender; tune_udp_multicast(own_ids=...) attaches a socket filter
+    that drops those ids before python-can reads them. Ids in each of msgpack's widths (positive fixint 0x00..0x7F,
+    uint8 0x80..0xFF, uint16 above) and an extended 29-bit id (uint32) with every payload length: what arrives is
+    exactly what was sent minus the own ids, in order, and the kernel's drop count is the own frames sent."""
+    from driver.transports.can import tune_udp_multicast, udp_receive_drops
+
+    (rx, tx), _, _ = _udp_pair(0)
+    own = [0x000, 0x07F, 0x080, 0x201, 0x206, 0x301, 0x7FF]
+    sent = [0x000, 0x001, 0x07E, 0x07F, 0x080, 0x081, 0x0FF, 0x100, 0x181, 0x200, 0x201, 0x206, 0x207, 0x301,
+            0x581, 0x701, 0x7FE, 0x7FF]
+    try:
+        assert tune_udp_multicast(rx, own_ids=own)["own_frames_filtered"] is True
+        frames = [can.Message(arbitration_id=cob, data=bytes(range(k % 9)), is_extended_id=False)
+                  for k, cob in enumerate(sent)]
+        frames.append(can.Message(arbitration_id=0x1FFFF080, data=b"\x01", is_extended_id=True))
+        for f in frames:
+            tx.send(f)
+        got = []
+        while (msg := rx.recv(0.5)) is not None:
+            got.append((msg.arbitration_id, bytes(msg.data)))
+        assert got == [(f.arbitration_id, bytes(f.data)) for f in frames if f.arbitration_id not in own
+                       or f.is_extended_id]
+        assert udp_receive_drops(rx) == sum(cob in own for cob in sent)
+    finally:
+        rx.shutdown()
+        tx.shutdown()
+
+
+class _Subscriber:
+    def __init__(self):
+        self.got: list[tuple[int, bytes]] = []
+
+    def __call__(self, cob, data, timestamp):
+        self.got.append((cob, bytes(data)))
+
+
+def test_own_frames_a_bus_returns_are_counted_and_ignored_and_only_non_pdo_frames_reach_canopen(model):
+    """Frames only this host sends (SYNC, our RPDOs) that a bus hands back are counted (own_frames) and go
+    nowhere; TPDOs go into the sample and not to canopen; everything else (an SDO answer, a heartbeat, an EMCY)
+    reaches canopen's subscribers through Network.notify, as canopen's own listener would deliver it."""
+    import canopen
+
+    arm = CanArm(model, interface="virtual", channel=_channel(), heartbeat_ms=0)   # not opened: frames fed by hand
+    arm.network = canopen.Network()
+    spy = _Subscriber()
+    for cob in (0x581, 0x701, 0x081, cm.TPDO1.cob_id(1), cm.SYNC_COB_ID, cm.RPDO1.cob_id(2)):
+        arm.network.subscribe(cob, spy)
+    frames = [(cm.SYNC_COB_ID, b""), (cm.RPDO1.cob_id(2), cm.RPDO1.pack([6, 0, 8])), (0x581, bytes(8)),
+              (0x701, b"\x05"), (0x081, bytes(8)), (cm.RPDO2.cob_id(6), bytes(4))]
+    for cob, data in frames:
+        arm._on_frame(can.Message(arbitration_id=cob, data=data, is_extended_id=False))
+    _answer_sync(arm, 4000, 0.0)
+    assert arm.link_stats()["own_frames"] == 3
+    assert spy.got == [(0x581, bytes(8)), (0x701, b"\x05"), (0x081, bytes(8))]
+    assert arm.link_stats()["samples"] == 1 and arm.backlog() == 1
+
+
+def test_write_sends_the_rpdos_then_sync_and_the_next_begin_cycle_sends_none(model):
+    """One SYNC per cycle either way: write() sends every drive's RPDO1 and RPDO2 and then SYNC (the drives latch
+    the command at that SYNC and answer at once); the begin_cycle() after it sends nothing, one without a write
+    before it sends SYNC."""
+    import canopen
+
+    channel = _channel()
+    arm = CanArm(model, interface="virtual", channel=channel, heartbeat_ms=0)
+    arm.network = canopen.Network()
+    arm.network.bus = can.Bus(interface="virtual", channel=channel)
+    spy = can.Bus(interface="virtual", channel=channel)
+    try:
+        command = ArmCommand(model.n)
+        command.controlword[:] = 0x0F
+        command.mode[:] = 8
+        command.target_position[:] = np.linspace(-0.5, 0.5, model.n)
+        command.target_torque[:] = np.linspace(-40.0, 40.0, model.n)
+        arm.write(command)
+        arm.begin_cycle()
+        arm.begin_cycle()
+        got = []
+        while (msg := spy.recv(0.2)) is not None:
+            got.append((msg.arbitration_id, bytes(msg.data)))
+        counts = arm.scaling.position_to_counts(command.target_position)       # the reference conversion and codec
+        torque = arm.scaling.torque_to_raw(command.target_torque)
+        want = [(p.cob_id(nid), p.pack(values)) for j, nid in enumerate(arm.node_ids)
+                for p, values in ((cm.RPDO1, [0x0F, int(counts[j]), 8]), (cm.RPDO2, [int(torque[j])]))]
+        assert got == want + [(cm.SYNC_COB_ID, b"")] * 2
+        assert arm.link_stats()["syncs"] == 2
+        command.target_torque[4] = 3e6                   # 3e9 mN m: no int32
+        with pytest.raises(LinkError, match="torque: joint 5"):
+            arm.write(command)
+        assert spy.recv(0.2) is None and arm.link_stats()["syncs"] == 2
+    finally:
+        spy.shutdown()
+        arm.network.bus.shutdown()
+
+
+def test_the_cycle_thread_reads_the_bus_itself_and_sdo_answers_still_reach_canopen(rig):
+    """While the cycle runs, every frame is read and dispatched in the cycle thread (pump_new / pump_for: no
+    thread woken per frame); an SDO read meanwhile gets its answer through that path; once the cycle stops, the
+    receive thread takes the bus over and SDO still works."""
+    import threading
+
+    assert wait(lambda: rig.driver.cycle.fresh > 20)
+    threads = collections.Counter()
+    plain = rig.arm._on_frame
+
+    def on_frame(msg):
+        threads[threading.get_ident()] += 1
+        plain(msg)
+
+    rig.arm._on_frame = on_frame
+    try:
+        assert wait(lambda: sum(threads.values()) > 200)
+        assert rig.arm._sdo(0, rig.arm.nodes[0], cm.DEVICE_TYPE, 0) == cm.DEVICE_TYPE_VALUE
+        cycle_thread = rig.driver.cycle._thread.ident
+        assert threads[cycle_thread] >= 0.8 * sum(threads.values()), (cycle_thread, threads)   # a stall > 20 ms: can-rx
+        rig.driver.cycle.stop()
+        threads.clear()
+        assert rig.arm._sdo(1, rig.arm.nodes[1], cm.DEVICE_TYPE, 0) == cm.DEVICE_TYPE_VALUE
+        assert threads and cycle_thread not in threads
+        assert rig.arm._receiver.ident in threads
+    finally:
+        rig.arm._on_frame = plain
+
+
+def test_over_udp_multicast_the_drivers_own_frames_never_reach_python_and_are_accounted_for(model):
+    """The simulated drives and the arm on two udp_multicast sockets (one process): samples complete, none of the
+    arm's own SYNCs and RPDOs comes back to Python (own_frames 0), each was dropped by the kernel filter
+    (own_frames_sent), and the kernel's drop count less those is 0: no frame was lost for want of room."""
+    (dev_bus, _), group, port = _udp_pair(1)
+    _.shutdown()
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus, heartbeat_ms=50), seed=4)
+    sim.start()
+    arm = CanArm(model, interface="udp_multicast", channel=group, sdo_timeout_s=2.0, boot_timeout_s=10.0)
+    arm._bus_options["port"] = port
+    try:
+        arm.open()
+        out = ArmState(model.n)
+        command = ArmCommand(model.n)
+        command.mode[:] = 8
+        samples = 0
+        for _ in range(40):
+            arm.write(command)                 # the RPDOs, then SYNC
+            if arm.pump_new(0.5):
+                while arm.read(out):
+                    samples += 1
+            arm.begin_cycle()                  # sends nothing: write() sent this cycle's SYNC
+        stats = arm.link_stats()
+        assert samples >= 30, stats
+        assert stats["own_frames_filtered"] is True and stats["own_frames"] == 0
+        assert stats["own_frames_sent"] == stats["syncs"] + 40 * 12, stats    # every SYNC, 40 cycles of 12 RPDOs
+        assert stats["udp_receive_drops"] == 0
+    finally:
+        arm.close()
+        sim.stop()
+        dev_bus.shutdown()
+
+
+def test_a_pump_ends_at_its_time_even_while_frames_keep_coming(model):
+    """pump_for(t) reads what arrives for t and returns, also when the bus never goes quiet (20 000 frames queued:
+    reading them all takes far longer than t); the rest waits for the next pump, in order."""
+    import canopen
+
+    channel = _channel()
+    arm = CanArm(model, interface="virtual", channel=channel, heartbeat_ms=0)
+    arm.network = canopen.Network()
+    arm.network.bus = can.Bus(interface="virtual", channel=channel)
+    spy = can.Bus(interface="virtual", channel=channel)
+    seen = []
+    arm._on_frame = lambda msg: seen.append(msg.data[0])
+    try:
+        for k in range(20000):
+            spy.send(can.Message(arbitration_id=0x701, data=bytes([k % 256]), is_extended_id=False))
+        assert arm.pump_for(0.01) is True
+        first = len(seen)
+        assert 0 < first < 20000
+        arm.pump_for(0.01)
+        assert seen == [k % 256 for k in range(len(seen))] and len(seen) > first
+    finally:
+        spy.shutdown()
+        arm.network.bus.shutdown()
+
+
+def test_open_switches_off_every_time_stamp_tpdo_but_the_first_drives_and_a_second_open_accepts_that(model):
+    """Only the first drive's TPDO4 (0x1013) is used, so open() sets COB-ID bit 31 of the others' (0x1803:01): a
+    SYNC is then answered by 6 TPDO1, 6 TPDO2 and 1 TPDO4 (13 frames, not 18) and the samples still complete;
+    a driver opened again on drives configured so (a restart of the daemon) accepts them."""
+    channel = _channel()
+    dev_bus, spy = can.Bus(interface="virtual", channel=channel), can.Bus(interface="virtual", channel=channel)
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus, heartbeat_ms=0), seed=1)
+    sim.start()
+    try:
+        for attempt in range(2):
+            arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0,
+                         heartbeat_ms=0)
+            try:
+                arm.open()
+                assert arm.nodes[3].sdo[0x1803][1].raw == cm.TPDO4.cob_id(4) | cm.PDO_NOT_VALID
+                assert arm.nodes[0].sdo[0x1803][1].raw == cm.TPDO4.cob_id(1)
+                while spy.recv(0.1) is not None:          # what open() caused
+                    pass
+                out = ArmState(model.n)
+                while arm.read(out):
+                    pass
+                arm.begin_cycle()
+                assert arm.pump_new(5.0) and arm.read(out)
+                answered = collections.Counter()
+                while (msg := spy.recv(0.2)) is not None:
+                    answered[msg.arbitration_id & 0x780] += 1
+                assert (answered[0x180], answered[0x280], answered[0x480]) == (6, 6, 1), (attempt, answered)
+            finally:
+                arm.close()
+    finally:
+        sim.stop()
+        spy.shutdown()
+        dev_bus.shutdown()

@@ -3,39 +3,53 @@
 The host is the SYNC master. At open(), over SDO: each node's device type (0x1000), its counts per joint
 radian (0x608F encoder resolution, 0x6091 gear ratio: checked against the model and `counts_per_rev`), its
 PDO configuration (read back and compared with firmware_bridge.canopen_map), the producer heartbeat time
-(0x1017); then NMT start and one SYNC whose TPDOs must come back (the handshake). In the cycle:
-begin_cycle() sends SYNC, the drives answer with TPDO1 (statusword, position, mode display), TPDO2
-(velocity, current) and TPDO4 (0x1013, their time stamp at the SYNC); write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque),
-which the drives latch at the next SYNC. Wire format: docs/wire-can.md.
+(0x1017); then NMT start and one SYNC whose TPDOs must come back (the handshake). In the cycle: write() sends
+RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive and then SYNC, so the drives
+latch the command at once and answer with TPDO1 (statusword, position, mode display), TPDO2 (velocity, current)
+and TPDO4 (0x1013, their time stamp at the SYNC); the cycle waits for that answer (pump_new) and publishes it
+at once. begin_cycle() sends a SYNC of its own only when no write() sent one since its last call (before the
+first sample, after a command that could not be sent). Wire format: docs/wire-can.md.
 
 python-canopen does what it is good at (SDO, NMT, EMCY, heartbeat, the EDS); the cyclic PDOs of all drives
-take a leaner path, since canopen's per-PDO maps cost tens of microseconds a frame: one python-can listener
-(_on_frame, on the bus's notifier) decodes every TPDO with firmware_bridge's PdoCodec, and SYNC and the
-RPDOs go out through python-can directly, as preallocated messages whose payloads are packed in place.
+take a leaner path, since canopen's per-PDO maps cost tens of microseconds a frame: _on_frame decodes every
+TPDO with firmware_bridge's PdoCodec, hands every other frame to canopen (Network.notify, as canopen documents
+for a bus it does not read itself), and SYNC and the RPDOs go out through python-can directly, as preallocated
+messages whose payloads one numba call fills (serial's _fill_command over PdoDef.dtype records).
 
-A sample is complete when every drive's TPDO1, TPDO2 and TPDO4 have arrived; its device time is drive 1's
-time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the bus's load.
-Complete samples are kept in order (SAMPLE_RING): read() returns the oldest not read yet (normally the
-previous SYNC's, since the drives answer after the SYNC the same cycle sent) and backlog() says how many wait,
-so a sample that completes a cycle late is published late (the cycle's caught_up) instead of being replaced by
-the next; False when none is unread: the cycle's watchdog trips on a silent bus. Frames of the wrong length,
-a statusword matching no CiA 402 state or an unknown mode are counted in link_stats and dropped; a sample
-missing a frame is discarded whole. The error code comes from EMCY (0x603F by SDO when the EMCY was lost).
+Who reads the bus: the cycle thread, while it waits (pump_new for the answer, pump_for until its deadline),
+so that no other thread wakes per frame and takes the interpreter from it (python-can's Notifier did both: at
+250 Hz it cost more CPU than everything else of the driver's); the receive thread (`can-rx`) only while the cycle
+does not (during open(), once the cycle stopped, or stalled for PUMP_STANDBY_S). On udp_multicast, which returns
+every frame to its sender (SocketCAN does not), a kernel socket filter drops our own SYNC and RPDOs before
+python-can receives them (own_frames_filter); a bus that returns them anyway gets them counted and ignored.
+
+A sample is complete when every drive's TPDO1 and TPDO2 and the first drive's TPDO4 have arrived; its device
+time is that drive's time stamp (us modulo 2^32, unwrapped here), not the frames' arrival, which jitters with the
+bus's load. The other drives' TPDO4 is switched off at open() (5 frames of 31 a cycle less for 6 drives: bus
+load and CPU); a drive that reboots sends it again until the next open(), and it is ignored.
+Complete samples are kept in order (SAMPLE_RING): read() returns the oldest not read yet and backlog() says how
+many wait, so a sample that completes after the cycle's wait is published late (the cycle's caught_up) instead
+of being replaced by the next; False when none is unread: the cycle's watchdog trips on a silent bus. Frames
+of the wrong length, a statusword matching no CiA 402 state or an unknown mode are counted in link_stats and
+dropped; a sample missing a frame is discarded whole. The error code comes from EMCY (0x603F by SDO when the
+EMCY was lost).
 
 A supervisor thread restarts (NMT start) a drive whose heartbeat reports boot-up, PRE-OPERATIONAL or
-STOPPED, and reopens the bus after a send failed (interface down, bus-off), so that fault_reset + enable
-recover without restarting the daemon.
+STOPPED, and reopens the bus after a send or a receive failed (interface down, bus-off), so that fault_reset +
+enable recover without restarting the daemon.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import logging
 import math
 import os
 import socket
 import threading
 from pathlib import Path
 import time
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import can
 import canopen
@@ -44,6 +58,7 @@ from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
 from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
 from driver.timer import name_os_thread
+from driver.transports.serial_frames import _fill_command
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
@@ -56,13 +71,19 @@ MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05
 GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
 _TPDOS = (cm.TPDO1, cm.TPDO2, cm.TPDO4)
+_CLOCK_TPDO = cm.TPDO4                # only the first drive's: its time stamp is the sample's device time, so the
+                                      # others' TPDO4 is switched off at open() (5 frames a cycle less for 6 drives)
 _RPDOS = (cm.RPDO1, cm.RPDO2)
 _ROWS = ((0, 1, 2), (3, 4), (5,))   # rows of the sample (statusword, position, mode, velocity, current, time stamp)
 _N_ROWS = 1 + max(max(r) for r in _ROWS)
 _PER_DRIVE = len(_TPDOS)            # bits per drive in the mask of frames received
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
-               "emcy", "nmt_restarts", "reconnects", "send_errors", "samples_overwritten")
+               "emcy", "nmt_restarts", "reconnects", "send_errors", "samples_overwritten", "own_frames",
+               "canopen_errors")
 SAMPLE_RING = 1024                  # complete samples kept until read (4 s at 250 Hz; a stalled cycle thread overran 64)
+RX_POLL_S = 0.01                    # the receive thread's longest wait in one recv (it sees a stop this soon)
+PUMP_STANDBY_S = 0.02               # the receive thread leaves the bus to the cycle this long after the cycle's pump
+_log = logging.getLogger(__name__)
 
 # python-can's udp_multicast (the only CAN between two processes without SocketCAN): one datagram per frame,
 # and every member of the group, the sender too, receives every frame (31 per cycle for 6 drives). The kernel's
@@ -76,22 +97,83 @@ _IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)
 _IPV6_MULTICAST_ALL = getattr(socket, "IPV6_MULTICAST_ALL", 29)
 
 
-def tune_udp_multicast(bus: can.BusABC, receive_buffer: int = UDP_RECEIVE_BUFFER) -> dict[str, object]:
+_SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
+
+
+class _SockFilter(ctypes.Structure):         # struct sock_filter (linux/filter.h): one classic BPF instruction
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):          # struct sock_fprog: the program SO_ATTACH_FILTER takes
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+# python-can's udp_multicast datagram (can.interfaces.udp_multicast.utils.pack_message): a msgpack map whose first
+# two entries are "timestamp" (float64) and "arbitration_id", so the id sits at byte 35 of the payload, after this
+# fixed prefix (the 8 bytes of the float between): map of 11, "timestamp", float64 marker, "arbitration_id".
+_MSGPACK_HEAD = (b"\x8b\xa9timestamp\xcb", b"\xaearbitration_id")
+_ID_AT = len(_MSGPACK_HEAD[0]) + 8 + len(_MSGPACK_HEAD[1])     # 35
+_UDP_HEADER = 8                              # a UDP socket's filter sees the datagram from its UDP header on
+
+
+def own_frames_filter(cob_ids: Iterable[int]) -> list[tuple[int, int, int, int]]:
+    """A classic BPF socket filter (instructions (code, jt, jf, k)) for a udp_multicast socket that drops the
+    datagrams of python-can frames whose 11-bit id is in cob_ids and accepts everything else, including any
+    datagram whose head is not python-can's msgpack layout (a change in python-can then costs CPU, never frames)."""
+    ids = sorted({int(i) for i in cob_ids})
+    if not ids or len(ids) > 200 or not all(0 <= i <= 0x7FF for i in ids):
+        raise ValueError(f"own_frames_filter: expected 1..200 11-bit CAN ids, got {ids}")
+    ld_len, ld_w, ld_h, ld_b, jeq, jge, ja, ret = 0x80, 0x20, 0x28, 0x30, 0x15, 0x35, 0x05, 0x06
+    head = _MSGPACK_HEAD[0] + bytes(8) + _MSGPACK_HEAD[1]
+    checks = [(at, head[at:at + 4]) for at in (0, 4, 8, 20, 24, 28, 31)]     # all of it but the float
+    prog: list[tuple[int, int, int, int | str]] = [(ld_len, 0, 0, 0), (jge, 0, "accept", _UDP_HEADER + _ID_AT + 3)]
+    for at, want in checks:
+        prog.append((ld_w, 0, 0, _UDP_HEADER + at))
+        prog.append((jeq, 0, "accept", int.from_bytes(want, "big")))
+    prog += [(ld_b, 0, 0, _UDP_HEADER + _ID_AT),            # the id's msgpack marker, or the id itself (fixint)
+             (jeq, "uint8", 0, 0xCC), (jeq, "uint16", 0, 0xCD), (jge, "accept", "compare", 0x80),
+             ("uint8", ld_b, 0, 0, _UDP_HEADER + _ID_AT + 1), (ja, 0, 0, "compare"),
+             ("uint16", ld_h, 0, 0, _UDP_HEADER + _ID_AT + 1), ("compare",)]
+    prog += [(jeq, "drop", 0, i) for i in ids]
+    prog += [(ret, 0, 0, 0xFFFFFFFF), ("drop", ret, 0, 0, 0), ("accept", ret, 0, 0, 0xFFFFFFFF)]
+    labels, out, at = {}, [], 0
+    for ins in prog:                          # a label names the next instruction: ("name", code, ...) or ("name",)
+        if isinstance(ins[0], str):
+            labels[ins[0]] = at
+            ins = ins[1:]
+        if ins:
+            out.append(ins)
+            at += 1
+
+    def target(here: int, x) -> int:
+        return labels[x] - here - 1 if isinstance(x, str) else x
+
+    return [(code, target(i, jt), target(i, jf), target(i, k) if code == ja else k)
+            for i, (code, jt, jf, k) in enumerate(out)]
+
+
+def tune_udp_multicast(bus: can.BusABC, receive_buffer: int = UDP_RECEIVE_BUFFER,
+                       own_ids: Iterable[int] = ()) -> dict[str, object]:
     """Make a python-can `udp_multicast` bus fit for a CAN cycle between processes; any other bus is left
     alone ({} returned).
 
     * receive only its own group: Linux delivers every group joined anywhere on the host to every socket
       bound to the port (IP_MULTICAST_ALL defaults to 1), so two runs on different groups heard each
       other's SDO answers and PDOs (same node ids, same COB-IDs);
-    * a receive buffer of `receive_buffer` bytes (see UDP_RECEIVE_BUFFER).
+    * a receive buffer of `receive_buffer` bytes (see UDP_RECEIVE_BUFFER);
+    * own_ids: a kernel socket filter (own_frames_filter) drops the frames with these ids before python-can
+      reads them: udp_multicast returns every frame a bus sends to that bus too, which SocketCAN does not,
+      and each costs python-can a receive (~23 us of CPU here) and the reading thread a wake-up.
 
-    python-can has no option for either; its public `fileno()` gives the socket, and the options are set on
-    a duplicate of that descriptor (same socket, closed again here). Returns {"receive_buffer_bytes": what
-    the kernel granted (SO_RCVBUF), "own_group_only": bool}; an option the kernel refuses is left as it was."""
+    python-can has no option for any of these; its public `fileno()` gives the socket, and the options are set
+    on a duplicate of that descriptor (same socket, closed again here). Returns {"receive_buffer_bytes": what
+    the kernel granted (SO_RCVBUF), "own_group_only": bool} and with own_ids "own_frames_filtered": bool; an
+    option the kernel refuses is left as it was."""
     from can.interfaces.udp_multicast import UdpMulticastBus
 
     if not isinstance(bus, UdpMulticastBus):
         return {}
+    out: dict[str, object] = {}
     with socket.socket(fileno=os.dup(bus.fileno())) as sock:
         own_only = True
         try:
@@ -108,8 +190,18 @@ def tune_udp_multicast(bus: can.BusABC, receive_buffer: int = UDP_RECEIVE_BUFFER
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
             except OSError:
                 pass
-        granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-    return {"receive_buffer_bytes": granted, "own_group_only": own_only}
+        out["receive_buffer_bytes"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        out["own_group_only"] = own_only
+        own_ids = list(own_ids)
+        if own_ids:
+            prog = own_frames_filter(own_ids)
+            code = (_SockFilter * len(prog))(*(_SockFilter(*ins) for ins in prog))
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, bytes(_SockFprog(len(prog), code)))
+                out["own_frames_filtered"] = True
+            except OSError:                   # not Linux: the receive side ignores them instead (own_frames)
+                out["own_frames_filtered"] = False
+    return out
 
 
 def udp_receive_drops(bus: can.BusABC) -> int | None:
@@ -139,6 +231,12 @@ class CanOptionError(InputError):
 @functools.lru_cache(maxsize=1024)
 def _valid_statusword(word: int) -> bool:
     return cia402.state_of(word) is not None
+
+
+def frames_per_cycle(n: int) -> tuple[int, int]:
+    """(sent, received) CAN frames of one cycle of CanArm with n drives: SYNC and RPDO1/RPDO2 per drive; TPDO1 and
+    TPDO2 per drive and the first drive's TPDO4."""
+    return 1 + len(_RPDOS) * n, (len(_TPDOS) - 1) * n + 1
 
 
 def _check_options(n: int, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s,
@@ -194,22 +292,43 @@ class CanArm:
         self.nodes: list[canopen.RemoteNode] = []
         # the cyclic PDOs: TPDOs decoded by _on_frame, SYNC and RPDOs sent as these preallocated messages
         self._tpdo_codec = cm.PdoCodec(_TPDOS, self.node_ids)
+        # per TPDO COB-ID what _on_frame needs: (k, drive j, its bit in the mask, the codec's struct, the rows it fills)
+        self._tpdo_slots = {cob: (k, j, 1 << (_PER_DRIVE * j + k), self._tpdo_codec.structs[k], _ROWS[k])
+                            for cob, (k, j) in self._tpdo_codec.slots.items() if j == 0 or _TPDOS[k] is not _CLOCK_TPDO}
         self._rpdo_codec = cm.PdoCodec(_RPDOS, self.node_ids)
         self._rpdo_msgs = [[can.Message(arbitration_id=p.cob_id(nid), is_extended_id=False,
                                         data=self._rpdo_codec.payloads[k][j]) for j, nid in enumerate(self.node_ids)]
                            for k, p in enumerate(_RPDOS)]
-        self._rpdo_sequence = [m for pair in zip(*self._rpdo_msgs) for m in pair]     # drive 1 RPDO1, RPDO2, drive 2 ...
         self._sync_msg = can.Message(arbitration_id=cm.SYNC_COB_ID, is_extended_id=False, data=b"")
-        # receive side (notifier thread) -> cycle, under _lock
+        # write(): the targets of all drives converted and range-checked into RPDO1 and RPDO2 records in one numba
+        # call, each record's bytes then copied into its drive's preallocated payload
+        self._rpdo_records = [np.zeros(n, p.dtype) for p in _RPDOS]
+        r1, r2 = self._rpdo_records
+        self._rpdo_columns = (r1["controlword"], r1["mode"], r1["target_position"], r2["target_torque"])
+        self._rpdo_copies = [(self._rpdo_codec.payloads[k][j], memoryview(rec.view(np.uint8))[j * p.dlc:(j + 1) * p.dlc])
+                             for j in range(n) for k, (p, rec) in enumerate(zip(_RPDOS, self._rpdo_records))]
+        self._counts_per_rad = np.ascontiguousarray(self.scaling.counts_per_rad, dtype=np.float64)
+        # one cycle's frames, sent by write(): drive 1 RPDO1, RPDO2, drive 2 ..., then SYNC (the drives latch them)
+        self._cycle_frames = [m for pair in zip(*self._rpdo_msgs) for m in pair] + [self._sync_msg]
+        self._synced = False                  # write() sent this cycle's SYNC: begin_cycle() sends none
+        self._own_ids = frozenset(m.arbitration_id for m in self._cycle_frames)    # frames only we send
+        self._own_sent = 0                    # of them, sent on the open bus (udp_multicast returns each: filtered)
+        # receive side -> cycle, under _lock; the bus is read by the receive thread, or by the cycle while it pumps
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
-        self._rx_thread: int | None = None    # the thread _on_frame last ran in (named "can-rx" once)
+        self._rx_lock = threading.Lock()      # held by whoever reads the bus (receive thread, pump, reopen)
+        self._pumped = 0.0                    # time.monotonic() when the cycle last pumped (the receive thread stands by)
+        self._pumping = False
+        self._receiver: threading.Thread | None = None
+        self._rx_stop = threading.Event()
+        self._arrived = threading.Event()     # a sample completed while a waiter (_wait_sample) was counted
+        self._waiters = 0
         self._pend = [[0] * n for _ in range(_N_ROWS)]   # the rows of _ROWS, wire units
         # complete samples in arrival order (wire units), each with its device and host time (ns): read() takes the
         # oldest unread, so a sample that completes late is published late, not overwritten by the next one
         self._ring = np.zeros((SAMPLE_RING, _N_ROWS, n), np.int64)
         self._ring_times = np.zeros((SAMPLE_RING, 2), np.int64)
-        self._mask, self._full = 0, (1 << (_PER_DRIVE * n)) - 1
+        self._mask, self._full = 0, sum(bit for _, _, bit, _, _ in self._tpdo_slots.values())   # every frame awaited
         self._ready_seq, self._read_seq = 0, 0       # complete samples so far, samples read so far
         self._stamp_raw: int | None = None           # drive 1's last time stamp (us mod 2^32) and its unwrapped us
         self._stamp_us = 0
@@ -227,10 +346,12 @@ class CanArm:
         """Open the bus, configure and start every drive (see the module docstring); LinkError / InputError."""
         if self.network is not None:
             return
-        self.network = canopen.Network()
-        self.network.listeners.append(self._on_frame)      # every connect() (and reopen) builds its notifier with it
+        self.network = canopen.Network()       # never connect()ed: its notifier would read the bus (see _receive)
         try:
             self._connect()
+            self._rx_stop.clear()
+            self._receiver = threading.Thread(target=self._receive, name="armid-can-rx", daemon=True)
+            self._receiver.start()
             for j, nid in enumerate(self.node_ids):
                 node = canopen.RemoteNode(nid, canopen.objectdictionary.import_od(str(EDS_PATH), nid))
                 node.sdo.RESPONSE_TIMEOUT = self.sdo_timeout_s
@@ -238,6 +359,7 @@ class CanArm:
                 self.nodes.append(node)
             counts_per_rad = np.array([self._configure(j, node) for j, node in enumerate(self.nodes)])
             self.scaling = JointScaling(counts_per_rad)
+            self._counts_per_rad = np.ascontiguousarray(counts_per_rad, dtype=np.float64)
             self._start_all()
             self._handshake()
         except BaseException:
@@ -248,13 +370,17 @@ class CanArm:
         self._supervisor.start()
 
     def _connect(self) -> None:
+        """Open the python-can bus for the network (canopen's connect() without its notifier: this transport reads
+        the bus itself and hands canopen its frames through Network.notify, as canopen documents for that case)."""
         opts = ", ".join(f"{k}={v!r}" for k, v in self._bus_options.items())
         try:
-            self.network.connect(**self._bus_options)
+            bus = can.Bus(**self._bus_options)
         except (can.CanError, OSError, ValueError, ImportError) as exc:
             self.network.bus = None
             raise LinkError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
-        self._bus_tuning = tune_udp_multicast(self.network.bus)
+        self._own_sent = 0
+        self._bus_tuning = tune_udp_multicast(bus, own_ids=self._own_ids)
+        self.network.bus = bus
 
     def _sdo(self, j: int, node, index: int, sub: int, value: int | None = None) -> int:
         what = f"can: joint {j + 1} (node {node.id}): SDO {'write' if value is not None else 'read'} 0x{index:04X}:{sub:02X}"
@@ -293,8 +419,9 @@ class CanArm:
         return drive
 
     def _check_pdos(self, j: int, node) -> None:
-        """Read the PDO configuration by SDO; TPDO1/2/4 and RPDO1/2 must be valid, on their COB-IDs, every SYNC,
-        with the maps of firmware_bridge.canopen_map (a drive configured otherwise is refused)."""
+        """Read the PDO configuration by SDO; TPDO1/2 and RPDO1/2 (and the first drive's TPDO4) must be valid, on
+        their COB-IDs, every SYNC, with the maps of firmware_bridge.canopen_map (a drive configured otherwise is
+        refused); the other drives' TPDO4 is switched off (COB-ID bit 31 set): only the first drive's clock is used."""
         try:
             node.tpdo.read()
             node.rpdo.read()
@@ -304,6 +431,9 @@ class CanArm:
             raise LinkError(f"can: joint {j + 1} (node {node.id}): no answer reading the PDO configuration ({exc})") from None
         for pdef in (*_TPDOS, *_RPDOS):
             m = (node.tpdo if pdef.transmit else node.rpdo)[pdef.number]
+            if pdef is _CLOCK_TPDO and j > 0:     # not used (the first drive's clock is): switched off, valid or not
+                self._sdo(j, node, pdef.communication_index, 1, pdef.cob_id(node.id) | cm.PDO_NOT_VALID)
+                continue
             got = [(v.index, v.subindex) for v in m.map]
             want = [(e.index, e.subindex) for e in pdef.entries]
             problem = None
@@ -350,9 +480,13 @@ class CanArm:
     def close(self) -> None:
         """Stop the supervisor, the receive thread and the bus (idempotent)."""
         self._stop.set()
+        self._rx_stop.set()
         if self._supervisor is not None:
             self._supervisor.join(2.0)
             self._supervisor = None
+        if self._receiver is not None:
+            self._receiver.join(2.0)
+            self._receiver = None
         net, self.network = self.network, None
         if net is not None:
             try:
@@ -361,32 +495,113 @@ class CanArm:
                 pass
         self.nodes = []
 
-    # -- receive side (python-can notifier thread) -----------------------------------------------------
-    def _on_frame(self, msg: can.Message) -> None:
-        """Every frame on the bus: TPDO1/TPDO2 of our drives go into the pending sample; the rest is canopen's."""
-        if self._rx_thread != threading.get_ident():     # python-can's notifier thread (a new one per connect)
-            self._rx_thread = threading.get_ident()
-            name_os_thread("can-rx")
-        slot = self._tpdo_codec.slots.get(msg.arbitration_id)
-        if slot is None or msg.is_remote_frame or msg.is_error_frame or msg.is_extended_id:
-            return
-        k, j = slot
+    # -- receive side: the receive thread, or the cycle thread while it pumps ---------------------------
+    def _receive(self) -> None:
+        """The receive thread (`can-rx`): reads the bus and dispatches every frame (_on_frame) while the cycle does
+        not (before it starts, when it stalls: PUMP_STANDBY_S after its last pump); python-can's Notifier would read
+        it all the time, and each frame would wake it and take the interpreter from the cycle."""
+        name_os_thread("can-rx")
+        stop = self._rx_stop
+        while not stop.is_set():
+            if self._pumping or time.monotonic() - self._pumped < PUMP_STANDBY_S:
+                stop.wait(PUMP_STANDBY_S)
+            elif not self._read_bus(RX_POLL_S, False, blocking=True):
+                stop.wait(RX_POLL_S)          # the bus is down (the supervisor reopens it) or being read
+
+    def _read_bus(self, timeout_s: float, until_new: bool, blocking: bool = False) -> bool:
+        """Read and dispatch frames in the calling thread for timeout_s (s), or until a sample not read yet is
+        complete (until_new). False when it could not read: the bus is down, or another thread reads it (blocking:
+        wait up to RX_POLL_S for that one). A receive that fails (the interface went away) marks the bus broken."""
+        net = self.network
+        bus = net.bus if net is not None else None
+        if bus is None or self._broken is not None or not self._rx_lock.acquire(blocking, RX_POLL_S if blocking else -1):
+            return False
         try:
-            values = self._tpdo_codec.unpack(k, j, msg.data)
-        except cm.CanFrameError:
+            end = time.monotonic() + timeout_s
+            recv, dispatch = bus.recv, self._on_frame
+            while True:
+                left = end - time.monotonic()
+                msg = recv(left if left > 0.0 else 0.0)
+                if msg is None:
+                    break
+                dispatch(msg)
+                if left <= 0.0 or (until_new and self._ready_seq != self._read_seq):
+                    break              # past the end: frames that keep coming wait for the next call
+        except (can.CanError, OSError, ValueError, AttributeError) as exc:
+            if net.bus is bus and self._broken is None:
+                self._broken = f"receive failed: {exc}"
+        finally:
+            self._rx_lock.release()
+        return True
+
+    def pump_new(self, timeout_s: float) -> bool:
+        """Read the bus in the calling thread (the cycle's) until a sample not read yet is complete (True) or
+        timeout_s (s) passes (False): the cycle's wait for the drives' answer to the SYNC write() sent, with no
+        other thread woken per frame. While another thread reads the bus (the hand-over from the receive thread),
+        it waits for that thread's sample instead."""
+        if self._ready_seq != self._read_seq:
+            return True
+        self._pumping = True
+        try:
+            if not self._read_bus(timeout_s, True):
+                return self._wait_sample(timeout_s)
+        finally:
+            self._pumped, self._pumping = time.monotonic(), False
+        return self._ready_seq != self._read_seq
+
+    def pump_for(self, timeout_s: float) -> bool:
+        """Read the bus in the calling thread for timeout_s (s), whatever arrives (the cycle's wait for its
+        deadline: heartbeats, EMCY, SDO answers, late TPDOs). False at once when it cannot: the caller sleeps."""
+        self._pumping = True
+        try:
+            return self._read_bus(timeout_s, False)
+        finally:
+            self._pumped, self._pumping = time.monotonic(), False
+
+    def _wait_sample(self, timeout_s: float) -> bool:
+        """Block until a sample not read yet is complete (True) or timeout_s passes (False); another thread reads."""
+        with self._lock:
+            self._waiters += 1
+            self._arrived.clear()
+        try:
+            return self._ready_seq != self._read_seq or self._arrived.wait(timeout_s)
+        finally:
+            with self._lock:
+                self._waiters -= 1
+
+    def _on_frame(self, msg: can.Message) -> None:
+        """Every frame read: TPDO1/2/4 of our drives go into the pending sample; our own frames (a bus that returns
+        them) are counted and ignored; the rest is canopen's (SDO answers, EMCY, heartbeats: Network.notify)."""
+        cob = msg.arbitration_id
+        slot = self._tpdo_slots.get(cob)
+        if slot is None or msg.is_remote_frame or msg.is_error_frame or msg.is_extended_id:
+            if msg.is_error_frame or msg.is_remote_frame:
+                return
+            if cob in self._own_ids:
+                self._count("own_frames")
+                return
+            try:
+                self.network.notify(cob, msg.data, msg.timestamp)
+            except Exception as exc:  # noqa: BLE001 - a callback's error must not stop the reading (canopen's rule)
+                self._count("canopen_errors")
+                _log.error("can: canopen callback for frame 0x%03X failed: %s", cob, exc)
+            return
+        k, j, bit, layout, rows = slot
+        data = msg.data
+        if len(data) != layout.size:          # PdoCodec.unpack's check, inlined: one call less per frame
             self._count("bad_length")
             return
+        values = layout.unpack_from(data)
         if k == 0 and not (_valid_statusword(values[0]) and values[2] in MODES):
             self._count("bad_value")
             return
-        bit = 1 << (_PER_DRIVE * j + k)
         with self._lock:
             self._stats["tpdo_frames"] += 1
             if self._mask & bit:             # a frame of the next SYNC before this sample completed
                 self._stats["incomplete_samples"] += 1
                 self._mask = 0
             pend = self._pend
-            for r, v in zip(_ROWS[k], values):
+            for r, v in zip(rows, values):
                 pend[r][j] = v
             self._mask |= bit
             if self._mask == self._full:
@@ -404,6 +619,8 @@ class CanArm:
                 self._stamp_raw = raw
                 self._ring_times[slot] = (self._stamp_us * 1000, time.time_ns())
                 self._stats["samples"] += 1
+                if self._waiters:
+                    self._arrived.set()
 
     def _on_emcy(self, j: int, error) -> None:
         self._error_code[j] = error.code & 0xFFFF
@@ -446,14 +663,16 @@ class CanArm:
         net = self.network
         if net is None:
             return
+        got = self._rx_lock.acquire(True, 1.0)          # nobody reads the old bus while it goes (a pump: one period)
         try:
-            if net.notifier is not None:
-                net.notifier.stop(1.0)
             if net.bus is not None:
                 net.bus.shutdown()
         except Exception:  # noqa: BLE001 - the old bus is gone either way
             pass
-        net.bus = None
+        finally:
+            net.bus = None
+            if got:
+                self._rx_lock.release()
         self._connect()
         self._broken = None
         self._count("reconnects")
@@ -475,21 +694,27 @@ class CanArm:
             raise LinkError(f"can: the bus is down ({self._broken}); reconnecting")
         if net is None:
             raise LinkError("can: not open")
+        sent = 0
         try:
-            net.check()                                  # the receive thread died (interface gone)
             with net.send_lock:
                 send = net.bus.send
                 for msg in msgs:
                     send(msg)
+                    sent += 1
         except (can.CanError, OSError, AttributeError) as exc:   # AttributeError: the bus went away under us
+            self._own_sent += sent
             self._count("send_errors")
             self._broken = f"send failed: {exc}"
             raise LinkError(f"can: send failed: {exc}") from None
+        self._own_sent += sent
 
     def begin_cycle(self) -> None:
-        """Transmit SYNC (the drives latch the last RPDOs, step, and answer with their TPDOs). One SYNC every
-        cycle, so that every command reaches the drives; drives slower than the cycle (a simulator) fall
-        behind, which link_stats shows as sync_lag."""
+        """Transmit SYNC (the drives latch the last RPDOs, step, and answer with their TPDOs), unless write()
+        sent it with the RPDOs since the last call. One SYNC every cycle, so that every command reaches the
+        drives; drives slower than the cycle (a simulator) fall behind, which link_stats shows as sync_lag."""
+        if self._synced:
+            self._synced = False
+            return
         self._send((self._sync_msg,))
         with self._lock:
             self._stats["syncs"] += 1
@@ -524,27 +749,32 @@ class CanArm:
             return unread_held(self._read_seq, self._ready_seq, SAMPLE_RING)
 
     def write(self, command: ArmCommand) -> None:
-        """RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive."""
-        try:
-            counts = self.scaling.position_to_counts(command.target_position)
-            torque = self.scaling.torque_to_raw(command.target_torque)
-        except WireValueError as exc:
-            raise LinkError(f"can: command not sent: {exc}") from None
-        enc = self._rpdo_codec.encode
-        cw, mode = command.controlword.tolist(), command.mode.tolist()
-        counts, torque = counts.tolist(), torque.tolist()
-        for j in range(self.n):
+        """RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive, then SYNC: the
+        drives latch the command at once and answer (pump_new waits for that answer; the next begin_cycle() sends
+        no SYNC of its own)."""
+        cw, mode, position, torque = self._rpdo_columns
+        bad = _fill_command(command.controlword, command.mode, command.target_position, command.target_torque,
+                            self._counts_per_rad, cw, mode, position, torque)
+        if bad >= 0:          # the field and the value, as JointScaling words them
             try:
-                enc(0, j, (cw[j], counts[j], mode[j]))
-                enc(1, j, (torque[j],))
-            except cm.CanFrameError as exc:
-                raise LinkError(f"can: joint {j + 1}: command not sent: {exc}") from None
-        self._send(self._rpdo_sequence)
+                self.scaling.position_to_counts(command.target_position)
+                self.scaling.torque_to_raw(command.target_torque)
+            except WireValueError as exc:
+                raise LinkError(f"can: command not sent: {exc}") from None
+            raise LinkError(f"can: joint {bad + 1}: command not sent: a target does not fit int32")
+        for payload, record in self._rpdo_copies:
+            payload[:] = record
+        self._send(self._cycle_frames)
+        self._synced = True
+        with self._lock:
+            self._stats["syncs"] += 1
 
     def link_stats(self) -> dict:
-        """Frame counters, dropped frames by reason, reconnects, heartbeat ages (s) and NMT restarts; on
-        udp_multicast also the receive buffer the kernel granted (bytes), whether the socket hears its own
-        group only, and the datagrams the kernel dropped at it (udp_receive_drops)."""
+        """Frame counters, dropped frames by reason, our own frames a bus returned (own_frames: ignored), canopen
+        callbacks that failed, reconnects, heartbeat ages (s) and NMT restarts; on udp_multicast also the receive
+        buffer the kernel granted (bytes), whether the socket hears its own group only, whether its filter drops
+        our own frames (own_frames_filtered, with own_frames_sent: how many it dropped) and the datagrams the
+        kernel dropped at it for want of room (udp_receive_drops: its drop count less the filtered frames)."""
         with self._lock:
             out = dict(self._stats)
         now = time.monotonic()
@@ -554,5 +784,9 @@ class CanArm:
                    heartbeat_age_s=[round(float(now - t), 3) if t else None for t in self._heartbeat_at])
         net = self.network
         if self._bus_tuning and net is not None and net.bus is not None:
-            out.update(self._bus_tuning, udp_receive_drops=udp_receive_drops(net.bus))
+            drops = udp_receive_drops(net.bus)
+            if drops is not None and self._bus_tuning.get("own_frames_filtered"):
+                out["own_frames_sent"] = sent = self._own_sent    # each came back once and the filter dropped it
+                drops = max(drops - sent, 0)      # a frame in flight at this moment may not be counted yet
+            out.update(self._bus_tuning, udp_receive_drops=drops)
         return out
