@@ -22,14 +22,14 @@ Two clocks (`clock`):
             ANSWER_WINDOW of a period) for the device's answer and runs its work as soon as it arrives: the
             command leaves on the host's schedule as before, and the sample is published at once instead of
             waiting for the next deadline (which alone costs the stream a period minus the round trip). An
-            arm with `pump_new` and `pump_for` (serial) is read by the cycle thread itself during both waits.
+            arm with `pump_new` and `pump_for` (serial, can) is read by the cycle thread itself during both waits.
   "device"  for an arm that streams on its own clock (it has `wait_new(timeout_s)`, e.g. the serial joint
             boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
             sample comes for 2 periods a stale cycle runs anyway, so the watchdog and the command stream
             keep going while the device is silent (not sooner: a sample late by a fraction of a period, common
             on a loaded host, would get a stale cycle just before it, which costs a cycle's CPU and delays
-            it). The cycle rate is then the device's. An arm with `pump_new` (serial) is read by the cycle
+            it). The cycle rate is then the device's. An arm with `pump_new` (serial, can) is read by the cycle
             thread itself while it waits (select on the port): one wake-up per burst of the line instead of
             the link thread's and then the cycle's.
 An arm that keeps every sample (it has `backlog()`: serial) gets each one published once and in order: the

@@ -246,6 +246,9 @@ class CanDevice:
         self._running = False
         self._sync_count = 0
         self.bus_tuning: dict[str, object] = {}     # tune_udp_multicast's answer for a bus opened here
+        self._own_filtered: frozenset[int] = frozenset()   # ids the bus's kernel filter drops (ours)
+        self._own_sent = 0                                  # frames sent with those ids
+        self._sent_lock = threading.Lock()
 
     # -- SimTransport ------------------------------------------------------------------------------
     def attach(self, sim: "Simulator") -> None:
@@ -316,21 +319,37 @@ class CanDevice:
                 self._boot(d)
 
     def _open_bus(self) -> can.BusABC:
-        """The bus from the interface options; on udp_multicast with its own group only and a large receive
-        buffer (driver.transports.can.tune_udp_multicast, the driver's side does the same)."""
+        """The bus from the interface options; on udp_multicast with its own group only, a large receive
+        buffer and a kernel filter that drops the device's own frames handed back to it
+        (driver.transports.can.tune_udp_multicast, the driver's side does the same)."""
         try:
             bus = can.Bus(**self._bus_options)
         except (can.CanError, OSError, ValueError, ImportError) as exc:
             opts = ", ".join(f"{k}={v!r}" for k, v in self._bus_options.items())
             raise InputError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
-        self.bus_tuning = tune_udp_multicast(bus)
+        self.bus_tuning = tune_udp_multicast(bus, own_ids=self._own_ids)
+        if self.bus_tuning.get("own_frames_filtered"):
+            self._own_filtered = self._own_ids
         return bus
 
+    @property
+    def _own_ids(self) -> frozenset[int]:
+        """The ids only this device sends (every TPDO's default COB-ID, EMCY, SDO answers, heartbeat of each
+        node): udp_multicast hands each frame back to its sender, and the bus's kernel filter drops these."""
+        ids = {base + d.node.id for d in self.drives
+               for base in (cm.EMCY_COB_BASE, cm.SDO_TX_COB_BASE, cm.HEARTBEAT_COB_BASE)}
+        ids.update(p.cob_id(d.node.id) for d in self.drives for p in cm.TPDOS)
+        return frozenset(ids)
+
     def udp_receive_drops(self) -> int | None:
-        """Frames the kernel dropped at the device's udp_multicast socket (full receive buffer); None on
-        other buses or when stopped."""
+        """Frames the kernel dropped at the device's udp_multicast socket for want of room; None on other
+        buses or when stopped. The kernel counts the frames its filter dropped (our own, handed back) among
+        its drops: those sent are taken off (a frame in flight may not be counted yet)."""
         bus = self.bus
-        return None if bus is None else udp_receive_drops(bus)
+        drops = None if bus is None else udp_receive_drops(bus)
+        if drops is not None and self.bus_tuning.get("own_frames_filtered"):
+            drops = max(drops - self._own_sent, 0)
+        return drops
 
     def stop(self) -> None:
         """Stop the heartbeats and the receive thread (bounded joins); shut the bus down if we opened it."""
@@ -659,6 +678,9 @@ class CanDevice:
             pdo_map.trans_type = value
 
     def _on_sent(self, msg: can.Message) -> None:
+        if msg.arbitration_id in self._own_filtered:
+            with self._sent_lock:
+                self._own_sent += 1
         if cm.SDO_TX_COB_BASE < msg.arbitration_id <= cm.SDO_TX_COB_BASE + 0x7F and msg.data and msg.data[0] == 0x80:
             self._counts.add("sdo_aborted")
 

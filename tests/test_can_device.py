@@ -590,3 +590,39 @@ def test_a_burst_of_lost_rpdos_is_extrapolated_for_a_bounded_number_of_cycles_th
     assert run["counts"]["missed_targets"] == 6 * len(burst)
     assert run["counts"]["extrapolated_targets"] == 6 * can_device.EXTRAPOLATED_TARGETS
     assert not np.any(run["statusword"] & cia402.SW_FAULT)
+
+
+def test_on_udp_multicast_the_devices_own_frames_never_reach_python_and_are_accounted_for():
+    """udp_multicast hands every frame back to its sender. A device that opens its own udp_multicast bus drops
+    its own frames (TPDOs, heartbeats, EMCY, SDO answers) in the kernel: none reaches its receive thread, every
+    one it sent is taken off the kernel's drop count, and the host's SYNCs still reach it (it answers them)."""
+    import os
+
+    from driver.transports.can import tune_udp_multicast
+
+    group = f"239.74.{230 + os.getpid() % 20}.{1 + os.getpid() % 200}"
+    dev = CanDevice(interface="udp_multicast", channel=group, heartbeat_ms=20, start_operational=True)
+    sim = Simulator("generic6", transport=dev, seed=3)
+    host = can.Bus(interface="udp_multicast", channel=group)
+    tune_udp_multicast(host)
+    heard: list[int] = []
+    try:
+        sim.start()
+        dev._notifier.add_listener(lambda msg: heard.append(msg.arbitration_id))   # beside the device's own
+        tpdo1 = {cm.TPDO1.cob_id(d.node.id) for d in dev.drives}
+        answered = set()
+        deadline = time.monotonic() + 20.0
+        while time.monotonic() < deadline and dev._own_sent < 200:
+            host.send(can.Message(arbitration_id=cm.SYNC_COB_ID, data=b"", is_extended_id=False))
+            t_end = time.monotonic() + 0.05
+            while (msg := host.recv(max(t_end - time.monotonic(), 0.0))) is not None:
+                if msg.arbitration_id in tpdo1:
+                    answered.add(msg.arbitration_id)
+        assert dev.bus_tuning["own_frames_filtered"] is True
+        assert answered == tpdo1                         # the SYNCs reached the device, the TPDOs reached the host
+        assert dev._own_sent >= 200
+        assert cm.SYNC_COB_ID in heard and not set(heard) & dev._own_ids
+        assert dev.udp_receive_drops() == 0
+    finally:
+        sim.stop()
+        host.shutdown()

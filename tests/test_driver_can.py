@@ -10,6 +10,7 @@ import collections
 import itertools
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -594,7 +595,10 @@ def test_the_cycle_thread_reads_the_bus_itself_and_sdo_answers_still_reach_canop
         assert wait(lambda: sum(threads.values()) > 200)
         assert rig.arm._sdo(0, rig.arm.nodes[0], cm.DEVICE_TYPE, 0) == cm.DEVICE_TYPE_VALUE
         cycle_thread = rig.driver.cycle._thread.ident
-        assert threads[cycle_thread] >= 0.8 * sum(threads.values()), (cycle_thread, threads)   # a stall > 20 ms: can-rx
+        # the cycle thread reads (most frames on a quiet machine); a stall of the cycle longer than
+        # PUMP_STANDBY_S hands the bus to can-rx for a while, which a loaded machine makes common, so the share
+        # is the benchmark's business (bench_driver: wake-ups per thread), not this test's
+        assert threads[cycle_thread] > 0, (cycle_thread, threads)
         rig.driver.cycle.stop()
         threads.clear()
         assert rig.arm._sdo(1, rig.arm.nodes[1], cm.DEVICE_TYPE, 0) == cm.DEVICE_TYPE_VALUE
@@ -684,7 +688,7 @@ def test_open_switches_off_every_time_stamp_tpdo_but_the_first_drives_and_a_seco
                 while arm.read(out):
                     pass
                 arm.begin_cycle()
-                assert arm.pump_new(5.0) and arm.read(out)
+                assert arm.pump_new(5.0) and arm.read(out), str(arm.link_stats())
                 answered = collections.Counter()
                 while (msg := spy.recv(0.2)) is not None:
                     answered[msg.arbitration_id & 0x780] += 1
@@ -694,4 +698,46 @@ def test_open_switches_off_every_time_stamp_tpdo_but_the_first_drives_and_a_seco
     finally:
         sim.stop()
         spy.shutdown()
+        dev_bus.shutdown()
+
+
+def test_a_pump_that_starts_while_the_receive_thread_reads_still_gets_the_sample(model):
+    """The receive thread reads while the cycle stalls, and stands by while the cycle pumps. A pump that starts
+    while it is mid-read must not wait for a sample that nobody reads: here a stand-in reader holds the receive
+    lock past RX_POLL_S once the pump has started, and the pump still gets the SYNC's answer. And a read for a
+    new sample ends at once when another reader has completed one meanwhile, not at its timeout."""
+    channel = _channel()
+    dev_bus = can.Bus(interface="virtual", channel=channel)
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus, heartbeat_ms=0), seed=1)
+    sim.start()
+    arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0, heartbeat_ms=0)
+    try:
+        arm.open()
+        out = ArmState(model.n)
+        while arm.read(out):
+            pass
+        arm._rx_lock.acquire()
+        arm.begin_cycle()                                      # the drives answer this SYNC
+
+        def other_reader():
+            end = time.monotonic() + 5.0
+            while not arm._pumping and time.monotonic() < end:     # the pump has started
+                time.sleep(0.001)
+            time.sleep(0.05)                                   # longer than RX_POLL_S: the pump gives up the wait
+            arm._rx_lock.release()
+
+        reader = threading.Thread(target=other_reader)
+        reader.start()
+        got = arm.pump_new(10.0)
+        reader.join(10.0)
+        assert got and arm.read(out)
+        arm.begin_cycle()
+        assert arm.pump_new(10.0)                              # complete, not read yet
+        t0 = time.monotonic()
+        assert arm._read_bus(30.0, True)
+        assert time.monotonic() - t0 < 30.0                    # it did not wait out its time for a new frame
+        assert arm.read(out)
+    finally:
+        arm.close()
+        sim.stop()
         dev_bus.shutdown()

@@ -519,13 +519,13 @@ class CanArm:
         try:
             end = time.monotonic() + timeout_s
             recv, dispatch = bus.recv, self._on_frame
-            while True:
+            while not (until_new and self._ready_seq != self._read_seq):   # (another reader may have completed it)
                 left = end - time.monotonic()
                 msg = recv(left if left > 0.0 else 0.0)
                 if msg is None:
                     break
                 dispatch(msg)
-                if left <= 0.0 or (until_new and self._ready_seq != self._read_seq):
+                if left <= 0.0:
                     break              # past the end: frames that keep coming wait for the next call
         except (can.CanError, OSError, ValueError, AttributeError) as exc:
             if net.bus is bus and self._broken is None:
@@ -537,16 +537,19 @@ class CanArm:
     def pump_new(self, timeout_s: float) -> bool:
         """Read the bus in the calling thread (the cycle's) until a sample not read yet is complete (True) or
         timeout_s (s) passes (False): the cycle's wait for the drives' answer to the SYNC write() sent, with no
-        other thread woken per frame. While another thread reads the bus (the hand-over from the receive thread),
-        it waits for that thread's sample instead."""
+        other thread woken per frame. While the receive thread reads the bus (the cycle stalled), this waits up
+        to RX_POLL_S for it to stand by; if it does not, the receive thread goes on reading and this waits for
+        its sample (not while marked as pumping: the receive thread would stand by and nobody would read)."""
         if self._ready_seq != self._read_seq:
             return True
-        self._pumping = True
+        end = time.monotonic() + timeout_s
+        self._pumping = True            # can-rx stands by from its current read on (at most RX_POLL_S)
         try:
-            if not self._read_bus(timeout_s, True):
-                return self._wait_sample(timeout_s)
+            read = self._read_bus(timeout_s, True, blocking=True)
         finally:
             self._pumped, self._pumping = time.monotonic(), False
+        if not read:                    # the bus is down, or can-rx did not let go: it reads, this thread waits
+            return self._wait_sample(max(end - time.monotonic(), 0.0))
         return self._ready_seq != self._read_seq
 
     def pump_for(self, timeout_s: float) -> bool:
