@@ -355,6 +355,30 @@ def test_a_non_finite_command_is_never_sent(model, arms, static_gateway):
     assert "position: joint 3: nan cannot be sent" in arm.link_stats()["last_error"]
 
 
+def test_a_command_the_layout_cannot_carry_is_counted_never_sent_and_the_next_good_one_goes_out(
+        model, arms, static_gateway):
+    """An unknown mode of operation (the codec's GatewayError) and a target beyond int32 counts (the
+    conversion's): each counted in unsendable_commands, nothing of it written; a fault reset latched with the
+    first still reaches the drives with the next command that can be sent."""
+    server = static_gateway()
+    arm = arms(model, server.port)
+    arm.open()
+    cmd = _command(model, np.zeros(N), np.zeros(N), cia402.CW_FAULT_RESET)
+    cmd.mode[4] = 7
+    arm.write(cmd)
+    assert wait_for(lambda: arm.counts["unsendable_commands"] >= 1)
+    assert "drive 5 mode (register 0x041b) = 7: expected 0, 1, 8, 9, 10" in arm.link_stats()["last_error"]
+    far = np.zeros(N)
+    far[1] = 1e6                                   # rad: far beyond int32 counts
+    arm.write(_command(model, far, np.zeros(N), cia402.CW_SHUTDOWN))
+    assert wait_for(lambda: arm.counts["unsendable_commands"] >= 2)
+    assert "position: joint 2: 1000000.0 cannot be sent" in arm.link_stats()["last_error"]
+    assert server.full_writes() == [] and arm.counts["writes"] == 0
+    arm.write(_command(model, np.zeros(N), np.zeros(N), cia402.CW_SHUTDOWN))
+    assert wait_for(lambda: len(server.full_writes()) >= 1)
+    assert server.full_writes()[0].controlword.tolist() == [cia402.CW_SHUTDOWN] * N
+
+
 def test_a_lost_connection_raises_and_the_link_reconnects_by_itself(model, arms, static_gateway):
     server = static_gateway(image_words(counter=1))
     arm = arms(model, server.port, reconnect_ms=50)
