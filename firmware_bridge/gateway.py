@@ -263,14 +263,20 @@ _LAYOUT_AT = next(i for i, f in enumerate(INPUT_HEADER) if f.name == "layout_ver
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _put(v, spec, i, lookup, out, at) -> bool:
-    """Field i of spec (value v) into out[at] (and out[at + 1], high word first); False when v is outside its
-    bounds or allowed values (nothing written)."""
+def _allowed(v, spec, i, lookup) -> bool:
+    """True when v lies in field i's bounds and, if it has them, its allowed values."""
     lo = spec[i, _LO]
     if v < lo or v > spec[i, _HI]:
         return False
     t = spec[i, _TABLE]
-    if t >= 0 and not lookup[t + v - lo]:
+    return t < 0 or lookup[t + v - lo]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _put(v, spec, i, lookup, out, at) -> bool:
+    """Field i of spec (value v) into out[at] (and out[at + 1], high word first); False when v is outside its
+    bounds or allowed values (nothing written)."""
+    if not _allowed(v, spec, i, lookup):
         return False
     if spec[i, _SIZE] == 1:
         out[at] = v & 0xFFFF
@@ -312,14 +318,7 @@ def _get(words, spec, i, lookup, at, out, j) -> bool:
         if spec[i, _SIGNED] and v >= 0x80000000:
             v -= 0x100000000
     out[j] = v
-    if spec[i, _NARROW]:
-        lo = spec[i, _LO]
-        if v < lo or v > spec[i, _HI]:
-            return False
-        t = spec[i, _TABLE]
-        if t >= 0 and not lookup[t + v - lo]:
-            return False
-    return True
+    return not spec[i, _NARROW] or _allowed(v, spec, i, lookup)
 
 
 @numba.njit(cache=True, nogil=True)

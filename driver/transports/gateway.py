@@ -174,6 +174,28 @@ def _command_fields(controlword, mode, target_position, target_torque, counts_pe
     return bad
 
 
+class _Tick:
+    """A wake-up for the link thread that collapses (set() any number of times, one wait() returns and consumes
+    it), made of one C lock (held while nothing is pending): threading.Event's wait and set are Python code
+    (a Condition, a new lock per wait), a few us on both threads at every exchange."""
+
+    def __init__(self):
+        self._pending = threading.Lock()
+        self._pending.acquire()
+
+    def set(self) -> None:
+        """Make the next wait() return at once (or wake the one waiting); nothing more when already pending."""
+        if self._pending.locked():
+            try:
+                self._pending.release()
+            except RuntimeError:  # another set() came first
+                pass
+
+    def wait(self, timeout: float) -> bool:
+        """Wait at most timeout s for a set(); True (and consumed) if there was one."""
+        return self._pending.acquire(timeout=timeout)
+
+
 class _Refused(Exception):
     """The gateway answered a request with a Modbus exception (the request was not carried out)."""
 
@@ -213,7 +235,7 @@ class GatewayArm:
         self._cmd_pending = False      # a command written that no exchange has taken yet
         self._reset_latch = np.zeros(self.n, dtype=bool)
         # link state
-        self._tick = threading.Event()
+        self._tick = _Tick()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._up = False
@@ -344,7 +366,6 @@ class GatewayArm:
                 self._reconnect()
                 continue
             self._tick.wait(IDLE_EXCHANGE_S)
-            self._tick.clear()
             if self._stop.is_set():
                 break
             try:
