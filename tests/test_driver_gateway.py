@@ -358,12 +358,12 @@ def test_a_non_finite_command_is_never_sent(model, arms, static_gateway):
 def test_a_command_the_layout_cannot_carry_is_counted_never_sent_and_the_next_good_one_goes_out(
         model, arms, static_gateway):
     """An unknown mode of operation (the codec's GatewayError) and a target beyond int32 counts (the
-    conversion's): each counted in unsendable_commands, nothing of it written; a fault reset latched with the
-    first still reaches the drives with the next command that can be sent."""
+    conversion's): each counted in unsendable_commands, nothing of it written; the next command that can be
+    sent goes out whole."""
     server = static_gateway()
     arm = arms(model, server.port)
     arm.open()
-    cmd = _command(model, np.zeros(N), np.zeros(N), cia402.CW_FAULT_RESET)
+    cmd = _command(model, np.zeros(N), np.zeros(N), cia402.CW_ENABLE_OPERATION)
     cmd.mode[4] = 7
     arm.write(cmd)
     assert wait_for(lambda: arm.counts["unsendable_commands"] >= 1)
