@@ -15,7 +15,10 @@ than IDLE_EXCHANGE_S) only reads (idle_reads): re-sending the last command would
 watchdog without the cycle, and give such a gateway a cycle on a stale target, a torque kick. A gateway that mirrors its input image in holding registers
 (gw.INPUT_MIRROR_BASE; checked at connect) gets both in one request, function 23 (read/write multiple
 registers: the write is applied first), which halves the requests and the round trips; pymodbus's sync client costs less CPU per request than its
-asyncio client (benchmarks/bench_gateway.py measures both). The cycle never waits for the network:
+asyncio client (benchmarks/bench_gateway.py measures both). The function-23 request and response are pymodbus PDU
+subclasses that pack and unpack the words in one call each (_ExchangeRequest, _ExchangeResponse, registered with
+the client's decoder), and the images go through the codec's numba kernels into preallocated buffers
+(gw.encode_outputs_into, gw.decode_inputs_into): docs/driver.md, "The gateway's codec". The cycle never waits for the network:
 read() copies the newest decoded sample out of a preallocated buffer and says whether it is new (a gateway
 image with a cycle counter not seen before); write() leaves the newest command in another preallocated
 buffer, which the next exchange sends. A Modbus round trip costs milliseconds, so at a 1 kHz cycle most
