@@ -18,7 +18,11 @@ read the whole input image of up to DRIVES_PER_READ drives in one request of at 
 encode_inputs / decode_inputs and encode_outputs / decode_outputs convert between the images (numpy
 arrays of n drives) and uint16 words; anything that cannot be represented, or that a gateway of this
 layout cannot have sent, raises GatewayError naming the field, the drive and the register address.
-This module depends on nothing of armid's but firmware_bridge.
+The Field tables are compiled into small arrays at import, and one numba kernel per block and direction
+packs or unpacks every field of every drive and says which value was bad first; encode_*_into and
+decode_*_into do the same into preallocated buffers (int64 values one row per field, uint16 words) for
+a host's or a gateway's hot path. This module depends on nothing of armid's but firmware_bridge (and
+numpy, numba).
 """
 from __future__ import annotations
 
