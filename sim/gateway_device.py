@@ -178,7 +178,12 @@ class GatewayDevice:
         self._out_rows = tuple(self._out_drives)       # controlword, mode, target_position, target_torque
         self._snapshot: _Snapshot | None = None
         self._encoded_from: _Snapshot | None = None
+        # compile (or load from numba's cache) the kernels now, not at the first cycle or the first write
+        _fill_inputs(np.zeros((4, n)), np.zeros(n, np.uint16), np.zeros(n, np.int8), np.zeros(n, np.uint16),
+                     self._in_drives)
         self._inputs = gw.encode_inputs_into(self._in_header, self._in_drives, self._in_words).tolist()
+        gw.decode_outputs_into(np.array(gw.encode_outputs_into(self._out_header, self._out_drives, np.zeros(
+            gw.holding_count(n), np.uint16)), np.int64), self._out_header, self._out_drives)
         sim.add_cycle_callback(self._on_cycle)
 
     def start(self) -> None:

@@ -316,9 +316,21 @@ class GatewayArm:
             except LinkError:
                 self._close_client()
                 raise
+        self._warm_up()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="armid-gateway-link", daemon=True)
         self._thread.start()
+
+    def _warm_up(self) -> None:
+        """Compile (or load from numba's cache) the link's kernels here, not in its first exchanges (a compile
+        there stalls the cycle for seconds): one command and one image of zeros through them."""
+        c = self._cmd
+        _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
+                        np.zeros(self.n, dtype=bool), self._fields)
+        gw.encode_outputs_into(self._out_header, self._fields, self._words)
+        words = gw.encode_inputs_into(self._in_header, self._in_drives, np.zeros(self._input_count, np.uint16))
+        for image in (words, words.astype(np.int64)):   # as function 23 (_ExchangeResponse) and 4 hand them over
+            gw.decode_inputs_into(image, self._in_header, self._in_drives)
 
     def close(self) -> None:
         """Stop the link thread (bounded wait) and close the connection. Idempotent."""
