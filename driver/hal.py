@@ -17,6 +17,8 @@ from typing import Protocol
 import numba
 import numpy as np
 
+from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB
+
 
 class LinkError(RuntimeError):
     """The link to the drives failed (port vanished, connection reset, no answer to the handshake)."""
@@ -91,6 +93,27 @@ def raw_to_si(position, velocity, current, statusword, error_code, mode, counts_
         words_out[0, j] = statusword[j]
         words_out[1, j] = error_code[j]
         mode_out[j] = mode[j]
+
+
+_TORQUE_PER_RAW = 1.0 / TORQUE_LSB      # as JointScaling.torque_to_raw scales
+
+
+@numba.njit(cache=True, nogil=True)
+def command_to_wire(controlword, mode, q, tau, counts_per_rad, cw_out, mode_out, pos_out, tau_out) -> int:
+    """A command's per-joint values in wire units, as JointScaling rounds them (target position rad -> counts,
+    target torque N m -> mN m; controlword and mode as they are), into the out arrays (a frame's or an image's
+    columns); -1, or the first joint whose target is not finite or does not fit int32 (the caller sends
+    nothing of that command). One call for serial, CAN and the gateway."""
+    for j in range(q.shape[0]):
+        p = np.rint(q[j] * counts_per_rad[j])
+        t = np.rint(tau[j] * _TORQUE_PER_RAW)
+        if not (INT32_MIN <= p <= INT32_MAX and INT32_MIN <= t <= INT32_MAX):   # False for NaN too
+            return j
+        cw_out[j] = controlword[j]
+        mode_out[j] = mode[j]
+        pos_out[j] = np.int64(p)
+        tau_out[j] = np.int64(t)
+    return -1
 
 
 def copy_sample(src, dst) -> None:

@@ -14,7 +14,7 @@ python-canopen does what it is good at (SDO, NMT, EMCY, heartbeat, the EDS); the
 take a leaner path, since canopen's per-PDO maps cost tens of microseconds a frame: _on_frame decodes every
 TPDO with firmware_bridge's PdoCodec, hands every other frame to canopen (Network.notify, as canopen documents
 for a bus it does not read itself), and SYNC and the RPDOs go out through python-can directly, as preallocated
-messages whose payloads one numba call fills (serial's _fill_command over PdoDef.dtype records).
+messages whose payloads one numba call fills (driver.hal.command_to_wire over PdoDef.dtype records).
 
 Who reads the bus: the cycle thread, while it waits (pump_new for the answer, pump_for until its deadline),
 so that no other thread wakes per frame and takes the interpreter from it (python-can's Notifier did both: at
@@ -56,9 +56,8 @@ import canopen
 import numpy as np
 from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
-from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
+from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
 from driver.timer import name_os_thread
-from driver.transports.serial_frames import _fill_command
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
@@ -333,6 +332,7 @@ class CanArm:
         self._stamp_raw: int | None = None           # drive 1's last time stamp (us mod 2^32) and its unwrapped us
         self._stamp_us = 0
         self._error_code = np.zeros(n, np.uint16)
+        self._warm_up()
         self._heartbeat_at = np.zeros(n)             # time.monotonic() of each node's last heartbeat
         self._restart = np.zeros(n, bool)            # NMT start wanted (boot-up / not OPERATIONAL)
         self._rebooted = np.zeros(n, bool)           # boot-up seen, not yet reported by read()
@@ -342,6 +342,17 @@ class CanArm:
         self._supervisor: threading.Thread | None = None
 
     # -- open / close ----------------------------------------------------------------------------------
+    def _warm_up(self) -> None:
+        """Compile (or load from numba's cache) the kernels write() and read() call, here and not in the first
+        cycles (a compile there stalls the cycle for seconds and trips its watchdog): a zero command into the
+        RPDO records and the ring's first row into a scratch sample; nothing is sent."""
+        c = ArmCommand(self.n)
+        command_to_wire(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
+                        *self._rpdo_columns)
+        r, out = self._ring[0], ArmState(self.n)
+        raw_to_si(r[1], r[3], r[4], r[0], self._error_code, r[2], self._counts_per_rad, CURRENT_LSB,
+                  self.torque_per_amp, out.floats, out.words, out.mode)
+
     def open(self) -> None:
         """Open the bus, configure and start every drive (see the module docstring); LinkError / InputError."""
         if self.network is not None:
@@ -756,7 +767,7 @@ class CanArm:
         drives latch the command at once and answer (pump_new waits for that answer; the next begin_cycle() sends
         no SYNC of its own)."""
         cw, mode, position, torque = self._rpdo_columns
-        bad = _fill_command(command.controlword, command.mode, command.target_position, command.target_torque,
+        bad = command_to_wire(command.controlword, command.mode, command.target_position, command.target_torque,
                             self._counts_per_rad, cw, mode, position, torque)
         if bad >= 0:          # the field and the value, as JointScaling words them
             try:

@@ -52,12 +52,11 @@ from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
 from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
-from driver.hal import ArmCommand, ArmState, LinkError, copy_sample, raw_to_si
+from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, copy_sample, raw_to_si
 from driver.timer import name_os_thread
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
-from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, INT32_MIN, TORQUE_LSB, JointScaling, \
-    WireValueError
+from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from ident.errors import InputError
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
@@ -148,35 +147,23 @@ def _keep_command(controlword, mode, target_position, target_torque, cw_out, mod
             reset_latch[j] = True
 
 
-_TORQUE_PER_RAW = 1.0 / TORQUE_LSB      # as JointScaling.torque_to_raw scales
 _CW_FAULT_RESET = int(cia402.CW_FAULT_RESET)
 # the rows of the holding image's drive values (gw.encode_outputs_into), as _command_fields fills them
 assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
 
 
 @numba.njit(cache=True, nogil=True)
-def _command_fields(controlword, mode, target_position, target_torque, counts_per_rad, reset_latch, fields):
+def _command_fields(controlword, mode, target_position, target_torque, counts_per_rad, reset_latch, latched, fields):
     """The kept command in wire units into fields (4, n) int64 (controlword, mode, target position in counts,
-    target torque in mN m: JointScaling's rounding), a latched fault reset (reset_latch, then cleared) standing
-    in for a controlword without the reset bit. -1, or the first joint whose target is not finite or does not
-    fit int32 (nothing of it is to be sent)."""
-    bad = -1
+    target torque in mN m: driver.hal.command_to_wire), a latched fault reset (reset_latch, then cleared) standing
+    in for a controlword without the reset bit (latched (n,): the controlwords sent). -1, or the first joint whose
+    target is not finite or does not fit int32 (nothing of it is to be sent)."""
     for j in range(controlword.shape[0]):
         cw = controlword[j]
-        if reset_latch[j] and not cw & _FAULT_RESET_BIT:
-            cw = _CW_FAULT_RESET
+        latched[j] = _CW_FAULT_RESET if reset_latch[j] and not cw & _FAULT_RESET_BIT else cw
         reset_latch[j] = False
-        p = np.rint(target_position[j] * counts_per_rad[j])
-        t = np.rint(target_torque[j] * _TORQUE_PER_RAW)
-        if not (INT32_MIN <= p <= INT32_MAX and INT32_MIN <= t <= INT32_MAX):   # False for NaN too
-            if bad < 0:
-                bad = j
-            continue
-        fields[0, j] = cw
-        fields[1, j] = mode[j]
-        fields[2, j] = np.int64(p)
-        fields[3, j] = np.int64(t)
-    return bad
+    return command_to_wire(latched, mode, target_position, target_torque, counts_per_rad, fields[0], fields[1],
+                           fields[2], fields[3])
 
 
 class _Tick:
@@ -261,6 +248,7 @@ class GatewayArm:
         self._counts_per_rad = np.ascontiguousarray(self.scaling.counts_per_rad, dtype=np.float64)
         self._out_header = np.array([0, opts.watchdog_ms], dtype=np.int64)      # watchdog, watchdog_timeout_ms
         self._fields = np.zeros((len(gw.HOLDING_DRIVE), self.n), dtype=np.int64)
+        self._latched_cw = np.zeros(self.n, dtype=np.uint16)     # the controlwords sent (fault reset latched)
         self._words = np.zeros(gw.holding_count(self.n), dtype=np.uint16)
         # an image: decoded into _in_header / _in_drives (gw.decode_inputs_into), then into SI by raw_to_si
         self._in_header = np.zeros(len(gw.INPUT_HEADER), dtype=np.int64)
@@ -326,7 +314,7 @@ class GatewayArm:
         there stalls the cycle for seconds): one command and one image of zeros through them."""
         c = self._cmd
         _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
-                        np.zeros(self.n, dtype=bool), self._fields)
+                        np.zeros(self.n, dtype=bool), self._latched_cw, self._fields)
         gw.encode_outputs_into(self._out_header, self._fields, self._words)
         words = gw.encode_inputs_into(self._in_header, self._in_drives, np.zeros(self._input_count, np.uint16))
         for image in (words, words.astype(np.int64)):   # as function 23 (_ExchangeResponse) and 4 hand them over
@@ -599,7 +587,7 @@ class GatewayArm:
             if have and fresh:
                 c = self._cmd
                 bad = _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
-                                      self._reset_latch, self._fields)
+                                      self._reset_latch, self._latched_cw, self._fields)
                 if bad >= 0:
                     return self._not_sent(self._unsendable(c))
         if not have:

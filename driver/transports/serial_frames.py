@@ -14,16 +14,15 @@ import struct
 import zlib
 from collections.abc import Iterator
 
-import numba
 import numpy as np
 from cobs import cobs
 
+from driver.hal import ArmCommand, command_to_wire
 from firmware_bridge import serial_protocol as sp
-from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB, JointScaling, WireValueError
+from firmware_bridge.units import JointScaling, WireValueError
 
 _CRC = struct.Struct("<I")
 _SEQ = struct.Struct("<H")
-_TORQUE_PER_RAW = 1.0 / TORQUE_LSB      # as JointScaling.torque_to_raw scales
 
 
 def frame_dtype(kind: sp.MsgType, n: int) -> np.dtype:
@@ -33,21 +32,6 @@ def frame_dtype(kind: sp.MsgType, n: int) -> np.dtype:
     if spec.joint is not None:
         parts.append(("joints", spec.joint.dtype, (n,)))
     return np.dtype(parts + [("crc", "<u4")])
-
-
-@numba.njit(cache=True, nogil=True)
-def _fill_command(controlword, mode, q, tau, counts_per_rad, cw_out, mode_out, pos_out, tau_out):
-    """Targets -> wire units into the frame's joint columns; -1, or the first joint that does not fit int32."""
-    for j in range(q.shape[0]):
-        p = np.rint(q[j] * counts_per_rad[j])
-        t = np.rint(tau[j] * _TORQUE_PER_RAW)
-        if not (INT32_MIN <= p <= INT32_MAX and INT32_MIN <= t <= INT32_MAX):   # False for NaN too
-            return j
-        cw_out[j] = controlword[j]
-        mode_out[j] = mode[j]
-        pos_out[j] = np.int32(p)
-        tau_out[j] = np.int32(t)
-    return -1
 
 
 class CommandEncoder:
@@ -69,12 +53,14 @@ class CommandEncoder:
         self._columns = (joints["controlword"], joints["mode"], joints["target_position"], joints["target_torque"])
         self._body = memoryview(self._bytes)[:-sp.CRC_SIZE]
         self._crc_at = dt.itemsize - sp.CRC_SIZE
+        c = ArmCommand(n)         # compile (or load) the conversion now, not at the cycle's first command
+        command_to_wire(c.controlword, c.mode, c.target_position, c.target_torque, self.counts_per_rad, *self._columns)
 
     def encode(self, seq: int, command) -> bytes:
         """Wire bytes (0x00, COBS frame, 0x00) of command (driver.hal.ArmCommand) with sequence number seq.
         WireValueError, naming the joint, for a target that is not finite or does not fit int32."""
         cw, mode, pos, tau = self._columns
-        bad = _fill_command(command.controlword, command.mode, command.target_position, command.target_torque,
+        bad = command_to_wire(command.controlword, command.mode, command.target_position, command.target_torque,
                             self.counts_per_rad, cw, mode, pos, tau)
         if bad >= 0:   # the standard conversion names the value and the joint
             JointScaling(self.counts_per_rad).position_to_counts(command.target_position)
