@@ -23,15 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from pymodbus.exceptions import ModbusIOException
-from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
 from driver.daemon import Driver, Endpoints
 from driver.hal import ArmCommand, ArmState, LinkError
 from driver.transports import open_arm
-from driver.transports.gateway import GatewayArm, _ExchangeRequest, _ExchangeResponse
+from driver.transports.gateway import GatewayArm
 from firmware_bridge import cia402, stream
 from firmware_bridge import gateway as gw
 from firmware_bridge.cia402 import State, state_of
@@ -140,36 +136,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# -- the link's function-23 PDUs against pymodbus's own ----------------------------------------------------
-@given(st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=121), st.integers(0, 0xFFFF), st.integers(1, 125),
-       st.integers(0, 0xFFFF))
-@settings(max_examples=40, deadline=None)
-def test_the_links_function_23_request_is_the_bytes_pymodbus_makes(words, read_address, read_count, write_address):
-    ours = _ExchangeRequest(read_address=read_address, read_count=read_count, write_address=write_address,
-                            write_registers=words)
-    stock = ReadWriteMultipleRegistersRequest(read_address=read_address, read_count=read_count,
-                                              write_address=write_address, write_registers=words)
-    assert ours.encode() == stock.encode()
-
-
-@given(st.lists(st.integers(0, 0xFFFF), min_size=0, max_size=125))
-@settings(max_examples=40, deadline=None)
-def test_the_links_function_23_response_decodes_the_registers_pymodbus_decodes(registers):
-    data = bytes([2 * len(registers)]) + b"".join(r.to_bytes(2, "big") for r in registers) + b"\0"
-    ours, stock = _ExchangeResponse(), ReadWriteMultipleRegistersResponse()
-    stock.decode(data)
-    ours.decode(data)
-    assert ours.registers.dtype == np.uint16 and ours.registers.tolist() == stock.registers == registers
-    assert f"{len(registers)} registers" in str(ours)
-
-
-@pytest.mark.parametrize("data", [bytes([4, 0, 1]), bytes([3, 0, 1, 2, 3]), bytes([200]) + bytes(10)],
-                         ids=["short", "odd byte count", "count beyond the packet"])
-def test_a_malformed_function_23_response_is_a_modbus_error_not_registers(data):
-    with pytest.raises(ModbusIOException):
-        _ExchangeResponse().decode(data)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -387,30 +353,6 @@ def test_a_non_finite_command_is_never_sent(model, arms, static_gateway):
         assert wait_for(lambda: arm.counts["unsendable_commands"] >= k)
     assert server.full_writes() == []
     assert "position: joint 3: nan cannot be sent" in arm.link_stats()["last_error"]
-
-
-def test_a_command_the_layout_cannot_carry_is_counted_never_sent_and_the_next_good_one_goes_out(
-        model, arms, static_gateway):
-    """An unknown mode of operation (the codec's GatewayError) and a target beyond int32 counts (the
-    conversion's): each counted in unsendable_commands, nothing of it written; the next command that can be
-    sent goes out whole."""
-    server = static_gateway()
-    arm = arms(model, server.port)
-    arm.open()
-    cmd = _command(model, np.zeros(N), np.zeros(N), cia402.CW_ENABLE_OPERATION)
-    cmd.mode[4] = 7
-    arm.write(cmd)
-    assert wait_for(lambda: arm.counts["unsendable_commands"] >= 1)
-    assert "drive 5 mode (register 0x041b) = 7: expected 0, 1, 8, 9, 10" in arm.link_stats()["last_error"]
-    far = np.zeros(N)
-    far[1] = 1e6                                   # rad: far beyond int32 counts
-    arm.write(_command(model, far, np.zeros(N), cia402.CW_SHUTDOWN))
-    assert wait_for(lambda: arm.counts["unsendable_commands"] >= 2)
-    assert "position: joint 2: 1000000.0 cannot be sent" in arm.link_stats()["last_error"]
-    assert server.full_writes() == [] and arm.counts["writes"] == 0
-    arm.write(_command(model, np.zeros(N), np.zeros(N), cia402.CW_SHUTDOWN))
-    assert wait_for(lambda: len(server.full_writes()) >= 1)
-    assert server.full_writes()[0].controlword.tolist() == [cia402.CW_SHUTDOWN] * N
 
 
 def test_a_lost_connection_raises_and_the_link_reconnects_by_itself(model, arms, static_gateway):

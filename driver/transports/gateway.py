@@ -15,10 +15,7 @@ than IDLE_EXCHANGE_S) only reads (idle_reads): re-sending the last command would
 watchdog without the cycle, and give such a gateway a cycle on a stale target, a torque kick. A gateway that mirrors its input image in holding registers
 (gw.INPUT_MIRROR_BASE; checked at connect) gets both in one request, function 23 (read/write multiple
 registers: the write is applied first), which halves the requests and the round trips; pymodbus's sync client costs less CPU per request than its
-asyncio client (benchmarks/bench_gateway.py measures both). The function-23 request and response are pymodbus PDU
-subclasses that pack and unpack the words in one call each (_ExchangeRequest, _ExchangeResponse, registered with
-the client's decoder), and the images go through the codec's numba kernels into preallocated buffers
-(gw.encode_outputs_into, gw.decode_inputs_into): docs/driver.md, "The gateway's codec". The cycle never waits for the network:
+asyncio client (benchmarks/bench_gateway.py measures both). The cycle never waits for the network:
 read() copies the newest decoded sample out of a preallocated buffer and says whether it is new (a gateway
 image with a cycle counter not seen before); write() leaves the newest command in another preallocated
 buffer, which the next exchange sends. A Modbus round trip costs milliseconds, so at a 1 kHz cycle most
@@ -41,7 +38,6 @@ from __future__ import annotations
 import logging
 import math
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -49,10 +45,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 from pymodbus.client import ModbusTcpClient
-from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
-from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
+from pymodbus.exceptions import ConnectionException, ModbusException
 
-from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, copy_sample, raw_to_si
+from driver.hal import ArmCommand, ArmState, LinkError, copy_sample, raw_to_si
 from driver.timer import name_os_thread
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
@@ -147,78 +142,6 @@ def _keep_command(controlword, mode, target_position, target_torque, cw_out, mod
             reset_latch[j] = True
 
 
-_CW_FAULT_RESET = int(cia402.CW_FAULT_RESET)
-# the rows of the holding image's drive values (gw.encode_outputs_into), as _command_fields fills them
-assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
-
-
-@numba.njit(cache=True, nogil=True)
-def _command_fields(controlword, mode, target_position, target_torque, counts_per_rad, reset_latch, latched, fields):
-    """The kept command in wire units into fields (4, n) int64 (controlword, mode, target position in counts,
-    target torque in mN m: driver.hal.command_to_wire), a latched fault reset (reset_latch, then cleared) standing
-    in for a controlword without the reset bit (latched (n,): the controlwords sent). -1, or the first joint whose
-    target is not finite or does not fit int32 (nothing of it is to be sent)."""
-    for j in range(controlword.shape[0]):
-        cw = controlword[j]
-        latched[j] = _CW_FAULT_RESET if reset_latch[j] and not cw & _FAULT_RESET_BIT else cw
-        reset_latch[j] = False
-    return command_to_wire(latched, mode, target_position, target_torque, counts_per_rad, fields[0], fields[1],
-                           fields[2], fields[3])
-
-
-class _Tick:
-    """A wake-up for the link thread that collapses (set() any number of times, one wait() returns and consumes
-    it), made of one C lock (held while nothing is pending): threading.Event's wait and set are Python code
-    (a Condition, a new lock per wait), a few us on both threads at every exchange."""
-
-    def __init__(self):
-        self._pending = threading.Lock()
-        self._pending.acquire()
-
-    def set(self) -> None:
-        """Make the next wait() return at once (or wake the one waiting); nothing more when already pending."""
-        if self._pending.locked():
-            try:
-                self._pending.release()
-            except RuntimeError:  # another set() came first
-                pass
-
-    def wait(self, timeout: float) -> bool:
-        """Wait at most timeout s for a set(); True (and consumed) if there was one."""
-        return self._pending.acquire(timeout=timeout)
-
-
-class _ExchangeRequest(ReadWriteMultipleRegistersRequest):
-    """pymodbus's function-23 request, its words packed in one struct call (pymodbus packs them one at a time and
-    joins the bytes: 17 us for 38 words in a loop, against 2)."""
-
-    def encode(self) -> bytes:
-        self.verifyAddress(address=self.read_address)
-        self.verifyAddress(address=self.write_address)
-        self.verifyCount(self.MAX_READ_COUNT, count=self.read_count)
-        self.verifyCount(self.MAX_WRITE_COUNT, count=self.write_count)
-        return struct.pack(f">HHHHB{self.write_count}H", self.read_address, self.read_count, self.write_address,
-                           self.write_count, self.write_byte_count, *self.write_registers)
-
-
-class _ExchangeResponse(ReadWriteMultipleRegistersResponse):
-    """pymodbus's function-23 response (registered with the client's decoder: pymodbus's own extension point),
-    its registers unpacked in one numpy call into a uint16 array, which gw.decode_inputs_into takes as it is.
-    pymodbus unpacks them one struct call at a time and its decoder formats the whole PDU (str, every register)
-    for a debug log line at every response: 53 us per 80-register response in a loop, against 6."""
-
-    def decode(self, data: bytes) -> None:
-        count = data[0]
-        if count >= len(data) or count % 2:
-            raise ModbusIOException(f"byte_count {count} does not fit the packet of {len(data)} bytes",
-                                    function_code=self.function_code)
-        self.registers = np.frombuffer(data, dtype=">u2", count=count // 2, offset=1).astype(np.uint16)
-
-    def __str__(self) -> str:
-        return (f"{type(self).__name__}(dev_id={self.dev_id}, transaction_id={self.transaction_id}, "
-                f"{len(self.registers)} registers)")
-
-
 class _Refused(Exception):
     """The gateway answered a request with a Modbus exception (the request was not carried out)."""
 
@@ -242,24 +165,13 @@ class GatewayArm:
         self._back, self._front = ArmState(self.n), ArmState(self.n)
         self._published = 0            # images copied into _front
         self._taken = 0                # images read() has returned
-        # the command: write() fills _cmd under the lock, the link thread converts it into wire units in _fields
-        # (one numba call) and the holding image's words in _words (another)
-        self._cmd = ArmCommand(self.n)
-        self._counts_per_rad = np.ascontiguousarray(self.scaling.counts_per_rad, dtype=np.float64)
-        self._out_header = np.array([0, opts.watchdog_ms], dtype=np.int64)      # watchdog, watchdog_timeout_ms
-        self._fields = np.zeros((len(gw.HOLDING_DRIVE), self.n), dtype=np.int64)
-        self._latched_cw = np.zeros(self.n, dtype=np.uint16)     # the controlwords sent (fault reset latched)
-        self._words = np.zeros(gw.holding_count(self.n), dtype=np.uint16)
-        # an image: decoded into _in_header / _in_drives (gw.decode_inputs_into), then into SI by raw_to_si
-        self._in_header = np.zeros(len(gw.INPUT_HEADER), dtype=np.int64)
-        self._in_drives = np.zeros((len(gw.INPUT_DRIVE), self.n), dtype=np.int64)
-        self._in_rows = tuple(self._in_drives[gw.field_row(gw.INPUT_DRIVE, name)] for name in
-                              ("position", "velocity", "current", "statusword", "error_code", "mode_display"))
+        # the command: write() fills _cmd under the lock, the link thread copies it into _out
+        self._cmd, self._out = ArmCommand(self.n), ArmCommand(self.n)
         self._have_cmd = False
         self._cmd_pending = False      # a command written that no exchange has taken yet
         self._reset_latch = np.zeros(self.n, dtype=bool)
         # link state
-        self._tick = _Tick()
+        self._tick = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._up = False
@@ -304,21 +216,9 @@ class GatewayArm:
             except LinkError:
                 self._close_client()
                 raise
-        self._warm_up()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="armid-gateway-link", daemon=True)
         self._thread.start()
-
-    def _warm_up(self) -> None:
-        """Compile (or load from numba's cache) the link's kernels here, not in its first exchanges (a compile
-        there stalls the cycle for seconds): one command and one image of zeros through them."""
-        c = self._cmd
-        _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
-                        np.zeros(self.n, dtype=bool), self._latched_cw, self._fields)
-        gw.encode_outputs_into(self._out_header, self._fields, self._words)
-        words = gw.encode_inputs_into(self._in_header, self._in_drives, np.zeros(self._input_count, np.uint16))
-        for image in (words, words.astype(np.int64)):   # as function 23 (_ExchangeResponse) and 4 hand them over
-            gw.decode_inputs_into(image, self._in_header, self._in_drives)
 
     def close(self) -> None:
         """Stop the link thread (bounded wait) and close the connection. Idempotent."""
@@ -402,6 +302,7 @@ class GatewayArm:
                 self._reconnect()
                 continue
             self._tick.wait(IDLE_EXCHANGE_S)
+            self._tick.clear()
             if self._stop.is_set():
                 break
             try:
@@ -435,7 +336,6 @@ class GatewayArm:
         opts = self.options
         self._close_client()
         self._client = ModbusTcpClient(opts.host, port=opts.port, timeout=opts.timeout_ms / 1000, retries=0)
-        self._client.register(_ExchangeResponse)      # function 23's responses decoded by the class above
         if not self._client.connect():
             self.counts["connect_failures"] += 1
             raise self._down(f"cannot connect to {opts.host}:{opts.port}")
@@ -503,9 +403,9 @@ class GatewayArm:
         words = self._command_words()
         read = True
         if words is not None and self._fc23:
-            reply = self._client.execute(False, _ExchangeRequest(
-                read_address=gw.INPUT_MIRROR_BASE, read_count=self._input_count, write_address=gw.HOLDING_BASE,
-                write_registers=words, dev_id=self.options.device_id))
+            reply = self._client.readwrite_registers(read_address=gw.INPUT_MIRROR_BASE, read_count=self._input_count,
+                                                     write_address=gw.HOLDING_BASE, values=words,
+                                                     device_id=self.options.device_id)
             if reply.isError():
                 self.counts["exception_responses"] += 1
                 self._refused(str(reply))
@@ -526,19 +426,18 @@ class GatewayArm:
         self._rtt[k % ROUND_TRIP_WINDOW] = time.perf_counter() - t0
         self.counts["exchanges"] = k + 1
 
-    def _take(self, words: list[int] | np.ndarray, host_ns: int) -> None:
+    def _take(self, words: list[int], host_ns: int) -> None:
         """Decode an input image into the back buffer and publish it when it is new and valid."""
         c = self.counts
         try:
-            gw.decode_inputs_into(words, self._in_header, self._in_drives)
+            img = gw.decode_inputs(words, self.n)
         except gw.GatewayError as exc:
             c["bad_images"] += 1
             self.last_error = f"bad image dropped: {exc}"
             return
-        _, _, status, refused, counter, ts_us = self._in_header.tolist()   # INPUT_HEADER's order
-        self.gateway_refused_writes = refused
+        self.gateway_refused_writes = img.refused_writes
         first = self._last_counter is None
-        if status & gw.STATUS_WATCHDOG_EXPIRED:
+        if img.gateway_status & gw.STATUS_WATCHDOG_EXPIRED:
             # the first image of a connection may predate the handshake's watchdog write: not an alarm
             if not (self._watchdog_seen or first):
                 c["watchdog_expired"] += 1
@@ -547,21 +446,22 @@ class GatewayArm:
             self._watchdog_seen = True
         else:
             self._watchdog_seen = False
-        if not status & gw.STATUS_DATA_VALID:
+        if not img.gateway_status & gw.STATUS_DATA_VALID:
             c["invalid_images"] += 1
             return
         if not first:
-            step = (counter - self._last_counter) % _U32
+            step = (img.cycle_counter - self._last_counter) % _U32
             if step == 0:
                 c["repeated_images"] += 1
                 return
             c["missed_images"] += step - 1
-            if ts_us < self._last_ts_us - (_U32 >> 1):
+            if img.timestamp_us < self._last_ts_us - (_U32 >> 1):
                 self._ts_epoch += 1
-        self._last_counter, self._last_ts_us = counter, ts_us
-        b = self._back
-        b.device_time_ns, b.host_time_ns = (self._ts_epoch * _U32 + ts_us) * 1000, host_ns
-        raw_to_si(*self._in_rows, self._counts_per_rad, CURRENT_LSB, self._torque_per_amp, b.floats, b.words, b.mode)
+        self._last_counter, self._last_ts_us = img.cycle_counter, img.timestamp_us
+        b, sc = self._back, self.scaling
+        b.device_time_ns, b.host_time_ns = (self._ts_epoch * _U32 + img.timestamp_us) * 1000, host_ns
+        raw_to_si(img.position, img.velocity, img.current, img.statusword, img.error_code, img.mode_display,
+                  sc.counts_per_rad, CURRENT_LSB, self._torque_per_amp, b.floats, b.words, b.mode)
         with self._lock:
             f = self._front
             f.device_time_ns, f.host_time_ns = b.device_time_ns, b.host_time_ns
@@ -580,40 +480,33 @@ class GatewayArm:
         exchange while the cycle is late: sending its last command again would re-arm the gateway's watchdog
         without the cycle, and a gateway whose cycle follows the host's writes would run a cycle on a stale
         target) or a command that cannot be represented (counted; never sent)."""
+        out = self._out
         with self._lock:
             have = self._have_cmd
             fresh = self._cmd_pending
             self._cmd_pending = False
             if have and fresh:
-                c = self._cmd
-                bad = _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
-                                      self._reset_latch, self._latched_cw, self._fields)
-                if bad >= 0:
-                    return self._not_sent(self._unsendable(c))
+                np.copyto(out.controlword, self._cmd.controlword)
+                np.copyto(out.mode, self._cmd.mode)
+                np.copyto(out.target_position, self._cmd.target_position)
+                np.copyto(out.target_torque, self._cmd.target_torque)
+                latched = self._reset_latch.copy()
+                self._reset_latch[:] = False
         if not have:
             return [self._next_beat(), self.options.watchdog_ms]
         if not fresh:
             self.counts["idle_reads"] += 1
             return None
-        self._out_header[0] = self._next_beat()
+        cw = np.where(latched & ((out.controlword & _FAULT_RESET_BIT) == 0), cia402.CW_FAULT_RESET, out.controlword)
         try:
-            words = gw.encode_outputs_into(self._out_header, self._fields, self._words)
-        except gw.GatewayError as exc:       # e.g. a mode of operation the layout does not know
-            return self._not_sent(str(exc))
+            image = gw.OutputImage(self._next_beat(), self.options.watchdog_ms, cw.astype(np.int64),
+                                   out.mode.astype(np.int64), self.scaling.position_to_counts(out.target_position),
+                                   self.scaling.torque_to_raw(out.target_torque))
+            words = gw.encode_outputs(image)
+        except (WireValueError, gw.GatewayError) as exc:
+            # never sent: without the watchdog write the gateway stops the drives itself
+            self.counts["unsendable_commands"] += 1
+            self.last_error = f"command not sent: {exc}"
+            return None
         self.counts["writes"] += 1
-        return words.tolist()                # what pymodbus packs: a list of ints (the cheapest of the sequences)
-
-    def _not_sent(self, reason: str) -> None:
-        """Count a command that cannot be represented; never sent: without the watchdog write the gateway stops
-        the drives itself."""
-        self.counts["unsendable_commands"] += 1
-        self.last_error = f"command not sent: {reason}"
-
-    def _unsendable(self, command: ArmCommand) -> str:
-        """Why a command's targets cannot be sent (JointScaling's message, naming the value and the joint)."""
-        try:
-            self.scaling.position_to_counts(command.target_position)
-            self.scaling.torque_to_raw(command.target_torque)
-        except WireValueError as exc:
-            return str(exc)
-        return "a target does not fit int32 after scaling"
+        return words.tolist()
