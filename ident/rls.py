@@ -104,6 +104,19 @@ def ud_trace(W, D) -> float:
     return tr
 
 
+@njit(inline="always", fastmath=FAST)
+def _pivot(D, j, f, a, ia):
+    """A row's scalar step at column j (f = f_j, a = alpha_{j-1}, ia = 1 / a): D_j *= a / alpha_j; returns
+    v = D_j f (the old D_j), c = -f / a, alpha_j and 1 / alpha_j."""
+    d = D[j]
+    v = d * f
+    c = -f * ia
+    an = a + v * f
+    ian = 1.0 / an
+    D[j] = d * a * ian
+    return v, c, an, ian
+
+
 @njit(cache=True, nogil=True, fastmath=FAST)
 def _column(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
     """Column j swept by the rows H[:na] in turn (Bierman's scalar updates, see _sweep); returns D_j
@@ -114,15 +127,7 @@ def _column(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
         f += W[j, i] * H[0, i]
     tr = 0.0
     for r in range(na):
-        dj = D[j]
-        v = dj * f
-        c = -f * ialpha[r]
-        a0 = alpha[r]
-        a1 = a0 + v * f
-        i1 = 1.0 / a1
-        D[j] = dj * a0 * i1
-        alpha[r] = a1
-        ialpha[r] = i1
+        v, c, alpha[r], ialpha[r] = _pivot(D, j, f, alpha[r], ialpha[r])
         if r < last:                             # update the column, and row r+1's f_j from it
             f = H[r + 1, j]
             for i in range(jj):
@@ -175,21 +180,8 @@ def _column_pair(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
         f1 += W[k, i] * H[0, i]
     tr = 0.0
     for r in range(na):
-        d0 = D[j]                                # column j, as in _column
-        v0 = d0 * f0
-        c0 = -f0 * ialpha[r]
-        a0 = alpha[r]
-        a1 = a0 + v0 * f0
-        i1 = 1.0 / a1
-        D[j] = d0 * a0 * i1
-        d1 = D[k]                                # column j + 1
-        v1 = d1 * f1
-        c1 = -f1 * i1
-        a2 = a1 + v1 * f1
-        i2 = 1.0 / a2
-        D[k] = d1 * a1 * i2
-        alpha[r] = a2
-        ialpha[r] = i2
+        v0, c0, a1, i1 = _pivot(D, j, f0, alpha[r], ialpha[r])
+        v1, c1, alpha[r], ialpha[r] = _pivot(D, k, f1, a1, i1)
         bj = v0 + u * v1                         # b_j after both columns (v0 after column j)
         u = u + v0 * c1
         if r < last:
@@ -251,13 +243,9 @@ def _column_triple(W, D, H, na, j, jj, b, alpha, ialpha) -> float:
         f2 += W[j + 2, i] * h
     tr = 0.0
     for r in range(na):
-        a = alpha[r]
-        ia = ialpha[r]
-        d = D[j]; v0 = d * f0; c0 = -f0 * ia; an = a + v0 * f0; ia = 1.0 / an; D[j] = d * a * ia; a = an
-        d = D[j + 1]; v1 = d * f1; c1 = -f1 * ia; an = a + v1 * f1; ia = 1.0 / an; D[j + 1] = d * a * ia; a = an
-        d = D[j + 2]; v2 = d * f2; c2 = -f2 * ia; an = a + v2 * f2; ia = 1.0 / an; D[j + 2] = d * a * ia; a = an
-        alpha[r] = a
-        ialpha[r] = ia
+        v0, c0, a, ia = _pivot(D, j, f0, alpha[r], ialpha[r])
+        v1, c1, a, ia = _pivot(D, j + 1, f1, a, ia)
+        v2, c2, alpha[r], ialpha[r] = _pivot(D, j + 2, f2, a, ia)
         bl0 = v0                                # the gain's elements j, j + 1 (b_j = v0 after column j)
         t = u01; u01 = t + bl0 * c1; bl0 += t * v1
         bl1 = v1

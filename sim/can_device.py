@@ -327,9 +327,10 @@ class CanDevice:
         except (can.CanError, OSError, ValueError, ImportError) as exc:
             opts = ", ".join(f"{k}={v!r}" for k, v in self._bus_options.items())
             raise InputError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
-        self.bus_tuning = tune_udp_multicast(bus, own_ids=self._own_ids)
+        own = self._own_ids
+        self.bus_tuning = tune_udp_multicast(bus, own_ids=own)
         if self.bus_tuning.get("own_frames_filtered"):
-            self._own_filtered = self._own_ids
+            self._own_filtered = own
         return bus
 
     @property
