@@ -20,12 +20,13 @@ with the driver's own timer (driver.timer: absolute clock_nanosleep, 1 ns slack,
 Python publisher pays, timer wake-ups and the socket.
 Two more references bound the links, each measured in the same run: for the gateway a bare pymodbus FC23
 client loop against the same simulated gateway before the driver connects (benchmarks/bench_gateway.py's
-round_trips: exchanges per second and CPU per exchange, printed as the CPU it takes at the driver's exchange
-rate); for CAN python-can's udp_multicast alone (benchmarks/bench_can.py's interface_cost: CPU per frame sent
-and received, printed as the CPU of one cycle's 13 sends and 13 receives at the rate: TPDO1 and TPDO2 of six
-drives and the first drive's TPDO4; its own 13 frames, which udp_multicast returns to the sender, are dropped by
-the driver's socket filter in the kernel, as SocketCAN does not return them; 26 receives where that filter cannot
-be attached). CAN at a rate beyond
+round_trips with codec=False: pymodbus's sync client alone, the same 38 words written every time and the 80
+registers read not decoded; exchanges per second and CPU per exchange, printed as the CPU it takes at the
+driver's exchange rate); for CAN python-can's udp_multicast alone (benchmarks/bench_can.py's interface_cost: CPU
+per frame sent and received, printed as the CPU of one cycle's 13 sends and 13 receives at the rate: TPDO1 and
+TPDO2 of six drives and the first drive's TPDO4; its own 13 frames, which udp_multicast returns to the sender,
+are dropped by the driver's socket filter in the kernel, as SocketCAN does not return them; 26 receives where
+that filter cannot be attached). CAN at a rate beyond
 what one 1 Mbit/s bus carries for six drives (285 Hz) is also run at 250 Hz.
 
 --realtime PRIO: the driver runs with a [realtime] section (priority = PRIO for its cycle thread and libzmq's
@@ -327,10 +328,11 @@ LINK_REFERENCE_S = 5.0      # seconds of the bare library loops (gateway, CAN)
 
 
 def gateway_reference(connection: dict, seconds: float = LINK_REFERENCE_S) -> tuple[float, float]:
-    """A bare pymodbus FC23 client loop (benchmarks/bench_gateway.round_trips: the driver link thread's request,
-    write the output image and read the input mirror, TCP_NODELAY, the image decoded) against the simulated
-    gateway the driver is about to use: (exchanges per second, process CPU per exchange in us). The drives get
-    a disabled command (controlword 0), so nothing moves."""
+    """A bare pymodbus FC23 client loop (benchmarks/bench_gateway.round_trips, codec=False: the driver link thread's
+    request, write the output image and read the input mirror, TCP_NODELAY; pymodbus alone: the same words sent
+    every time, the registers read not decoded) against the simulated gateway the driver is about to use:
+    (exchanges per second, process CPU per exchange in us). The drives get a disabled command (controlword 0),
+    so nothing moves."""
     from bench_gateway import round_trips
     from firmware_bridge import cia402, gateway as gw
 
@@ -338,7 +340,7 @@ def gateway_reference(connection: dict, seconds: float = LINK_REFERENCE_S) -> tu
     idle = gw.OutputImage(0, 2000, np.full(n, cia402.CW_DISABLE_VOLTAGE), np.full(n, int(cia402.Mode.CSP)),
                           np.zeros(n, np.int64), np.zeros(n, np.int64))
     cpu: list[float] = []
-    rate = round_trips(int(connection["port"]), idle, seconds, cpu, fc23=True)
+    rate = round_trips(int(connection["port"]), idle, seconds, cpu, fc23=True, codec=False)
     return rate, cpu[0] * 1e6
 
 
@@ -469,8 +471,9 @@ def main() -> None:
             if "gateway" in r:          # what pymodbus alone costs at the exchange rate the driver ran
                 bare_rate, per_exchange_us = r["gateway"]
                 alone = per_exchange_us * made / 1e4
-                print(f"{tag} driver CPU: {r['cpu']:.1f} % of a core (reference: a bare pymodbus FC23 client loop against "
-                      f"the same simulated gateway, {per_exchange_us:.0f} us CPU per exchange, {alone:.1f} % at the "
+                print(f"{tag} driver CPU: {r['cpu']:.1f} % of a core (reference: a bare pymodbus FC23 client loop, fixed "
+                      f"words, registers not decoded, against the same simulated gateway, {per_exchange_us:.0f} us CPU "
+                      f"per exchange, {alone:.1f} % at the "
                       f"driver's {made:.0f} exchanges/s; alone it made {bare_rate:.0f} exchanges/s; ratio "
                       f"{r['cpu'] / max(alone, 1e-9):.1f}x)")
             if name == "can" and can_ref is not None:    # what python-can alone costs for a cycle's frames

@@ -18,14 +18,19 @@ read the whole input image of up to DRIVES_PER_READ drives in one request of at 
 encode_inputs / decode_inputs and encode_outputs / decode_outputs convert between the images (numpy
 arrays of n drives) and uint16 words; anything that cannot be represented, or that a gateway of this
 layout cannot have sent, raises GatewayError naming the field, the drive and the register address.
-This module depends on nothing of armid's but firmware_bridge.
+The Field tables are compiled into small arrays at import, and one numba kernel per block and direction
+packs or unpacks every field of every drive and says which value was bad first; encode_*_into and
+decode_*_into do the same into preallocated buffers (int64 values one row per field, uint16 words) for
+a host's or a gateway's hot path. This module depends on nothing of armid's but firmware_bridge (and
+numpy, numba).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Sequence
 
+import numba
 import numpy as np
 
 from firmware_bridge import cia402
@@ -195,13 +200,20 @@ class OutputImage:
         return int(np.shape(self.controlword)[0])
 
 
-_NUMPY = {"u16": ">u2", "i16": ">i2", "u32": ">u4", "i32": ">i4"}
-
-
-def _dtype(group: tuple[Field, ...], size: int) -> np.dtype:
-    """The big-endian structured dtype of a block: its words, viewed field by field."""
-    return np.dtype({"names": [f.name for f in group], "formats": [_NUMPY[f.kind] for f in group],
-                     "offsets": [2 * f.offset for f in group], "itemsize": 2 * size})
+# -- the codec: each block's Field table compiled into arrays, one numba kernel per direction ---------------
+# The columns of a compiled field table (one row per Field, in the table's order): offset in the block,
+# registers (1, 2), signed (0, 1), the inclusive bounds, where the field's allowed-value table starts in the
+# block's lookup table (-1: none), and whether a decoded word must be checked (values narrower than the kind).
+_OFF, _SIZE, _SIGNED, _LO, _HI, _TABLE, _NARROW = range(7)
+# what the kernels return besides -1 (all good) and a field's code (>= 0: header field i, or
+# len(header) + f * n + k for drive field f of drive k, 0-based)
+_SHAPE = -2          # the caller's arrays do not have the block's shapes
+_SHORT = -3          # fewer words than the input header
+_LAYOUT = -4         # layout_version is not LAYOUT_VERSION
+_BLOCKS = -5         # not a header plus whole drive blocks
+_DRIVES = -6         # a whole number of drives, but not the number expected
+_COUNT = -7          # drive_count disagrees with the number of words
+_BAD_WORD = -16      # _BAD_WORD - i: word i is not a 16-bit word
 
 
 @dataclass(frozen=True)
@@ -214,71 +226,219 @@ class _Block:
     stride: int
     implied: tuple[str, ...]  # header fields not in the image dataclass
 
-    @property
-    def header_dtype(self) -> np.dtype:
-        return _dtype(self.header, self.header_size)
-
-    @property
-    def drive_dtype(self) -> np.dtype:
-        return _dtype(self.drive, self.stride)
-
     def count(self, n: int) -> int:
         return self.header_size + self.stride * n
+
+    @cached_property
+    def compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(header spec, drive spec, allowed-value lookup): the Field tables as arrays for the kernels."""
+        tables: list[np.ndarray] = []
+        at = 0
+
+        def spec(group: tuple[Field, ...]) -> np.ndarray:
+            nonlocal at
+            rows = []
+            for f in group:
+                lo, hi = f.bounds
+                start = -1
+                if f.allowed is not None:
+                    table = np.zeros(hi - lo + 1, dtype=np.bool_)
+                    table[np.asarray(f.allowed) - lo] = True
+                    tables.append(table)
+                    start, at = at, at + table.size
+                narrowed = f.lo is not None or f.hi is not None or f.allowed is not None
+                rows.append((f.offset, f.size, f.kind[0] == "i", lo, hi, start, narrowed))
+            return np.array(rows, dtype=np.int64).reshape(len(group), 7)
+
+        header, drive = spec(self.header), spec(self.drive)
+        lookup = np.concatenate(tables) if tables else np.zeros(0, dtype=np.bool_)
+        return header, drive, lookup
+
+    def address(self, f: Field, drive: int | None) -> int:
+        return self.base + (f.offset if drive is None else self.header_size + self.stride * drive + f.offset)
 
 
 _INPUTS = _Block("input", INPUT_BASE, INPUT_HEADER, INPUT_HEADER_SIZE, INPUT_DRIVE, INPUT_DRIVE_STRIDE,
                  ("layout_version", "drive_count"))
 _OUTPUTS = _Block("holding", HOLDING_BASE, HOLDING_HEADER, HOLDING_HEADER_SIZE, HOLDING_DRIVE,
                   HOLDING_DRIVE_STRIDE, ())
+_DRIVE_COUNT_AT = next(i for i, f in enumerate(INPUT_HEADER) if f.name == "drive_count")
+_LAYOUT_AT = next(i for i, f in enumerate(INPUT_HEADER) if f.name == "layout_version")
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _allowed(v, spec, i, lookup) -> bool:
+    """True when v lies in field i's bounds and, if it has them, its allowed values."""
+    lo = spec[i, _LO]
+    if v < lo or v > spec[i, _HI]:
+        return False
+    t = spec[i, _TABLE]
+    return t < 0 or lookup[t + v - lo]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _put(v, spec, i, lookup, out, at) -> bool:
+    """Field i of spec (value v) into out[at] (and out[at + 1], high word first); False when v is outside its
+    bounds or allowed values (nothing written)."""
+    if not _allowed(v, spec, i, lookup):
+        return False
+    if spec[i, _SIZE] == 1:
+        out[at] = v & 0xFFFF
+    else:
+        out[at] = (v >> 16) & 0xFFFF
+        out[at + 1] = v & 0xFFFF
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _pack(header, drives, h_spec, d_spec, lookup, header_size, stride, out):
+    """Encode kernel: header values (H,) and drive values (F, n) (int64, wire units) into the block's words out
+    (header_size + stride * n,) uint16 (reserved words 0). Returns -1, or the code of the first value that does
+    not fit (header fields in order, then drive fields one field at a time, drives in order), or _SHAPE."""
+    nh, nf, n = h_spec.shape[0], d_spec.shape[0], drives.shape[1]
+    if header.shape[0] != nh or drives.shape[0] != nf or out.shape[0] != header_size + stride * n:
+        return _SHAPE
+    for i in range(out.shape[0]):
+        out[i] = 0
+    for i in range(nh):
+        if not _put(header[i], h_spec, i, lookup, out, h_spec[i, _OFF]):
+            return i
+    for f in range(nf):
+        for k in range(n):
+            if not _put(drives[f, k], d_spec, f, lookup, out, header_size + stride * k + d_spec[f, _OFF]):
+                return nh + f * n + k
+    return -1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _get(words, spec, i, lookup, at, out, j) -> bool:
+    """Field i of spec from words[at] (and at + 1) into out[j]; False when a narrowed field's value is not allowed."""
+    v = np.int64(words[at])
+    if spec[i, _SIZE] == 1:
+        if spec[i, _SIGNED] and v >= 0x8000:
+            v -= 0x10000
+    else:
+        v = (v << 16) | np.int64(words[at + 1])
+        if spec[i, _SIGNED] and v >= 0x80000000:
+            v -= 0x100000000
+    out[j] = v
+    return not spec[i, _NARROW] or _allowed(v, spec, i, lookup)
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack(words, h_spec, d_spec, lookup, header_size, stride, layout_at, layout, count_at, header, drives):
+    """Decode kernel: words (a whole image, any integer dtype) into header (H,) and drives (F, n) int64 (wire
+    units; n = drives.shape[1] is the number of drives expected). Checks, in this order: every word is 16-bit;
+    with layout_at >= 0 the header is complete and words[layout_at] == layout; the words are a header plus whole
+    drive blocks, n of them; the narrowed fields (header, then drive fields one at a time); with count_at >= 0
+    header[count_at] == n. Returns -1 or what failed first (_BAD_WORD - i, _SHORT, ..., a field's code)."""
+    m = words.shape[0]
+    for i in range(m):
+        if words[i] < 0 or words[i] > 0xFFFF:
+            return _BAD_WORD - i
+    if layout_at >= 0:
+        if m < header_size:
+            return _SHORT
+        if words[layout_at] != layout:
+            return _LAYOUT
+    body = m - header_size
+    if body <= 0 or body % stride:
+        return _BLOCKS
+    n = drives.shape[1]
+    if body // stride != n:
+        return _DRIVES
+    nh, nf = h_spec.shape[0], d_spec.shape[0]
+    if header.shape[0] != nh or drives.shape[0] != nf:
+        return _SHAPE
+    for i in range(nh):
+        if not _get(words, h_spec, i, lookup, h_spec[i, _OFF], header, i):
+            return i
+    for f in range(nf):
+        row = drives[f]
+        for k in range(n):
+            if not _get(words, d_spec, f, lookup, header_size + stride * k + d_spec[f, _OFF], row, k):
+                return nh + f * n + k
+    if count_at >= 0 and header[count_at] != n:
+        return _COUNT
+    return -1
+
+
+# the compiled tables as module constants, so that numba bakes them into one kernel per block and direction
+# (three arguments to dispatch instead of eleven: ~1 us less per call)
+_IN_H, _IN_D, _IN_LOOKUP = _INPUTS.compiled
+_OUT_H, _OUT_D, _OUT_LOOKUP = _OUTPUTS.compiled
+
+
+@numba.njit(cache=True, nogil=True)
+def _pack_inputs(header, drives, out):
+    return _pack(header, drives, _IN_H, _IN_D, _IN_LOOKUP, INPUT_HEADER_SIZE, INPUT_DRIVE_STRIDE, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _pack_outputs(header, drives, out):
+    return _pack(header, drives, _OUT_H, _OUT_D, _OUT_LOOKUP, HOLDING_HEADER_SIZE, HOLDING_DRIVE_STRIDE, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack_inputs(words, header, drives):
+    return _unpack(words, _IN_H, _IN_D, _IN_LOOKUP, INPUT_HEADER_SIZE, INPUT_DRIVE_STRIDE, _LAYOUT_AT, LAYOUT_VERSION,
+                   _DRIVE_COUNT_AT, header, drives)
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack_outputs(words, header, drives):
+    return _unpack(words, _OUT_H, _OUT_D, _OUT_LOOKUP, HOLDING_HEADER_SIZE, HOLDING_DRIVE_STRIDE, -1, LAYOUT_VERSION, -1,
+                   header, drives)
+
+
+_KERNELS = {"input": (_pack_inputs, _unpack_inputs), "holding": (_pack_outputs, _unpack_outputs)}
 
 
 def _fail(block: _Block, f: Field, value: int, drive: int | None) -> GatewayError:
     lo, hi = f.bounds
     where = "" if drive is None else f" drive {drive + 1}"
-    addr = block.base + (f.offset if drive is None else block.header_size + block.stride * drive + f.offset)
     expected = ", ".join(map(str, f.allowed)) if f.allowed is not None else f"{lo}..{hi}"
-    return GatewayError(f"gateway {block.what} image:{where} {f.name} (register {addr:#06x}) = {value}: "
-                        f"expected {expected}")
+    return GatewayError(f"gateway {block.what} image:{where} {f.name} (register {block.address(f, drive):#06x}) = "
+                        f"{value}: expected {expected}")
 
 
-_INTEGER_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32))
+def _field_error(block: _Block, code: int, header: np.ndarray, drives: np.ndarray) -> GatewayError:
+    """The GatewayError of a field's code from _pack or _unpack (field, drive, register, value)."""
+    nh = len(block.header)
+    if code < nh:
+        return _fail(block, block.header[code], int(header[code]), None)
+    f, k = divmod(code - nh, drives.shape[1])
+    return _fail(block, block.drive[f], int(drives[f, k]), k)
 
 
-def _trusted(f: Field) -> frozenset:
-    """Integer dtypes that cannot hold a value outside f's range (no check needed: the sim's uint16
-    statuswords, int8 modes, int32 counts)."""
-    lo, hi = f.bounds
-    if f.allowed is not None:
-        return frozenset()
-    return frozenset(t for t in _INTEGER_TYPES if np.iinfo(t).min >= lo and np.iinfo(t).max <= hi)
-
-
-def _narrowed(f: Field) -> bool:
-    """True when f's values are narrower than its kind (a decoded word must still be checked)."""
-    return f.lo is not None or f.hi is not None or f.allowed is not None
-
-
-_SPECS = {b.what: (b.header_dtype, b.drive_dtype, tuple(_trusted(f) for f in b.drive)) for b in (_INPUTS, _OUTPUTS)}
-
-
-@lru_cache(maxsize=None)
-def _allowed_table(f: Field) -> np.ndarray:
-    """table[v - lo] is True for the allowed values of f (a lookup instead of np.isin)."""
-    lo, hi = f.bounds
-    table = np.zeros(hi - lo + 1, dtype=bool)
-    table[np.asarray(f.allowed) - lo] = True
-    return table
-
-
-def _check(block: _Block, f: Field, values: np.ndarray) -> None:
-    """GatewayError for the first drive whose value of field f lies outside its range or allowed set."""
-    lo, hi = f.bounds
-    bad = (values < lo) | (values > hi)
-    if f.allowed is not None:
-        bad |= ~_allowed_table(f)[np.clip(values, lo, hi) - lo]
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise _fail(block, f, int(values[k]), k)
+def _decode_error(block: _Block, code: int, w: np.ndarray, n: int | None, header: np.ndarray,
+                  drives: np.ndarray) -> GatewayError:
+    """The GatewayError of what _unpack found wrong (code != -1) in words w (n: the drives the caller expects)."""
+    m = w.shape[0]
+    if code >= 0:
+        return _field_error(block, code, header, drives)
+    if code <= _BAD_WORD:
+        k = _BAD_WORD - code
+        return GatewayError(f"gateway {block.what} image: register {block.base + k:#06x} = {int(w[k])}: "
+                            f"not a 16-bit word")
+    if code == _SHORT:
+        return GatewayError(f"gateway {block.what} image: {m} registers, the header alone is {block.header_size}")
+    if code == _LAYOUT:
+        return GatewayError(f"gateway {block.what} image: layout_version (register "
+                            f"{block.address(block.header[_LAYOUT_AT], None):#06x}) = "
+                            f"{int(w[_LAYOUT_AT])}, this host speaks version {LAYOUT_VERSION}")
+    if code == _BLOCKS:
+        return GatewayError(f"gateway {block.what} image: {m} registers is not a header of {block.header_size} plus "
+                            f"whole drive blocks of {block.stride}")
+    if code == _DRIVES:
+        return GatewayError(f"gateway {block.what} image: {m} registers hold {(m - block.header_size) // block.stride} "
+                            f"drives, expected {n}")
+    if code == _COUNT:
+        return GatewayError(f"gateway {block.what} image: drive_count (register "
+                            f"{block.address(block.header[_DRIVE_COUNT_AT], None):#06x}) = "
+                            f"{int(header[_DRIVE_COUNT_AT])}, but {m} registers were read")
+    return GatewayError(f"gateway {block.what} image: buffers of the wrong shape: header {header.shape}, drives "
+                        f"{drives.shape} (expected ({len(block.header)},), ({len(block.drive)}, n))")
 
 
 def _integers(block: _Block, name: str, value, shape: tuple[int, ...]) -> np.ndarray:
@@ -305,87 +465,91 @@ def _integers(block: _Block, name: str, value, shape: tuple[int, ...]) -> np.nda
 
 
 def _encode(block: _Block, image) -> np.ndarray:
+    """The words of an image dataclass: its values checked for type and shape here, for range by _pack."""
     shape = np.shape(getattr(image, block.drive[0].name))
     n = shape[0] if len(shape) == 1 else 0
     if not 1 <= n <= MAX_DRIVES:
         raise GatewayError(f"gateway {block.what} image: {n} drives, expected 1..{MAX_DRIVES}")
-    header_dtype, drive_dtype, trusted = _SPECS[block.what]
     implied = {"layout_version": LAYOUT_VERSION, "drive_count": n}
-    header = []
-    for f in block.header:
+    header = np.empty(len(block.header), dtype=np.int64)
+    for i, f in enumerate(block.header):
         v = implied[f.name] if f.name in block.implied else getattr(image, f.name)
         if type(v) is not int:
             v = int(_integers(block, f.name, v, ()))
         lo, hi = f.bounds
-        if not lo <= v <= hi:
+        if not lo <= v <= hi:      # here: a Python int may not fit int64
             raise _fail(block, f, v, None)
-        header.append(v)
-    words = np.zeros(block.count(n), dtype=">u2")
-    words[:block.header_size].view(header_dtype)[0] = tuple(header)
-    drives = words[block.header_size:].view(drive_dtype)
-    for f, safe in zip(block.drive, trusted):
+        header[i] = v
+    drives = np.empty((len(block.drive), n), dtype=np.int64)
+    for i, f in enumerate(block.drive):
         v = getattr(image, f.name)
-        if not (type(v) is np.ndarray and v.dtype in safe and v.shape == (n,)):
+        if not (type(v) is np.ndarray and v.dtype.kind in "iu" and v.dtype != np.uint64 and v.shape == (n,)):
             v = _integers(block, f.name, v, (n,))
-            _check(block, f, v)
-        drives[f.name] = v
-    return words.astype(np.uint16)
+        drives[i] = v
+    out = np.empty(block.count(n), dtype=np.uint16)
+    _pack_into(block, header, drives, out)
+    return out
+
+
+def _pack_into(block: _Block, header: np.ndarray, drives: np.ndarray, out: np.ndarray) -> None:
+    if header.dtype != np.int64 or drives.dtype != np.int64 or out.dtype != np.uint16 or drives.ndim != 2:
+        raise GatewayError(f"gateway {block.what} image: expected int64 values and a uint16 buffer, got "
+                           f"{header.dtype}, {drives.dtype}, {out.dtype}")
+    code = _KERNELS[block.what][0](header, drives, out)
+    if code >= 0:
+        raise _field_error(block, code, header, drives)
+    if code != -1:
+        raise GatewayError(f"gateway {block.what} image: buffers of the wrong shape: header {header.shape}, "
+                           f"drives {drives.shape}, words {out.shape}")
 
 
 def _words(block: _Block, words) -> np.ndarray:
-    """words as big-endian uint16; GatewayError for anything but a 1-D sequence of 16-bit integers."""
-    if type(words) is list and all(type(x) is int for x in words):  # what a Modbus client returns
-        try:
-            return np.array(words, dtype=">u2")
-        except OverflowError:
-            pass  # out of range: found and named below
+    """words as a 1-D int64 or uint16 array (not yet range-checked: the kernel does); GatewayError for anything
+    but a 1-D sequence of integers."""
+    if type(words) is list:               # what a Modbus client returns
+        w = np.array(words) if words else np.zeros(0, dtype=np.int64)
+        if w.dtype == np.int64 and w.ndim == 1:
+            return w
+    elif type(words) is np.ndarray and words.ndim == 1 and words.dtype in (np.int64, np.uint16):
+        return words if words.flags.c_contiguous else np.ascontiguousarray(words)
     try:
         w = np.asarray(words)
         if w.dtype == object or w.dtype.kind not in "iu" or w.ndim != 1:
             raise TypeError
     except (TypeError, ValueError, OverflowError):
         raise GatewayError(f"gateway {block.what} image: expected a sequence of register words") from None
-    if w.dtype != np.uint16:
-        bad = (w < 0) | (w > 0xFFFF)
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            raise GatewayError(f"gateway {block.what} image: register {block.base + k:#06x} = {int(w[k])}: "
-                               f"not a 16-bit word")
-    return w.astype(">u2")
+    bad = (w < 0) | (w > 0xFFFF)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise GatewayError(f"gateway {block.what} image: register {block.base + k:#06x} = {int(w[k])}: "
+                           f"not a 16-bit word")
+    return w.astype(np.int64)
 
 
-def _drives_in(block: _Block, count: int, n: int | None) -> int:
-    body = count - block.header_size
-    if body <= 0 or body % block.stride:
-        raise GatewayError(f"gateway {block.what} image: {count} registers is not a header of "
-                           f"{block.header_size} plus whole drive blocks of {block.stride}")
-    got = body // block.stride
-    if n is not None and got != n:
-        raise GatewayError(f"gateway {block.what} image: {count} registers hold {got} drives, expected {n}")
-    return got
+def _unpack_into(block: _Block, w: np.ndarray, n: int | None, header: np.ndarray, drives: np.ndarray) -> None:
+    if header.dtype != np.int64 or drives.dtype != np.int64 or drives.ndim != 2:
+        raise GatewayError(f"gateway {block.what} image: expected int64 arrays to decode into, got {header.dtype}, "
+                           f"{drives.dtype}")
+    code = _KERNELS[block.what][1](w, header, drives)
+    if code != -1:
+        raise _decode_error(block, code, w, n, header, drives)
 
 
-def _decode(block: _Block, w: np.ndarray, n: int | None) -> dict[str, object]:
-    """Field values of big-endian words w (from _words)."""
-    _drives_in(block, w.shape[0], n)
-    header_dtype, drive_dtype, _ = _SPECS[block.what]
-    values: dict[str, object] = {}
-    for f, v in zip(block.header, w[:block.header_size].view(header_dtype)[0].item()):
-        lo, hi = f.bounds
-        if not lo <= v <= hi:
-            raise _fail(block, f, v, None)
-        values[f.name] = v
-    drives = w[block.header_size:].view(drive_dtype)
-    for f in block.drive:
-        v = drives[f.name].astype(np.int64)
-        if _narrowed(f):  # a word always fits its kind; only narrower ranges need a look
-            _check(block, f, v)
-        values[f.name] = v
-    return values
+def _decode(block: _Block, words, n: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(header values, (F, n) drive values) of an image's words; GatewayError for anything a gateway of this
+    layout cannot have sent."""
+    w = _words(block, words)
+    got = max((w.shape[0] - block.header_size) // block.stride, 0)
+    header = np.zeros(len(block.header), dtype=np.int64)
+    drives = np.zeros((len(block.drive), got if n is None else max(n, 0)), dtype=np.int64)
+    _unpack_into(block, w, n, header, drives)
+    return header, drives
 
 
-_INPUT_NAMES = tuple(f.name for f in fields(InputImage))
-_OUTPUT_NAMES = tuple(f.name for f in fields(OutputImage))
+def _image(cls, block: _Block, header: np.ndarray, drives: np.ndarray):
+    values = dict(zip((f.name for f in block.header), header.tolist()))
+    values.update(zip((f.name for f in block.drive), drives))
+    return cls(**{f.name: values[f.name] for f in fields(cls)})
 
 
 # -- public codec ----------------------------------------------------------------------------------------
@@ -398,17 +562,7 @@ def encode_inputs(image: InputImage) -> np.ndarray:
 def decode_inputs(words: Sequence[int] | np.ndarray, n: int | None = None) -> InputImage:
     """The image in input registers read from INPUT_BASE (the whole image). Checks the layout version first,
     then that drive_count matches the number of words (and n when given). GatewayError otherwise."""
-    w = _words(_INPUTS, words)
-    if w.shape[0] < INPUT_HEADER_SIZE:
-        raise GatewayError(f"gateway input image: {w.shape[0]} registers, the header alone is {INPUT_HEADER_SIZE}")
-    if w[0] != LAYOUT_VERSION:
-        raise GatewayError(f"gateway input image: layout_version (register {INPUT_BASE:#06x}) = {int(w[0])}, "
-                           f"this host speaks version {LAYOUT_VERSION}")
-    values = _decode(_INPUTS, w, n)
-    if values["drive_count"] != (w.shape[0] - INPUT_HEADER_SIZE) // INPUT_DRIVE_STRIDE:
-        raise GatewayError(f"gateway input image: drive_count (register {input_address('drive_count'):#06x}) = "
-                           f"{values['drive_count']}, but {w.shape[0]} registers were read")
-    return InputImage(**{name: values[name] for name in _INPUT_NAMES})
+    return _image(InputImage, _INPUTS, *_decode(_INPUTS, words, n))
 
 
 def encode_outputs(image: OutputImage) -> np.ndarray:
@@ -420,8 +574,54 @@ def encode_outputs(image: OutputImage) -> np.ndarray:
 def decode_outputs(words: Sequence[int] | np.ndarray, n: int | None = None) -> OutputImage:
     """The command image in holding registers read from HOLDING_BASE (the whole image); GatewayError for an
     unknown mode of operation, or a word count that is not a whole number of drives (or not n)."""
-    values = _decode(_OUTPUTS, _words(_OUTPUTS, words), n)
-    return OutputImage(**{name: values[name] for name in _OUTPUT_NAMES})
+    return _image(OutputImage, _OUTPUTS, *_decode(_OUTPUTS, words, n))
+
+
+# -- the hot path: preallocated int64 values and uint16 words, one numba call per image ---------------------
+def field_row(group: tuple[Field, ...], name: str) -> int:
+    """The row of field `name` in the value arrays of group (INPUT_HEADER, INPUT_DRIVE, HOLDING_HEADER,
+    HOLDING_DRIVE): the arrays of the *_into functions hold the fields in their table's order."""
+    return next(i for i, f in enumerate(group) if f.name == name)
+
+
+def encode_inputs_into(header: np.ndarray, drives: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """encode_inputs without allocating: header (len(INPUT_HEADER),) int64 in INPUT_HEADER's order (its
+    layout_version and drive_count are set here), drives (len(INPUT_DRIVE), n) int64, one row per INPUT_DRIVE
+    field (wire units), into out (input_count(n),) uint16, which is returned. The same checks and GatewayError
+    as encode_inputs; after an error out holds no valid image."""
+    n = drives.shape[1] if drives.ndim == 2 else 0
+    if not 1 <= n <= MAX_DRIVES:
+        raise GatewayError(f"gateway input image: {n} drives, expected 1..{MAX_DRIVES}")
+    header[_LAYOUT_AT] = LAYOUT_VERSION
+    header[_DRIVE_COUNT_AT] = n
+    _pack_into(_INPUTS, header, drives, out)
+    return out
+
+
+def encode_outputs_into(header: np.ndarray, drives: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """encode_outputs without allocating: header (len(HOLDING_HEADER),) int64 (watchdog, watchdog_timeout_ms),
+    drives (len(HOLDING_DRIVE), n) int64, one row per HOLDING_DRIVE field (controlword, mode, counts, mN m),
+    into out (holding_count(n),) uint16, which is returned. The same checks and GatewayError as encode_outputs;
+    after an error out holds no valid image."""
+    n = drives.shape[1] if drives.ndim == 2 else 0
+    if not 1 <= n <= MAX_DRIVES:
+        raise GatewayError(f"gateway holding image: {n} drives, expected 1..{MAX_DRIVES}")
+    _pack_into(_OUTPUTS, header, drives, out)
+    return out
+
+
+def decode_inputs_into(words: Sequence[int] | np.ndarray, header: np.ndarray, drives: np.ndarray) -> None:
+    """decode_inputs without allocating an image: the whole input image of n = drives.shape[1] drives into
+    header (len(INPUT_HEADER),) and drives (len(INPUT_DRIVE), n), int64, in the tables' order (wire units).
+    The same checks and GatewayError as decode_inputs(words, n); after an error the arrays hold no valid image."""
+    _unpack_into(_INPUTS, _words(_INPUTS, words), drives.shape[1], header, drives)
+
+
+def decode_outputs_into(words: Sequence[int] | np.ndarray, header: np.ndarray, drives: np.ndarray) -> None:
+    """decode_outputs without allocating an image: the whole holding image of n = drives.shape[1] drives into
+    header (len(HOLDING_HEADER),) and drives (len(HOLDING_DRIVE), n), int64, in the tables' order. The same
+    checks and GatewayError as decode_outputs(words, n)."""
+    _unpack_into(_OUTPUTS, _words(_OUTPUTS, words), drives.shape[1], header, drives)
 
 
 # -- generated artefacts: C constants and the documentation tables ---------------------------------------

@@ -44,6 +44,7 @@ import threading
 import time
 from typing import NamedTuple
 
+import numba
 import numpy as np
 from pymodbus.constants import ExcCodes
 from pymodbus.server import ModbusTcpServer
@@ -65,6 +66,37 @@ _OE_MASK, _OE_VALUE = cia402.STATE_PATTERNS[cia402.State.OPERATION_ENABLED]
 _CW = np.asarray([gw.holding_address("controlword", k) - gw.HOLDING_BASE for k in range(gw.MAX_DRIVES)])
 _WATCHDOG = gw.holding_address("watchdog") - gw.HOLDING_BASE
 _TIMEOUT = gw.holding_address("watchdog_timeout_ms") - gw.HOLDING_BASE
+# the rows of the value arrays _fill_inputs fills and _write reads (gw.*_into keep the Field tables' order)
+assert tuple(f.name for f in gw.INPUT_DRIVE) == ("statusword", "mode_display", "error_code", "position", "velocity",
+                                                 "current", "torque")
+assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
+_WIRE_MAX = float(INT32_MAX)
+_SW_FAULT = int(cia402.SW_FAULT)
+_DATA_VALID, _DRIVE_FAULT = gw.STATUS_DATA_VALID, gw.STATUS_DRIVE_FAULT
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_inputs(si, statusword, mode_display, error_code, drives):
+    """A cycle's values into the input image's drive rows (7, n) int64: statusword, mode display, error code,
+    then si (4, n: position, velocity, current, torque already in wire units, not rounded) rounded, when every
+    one of them fits int32 (else the rows keep the last representable values). The status bits: data valid
+    (all fitted) and drive fault (some statusword has the fault bit)."""
+    n = si.shape[1]
+    status = _DATA_VALID
+    for i in range(4):
+        for j in range(n):
+            if not abs(si[i, j]) <= _WIRE_MAX:       # False for NaN too
+                status = 0
+    for j in range(n):
+        drives[0, j] = statusword[j]
+        drives[1, j] = mode_display[j]
+        drives[2, j] = error_code[j]
+        if statusword[j] & _SW_FAULT:
+            status |= _DRIVE_FAULT
+        if status & _DATA_VALID:
+            for i in range(4):
+                drives[3 + i, j] = np.int64(np.rint(si[i, j]))
+    return status
 
 
 class _Snapshot(NamedTuple):
@@ -128,18 +160,30 @@ class GatewayDevice:
             raise InputError(f"gateway: {n} drives, the layout serves at most {gw.MAX_DRIVES}")
         self._sim, self._n = sim, n
         self._scaling = JointScaling.from_gear(model.gear_ratio, sim.plant.noise.encoder_counts or ENCODER_COUNTS_PER_REV)
-        self._q_min, self._q_max, self._tau_max = model.q_min, model.q_max, model.tau_max
-        self._half_count = 0.5 / np.abs(self._scaling.counts_per_rad)
+        half_count = 0.5 / np.abs(self._scaling.counts_per_rad)     # a target rounded to counts may lie that far out
+        self._position_range = (model.q_min - half_count, model.q_max + half_count)
+        self._torque_range = (-model.tau_max - 5e-4, model.tau_max + 5e-4)
         self._cw_at = _CW[:n]
         sc = self._scaling
         self._wire_scale = np.stack([sc.counts_per_rad, sc.counts_per_rad, np.full(n, 1.0 / CURRENT_LSB),
                                      np.full(n, 1.0 / TORQUE_LSB)])
-        self._raw = np.zeros((4, n), np.int32)  # last representable position, velocity, current, torque
-        self._image = gw.InputImage(0, 0, 0, 0, np.zeros(n, np.uint16), np.zeros(n, np.int8), np.zeros(n, np.uint16),
-                                    *self._raw)
+        # the input image: header and drive values (wire units; the drives' rows keep the last representable
+        # values) and its words, encoded with gw.encode_inputs_into
+        self._in_header = np.zeros(len(gw.INPUT_HEADER), np.int64)
+        self._in_drives = np.zeros((len(gw.INPUT_DRIVE), n), np.int64)
+        self._in_words = np.zeros(gw.input_count(n), np.uint16)
+        # a write: the holding image decoded into these (gw.decode_outputs_into)
+        self._out_header = np.zeros(len(gw.HOLDING_HEADER), np.int64)
+        self._out_drives = np.zeros((len(gw.HOLDING_DRIVE), n), np.int64)
+        self._out_rows = tuple(self._out_drives)       # controlword, mode, target_position, target_torque
         self._snapshot: _Snapshot | None = None
         self._encoded_from: _Snapshot | None = None
-        self._inputs = gw.encode_inputs(self._image).tolist()
+        # compile (or load from numba's cache) the kernels now, not at the first cycle or the first write
+        _fill_inputs(np.zeros((4, n)), np.zeros(n, np.uint16), np.zeros(n, np.int8), np.zeros(n, np.uint16),
+                     self._in_drives)
+        self._inputs = gw.encode_inputs_into(self._in_header, self._in_drives, self._in_words).tolist()
+        gw.decode_outputs_into(np.array(gw.encode_outputs_into(self._out_header, self._out_drives, np.zeros(
+            gw.holding_count(n), np.uint16)), np.int64), self._out_header, self._out_drives)
         sim.add_cycle_callback(self._on_cycle)
 
     def start(self) -> None:
@@ -224,16 +268,16 @@ class GatewayDevice:
         new = self._holding.copy()
         new[offset:offset + len(values)] = values
         written = range(offset, offset + len(values))
+        header, (controlword, mode, position, torque) = self._out_header, self._out_rows
         try:
-            image = gw.decode_outputs(new, self._n)
-            if _TIMEOUT in written and image.watchdog_timeout_ms == 0 and self._holding[_TIMEOUT] != 0:
+            gw.decode_outputs_into(new, header, self._out_drives)
+            if _TIMEOUT in written and header[1] == 0 and self._holding[_TIMEOUT] != 0:
                 raise gw.GatewayError("watchdog_timeout_ms: 0 would switch the host watchdog off")
-            target = self._scaling.counts_to_position(image.target_position)
-            torque = self._scaling.raw_to_torque(image.target_torque)
-            self._check_range("target_position", target, self._q_min - self._half_count, self._q_max + self._half_count)
-            self._check_range("target_torque", torque, -self._tau_max - 5e-4, self._tau_max + 5e-4)
-            self._sim.set_commands(controlword=image.controlword, mode=image.mode, target_position=target,
-                                   target_torque=torque)
+            target = self._scaling.counts_to_position(position)
+            torque = self._scaling.raw_to_torque(torque)
+            self._check_range("target_position", target, *self._position_range)
+            self._check_range("target_torque", torque, *self._torque_range)
+            self._sim.set_commands(controlword=controlword, mode=mode, target_position=target, target_torque=torque)
         except (gw.GatewayError, InputError) as exc:
             self.refused_writes += 1
             self.last_refusal = str(exc)
@@ -265,22 +309,16 @@ class GatewayDevice:
         snap = self._snapshot
         if snap is None or snap is self._encoded_from:
             return self._inputs
-        img, raw = self._image, self._raw
-        status = gw.STATUS_DATA_VALID
-        if (np.abs(snap.si) <= INT32_MAX).all():   # False for NaN too
-            raw[:] = np.rint(snap.si)                # int32: the encoder needs no range check of its own
-        else:
-            status = 0                               # keep the last representable values, say the image is stale
-        img.statusword, img.mode_display, img.error_code = snap.statusword, snap.mode_display, snap.error_code
-        if (snap.statusword & cia402.SW_FAULT).any():
-            status |= gw.STATUS_DRIVE_FAULT
+        status = _fill_inputs(snap.si, snap.statusword, snap.mode_display, snap.error_code, self._in_drives)
         if snap.watchdog_expired:
             status |= gw.STATUS_WATCHDOG_EXPIRED
-        img.gateway_status = status
-        img.refused_writes = self.refused_writes & 0xFFFF
-        img.cycle_counter = snap.cycle & 0xFFFFFFFF
-        img.timestamp_us = int(round(snap.time * 1e6)) & 0xFFFFFFFF
-        self._inputs, self._encoded_from = gw.encode_inputs(img).tolist(), snap
+        header = self._in_header
+        header[2] = status                              # INPUT_HEADER's order: layout, count, status, ...
+        header[3] = self.refused_writes & 0xFFFF
+        header[4] = snap.cycle & 0xFFFFFFFF
+        header[5] = int(round(snap.time * 1e6)) & 0xFFFFFFFF
+        self._inputs = gw.encode_inputs_into(header, self._in_drives, self._in_words).tolist()
+        self._encoded_from = snap
         return self._inputs
 
     def _watchdog(self, statusword: np.ndarray) -> bool:

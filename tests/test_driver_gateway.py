@@ -23,11 +23,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pymodbus.exceptions import ModbusIOException
+from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
 from driver.daemon import Driver, Endpoints
 from driver.hal import ArmCommand, ArmState, LinkError
+from driver.transports import gateway as gateway_transport
 from driver.transports import open_arm
-from driver.transports.gateway import GatewayArm
+from driver.transports.gateway import GatewayArm, _ExchangeRequest, _ExchangeResponse
 from firmware_bridge import cia402, stream
 from firmware_bridge import gateway as gw
 from firmware_bridge.cia402 import State, state_of
@@ -136,6 +141,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -- the link's function-23 PDUs against pymodbus's own ----------------------------------------------------
+@given(st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=121), st.integers(0, 0xFFFF), st.integers(1, 125),
+       st.integers(0, 0xFFFF))
+@settings(max_examples=40, deadline=None)
+def test_the_links_function_23_request_is_the_bytes_pymodbus_makes(words, read_address, read_count, write_address):
+    ours = _ExchangeRequest(read_address=read_address, read_count=read_count, write_address=write_address,
+                            write_registers=words)
+    stock = ReadWriteMultipleRegistersRequest(read_address=read_address, read_count=read_count,
+                                              write_address=write_address, write_registers=words)
+    assert ours.encode() == stock.encode()
+
+
+@given(st.lists(st.integers(0, 0xFFFF), min_size=0, max_size=125))
+@settings(max_examples=40, deadline=None)
+def test_the_links_function_23_response_decodes_the_registers_pymodbus_decodes(registers):
+    data = bytes([2 * len(registers)]) + b"".join(r.to_bytes(2, "big") for r in registers) + b"\0"
+    ours, stock = _ExchangeResponse(), ReadWriteMultipleRegistersResponse()
+    stock.decode(data)
+    ours.decode(data)
+    assert ours.registers.dtype == np.uint16 and ours.registers.tolist() == stock.registers == registers
+    assert f"{len(registers)} registers" in str(ours)
+
+
+@pytest.mark.parametrize("data", [bytes([4, 0, 1]), bytes([3, 0, 1, 2, 3]), bytes([200]) + bytes(10)],
+                         ids=["short", "odd byte count", "count beyond the packet"])
+def test_a_malformed_function_23_response_is_a_modbus_error_not_registers(data):
+    with pytest.raises(ModbusIOException):
+        _ExchangeResponse().decode(data)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -342,6 +377,64 @@ def test_a_fault_reset_pulse_between_two_exchanges_still_reaches_the_drives(mode
     assert words[0] == cia402.CW_FAULT_RESET and words[1] == cia402.CW_SHUTDOWN
 
 
+def test_commands_written_while_an_exchange_is_slow_all_go_out_once_in_order(model, arms, static_gateway):
+    """A link that falls behind catches up: every command queued meanwhile is sent, one per exchange, in order
+    (a host-clocked gateway runs one cycle per exchange: a skipped target would be a torque kick)."""
+    server = static_gateway(mirror=True)
+    arm = arms(model, server.port, timeout_ms=5000)    # the slow answer below is not a lost one
+    arm.open()
+    server.delays.append(1.0)
+    assert wait_for(lambda: not server.delays)        # the link now waits 1 s inside an (idle) exchange
+    targets = [0.01 * k for k in range(1, 6)]
+    for t in targets:
+        arm.write(_command(model, np.full(N, t), np.zeros(N), cia402.CW_ENABLE_OPERATION))
+    assert wait_for(lambda: len(server.full_writes()) >= len(targets))
+    counts_per_rad = CPR * model.gear_ratio[0] / (2 * math.pi)
+    sent = [int(img.target_position[0]) for img in server.full_writes()]
+    assert sent == [round(t * counts_per_rad) for t in targets]
+    assert arm.counts["superseded_commands"] == 0
+
+
+def test_beyond_the_queue_the_oldest_commands_are_dropped_counted_and_a_dropped_fault_reset_is_latched(
+        model, arms, static_gateway):
+    server = static_gateway(mirror=True)
+    arm = arms(model, server.port, timeout_ms=5000)    # the slow answer below is not a lost one
+    arm.open()
+    server.delays.append(1.0)
+    assert wait_for(lambda: not server.delays)
+    written = gateway_transport.COMMAND_QUEUE + 3
+    for k in range(1, written + 1):
+        cw = cia402.CW_FAULT_RESET if k == 2 else cia402.CW_ENABLE_OPERATION
+        arm.write(_command(model, np.full(N, 0.01 * k), np.zeros(N), cw))
+    assert wait_for(lambda: len(server.full_writes()) >= gateway_transport.COMMAND_QUEUE)
+    time.sleep(0.1)                                    # nothing more comes: the link idles (reads only)
+    images = server.full_writes()
+    counts_per_rad = CPR * model.gear_ratio[0] / (2 * math.pi)
+    assert [int(img.target_position[0]) for img in images] == [round(0.01 * k * counts_per_rad)
+                                                              for k in range(4, written + 1)]
+    assert arm.counts["superseded_commands"] == 3
+    # command 2's fault reset was dropped: the first command sent carries it, the next ones do not
+    assert [int(img.controlword[0]) for img in images[:2]] == [cia402.CW_FAULT_RESET, cia402.CW_ENABLE_OPERATION]
+
+
+def test_two_images_between_two_reads_are_both_read_in_order(model, arms, static_gateway):
+    server = static_gateway(image_words(counter=10))
+    arm = arms(model, server.port)
+    arm.open()
+    out = ArmState(N)
+    assert read_fresh(arm, out) and out.device_time_ns == (123456 + 10) * 1000
+    for counter in (11, 12):
+        fresh = arm.counts["fresh_images"]
+        server.inputs[:] = image_words(counter=counter)
+        assert wait_for(lambda: arm.counts["fresh_images"] > fresh)
+    assert arm.backlog() == 2
+    assert arm.read(out) and out.device_time_ns == (123456 + 11) * 1000
+    assert arm.backlog() == 1
+    assert arm.read(out) and out.device_time_ns == (123456 + 12) * 1000
+    assert arm.backlog() == 0 and arm.read(out) is False and out.device_time_ns == (123456 + 12) * 1000
+    assert arm.link_stats()["samples_overwritten"] == 0
+
+
 def test_a_non_finite_command_is_never_sent(model, arms, static_gateway):
     server = static_gateway()
     arm = arms(model, server.port)
@@ -353,6 +446,30 @@ def test_a_non_finite_command_is_never_sent(model, arms, static_gateway):
         assert wait_for(lambda: arm.counts["unsendable_commands"] >= k)
     assert server.full_writes() == []
     assert "position: joint 3: nan cannot be sent" in arm.link_stats()["last_error"]
+
+
+def test_a_command_the_layout_cannot_carry_is_counted_never_sent_and_the_next_good_one_goes_out(
+        model, arms, static_gateway):
+    """An unknown mode of operation (the codec's GatewayError) and a target beyond int32 counts (the
+    conversion's): each counted in unsendable_commands, nothing of it written; the next command that can be
+    sent goes out whole."""
+    server = static_gateway()
+    arm = arms(model, server.port)
+    arm.open()
+    cmd = _command(model, np.zeros(N), np.zeros(N), cia402.CW_ENABLE_OPERATION)
+    cmd.mode[4] = 7
+    arm.write(cmd)
+    assert wait_for(lambda: arm.counts["unsendable_commands"] >= 1)
+    assert "drive 5 mode (register 0x041b) = 7: expected 0, 1, 8, 9, 10" in arm.link_stats()["last_error"]
+    far = np.zeros(N)
+    far[1] = 1e6                                   # rad: far beyond int32 counts
+    arm.write(_command(model, far, np.zeros(N), cia402.CW_SHUTDOWN))
+    assert wait_for(lambda: arm.counts["unsendable_commands"] >= 2)
+    assert "position: joint 2: 1000000.0 cannot be sent" in arm.link_stats()["last_error"]
+    assert server.full_writes() == [] and arm.counts["writes"] == 0
+    arm.write(_command(model, np.zeros(N), np.zeros(N), cia402.CW_SHUTDOWN))
+    assert wait_for(lambda: len(server.full_writes()) >= 1)
+    assert server.full_writes()[0].controlword.tolist() == [cia402.CW_SHUTDOWN] * N
 
 
 def test_a_lost_connection_raises_and_the_link_reconnects_by_itself(model, arms, static_gateway):

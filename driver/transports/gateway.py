@@ -5,25 +5,32 @@ pymodbus's sync client.
 
 The link runs in its own thread ("armid-gateway-link") over one persistent connection (TCP_NODELAY): one
 exchange is one write of the whole holding image (function 16, which also re-arms the gateway's host
-watchdog) and one read of the whole input image (function 4), at most one exchange per cycle: write()
-starts it, so that it carries the command this cycle just computed (begin_cycle starts it only until the
-first command, so that samples come in before there is anything to write). A command that a newer one
-replaces before any exchange sent it is counted (superseded_commands): with the gateway in step with the
-exchanges (the simulated gateway's step_on_exchange, a real gateway's cycle following the master's process
-data), each is a target the drives never saw. An exchange without a new command (the cycle late by more
-than IDLE_EXCHANGE_S) only reads (idle_reads): re-sending the last command would re-arm the gateway's
-watchdog without the cycle, and give such a gateway a cycle on a stale target, a torque kick. A gateway that mirrors its input image in holding registers
+watchdog) and one read of the whole input image (function 4). Every command is sent once and in order, one
+per exchange, as serial sends every COMMAND and CAN every cycle's RPDOs: write() queues it and wakes the link
+(begin_cycle wakes it only until the first command, so that samples come in before there is anything to
+write). With the gateway in step with the exchanges (the simulated gateway's step_on_exchange, a real gateway's
+cycle following the master's process data) a target skipped would be a torque kick, so a link that falls
+behind (a slow round trip, a stalled thread) catches up by sending the queued commands back to back; only
+beyond COMMAND_QUEUE queued does it drop the oldest (counted: superseded_commands), and after a reconnection
+only the newest goes out. An exchange without a new command (the cycle late by more than IDLE_EXCHANGE_S) only
+reads (idle_reads): re-sending the last command would re-arm the gateway's watchdog without the cycle, and give
+such a gateway a cycle on a stale target. A gateway that mirrors its input image in holding registers
 (gw.INPUT_MIRROR_BASE; checked at connect) gets both in one request, function 23 (read/write multiple
-registers: the write is applied first), which halves the requests and the round trips; pymodbus's sync client costs less CPU per request than its
-asyncio client (benchmarks/bench_gateway.py measures both). The cycle never waits for the network:
-read() copies the newest decoded sample out of a preallocated buffer and says whether it is new (a gateway
-image with a cycle counter not seen before); write() leaves the newest command in another preallocated
-buffer, which the next exchange sends. A Modbus round trip costs milliseconds, so at a 1 kHz cycle most
-cycles see no new image: read() returns False for them (the cycle flags them stale), nothing is invented.
+registers: the write is applied first), which halves the requests and the round trips; pymodbus's sync client
+costs less CPU per request than its asyncio client (benchmarks/bench_gateway.py measures both). The function-23
+request and response are pymodbus PDU subclasses that pack and unpack the words in one call each
+(_ExchangeRequest, _ExchangeResponse, registered with the client's decoder), and the images go through the
+codec's numba kernels into preallocated buffers (gw.encode_outputs_into, gw.decode_inputs_into): docs/driver.md,
+"The gateway's codec".
 
-Commands that must not be lost between exchanges: a controlword with the fault-reset bit (7) set is held
-until one exchange has sent it, so that the drives see its rising edge even when the cycle's one-cycle
-pulse falls between two exchanges.
+The cycle never waits for the network. Each new image (a cycle counter not seen before) is converted into the
+next slot of a ring (SAMPLE_RING); read() returns the oldest not read yet, and backlog() says how many wait, so
+that two images between two cycles are both published, in order (driver.cycle's catch-up, as for serial and
+CAN). A Modbus round trip costs a large part of a 1 kHz period, so some cycles see no new image: read() returns
+False for them (the cycle flags them stale), nothing is invented.
+
+Commands that must not be lost: a controlword with the fault-reset bit (7) in a command dropped unsent is
+latched into the next command sent, so that the drives still see its rising edge.
 
 Faults: a refused or dropped TCP connection marks the link down, read() raises LinkError naming the
 gateway and the cause, and the link thread reconnects every reconnect_ms; a response that does not come
@@ -38,6 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -45,10 +53,12 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 from pymodbus.client import ModbusTcpClient
-from pymodbus.exceptions import ConnectionException, ModbusException
+from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
+from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
-from driver.hal import ArmCommand, ArmState, LinkError, copy_sample, raw_to_si
+from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
 from driver.timer import name_os_thread
+from driver.transports.sample_ring import StateRing
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
@@ -56,6 +66,8 @@ from ident.errors import InputError
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
 IDLE_EXCHANGE_S = 0.02          # without cycles (before the cycle starts), exchange at least this often
+COMMAND_QUEUE = 8               # commands kept for the link, sent in order (a link further behind drops the oldest)
+SAMPLE_RING = 64                # decoded images kept for the cycle, read in order (64 ms at 1 kHz)
 _FAULT_RESET_BIT = 0x0080
 # pymodbus logs every lost response and refused connection at ERROR; our counters and the health topic
 # report them, so without a logging configuration of the application they do not go to stderr
@@ -129,17 +141,85 @@ class _NoAnswer(Exception):
 
 
 @numba.njit(cache=True, nogil=True)
-def _keep_command(controlword, mode, target_position, target_torque, cw_out, mode_out, position_out, torque_out,
-                  reset_latch):
-    """write()'s copy of a command (one call instead of seven numpy calls per cycle); a joint whose controlword
-    has the fault-reset bit set is latched in reset_latch until an exchange sends it."""
+def _keep_command(controlword, mode, target_position, target_torque, cw_out, mode_out, position_out, torque_out):
+    """write()'s copy of a command into the queue (one call instead of four numpy calls per cycle)."""
     for j in range(controlword.shape[0]):
         cw_out[j] = controlword[j]
         mode_out[j] = mode[j]
         position_out[j] = target_position[j]
         torque_out[j] = target_torque[j]
-        if controlword[j] & _FAULT_RESET_BIT:
-            reset_latch[j] = True
+
+
+_CW_FAULT_RESET = int(cia402.CW_FAULT_RESET)
+# the rows of the holding image's drive values (gw.encode_outputs_into), as _command_fields fills them
+assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
+
+
+@numba.njit(cache=True, nogil=True)
+def _command_fields(controlword, mode, target_position, target_torque, counts_per_rad, reset_latch, latched, fields):
+    """The kept command in wire units into fields (4, n) int64 (controlword, mode, target position in counts,
+    target torque in mN m: driver.hal.command_to_wire), a latched fault reset (reset_latch, then cleared) standing
+    in for a controlword without the reset bit (latched (n,): the controlwords sent). -1, or the first joint whose
+    target is not finite or does not fit int32 (nothing of it is to be sent)."""
+    for j in range(controlword.shape[0]):
+        cw = controlword[j]
+        latched[j] = _CW_FAULT_RESET if reset_latch[j] and not cw & _FAULT_RESET_BIT else cw
+        reset_latch[j] = False
+    return command_to_wire(latched, mode, target_position, target_torque, counts_per_rad, fields[0], fields[1],
+                           fields[2], fields[3])
+
+
+class _Tick:
+    """A wake-up for the link thread that collapses (set() any number of times, one wait() returns and consumes
+    it), made of one C lock (held while nothing is pending): threading.Event's wait and set are Python code
+    (a Condition, a new lock per wait), a few us on both threads at every exchange."""
+
+    def __init__(self):
+        self._pending = threading.Lock()
+        self._pending.acquire()
+
+    def set(self) -> None:
+        """Make the next wait() return at once (or wake the one waiting); nothing more when already pending."""
+        if self._pending.locked():
+            try:
+                self._pending.release()
+            except RuntimeError:  # another set() came first
+                pass
+
+    def wait(self, timeout: float) -> bool:
+        """Wait at most timeout s for a set(); True (and consumed) if there was one."""
+        return self._pending.acquire(timeout=timeout)
+
+
+class _ExchangeRequest(ReadWriteMultipleRegistersRequest):
+    """pymodbus's function-23 request, its words packed in one struct call (pymodbus packs them one at a time and
+    joins the bytes: 17 us for 38 words in a loop, against 2)."""
+
+    def encode(self) -> bytes:
+        self.verifyAddress(address=self.read_address)
+        self.verifyAddress(address=self.write_address)
+        self.verifyCount(self.MAX_READ_COUNT, count=self.read_count)
+        self.verifyCount(self.MAX_WRITE_COUNT, count=self.write_count)
+        return struct.pack(f">HHHHB{self.write_count}H", self.read_address, self.read_count, self.write_address,
+                           self.write_count, self.write_byte_count, *self.write_registers)
+
+
+class _ExchangeResponse(ReadWriteMultipleRegistersResponse):
+    """pymodbus's function-23 response (registered with the client's decoder: pymodbus's own extension point),
+    its registers unpacked in one numpy call into a uint16 array, which gw.decode_inputs_into takes as it is.
+    pymodbus unpacks them one struct call at a time and its decoder formats the whole PDU (str, every register)
+    for a debug log line at every response: 53 us per 80-register response in a loop, against 6."""
+
+    def decode(self, data: bytes) -> None:
+        count = data[0]
+        if count >= len(data) or count % 2:
+            raise ModbusIOException(f"byte_count {count} does not fit the packet of {len(data)} bytes",
+                                    function_code=self.function_code)
+        self.registers = np.frombuffer(data, dtype=">u2", count=count // 2, offset=1).astype(np.uint16)
+
+    def __str__(self) -> str:
+        return (f"{type(self).__name__}(dev_id={self.dev_id}, transaction_id={self.transaction_id}, "
+                f"{len(self.registers)} registers)")
 
 
 class _Refused(Exception):
@@ -160,18 +240,30 @@ class GatewayArm:
         self._torque_per_amp = np.asarray(model.joint_torque_per_amp(), dtype=float)
         self._input_count = gw.input_count(self.n)
         self._client: ModbusTcpClient | None = None
-        # the sample: the link thread fills _back, then copies it into _front under the lock
+        # the samples: the link thread converts each new image into the next slot of the ring, read() takes each
+        # once and in order (both under the lock)
         self._lock = threading.Lock()
-        self._back, self._front = ArmState(self.n), ArmState(self.n)
-        self._published = 0            # images copied into _front
-        self._taken = 0                # images read() has returned
-        # the command: write() fills _cmd under the lock, the link thread copies it into _out
-        self._cmd, self._out = ArmCommand(self.n), ArmCommand(self.n)
+        self._ring = StateRing(self.n, SAMPLE_RING)
+        # the commands: write() queues each under the lock, the link thread converts the oldest not sent into wire
+        # units in _fields
+        # (one numba call) and the holding image's words in _words (another)
+        self._cmds = [ArmCommand(self.n) for _ in range(COMMAND_QUEUE)]
+        self._written = 0              # commands write() queued (the newest is _cmds[(_written - 1) % COMMAND_QUEUE])
+        self._sent = 0                 # commands an exchange took (or that were dropped unsent)
+        self._counts_per_rad = np.ascontiguousarray(self.scaling.counts_per_rad, dtype=np.float64)
+        self._out_header = np.array([0, opts.watchdog_ms], dtype=np.int64)      # watchdog, watchdog_timeout_ms
+        self._fields = np.zeros((len(gw.HOLDING_DRIVE), self.n), dtype=np.int64)
+        self._latched_cw = np.zeros(self.n, dtype=np.uint16)     # the controlwords sent (fault reset latched)
+        self._words = np.zeros(gw.holding_count(self.n), dtype=np.uint16)
+        # an image: decoded into _in_header / _in_drives (gw.decode_inputs_into), then into SI by raw_to_si
+        self._in_header = np.zeros(len(gw.INPUT_HEADER), dtype=np.int64)
+        self._in_drives = np.zeros((len(gw.INPUT_DRIVE), self.n), dtype=np.int64)
+        self._in_rows = tuple(self._in_drives[gw.field_row(gw.INPUT_DRIVE, name)] for name in
+                              ("position", "velocity", "current", "statusword", "error_code", "mode_display"))
         self._have_cmd = False
-        self._cmd_pending = False      # a command written that no exchange has taken yet
         self._reset_latch = np.zeros(self.n, dtype=bool)
         # link state
-        self._tick = threading.Event()
+        self._tick = _Tick()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._up = False
@@ -216,9 +308,21 @@ class GatewayArm:
             except LinkError:
                 self._close_client()
                 raise
+        self._warm_up()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="armid-gateway-link", daemon=True)
         self._thread.start()
+
+    def _warm_up(self) -> None:
+        """Compile (or load from numba's cache) the link's kernels here, not in its first exchanges (a compile
+        there stalls the cycle for seconds): one command and one image of zeros through them."""
+        c = self._cmds[0]
+        _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
+                        np.zeros(self.n, dtype=bool), self._latched_cw, self._fields)
+        gw.encode_outputs_into(self._out_header, self._fields, self._words)
+        words = gw.encode_inputs_into(self._in_header, self._in_drives, np.zeros(self._input_count, np.uint16))
+        for image in (words, words.astype(np.int64)):   # as function 23 (_ExchangeResponse) and 4 hand them over
+            gw.decode_inputs_into(image, self._in_header, self._in_drives)
 
     def close(self) -> None:
         """Stop the link thread (bounded wait) and close the connection. Idempotent."""
@@ -246,26 +350,34 @@ class GatewayArm:
                 self._watchdog_alarm = False
                 raise LinkError(f"{self.where}: the host watchdog expired ({self.options.watchdog_ms} ms without "
                                 f"a write): the gateway quick-stopped the drives")
-            src = self._front
-            out.device_time_ns, out.host_time_ns = src.device_time_ns, src.host_time_ns
-            copy_sample(src, out)
-            fresh = self._published != self._taken
-            self._taken = self._published
-        return fresh
+            return self._ring.take(out)
+
+    def backlog(self) -> int:
+        """Images decoded and not read yet (at most SAMPLE_RING are kept): the cycle publishes the older ones
+        first, so that two images between two cycles are both published."""
+        return self._ring.unread()
 
     def write(self, command: ArmCommand) -> None:
         """Keep the command for the next exchange and start it (at once, or right after the one in flight);
         the newest wins (the one replaced is counted in superseded_commands); a fault-reset bit is held
         until sent."""
         with self._lock:
-            if self._cmd_pending:
-                self.counts["superseded_commands"] += 1
-            self._cmd_pending = True
-            c = self._cmd
+            self._drop_unsent(COMMAND_QUEUE - 1)       # the link is COMMAND_QUEUE exchanges behind
+            c = self._cmds[self._written % COMMAND_QUEUE]
             _keep_command(command.controlword, command.mode, command.target_position, command.target_torque,
-                          c.controlword, c.mode, c.target_position, c.target_torque, self._reset_latch)
+                          c.controlword, c.mode, c.target_position, c.target_torque)
+            self._written += 1
             self._have_cmd = True
         self._tick.set()
+
+    def _drop_unsent(self, keep: int) -> None:
+        """Drop the oldest queued commands not sent until at most `keep` remain (the caller holds the lock): each
+        is counted (superseded_commands), and a fault reset in one of them is latched for the next one sent."""
+        while self._written - self._sent > keep:
+            dropped = self._cmds[self._sent % COMMAND_QUEUE].controlword
+            self._reset_latch |= (dropped & _FAULT_RESET_BIT) != 0
+            self._sent += 1
+            self.counts["superseded_commands"] += 1
 
     def link_stats(self) -> dict:
         """Counters of the link and the exchange round trips (ms) over the last ROUND_TRIP_WINDOW exchanges."""
@@ -278,7 +390,7 @@ class GatewayArm:
                 "connected": self._up, "down_reason": None if self._up else self._down_reason,
                 "exchange": "function 23 (read/write multiple)" if self._fc23 else "functions 16 + 4",
                 "exchange_rate_hz": (done - done0) / max(now - t0, 1e-9), **self.counts,
-                "gateway_refused_writes": self.gateway_refused_writes,
+                "gateway_refused_writes": self.gateway_refused_writes, "samples_overwritten": self._ring.overwritten,
                 "round_trip_ms": {"p50": float(np.percentile(rtt, 50)) if k else 0.0,
                                   "p99": float(np.percentile(rtt, 99)) if k else 0.0,
                                   "max": float(rtt.max()) if k else 0.0},
@@ -302,7 +414,6 @@ class GatewayArm:
                 self._reconnect()
                 continue
             self._tick.wait(IDLE_EXCHANGE_S)
-            self._tick.clear()
             if self._stop.is_set():
                 break
             try:
@@ -336,6 +447,7 @@ class GatewayArm:
         opts = self.options
         self._close_client()
         self._client = ModbusTcpClient(opts.host, port=opts.port, timeout=opts.timeout_ms / 1000, retries=0)
+        self._client.register(_ExchangeResponse)      # function 23's responses decoded by the class above
         if not self._client.connect():
             self.counts["connect_failures"] += 1
             raise self._down(f"cannot connect to {opts.host}:{opts.port}")
@@ -359,6 +471,8 @@ class GatewayArm:
         except ModbusException as exc:
             raise _NoAnswer(str(exc)) from None
         self._last_counter = None
+        with self._lock:        # what was queued while the link was down is stale: only the newest goes out
+            self._drop_unsent(1)
         self._up = True
 
     def _has_mirror(self) -> bool:
@@ -403,9 +517,9 @@ class GatewayArm:
         words = self._command_words()
         read = True
         if words is not None and self._fc23:
-            reply = self._client.readwrite_registers(read_address=gw.INPUT_MIRROR_BASE, read_count=self._input_count,
-                                                     write_address=gw.HOLDING_BASE, values=words,
-                                                     device_id=self.options.device_id)
+            reply = self._client.execute(False, _ExchangeRequest(
+                read_address=gw.INPUT_MIRROR_BASE, read_count=self._input_count, write_address=gw.HOLDING_BASE,
+                write_registers=words, dev_id=self.options.device_id))
             if reply.isError():
                 self.counts["exception_responses"] += 1
                 self._refused(str(reply))
@@ -426,18 +540,19 @@ class GatewayArm:
         self._rtt[k % ROUND_TRIP_WINDOW] = time.perf_counter() - t0
         self.counts["exchanges"] = k + 1
 
-    def _take(self, words: list[int], host_ns: int) -> None:
+    def _take(self, words: list[int] | np.ndarray, host_ns: int) -> None:
         """Decode an input image into the back buffer and publish it when it is new and valid."""
         c = self.counts
         try:
-            img = gw.decode_inputs(words, self.n)
+            gw.decode_inputs_into(words, self._in_header, self._in_drives)
         except gw.GatewayError as exc:
             c["bad_images"] += 1
             self.last_error = f"bad image dropped: {exc}"
             return
-        self.gateway_refused_writes = img.refused_writes
+        _, _, status, refused, counter, ts_us = self._in_header.tolist()   # INPUT_HEADER's order
+        self.gateway_refused_writes = refused
         first = self._last_counter is None
-        if img.gateway_status & gw.STATUS_WATCHDOG_EXPIRED:
+        if status & gw.STATUS_WATCHDOG_EXPIRED:
             # the first image of a connection may predate the handshake's watchdog write: not an alarm
             if not (self._watchdog_seen or first):
                 c["watchdog_expired"] += 1
@@ -446,27 +561,25 @@ class GatewayArm:
             self._watchdog_seen = True
         else:
             self._watchdog_seen = False
-        if not img.gateway_status & gw.STATUS_DATA_VALID:
+        if not status & gw.STATUS_DATA_VALID:
             c["invalid_images"] += 1
             return
         if not first:
-            step = (img.cycle_counter - self._last_counter) % _U32
+            step = (counter - self._last_counter) % _U32
             if step == 0:
                 c["repeated_images"] += 1
                 return
             c["missed_images"] += step - 1
-            if img.timestamp_us < self._last_ts_us - (_U32 >> 1):
+            if ts_us < self._last_ts_us - (_U32 >> 1):
                 self._ts_epoch += 1
-        self._last_counter, self._last_ts_us = img.cycle_counter, img.timestamp_us
-        b, sc = self._back, self.scaling
-        b.device_time_ns, b.host_time_ns = (self._ts_epoch * _U32 + img.timestamp_us) * 1000, host_ns
-        raw_to_si(img.position, img.velocity, img.current, img.statusword, img.error_code, img.mode_display,
-                  sc.counts_per_rad, CURRENT_LSB, self._torque_per_amp, b.floats, b.words, b.mode)
-        with self._lock:
-            f = self._front
-            f.device_time_ns, f.host_time_ns = b.device_time_ns, b.host_time_ns
-            copy_sample(b, f)
-            self._published += 1
+        self._last_counter, self._last_ts_us = counter, ts_us
+        device_ns = (self._ts_epoch * _U32 + ts_us) * 1000
+        with self._lock:      # the slot may be the oldest unread one, which read() could be copying
+            b = self._ring.next_slot()
+            b.device_time_ns, b.host_time_ns = device_ns, host_ns
+            raw_to_si(*self._in_rows, self._counts_per_rad, CURRENT_LSB, self._torque_per_amp, b.floats, b.words,
+                      b.mode)
+            self._ring.commit()
         c["fresh_images"] += 1
 
     def _refused(self, reason: str) -> None:
@@ -480,33 +593,42 @@ class GatewayArm:
         exchange while the cycle is late: sending its last command again would re-arm the gateway's watchdog
         without the cycle, and a gateway whose cycle follows the host's writes would run a cycle on a stale
         target) or a command that cannot be represented (counted; never sent)."""
-        out = self._out
         with self._lock:
             have = self._have_cmd
-            fresh = self._cmd_pending
-            self._cmd_pending = False
+            fresh = self._sent != self._written
             if have and fresh:
-                np.copyto(out.controlword, self._cmd.controlword)
-                np.copyto(out.mode, self._cmd.mode)
-                np.copyto(out.target_position, self._cmd.target_position)
-                np.copyto(out.target_torque, self._cmd.target_torque)
-                latched = self._reset_latch.copy()
-                self._reset_latch[:] = False
+                c = self._cmds[self._sent % COMMAND_QUEUE]
+                self._sent += 1
+                if self._sent != self._written:     # more queued: the next exchange starts right after this one
+                    self._tick.set()
+                bad = _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
+                                      self._reset_latch, self._latched_cw, self._fields)
+                if bad >= 0:
+                    return self._not_sent(self._unsendable(c))
         if not have:
             return [self._next_beat(), self.options.watchdog_ms]
         if not fresh:
             self.counts["idle_reads"] += 1
             return None
-        cw = np.where(latched & ((out.controlword & _FAULT_RESET_BIT) == 0), cia402.CW_FAULT_RESET, out.controlword)
+        self._out_header[0] = self._next_beat()
         try:
-            image = gw.OutputImage(self._next_beat(), self.options.watchdog_ms, cw.astype(np.int64),
-                                   out.mode.astype(np.int64), self.scaling.position_to_counts(out.target_position),
-                                   self.scaling.torque_to_raw(out.target_torque))
-            words = gw.encode_outputs(image)
-        except (WireValueError, gw.GatewayError) as exc:
-            # never sent: without the watchdog write the gateway stops the drives itself
-            self.counts["unsendable_commands"] += 1
-            self.last_error = f"command not sent: {exc}"
-            return None
+            words = gw.encode_outputs_into(self._out_header, self._fields, self._words)
+        except gw.GatewayError as exc:       # e.g. a mode of operation the layout does not know
+            return self._not_sent(str(exc))
         self.counts["writes"] += 1
-        return words.tolist()
+        return words.tolist()                # what pymodbus packs: a list of ints (the cheapest of the sequences)
+
+    def _not_sent(self, reason: str) -> None:
+        """Count a command that cannot be represented; never sent: without the watchdog write the gateway stops
+        the drives itself."""
+        self.counts["unsendable_commands"] += 1
+        self.last_error = f"command not sent: {reason}"
+
+    def _unsendable(self, command: ArmCommand) -> str:
+        """Why a command's targets cannot be sent (JointScaling's message, naming the value and the joint)."""
+        try:
+            self.scaling.position_to_counts(command.target_position)
+            self.scaling.torque_to_raw(command.target_torque)
+        except WireValueError as exc:
+            return str(exc)
+        return "a target does not fit int32 after scaling"

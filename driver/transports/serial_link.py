@@ -29,9 +29,9 @@ import time
 import numpy as np
 import serial
 
-from driver.hal import ArmCommand, ArmState, LinkError, copy_sample, raw_to_si
+from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
 from driver.timer import name_os_thread
-from driver.transports.sample_ring import oldest_unread, unread_held
+from driver.transports.sample_ring import StateRing
 from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
@@ -144,12 +144,10 @@ class SerialArm:
         n = self.n
         # the samples, written by the link thread into a ring, each copied out once by read() (under _lock)
         self._lock = threading.Lock()
-        self._ring = [ArmState(n) for _ in range(SAMPLE_RING)]
-        self._samples = 0             # STATE frames converted (the newest is _ring[(_samples - 1) % SAMPLE_RING])
+        self._ring = StateRing(n, SAMPLE_RING)
         self._arrived = threading.Event()   # set by every STATE stored while a wait_new may be waiting
         self._waiters = 0                   # threads in wait_new (the cycle pumping itself needs no event)
         self._pending: str | None = None    # an error read() reports once (a device restart handled meanwhile)
-        self._read_samples = 0        # samples read() has handed out (or skipped as overwritten)
         self._tx_lock = threading.Lock()   # the port's writers: the cycle (COMMAND) and the link thread
         self._rx_lock = threading.Lock()   # the port's reader: the link thread, or the cycle in pump_new
         self._pumped = -math.inf           # time.monotonic() of the cycle's last pump_new
@@ -161,8 +159,7 @@ class SerialArm:
         self._past = sp.DecoderCounters()      # decoder counters of the sessions that ended
         self.stats = {"states": 0, "commands": 0, "heartbeats_sent": 0, "heartbeats_received": 0,
                       "fault_frames": 0, "unexpected": 0, "wrong_joints": 0, "tx_incomplete": 0,
-                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0, "device_restarts": 0,
-                      "samples_overwritten": 0}
+                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0, "device_restarts": 0}
         self.last_fault: dict | None = None
         self.last_error: str | None = None
 
@@ -207,22 +204,11 @@ class SerialArm:
             self._pending = None
             raise LinkError(pending)
         with self._lock:
-            k, end = self._read_samples, self._samples
-            fresh = k != end
-            if fresh:
-                k, lost = oldest_unread(k, end, SAMPLE_RING)
-                self.stats["samples_overwritten"] += lost
-                self._read_samples = k + 1
-            else:
-                k = end - 1
-            src = self._ring[k % SAMPLE_RING]
-            out.device_time_ns, out.host_time_ns = src.device_time_ns, src.host_time_ns
-            copy_sample(src, out)
-        return fresh
+            return self._ring.take(out)
 
     def backlog(self) -> int:
         """STATEs that arrived and have not been read (at most SAMPLE_RING are kept)."""
-        return unread_held(self._read_samples, self._samples, SAMPLE_RING)
+        return self._ring.unread()
 
     def write(self, command: ArmCommand) -> None:
         """Send one COMMAND frame (targets converted to counts and mN m). LinkError while the port is gone or
@@ -240,7 +226,8 @@ class SerialArm:
             for k, v in s.decoder.counters.as_dict().items():
                 dec[k] += v
         return {"transport": "serial", "port": self.port, "connected": self._down is None,
-                "down_reason": self._down, **self.stats, "rx": dec,
+                "down_reason": self._down, **self.stats,
+                "samples_overwritten": self._ring.overwritten, "rx": dec,
                 "rx_dropped": sum(dec[r] for r in sp.DROP_REASONS),
                 "last_fault": self.last_fault, "last_error": self.last_error,
                 "device_cycle_us": None if s is None else s.ack.cycle_period_us,
@@ -305,7 +292,7 @@ class SerialArm:
 
     def _install(self, session: _Session) -> None:
         with self._lock:                  # samples of an earlier session are not new data for this one
-            self._read_samples = self._samples
+            self._ring.skip_unread()
         if session.pending:               # a device that answers HELLO with HELLO_ACK and its first STATE at once:
             self._ingest(session, session.pending)   # that STATE is new data (no one else sees the session yet)
             session.pending = b""
@@ -371,12 +358,12 @@ class SerialArm:
         wait_new takes two (the link thread's, then the cycle's) and a hand-over of the interpreter. The link
         thread leaves the port alone while the cycle pumps (it still sends heartbeats, handles a device restart
         and reconnects); while the link is down or the link thread is reading, this is wait_new."""
-        if self._samples != self._read_samples:
+        if self._ring.has_unread():
             self._pumped = time.monotonic()
             return True
         if not self._pump(timeout_s, until_new=True):
             return self.wait_new(timeout_s)
-        return self._samples != self._read_samples
+        return self._ring.has_unread()
 
     def pump_for(self, timeout_s: float) -> bool:
         """Read and decode the port in the calling thread for timeout_s (s), whatever arrives: the host clock's
@@ -394,7 +381,7 @@ class SerialArm:
             end = time.perf_counter() + timeout_s
             while self._session is s and s.restart is None:
                 self._ingest(s, s.read(max(0.0, end - time.perf_counter())))
-                if (until_new and self._samples != self._read_samples) or time.perf_counter() >= end:
+                if (until_new and self._ring.has_unread()) or time.perf_counter() >= end:
                     break
         except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial on a closed fd
             self._lost(s, exc)
@@ -499,12 +486,12 @@ class SerialArm:
         s.last_cycle = cycle
         sw, mode, err, pos, vel, cur = s.columns
         with self._lock:
-            new = self._ring[self._samples % SAMPLE_RING]
+            new = self._ring.next_slot()
             new.device_time_ns = timestamp_us * 1000
             new.host_time_ns = host_ns
             raw_to_si(pos, vel, cur, sw, err, mode, s.scaling.counts_per_rad, CURRENT_LSB, self._torque_per_amp,
                       new.floats, new.words, new.mode)
-            self._samples += 1
+            self._ring.commit()
         if self._waiters:                 # Event.set costs microseconds of Python; skipped when no one waits
             self._arrived.set()
         self.stats["states"] += 1
@@ -512,13 +499,13 @@ class SerialArm:
     def wait_new(self, timeout_s: float) -> bool:
         """Block until a STATE not read yet is there (True) or timeout_s (s) passes (False): the cycle's
         "device" clock, and the host clock's wait for the answer to its COMMAND."""
-        if self._samples != self._read_samples:
+        if self._ring.has_unread():
             return True
         with self._lock:
             self._waiters += 1
         try:
             self._arrived.clear()
-            if self._samples != self._read_samples:    # arrived before the waiter was counted, or since the clear
+            if self._ring.has_unread():    # arrived before the waiter was counted, or since the clear
                 return True
             return self._arrived.wait(timeout_s)
         finally:
