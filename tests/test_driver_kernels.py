@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from driver import cycle_kernels as ck
 from driver.hal import ArmState, copy_sample, raw_to_si
 from driver.transports import serial_link as sl
-from driver.transports.gateway import _keep_command
+from driver.transports.gateway import _command_fields, _keep_command
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge import stream
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling
@@ -99,19 +99,30 @@ def test_command_kernel_sets_the_targets_and_hold_as_the_numpy_rules_and_reports
     assert bool(bits & ck.NON_FINITE) == (nan_at is not None and bool(how & ck.FOLLOW))
 
 
-def test_gateway_write_copy_latches_the_fault_reset_bit_until_cleared():
+def test_gateway_write_copy_copies_every_field_of_the_command():
     dst = [np.zeros(N, np.uint16), np.zeros(N, np.int8), np.zeros(N), np.zeros(N)]
-    latch = np.zeros(N, bool)
     cw = np.full(N, 0x0F, np.uint16)
     cw[2] = 0x80
     src = [cw, np.full(N, 8, np.int8), np.linspace(-1, 1, N), np.linspace(2, 3, N)]
-    _keep_command(*src, *dst, latch)
+    _keep_command(*src, *dst)
     for a, b in zip(src, dst):
         np.testing.assert_array_equal(a, b)
-    assert latch.tolist() == [j == 2 for j in range(N)]
-    src[0][:] = 0x0F                    # the pulse fell before any exchange sent it: the latch keeps it
-    _keep_command(*src, *dst, latch)
-    assert latch[2] and latch.sum() == 1 and dst[0][2] == 0x0F
+
+
+def test_gateway_command_fields_send_a_latched_fault_reset_once_then_clear_it():
+    """A fault reset of a dropped command (latched) goes out in the next command's controlword, then no more."""
+    cw, mode = np.full(N, 0x0F, np.uint16), np.full(N, 8, np.int8)
+    q, tau = np.linspace(-1, 1, N), np.linspace(-0.5, 0.5, N)
+    counts_per_rad = np.full(N, 1000.0)
+    latch = np.zeros(N, bool)
+    latch[2] = True
+    sent, fields = np.zeros(N, np.uint16), np.zeros((4, N), np.int64)
+    assert _command_fields(cw, mode, q, tau, counts_per_rad, latch, sent, fields) == -1
+    assert fields[0].tolist() == [0x0F, 0x0F, 0x80, 0x0F, 0x0F, 0x0F] and not latch.any()
+    assert fields[2].tolist() == np.rint(q * 1000).astype(int).tolist()
+    assert fields[3].tolist() == np.rint(tau * 1000).astype(int).tolist()       # mN m
+    assert _command_fields(cw, mode, q, tau, counts_per_rad, latch, sent, fields) == -1
+    assert fields[0].tolist() == [0x0F] * N
 
 
 @pytest.fixture()
