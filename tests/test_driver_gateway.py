@@ -395,6 +395,33 @@ def test_commands_written_while_an_exchange_is_slow_all_go_out_once_in_order(mod
     assert arm.counts["superseded_commands"] == 0
 
 
+def test_with_function_23_the_cycle_sends_each_command_without_waiting_and_takes_its_answer_next_cycle(
+        model, arms, static_gateway):
+    """The pipelined exchange: write() sends the cycle's command in one request and returns with it in flight;
+    the next begin_cycle() takes the answer. Every command goes out once, in order, and the link thread does no
+    exchange of its own meanwhile (no idle read, no function 4)."""
+    server = static_gateway(image_words(counter=1), mirror=True)
+    arm = arms(model, server.port, timeout_ms=5000)
+    arm.open()
+    out = ArmState(N)
+    assert read_fresh(arm, out)
+    handshake = len(server.functions)
+    for k in range(1, 6):
+        server.inputs[:] = image_words(counter=1 + k)
+        arm.begin_cycle()
+        arm.read(out)
+        arm.write(_command(model, np.full(N, 0.01 * k), np.zeros(N), cia402.CW_ENABLE_OPERATION))
+        assert arm._in_flight is not None           # sent; its answer is the next cycle's
+    arm.begin_cycle()
+    assert arm._in_flight is None
+    assert arm.read(out) and out.device_time_ns == (123456 + 6) * 1000
+    counts_per_rad = CPR * model.gear_ratio[0] / (2 * math.pi)
+    assert [int(img.target_position[0]) for img in server.full_writes()] == [round(0.01 * k * counts_per_rad)
+                                                                           for k in range(1, 6)]
+    assert set(server.functions[handshake:]) == {23} and arm.counts["idle_reads"] == 0
+    assert arm.counts["superseded_commands"] == 0 and arm.counts["timeouts"] == 0
+
+
 def test_beyond_the_queue_the_oldest_commands_are_dropped_counted_and_a_dropped_fault_reset_is_latched(
         model, arms, static_gateway):
     server = static_gateway(mirror=True)

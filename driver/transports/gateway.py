@@ -3,7 +3,14 @@ pymodbus's sync client.
 
     arm = GatewayArm(model, host="192.168.10.20", port=502, watchdog_ms=100)
 
-The link runs in its own thread ("armid-gateway-link") over one persistent connection (TCP_NODELAY): one
+One persistent connection (TCP_NODELAY) carries the exchanges. With function 23 (below) the cycle thread runs
+them itself, pipelined: write() sends this cycle's command in one request without waiting, and the next cycle's
+begin_cycle() takes its answer, which a period later is normally already there. So a cycle wakes one thread, not
+two, with no hand-over of the interpreter, and the command still leaves the moment the cycle computed it. The link
+thread ("armid-gateway-link") opens and reopens the connection, and does the exchanges when the cycle does not
+(functions 16 + 4, before the cycle starts, or after IDLE_EXCHANGE_S without a cycle). There, round_trip_ms is a
+request's true round trip; in the pipelined exchanges it is the time from the request to the next cycle's
+start, at least the time the answer took. One
 exchange is one write of the whole holding image (function 16, which also re-arms the gateway's host
 watchdog) and one read of the whole input image (function 4). Every command is sent once and in order, one
 per exchange, as serial sends every COMMAND and CAN every cycle's RPDOs: write() queues it and wakes the link
@@ -42,6 +49,7 @@ raises LinkError once. link_stats() reports every counter and the exchange round
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import socket
@@ -263,7 +271,11 @@ class GatewayArm:
         self._have_cmd = False
         self._reset_latch = np.zeros(self.n, dtype=bool)
         # link state
-        self._tick = _Tick()
+        self._tick = _Tick()                # wakes the link thread
+        self._io = threading.Lock()         # held for an exchange or a (re)connection: by the link thread or the cycle
+        self._pumped = -math.inf            # time.monotonic() of the cycle's last begin_cycle
+        self._in_flight: _ExchangeRequest | None = None    # a function-23 request sent, its answer not taken yet
+        self._in_flight_t0 = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._up = False
@@ -335,10 +347,27 @@ class GatewayArm:
         self._up = False
 
     def begin_cycle(self) -> None:
-        """Before the first command: let the link thread start its next exchange (afterwards write() does,
-        so that the exchange carries this cycle's command)."""
-        if not self._have_cmd:
-            self._tick.set()
+        """The cycle's start. With function 23 the cycle runs the exchanges itself, pipelined (module docstring):
+        here it takes the answer to the request the last cycle's write() sent (a period ago: normally already
+        there, so this does not wait), and before the first command it sends a request that only re-arms the
+        watchdog and reads. Otherwise (functions 16 + 4, or the link thread holding the connection: a
+        reconnection) it lets the link thread start an exchange before the first command."""
+        self._pumped = time.monotonic()
+        if not self._fc23 or not self._io.acquire(blocking=False):
+            if not self._have_cmd:
+                self._tick.set()
+            return
+        try:
+            if self._in_flight is not None:
+                self._guarded(self._collect)
+            if not self._have_cmd and self._client is not None:
+                self._guarded(self._send_exchange, self._command_words())
+        finally:
+            self._io.release()
+
+    def _cycle_exchanges(self) -> bool:
+        """True while the cycle runs the exchanges itself (function 23, a begin_cycle within IDLE_EXCHANGE_S)."""
+        return self._fc23 and time.monotonic() - self._pumped < IDLE_EXCHANGE_S
 
     def read(self, out: ArmState) -> bool:
         """Copy the newest decoded sample into out; True when the gateway's image is new since the last
@@ -368,7 +397,23 @@ class GatewayArm:
                           c.controlword, c.mode, c.target_position, c.target_torque)
             self._written += 1
             self._have_cmd = True
-        self._tick.set()
+        if not self._cycle_exchanges() or not self._io.acquire(blocking=False):
+            self._tick.set()
+            return
+        try:
+            while self._client is not None and self._sent != self._written:
+                if self._in_flight is not None:        # a cycle that could not take it at its start
+                    self._guarded(self._collect)
+                    continue
+                words = self._command_words()
+                if words is None:                      # not sendable (counted): the next one, if any
+                    continue
+                if self._sent != self._written:        # older ones queued: each waited for, in order
+                    self._guarded(self._exchange_words, words)
+                else:                                  # this cycle's: its answer is the next begin_cycle's
+                    self._guarded(self._send_exchange, words)
+        finally:
+            self._io.release()
 
     def _drop_unsent(self, keep: int) -> None:
         """Drop the oldest queued commands not sent until at most `keep` remain (the caller holds the lock): each
@@ -411,21 +456,36 @@ class GatewayArm:
                 # down: pause between attempts; up (a response was lost): reopen at once
                 if not self._up and self._stop.wait(self.options.reconnect_ms / 1000):
                     break
-                self._reconnect()
+                with self._io:
+                    self._reconnect()
                 continue
-            self._tick.wait(IDLE_EXCHANGE_S)
+            ticked = self._tick.wait(IDLE_EXCHANGE_S)
             if self._stop.is_set():
                 break
-            try:
-                self._exchange()
-            except (ConnectionException, OSError) as exc:   # reset or closed by the gateway: the link is down
-                self.counts["connections_lost"] += 1
-                self._down(f"connection lost: {exc}")
-                self._close_client()
-            except ModbusException as exc:      # no response in time, or one that does not pair with the request
-                self.counts["timeouts"] += 1
-                self.last_error = f"no response within {self.options.timeout_ms:g} ms: {exc}"
-                self._close_client()            # a late response must never answer a later request
+            if self._cycle_exchanges():
+                continue                        # the cycle runs the exchanges (begin_cycle, write)
+            with self._io:
+                if self._in_flight is not None:
+                    self._guarded(self._collect)
+                if self._client is not None:
+                    self._guarded(self._exchange)
+
+    def _guarded(self, step, *args) -> None:
+        """Run one step of an exchange (the caller holds _io): a reset or closed connection marks the link down, a
+        response not in time (or not pairing with its request) closes the connection; either way the link thread
+        reopens it."""
+        try:
+            step(*args)
+        except (ConnectionException, OSError) as exc:   # reset or closed by the gateway: the link is down
+            self.counts["connections_lost"] += 1
+            self._down(f"connection lost: {exc}")
+            self._close_client()
+            self._tick.set()
+        except ModbusException as exc:      # no response in time, or one that does not pair with the request
+            self.counts["timeouts"] += 1
+            self.last_error = f"no response within {self.options.timeout_ms:g} ms: {exc}"
+            self._close_client()            # a late response must never answer a later request
+            self._tick.set()
 
     def _reconnect(self) -> None:
         """One attempt to (re)open the connection. A handshake without an answer leaves the link as it was
@@ -488,6 +548,7 @@ class GatewayArm:
         return LinkError(f"{self.where}: {reason}")
 
     def _close_client(self) -> None:
+        self._in_flight = None           # its answer, if it ever comes, dies with the connection
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -509,33 +570,65 @@ class GatewayArm:
             raise _Refused(str(reply))
 
     def _exchange(self) -> None:
-        """One write of the cycle's new command (or of the watchdog alone), then one read of the input image:
-        writing first lets the image read in the same exchange already show the command's effect. With
-        the gateway's input mirror both are one function-23 request; nothing new to send, a refused write
-        (nothing applied, nothing read) or a command that cannot be sent leaves a plain read (function 4)."""
-        t0 = time.perf_counter()
-        words = self._command_words()
-        read = True
+        """One exchange, waited for: the oldest queued command (or the watchdog alone), or only a read."""
+        self._exchange_words(self._command_words())
+
+    def _exchange_words(self, words: list[int] | None) -> None:
+        """One write of `words` from HOLDING_BASE (None: nothing to write), then one read of the input image, waited
+        for: writing first lets the image read in the same exchange already show the command's effect. With the
+        gateway's input mirror both are one function-23 request; nothing to write, a refused write (nothing
+        applied, nothing read) or a command that cannot be sent leaves a plain read (function 4)."""
         if words is not None and self._fc23:
-            reply = self._client.execute(False, _ExchangeRequest(
-                read_address=gw.INPUT_MIRROR_BASE, read_count=self._input_count, write_address=gw.HOLDING_BASE,
-                write_registers=words, dev_id=self.options.device_id))
-            if reply.isError():
-                self.counts["exception_responses"] += 1
-                self._refused(str(reply))
-            else:
-                self._take(reply.registers, time.time_ns())
-                read = False
-        elif words is not None:
+            self._send_exchange(words)
+            self._collect()
+            return
+        t0 = time.perf_counter()
+        if words is not None:
             try:
                 self._write_registers(gw.HOLDING_BASE, words)
             except _Refused as exc:
                 self._refused(str(exc))
-        if read:
-            try:
-                self._take(self._read(gw.INPUT_BASE, self._input_count), time.time_ns())
-            except _Refused as exc:
-                self.last_error = f"read refused: {exc}"
+        self._read_image()
+        self._count_exchange(t0)
+
+    def _send_exchange(self, words: list[int]) -> None:
+        """Send one function-23 request (words written from HOLDING_BASE, the input mirror read) without waiting
+        for its answer (pymodbus's no_response_expected): _collect takes it."""
+        request = _ExchangeRequest(read_address=gw.INPUT_MIRROR_BASE, read_count=self._input_count,
+                                   write_address=gw.HOLDING_BASE, write_registers=words, dev_id=self.options.device_id)
+        self._in_flight_t0 = time.perf_counter()
+        self._client.execute(True, request)
+        self._in_flight = request
+
+    def _collect(self) -> None:
+        """Wait (timeout_ms at most) for the answer to the function-23 request in flight and take its image; a
+        refused write (nothing applied, nothing read) is followed by a plain read (function 4). A response that
+        does not come, or does not pair with the request, is a ModbusIOException."""
+        request, self._in_flight = self._in_flight, None
+        try:
+            reply = self._client.transaction.sync_get_response(request.dev_id, request.transaction_id)
+        except asyncio.TimeoutError:
+            raise ModbusIOException("no response received", function_code=request.function_code) from None
+        if reply.transaction_id != request.transaction_id or reply.dev_id != request.dev_id:
+            raise ModbusIOException(f"the response of transaction {reply.transaction_id} (device {reply.dev_id}) "
+                                    f"to request {request.transaction_id} (device {request.dev_id})",
+                                    function_code=request.function_code)
+        if reply.isError():
+            self.counts["exception_responses"] += 1
+            self._refused(str(reply))
+            self._read_image()
+        else:
+            self._take(reply.registers, time.time_ns())
+        self._count_exchange(self._in_flight_t0)
+
+    def _read_image(self) -> None:
+        """Read the input image (function 4) and take it."""
+        try:
+            self._take(self._read(gw.INPUT_BASE, self._input_count), time.time_ns())
+        except _Refused as exc:
+            self.last_error = f"read refused: {exc}"
+
+    def _count_exchange(self, t0: float) -> None:
         k = self.counts["exchanges"]
         self._rtt[k % ROUND_TRIP_WINDOW] = time.perf_counter() - t0
         self.counts["exchanges"] = k + 1
