@@ -69,14 +69,15 @@ class TransportPlan:
 # is host: the driver is the SYNC master). The rate is what each link carries one exchange per cycle of,
 # measured in docs/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 285 Hz at
 # most, and python-can's udp_multicast between processes loses samples above it on this machine); the
-# gateway 250 Hz (one function-23 exchange takes ~1.7 ms there and back: at 500 Hz 1-10 % of the targets
-# were replaced before an exchange sent them, at 400 Hz 0.2 %, each a torque kick, and its kicks and lost
-# samples failed the 3-sigma check in 1 run of 8 even after the link stopped re-sending stale targets; at
-# 250 Hz 7 of 7 passed with 0-1 samples lost. The drives' loops run at 1 kHz whatever the cycle
+# gateway 1 kHz (it ran at 250 Hz until 24 Nov 2026: its link sent only the newest command, and a command
+# replaced before an exchange took it was a skipped target, a torque kick, which failed the 3-sigma check at 400 Hz
+# and now and then at 250 Hz; now every command goes out once and in order, the driver's cycle runs the exchanges
+# pipelined and follows what the link carries, and at 1 kHz 8 of 8 fast demos passed, two at load 2.9). The
+# drives' loops run at 1 kHz whatever the cycle
 # (docs/simulator.md), so a slower cycle no longer leaves joint 3 in a limit cycle).
 # Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
 # of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
-SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 250.0
+SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 1000.0
 # CAN's handshake (one SYNC whose TPDOs must come back) is the simulator's first cycle: in a fresh checkout that
 # compiles the drive and plant kernels (numba, tens of seconds on a loaded 2-core machine). With the driver's
 # default 2 s the driver gave up, the chain killed the simulator mid-compile, nothing was cached, and every

@@ -48,7 +48,7 @@ def register(sub) -> None:
                    help="how the driver reaches the simulator (default: serial over a pty)")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
                    help="the driver's cycle rate, and the simulator's (it steps once per driver cycle); default: "
-                        "serial 1000, can 250, gateway 250 Hz (docs/demo.md)")
+                        "serial 1000, can 250, gateway 1000 Hz (docs/demo.md)")
     p.add_argument("--in-process", action="store_true",
                    help="no processes: step the simulator in this process (synchronous, 1 kHz)")
     p.add_argument("--trajectory", default="seed000", metavar="T",
