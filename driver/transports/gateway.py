@@ -387,9 +387,10 @@ class GatewayArm:
         return self._ring.unread()
 
     def write(self, command: ArmCommand) -> None:
-        """Keep the command for the next exchange and start it (at once, or right after the one in flight);
-        the newest wins (the one replaced is counted in superseded_commands); a fault-reset bit is held
-        until sent."""
+        """Queue the command; every command goes out once, in order, one per exchange (beyond COMMAND_QUEUE unsent
+        the oldest are dropped: superseded_commands, a fault reset among them latched into the next one sent).
+        While the cycle runs the exchanges (function 23) this sends it at once without waiting (older ones still
+        queued first, each waited for) and the next begin_cycle() takes the answer; else the link thread sends it."""
         with self._lock:
             self._drop_unsent(COMMAND_QUEUE - 1)       # the link is COMMAND_QUEUE exchanges behind
             c = self._cmds[self._written % COMMAND_QUEUE]
@@ -459,7 +460,7 @@ class GatewayArm:
                 with self._io:
                     self._reconnect()
                 continue
-            ticked = self._tick.wait(IDLE_EXCHANGE_S)
+            self._tick.wait(IDLE_EXCHANGE_S)
             if self._stop.is_set():
                 break
             if self._cycle_exchanges():
