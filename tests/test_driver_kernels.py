@@ -123,6 +123,9 @@ def test_gateway_command_fields_send_a_latched_fault_reset_once_then_clear_it():
     assert fields[3].tolist() == np.rint(tau * 1000).astype(int).tolist()       # mN m
     assert _command_fields(cw, mode, q, tau, counts_per_rad, latch, sent, fields) == -1
     assert fields[0].tolist() == [0x0F] * N
+    latch[4] = True                                   # a command that cannot be sent keeps the latch for the next
+    q[1] = np.nan
+    assert _command_fields(cw, mode, q, tau, counts_per_rad, latch, sent, fields) == 1 and latch[4]
 
 
 @pytest.fixture()

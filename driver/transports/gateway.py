@@ -6,9 +6,13 @@ pymodbus's sync client.
 One persistent connection (TCP_NODELAY) carries the exchanges. With function 23 (below) the cycle thread runs
 them itself, pipelined: write() sends this cycle's command in one request without waiting, and the next cycle's
 begin_cycle() takes its answer, which a period later is normally already there. So a cycle wakes one thread, not
-two, with no hand-over of the interpreter, and the command still leaves the moment the cycle computed it. The link
-thread ("armid-gateway-link") opens and reopens the connection, and does the exchanges when the cycle does not
-(functions 16 + 4, before the cycle starts, or after IDLE_EXCHANGE_S without a cycle). There, round_trip_ms is a
+two, with no hand-over of the interpreter, and the command still leaves the moment the cycle computed it. An
+answer that is late is waited for up to ANSWER_WAIT_S (so the cycle follows a link slightly slower than itself
+instead of dropping targets); beyond that the cycle hands the exchanges to the link thread (counted: handovers)
+and goes on, stale, and the link thread waits for the answer up to timeout_ms, sends the commands queued
+meanwhile, each waited for, and gives the exchanges back. The link thread ("armid-gateway-link") also opens and
+reopens the connection, and does the exchanges when the cycle does not (functions 16 + 4, before the cycle
+starts, or after IDLE_EXCHANGE_S without a cycle). There, round_trip_ms is a
 request's true round trip; in the pipelined exchanges it is the time from the request to the next cycle's
 start, at least the time the answer took. One
 exchange is one write of the whole holding image (function 16, which also re-arms the gateway's host
@@ -30,7 +34,7 @@ request and response are pymodbus PDU subclasses that pack and unpack the words 
 codec's numba kernels into preallocated buffers (gw.encode_outputs_into, gw.decode_inputs_into): docs/driver.md,
 "The gateway's codec".
 
-The cycle never waits for the network. Each new image (a cycle counter not seen before) is converted into the
+The cycle waits for the network at most ANSWER_WAIT_S. Each new image (a cycle counter not seen before) is converted into the
 next slot of a ring (SAMPLE_RING); read() returns the oldest not read yet, and backlog() says how many wait, so
 that two images between two cycles are both published, in order (driver.cycle's catch-up, as for serial and
 CAN). A Modbus round trip costs a large part of a 1 kHz period, so some cycles see no new image: read() returns
@@ -52,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import select
 import socket
 import struct
 import threading
@@ -74,6 +79,7 @@ from ident.errors import InputError
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
 IDLE_EXCHANGE_S = 0.02          # without cycles (before the cycle starts), exchange at least this often
+ANSWER_WAIT_S = 0.01            # the longest the cycle waits for a late answer; then the link thread takes over
 COMMAND_QUEUE = 8               # commands kept for the link, sent in order (a link further behind drops the oldest)
 SAMPLE_RING = 64                # decoded images kept for the cycle, read in order (64 ms at 1 kHz)
 _FAULT_RESET_BIT = 0x0080
@@ -166,15 +172,18 @@ assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "targe
 @numba.njit(cache=True, nogil=True)
 def _command_fields(controlword, mode, target_position, target_torque, counts_per_rad, reset_latch, latched, fields):
     """The kept command in wire units into fields (4, n) int64 (controlword, mode, target position in counts,
-    target torque in mN m: driver.hal.command_to_wire), a latched fault reset (reset_latch, then cleared) standing
-    in for a controlword without the reset bit (latched (n,): the controlwords sent). -1, or the first joint whose
-    target is not finite or does not fit int32 (nothing of it is to be sent)."""
+    target torque in mN m: driver.hal.command_to_wire), a latched fault reset (reset_latch, cleared once a command
+    carries it) standing in for a controlword without the reset bit (latched (n,): the controlwords sent). -1, or
+    the first joint whose target is not finite or does not fit int32 (nothing of it is to be sent, and the latch
+    waits for the next command)."""
     for j in range(controlword.shape[0]):
         cw = controlword[j]
         latched[j] = _CW_FAULT_RESET if reset_latch[j] and not cw & _FAULT_RESET_BIT else cw
-        reset_latch[j] = False
-    return command_to_wire(latched, mode, target_position, target_torque, counts_per_rad, fields[0], fields[1],
-                           fields[2], fields[3])
+    bad = command_to_wire(latched, mode, target_position, target_torque, counts_per_rad, fields[0], fields[1],
+                          fields[2], fields[3])
+    if bad < 0:
+        reset_latch[:] = False
+    return bad
 
 
 class _Tick:
@@ -276,6 +285,7 @@ class GatewayArm:
         self._pumped = -math.inf            # time.monotonic() of the cycle's last begin_cycle
         self._in_flight: _ExchangeRequest | None = None    # a function-23 request sent, its answer not taken yet
         self._in_flight_t0 = 0.0
+        self._handed_over = False           # the cycle left a late answer to the link thread (_cycle_collect)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._up = False
@@ -291,7 +301,8 @@ class GatewayArm:
         self.counts = {"exchanges": 0, "fresh_images": 0, "repeated_images": 0, "missed_images": 0,
                        "invalid_images": 0, "bad_images": 0, "exception_responses": 0, "timeouts": 0,
                        "connections_lost": 0, "connect_failures": 0, "reconnects": 0, "writes": 0, "refused_writes": 0,
-                       "unsendable_commands": 0, "superseded_commands": 0, "idle_reads": 0, "watchdog_expired": 0}
+                       "unsendable_commands": 0, "superseded_commands": 0, "idle_reads": 0, "watchdog_expired": 0,
+                       "handovers": 0}
         self.last_error = ""
         self.gateway_refused_writes = 0
         self._rtt = np.zeros(ROUND_TRIP_WINDOW)
@@ -341,9 +352,14 @@ class GatewayArm:
         self._stop.set()
         self._tick.set()
         if self._thread is not None:
-            self._thread.join(3 * self.options.timeout_ms / 1000 + 2.0)
+            self._thread.join(5 * self.options.timeout_ms / 1000 + 2.0)
             self._thread = None
-        self._close_client()
+        held = self._io.acquire(timeout=self.options.timeout_ms / 1000 + 1.0)   # a cycle still in an exchange
+        try:
+            self._close_client()
+        finally:
+            if held:
+                self._io.release()
         self._up = False
 
     def begin_cycle(self) -> None:
@@ -353,17 +369,34 @@ class GatewayArm:
         watchdog and reads. Otherwise (functions 16 + 4, or the link thread holding the connection: a
         reconnection) it lets the link thread start an exchange before the first command."""
         self._pumped = time.monotonic()
-        if not self._fc23 or not self._io.acquire(blocking=False):
-            if not self._have_cmd:
+        if not self._fc23 or self._handed_over or not self._io.acquire(blocking=False):
+            if not self._have_cmd or self._handed_over:
                 self._tick.set()
             return
         try:
-            if self._in_flight is not None:
-                self._guarded(self._collect)
+            if self._in_flight is not None and not self._cycle_collect():
+                return
             if not self._have_cmd and self._client is not None:
                 self._guarded(self._send_exchange, self._command_words())
         finally:
             self._io.release()
+
+    def _cycle_collect(self) -> bool:
+        """The cycle takes the answer in flight (the caller holds _io) if it comes within ANSWER_WAIT_S; else it
+        hands the exchanges over to the link thread (which waits for the answer up to timeout_ms and sends what was
+        queued meanwhile) and returns False: the cycle goes on, stale, instead of stalling on the network."""
+        sock = self._client.socket if self._client is not None else None
+        try:
+            ready = sock is not None and bool(select.select([sock], [], [], ANSWER_WAIT_S)[0])
+        except (OSError, ValueError):      # the socket closed under it: the exchange's own error handling decides
+            ready = True
+        if not ready:
+            self.counts["handovers"] += 1
+            self._handed_over = True
+            self._tick.set()
+            return False
+        self._guarded(self._collect)
+        return True
 
     def _cycle_exchanges(self) -> bool:
         """True while the cycle runs the exchanges itself (function 23, a begin_cycle within IDLE_EXCHANGE_S)."""
@@ -398,13 +431,14 @@ class GatewayArm:
                           c.controlword, c.mode, c.target_position, c.target_torque)
             self._written += 1
             self._have_cmd = True
-        if not self._cycle_exchanges() or not self._io.acquire(blocking=False):
+        if not self._cycle_exchanges() or self._handed_over or not self._io.acquire(blocking=False):
             self._tick.set()
             return
         try:
             while self._client is not None and self._sent != self._written:
                 if self._in_flight is not None:        # a cycle that could not take it at its start
-                    self._guarded(self._collect)
+                    if not self._cycle_collect():
+                        return
                     continue
                 words = self._command_words()
                 if words is None:                      # not sendable (counted): the next one, if any
@@ -463,6 +497,9 @@ class GatewayArm:
             self._tick.wait(IDLE_EXCHANGE_S)
             if self._stop.is_set():
                 break
+            if self._handed_over:
+                self._catch_up()
+                continue
             if self._cycle_exchanges():
                 continue                        # the cycle runs the exchanges (begin_cycle, write)
             with self._io:
@@ -470,6 +507,16 @@ class GatewayArm:
                     self._guarded(self._collect)
                 if self._client is not None:
                     self._guarded(self._exchange)
+
+    def _catch_up(self) -> None:
+        """The exchanges the cycle handed over (a late answer): take the answer in flight (up to timeout_ms), send
+        every command queued meanwhile, each waited for, then give the exchanges back to the cycle."""
+        with self._io:
+            if self._in_flight is not None:
+                self._guarded(self._collect)
+            while self._client is not None and self._sent != self._written and not self._stop.is_set():
+                self._guarded(self._exchange)
+            self._handed_over = False
 
     def _guarded(self, step, *args) -> None:
         """Run one step of an exchange (the caller holds _io): a reset or closed connection marks the link down, a
@@ -512,10 +559,13 @@ class GatewayArm:
         if not self._client.connect():
             self.counts["connect_failures"] += 1
             raise self._down(f"cannot connect to {opts.host}:{opts.port}")
-        # one small request and its answer per exchange half: never hold a segment back (Nagle)
-        self._client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            # one small request and its answer per exchange half: never hold a segment back (Nagle)
+            self._client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             header = self._read(gw.INPUT_BASE, gw.INPUT_HEADER_SIZE)
+            if len(header) < 2:
+                raise self._down(f"the header (input registers {gw.INPUT_BASE:#06x}..) came back with {len(header)} "
+                                 f"registers, not {gw.INPUT_HEADER_SIZE}")
             if header[0] != gw.LAYOUT_VERSION:
                 raise self._down(f"layout_version (input register {gw.INPUT_BASE:#06x}) = {header[0]}, this host "
                                  f"speaks version {gw.LAYOUT_VERSION} (docs/wire-gateway.md)")
@@ -550,9 +600,9 @@ class GatewayArm:
 
     def _close_client(self) -> None:
         self._in_flight = None           # its answer, if it ever comes, dies with the connection
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def _next_beat(self) -> int:
         self._beat = (self._beat + 1) & 0xFFFF
