@@ -25,6 +25,7 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pymodbus.constants import ExcCodes
 from pymodbus.exceptions import ModbusIOException
 from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
@@ -79,6 +80,7 @@ class StaticGateway:
         self.writes: list[tuple[int, list[int]]] = []
         self.functions: list[int] = []
         self.delays: list[float] = []        # seconds before answering each of the next requests
+        self.refuse = 0                      # refuse the next N command writes (ILLEGAL DATA VALUE: nothing applied)
         device = register_device([0] * gw.holding_count(N), self.inputs, action=self._action, mirror=mirror)
         self.server = ModbusServerThread(device, "127.0.0.1", port)
         self.port = self.server.start()
@@ -90,6 +92,9 @@ class StaticGateway:
         if function_code == 4:
             registers[:len(self.inputs)] = self.inputs
         elif values is not None:
+            if self.refuse and len(values) == gw.holding_count(N):     # a command (not the watchdog alone)
+                self.refuse -= 1
+                return ExcCodes.ILLEGAL_VALUE
             self.writes.append((address - start, list(values)))
         elif address >= gw.INPUT_MIRROR_BASE:
             at = gw.INPUT_MIRROR_BASE - start
@@ -453,6 +458,51 @@ def test_a_late_answer_is_handed_to_the_link_thread_which_sends_what_was_queued_
     assert [int(img.target_position[0]) for img in server.full_writes()] == [round(0.01 * k * counts_per_rad)
                                                                            for k in range(1, 5)]
     assert arm.counts["superseded_commands"] == 0 and arm.counts["timeouts"] == 0
+
+
+def test_a_refused_write_in_the_pipeline_is_counted_followed_by_a_read_and_its_fault_reset_goes_out_next(
+        model, arms, static_gateway):
+    server = static_gateway(image_words(counter=1), mirror=True)
+    arm = arms(model, server.port, timeout_ms=5000)
+    arm.open()
+    out = ArmState(N)
+    assert read_fresh(arm, out)
+    zeros = np.zeros(N)
+    server.refuse = 1
+    arm.begin_cycle()
+    arm.write(_command(model, zeros, zeros, cia402.CW_FAULT_RESET))          # the gateway refuses it
+    arm.begin_cycle()                                   # takes the refusal: counted, then a plain read
+    assert arm.counts["refused_writes"] == 1, server.functions[-6:]
+    assert server.functions[-1] == 4, server.functions[-6:]
+    for cw in (cia402.CW_ENABLE_OPERATION, cia402.CW_ENABLE_OPERATION):
+        arm.write(_command(model, zeros, zeros, cw))
+        arm.begin_cycle()
+    # the refused reset never reached the drives: the next command carries it, once
+    assert [int(img.controlword[0]) for img in server.full_writes()] == [cia402.CW_FAULT_RESET,
+                                                                         cia402.CW_ENABLE_OPERATION]
+
+
+def test_an_answer_that_never_comes_in_the_pipeline_is_a_timeout_and_the_link_reopens(model, arms, static_gateway):
+    server = static_gateway(image_words(counter=1), mirror=True)
+    arm = arms(model, server.port, timeout_ms=200, reconnect_ms=50)
+    arm.open()
+    out = ArmState(N)
+    assert read_fresh(arm, out)
+    server.delays.append(2.0)                           # far beyond timeout_ms
+    arm.begin_cycle()
+    arm.write(_command(model, np.zeros(N), np.zeros(N), cia402.CW_ENABLE_OPERATION))
+    arm.begin_cycle()                                   # waits ANSWER_WAIT_S, hands the answer to the link thread
+    assert arm.counts["handovers"] == 1
+    assert wait_for(lambda: arm.counts["timeouts"] == 1 and arm.counts["reconnects"] >= 1)
+    assert "no response within 200 ms" in arm.link_stats()["last_error"]
+    server.inputs[:] = image_words(counter=2)
+
+    def new_image() -> bool:                           # cycles as the driver's: begin, read, write
+        arm.begin_cycle()
+        fresh = arm.read(out)
+        arm.write(_command(model, np.zeros(N), np.zeros(N), cia402.CW_ENABLE_OPERATION))
+        return fresh and out.device_time_ns == (123456 + 2) * 1000
+    assert wait_for(new_image, poll=0.001)
 
 
 def test_beyond_the_queue_the_oldest_commands_are_dropped_counted_and_a_dropped_fault_reset_is_latched(

@@ -286,6 +286,7 @@ class GatewayArm:
         self._in_flight: _ExchangeRequest | None = None    # a function-23 request sent, its answer not taken yet
         self._in_flight_t0 = 0.0
         self._handed_over = False           # the cycle left a late answer to the link thread (_cycle_collect)
+        self._carrying = False              # the words _command_words returned last carry a command
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._up = False
@@ -729,6 +730,13 @@ class GatewayArm:
     def _refused(self, reason: str) -> None:
         self.counts["refused_writes"] += 1
         self.last_error = f"write refused (nothing applied): {reason}"
+        if self._carrying:           # the drives did not see its controlwords: a fault reset in them waits again
+            self._relatch()
+
+    def _relatch(self) -> None:
+        """Latch again the fault resets of the controlwords last converted (_latched_cw): they were not applied."""
+        with self._lock:
+            self._reset_latch |= (self._latched_cw & _FAULT_RESET_BIT) != 0
 
     def _command_words(self) -> list[int] | None:
         """The words to write from HOLDING_BASE: a command the cycle wrote since the last exchange, as the whole
@@ -749,6 +757,7 @@ class GatewayArm:
                                       self._reset_latch, self._latched_cw, self._fields)
                 if bad >= 0:
                     return self._not_sent(self._unsendable(c))
+        self._carrying = False
         if not have:
             return [self._next_beat(), self.options.watchdog_ms]
         if not fresh:
@@ -758,8 +767,10 @@ class GatewayArm:
         try:
             words = gw.encode_outputs_into(self._out_header, self._fields, self._words)
         except gw.GatewayError as exc:       # e.g. a mode of operation the layout does not know
+            self._relatch()
             return self._not_sent(str(exc))
         self.counts["writes"] += 1
+        self._carrying = True                # until the next call: the words of the exchange under way
         return words.tolist()                # what pymodbus packs: a list of ints (the cheapest of the sequences)
 
     def _not_sent(self, reason: str) -> None:
