@@ -282,7 +282,7 @@ class GatewayArm:
         # link state
         self._tick = _Tick()                # wakes the link thread
         self._io = threading.Lock()         # held for an exchange or a (re)connection: by the link thread or the cycle
-        self._pumped = -math.inf            # time.monotonic() of the cycle's last begin_cycle
+        self._cycle_started = -math.inf     # time.monotonic() of the cycle's last begin_cycle
         self._in_flight: _ExchangeRequest | None = None    # a function-23 request sent, its answer not taken yet
         self._in_flight_t0 = 0.0
         self._handed_over = False           # the cycle left a late answer to the link thread (_cycle_collect)
@@ -369,7 +369,7 @@ class GatewayArm:
         there, so this does not wait), and before the first command it sends a request that only re-arms the
         watchdog and reads. Otherwise (functions 16 + 4, or the link thread holding the connection: a
         reconnection) it lets the link thread start an exchange before the first command."""
-        self._pumped = time.monotonic()
+        self._cycle_started = time.monotonic()
         if not self._fc23 or self._handed_over or not self._io.acquire(blocking=False):
             if not self._have_cmd or self._handed_over:
                 self._tick.set()
@@ -401,7 +401,7 @@ class GatewayArm:
 
     def _cycle_exchanges(self) -> bool:
         """True while the cycle runs the exchanges itself (function 23, a begin_cycle within IDLE_EXCHANGE_S)."""
-        return self._fc23 and time.monotonic() - self._pumped < IDLE_EXCHANGE_S
+        return self._fc23 and time.monotonic() - self._cycle_started < IDLE_EXCHANGE_S
 
     def read(self, out: ArmState) -> bool:
         """Copy the newest decoded sample into out; True when the gateway's image is new since the last
