@@ -8,7 +8,8 @@ client that asked, in any order). Each turn of the loop:
      process (driver.planner), which answers later; a second motion while one is being planned is refused;
   3. collects the planner's answer when it is ready and starts the motion.
 Whatever a request raises becomes an error reply naming the request, counted in `stats` (the health topic's
-`commands`), and the loop goes on. At most BACKLOG requests wait; beyond that a request is refused unread.
+`commands`), and the loop goes on. At most PER_CLIENT requests of one client wait (and BACKLOG of all);
+beyond that a request is refused unread, so that a client flooding the socket delays only itself.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from driver.requests import RequestError, decode_request
 POLL_MS = 50
 READ_BATCH = 256
 BACKLOG = 1024
+PER_CLIENT = 64
 _URGENT_MARKS = tuple(name.encode() for name in URGENT)
 
 
@@ -35,6 +37,7 @@ class CommandServer:
         self.sock, self.commands, self.planner, self._stop = sock, commands, planner, stop
         self.log = log or (lambda text: None)
         self._waiting: deque[tuple[list, bytes]] = deque()
+        self._per_client: dict[bytes, int] = {}     # requests waiting, by the client's ROUTER identity
         self._planning: list | None = None          # the envelope of the motion request being planned
         self.received = 0
         self.answered = 0
@@ -72,6 +75,9 @@ class CommandServer:
             self._guard("read", self._read)
             if self._waiting:
                 envelope, body = self._waiting.popleft()
+                left = self._per_client.pop(envelope[0], 1) - 1
+                if left:
+                    self._per_client[envelope[0]] = left
                 self._guard_request(envelope, body, self._answer)
             self._guard("planner", self._planner_turn)
             fd = self.planner.fileno()
@@ -116,12 +122,13 @@ class CommandServer:
             envelope, body = split
             if len(body) < 256 and any(mark in body for mark in _URGENT_MARKS):
                 self._guard_request(envelope, body, self._answer)   # before anything that waits
-            elif len(self._waiting) >= BACKLOG:
+            elif len(self._waiting) >= BACKLOG or self._per_client.get(envelope[0], 0) >= PER_CLIENT:
                 self.refused_busy += 1
-                self._reply(envelope, {"ok": False, "error": f"{_describe(body)}: refused unread: more than "
-                                                             f"{BACKLOG} requests are waiting"})
+                self._reply(envelope, {"ok": False, "error": "request refused unread: too many requests are "
+                                                             "waiting; wait for the replies before sending more"})
             else:
                 self._waiting.append((envelope, body))
+                self._per_client[envelope[0]] = self._per_client.get(envelope[0], 0) + 1
 
     # -- answering -----------------------------------------------------------------------------------
     def _answer(self, envelope: list, body: bytes) -> None:

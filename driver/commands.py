@@ -80,7 +80,11 @@ class Commands:
             if cmd in PLANNING:
                 return {"ok": False, "error": f"{cmd}: a motion command must be planned"}
             return {"ok": False, "error": f"unknown command {cmd[:60]!r} (known: {', '.join(self.known)})"}
-        return self.guarded(cmd, lambda: fn(req))
+        def call() -> dict:
+            only_keys(req, ("mass", "com", "inertia") if cmd == "set_payload" else ())
+            return fn(req)
+
+        return self.guarded(cmd, call)
 
     @staticmethod
     def guarded(cmd: str, fn: Callable[[], dict | None]) -> dict:
@@ -126,7 +130,6 @@ class Commands:
         return {}
 
     def set_payload(self, req: dict) -> dict:
-        only_keys(req, ("mass", "com", "inertia"))
         if "mass" not in req:
             raise CommandError("set_payload: mass: expected a number of kg (0 clears the payload)")
         mass = number(req, "mass", 0.0)

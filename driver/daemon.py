@@ -175,6 +175,7 @@ class Driver:
             self._rep = self._ctx.socket(zmq.ROUTER)
             self._rep.setsockopt(zmq.LINGER, 0)
             self._rep.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_REQUEST_BYTES)   # beyond: ZeroMQ drops the client
+            self._rep.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a reply that cannot go is counted, not lost unseen
             if self.endpoints.curve is not None:
                 self._secure(self._rep, self.endpoints.curve)
             self._rep.bind(self.endpoints.commands)
@@ -323,8 +324,8 @@ class Driver:
         """Plan and feed forward with a payload (mass 0 clears it). Refused (InputError) unless it is a physical
         body within the model's rated payload and reach, whose holding torque at the current pose keeps
         every joint within its torque limit."""
+        check_payload(self.model, mass, com)       # first: a CoM of 1e300 m never reaches the arithmetic
         chi = payload_parameters(mass, com, inertia)
-        check_payload(self.model, mass, com)
         model = dynamics.merge_payload(self.model, chi) if mass > 0 else self.model
 
         def apply():

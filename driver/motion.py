@@ -127,7 +127,7 @@ def plan_move(model: Model, q_from, q_to, rate_hz: float, *, speed: float = 1.0,
                           f"limits [{lo[j]:.4g}, {hi[j]:.4g}]")
     D = q1 - q0
     scale = SPEED_SCALE * speed
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         t_v = np.nanmax(np.where(D != 0, _QUINTIC_VMAX * np.abs(D) / (scale * model.qd_max), 0.0))
         t_a = np.nanmax(np.where(D != 0, np.sqrt(_QUINTIC_AMAX * np.abs(D) / (scale * model.qdd_max)), 0.0))
     T = max(MIN_MOVE_DURATION, float(t_v), float(t_a))

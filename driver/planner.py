@@ -234,7 +234,10 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
     """The planner process's loop: a job in, ("plan", path, name, rate, segments) or ("error", text) out."""
     import signal
 
+    import warnings
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the daemon's to handle
+    warnings.simplefilter("ignore", RuntimeWarning)      # overflow on a hostile request: its refusal says why
     from driver import motion
     from driver.plan_requests import plan_request
 
