@@ -159,9 +159,12 @@ class Driver:
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the planner process, open the link, bind the sockets, start the threads; wait (at most
-        PLANNER_START_S) until the planner has loaded its kernels."""
-        self.planner.start()                    # it loads its imports and kernels while the rest starts
+        """Start the planner process and wait (at most PLANNER_START_S) until it has loaded its kernels; open the
+        link, bind the sockets, start the threads."""
+        self.planner.start()
+        if not self.planner.wait_ready(PLANNER_START_S):    # its start-up burst of CPU ends before the link
+            self.log(f"warning: the planner process was not ready within {PLANNER_START_S:g} s; the first motion "
+                     f"command waits for it")                # opens: devices with a host watchdog see no gap
         try:
             self.arm.open()
         except BaseException:
@@ -195,9 +198,6 @@ class Driver:
         self.started_at = time.time()
         self._stop.clear()
         self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
-        if not self.planner.wait_ready(PLANNER_START_S):    # its start-up burst of CPU ends before the cycle's
-            self.log(f"warning: the planner process was not ready within {PLANNER_START_S:g} s; the first motion "
-                     f"command waits for it")
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
@@ -437,7 +437,8 @@ def check_payload(model: Model, mass: float, com) -> None:
         raise InputError(f"set_payload refused: mass {mass:.4g} kg is over the rated payload of {model.name} "
                          f"({model.rated_payload:g} kg)")
     reach = model_reach(model)
-    distance = float(np.linalg.norm(com))
+    with np.errstate(over="ignore"):
+        distance = float(np.linalg.norm(com))
     if mass > 0 and distance > reach:
         raise InputError(f"set_payload refused: com is {distance:.4g} m from the flange, farther than the arm's "
                          f"reach ({reach:.3g} m)")

@@ -152,7 +152,7 @@ def test_the_service_tracks_a_payload_attached_to_the_running_simulator_and_publ
     estimate that converges to the attached mass."""
     arm = LocalSimArm(model, seed=3)
     drv = Driver(model, arm, endpoints=Endpoints(state=f"ipc://{tmp_path}/state", commands=f"ipc://{tmp_path}/cmd"),
-                 watchdog_s=0.5)
+                 watchdog_s=0.5, trajectory_dir=str(tmp_path))
     drv.start()
     svc = IdentService(model, state_endpoint=drv.bound["state"], publish_endpoint="tcp://127.0.0.1:*",
                        command_endpoint="tcp://127.0.0.1:*", publish_hz=10, payload="model")
@@ -186,7 +186,7 @@ def test_the_service_tracks_a_payload_attached_to_the_running_simulator_and_publ
         assert wait(lambda: svc.identifier.counters.samples > 100, 30)
         assert drv.commands.handle({"cmd": "enable"})["ok"]
         assert wait(lambda: drv.commands.handle({"cmd": "status"})["enabled"], 10)
-        assert drv.commands.handle({"cmd": "run_trajectory", "file": str(path), "periods": 5})["ok"]
+        assert drv.commands.handle({"cmd": "run_trajectory", "file": path.name, "periods": 5})["ok"]
         # the tracker's first pass (its weights) is done and no change was seen on the unloaded arm
         assert wait(lambda: svc.payload.fit.joint_sigma is not None, 20)
         time.sleep(0.5)
