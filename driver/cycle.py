@@ -16,7 +16,7 @@ struct.pack_into for the header); planning happens in the requesting thread (dri
 
 Two clocks (`clock`):
   "host"    the cycle keeps its own schedule at rate_hz: an absolute clock_nanosleep to each deadline, no spin
-            (driver/timer.py; the thread's timer slack is reduced to 1 ns so the wake-up is precise). With an
+            (firmware_bridge/rt_timing.py; the thread's timer slack is reduced to 1 ns so the wake-up is precise). With an
             arm that answers (it has `wait_new`, e.g. serial joint boards stepping on each COMMAND), each
             deadline sends the command the previous cycle computed, then the cycle waits (at most
             ANSWER_WINDOW of a period) for the device's answer and runs its work as soon as it arrives: the
@@ -50,7 +50,7 @@ import numpy as np
 from driver import cycle_kernels as ck
 from driver.hal import Arm, ArmCommand, ArmState, LinkError
 from driver.motion import PlannedMotion
-from driver.timer import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
+from firmware_bridge.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
 

@@ -42,9 +42,9 @@ from driver.cycle import Cycle
 from driver.hal import Arm
 from driver import realtime as rt
 from driver.realtime import Applied, Realtime, RealtimeError
-from driver.timer import name_os_thread
+from firmware_bridge.rt_timing import name_os_thread
 from ident import dynamics
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import Model
 from ident.payload import payload_parameters
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from driver import cycle_kernels as ck
 from driver.cycle import Cycle
 from driver.hal import ArmState, copy_sample
-from driver.timer import reduce_timer_slack, sleep_until
+from firmware_bridge.rt_timing import reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import State
 from waiting import wait_until

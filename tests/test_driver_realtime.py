@@ -20,7 +20,7 @@ from driver.daemon import Driver, Endpoints
 from driver.realtime import Realtime, RealtimeError
 from driver.transports.local_sim import LocalSimArm
 from firmware_bridge import stream
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from waiting import wait_until

@@ -17,7 +17,7 @@ from driver.daemon import Driver, Endpoints, Record
 from driver.recording import read_recording
 from driver.transports.local_sim import LocalSimArm
 from firmware_bridge import stream
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 

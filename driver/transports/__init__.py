@@ -22,7 +22,7 @@ TRANSPORTS: dict[str, str] = {
 
 def open_arm(name: str, model, **options):
     """The Arm of transport `name` for the model (not yet opened)."""
-    from ident.errors import InputError
+    from firmware_bridge.errors import InputError
 
     if name not in TRANSPORTS:
         raise InputError(f"transport: unknown {name!r} (available: {', '.join(sorted(TRANSPORTS))})")

@@ -70,12 +70,12 @@ from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOEx
 from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
 from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
-from driver.timer import name_os_thread
+from firmware_bridge.rt_timing import name_os_thread
 from driver.transports.sample_ring import StateRing
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
 IDLE_EXCHANGE_S = 0.02          # without cycles (before the cycle starts), exchange at least this often
