@@ -19,7 +19,7 @@ import ident
 from benchmarks import payload_seed001 as seed
 from driver import motion
 from driver.daemon import Driver, Endpoints
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from firmware_bridge.cia402 import Mode
 from firmware_bridge.errors import InputError
 from ident.model import load_model
