@@ -77,6 +77,7 @@ sys.path.insert(0, str(ROOT))
 from armid import chain  # noqa: E402
 from armid.chain import CLK_TCK, cpu_seconds  # noqa: E402
 from driver import realtime as rt  # noqa: E402
+from driver.hal import Arm  # noqa: E402
 from firmware_bridge.stream import FLAG_STALE  # noqa: E402
 
 HEADER = struct.Struct("<IQqq")     # flags, seq, device_time_ns, host_time_ns at offset 8 (docs/stream.md)
@@ -132,11 +133,17 @@ def timer_figures(rate: float, seconds: float, spin_us: float, slack: bool) -> l
     return [float(x) for x in out.stdout.split()]
 
 
-class _ReplayArm:
+class _ReplayArm(Arm):
     """A new sample every read (no device): what the cycle itself costs."""
 
     def __init__(self, n: int):
         self.n, self.k = n, 0
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def begin_cycle(self) -> None:
         pass
@@ -150,6 +157,9 @@ class _ReplayArm:
 
     def write(self, command) -> None:
         pass
+
+    def link_stats(self) -> dict:
+        return {}
 
 
 def cycle_figures(tmp: Path, steps: int = 20000, gap_us: float = 0.0) -> tuple[float, float]:

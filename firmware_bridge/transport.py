@@ -10,8 +10,10 @@ sample and command with the cycle through preallocated buffers.
 """
 from __future__ import annotations
 
+import abc
+import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar
 
 import numpy as np
 
@@ -79,25 +81,73 @@ class ArmCommand:
         self.target_torque = np.zeros(self.n)
 
 
-class Arm(Protocol):
-    """What the cycle needs from a transport (see the module docstring)."""
+class Arm(abc.ABC):
+    """The abstract transport (as python-can's BusABC): everything the driver's cycle may call, and nothing else.
+
+    A transport implements the six abstract methods. The waits below have safe defaults and are called only as
+    the transport's capability flags say:
+
+      streams_on_own_clock  the device sends samples on its own clock and wait_new(timeout_s) blocks until the
+                            next one: the cycle may run on the device's clock ("device"), and on the host's it
+                            waits for the answer to each command (serial joint boards)
+      cycle_reads_link      pump_new / pump_for read the link in the calling thread, so the cycle reads it while
+                            it waits (one wake-up per burst) and the transport's own thread stands by (serial, can)
+      keeps_every_sample    read() returns each sample once and in order, and backlog() says how many wait
+                            unread: the cycle publishes the older ones first (serial, can, gateway)
+    """
 
     n: int
+    streams_on_own_clock: ClassVar[bool] = False
+    cycle_reads_link: ClassVar[bool] = False
+    keeps_every_sample: ClassVar[bool] = False
 
+    @abc.abstractmethod
     def open(self) -> None:
         """Connect and handshake; raise LinkError naming the link when it fails."""
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Release the link (idempotent)."""
 
+    @abc.abstractmethod
     def begin_cycle(self) -> None:
         """Start a cycle (CAN: transmit SYNC)."""
 
+    @abc.abstractmethod
     def read(self, out: ArmState) -> bool:
         """Copy the newest sample into out; True when it is new since the last read."""
 
+    @abc.abstractmethod
     def write(self, command: ArmCommand) -> None:
         """Send the command (finite values only: the cycle checks before it calls)."""
 
+    @abc.abstractmethod
     def link_stats(self) -> dict:
         """Counters of the link (frames, dropped frames by reason, reconnects), for the health topic."""
+
+    def wait_new(self, timeout_s: float) -> bool:
+        """Block until a sample not read yet is there (True) or timeout_s (s) passes (False). Default: this
+        transport cannot tell, so it waits the whole timeout and says False."""
+        if timeout_s > 0:
+            time.sleep(timeout_s)
+        return False
+
+    def pump_new(self, timeout_s: float) -> bool:
+        """Read the link in the calling thread until a sample not read yet is there (True) or timeout_s passes
+        (False). Default: nothing to read here, so this is wait_new."""
+        return self.wait_new(timeout_s)
+
+    def pump_for(self, timeout_s: float) -> bool:
+        """Read the link in the calling thread for timeout_s, whatever arrives; False at once when this thread
+        cannot read it (the caller then sleeps instead). Default: False."""
+        return False
+
+    def backlog(self) -> int:
+        """Samples that arrived and have not been read. Default: 0 (only the newest sample is kept)."""
+        return 0
+
+    @property
+    def link_thread_id(self) -> int | None:
+        """The native (kernel) id of the transport's link thread while it runs, for its scheduling ([realtime]);
+        None when it has none."""
+        return None

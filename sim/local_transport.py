@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 
-from firmware_bridge.transport import ArmCommand, ArmState, LinkError
+from firmware_bridge.transport import Arm, ArmCommand, ArmState, LinkError
 from sim.simulator import SimState, Simulator
 
 
-class LocalSimArm:
+class LocalSimArm(Arm):
     """Arm over an in-process simulator: LocalSimArm(model, simulator=None, **simulator_options)."""
 
     def __init__(self, model, simulator=None, **simulator_options):

@@ -53,7 +53,7 @@ import canopen
 import numpy as np
 from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
-from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
@@ -122,9 +122,14 @@ def _check_options(n: int, interface, channel, bitrate, node_ids, counts_per_rev
     return [int(i) for i in ids]
 
 
-class CanArm:
+class CanArm(Arm):
     """Arm over CiA 402 drives on one CAN bus: CanArm(model, interface=..., channel=..., bitrate=None,
-    node_ids=None (1..n), counts_per_rev=2**17, sdo_timeout_s=0.5, boot_timeout_s=2.0, heartbeat_ms=100)."""
+    node_ids=None (1..n), counts_per_rev=2**17, sdo_timeout_s=0.5, boot_timeout_s=2.0, heartbeat_ms=100).
+    The cycle reads the bus while it waits (pump_new, pump_for) and every complete sample is kept until read
+    (backlog); the drives answer the host's SYNC, they keep no clock of their own for the cycle."""
+
+    cycle_reads_link = True
+    keeps_every_sample = True
 
     def __init__(self, model, *, interface: str | None = None, channel: str | int | None = None, bitrate: int | None = None,
                  node_ids: Sequence[int] | None = None, counts_per_rev: int = ENCODER_COUNTS_PER_REV,

@@ -69,7 +69,7 @@ from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
 from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
-from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
 from firmware_bridge.rt_timing import name_os_thread
 from driver.transports.sample_ring import StateRing
 from firmware_bridge import cia402
@@ -243,8 +243,11 @@ class _Refused(Exception):
     """The gateway answered a request with a Modbus exception (the request was not carried out)."""
 
 
-class GatewayArm:
-    """Arm over a Modbus TCP gateway: GatewayArm(model, host=..., **options) (see GatewayOptions)."""
+class GatewayArm(Arm):
+    """Arm over a Modbus TCP gateway: GatewayArm(model, host=..., **options) (see GatewayOptions). Every new image
+    is kept until read (backlog); the cycle's clock is the host's."""
+
+    keeps_every_sample = True
 
     def __init__(self, model, **options):
         self.options = opts = gateway_options(**options)

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import serial
 
-from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, raw_to_si
 from firmware_bridge.rt_timing import name_os_thread
 from driver.transports.sample_ring import StateRing
 from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
@@ -111,8 +111,9 @@ class _Session:
             return 0
 
 
-class SerialArm:
-    """Arm over the serial joint-board link.
+class SerialArm(Arm):
+    """Arm over the serial joint-board link: the device streams STATEs on its own clock (wait_new), the cycle may
+    read the port itself while it waits (pump_new, pump_for), and every STATE is kept until read (backlog).
 
     port: device path or pyserial URL (e.g. "/dev/ttyACM0", "/dev/armid-arm" from a udev rule).
     baudrate: line rate (3 Mbaud for a 6-joint arm at 1 kHz on a UART; ignored by USB CDC and ptys).
@@ -122,6 +123,10 @@ class SerialArm:
     handshake_timeout_s: how long open() and a reconnection wait for HELLO_ACK.
     reconnect_s: period of reconnection attempts while the port is gone.
     """
+
+    streams_on_own_clock = True
+    cycle_reads_link = True
+    keeps_every_sample = True
 
     def __init__(self, model, port: str, *, baudrate: int = 3_000_000, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
                  device_watchdog_ms: float = sp.DEFAULT_WATCHDOG_US / 1000, heartbeat_ms: float | None = None,
