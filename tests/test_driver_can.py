@@ -716,15 +716,15 @@ def test_a_pump_that_starts_while_the_receive_thread_reads_still_gets_the_sample
         out = ArmState(model.n)
         while arm.read(out):
             pass
-        arm._rx_lock.acquire()
+        arm._link.reader.acquire()
         arm.begin_cycle()                                      # the drives answer this SYNC
 
         def other_reader():
             end = time.monotonic() + 5.0
-            while not arm._pumping and time.monotonic() < end:     # the pump has started
+            while not arm._link.pumping and time.monotonic() < end:     # the pump has started
                 time.sleep(0.001)
             time.sleep(0.05)                                   # longer than RX_POLL_S: the pump gives up the wait
-            arm._rx_lock.release()
+            arm._link.reader.release()
 
         reader = threading.Thread(target=other_reader)
         reader.start()

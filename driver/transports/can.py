@@ -54,6 +54,7 @@ import numpy as np
 from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
 from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from driver.transports.link_pump import LinkPump
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
@@ -180,13 +181,10 @@ class CanArm(Arm):
         # receive side -> cycle, under _lock; the bus is read by the receive thread, or by the cycle while it pumps
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
-        self._rx_lock = threading.Lock()      # held by whoever reads the bus (receive thread, pump, reopen)
-        self._pumped = 0.0                    # time.monotonic() when the cycle last pumped (the receive thread stands by)
-        self._pumping = False
+        # who reads the bus: the cycle while it pumps, else the receive thread (driver/transports/link_pump.py)
+        self._link = LinkPump(self._has_new, PUMP_STANDBY_S)
         self._receiver: threading.Thread | None = None
         self._rx_stop = threading.Event()
-        self._arrived = threading.Event()     # a sample completed while a waiter (_wait_sample) was counted
-        self._waiters = 0
         self._pend = [[0] * n for _ in range(_N_ROWS)]   # the rows of _ROWS, wire units
         # complete samples in arrival order (wire units), each with its device and host time (ns): read() takes the
         # oldest unread, so a sample that completes late is published late, not overwritten by the next one
@@ -379,19 +377,32 @@ class CanArm(Arm):
         name_os_thread("can-rx")
         stop = self._rx_stop
         while not stop.is_set():
-            if self._pumping or time.monotonic() - self._pumped < PUMP_STANDBY_S:
+            if self._link.cycle_reads():
                 stop.wait(PUMP_STANDBY_S)
-            elif not self._read_bus(RX_POLL_S, False, blocking=True):
+            elif not self._read_bus(RX_POLL_S, False, wait_s=RX_POLL_S):
                 stop.wait(RX_POLL_S)          # the bus is down (the supervisor reopens it) or being read
 
-    def _read_bus(self, timeout_s: float, until_new: bool, blocking: bool = False) -> bool:
+    def _has_new(self) -> bool:
+        return self._ready_seq != self._read_seq
+
+    def _readable(self) -> bool:
+        """The bus is open and not broken (the supervisor reopens a broken one)."""
+        net = self.network
+        return net is not None and net.bus is not None and self._broken is None
+
+    def _read_bus(self, timeout_s: float, until_new: bool, wait_s: float = 0.0) -> bool:
         """Read and dispatch frames in the calling thread for timeout_s (s), or until a sample not read yet is
-        complete (until_new). False when it could not read: the bus is down, or another thread reads it (blocking:
-        wait up to RX_POLL_S for that one). A receive that fails (the interface went away) marks the bus broken."""
+        complete (until_new). False when it could not read: the bus is down, or another thread reads it (and did
+        not let go within wait_s)."""
+        return self._readable() and self._link.take(self._read_frames, timeout_s, until_new, wait_s)
+
+    def _read_frames(self, timeout_s: float, until_new: bool) -> None:
+        """The reading loop (the caller holds the reader lock): frames for timeout_s, or until a sample not read yet
+        is complete (until_new). A receive that fails (the interface went away) marks the bus broken."""
         net = self.network
         bus = net.bus if net is not None else None
-        if bus is None or self._broken is not None or not self._rx_lock.acquire(blocking, RX_POLL_S if blocking else -1):
-            return False
+        if bus is None:
+            return
         try:
             end = time.monotonic() + timeout_s
             recv, dispatch = bus.recv, self._on_frame
@@ -406,9 +417,6 @@ class CanArm(Arm):
         except (can.CanError, OSError, ValueError, AttributeError) as exc:
             if net.bus is bus and self._broken is None:
                 self._broken = f"receive failed: {exc}"
-        finally:
-            self._rx_lock.release()
-        return True
 
     def pump_new(self, timeout_s: float) -> bool:
         """Read the bus in the calling thread (the cycle's) until a sample not read yet is complete (True) or
@@ -416,37 +424,14 @@ class CanArm(Arm):
         other thread woken per frame. While the receive thread reads the bus (the cycle stalled), this waits up
         to RX_POLL_S for it to stand by; if it does not, the receive thread goes on reading and this waits for
         its sample (not while marked as pumping: the receive thread would stand by and nobody would read)."""
-        if self._ready_seq != self._read_seq:
-            return True
-        end = time.monotonic() + timeout_s
-        self._pumping = True            # can-rx stands by from its current read on (at most RX_POLL_S)
-        try:
-            read = self._read_bus(timeout_s, True, blocking=True)
-        finally:
-            self._pumped, self._pumping = time.monotonic(), False
-        if not read:                    # the bus is down, or can-rx did not let go: it reads, this thread waits
-            return self._wait_sample(max(end - time.monotonic(), 0.0))
-        return self._ready_seq != self._read_seq
+        # can-rx stands by from its current read on (at most RX_POLL_S); the bus down, or can-rx not letting go in
+        # that time: it reads, this thread waits for its sample
+        return self._link.pump_new(self._read_frames if self._readable() else None, timeout_s, wait_s=RX_POLL_S)
 
     def pump_for(self, timeout_s: float) -> bool:
         """Read the bus in the calling thread for timeout_s (s), whatever arrives (the cycle's wait for its
         deadline: heartbeats, EMCY, SDO answers, late TPDOs). False at once when it cannot: the caller sleeps."""
-        self._pumping = True
-        try:
-            return self._read_bus(timeout_s, False)
-        finally:
-            self._pumped, self._pumping = time.monotonic(), False
-
-    def _wait_sample(self, timeout_s: float) -> bool:
-        """Block until a sample not read yet is complete (True) or timeout_s passes (False); another thread reads."""
-        with self._lock:
-            self._waiters += 1
-            self._arrived.clear()
-        try:
-            return self._ready_seq != self._read_seq or self._arrived.wait(timeout_s)
-        finally:
-            with self._lock:
-                self._waiters -= 1
+        return self._link.pump_for(self._read_frames if self._readable() else None, timeout_s)
 
     def _on_frame(self, msg: can.Message) -> None:
         """Every frame read: TPDO1/2/4 of our drives go into the pending sample; our own frames (a bus that returns
@@ -498,8 +483,7 @@ class CanArm(Arm):
                 self._stamp_raw = raw
                 self._ring_times[slot] = (self._stamp_us * 1000, time.time_ns())
                 self._stats["samples"] += 1
-                if self._waiters:
-                    self._arrived.set()
+                self._link.notify()
 
     def _on_emcy(self, j: int, error) -> None:
         self._error_code[j] = error.code & 0xFFFF
@@ -542,7 +526,7 @@ class CanArm(Arm):
         net = self.network
         if net is None:
             return
-        got = self._rx_lock.acquire(True, 1.0)          # nobody reads the old bus while it goes (a pump: one period)
+        got = self._link.reader.acquire(True, 1.0)      # nobody reads the old bus while it goes (a pump: one period)
         try:
             if net.bus is not None:
                 net.bus.shutdown()
@@ -551,7 +535,7 @@ class CanArm(Arm):
         finally:
             net.bus = None
             if got:
-                self._rx_lock.release()
+                self._link.reader.release()
         self._connect()
         self._broken = None
         self._count("reconnects")
