@@ -3,9 +3,10 @@
 The host is the SYNC master. At open(), over SDO: each node's device type (0x1000), its counts per joint
 radian (0x608F encoder resolution, 0x6091 gear ratio: checked against the model and `counts_per_rev`), its
 PDO configuration (read back and compared with firmware_bridge.canopen_map), the producer heartbeat time
-(0x1017); then NMT start and one SYNC whose TPDOs must come back (the handshake). In the cycle: write() sends
-RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive and then SYNC, so the drives
-latch the command at once and answer with TPDO1 (statusword, position, mode display), TPDO2 (velocity, current)
+(0x1017) (driver/transports/can_setup.py); then NMT start and one SYNC whose TPDOs must come back (the
+handshake). In the cycle: write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to
+every drive and then SYNC, so the drives latch the command at once and answer with TPDO1 (statusword, position,
+mode display), TPDO2 (velocity, current)
 and TPDO4 (0x1013, their time stamp at the SYNC); the cycle waits for that answer (pump_new) and publishes it
 at once. begin_cycle() sends a SYNC of its own only when no write() sent one since its last call (before the
 first sample, after a command that could not be sent). Wire format: docs/wire-can.md.
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
 from pathlib import Path
 import time
@@ -51,15 +51,14 @@ from typing import Sequence
 import can
 import canopen
 import numpy as np
-from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
 from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from driver.transports.can_setup import CanOptionError, check_options, configure_drive, sdo
 from driver.transports.link_pump import LinkPump
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
-from firmware_bridge.errors import InputError
 from firmware_bridge.rt_timing import name_os_thread
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 
@@ -67,7 +66,6 @@ EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
 SUPERVISE_PERIOD_S = 0.05
 MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05
-GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
 _TPDOS = (cm.TPDO1, cm.TPDO2, cm.TPDO4)
 _CLOCK_TPDO = cm.TPDO4                # only the first drive's: its time stamp is the sample's device time, so the
                                       # others' TPDO4 is switched off at open() (5 frames a cycle less for 6 drives)
@@ -84,10 +82,6 @@ PUMP_STANDBY_S = 0.02               # the receive thread leaves the bus to the c
 _log = logging.getLogger(__name__)
 
 
-class CanOptionError(InputError):
-    """A [transport] option of the can transport that is not usable."""
-
-
 @functools.lru_cache(maxsize=1024)
 def _valid_statusword(word: int) -> bool:
     return cia402.state_of(word) is not None
@@ -97,30 +91,6 @@ def frames_per_cycle(n: int) -> tuple[int, int]:
     """(sent, received) CAN frames of one cycle of CanArm with n drives: SYNC and RPDO1/RPDO2 per drive; TPDO1 and
     TPDO2 per drive and the first drive's TPDO4."""
     return 1 + len(_RPDOS) * n, (len(_TPDOS) - 1) * n + 1
-
-
-def _check_options(n: int, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s,
-                   heartbeat_ms) -> list[int]:
-    if not isinstance(interface, str) or not interface:
-        raise CanOptionError(f"can: interface: expected a python-can interface name (socketcan, pcan, kvaser, "
-                             f"virtual, udp_multicast, ...), got {interface!r}")
-    if isinstance(channel, bool) or not isinstance(channel, (str, int)) or channel == "":
-        raise CanOptionError(f"can: channel: expected the interface's channel (e.g. can0, PCAN_USBBUS1, 0), got {channel!r}")
-    if bitrate is not None and (isinstance(bitrate, bool) or not isinstance(bitrate, int) or not 10_000 <= bitrate <= 1_000_000):
-        raise CanOptionError(f"can: bitrate: expected bit/s in 10000..1000000, got {bitrate!r}")
-    ids = list(range(1, n + 1)) if node_ids is None else node_ids
-    if (not isinstance(ids, (list, tuple)) or len(ids) != n or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)
-            or len(set(ids)) != n or not all(cm.MIN_NODE_ID <= i <= cm.MAX_NODE_ID for i in ids)):
-        raise CanOptionError(f"can: node_ids: expected {n} distinct node ids in 1..127 (joint order), got {node_ids!r}")
-    if isinstance(counts_per_rev, bool) or not isinstance(counts_per_rev, int) or counts_per_rev <= 0:
-        raise CanOptionError(f"can: counts_per_rev: expected a positive integer (encoder counts per motor revolution), "
-                             f"got {counts_per_rev!r}")
-    for name, v in (("sdo_timeout_s", sdo_timeout_s), ("boot_timeout_s", boot_timeout_s)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise CanOptionError(f"can: {name}: expected a positive number of seconds, got {v!r}")
-    if isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int) or not 0 <= heartbeat_ms <= 0xFFFF:
-        raise CanOptionError(f"can: heartbeat_ms: expected 0..65535 ms (0: no heartbeat), got {heartbeat_ms!r}")
-    return [int(i) for i in ids]
 
 
 class CanArm(Arm):
@@ -140,8 +110,8 @@ class CanArm(Arm):
             raise CanOptionError(f"can: unknown option {sorted(unknown)[0]!r} (known: interface, channel, bitrate, "
                                  f"node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s, heartbeat_ms)")
         self.n = n = model.n
-        self.node_ids = _check_options(n, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s,
-                                       boot_timeout_s, heartbeat_ms)
+        self.node_ids = check_options(n, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s,
+                                      boot_timeout_s, heartbeat_ms)
         gear = np.asarray(model.gear_ratio, dtype=float)
         if np.any(gear <= 0):
             j = int(np.flatnonzero(gear <= 0)[0])
@@ -257,75 +227,16 @@ class CanArm(Arm):
         self.network.bus = bus
 
     def _sdo(self, j: int, node, index: int, sub: int, value: int | None = None) -> int:
-        what = f"can: joint {j + 1} (node {node.id}): SDO {'write' if value is not None else 'read'} 0x{index:04X}:{sub:02X}"
-        try:
-            var = node.sdo[index][sub] if sub else node.sdo[index]
-            if value is None:
-                return int(var.raw)
-            var.raw = value
-            return value
-        except SdoAbortedError as exc:
-            raise LinkError(f"{what}: aborted by the drive: {exc}") from None
-        except (SdoCommunicationError, can.CanError, OSError) as exc:
-            raise LinkError(f"{what}: no answer ({exc}); is the drive powered and on this bus at {self._bus_options}?") from None
+        return sdo(j, node, index, sub, value, self._bus_options)
 
     def _configure(self, j: int, node) -> float:
-        """SDO setup of one drive; returns its counts per joint radian."""
-        dtype = self._sdo(j, node, cm.DEVICE_TYPE, 0)
-        if dtype != cm.DEVICE_TYPE_VALUE:
-            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): device type 0x{dtype:08X}, expected a CiA 402 "
-                                 f"servo drive 0x{cm.DEVICE_TYPE_VALUE:08X}")
-        inc, mrev = self._sdo(j, node, cia402.POSITION_ENCODER_RESOLUTION, 1), self._sdo(j, node, cia402.POSITION_ENCODER_RESOLUTION, 2)
-        gm, gs = self._sdo(j, node, cia402.GEAR_RATIO, 1), self._sdo(j, node, cia402.GEAR_RATIO, 2)
-        if not (inc and mrev and gm and gs):
-            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): 0x608F {inc}/{mrev}, 0x6091 {gm}/{gs}: a zero "
-                                 f"in the drive's scaling")
-        drive = inc / mrev * gm / gs / (2.0 * math.pi)
-        model = float(self.model_scaling.counts_per_rad[j])
-        if abs(drive - model) > GEAR_TOLERANCE * model:
-            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): the drive counts {drive:.6g} counts/rad "
-                                 f"(0x608F {inc}/{mrev}, 0x6091 {gm}/{gs}), the model's gear ratio and counts_per_rev "
-                                 f"give {model:.6g}: fix counts_per_rev or the model")
-        self._sdo(j, node, cm.PRODUCER_HEARTBEAT_TIME, 0, self.heartbeat_ms)
-        self._check_pdos(j, node)
+        """SDO setup of one drive (can_setup.configure_drive), then its EMCY and heartbeat into the supervision;
+        returns its counts per joint radian."""
+        drive = configure_drive(j, node, self.model_scaling.counts_per_rad[j], self.heartbeat_ms, (*_TPDOS, *_RPDOS),
+                                _CLOCK_TPDO, self._bus_options)
         node.emcy.add_callback(lambda e, j=j: self._on_emcy(j, e))
         node.nmt.add_heartbeat_callback(lambda state, j=j: self._on_heartbeat(j, state))
         return drive
-
-    def _check_pdos(self, j: int, node) -> None:
-        """Read the PDO configuration by SDO; TPDO1/2 and RPDO1/2 (and the first drive's TPDO4) must be valid, on
-        their COB-IDs, every SYNC, with the maps of firmware_bridge.canopen_map (a drive configured otherwise is
-        refused); the other drives' TPDO4 is switched off (COB-ID bit 31 set): only the first drive's clock is used."""
-        try:
-            node.tpdo.read()
-            node.rpdo.read()
-        except SdoAbortedError as exc:
-            raise LinkError(f"can: joint {j + 1} (node {node.id}): reading the PDO configuration: {exc}") from None
-        except (SdoCommunicationError, can.CanError, OSError) as exc:
-            raise LinkError(f"can: joint {j + 1} (node {node.id}): no answer reading the PDO configuration ({exc})") from None
-        for pdef in (*_TPDOS, *_RPDOS):
-            m = (node.tpdo if pdef.transmit else node.rpdo)[pdef.number]
-            if pdef is _CLOCK_TPDO and j > 0:     # not used (the first drive's clock is): switched off, valid or not
-                self._sdo(j, node, pdef.communication_index, 1, pdef.cob_id(node.id) | cm.PDO_NOT_VALID)
-                continue
-            got = [(v.index, v.subindex) for v in m.map]
-            want = [(e.index, e.subindex) for e in pdef.entries]
-            problem = None
-            if not m.enabled:
-                problem = "not valid (COB-ID bit 31 set)"
-            elif m.cob_id != pdef.cob_id(node.id):
-                problem = f"COB-ID 0x{m.cob_id:03X}, expected 0x{pdef.cob_id(node.id):03X}"
-            elif got != want:
-                problem = f"maps {[f'0x{i:04X}:{s:02X}' for i, s in got]}, expected {[f'0x{i:04X}:{s:02X}' for i, s in want]}"
-            elif pdef.transmit and m.trans_type != 1:
-                problem = f"transmission type {m.trans_type}, expected 1 (every SYNC)"
-            if problem:
-                raise CanOptionError(f"can: joint {j + 1} (node {node.id}): {pdef.name}: {problem} (docs/wire-can.md)")
-        # reading the maps subscribed canopen's PdoMaps to their COB-IDs: the PDOs are ours (_on_frame, write)
-        for maps in (node.tpdo, node.rpdo):
-            for m in maps.map.values():
-                if m.cob_id is not None and m.on_message in self.network.subscribers.get(m.cob_id, ()):
-                    self.network.unsubscribe(m.cob_id, m.on_message)
 
     def _start_all(self) -> None:
         for j, node in enumerate(self.nodes):
