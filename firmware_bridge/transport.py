@@ -1,7 +1,9 @@
 """The transport contract: what a transport of the arm gives the driver's cycle and takes from it, in SI units.
 
-It sits in the bottom layer so that transports outside the driver (the in-process simulator's,
-sim.local_transport) implement it without importing the driver; driver.hal re-exports it.
+Every transport subclasses the abstract Arm below (as python-can's interfaces subclass BusABC) and registers
+itself by name as an entry point of the group "armid.transports" (driver.transports finds it there). This module
+sits in the bottom layer so that a transport outside the driver (the in-process simulator's, sim.local_transport)
+implements it without importing the driver; driver.hal re-exports it.
 
 Per cycle the cycle calls, in this order: begin_cycle() (CAN: send SYNC), read(state) (the newest sample,
 True when it is new since the last read), write(command). None of them may block for longer than a small
