@@ -148,6 +148,11 @@ class Arm(abc.ABC):
         """Samples that arrived and have not been read. Default: 0 (only the newest sample is kept)."""
         return 0
 
+    def lost_samples(self) -> int:
+        """Device samples lost so far (overwritten unread, or never complete), for the stream's lost flags.
+        Default: 0 (this transport cannot tell)."""
+        return 0
+
     @property
     def link_thread_id(self) -> int | None:
         """The native (kernel) id of the transport's link thread while it runs, for its scheduling ([realtime]);
