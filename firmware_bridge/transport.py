@@ -102,6 +102,8 @@ class Arm(abc.ABC):
     streams_on_own_clock: ClassVar[bool] = False
     cycle_reads_link: ClassVar[bool] = False
     keeps_every_sample: ClassVar[bool] = False
+    OPTIONS: ClassVar[tuple[str, ...]] = ()            # the options a driver config's [transport] table may give
+    REQUIRED_OPTIONS: ClassVar[tuple[str, ...]] = ()   # of them, those it must give
 
     @abc.abstractmethod
     def open(self) -> None:
