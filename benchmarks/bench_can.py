@@ -33,7 +33,7 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     received where that filter cannot be attached), against the 1 ms period.
   * udp_multicast frames kept over a stall: a receiver that does not read for 200 ms while the chain's traffic
     at 250 Hz arrives (31 frames a cycle, every member hears all), with the socket as driver and simulator tune
-    it (driver.transports.can.tune_udp_multicast: own group only, 4 MiB asked) against python-can's socket as
+    it (firmware_bridge.can_socket.tune_udp_multicast: own group only, 4 MiB asked) against python-can's socket as
     it comes (net.core.rmem_default: 256 datagrams).
   * bus load (computed, not measured): the highest SYNC rate at which the default maps of 6 drives fit a
     1 Mbit/s classic CAN bus (worst-case bit stuffing), against 1 kHz; and with TPDO4 from the first drive only (the
@@ -290,7 +290,7 @@ def interface_cost(interface: str, channel: str, frames: int = 2000, burst: int 
 def own_frames_dropped_by_the_kernel(group: str, port: int = 43113 + 7) -> bool:
     """Whether driver.transports.can's socket filter works here: a udp_multicast bus tuned with a SYNC as its
     own id gets a TPDO sent on its group but not the SYNC, while an untuned bus gets both."""
-    from driver.transports.can import tune_udp_multicast
+    from firmware_bridge.can_socket import tune_udp_multicast
 
     rx, plain = (can.Bus(interface="udp_multicast", channel=group, port=port) for _ in range(2))
     try:
@@ -312,9 +312,9 @@ def frames_kept_over_a_stall(tuned: bool, stall_s: float = 0.2, rate_hz: float =
                              frames_per_cycle: int = 31) -> tuple[int, int]:
     """udp_multicast between two buses: the receiver does not read for stall_s while the chain's traffic
     (frames_per_cycle a cycle at rate_hz: 6 drives' SYNC, 12 RPDOs, 18 TPDOs, all heard by every member)
-    arrives, then reads what its socket kept. tuned: driver.transports.can.tune_udp_multicast (own group,
+    arrives, then reads what its socket kept. tuned: firmware_bridge.can_socket.tune_udp_multicast (own group,
     4 MiB asked); untuned: python-can's socket as it comes (net.core.rmem_default). (kept, sent)."""
-    from driver.transports.can import tune_udp_multicast
+    from firmware_bridge.can_socket import tune_udp_multicast
 
     group, port = f"239.74.164.{1 + os.getpid() % 200}", 43700 + os.getpid() % 200
     rx = can.Bus(interface="udp_multicast", channel=group, port=port)

@@ -48,7 +48,7 @@ from driver.cycle import CLOCKS
 from driver.daemon import Curve, Endpoints, Record
 from driver.motion import MAX_MOTION_S
 from driver.realtime import PRIORITY_RANGE, THREADS, Realtime
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 
 MAX_EFFORT_DELAY_MS = 100.0   # the bound ident.preprocess.MAX_EFFORT_DELAY puts on a recording's effort delay

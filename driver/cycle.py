@@ -16,25 +16,27 @@ struct.pack_into for the header); planning happens in the requesting thread (dri
 
 Two clocks (`clock`):
   "host"    the cycle keeps its own schedule at rate_hz: an absolute clock_nanosleep to each deadline, no spin
-            (driver/timer.py; the thread's timer slack is reduced to 1 ns so the wake-up is precise). With an
-            arm that answers (it has `wait_new`, e.g. serial joint boards stepping on each COMMAND), each
+            (firmware_bridge/rt_timing.py; the thread's timer slack is reduced to 1 ns so the wake-up is precise).
+            With an arm that answers (driver.hal.Arm's streams_on_own_clock or cycle_reads_link: serial joint
+            boards stepping on each COMMAND, CAN drives on each SYNC), each
             deadline sends the command the previous cycle computed, then the cycle waits (at most
             ANSWER_WINDOW of a period) for the device's answer and runs its work as soon as it arrives: the
             command leaves on the host's schedule as before, and the sample is published at once instead of
             waiting for the next deadline (which alone costs the stream a period minus the round trip). An
-            arm with `pump_new` and `pump_for` (serial, can) is read by the cycle thread itself during both waits.
-  "device"  for an arm that streams on its own clock (it has `wait_new(timeout_s)`, e.g. the serial joint
-            boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
+            arm whose link the cycle reads (cycle_reads_link: serial, can) is read by the cycle thread itself
+            during both waits (pump_for, pump_new).
+  "device"  for an arm that streams on its own clock (streams_on_own_clock, `wait_new(timeout_s)`: the serial
+            joint boards): each cycle starts as soon as a new sample arrives, so a sample waits for no timer
             (latency from the device to the stream is the cycle's own work, not up to a period); when no
             sample comes for 2 periods a stale cycle runs anyway, so the watchdog and the command stream
             keep going while the device is silent (not sooner: a sample late by a fraction of a period, common
             on a loaded host, would get a stale cycle just before it, which costs a cycle's CPU and delays
-            it). The cycle rate is then the device's. An arm with `pump_new` (serial, can) is read by the cycle
+            it). The cycle rate is then the device's. An arm with cycle_reads_link (serial) is read by the cycle
             thread itself while it waits (select on the port): one wake-up per burst of the line instead of
             the link thread's and then the cycle's.
-An arm that keeps every sample (it has `backlog()`: serial) gets each one published once and in order: the
-samples that came in one burst before the newest are published first (`caught_up`), then the cycle's work
-runs on the newest.
+An arm that keeps every sample (keeps_every_sample, `backlog()`: serial, can, gateway) gets each one published
+once and in order: the samples that came in one burst before the newest are published first (`caught_up`), then
+the cycle's work runs on the newest.
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ import numpy as np
 from driver import cycle_kernels as ck
 from driver.hal import Arm, ArmCommand, ArmState, LinkError
 from driver.motion import PlannedMotion
-from driver.timer import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
+from firmware_bridge.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
 
@@ -87,7 +89,9 @@ class Cycle:
             raise ValueError(f"rate_hz: expected a positive number, got {rate_hz!r}")
         if clock not in CLOCKS:
             raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
-        if clock == "device" and not callable(getattr(arm, "wait_new", None)):
+        if not isinstance(arm, Arm):
+            raise TypeError(f"arm: expected a transport (a subclass of driver.hal.Arm), got {type(arm).__name__}")
+        if clock == "device" and not arm.streams_on_own_clock:
             raise ValueError(f"clock: 'device' needs a transport that streams on its own clock; "
                              f"{type(arm).__name__} does not (use 'host')")
         self.clock = clock
@@ -127,12 +131,10 @@ class Cycle:
         self.stale = 0
         self.overruns = 0
         self.caught_up = 0              # samples published without their own cycle (they came in a burst)
-        lost = getattr(arm, "lost_samples", None)
-        self._lost_source: Callable[[], int] | None = lost if callable(lost) else None
+        self._lost_source: Callable[[], int] | None = arm.lost_samples
         self._lost_seen = 0             # the source's count when the last message was published
         self.samples_lost = 0           # device samples lost, as the messages reported them
-        backlog = getattr(arm, "backlog", None)
-        self._backlog: Callable[[], int] | None = backlog if callable(backlog) else None
+        self._backlog: Callable[[], int] | None = arm.backlog if arm.keeps_every_sample else None
         self.events: deque[tuple[float, str]] = deque(maxlen=100)
         self.lateness_ns = np.zeros(LATENESS_WINDOW, np.int64)
         self._requests: deque[tuple[Callable[[], object], Future]] = deque()
@@ -186,12 +188,10 @@ class Cycle:
         wait_new: send at the deadline, then the cycle's work when the answer arrives (module docstring)."""
         period, stop, lateness = self.period_ns, self._stop, self.lateness_ns
         arm = self.arm
-        wait_new = arm.wait_new if callable(getattr(arm, "wait_new", None)) else None
-        pump_for = getattr(arm, "pump_for", None)
-        if not (callable(pump_for) and callable(getattr(arm, "pump_new", None))):
-            pump_for = None
-        else:                           # serial: this thread reads the port while it waits (one wake-up)
-            wait_new = arm.pump_new
+        wait_new = arm.wait_new if arm.streams_on_own_clock else None
+        pump_for = None
+        if arm.cycle_reads_link:        # serial, can: this thread reads the link while it waits (one wake-up)
+            pump_for, wait_new = arm.pump_for, arm.pump_new
         window = int(period * ANSWER_WINDOW)
         next_ns = time.perf_counter_ns() + period
         while not stop.is_set():
@@ -223,8 +223,8 @@ class Cycle:
         """A cycle per new device sample, or a stale one after (1 + DEVICE_GRACE) periods without one;
         lateness = cycle start - the sample's arrival (host_time_ns)."""
         period, stop, lateness, st = self.period_ns, self._stop, self.lateness_ns, self.state
-        pump = getattr(self.arm, "pump_new", None)      # reads the link in this thread: one wake-up per sample
-        wait_new = pump if callable(pump) else self.arm.wait_new
+        arm = self.arm                  # cycle_reads_link: pump_new reads the link in this thread, one wake-up per sample
+        wait_new = arm.pump_new if arm.cycle_reads_link else arm.wait_new
         limit = int(period * (1 + DEVICE_GRACE))
         last = time.perf_counter_ns()
         while not stop.is_set():

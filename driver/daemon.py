@@ -16,7 +16,7 @@ stop() gives them back what they had. A refused setting is one warning in the lo
 error and no start). status() and the health topic report what the kernel says is in effect.
 
 Clock: "auto" (default) runs the cycle on the device's clock when the transport streams on its own
-(it has wait_new: serial), else on the host's (driver/cycle.py).
+(Arm.streams_on_own_clock: serial), else on the host's (driver/cycle.py).
 
 Security: endpoints bind to loopback or ipc by default. A command endpoint on any other address is
 refused unless CurveZMQ keys are configured (Curve): the server's secret key and a folder of the
@@ -49,9 +49,9 @@ from driver.requests import MAX_REQUEST_BYTES
 from driver.hal import Arm
 from driver import realtime as rt
 from driver.realtime import Applied, Realtime, RealtimeError
-from driver.timer import name_os_thread
+from firmware_bridge.rt_timing import name_os_thread
 from ident import dynamics
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import Model
 from ident.payload import payload_parameters
 
@@ -142,7 +142,7 @@ class Driver:
         self.recording = None            # driver.recorder.RecordingStats of the running recording
         self.recording_error: str | None = None
         if clock == "auto":
-            clock = "device" if callable(getattr(arm, "wait_new", None)) else "host"
+            clock = "device" if arm.streams_on_own_clock else "host"
         self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish, clock=clock,
                            on_event=lambda text: self.log(f"event: {text}"), gravity=self._gravity,
                            torque_limit=model.tau_max)
@@ -261,13 +261,13 @@ class Driver:
 
     def _realtime_threads(self) -> dict[str, int | list[int]]:
         """Native thread ids by [realtime] label, of the threads that exist: the cycle, libzmq's I/O threads
-        (by their kernel name), the transport's link thread (when it exposes link_thread_id)."""
+        (by their kernel name), the transport's link thread (Arm.link_thread_id, when it has one)."""
         found: dict[str, int | list[int]] = {}
         if self.cycle.native_id is not None:
             found["cycle"] = self.cycle.native_id
         if io := rt.threads_named(rt.ZMQ_IO_PREFIX):
             found["zmq-io"] = io
-        link = getattr(self.arm, "link_thread_id", None)
+        link = self.arm.link_thread_id
         if link is not None:
             found["serial-link"] = link
         return found

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 THREADS = ("cycle", "zmq-io", "serial-link")   # the threads [realtime] may make real-time
 DEFAULT_THREADS = ("cycle", "zmq-io")

@@ -34,7 +34,7 @@ from mcap.writer import CompressionType, Writer
 
 from driver import mcap_schema as schema
 from firmware_bridge import stream
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 RCVHWM = 200_000          # messages the SUB may queue while the recorder compresses a chunk (200 s at 1 kHz)
 MCAP_RECORD_OVERHEAD = 31  # bytes of a Message record around its data (opcode, length, channel, seq, 2 times)

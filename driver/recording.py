@@ -27,7 +27,7 @@ from mcap.writer import MCAP0_MAGIC
 
 from driver import mcap_schema as schema
 from firmware_bridge import stream
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 # what a damaged or cut file makes the mcap reader raise (its own errors, CRC mismatches as ValueError,
 # short reads as struct.error, damaged compressed chunks)

@@ -29,7 +29,7 @@ from ident import dynamics, estimate
 from ident.base_params import BaseParameters, base_parameters
 from ident.consistent import DEFAULT_LAMBDA, ConsistentFit, consistent_fit
 from ident.drive_gains import SCALE_NOTE_NOMINAL, SCALE_NOTE_PAYLOAD, gains_with_payload
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import Model
 from ident.preprocess import (MAX_BRIDGED_SAMPLES, Recording, TooFewSamples, bridge_short_gaps, check_effort_delay,

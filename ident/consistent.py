@@ -32,7 +32,7 @@ import numpy as np
 import scipy.linalg
 
 from ident.base_params import BaseParameters
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.estimate import Fit
 from ident.model import PARAMS_PER_JOINT, Model
 

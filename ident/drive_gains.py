@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.estimate import Fit, wls
 
 PAYLOAD_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ")

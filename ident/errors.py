@@ -1,10 +1,7 @@
-"""The one base class of every 'your input is wrong' error in armid.
-
-Each subclass carries a message that names the file, field, sample or joint at fault. The `armid` command
-prints such errors as one line and exits with status 2; anything else is a bug and keeps its traceback.
-"""
+"""ident's name for armid's input-error base (defined in firmware_bridge.errors, the bottom layer, so that every
+package may derive from it): `from ident.errors import InputError` keeps working for ident's users."""
 from __future__ import annotations
 
+from firmware_bridge.errors import InputError
 
-class InputError(ValueError):
-    """Bad input from a user or a file: the message says what was wrong and where."""
+__all__ = ["InputError"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 COND_LIMIT = 1e10   # a weighted regressor worse conditioned than this does not determine the parameters
 

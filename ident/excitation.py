@@ -23,7 +23,7 @@ import scipy.optimize
 
 from ident import dynamics
 from ident.base_params import BaseParameters, base_parameters
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.limits import LimitError, check_motion
 from ident.model import DRIVE_NAMES, INERTIAL_NAMES, PARAMS_PER_JOINT, Model
 

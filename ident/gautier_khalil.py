@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ident import spatial
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.base_params import BaseParameters, clean_coefficients
 from ident.model import PARAMS_PER_JOINT, PRISMATIC, REVOLUTE, Model
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ident import dynamics
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import Model
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ident import spatial
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 REVOLUTE, PRISMATIC = 0, 1
 INERTIAL_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m")

@@ -49,7 +49,7 @@ import scipy.signal
 from ident import dynamics
 from ident.base_params import BaseParameters, base_parameters
 from ident.batch import DEFAULT_SLOW_VELOCITY
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import Model
 from ident.preprocess import MAX_BRIDGED_SAMPLES, NOISE_CUTOFF_HZ, check_effort_delay, edge_samples
 from ident.rls import RecursiveLS

@@ -42,7 +42,7 @@ import scipy.interpolate
 import scipy.signal
 import scipy.sparse
 
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 CUTOFF_PER_BANDWIDTH = 5.0    # k in cutoff = max(k * bandwidth, NOISE_CUTOFF_HZ) (see the module docstring)
 NOISE_CUTOFF_HZ = 40.0        # the cut-off is never below this: it removes sensor noise, not the motion

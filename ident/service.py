@@ -40,7 +40,7 @@ import zmq
 
 from firmware_bridge import stream
 from ident import dynamics
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import Model
 from ident.online import OnlineIdentifier
 from ident.preprocess import check_effort_delay

@@ -53,11 +53,11 @@ import numpy as np
 from can.broadcastmanager import ThreadBasedCyclicSendTask
 from canopen.sdo import SdoAbortedError
 
-from driver.transports.can import tune_udp_multicast, udp_receive_drops
+from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from sim.drive_control import EXACT_DEGREE, next_target
 from sim.can_objects import ABORT_VALUE_RANGE, MODES, fit_type, read_object, write_object
 from sim.faults import Fate, FaultInjection
@@ -321,7 +321,7 @@ class CanDevice:
     def _open_bus(self) -> can.BusABC:
         """The bus from the interface options; on udp_multicast with its own group only, a large receive
         buffer and a kernel filter that drops the device's own frames handed back to it
-        (driver.transports.can.tune_udp_multicast, the driver's side does the same)."""
+        (firmware_bridge.can_socket.tune_udp_multicast, the driver's side does the same)."""
         try:
             bus = can.Bus(**self._bus_options)
         except (can.CanError, OSError, ValueError, ImportError) as exc:

@@ -54,7 +54,7 @@ from pymodbus.simulator import DataType, SimData, SimDevice
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, TORQUE_LSB, JointScaling
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from sim.faults import Fate
 
 _log = logging.getLogger("armid.sim.gateway")

@@ -28,7 +28,7 @@ import numpy as np
 
 from ident import dynamics
 from ident.payload import payload_parameters  # noqa: F401  (re-exported: sim users attach payloads)
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import Model
 from sim import plant_kernels as pk
 

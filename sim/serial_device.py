@@ -27,11 +27,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from driver.timer import name_os_thread
+from firmware_bridge.rt_timing import name_os_thread
 from firmware_bridge import cia402
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from sim.faults import Fate
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from firmware_bridge.cia402 import State, state_of
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import Model, load_model
 from sim.clock import FastClock, LatenessStats, RealtimeClock
 from sim import drive_control as dc

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from sim import Simulator
 from sim import can_device
 from sim.can_device import EDS_PATH, CanDevice, rpdo_commands
@@ -598,7 +598,7 @@ def test_on_udp_multicast_the_devices_own_frames_never_reach_python_and_are_acco
     one it sent is taken off the kernel's drop count, and the host's SYNCs still reach it (it answers them)."""
     import os
 
-    from driver.transports.can import tune_udp_multicast
+    from firmware_bridge.can_socket import tune_udp_multicast
 
     group = f"239.74.{230 + os.getpid() % 20}.{1 + os.getpid() % 200}"
     dev = CanDevice(interface="udp_multicast", channel=group, heartbeat_ms=20, start_operational=True)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from driver.daemon import Driver, Endpoints
 from driver.requests import MAX_DEPTH, RequestError, decode_request, nesting_depth
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from firmware_bridge import stream
 from hostile_requests import CASES, hostile_requests
 from ident import excitation

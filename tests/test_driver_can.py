@@ -28,7 +28,7 @@ from firmware_bridge import canopen_map as cm
 from firmware_bridge import stream
 from firmware_bridge.cia402 import State, state_of
 from ident import dynamics
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from sim.can_device import CanDevice
@@ -446,7 +446,7 @@ def test_udp_multicast_buses_hear_their_own_group_only_with_a_large_receive_buff
     group hears this one's frames (Linux delivers every group joined on the host to every socket on the port;
     two chains at once answered each other's SDOs). tune_udp_multicast: own group only, the receive buffer
     asked for (the kernel reports twice what it grants), the kernel's drops readable; other buses untouched."""
-    from driver.transports.can import UDP_RECEIVE_BUFFER, tune_udp_multicast, udp_receive_drops
+    from firmware_bridge.can_socket import UDP_RECEIVE_BUFFER, tune_udp_multicast, udp_receive_drops
 
     port = 43200 + os.getpid() % 500
     groups = [f"239.74.201.{1 + os.getpid() % 200}", f"239.74.202.{1 + os.getpid() % 200}"]
@@ -485,7 +485,7 @@ def test_the_kernel_filter_drops_exactly_our_own_ids_in_every_msgpack_width_and_
     that drops those ids before python-can reads them. Ids in each of msgpack's widths (positive fixint 0x00..0x7F,
     uint8 0x80..0xFF, uint16 above) and an extended 29-bit id (uint32) with every payload length: what arrives is
     exactly what was sent minus the own ids, in order, and the kernel's drop count is the own frames sent."""
-    from driver.transports.can import tune_udp_multicast, udp_receive_drops
+    from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 
     (rx, tx), _, _ = _udp_pair(0)
     own = [0x000, 0x07F, 0x080, 0x201, 0x206, 0x301, 0x7FF]
@@ -716,15 +716,15 @@ def test_a_pump_that_starts_while_the_receive_thread_reads_still_gets_the_sample
         out = ArmState(model.n)
         while arm.read(out):
             pass
-        arm._rx_lock.acquire()
+        arm._link.reader.acquire()
         arm.begin_cycle()                                      # the drives answer this SYNC
 
         def other_reader():
             end = time.monotonic() + 5.0
-            while not arm._pumping and time.monotonic() < end:     # the pump has started
+            while not arm._link.pumping and time.monotonic() < end:     # the pump has started
                 time.sleep(0.001)
             time.sleep(0.05)                                   # longer than RX_POLL_S: the pump gives up the wait
-            arm._rx_lock.release()
+            arm._link.reader.release()
 
         reader = threading.Thread(target=other_reader)
         reader.start()

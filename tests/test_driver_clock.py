@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from driver import cycle_kernels as ck
 from driver.cycle import Cycle
-from driver.hal import ArmState, copy_sample
-from driver.timer import reduce_timer_slack, sleep_until
+from driver.hal import Arm, ArmState, copy_sample
+from firmware_bridge.rt_timing import reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import State
 from waiting import wait_until
@@ -81,10 +81,11 @@ def test_sleep_until_never_returns_early():
         assert time.perf_counter_ns() >= deadline
 
 
-class PushedArm:
+class PushedArm(Arm):
     """An arm whose samples the test hands over one at a time (the device's clock is the test's)."""
 
     n = 2
+    streams_on_own_clock = True
 
     def __init__(self):
         self.cond = threading.Condition()
@@ -101,6 +102,12 @@ class PushedArm:
     def wait_new(self, timeout_s: float) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: self.pushed != self.taken, timeout_s)
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def begin_cycle(self) -> None:
         pass
@@ -158,12 +165,28 @@ def test_on_the_device_clock_every_sample_gets_its_own_cycle_and_silence_gives_s
 
 def test_the_device_clock_needs_an_arm_that_streams():
     class HostArm(PushedArm):
-        wait_new = None
+        streams_on_own_clock = False
 
     with pytest.raises(ValueError, match="clock: 'device' needs a transport"):
         Cycle(HostArm(), clock="device")
     with pytest.raises(ValueError, match="clock: expected one of host, device"):
         Cycle(PushedArm(), clock="sometimes")
+
+
+def test_the_cycle_takes_only_a_transport_that_declares_the_contract():
+    class Duck:                   # every method the cycle calls, but not the base that declares them
+        n = 2
+        streams_on_own_clock = True
+        wait_new = PushedArm.wait_new
+
+    with pytest.raises(TypeError, match="subclass of driver.hal.Arm"):
+        Cycle(Duck())
+
+    class Partial(Arm):           # the base, without its abstract methods
+        n = 2
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
 
 
 def test_sleep_until_without_spin_never_returns_early():
@@ -178,6 +201,8 @@ def test_sleep_until_without_spin_never_returns_early():
 class AnsweringArm(PushedArm):
     """Answers every written command with `burst` samples (a device stepping on each COMMAND, whose answers
     may come in bursts), keeping each one (backlog) as the serial transport does."""
+
+    keeps_every_sample = True
 
     def __init__(self, burst: int):
         super().__init__()

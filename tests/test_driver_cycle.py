@@ -9,7 +9,7 @@ import pytest
 from driver import motion
 from driver.cycle import Cycle, DriverFault
 from driver.hal import LinkError
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from ident import dynamics
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import State

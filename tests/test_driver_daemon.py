@@ -15,7 +15,7 @@ import zmq.auth
 
 from firmware_bridge import stream
 from driver.daemon import Curve, Driver, EndpointError, Endpoints
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from firmware_bridge.cia402 import State, state_of
 from ident.model import load_model
 from sim import Simulator

@@ -38,7 +38,7 @@ from firmware_bridge import cia402, stream
 from firmware_bridge import gateway as gw
 from firmware_bridge.cia402 import State, state_of
 from ident import dynamics
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from sim.gateway_device import ModbusServerThread, register_device
 from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)

@@ -160,18 +160,18 @@ def _state_frame(encoder, k):
 def test_serial_arrival_event_wakes_a_waiter_and_is_left_alone_without_one(serial_arm):
     arm, session, enc = serial_arm
     arm._ingest(session, _state_frame(enc, 1))
-    assert not arm._arrived.is_set()          # no one waits: the event is not touched
+    assert not arm._link.arrived.is_set()          # no one waits: the event is not touched
     assert arm.wait_new(0.0)                  # the sample is there without the event
     arm.read(ArmState(N))
     woke = []
     waiter = threading.Thread(target=lambda: woke.append(arm.wait_new(5.0)))
     waiter.start()
     for _ in range(500):                      # until the waiter is counted (bounded: 5 s)
-        if arm._waiters:
+        if arm._link.waiters:
             break
         threading.Event().wait(0.01)
     arm._ingest(session, _state_frame(enc, 2))
     waiter.join(5.0)
-    assert woke == [True] and arm._waiters == 0
+    assert woke == [True] and arm._link.waiters == 0
     out = ArmState(N)
     assert arm.read(out) and out.device_time_ns == 2_000_000

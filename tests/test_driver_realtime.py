@@ -18,9 +18,9 @@ from driver import realtime as rt
 from driver.config import load_config
 from driver.daemon import Driver, Endpoints
 from driver.realtime import Realtime, RealtimeError
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from firmware_bridge import stream
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from waiting import wait_until

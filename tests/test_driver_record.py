@@ -15,9 +15,9 @@ import zmq
 from driver.config import load_config
 from driver.daemon import Driver, Endpoints, Record
 from driver.recording import read_recording
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from firmware_bridge import stream
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 

@@ -43,7 +43,7 @@ from driver.recording import StateLog, read_recording
 from firmware_bridge import stream
 from ident import excitation
 from ident.base_params import base_parameters
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from ident.results import BADLY_IDENTIFIED_PCT
 

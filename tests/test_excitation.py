@@ -14,7 +14,7 @@ import pytest
 from armid.cli import main as armid_main
 from ident import dynamics, excitation
 from ident.base_params import base_parameters
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.excitation import FourierTrajectory, TrajectoryFileError
 from ident.limits import LimitError
 from ident.model import load_model

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from driver.daemon import Driver, Endpoints
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from ident.model import load_model
 from ident.payload import PayloadEstimate, payload_parameters
 from ident.payload.report import write_report

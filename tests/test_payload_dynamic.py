@@ -12,7 +12,7 @@ import pytest
 import scipy.linalg
 
 from ident import dynamics, excitation, spatial
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from design_gradients import assert_design_gradients_exact  # noqa: E402  (tests/ is on sys.path)
 from ident.payload import PARAMETER_NAMES, dynamic, payload_parameters

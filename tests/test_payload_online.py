@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from driver.daemon import Driver, Endpoints
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from ident import dynamics, excitation
 from ident.excitation import FourierTrajectory
 from ident.model import load_model

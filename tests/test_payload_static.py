@@ -19,9 +19,9 @@ import ident
 from benchmarks import payload_seed001 as seed
 from driver import motion
 from driver.daemon import Driver, Endpoints
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from firmware_bridge.cia402 import Mode
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from ident.payload import balance, payload_parameters, static
 from ident.preprocess import Recording

@@ -9,7 +9,7 @@ import scipy.signal
 from hypothesis import given, settings, strategies as st
 
 from ident import preprocess as pp
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.preprocess import PreprocessError, Recording
 
 RATE = 1000.0

@@ -26,7 +26,7 @@ from firmware_bridge import stream
 from driver.daemon import Driver, Endpoints
 from driver.recorder import McapStateWriter, RecorderError, query_status, record
 from driver.recording import RecordingError, convert, identification_arrays, read_recording
-from driver.transports.local_sim import LocalSimArm
+from sim.local_transport import LocalSimArm
 from ident.model import load_model
 from sim import Simulator
 from test_driver_daemon import _call, _client

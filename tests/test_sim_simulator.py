@@ -10,7 +10,7 @@ from sim_helpers import enable, noise_free_seed000
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
 from ident import dynamics as dyn
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import load_model
 from sim import SimState, Simulator
 from ident.payload import payload_parameters

@@ -1,30 +1,42 @@
 """The transports behind driver.hal.Arm, by name (as python-can names its interfaces).
 
-  sim       the simulator in this process (sim.Simulator), no wire: tests of the cycle and the demo's
-            quick path
+  sim       the simulator in this process (sim.local_transport.LocalSimArm), no wire: tests of the cycle and
+            the demo's quick path
   serial    joint boards behind one microcontroller (firmware_bridge serial protocol, pyserial)
   can       CiA 402 drives over CANopen (python-canopen on any python-can interface)
   gateway   EtherCAT drives behind a Modbus TCP gateway (pymodbus)
 
-`open_arm(name, model, **options)` builds one; options are the transport's keyword arguments.
+Each transport registers itself as an entry point of the group "armid.transports" (pyproject.toml:
+name = "module:class"), as python-can's interfaces register under "can.interface": the driver finds them by
+name and never imports a transport that lives elsewhere (the simulator's). `open_arm(name, model, **options)`
+builds one; options are the transport's keyword arguments.
 """
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import entry_points
 
-TRANSPORTS: dict[str, str] = {
-    "sim": "driver.transports.local_sim:LocalSimArm",
-    "gateway": "driver.transports.gateway:GatewayArm",
-    "can": "driver.transports.can:CanArm",
-    "serial": "driver.transports.serial_link:SerialArm",
-}
+from firmware_bridge.errors import InputError
+
+GROUP = "armid.transports"
+
+
+def registered() -> dict[str, str]:
+    """The registered transports: name -> "module:class" (the entry points of GROUP)."""
+    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
+
+
+TRANSPORTS: dict[str, str] = registered()
+
+
+def transport_class(name: str) -> type:
+    """The Arm class registered as `name`; InputError naming the registered ones otherwise."""
+    if name not in TRANSPORTS:
+        available = ", ".join(sorted(TRANSPORTS)) or f"none: no entry points in {GROUP!r}; is armid installed?"
+        raise InputError(f"transport: unknown {name!r} (available: {available})")
+    (ep,) = entry_points(group=GROUP, name=name)
+    return ep.load()
 
 
 def open_arm(name: str, model, **options):
     """The Arm of transport `name` for the model (not yet opened)."""
-    from ident.errors import InputError
-
-    if name not in TRANSPORTS:
-        raise InputError(f"transport: unknown {name!r} (available: {', '.join(sorted(TRANSPORTS))})")
-    module, factory = TRANSPORTS[name].split(":")
-    return getattr(importlib.import_module(module), factory)(model, **options)
+    return transport_class(name)(model, **options)

@@ -3,9 +3,10 @@
 The host is the SYNC master. At open(), over SDO: each node's device type (0x1000), its counts per joint
 radian (0x608F encoder resolution, 0x6091 gear ratio: checked against the model and `counts_per_rev`), its
 PDO configuration (read back and compared with firmware_bridge.canopen_map), the producer heartbeat time
-(0x1017); then NMT start and one SYNC whose TPDOs must come back (the handshake). In the cycle: write() sends
-RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive and then SYNC, so the drives
-latch the command at once and answer with TPDO1 (statusword, position, mode display), TPDO2 (velocity, current)
+(0x1017) (driver/transports/can_setup.py); then NMT start and one SYNC whose TPDOs must come back (the
+handshake). In the cycle: write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to
+every drive and then SYNC, so the drives latch the command at once and answer with TPDO1 (statusword, position,
+mode display), TPDO2 (velocity, current)
 and TPDO4 (0x1013, their time stamp at the SYNC); the cycle waits for that answer (pump_new) and publishes it
 at once. begin_cycle() sends a SYNC of its own only when no write() sent one since its last call (before the
 first sample, after a command that could not be sent). Wire format: docs/wire-can.md.
@@ -40,35 +41,31 @@ enable recover without restarting the daemon.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
-import math
-import os
-import socket
 import threading
 from pathlib import Path
 import time
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import can
 import canopen
 import numpy as np
-from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
-from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
-from driver.timer import name_os_thread
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from driver.transports.can_setup import CanOptionError, check_options, configure_drive, sdo
+from driver.transports.link_pump import LinkPump
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
+from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
+from firmware_bridge.rt_timing import name_os_thread
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
-from ident.errors import InputError
 
 EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
 SUPERVISE_PERIOD_S = 0.05
 MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05
-GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
 _TPDOS = (cm.TPDO1, cm.TPDO2, cm.TPDO4)
 _CLOCK_TPDO = cm.TPDO4                # only the first drive's: its time stamp is the sample's device time, so the
                                       # others' TPDO4 is switched off at open() (5 frames a cycle less for 6 drives)
@@ -84,148 +81,6 @@ RX_POLL_S = 0.01                    # the receive thread's longest wait in one r
 PUMP_STANDBY_S = 0.02               # the receive thread leaves the bus to the cycle this long after the cycle's pump
 _log = logging.getLogger(__name__)
 
-# python-can's udp_multicast (the only CAN between two processes without SocketCAN): one datagram per frame,
-# and every member of the group, the sender too, receives every frame (31 per cycle for 6 drives). The kernel's
-# default receive buffer (net.core.rmem_default, 212992 bytes here) holds 256 of them, 33 ms at 250 Hz: a
-# process that stalls longer under load loses frames. UDP_RECEIVE_BUFFER asks for 4 MiB (the kernel doubles
-# it for its bookkeeping: ~10000 frames, 1.3 s at 250 Hz); SO_RCVBUFFORCE gets it with CAP_NET_ADMIN, a plain
-# SO_RCVBUF up to net.core.rmem_max otherwise.
-UDP_RECEIVE_BUFFER = 4 * 1024 * 1024       # bytes requested
-_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)                 # Linux values; not in Python's socket
-_IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)
-_IPV6_MULTICAST_ALL = getattr(socket, "IPV6_MULTICAST_ALL", 29)
-
-
-_SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
-
-
-class _SockFilter(ctypes.Structure):         # struct sock_filter (linux/filter.h): one classic BPF instruction
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):          # struct sock_fprog: the program SO_ATTACH_FILTER takes
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-# python-can's udp_multicast datagram (can.interfaces.udp_multicast.utils.pack_message): a msgpack map whose first
-# two entries are "timestamp" (float64) and "arbitration_id", so the id sits at byte 35 of the payload, after this
-# fixed prefix (the 8 bytes of the float between): map of 11, "timestamp", float64 marker, "arbitration_id".
-_MSGPACK_HEAD = (b"\x8b\xa9timestamp\xcb", b"\xaearbitration_id")
-_ID_AT = len(_MSGPACK_HEAD[0]) + 8 + len(_MSGPACK_HEAD[1])     # 35
-_UDP_HEADER = 8                              # a UDP socket's filter sees the datagram from its UDP header on
-
-
-def own_frames_filter(cob_ids: Iterable[int]) -> list[tuple[int, int, int, int]]:
-    """A classic BPF socket filter (instructions (code, jt, jf, k)) for a udp_multicast socket that drops the
-    datagrams of python-can frames whose 11-bit id is in cob_ids and accepts everything else, including any
-    datagram whose head is not python-can's msgpack layout (a change in python-can then costs CPU, never frames)."""
-    ids = sorted({int(i) for i in cob_ids})
-    if not ids or len(ids) > 200 or not all(0 <= i <= 0x7FF for i in ids):
-        raise ValueError(f"own_frames_filter: expected 1..200 11-bit CAN ids, got {ids}")
-    ld_len, ld_w, ld_h, ld_b, jeq, jge, ja, ret = 0x80, 0x20, 0x28, 0x30, 0x15, 0x35, 0x05, 0x06
-    head = _MSGPACK_HEAD[0] + bytes(8) + _MSGPACK_HEAD[1]
-    checks = [(at, head[at:at + 4]) for at in (0, 4, 8, 20, 24, 28, 31)]     # all of it but the float
-    prog: list[tuple[int, int, int, int | str]] = [(ld_len, 0, 0, 0), (jge, 0, "accept", _UDP_HEADER + _ID_AT + 3)]
-    for at, want in checks:
-        prog.append((ld_w, 0, 0, _UDP_HEADER + at))
-        prog.append((jeq, 0, "accept", int.from_bytes(want, "big")))
-    prog += [(ld_b, 0, 0, _UDP_HEADER + _ID_AT),            # the id's msgpack marker, or the id itself (fixint)
-             (jeq, "uint8", 0, 0xCC), (jeq, "uint16", 0, 0xCD), (jge, "accept", "compare", 0x80),
-             ("uint8", ld_b, 0, 0, _UDP_HEADER + _ID_AT + 1), (ja, 0, 0, "compare"),
-             ("uint16", ld_h, 0, 0, _UDP_HEADER + _ID_AT + 1), ("compare",)]
-    prog += [(jeq, "drop", 0, i) for i in ids]
-    prog += [(ret, 0, 0, 0xFFFFFFFF), ("drop", ret, 0, 0, 0), ("accept", ret, 0, 0, 0xFFFFFFFF)]
-    labels, out, at = {}, [], 0
-    for ins in prog:                          # a label names the next instruction: ("name", code, ...) or ("name",)
-        if isinstance(ins[0], str):
-            labels[ins[0]] = at
-            ins = ins[1:]
-        if ins:
-            out.append(ins)
-            at += 1
-
-    def target(here: int, x) -> int:
-        return labels[x] - here - 1 if isinstance(x, str) else x
-
-    return [(code, target(i, jt), target(i, jf), target(i, k) if code == ja else k)
-            for i, (code, jt, jf, k) in enumerate(out)]
-
-
-def tune_udp_multicast(bus: can.BusABC, receive_buffer: int = UDP_RECEIVE_BUFFER,
-                       own_ids: Iterable[int] = ()) -> dict[str, object]:
-    """Make a python-can `udp_multicast` bus fit for a CAN cycle between processes; any other bus is left
-    alone ({} returned).
-
-    * receive only its own group: Linux delivers every group joined anywhere on the host to every socket
-      bound to the port (IP_MULTICAST_ALL defaults to 1), so two runs on different groups heard each
-      other's SDO answers and PDOs (same node ids, same COB-IDs);
-    * a receive buffer of `receive_buffer` bytes (see UDP_RECEIVE_BUFFER);
-    * own_ids: a kernel socket filter (own_frames_filter) drops the frames with these ids before python-can
-      reads them: udp_multicast returns every frame a bus sends to that bus too, which SocketCAN does not,
-      and each costs python-can a receive (~23 us of CPU here) and the reading thread a wake-up.
-
-    python-can has no option for any of these; its public `fileno()` gives the socket, and the options are set
-    on a duplicate of that descriptor (same socket, closed again here). Returns {"receive_buffer_bytes": what
-    the kernel granted (SO_RCVBUF), "own_group_only": bool} and with own_ids "own_frames_filtered": bool; an
-    option the kernel refuses is left as it was."""
-    from can.interfaces.udp_multicast import UdpMulticastBus
-
-    if not isinstance(bus, UdpMulticastBus):
-        return {}
-    out: dict[str, object] = {}
-    with socket.socket(fileno=os.dup(bus.fileno())) as sock:
-        own_only = True
-        try:
-            if sock.family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_MULTICAST_ALL, 0)
-            else:
-                sock.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
-        except OSError:
-            own_only = False                  # not Linux, or an old kernel: groups are per socket already
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, receive_buffer)
-        except OSError:                       # no CAP_NET_ADMIN: capped at net.core.rmem_max
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-            except OSError:
-                pass
-        out["receive_buffer_bytes"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        out["own_group_only"] = own_only
-        own_ids = list(own_ids)
-        if own_ids:
-            prog = own_frames_filter(own_ids)
-            code = (_SockFilter * len(prog))(*(_SockFilter(*ins) for ins in prog))
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, bytes(_SockFprog(len(prog), code)))
-                out["own_frames_filtered"] = True
-            except OSError:                   # not Linux: the receive side ignores them instead (own_frames)
-                out["own_frames_filtered"] = False
-    return out
-
-
-def udp_receive_drops(bus: can.BusABC) -> int | None:
-    """Datagrams the kernel dropped at this udp_multicast bus's socket because its receive buffer was full
-    (the `drops` column of /proc/net/udp[6]); None for other buses or where that is not readable."""
-    from can.interfaces.udp_multicast import UdpMulticastBus
-
-    if not isinstance(bus, UdpMulticastBus):
-        return None
-    try:
-        inode = str(os.fstat(bus.fileno()).st_ino)
-        for table in ("/proc/net/udp", "/proc/net/udp6"):
-            with open(table) as f:
-                for line in f:
-                    cols = line.split()
-                    if len(cols) > 12 and cols[9] == inode:
-                        return int(cols[-1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-class CanOptionError(InputError):
-    """A [transport] option of the can transport that is not usable."""
-
 
 @functools.lru_cache(maxsize=1024)
 def _valid_statusword(word: int) -> bool:
@@ -238,33 +93,14 @@ def frames_per_cycle(n: int) -> tuple[int, int]:
     return 1 + len(_RPDOS) * n, (len(_TPDOS) - 1) * n + 1
 
 
-def _check_options(n: int, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s,
-                   heartbeat_ms) -> list[int]:
-    if not isinstance(interface, str) or not interface:
-        raise CanOptionError(f"can: interface: expected a python-can interface name (socketcan, pcan, kvaser, "
-                             f"virtual, udp_multicast, ...), got {interface!r}")
-    if isinstance(channel, bool) or not isinstance(channel, (str, int)) or channel == "":
-        raise CanOptionError(f"can: channel: expected the interface's channel (e.g. can0, PCAN_USBBUS1, 0), got {channel!r}")
-    if bitrate is not None and (isinstance(bitrate, bool) or not isinstance(bitrate, int) or not 10_000 <= bitrate <= 1_000_000):
-        raise CanOptionError(f"can: bitrate: expected bit/s in 10000..1000000, got {bitrate!r}")
-    ids = list(range(1, n + 1)) if node_ids is None else node_ids
-    if (not isinstance(ids, (list, tuple)) or len(ids) != n or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)
-            or len(set(ids)) != n or not all(cm.MIN_NODE_ID <= i <= cm.MAX_NODE_ID for i in ids)):
-        raise CanOptionError(f"can: node_ids: expected {n} distinct node ids in 1..127 (joint order), got {node_ids!r}")
-    if isinstance(counts_per_rev, bool) or not isinstance(counts_per_rev, int) or counts_per_rev <= 0:
-        raise CanOptionError(f"can: counts_per_rev: expected a positive integer (encoder counts per motor revolution), "
-                             f"got {counts_per_rev!r}")
-    for name, v in (("sdo_timeout_s", sdo_timeout_s), ("boot_timeout_s", boot_timeout_s)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise CanOptionError(f"can: {name}: expected a positive number of seconds, got {v!r}")
-    if isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int) or not 0 <= heartbeat_ms <= 0xFFFF:
-        raise CanOptionError(f"can: heartbeat_ms: expected 0..65535 ms (0: no heartbeat), got {heartbeat_ms!r}")
-    return [int(i) for i in ids]
-
-
-class CanArm:
+class CanArm(Arm):
     """Arm over CiA 402 drives on one CAN bus: CanArm(model, interface=..., channel=..., bitrate=None,
-    node_ids=None (1..n), counts_per_rev=2**17, sdo_timeout_s=0.5, boot_timeout_s=2.0, heartbeat_ms=100)."""
+    node_ids=None (1..n), counts_per_rev=2**17, sdo_timeout_s=0.5, boot_timeout_s=2.0, heartbeat_ms=100).
+    The cycle reads the bus while it waits (pump_new, pump_for) and every complete sample is kept until read
+    (backlog); the drives answer the host's SYNC, they keep no clock of their own for the cycle."""
+
+    cycle_reads_link = True
+    keeps_every_sample = True
 
     def __init__(self, model, *, interface: str | None = None, channel: str | int | None = None, bitrate: int | None = None,
                  node_ids: Sequence[int] | None = None, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
@@ -274,8 +110,8 @@ class CanArm:
             raise CanOptionError(f"can: unknown option {sorted(unknown)[0]!r} (known: interface, channel, bitrate, "
                                  f"node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s, heartbeat_ms)")
         self.n = n = model.n
-        self.node_ids = _check_options(n, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s,
-                                       boot_timeout_s, heartbeat_ms)
+        self.node_ids = check_options(n, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s,
+                                      boot_timeout_s, heartbeat_ms)
         gear = np.asarray(model.gear_ratio, dtype=float)
         if np.any(gear <= 0):
             j = int(np.flatnonzero(gear <= 0)[0])
@@ -315,13 +151,10 @@ class CanArm:
         # receive side -> cycle, under _lock; the bus is read by the receive thread, or by the cycle while it pumps
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
-        self._rx_lock = threading.Lock()      # held by whoever reads the bus (receive thread, pump, reopen)
-        self._pumped = 0.0                    # time.monotonic() when the cycle last pumped (the receive thread stands by)
-        self._pumping = False
+        # who reads the bus: the cycle while it pumps, else the receive thread (driver/transports/link_pump.py)
+        self._link = LinkPump(self._has_new, PUMP_STANDBY_S)
         self._receiver: threading.Thread | None = None
         self._rx_stop = threading.Event()
-        self._arrived = threading.Event()     # a sample completed while a waiter (_wait_sample) was counted
-        self._waiters = 0
         self._pend = [[0] * n for _ in range(_N_ROWS)]   # the rows of _ROWS, wire units
         # complete samples in arrival order (wire units), each with its device and host time (ns): read() takes the
         # oldest unread, so a sample that completes late is published late, not overwritten by the next one
@@ -394,75 +227,16 @@ class CanArm:
         self.network.bus = bus
 
     def _sdo(self, j: int, node, index: int, sub: int, value: int | None = None) -> int:
-        what = f"can: joint {j + 1} (node {node.id}): SDO {'write' if value is not None else 'read'} 0x{index:04X}:{sub:02X}"
-        try:
-            var = node.sdo[index][sub] if sub else node.sdo[index]
-            if value is None:
-                return int(var.raw)
-            var.raw = value
-            return value
-        except SdoAbortedError as exc:
-            raise LinkError(f"{what}: aborted by the drive: {exc}") from None
-        except (SdoCommunicationError, can.CanError, OSError) as exc:
-            raise LinkError(f"{what}: no answer ({exc}); is the drive powered and on this bus at {self._bus_options}?") from None
+        return sdo(j, node, index, sub, value, self._bus_options)
 
     def _configure(self, j: int, node) -> float:
-        """SDO setup of one drive; returns its counts per joint radian."""
-        dtype = self._sdo(j, node, cm.DEVICE_TYPE, 0)
-        if dtype != cm.DEVICE_TYPE_VALUE:
-            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): device type 0x{dtype:08X}, expected a CiA 402 "
-                                 f"servo drive 0x{cm.DEVICE_TYPE_VALUE:08X}")
-        inc, mrev = self._sdo(j, node, cia402.POSITION_ENCODER_RESOLUTION, 1), self._sdo(j, node, cia402.POSITION_ENCODER_RESOLUTION, 2)
-        gm, gs = self._sdo(j, node, cia402.GEAR_RATIO, 1), self._sdo(j, node, cia402.GEAR_RATIO, 2)
-        if not (inc and mrev and gm and gs):
-            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): 0x608F {inc}/{mrev}, 0x6091 {gm}/{gs}: a zero "
-                                 f"in the drive's scaling")
-        drive = inc / mrev * gm / gs / (2.0 * math.pi)
-        model = float(self.model_scaling.counts_per_rad[j])
-        if abs(drive - model) > GEAR_TOLERANCE * model:
-            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): the drive counts {drive:.6g} counts/rad "
-                                 f"(0x608F {inc}/{mrev}, 0x6091 {gm}/{gs}), the model's gear ratio and counts_per_rev "
-                                 f"give {model:.6g}: fix counts_per_rev or the model")
-        self._sdo(j, node, cm.PRODUCER_HEARTBEAT_TIME, 0, self.heartbeat_ms)
-        self._check_pdos(j, node)
+        """SDO setup of one drive (can_setup.configure_drive), then its EMCY and heartbeat into the supervision;
+        returns its counts per joint radian."""
+        drive = configure_drive(j, node, self.model_scaling.counts_per_rad[j], self.heartbeat_ms, (*_TPDOS, *_RPDOS),
+                                _CLOCK_TPDO, self._bus_options)
         node.emcy.add_callback(lambda e, j=j: self._on_emcy(j, e))
         node.nmt.add_heartbeat_callback(lambda state, j=j: self._on_heartbeat(j, state))
         return drive
-
-    def _check_pdos(self, j: int, node) -> None:
-        """Read the PDO configuration by SDO; TPDO1/2 and RPDO1/2 (and the first drive's TPDO4) must be valid, on
-        their COB-IDs, every SYNC, with the maps of firmware_bridge.canopen_map (a drive configured otherwise is
-        refused); the other drives' TPDO4 is switched off (COB-ID bit 31 set): only the first drive's clock is used."""
-        try:
-            node.tpdo.read()
-            node.rpdo.read()
-        except SdoAbortedError as exc:
-            raise LinkError(f"can: joint {j + 1} (node {node.id}): reading the PDO configuration: {exc}") from None
-        except (SdoCommunicationError, can.CanError, OSError) as exc:
-            raise LinkError(f"can: joint {j + 1} (node {node.id}): no answer reading the PDO configuration ({exc})") from None
-        for pdef in (*_TPDOS, *_RPDOS):
-            m = (node.tpdo if pdef.transmit else node.rpdo)[pdef.number]
-            if pdef is _CLOCK_TPDO and j > 0:     # not used (the first drive's clock is): switched off, valid or not
-                self._sdo(j, node, pdef.communication_index, 1, pdef.cob_id(node.id) | cm.PDO_NOT_VALID)
-                continue
-            got = [(v.index, v.subindex) for v in m.map]
-            want = [(e.index, e.subindex) for e in pdef.entries]
-            problem = None
-            if not m.enabled:
-                problem = "not valid (COB-ID bit 31 set)"
-            elif m.cob_id != pdef.cob_id(node.id):
-                problem = f"COB-ID 0x{m.cob_id:03X}, expected 0x{pdef.cob_id(node.id):03X}"
-            elif got != want:
-                problem = f"maps {[f'0x{i:04X}:{s:02X}' for i, s in got]}, expected {[f'0x{i:04X}:{s:02X}' for i, s in want]}"
-            elif pdef.transmit and m.trans_type != 1:
-                problem = f"transmission type {m.trans_type}, expected 1 (every SYNC)"
-            if problem:
-                raise CanOptionError(f"can: joint {j + 1} (node {node.id}): {pdef.name}: {problem} (docs/wire-can.md)")
-        # reading the maps subscribed canopen's PdoMaps to their COB-IDs: the PDOs are ours (_on_frame, write)
-        for maps in (node.tpdo, node.rpdo):
-            for m in maps.map.values():
-                if m.cob_id is not None and m.on_message in self.network.subscribers.get(m.cob_id, ()):
-                    self.network.unsubscribe(m.cob_id, m.on_message)
 
     def _start_all(self) -> None:
         for j, node in enumerate(self.nodes):
@@ -514,19 +288,32 @@ class CanArm:
         name_os_thread("can-rx")
         stop = self._rx_stop
         while not stop.is_set():
-            if self._pumping or time.monotonic() - self._pumped < PUMP_STANDBY_S:
+            if self._link.cycle_reads():
                 stop.wait(PUMP_STANDBY_S)
-            elif not self._read_bus(RX_POLL_S, False, blocking=True):
+            elif not self._read_bus(RX_POLL_S, False, wait_s=RX_POLL_S):
                 stop.wait(RX_POLL_S)          # the bus is down (the supervisor reopens it) or being read
 
-    def _read_bus(self, timeout_s: float, until_new: bool, blocking: bool = False) -> bool:
+    def _has_new(self) -> bool:
+        return self._ready_seq != self._read_seq
+
+    def _readable(self) -> bool:
+        """The bus is open and not broken (the supervisor reopens a broken one)."""
+        net = self.network
+        return net is not None and net.bus is not None and self._broken is None
+
+    def _read_bus(self, timeout_s: float, until_new: bool, wait_s: float = 0.0) -> bool:
         """Read and dispatch frames in the calling thread for timeout_s (s), or until a sample not read yet is
-        complete (until_new). False when it could not read: the bus is down, or another thread reads it (blocking:
-        wait up to RX_POLL_S for that one). A receive that fails (the interface went away) marks the bus broken."""
+        complete (until_new). False when it could not read: the bus is down, or another thread reads it (and did
+        not let go within wait_s)."""
+        return self._readable() and self._link.take(self._read_frames, timeout_s, until_new, wait_s)
+
+    def _read_frames(self, timeout_s: float, until_new: bool) -> None:
+        """The reading loop (the caller holds the reader lock): frames for timeout_s, or until a sample not read yet
+        is complete (until_new). A receive that fails (the interface went away) marks the bus broken."""
         net = self.network
         bus = net.bus if net is not None else None
-        if bus is None or self._broken is not None or not self._rx_lock.acquire(blocking, RX_POLL_S if blocking else -1):
-            return False
+        if bus is None:
+            return
         try:
             end = time.monotonic() + timeout_s
             recv, dispatch = bus.recv, self._on_frame
@@ -541,9 +328,6 @@ class CanArm:
         except (can.CanError, OSError, ValueError, AttributeError) as exc:
             if net.bus is bus and self._broken is None:
                 self._broken = f"receive failed: {exc}"
-        finally:
-            self._rx_lock.release()
-        return True
 
     def pump_new(self, timeout_s: float) -> bool:
         """Read the bus in the calling thread (the cycle's) until a sample not read yet is complete (True) or
@@ -551,37 +335,14 @@ class CanArm:
         other thread woken per frame. While the receive thread reads the bus (the cycle stalled), this waits up
         to RX_POLL_S for it to stand by; if it does not, the receive thread goes on reading and this waits for
         its sample (not while marked as pumping: the receive thread would stand by and nobody would read)."""
-        if self._ready_seq != self._read_seq:
-            return True
-        end = time.monotonic() + timeout_s
-        self._pumping = True            # can-rx stands by from its current read on (at most RX_POLL_S)
-        try:
-            read = self._read_bus(timeout_s, True, blocking=True)
-        finally:
-            self._pumped, self._pumping = time.monotonic(), False
-        if not read:                    # the bus is down, or can-rx did not let go: it reads, this thread waits
-            return self._wait_sample(max(end - time.monotonic(), 0.0))
-        return self._ready_seq != self._read_seq
+        # can-rx stands by from its current read on (at most RX_POLL_S); the bus down, or can-rx not letting go in
+        # that time: it reads, this thread waits for its sample
+        return self._link.pump_new(self._read_frames if self._readable() else None, timeout_s, wait_s=RX_POLL_S)
 
     def pump_for(self, timeout_s: float) -> bool:
         """Read the bus in the calling thread for timeout_s (s), whatever arrives (the cycle's wait for its
         deadline: heartbeats, EMCY, SDO answers, late TPDOs). False at once when it cannot: the caller sleeps."""
-        self._pumping = True
-        try:
-            return self._read_bus(timeout_s, False)
-        finally:
-            self._pumped, self._pumping = time.monotonic(), False
-
-    def _wait_sample(self, timeout_s: float) -> bool:
-        """Block until a sample not read yet is complete (True) or timeout_s passes (False); another thread reads."""
-        with self._lock:
-            self._waiters += 1
-            self._arrived.clear()
-        try:
-            return self._ready_seq != self._read_seq or self._arrived.wait(timeout_s)
-        finally:
-            with self._lock:
-                self._waiters -= 1
+        return self._link.pump_for(self._read_frames if self._readable() else None, timeout_s)
 
     def _on_frame(self, msg: can.Message) -> None:
         """Every frame read: TPDO1/2/4 of our drives go into the pending sample; our own frames (a bus that returns
@@ -633,8 +394,7 @@ class CanArm:
                 self._stamp_raw = raw
                 self._ring_times[slot] = (self._stamp_us * 1000, time.time_ns())
                 self._stats["samples"] += 1
-                if self._waiters:
-                    self._arrived.set()
+                self._link.notify()
 
     def _on_emcy(self, j: int, error) -> None:
         self._error_code[j] = error.code & 0xFFFF
@@ -677,7 +437,7 @@ class CanArm:
         net = self.network
         if net is None:
             return
-        got = self._rx_lock.acquire(True, 1.0)          # nobody reads the old bus while it goes (a pump: one period)
+        got = self._link.reader.acquire(True, 1.0)      # nobody reads the old bus while it goes (a pump: one period)
         try:
             if net.bus is not None:
                 net.bus.shutdown()
@@ -686,7 +446,7 @@ class CanArm:
         finally:
             net.bus = None
             if got:
-                self._rx_lock.release()
+                self._link.reader.release()
         self._connect()
         self._broken = None
         self._count("reconnects")

@@ -69,13 +69,13 @@ from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
 from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
-from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
-from driver.timer import name_os_thread
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from firmware_bridge.rt_timing import name_os_thread
 from driver.transports.sample_ring import StateRing
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
 IDLE_EXCHANGE_S = 0.02          # without cycles (before the cycle starts), exchange at least this often
@@ -243,8 +243,11 @@ class _Refused(Exception):
     """The gateway answered a request with a Modbus exception (the request was not carried out)."""
 
 
-class GatewayArm:
-    """Arm over a Modbus TCP gateway: GatewayArm(model, host=..., **options) (see GatewayOptions)."""
+class GatewayArm(Arm):
+    """Arm over a Modbus TCP gateway: GatewayArm(model, host=..., **options) (see GatewayOptions). Every new image
+    is kept until read (backlog); the cycle's clock is the host's."""
+
+    keeps_every_sample = True
 
     def __init__(self, model, **options):
         self.options = opts = gateway_options(**options)

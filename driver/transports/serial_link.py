@@ -29,13 +29,14 @@ import time
 import numpy as np
 import serial
 
-from driver.hal import ArmCommand, ArmState, LinkError, raw_to_si
-from driver.timer import name_os_thread
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, raw_to_si
+from firmware_bridge.rt_timing import name_os_thread
+from driver.transports.link_pump import LinkPump
 from driver.transports.sample_ring import StateRing
 from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 _READ_POLL_S = 0.05          # the link thread's longest block in read (it then looks at its stop flag)
 _JOIN_S = 2.0
@@ -111,8 +112,9 @@ class _Session:
             return 0
 
 
-class SerialArm:
-    """Arm over the serial joint-board link.
+class SerialArm(Arm):
+    """Arm over the serial joint-board link: the device streams STATEs on its own clock (wait_new), the cycle may
+    read the port itself while it waits (pump_new, pump_for), and every STATE is kept until read (backlog).
 
     port: device path or pyserial URL (e.g. "/dev/ttyACM0", "/dev/armid-arm" from a udev rule).
     baudrate: line rate (3 Mbaud for a 6-joint arm at 1 kHz on a UART; ignored by USB CDC and ptys).
@@ -122,6 +124,10 @@ class SerialArm:
     handshake_timeout_s: how long open() and a reconnection wait for HELLO_ACK.
     reconnect_s: period of reconnection attempts while the port is gone.
     """
+
+    streams_on_own_clock = True
+    cycle_reads_link = True
+    keeps_every_sample = True
 
     def __init__(self, model, port: str, *, baudrate: int = 3_000_000, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
                  device_watchdog_ms: float = sp.DEFAULT_WATCHDOG_US / 1000, heartbeat_ms: float | None = None,
@@ -145,12 +151,10 @@ class SerialArm:
         # the samples, written by the link thread into a ring, each copied out once by read() (under _lock)
         self._lock = threading.Lock()
         self._ring = StateRing(n, SAMPLE_RING)
-        self._arrived = threading.Event()   # set by every STATE stored while a wait_new may be waiting
-        self._waiters = 0                   # threads in wait_new (the cycle pumping itself needs no event)
         self._pending: str | None = None    # an error read() reports once (a device restart handled meanwhile)
         self._tx_lock = threading.Lock()   # the port's writers: the cycle (COMMAND) and the link thread
-        self._rx_lock = threading.Lock()   # the port's reader: the link thread, or the cycle in pump_new
-        self._pumped = -math.inf           # time.monotonic() of the cycle's last pump_new
+        # the port's reader: the cycle while it pumps, else the link thread (driver/transports/link_pump.py)
+        self._link = LinkPump(self._ring.has_unread, _PUMP_HOLD_S)
         self._session: _Session | None = None
         self._down: str | None = "not open"   # why the link is down; None while up
         self._last_tx = 0.0
@@ -362,25 +366,26 @@ class SerialArm:
         wait_new takes two (the link thread's, then the cycle's) and a hand-over of the interpreter. The link
         thread leaves the port alone while the cycle pumps (it still sends heartbeats, handles a device restart
         and reconnects); while the link is down or the link thread is reading, this is wait_new."""
-        if self._ring.has_unread():
-            self._pumped = time.monotonic()
-            return True
-        if not self._pump(timeout_s, until_new=True):
-            return self.wait_new(timeout_s)
-        return self._ring.has_unread()
+        return self._link.pump_new(self._read_port if self._pumpable() else None, timeout_s)
 
     def pump_for(self, timeout_s: float) -> bool:
         """Read and decode the port in the calling thread for timeout_s (s), whatever arrives: the host clock's
         wait for its deadline, so that a late answer is taken (and stamped) when it arrives. False at once when
         it cannot (the link down, the link thread reading): the caller then sleeps instead."""
-        return self._pump(timeout_s, until_new=False)
+        return self._link.pump_for(self._read_port if self._pumpable() else None, timeout_s)
 
-    def _pump(self, timeout_s: float, until_new: bool) -> bool:
-        """pump_new / pump_for: False when this thread could not take the port."""
-        self._pumped = time.monotonic()
+    def _pumpable(self) -> bool:
+        """The cycle may read the port: a session is up on a file descriptor (a URL port, which pyserial reads
+        itself, is left to the link thread)."""
         s = self._session
-        if s is None or s._fd is None or not self._rx_lock.acquire(blocking=False):
-            return False
+        return s is not None and s._fd is not None
+
+    def _read_port(self, timeout_s: float, until_new: bool) -> None:
+        """The pump's reading loop (the caller holds the reader lock): decode what arrives for timeout_s (s), or
+        until a STATE not read yet is there (until_new); the port failing is the link lost."""
+        s = self._session
+        if s is None:
+            return
         try:
             end = time.perf_counter() + timeout_s
             while self._session is s and s.restart is None:
@@ -389,10 +394,6 @@ class SerialArm:
                     break
         except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial on a closed fd
             self._lost(s, exc)
-        finally:
-            self._pumped = time.monotonic()
-            self._rx_lock.release()
-        return True
 
     def _ingest(self, s: _Session, data: bytes) -> None:
         """Decode what the port gave: STATEs into the ring, the other frames counted; a device restart noted."""
@@ -413,18 +414,18 @@ class SerialArm:
             if s is None:
                 self._reconnect()
                 continue
-            if time.monotonic() - self._pumped < _PUMP_HOLD_S:     # the cycle reads the port (pump_new)
+            if self._link.cycle_reads():        # the cycle reads the port (pump_new, pump_for)
                 if s.restart is None:
                     self._stop.wait(_STANDBY_S)
             else:
-                with self._rx_lock:
+                with self._link.reader:
                     try:
                         self._ingest(s, s.read())
                     except (serial.SerialException, OSError, TypeError) as exc:   # TypeError: pyserial, closed fd
                         self._lost(s, exc)
                         continue
             if s.restart is not None:
-                with self._rx_lock:
+                with self._link.reader:
                     self._device_restarted(s)
                 continue
             if time.monotonic() - self._last_tx >= self.heartbeat_s:
@@ -496,22 +497,10 @@ class SerialArm:
             raw_to_si(pos, vel, cur, sw, err, mode, s.scaling.counts_per_rad, CURRENT_LSB, self._torque_per_amp,
                       new.floats, new.words, new.mode)
             self._ring.commit()
-        if self._waiters:                 # Event.set costs microseconds of Python; skipped when no one waits
-            self._arrived.set()
+        self._link.notify()
         self.stats["states"] += 1
 
     def wait_new(self, timeout_s: float) -> bool:
         """Block until a STATE not read yet is there (True) or timeout_s (s) passes (False): the cycle's
         "device" clock, and the host clock's wait for the answer to its COMMAND."""
-        if self._ring.has_unread():
-            return True
-        with self._lock:
-            self._waiters += 1
-        try:
-            self._arrived.clear()
-            if self._ring.has_unread():    # arrived before the waiter was counted, or since the clear
-                return True
-            return self._arrived.wait(timeout_s)
-        finally:
-            with self._lock:
-                self._waiters -= 1
+        return self._link.wait(timeout_s)

@@ -20,7 +20,7 @@ from scipy.spatial.transform import Rotation
 
 from ident.calibration.fit import Identification
 from ident.calibration.model import KINDS, CalibrationModel
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import PRISMATIC, Model
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import PRISMATIC, REVOLUTE, Model
 from ident.spatial import rot_x, rot_y
 

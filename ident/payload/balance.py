@@ -44,7 +44,7 @@ import scipy.ndimage
 import scipy.optimize
 
 from ident import dynamics, estimate
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import REVOLUTE, Model
 from ident.payload.result import PayloadEstimate
 from ident.preprocess import Recording

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ident import spatial
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 
 
 def payload_parameters(mass: float, com, inertia=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)) -> np.ndarray:

@@ -34,7 +34,7 @@ import scipy.linalg
 from ident import batch, dynamics, estimate, spatial
 from ident.base_params import BaseParameters, _linear_text, base_parameters, clean_coefficients
 from ident.consistent import _link_map
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import PARAMS_PER_JOINT, Model
 from ident.preprocess import Recording, estimate_bandwidth, load_recording, nominal_rate

@@ -18,7 +18,7 @@ import numpy as np
 
 from ident import dynamics
 from ident.base_params import random_states
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.excitation import Criterion, FourierTrajectory, design, start_pose_or_mid_range
 from ident.model import PARAMS_PER_JOINT, Model
 from ident.payload.body import payload_parameters

@@ -49,7 +49,7 @@ from numba import njit
 from ident import dynamics, spatial
 from ident.base_params import BaseParameters, base_parameters
 from ident.batch import DEFAULT_SLOW_VELOCITY
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import PARAMS_PER_JOINT, Model
 from ident.online import Counters, JointWeightedRLS, SampleWindow, WindowRows
 from ident.payload.result import PARAMETER_NAMES, Combination, PayloadEstimate

@@ -30,7 +30,7 @@ import numpy as np
 
 from ident import dynamics, estimate
 from ident.calibration.planning import select_d_optimal
-from ident.errors import InputError
+from firmware_bridge.errors import InputError
 from ident.model import Model
 from ident.payload.balance import (MOVE_SPEED, POSE_TOLERANCE, RAMP, REST_SPEED, SPEED_TOLERANCE, WINDOW,
                                    MotionProgram, Sweep, check_program, gravity_load_regressor,

@@ -1,4 +1,6 @@
-"""The `sim` transport: a sim.Simulator in this process, read and commanded directly (no wire).
+"""The `sim` transport: a sim.Simulator in this process, read and commanded directly (no wire). It registers
+itself with the driver by name, as python-can's interfaces do (the entry point `sim` of the group
+"armid.transports" in pyproject.toml), so the driver never imports the simulator.
 
 Lockstep (default when this transport creates the simulator, or is given one that is not running): the
 driver's cycle is the simulator's clock, as the SYNC master is on CAN: begin_cycle() steps the simulator
@@ -10,16 +12,15 @@ from __future__ import annotations
 
 import time
 
-from driver.hal import ArmCommand, ArmState, LinkError
+from firmware_bridge.transport import Arm, ArmCommand, ArmState, LinkError
+from sim.simulator import SimState, Simulator
 
 
-class LocalSimArm:
+class LocalSimArm(Arm):
     """Arm over an in-process simulator: LocalSimArm(model, simulator=None, **simulator_options)."""
 
     def __init__(self, model, simulator=None, **simulator_options):
         if simulator is None:
-            from sim import Simulator
-
             simulator_options.pop("realtime", None)      # the driver's cycle keeps the time
             simulator = Simulator(model, **simulator_options)
             self._owned = True
@@ -28,8 +29,6 @@ class LocalSimArm:
         self.lockstep = not simulator.running
         self.sim = simulator
         self.n = simulator.n
-        from sim.simulator import SimState
-
         self._sample = SimState.empty(self.n)
         self._last_cycle = -1
         self._reads = 0

@@ -1,4 +1,5 @@
-"""Waiting for the next cycle without spinning a core.
+"""Waiting for the next cycle without spinning a core, and naming real-time threads: the driver's cycle and
+link threads and the simulator's clock use these (so they sit in the bottom layer, under both).
 
 `sleep_until(deadline_ns)` blocks (the GIL released) until an absolute deadline on the time.perf_counter_ns
 clock (CLOCK_MONOTONIC on Linux) with one `clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)` through ctypes:
