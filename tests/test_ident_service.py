@@ -66,7 +66,7 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
     state, commands = f"ipc://{tmp_path}/state", f"ipc://{tmp_path}/commands"
     cfg = tmp_path / "driver.toml"
     # the in-process simulator publishes each period's mean current: half a period (0.5 ms) late
-    cfg.write_text(f'[driver]\nmodel = "generic6"\nwatchdog_ms = 500\neffort_delay_ms = 0.5\n[transport]\nname = "sim"\n'
+    cfg.write_text(f'[driver]\nmodel = "generic6"\nwatchdog_ms = 500\neffort_delay_ms = 0.5\ntrajectory_dir = "."\n[transport]\nname = "sim"\n'
                    f'realtime = true\n[zmq]\nstate = "{state}"\ncommands = "{commands}"\n')
     drv = subprocess.Popen([sys.executable, "-m", "armid.cli", "driver", "--config", str(cfg)], cwd=ROOT,
                            stderr=subprocess.DEVNULL)
@@ -85,7 +85,7 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
         enabled = _req(commands, cmd="enable")
         assert enabled["ok"], enabled
         assert _wait(lambda: _req(commands, cmd="status")["enabled"])
-        reply = _req(commands, cmd="run_trajectory", file=str(path), periods=2)
+        reply = _req(commands, cmd="run_trajectory", file=path.name, periods=2)
         assert reply["ok"], reply
         assert _wait(lambda: not _req(commands, cmd="status")["moving"], 30)
         rows_after_motion = svc.identifier.counters.rows
