@@ -2,8 +2,9 @@
 `armid driver` connected to it, `armid record` on the driver's stream, and the driver's command channel.
 
 Used by `armid demo`, the end-to-end and soak tests and benchmarks/bench_driver.py, so that all of them
-start, wire and stop the processes the same way. Every child is started with `python -m armid.cli` (the
-code of this checkout), writes its stdout and stderr to files in the run's work directory (read back
+start, wire and stop the processes the same way. Every child is started with `python -m armid.cli` by the
+interpreter running this one (the same installed armid, wherever it is installed), in the caller's working
+directory, and is given absolute paths only; it writes its stdout and stderr to files in the run's work directory (read back
 for the ready line and for the tail shown when a step fails), and dies with its parent
 (PR_SET_PDEATHSIG on Linux), so that no child outlives the process that started it even if that one
 is killed.
@@ -33,7 +34,6 @@ import zmq
 
 from ident.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[1]
 TRANSPORTS = ("serial", "can", "gateway")
 
 
@@ -85,12 +85,12 @@ SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 1000.0
 CAN_BOOT_TIMEOUT_S = 60.0         # s, within start_driver's 90 s
 PLANS = {
     "serial": TransportPlan("serial", SERIAL_HZ, 2000.0, SERIAL_HZ,
-                            ("-o", "watchdog_s=2", "-o", "step_on_command=true"), (("device_watchdog_ms", 2000),),
+                            ("--option", "watchdog_s=2", "--option", "step_on_command=true"), (("device_watchdog_ms", 2000),),
                             1.0, clock="host", lockstep=True),
     "can": TransportPlan("can", CAN_HZ, 2000.0, CAN_HZ, (),
                          (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0), ("boot_timeout_s", CAN_BOOT_TIMEOUT_S)),
                          1.0, lockstep=True),
-    "gateway": TransportPlan("gateway", GATEWAY_HZ, 2000.0, GATEWAY_HZ, ("-o", "step_on_exchange=true"),
+    "gateway": TransportPlan("gateway", GATEWAY_HZ, 2000.0, GATEWAY_HZ, ("--option", "step_on_exchange=true"),
                              (("watchdog_ms", 2000),), 1.0, clock="host", lockstep=True),
     "sim": TransportPlan("sim", 1000.0, 2000.0, 1000.0, (), (("realtime", True),), 1.0),
 }
@@ -115,7 +115,7 @@ def sim_options(transport: str) -> list[str]:
     if transport != "can":
         return []
     pid = os.getpid()
-    return ["-o", "interface=udp_multicast", "-o", f"channel=239.74.{pid % 250}.{pid // 250 % 250 + 1}"]
+    return ["--option", "interface=udp_multicast", "--option", f"channel=239.74.{pid % 250}.{pid // 250 % 250 + 1}"]
 
 
 def transport_options(transport: str, line: str) -> dict[str, object]:
@@ -222,9 +222,10 @@ def start_child(name: str, args: list[str], workdir: Path, *, realtime: bool = T
     """Start `python -m armid.cli ARGS` in its own session (a Ctrl-C on the terminal reaches only the
     parent, which stops its children in order), output to WORKDIR/NAME.out and NAME.err; with realtime,
     at RT_PRIORITY[name] when allowed (see _child_setup)."""
+    workdir = Path(workdir).resolve()
     out, err = workdir / f"{name}.out", workdir / f"{name}.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
-        proc = subprocess.Popen([sys.executable, "-m", "armid.cli", *args], cwd=ROOT, stdout=fo, stderr=fe,
+        proc = subprocess.Popen([sys.executable, "-m", "armid.cli", *args], stdout=fo, stderr=fe,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=functools.partial(_child_setup, RT_PRIORITY.get(name, 0) if realtime else 0,
                                                              realtime))
@@ -337,6 +338,7 @@ class Chain:
         return self.sockets
 
     def __enter__(self) -> "Chain":
+        self.workdir = Path(self.workdir).resolve()       # the children get absolute paths only
         self.workdir.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -387,7 +389,7 @@ class Chain:
     def start_recorder(self, path: Path, *, timeout_s: float = 60.0) -> Child:
         """`armid record` of the state stream into path (MCAP); waits until it has written messages."""
         self.recorder = self._start("recorder", ["record", "--state", self.state, "--commands", self.commands,
-                                                 "-o", str(path), "--force", "--progress-interval", "0.2"])
+                                                 "-o", str(Path(path).resolve()), "--force", "--progress-interval", "0.2"])
 
         def ready():
             counts = re.findall(r": (\d+) messages \(seq", self.recorder.stderr.read_text(errors="replace"))

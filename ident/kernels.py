@@ -9,7 +9,9 @@ its scratch arrays, so the hot loops allocate nothing per sample.
 The full regressor, the heaviest kernel (504 outputs a sample for n = 6), has a lane-parallel twin of that
 pass and of link_columns (_forward_lane, _columns_lane): blocks of LANES samples in structure-of-arrays
 form so that LLVM vectorises across samples, with a vectorisable sin/cos and streaming stores of the
-output. tests/test_regressor_fast_path.py holds the two paths to each other through RNEA.
+output. tests/test_regressor_fast_path.py holds the two paths to each other through RNEA. _block_forward and
+_block_columns are called, not inlined into the parallel loop (LLVM still optimises each as a whole): the
+parallel pass over one function holding both lane twins took 3-4 times as long to compile, for the same speed.
 
 Arguments shared by the kernels (arrays of the Model):
   jtype (n,) int64 0 revolute / 1 prismatic; Rpl (n,3,3), ppl (n,3) fixed placements; axis (n,3).
@@ -432,7 +434,7 @@ def _columns_lane(st, J, I, prismatic_i, cb, base):
         cb[base + 9 * LANES] = v0 * a0 + v1 * a1 + v2 * a2
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _block_forward(jtype, Rpl, ppl, pax, axis, Q, QD, QDD, s0, m, io, st):
     """Forward pass of samples s0..s0+m-1 (m <= LANES; idle lanes get zeros) into the lane state st.
 
@@ -473,7 +475,7 @@ def _block_forward(jtype, Rpl, ppl, pax, axis, Q, QD, QDD, s0, m, io, st):
             io[k] = io[_CUR + k]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _block_columns(jtype, n, st, cb):
     """Inertial columns of every link j on every row i <= j, lanes innermost: cb[((j (j+1)/2 + i) 10 + k) LANES + b].
 

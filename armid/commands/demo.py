@@ -43,7 +43,8 @@ def register(sub) -> None:
                        description="Start `armid sim`, `armid driver` and `armid record` on loopback, run the "
                                    "excitation through the driver's commands, identify the recording and print the "
                                    "identified base parameters beside the simulator's true ones.")
-    p.add_argument("-o", "--out", default="armid-demo", metavar="DIR", help="output directory (default: armid-demo)")
+    p.add_argument("-o", "--output", "--out", dest="output", default="armid-demo", metavar="DIR",
+                   help="output directory (default: armid-demo)")
     p.add_argument("--transport", default="serial", choices=TRANSPORTS,
                    help="how the driver reaches the simulator (default: serial over a pty)")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
@@ -170,7 +171,7 @@ def _run_chain(args: argparse.Namespace) -> int:
     from ident.model import load_model
 
     verbose = not args.quiet
-    out = Path(args.out)
+    out = Path(args.output).resolve()
     started = time.perf_counter()
     plan = chain.plan_for(args.transport, args.rate)
     steps = _Steps(10, verbose)
@@ -279,7 +280,7 @@ def _run_in_process(args: argparse.Namespace) -> int:
     from ident.model import load_model
 
     verbose = not args.quiet
-    out = Path(args.out)
+    out = Path(args.output).resolve()
     started = time.perf_counter()
     steps = _Steps(6 if args.currents else 5, verbose)
     model = load_model("generic6")
