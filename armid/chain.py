@@ -35,6 +35,7 @@ import zmq
 from ident.errors import InputError
 
 TRANSPORTS = ("serial", "can", "gateway")
+COMPILE_LINES = ("armid: compil", "armid: still compiling")    # armid.jit's lines, relayed from the children
 
 
 class ChainError(InputError):
@@ -261,12 +262,14 @@ def run_tool(name: str, args: list[str], workdir: Path, step: str, *, timeout_s:
     return child.stdout.read_text(errors="replace")
 
 
-def wait_for(child: Child, ready, timeout_s: float, what: str, step: str, check: str):
+def wait_for(child: Child, ready, timeout_s: float, what: str, step: str, check: str, tick=None):
     """Poll ready() (a value or None) every 20 ms until it returns a value; ChainError naming the step if
-    the child exits or timeout_s passes first."""
+    the child exits or timeout_s passes first. tick(), if given, is called on every poll."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = ready()
+        if tick is not None:
+            tick()
         if value is not None:
             return value
         if not child.alive():
@@ -309,7 +312,9 @@ class Chain:
     """The processes of one run, in start order; `stop()` (also on leaving `with`) ends them in reverse
     order: the recorder finishes its file, the driver brings the drives to rest, then the simulator stops.
 
-    workdir holds the logs and the driver's config. realtime: run the simulator and
+    workdir holds the logs and the driver's config. While a child starts, the lines it prints about numba
+    compiling (a fresh install: armid.jit) are relayed to this process's stderr, prefixed with its name
+    (relay_compiles=False: not). realtime: run the simulator and
     the driver SCHED_RR when allowed (False: the default scheduler, e.g. for benchmarks that compare
     against a reference at the default priority)."""
 
@@ -322,6 +327,8 @@ class Chain:
     recorder: Child | None = None
     connection: dict[str, object] = field(default_factory=dict)
 
+    relay_compiles: bool = True
+    _relayed: dict = field(default_factory=dict)   # child name -> bytes of its stderr already scanned
     sockets: Path | None = None     # a short temporary folder for the ipc endpoints (paths are limited to ~100 bytes)
 
     @property
@@ -359,7 +366,8 @@ class Chain:
             return None
 
         line = wait_for(self.sim, ready, timeout_s, "its ready line", "start the simulator",
-                        "`python -m armid.cli sim --transport " + p.name + "` by hand")
+                        "`python -m armid.cli sim --transport " + p.name + "` by hand",
+                        tick=lambda: self.relay_compiles_of(self.sim))
         self.connection = transport_options(p.name, line)
         return self.connection
 
@@ -384,7 +392,8 @@ class Chain:
                 return None
 
         return wait_for(self.driver, ready, timeout_s, "answer to status", "start the driver",
-                        f"the driver's stderr ({self.driver.stderr}) and its config {cfg}")
+                        f"the driver's stderr ({self.driver.stderr}) and its config {cfg}",
+                        tick=lambda: (self.relay_compiles_of(self.driver), self.relay_compiles_of(self.sim)))
 
     def start_recorder(self, path: Path, *, timeout_s: float = 60.0) -> Child:
         """`armid record` of the state stream into path (MCAP); waits until it has written messages."""
@@ -444,6 +453,23 @@ class Chain:
         if self.sockets is not None:
             shutil.rmtree(self.sockets, ignore_errors=True)
             self.sockets = None
+
+    def relay_compiles_of(self, child: Child | None) -> None:
+        """Copy the complete lines about numba compiling that child wrote to its stderr since the last call
+        to this process's stderr."""
+        if not self.relay_compiles or child is None:
+            return
+        try:
+            with open(child.stderr, "rb") as f:
+                f.seek(self._relayed.get(child.name, 0))
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        self._relayed[child.name] = self._relayed.get(child.name, 0) + end
+        for line in data[:end].decode(errors="replace").splitlines():
+            if line.startswith(COMPILE_LINES):
+                print(f"      {child.name}: {line}", file=sys.stderr, flush=True)
 
     def _start(self, name: str, args: list[str]) -> Child:
         child = start_child(name, args, self.workdir, realtime=self.realtime)

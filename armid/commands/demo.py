@@ -149,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--slowdown: expected a factor >= 1, got {args.slowdown}")
     if args.currents and not args.in_process:
         raise InputError("--currents needs --in-process (the payload run is simulated in this process)")
+    from ident.extras import require
+
+    require("matplotlib.figure", "the demo's report")     # before the chain starts, not after it ran
+    require("cvxpy", "the demo's physically consistent fit")
     if args.in_process:
         return _run_in_process(args)
     return _run_chain(args)
