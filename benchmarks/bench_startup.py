@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,8 +57,22 @@ def armid(args: list[str], cache: Path, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "armid.cli", *args], env=env, stdin=subprocess.DEVNULL, **kw)
 
 
-def time_identify(data: tuple[Path, Path], out: Path, cache: Path) -> float:
+def compiled(stderr: str) -> str:
+    """The kernels a run compiled, from armid.jit's lines: "name 12.3 s, ..." (or "none")."""
+    found = re.findall(r"armid: compiled (\S+) in ([\d.]+) s", stderr)
+    return ", ".join(f"{name} {seconds} s" for name, seconds in found) or "none"
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that have ended."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def time_identify(data: tuple[Path, Path], out: Path, cache: Path) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds and the kernels compiled of one `armid identify` with the demo's options."""
     excitation, validation = data
+    cpu = children_cpu()
     started = time.perf_counter()
     proc = armid(["identify", str(excitation), "--validate", str(validation), "--model", "generic6", "-o", str(out),
                   "--trajectory", "seed000", "--consistent", "--slow", "0.2", "--compare", "generic6", "--quiet"],
@@ -69,10 +85,10 @@ def time_identify(data: tuple[Path, Path], out: Path, cache: Path) -> float:
             proc.wait(10)
     if proc.returncode != 0:
         raise SystemExit(f"armid identify failed ({proc.returncode}): {err[-2000:]}")
-    return time.perf_counter() - started
+    return time.perf_counter() - started, children_cpu() - cpu, compiled(err)
 
 
-def time_driver(folder: Path, cache: Path) -> float:
+def time_driver(folder: Path, cache: Path) -> tuple[float, str]:
     """Seconds from starting `armid driver` (in-process simulator) to its first state message."""
     from armid.chain import driver_config
     from firmware_bridge import stream
@@ -94,7 +110,9 @@ def time_driver(folder: Path, cache: Path) -> float:
                 parts = sub.recv_multipart()
                 if parts[0] == b"state":
                     stream.decode_state(parts[1])
-                    return time.perf_counter() - started
+                    seconds = time.perf_counter() - started
+                    time.sleep(1.0)        # the kernels of the first commands compile right after
+                    return seconds, compiled((folder / "driver.err").read_text(errors="replace"))
             if proc.poll() is not None:
                 break
         raise SystemExit(f"armid driver sent no state message: {(folder / 'driver.err').read_text()[-2000:]}")
@@ -117,18 +135,26 @@ def main() -> None:
     try:
         data = make_data(folder)
         cache = folder / "numba-cache"
-        cold = time_identify(data, folder / "cold", cache)
-        warm = time_identify(data, folder / "warm", cache)
+        print(f"# load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+        cold, cold_cpu, kernels = time_identify(data, folder / "cold", cache)
+        warm, warm_cpu, again = time_identify(data, folder / "warm", cache)
+        print(f"# identify compiled (cold): {kernels}; (warm): {again}", flush=True)
         print(line("armid identify (demo data), cold numba cache", cold, "s", "warm cache", warm), flush=True)
+        print(line("armid identify (demo data) CPU time, cold numba cache", cold_cpu, "s", "warm cache", warm_cpu),
+              flush=True)
         print(line("armid identify cold overhead", cold - warm, "s", "target", TARGET_OVERHEAD_S), flush=True)
+        print(line("armid identify cold overhead in CPU time (what an idle core takes)", cold_cpu - warm_cpu, "s",
+                   "target", TARGET_OVERHEAD_S), flush=True)
         if not args.skip_driver:
             cache = folder / "numba-cache-driver"
             runs = []
             for name in ("cold", "warm"):
                 (folder / name / "driver").mkdir(parents=True)
                 runs.append(time_driver(folder / name / "driver", cache))
-            print(line("armid driver start to first state message, cold numba cache", runs[0], "s", "warm cache",
-                       runs[1]), flush=True)
+            print(f"# driver compiled (cold): {runs[0][1]}; (warm): {runs[1][1]}", flush=True)
+            print(line("armid driver start to first state message, cold numba cache", runs[0][0], "s", "warm cache",
+                       runs[1][0]), flush=True)
+        print(f"# load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -29,5 +29,5 @@ def require(module: str, needed_for: str):
         top = module.partition(".")[0]
         if (getattr(exc, "name", None) or "").partition(".")[0] != top:
             raise
-        raise MissingExtra(f"{needed_for} needs {top}, which is not installed: install the {EXTRA!r} extra "
-                           f"({INSTALL}, or pip install -e '.[{EXTRA}]' in a checkout)") from None
+        raise MissingExtra(f"{needed_for}: {top} is not installed; install the {EXTRA!r} extra ({INSTALL}, "
+                           f"or pip install -e '.[{EXTRA}]' in a checkout)") from None
