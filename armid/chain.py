@@ -2,9 +2,10 @@
 `armid driver` connected to it, `armid record` on the driver's stream, and the driver's command channel.
 
 Used by `armid demo`, the end-to-end and soak tests and benchmarks/bench_driver.py, so that all of them
-start, wire and stop the processes the same way. Every child is started with `python -m armid.cli` by the
-interpreter running this one (the same installed armid, wherever it is installed), in the caller's working
-directory, and is given absolute paths only; it writes its stdout and stderr to files in the run's work directory (read back
+start, wire and stop the processes the same way. Every child is started with `python -P -m armid.cli` by the
+interpreter running this one, importing armid from where this process imported it (child_environment: a
+wheel, an editable install or a checkout), in the caller's working directory, and is given absolute paths
+only; it writes its stdout and stderr to files in the run's work directory (read back
 for the ready line and for the tail shown when a step fails), and dies with its parent
 (PR_SET_PDEATHSIG on Linux), so that no child outlives the process that started it even if that one
 is killed.
@@ -219,14 +220,31 @@ class Child:
         return self.proc.returncode
 
 
+def child_command() -> list[str]:
+    """The command line that runs `armid` as a child: this interpreter, `-P` (the working directory is not put
+    on sys.path, so a folder named armid there cannot stand in for the installed one) and `-m armid.cli`."""
+    return [sys.executable, "-P", "-m", "armid.cli"]
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment with the folder this armid was imported from first on PYTHONPATH: the
+    children run the same code as their parent, installed (a wheel, an editable install) or not."""
+    import armid
+
+    where = str(Path(armid.__file__).resolve().parents[1])
+    rest = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": where + (os.pathsep + rest if rest else "")}
+
+
 def start_child(name: str, args: list[str], workdir: Path, *, realtime: bool = True) -> Child:
     """Start `python -m armid.cli ARGS` in its own session (a Ctrl-C on the terminal reaches only the
     parent, which stops its children in order), output to WORKDIR/NAME.out and NAME.err; with realtime,
     at RT_PRIORITY[name] when allowed (see _child_setup)."""
     workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
     out, err = workdir / f"{name}.out", workdir / f"{name}.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
-        proc = subprocess.Popen([sys.executable, "-m", "armid.cli", *args], stdout=fo, stderr=fe,
+        proc = subprocess.Popen([*child_command(), *args], env=child_environment(), stdout=fo, stderr=fe,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=functools.partial(_child_setup, RT_PRIORITY.get(name, 0) if realtime else 0,
                                                              realtime))

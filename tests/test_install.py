@@ -53,6 +53,20 @@ def test_the_demo_runs_from_another_directory_into_a_relative_output_folder(tmp_
     assert not (ROOT / "out").exists()
 
 
+def test_the_chains_children_run_the_parents_armid_not_a_folder_named_armid_in_the_working_directory(
+        tmp_path, monkeypatch):
+    from armid import chain
+
+    decoy = tmp_path / "armid"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("")
+    (decoy / "cli.py").write_text("print('the decoy ran')\n")
+    monkeypatch.chdir(tmp_path)
+    out = chain.run_tool("version", ["--version"], Path("logs"), "run armid --version", timeout_s=120)
+    assert out.strip() == f"armid {metadata.version('armid')}"
+    assert (tmp_path / "logs" / "version.out").is_file()
+
+
 # -- options --------------------------------------------------------------------------------------------
 def _subparsers(parser, path=()):
     """(command path, parser) of every subcommand, depth first."""
