@@ -102,3 +102,13 @@ def install_notice(stream=None, prefix: str = "armid") -> CompileNotice:
         event.register("numba:compile", listener)
         _installed = listener
     return _installed
+
+
+def cached_signatures(dispatcher) -> int | None:
+    """How many compiled signatures of a numba kernel (an @njit(cache=True) function) its on-disk cache holds
+    for its current source: 0 on a cold cache (fresh install, upgrade, cleared cache); None when numba's cache
+    cannot be inspected (its layout is numba's own and may change)."""
+    try:
+        return len(dispatcher._cache._cache_file._load_index())
+    except Exception:       # noqa: BLE001 - numba internals: unknown means "do not guess"
+        return None

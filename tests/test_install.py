@@ -233,7 +233,22 @@ def test_the_compile_notice_comes_once_and_names_each_kernel_compiled_but_not_on
     assert [k for k, _ in listener.compiled] == [name, name]
 
 
-def test_warmup_compiles_or_loads_the_identification_kernels(tmp_path):
-    done = armid("warmup", "--part", "ident", cwd=tmp_path, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "armid warmup: ident:" in done.stderr and done.stdout.startswith("armid warmup: done in ")
+def test_on_a_fresh_cache_warmup_compiles_the_regressor_once_and_then_finds_it_cached(tmp_path):
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    probe = ("from armid.jit import cached_signatures; from ident import kernels; "
+             "print(cached_signatures(kernels.regressor))")
+
+    def cached() -> str:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, **env}, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert cached() == "0"
+    first = armid("warmup", "--part", "identify", cwd=tmp_path, timeout=900, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert NOTICE in first.stderr and "armid: compiled ident.kernels.regressor in " in first.stderr
+    assert cached() == "1"
+    again = armid("warmup", "--part", "identify", cwd=tmp_path, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "compiling" not in again.stderr and "armid warmup: identify: 0 kernel(s) compiled" in again.stderr

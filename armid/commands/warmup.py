@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-PARTS = ("ident", "driver")
+PARTS = ("identify", "ident", "driver")
 
 
 def register(sub) -> None:
@@ -17,10 +17,19 @@ def register(sub) -> None:
                                    "or numba's per-user folder where the sources' folder is read-only). Kernels "
                                    "already cached are only loaded.")
     p.add_argument("--part", choices=(*PARTS, "all"), default="all",
-                   help="ident: dynamics, base parameters, RLS (armid identify, model show, ident-service); "
+                   help="identify: what armid identify and model show use (the regressor); "
+                        "ident: all the dynamics, base parameters, RLS (also ident-service, payload, excite); "
                         "driver: the driver's cycle, the simulated arm and the transports' codecs (armid driver, "
                         "sim); default: all")
     p.set_defaults(run=run)
+
+
+def warm_identify() -> None:
+    """The kernels of `armid identify` (and `model show`): the regressor, on generic6."""
+    from armid.commands.identify import warm_kernels
+    from ident.model import load_model
+
+    warm_kernels(load_model("generic6"))
 
 
 def warm_ident() -> None:
@@ -92,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
 
     notice = install_notice()
     started = time.perf_counter()
-    parts = PARTS if args.part == "all" else (args.part,)
+    parts = ("ident", "driver") if args.part == "all" else (args.part,)
     for part in parts:
         t0 = time.perf_counter()
         before = len(notice.compiled)
-        {"ident": warm_ident, "driver": warm_driver}[part]()
+        {"identify": warm_identify, "ident": warm_ident, "driver": warm_driver}[part]()
         fresh = notice.compiled[before:]
         print(f"armid warmup: {part}: {len(fresh)} kernel(s) compiled"
               + (f" ({sum(s for _, s in fresh):.1f} s)" if fresh else ", the rest loaded from the cache")

@@ -47,6 +47,7 @@ import math
 import os
 import socket
 import threading
+from importlib import resources
 from pathlib import Path
 import time
 from typing import Iterable, Sequence
@@ -64,7 +65,7 @@ from firmware_bridge import cia402
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from ident.errors import InputError
 
-EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
+EDS_PATH = Path(str(resources.files("firmware_bridge") / "armid_drive.eds"))   # package data
 SUPERVISE_PERIOD_S = 0.05
 MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05
