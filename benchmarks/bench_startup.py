@@ -5,8 +5,8 @@ Prints `name: value unit (reference: value unit, ratio x)`; run with `python ben
 - `armid identify` on data like the demo's (seed 000's excitation, a quarter period plus the 2 s blends in and
   out, and its time-reversed validation run, simulated at 1 kHz), with the demo's options (--consistent,
   --compare); as its own process, in a fresh NUMBA_CACHE_DIR (cold), then again in the same one (warm).
-- `armid driver` on the in-process simulator, from its start until its first state message on the stream,
-  cold and warm in the same way.
+- `armid driver` on serial at 1 kHz (`armid sim --transport serial` in a process of its own, with its own,
+  warm cache), from its start until its first state message on the stream, cold and warm in the same way.
 The cold overhead (cold - warm) of the demo's identify step has a target of 10 s.
 """
 from __future__ import annotations
@@ -88,14 +88,48 @@ def time_identify(data: tuple[Path, Path], out: Path, cache: Path) -> tuple[floa
     return time.perf_counter() - started, children_cpu() - cpu, compiled(err)
 
 
+def start_sim(folder: Path) -> tuple[subprocess.Popen, dict]:
+    """`armid sim --transport serial` as the demo's chain runs it (its own numba cache: the default one, not
+    measured), and the driver's transport options from its ready line."""
+    from armid import chain
+
+    plan = chain.PLANS["serial"]
+    log = open(folder / "sim.err", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "armid.cli", "sim", "--transport", "serial", "--realtime",
+                             "--rate", f"{plan.sim_rate_hz:g}", *plan.sim_args], stdout=subprocess.PIPE, stderr=log,
+                            stdin=subprocess.DEVNULL, text=True)
+    deadline = time.perf_counter() + TIMEOUT_S
+    for text in proc.stdout:
+        if " ready: " in text:
+            return proc, {**chain.transport_options("serial", text), **dict(plan.driver_options)}
+        if time.perf_counter() > deadline:
+            break
+    stop(proc)
+    raise SystemExit(f"armid sim did not start: {(folder / 'sim.err').read_text()[-2000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def time_driver(folder: Path, cache: Path) -> tuple[float, str]:
-    """Seconds from starting `armid driver` (in-process simulator) to its first state message."""
-    from armid.chain import driver_config
+    """Seconds from starting `armid driver` (serial, 1 kHz, the simulator in a process of its own) to its
+    first state message, and the kernels it compiled."""
+    from armid import chain
     from firmware_bridge import stream
 
+    sim, options = start_sim(folder)
     state, commands = f"ipc://{folder}/state", f"ipc://{folder}/commands"
     config = folder / "driver.toml"
-    config.write_text(driver_config("sim", {}, rate_hz=1000.0, watchdog_ms=2000.0, state=state, commands=commands))
+    plan = chain.PLANS["serial"]
+    config.write_text(chain.driver_config("serial", options, rate_hz=plan.rate_hz, watchdog_ms=plan.watchdog_ms,
+                                          state=state, commands=commands, clock=plan.clock))
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -108,7 +142,7 @@ def time_driver(folder: Path, cache: Path) -> tuple[float, str]:
         while time.perf_counter() < deadline:
             if sub.poll(50):
                 parts = sub.recv_multipart()
-                if parts[0] == b"state":
+                if parts[0] == stream.TOPIC_STATE:
                     stream.decode_state(parts[1])
                     seconds = time.perf_counter() - started
                     time.sleep(1.0)        # the kernels of the first commands compile right after
@@ -117,12 +151,8 @@ def time_driver(folder: Path, cache: Path) -> tuple[float, str]:
                 break
         raise SystemExit(f"armid driver sent no state message: {(folder / 'driver.err').read_text()[-2000:]}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
+        stop(sim)
         log.close()
         sub.close(0)
 

@@ -639,18 +639,28 @@ def _rnea_one(jtype, R0, o, u, w, wd, a, P, qd, qdd, drive, tau, F, Nm):
         tau[j] = t
 
 
+@njit(cache=True)
+def _rnea_chunk(jtype, Rpl, ppl, axis, grav, P, Q, QD, QDD, drive, out, first, last):
+    """rnea of samples first..last-1, with its own scratch arrays."""
+    n = Q.shape[1]
+    R0, o, u, w, wd, a, Rq, Ms = _scratch(n)
+    F = np.empty((n, 3))
+    Nm = np.empty((n, 3))
+    for s in range(first, last):
+        forward_pass(jtype, Rpl, ppl, axis, grav, Q[s], QD[s], QDD[s], R0, o, u, w, wd, a, Rq, Ms)
+        _rnea_one(jtype, R0, o, u, w, wd, a, P, QD[s], QDD[s], drive, out[s], F, Nm)
+
+
 @njit(cache=True, parallel=True)
 def rnea(jtype, Rpl, ppl, axis, grav, P, Q, QD, QDD, drive, out):
-    """Inverse dynamics into out (N, n). drive=True adds Ia qdd + fc sign(qd) + fv qd + offset."""
+    """Inverse dynamics into out (N, n). drive=True adds Ia qdd + fc sign(qd) + fv qd + offset.
+
+    Each chunk is a call to _rnea_chunk, not inlined into the parallel loop: the same speed, and about 60 %
+    of the compile time (the parallel pass over the inlined forward and backward passes was the rest)."""
     N, n = Q.shape
     nchunks = (N + CHUNK - 1) // CHUNK
     for c in prange(nchunks):
-        R0, o, u, w, wd, a, Rq, Ms = _scratch(n)
-        F = np.empty((n, 3))
-        Nm = np.empty((n, 3))
-        for s in range(c * CHUNK, min(N, (c + 1) * CHUNK)):
-            forward_pass(jtype, Rpl, ppl, axis, grav, Q[s], QD[s], QDD[s], R0, o, u, w, wd, a, Rq, Ms)
-            _rnea_one(jtype, R0, o, u, w, wd, a, P, QD[s], QDD[s], drive, out[s], F, Nm)
+        _rnea_chunk(jtype, Rpl, ppl, axis, grav, P, Q, QD, QDD, drive, out, c * CHUNK, min(N, (c + 1) * CHUNK))
 
 
 @njit(cache=True, inline="always")

@@ -19,8 +19,9 @@ def register(sub) -> None:
     p.add_argument("--part", choices=(*PARTS, "all"), default="all",
                    help="identify: what armid identify and model show use (the regressor); "
                         "ident: all the dynamics, base parameters, RLS (also ident-service, payload, excite); "
-                        "driver: the driver's cycle, the simulated arm and the transports' codecs (armid driver, "
-                        "sim); default: all")
+                        "driver: the driver's cycle and HAL, run on the simulated arm, whose kernels it compiles too "
+                        "(armid driver, sim; the gateway's register codec compiles on that transport's first run); "
+                        "default: ident and driver")
     p.set_defaults(run=run)
 
 
