@@ -183,7 +183,10 @@ def test_the_daemons_modules_import_without_the_ident_extra(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["identify", "run.csv", "--model", "generic6", "-o", "out"],
-                                     ["demo", "--periods", "0.25"]])
+                                     ["demo", "--periods", "0.25"],
+                                     ["payload", "identify", "--method", "static", "--loaded", "a.csv", "--unloaded",
+                                      "b.csv", "--model", "generic6", "-o", "out"],
+                                     ["calibrate", "identify", "meas.csv", "--model", "generic6", "-o", "out"]])
 def test_a_missing_extra_is_one_line_naming_the_extra_and_exit_status_2(tmp_path, command):
     done = _python(f"""
         from armid import cli

@@ -144,9 +144,11 @@ def print_table(estimates) -> None:
 
 
 def _identify(args: argparse.Namespace) -> int:
+    from ident.extras import require
     from ident.model import load_model
     from ident.payload.report import write_report
 
+    require("matplotlib.figure", "the payload report's plot")     # a missing extra: said before the work
     model = load_model(args.model)
     if not args.quiet:
         print(f"reading {args.loaded} and {args.unloaded}", file=sys.stderr)
