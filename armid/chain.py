@@ -2,8 +2,10 @@
 `armid driver` connected to it, `armid record` on the driver's stream, and the driver's command channel.
 
 Used by `armid demo`, the end-to-end and soak tests and benchmarks/bench_driver.py, so that all of them
-start, wire and stop the processes the same way. Every child is started with `python -m armid.cli` (the
-code of this checkout), writes its stdout and stderr to files in the run's work directory (read back
+start, wire and stop the processes the same way. Every child is started with `python -P -m armid.cli` by the
+interpreter running this one, importing armid from where this process imported it (child_environment: a
+wheel, an editable install or a checkout), in the caller's working directory, and is given absolute paths
+only; it writes its stdout and stderr to files in the run's work directory (read back
 for the ready line and for the tail shown when a step fails), and dies with its parent
 (PR_SET_PDEATHSIG on Linux), so that no child outlives the process that started it even if that one
 is killed.
@@ -33,8 +35,8 @@ import zmq
 
 from ident.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[1]
 TRANSPORTS = ("serial", "can", "gateway")
+COMPILE_LINES = ("armid: compil", "armid: still compiling")    # armid.jit's lines, relayed from the children
 
 
 class ChainError(InputError):
@@ -85,12 +87,12 @@ SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 1000.0
 CAN_BOOT_TIMEOUT_S = 60.0         # s, within start_driver's 90 s
 PLANS = {
     "serial": TransportPlan("serial", SERIAL_HZ, 2000.0, SERIAL_HZ,
-                            ("-o", "watchdog_s=2", "-o", "step_on_command=true"), (("device_watchdog_ms", 2000),),
+                            ("--option", "watchdog_s=2", "--option", "step_on_command=true"), (("device_watchdog_ms", 2000),),
                             1.0, clock="host", lockstep=True),
     "can": TransportPlan("can", CAN_HZ, 2000.0, CAN_HZ, (),
                          (("heartbeat_ms", 1000), ("sdo_timeout_s", 2.0), ("boot_timeout_s", CAN_BOOT_TIMEOUT_S)),
                          1.0, lockstep=True),
-    "gateway": TransportPlan("gateway", GATEWAY_HZ, 2000.0, GATEWAY_HZ, ("-o", "step_on_exchange=true"),
+    "gateway": TransportPlan("gateway", GATEWAY_HZ, 2000.0, GATEWAY_HZ, ("--option", "step_on_exchange=true"),
                              (("watchdog_ms", 2000),), 1.0, clock="host", lockstep=True),
     "sim": TransportPlan("sim", 1000.0, 2000.0, 1000.0, (), (("realtime", True),), 1.0),
 }
@@ -115,7 +117,7 @@ def sim_options(transport: str) -> list[str]:
     if transport != "can":
         return []
     pid = os.getpid()
-    return ["-o", "interface=udp_multicast", "-o", f"channel=239.74.{pid % 250}.{pid // 250 % 250 + 1}"]
+    return ["--option", "interface=udp_multicast", "--option", f"channel=239.74.{pid % 250}.{pid // 250 % 250 + 1}"]
 
 
 def transport_options(transport: str, line: str) -> dict[str, object]:
@@ -218,13 +220,31 @@ class Child:
         return self.proc.returncode
 
 
+def child_command() -> list[str]:
+    """The command line that runs `armid` as a child: this interpreter, `-P` (the working directory is not put
+    on sys.path, so a folder named armid there cannot stand in for the installed one) and `-m armid.cli`."""
+    return [sys.executable, "-P", "-m", "armid.cli"]
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment with the folder this armid was imported from first on PYTHONPATH: the
+    children run the same code as their parent, installed (a wheel, an editable install) or not."""
+    import armid
+
+    where = str(Path(armid.__file__).resolve().parents[1])
+    rest = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": where + (os.pathsep + rest if rest else "")}
+
+
 def start_child(name: str, args: list[str], workdir: Path, *, realtime: bool = True) -> Child:
     """Start `python -m armid.cli ARGS` in its own session (a Ctrl-C on the terminal reaches only the
     parent, which stops its children in order), output to WORKDIR/NAME.out and NAME.err; with realtime,
     at RT_PRIORITY[name] when allowed (see _child_setup)."""
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
     out, err = workdir / f"{name}.out", workdir / f"{name}.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
-        proc = subprocess.Popen([sys.executable, "-m", "armid.cli", *args], cwd=ROOT, stdout=fo, stderr=fe,
+        proc = subprocess.Popen([*child_command(), *args], env=child_environment(), stdout=fo, stderr=fe,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=functools.partial(_child_setup, RT_PRIORITY.get(name, 0) if realtime else 0,
                                                              realtime))
@@ -260,12 +280,14 @@ def run_tool(name: str, args: list[str], workdir: Path, step: str, *, timeout_s:
     return child.stdout.read_text(errors="replace")
 
 
-def wait_for(child: Child, ready, timeout_s: float, what: str, step: str, check: str):
+def wait_for(child: Child, ready, timeout_s: float, what: str, step: str, check: str, tick=None):
     """Poll ready() (a value or None) every 20 ms until it returns a value; ChainError naming the step if
-    the child exits or timeout_s passes first."""
+    the child exits or timeout_s passes first. tick(), if given, is called on every poll."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = ready()
+        if tick is not None:
+            tick()
         if value is not None:
             return value
         if not child.alive():
@@ -308,7 +330,9 @@ class Chain:
     """The processes of one run, in start order; `stop()` (also on leaving `with`) ends them in reverse
     order: the recorder finishes its file, the driver brings the drives to rest, then the simulator stops.
 
-    workdir holds the logs and the driver's config. realtime: run the simulator and
+    workdir holds the logs and the driver's config. While a child starts, the lines it prints about numba
+    compiling (a fresh install: armid.jit) are relayed to this process's stderr, prefixed with its name
+    (relay_compiles=False: not). realtime: run the simulator and
     the driver SCHED_RR when allowed (False: the default scheduler, e.g. for benchmarks that compare
     against a reference at the default priority)."""
 
@@ -321,6 +345,8 @@ class Chain:
     recorder: Child | None = None
     connection: dict[str, object] = field(default_factory=dict)
 
+    relay_compiles: bool = True
+    _relayed: dict = field(default_factory=dict)   # child name -> bytes of its stderr already scanned
     sockets: Path | None = None     # a short temporary folder for the ipc endpoints (paths are limited to ~100 bytes)
 
     @property
@@ -337,6 +363,7 @@ class Chain:
         return self.sockets
 
     def __enter__(self) -> "Chain":
+        self.workdir = Path(self.workdir).resolve()       # the children get absolute paths only
         self.workdir.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -357,7 +384,8 @@ class Chain:
             return None
 
         line = wait_for(self.sim, ready, timeout_s, "its ready line", "start the simulator",
-                        "`python -m armid.cli sim --transport " + p.name + "` by hand")
+                        "`python -m armid.cli sim --transport " + p.name + "` by hand",
+                        tick=lambda: self.relay_compiles_of(self.sim))
         self.connection = transport_options(p.name, line)
         return self.connection
 
@@ -382,12 +410,13 @@ class Chain:
                 return None
 
         return wait_for(self.driver, ready, timeout_s, "answer to status", "start the driver",
-                        f"the driver's stderr ({self.driver.stderr}) and its config {cfg}")
+                        f"the driver's stderr ({self.driver.stderr}) and its config {cfg}",
+                        tick=lambda: (self.relay_compiles_of(self.driver), self.relay_compiles_of(self.sim)))
 
     def start_recorder(self, path: Path, *, timeout_s: float = 60.0) -> Child:
         """`armid record` of the state stream into path (MCAP); waits until it has written messages."""
         self.recorder = self._start("recorder", ["record", "--state", self.state, "--commands", self.commands,
-                                                 "-o", str(path), "--force", "--progress-interval", "0.2"])
+                                                 "-o", str(Path(path).resolve()), "--force", "--progress-interval", "0.2"])
 
         def ready():
             counts = re.findall(r": (\d+) messages \(seq", self.recorder.stderr.read_text(errors="replace"))
@@ -442,6 +471,23 @@ class Chain:
         if self.sockets is not None:
             shutil.rmtree(self.sockets, ignore_errors=True)
             self.sockets = None
+
+    def relay_compiles_of(self, child: Child | None) -> None:
+        """Copy the complete lines about numba compiling that child wrote to its stderr since the last call
+        to this process's stderr."""
+        if not self.relay_compiles or child is None:
+            return
+        try:
+            with open(child.stderr, "rb") as f:
+                f.seek(self._relayed.get(child.name, 0))
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        self._relayed[child.name] = self._relayed.get(child.name, 0) + end
+        for line in data[:end].decode(errors="replace").splitlines():
+            if line.startswith(COMPILE_LINES):
+                print(f"      {child.name}: {line}", file=sys.stderr, flush=True)
 
     def _start(self, name: str, args: list[str]) -> Child:
         child = start_child(name, args, self.workdir, realtime=self.realtime)

@@ -8,8 +8,20 @@ import sys
 from armid.commands import COMMANDS
 
 
+def version() -> str:
+    """The installed distribution's version (importlib.metadata), or "unknown" when run from a source tree
+    that was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("armid")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="armid", description="Driver and identification service for robot arms.")
+    parser.add_argument("--version", action="version", version=f"armid {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"armid.commands.{name}").register(sub)
@@ -22,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     from ident.errors import InputError
 
     args = _parser().parse_args(argv)
+    if getattr(args, "log_format", "text") != "json":      # JSON logs stay one object per line
+        from armid.jit import install_notice
+
+        install_notice()
     try:
         return int(args.run(args) or 0)
     except InputError as exc:

@@ -97,8 +97,9 @@ def consistent_fit(model: Model, base: BaseParameters, fit: Fit, *, chi_nominal:
     """Physically consistent standard parameters whose base projection explains the data of `fit`
     (a WLS Fit of the base parameters `base`). chi_nominal (14n) defaults to the model's values.
     Raises ConsistencyError if the solver fails."""
-    import cvxpy as cp
+    from ident.extras import require
 
+    cp = require("cvxpy", "the physically consistent fit")
     n, b = model.n, base.count
     if fit.beta.shape != (b,):
         raise ValueError(f"fit has {fit.beta.size} parameters, the base has {b}")

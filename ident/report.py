@@ -19,7 +19,9 @@ PNG_DPI = 90
 
 
 def _figure(rows: int, height: float = 1.7):
-    from matplotlib.figure import Figure   # Agg canvas: no display, no global pyplot state
+    from ident.extras import require
+
+    Figure = require("matplotlib.figure", "the report's plots").Figure   # Agg canvas: no display, no pyplot state
 
     size = 0.8 + height * rows
     fig = Figure(figsize=(9.0, size))     # fixed margins: constrained layout costs seconds per figure
@@ -43,7 +45,9 @@ def _joint_plot(path: Path, t: np.ndarray, series: list[tuple[np.ndarray, str, d
 
 
 def _sigma_plot(path: Path, names: list[str], pct: np.ndarray) -> Path:
-    from matplotlib.figure import Figure
+    from ident.extras import require
+
+    Figure = require("matplotlib.figure", "the report's plots").Figure
 
     fig = Figure(figsize=(9.0, 3.4))
     fig.subplots_adjust(left=0.08, right=0.99, top=0.9, bottom=0.25)

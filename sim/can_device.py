@@ -44,6 +44,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
+EDS_PATH = Path(str(resources.files("firmware_bridge") / "armid_drive.eds"))   # package data
 _STOP_TIMEOUT = 2.0                 # s, bound on joining each thread at stop()
 _NMT_RESET_NODE, _NMT_RESET_COMM = 129, 130
 _COUNT_NAMES = ("sync_length", "rpdo_length", "rpdo_value", "rpdo_not_operational", "sdo_length",

@@ -645,7 +645,7 @@ def test_a_bad_crc_storm_or_a_silent_device_trips_the_watchdog_is_counted_and_re
 def _start_sim(link: Path) -> subprocess.Popen:
     """Start `armid sim --transport serial`, point link at its pty; the first stdout line names the port."""
     proc = subprocess.Popen([sys.executable, "-m", "armid.cli", "sim", "--transport", "serial", "--realtime",
-                             "-o", "watchdog_s=0.5", "--seed", "2"], cwd=ROOT, stdout=subprocess.PIPE,
+                             "--option", "watchdog_s=0.5", "--seed", "2"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     ready, _, _ = select.select([proc.stdout], [], [], 180)
     line = proc.stdout.readline() if ready else ""

@@ -92,6 +92,9 @@ def _identify(args: argparse.Namespace) -> int:
                                       write_residuals)
     from ident.calibration.report import write_report
     from ident.calibration.synthesis import describe, random_configurations, synthesize
+    from ident.extras import require
+
+    require("matplotlib", "the calibration report's plots")       # a missing extra: said before the work
 
     model, cm = _load(args)
     if args.axes:

@@ -43,7 +43,8 @@ def register(sub) -> None:
                        description="Start `armid sim`, `armid driver` and `armid record` on loopback, run the "
                                    "excitation through the driver's commands, identify the recording and print the "
                                    "identified base parameters beside the simulator's true ones.")
-    p.add_argument("-o", "--out", default="armid-demo", metavar="DIR", help="output directory (default: armid-demo)")
+    p.add_argument("-o", "--output", "--out", dest="output", default="armid-demo", metavar="DIR",
+                   help="output directory (default: armid-demo)")
     p.add_argument("--transport", default="serial", choices=TRANSPORTS,
                    help="how the driver reaches the simulator (default: serial over a pty)")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
@@ -148,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--slowdown: expected a factor >= 1, got {args.slowdown}")
     if args.currents and not args.in_process:
         raise InputError("--currents needs --in-process (the payload run is simulated in this process)")
+    from ident.extras import require
+
+    require("matplotlib.figure", "the demo's report")     # before the chain starts, not after it ran
+    require("cvxpy", "the demo's physically consistent fit")
     if args.in_process:
         return _run_in_process(args)
     return _run_chain(args)
@@ -170,7 +175,7 @@ def _run_chain(args: argparse.Namespace) -> int:
     from ident.model import load_model
 
     verbose = not args.quiet
-    out = Path(args.out)
+    out = Path(args.output).resolve()
     started = time.perf_counter()
     plan = chain.plan_for(args.transport, args.rate)
     steps = _Steps(10, verbose)
@@ -183,39 +188,44 @@ def _run_chain(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     recording = out / "run.mcap"
     windows = {}
-    with chain.Chain(out / "processes", plan) as c:
-        where = steps(f"start the simulator (armid sim --transport {plan.name}, real time)", c.start_sim)
-        if verbose:
-            print("      " + " ".join(f"{k}={v}" for k, v in where.items()), file=sys.stderr)
-        steps(f"start the driver (armid driver, {plan.rate_hz:g} Hz, transport {plan.name})", c.start_driver)
-        steps("start the recorder (armid record)", lambda: c.start_recorder(recording))
+    background = _compile_ahead(out / "processes", verbose)
+    try:
+        with chain.Chain(out / "processes", plan) as c:
+            where = steps(f"start the simulator (armid sim --transport {plan.name}, real time)", c.start_sim)
+            if verbose:
+                print("      " + " ".join(f"{k}={v}" for k, v in where.items()), file=sys.stderr)
+            steps(f"start the driver (armid driver, {plan.rate_hz:g} Hz, transport {plan.name})", c.start_driver)
+            steps("start the recorder (armid record)", lambda: c.start_recorder(recording))
 
-        def to_start():
-            c.enable()
-            c.run_motion("move to the start", {"cmd": "move_to", "q": traj.q0.tolist(), "speed": MOVE_SPEED})
+            def to_start():
+                c.enable()
+                c.run_motion("move to the start", {"cmd": "move_to", "q": traj.q0.tolist(), "speed": MOVE_SPEED})
 
-        steps("enable the drives and move to the start pose", to_start)
-        for name, what in (("excitation", f"{args.periods:g} period(s) of {args.trajectory}"
-                                          + (f" {slowdown:g} times slower" if slowdown != 1 else "")
-                                          + f", {seconds:g} s + {2 * LEAD_IN:g} s blend in/out"),
-                           ("validation", "the excitation time-reversed")):
-            t, q = excitation_samples(motions[name], args.periods)
-            windows[name] = steps(f"run the {name} ({what}) through run_trajectory",
-                                  lambda: _run_with_bar(c, name, t, q, verbose))
-        log = steps("stop the recorder once it has written both motions, then the driver and the simulator",
-                    lambda: _finish(c, recording, windows["validation"][1]))
+            steps("enable the drives and move to the start pose", to_start)
+            for name, what in (("excitation", f"{args.periods:g} period(s) of {args.trajectory}"
+                                              + (f" {slowdown:g} times slower" if slowdown != 1 else "")
+                                              + f", {seconds:g} s + {2 * LEAD_IN:g} s blend in/out"),
+                               ("validation", "the excitation time-reversed")):
+                t, q = excitation_samples(motions[name], args.periods)
+                windows[name] = steps(f"run the {name} ({what}) through run_trajectory",
+                                      lambda: _run_with_bar(c, name, t, q, verbose))
+            log = steps("stop the recorder once it has written both motions, then the driver and the simulator",
+                        lambda: _finish(c, recording, windows["validation"][1]))
 
-    def convert():
-        paths = {}
-        for name, (first, last) in windows.items():
-            arrays, _ = identification_arrays(chain.motion_window(log, first, last))
-            paths[name] = out / f"{name}.npz"
-            write_identification(arrays, paths[name])
-        return paths
+        def convert():
+            paths = {}
+            for name, (first, last) in windows.items():
+                arrays, _ = identification_arrays(chain.motion_window(log, first, last))
+                paths[name] = out / f"{name}.npz"
+                write_identification(arrays, paths[name])
+            return paths
 
-    paths = steps("convert the two motions (their fresh samples, at the drives' own times) to excitation.npz and "
-                  "validation.npz", convert)
-    excitation.save(traj, out / "excitation.toml")
+        paths = steps("convert the two motions (their fresh samples, at the drives' own times) to excitation.npz and "
+                      "validation.npz", convert)
+        excitation.save(traj, out / "excitation.toml")
+        _await_compile(background, verbose)
+    finally:
+        _stop(background)
     step = ("identify: `armid identify` as its own process (filter, regressor, parallel decimation, WLS, "
             "physically consistent fit, result.json, model.toml, report)")
     table = steps(step, lambda: chain.run_tool(
@@ -240,6 +250,62 @@ def _run_chain(args: argparse.Namespace) -> int:
     print(f"({model.name} is the model the simulator runs: its values are the truth)")
     print(f"done in {time.perf_counter() - started:.1f} s; open {out / 'report.html'}")
     return 0
+
+
+COMPILE_AHEAD_TIMEOUT_S = 600.0   # s, bound on waiting for the identification kernels compiled in the background
+
+
+def _compile_ahead(folder: Path, verbose: bool):
+    """On a cold numba cache (the first run after an install), `armid warmup --part identify` as a background
+    process at the lowest CPU priority (nice 19: the chain's processes run first), so that the identify step
+    finds the regressor compiled instead of compiling it at the end. Returns the process, or None when the
+    cache is warm (or cannot be inspected)."""
+    import os
+    import subprocess
+
+    from armid import chain
+    from armid.jit import cached_signatures
+    from ident import kernels
+
+    if cached_signatures(kernels.regressor) != 0:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    if verbose:
+        print("      (first run after an install: the identification kernels compile in the background, at low "
+              "priority, while the arm moves)", file=sys.stderr, flush=True)
+    with open(folder / "warmup.out", "wb") as fo, open(folder / "warmup.err", "wb") as fe:
+        return subprocess.Popen([*chain.child_command(), "warmup", "--part", "identify"], env=chain.child_environment(),
+                                stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lambda: os.nice(19))
+
+
+def _stop(proc) -> None:
+    """Stop _compile_ahead's process if it still runs (the demo failed or was interrupted)."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def _await_compile(proc, verbose: bool) -> None:
+    """Wait (bounded) for _compile_ahead's process; if it failed or outlasts the bound, stop it: the identify
+    step then compiles what it needs itself."""
+    if proc is None:
+        return
+    import subprocess
+
+    started = time.perf_counter()
+    try:
+        if proc.poll() is None and verbose:
+            print("      waiting for the identification kernels' compile to finish", file=sys.stderr, flush=True)
+        proc.wait(COMPILE_AHEAD_TIMEOUT_S)
+        if verbose and time.perf_counter() - started > 0.5:
+            print(f"      ... compiled (waited {time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def _run_with_bar(c, name: str, t: np.ndarray, q: np.ndarray, verbose: bool) -> tuple[int, int]:
@@ -279,7 +345,7 @@ def _run_in_process(args: argparse.Namespace) -> int:
     from ident.model import load_model
 
     verbose = not args.quiet
-    out = Path(args.out)
+    out = Path(args.output).resolve()
     started = time.perf_counter()
     steps = _Steps(6 if args.currents else 5, verbose)
     model = load_model("generic6")

@@ -1,4 +1,5 @@
-"""`armid identify DATA --model M -o DIR`: batch identification of a recording (docs/identification.md)."""
+"""`armid identify DATA --model M -o DIR`: batch identification of a recording (CSV, NPZ or the MCAP file of
+`armid record`; docs/identification.md)."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +8,14 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("identify", help="identify the base parameters of an arm from a recording (CSV/NPZ)",
+    p = sub.add_parser("identify", help="identify the base parameters of an arm from a recording (CSV/NPZ/MCAP)",
                        description="Writes result.json, report.html with PNG plots and, with --consistent, "
                                    "the identified model file model.toml into DIR.")
-    p.add_argument("data", help="recording: CSV (t, q1..qn, tau1..taun or i1..in [, qd1..qdn]) or NPZ, SI units")
+    p.add_argument("data", help="recording: CSV (t, q1..qn, tau1..taun or i1..in [, qd1..qdn]) or NPZ, SI units, "
+                                "or the .mcap file of armid record (converted as armid record convert does)")
     p.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model (generic6)")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory (created)")
+    p.add_argument("-o", "--output", "--out", dest="output", required=True, metavar="DIR",
+                   help="output directory (created)")
     p.add_argument("--validate", metavar="DATA2", help="a second recording to validate the prediction on")
     p.add_argument("--trajectory", metavar="T", help="the excitation's trajectory file or preset (sets the bandwidth)")
     p.add_argument("--consistent", action="store_true",
@@ -32,6 +35,8 @@ def register(sub) -> None:
     p.add_argument("--compare", metavar="MODEL", default=None,
                    help="print each base parameter beside its value in MODEL (e.g. the model a simulator runs, or "
                         "the CAD model) and count those within 3 sigma of it")
+    p.add_argument("--current", action="store_true",
+                   help=".mcap recordings: identify from the motor currents (default: the joint torques)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
 
@@ -60,27 +65,37 @@ def write_outputs(ident, out: Path, source: str) -> dict[str, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from armid.commands._recordings import is_mcap, load_run
     from ident import batch
     from ident.errors import InputError
+    from ident.extras import require
     from ident.model import load_model
 
     if args.slow is not None and not args.slow >= 0:
         raise InputError(f"--slow: expected a velocity >= 0 rad/s, got {args.slow}")
     verbose = not args.quiet
+    require("matplotlib.figure", "the report's plots")        # a missing extra: said before the work, not after
+    if args.consistent:
+        require("cvxpy", "the physically consistent fit (--consistent)")
     model = load_model(args.model)
+    effort = "current" if args.current else "torque"
+
+    def data(path):
+        return load_run(path, model.n, effort) if path is not None and is_mcap(path) else path
     traj = load_trajectory(args.trajectory) if args.trajectory else None
     reference = None if args.compare is None else load_model(args.compare)
     if reference is not None and reference.n != model.n:
         raise InputError(f"--compare {args.compare}: {reference.n} joints, the model {model.name} has {model.n}")
     if verbose:
         print(f"identifying {model.name} from {args.data}", file=sys.stderr)
-    ident = batch.identify(model, args.data, validate=args.validate, trajectory=traj, cutoff_hz=args.cutoff,
+    warm_kernels(model)
+    ident = batch.identify(model, data(args.data), validate=data(args.validate), trajectory=traj, cutoff_hz=args.cutoff,
                            decimate=args.decimate, consistent=args.consistent,
                            slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
-                           payload_run=args.payload_run, payload_mass=args.payload_mass,
+                           payload_run=data(args.payload_run), payload_mass=args.payload_mass,
                            effort_delay=args.effort_delay, verbose=verbose,
                            max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge)
-    written = write_outputs(ident, Path(args.out), args.data)
+    written = write_outputs(ident, Path(args.output), args.data)
     if reference is None:
         print_summary(ident)
     else:
@@ -90,6 +105,17 @@ def run(args: argparse.Namespace) -> int:
     if "model" not in written:
         print("model file: not written (needs --consistent: a model file holds physically consistent parameters)")
     return 0
+
+
+def warm_kernels(model) -> None:
+    """Load (or, on a cold cache, compile, with armid.jit's notice on stderr) the regressor kernel before the
+    pipeline's progress lines start, so that compile messages do not cut them."""
+    import numpy as np
+
+    from ident import dynamics
+
+    z = np.zeros((1, model.n))
+    dynamics.regressor(model, z, z.copy(), z.copy())
 
 
 def print_comparison(ident, reference) -> None:

@@ -30,7 +30,7 @@ def register(sub) -> None:
                                        "a CSV of joint targets for a pendant.")
     plan.add_argument("--method", required=True, choices=PLAN_METHODS)
     plan.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model (generic6)")
-    plan.add_argument("--out", "-o", required=True, metavar="FILE", help="the motion file to write")
+    plan.add_argument("-o", "--output", "--out", dest="output", required=True, metavar="FILE", help="the motion file to write")
     plan.add_argument("--joints", choices=("wrist", "all"), default="wrist",
                       help="dynamic: excite the wrist joints only or all joints (default wrist)")
     plan.add_argument("--speed", type=float, default=None, metavar="DEG_S",
@@ -53,7 +53,7 @@ def register(sub) -> None:
                        help="dynamic methods: the runs' excitation file or preset (sets the filter bandwidth)")
     ident.add_argument("--consistent", action="store_true",
                        help="global method: constrain the payload to a body that can exist")
-    ident.add_argument("--out", "-o", default="armid-payload", metavar="DIR", help="output directory")
+    ident.add_argument("-o", "--output", "--out", dest="output", default="armid-payload", metavar="DIR", help="output directory")
     ident.add_argument("--quiet", action="store_true", help="no progress on stderr")
     ident.set_defaults(run=_identify)
 
@@ -79,7 +79,7 @@ def _plan(args: argparse.Namespace) -> int:
     from ident.model import load_model
 
     model = load_model(args.model)
-    out = Path(args.out)
+    out = Path(args.output)
     if args.method == "dynamic":
         from ident import excitation
         from ident.payload import dynamic
@@ -108,18 +108,9 @@ def _plan(args: argparse.Namespace) -> int:
 
 def load_run(path: str, n: int):
     """A recording (CSV/NPZ, or MCAP converted on the fly) with n joints, as ident.preprocess.Recording."""
-    from ident.preprocess import Recording, load_recording
+    from armid.commands._recordings import load_run as load
 
-    if Path(path).suffix.lower() != ".mcap":
-        return load_recording(path, n=n)
-    from driver import recording
-    from ident.errors import InputError
-
-    arrays, _ = recording.identification_arrays(recording.read_recording(path))
-    rec = Recording(t=arrays["t"], q=arrays["q"], tau=arrays["tau"], current=None, qd=arrays["qd"], source=path)
-    if rec.n != n:
-        raise InputError(f"{path}: {rec.n} joints recorded, expected {n}")
-    return rec
+    return load(path, n)
 
 
 def estimate(model, method: str, loaded, unloaded, *, trajectory=None, consistent: bool = False):
@@ -153,9 +144,11 @@ def print_table(estimates) -> None:
 
 
 def _identify(args: argparse.Namespace) -> int:
+    from ident.extras import require
     from ident.model import load_model
     from ident.payload.report import write_report
 
+    require("matplotlib.figure", "the payload report's plot")     # a missing extra: said before the work
     model = load_model(args.model)
     if not args.quiet:
         print(f"reading {args.loaded} and {args.unloaded}", file=sys.stderr)
@@ -170,7 +163,7 @@ def _identify(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"identified in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
     print_table(estimates)
-    written = write_report(estimates, args.out, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}")
+    written = write_report(estimates, args.output, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}")
     for name, path in written.items():
         print(f"{name}: {path}")
     return 0

@@ -16,8 +16,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sensor noise (default: 0)")
     p.add_argument("--payload", default=None, metavar="KG[,CX,CY,CZ]",
                    help="attach a payload: mass in kg and optionally its CoM in m (flange frame)")
-    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a transport option, e.g. -o port=5020 (see docs/simulator.md); repeatable")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a transport option, e.g. --option port=5020 (see docs/simulator.md); repeatable")
     p.set_defaults(run=_run)
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from importlib import resources
 from pathlib import Path
 import time
 from typing import Sequence
@@ -62,7 +63,7 @@ from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 from firmware_bridge.rt_timing import name_os_thread
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 
-EDS_PATH = Path(cm.__file__).with_name("armid_drive.eds")
+EDS_PATH = Path(str(resources.files("firmware_bridge") / "armid_drive.eds"))   # package data
 SUPERVISE_PERIOD_S = 0.05
 MODES = frozenset(int(m) for m in cia402.Mode)
 NMT_OPERATIONAL = 0x05

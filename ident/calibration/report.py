@@ -11,8 +11,9 @@ from ident.calibration.io import term_status
 
 
 def _figures(result: Identification, accuracy: np.ndarray, folder: Path) -> list[str]:
-    import matplotlib
+    from ident.extras import require
 
+    matplotlib = require("matplotlib", "the calibration report's plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

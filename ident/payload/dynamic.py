@@ -204,7 +204,9 @@ def physical_consistency(chi: np.ndarray, combinations: list[Combination] | None
         return False, f"mass {chi[9]:.6g} kg is not positive"
     if np.isfinite(chi).all():
         return spatial.is_physically_consistent(chi)
-    import cvxpy as cp
+    from ident.extras import require
+
+    cp = require("cvxpy", "the payload's consistency check")
 
     rows = [np.eye(10)[k] for k in np.flatnonzero(np.isfinite(chi))] + [c.coefficients for c in combinations or []]
     values = [chi[k] for k in np.flatnonzero(np.isfinite(chi))] + [c.value for c in combinations or []]
@@ -333,9 +335,10 @@ def _consistent_global(est: PayloadEstimate, ident: Identifiable, fit: estimate.
     ||R theta(x) - z||^2 (the WLS triangle, theta(x) = V_r^T diag(scale) x) over x = [beta; chi_load(J)],
     J the payload's 4x4 pseudo-inertia, PSD. Directions the data do not determine are pulled (weight
     CONSISTENT_LAMBDA of the weakest identified one) toward the least-squares estimate."""
-    import cvxpy as cp
-
     from ident.consistent import _project_consistent, _solve
+    from ident.extras import require
+
+    cp = require("cvxpy", "the physically consistent payload fit")
 
     started = time.perf_counter()
     Vr = ident.T * ident.scale[:, None]

@@ -22,7 +22,9 @@ def _g(x: float, digits: int = 5) -> str:
 
 
 def _plot(path: Path, estimates: list[PayloadEstimate]) -> Path:
-    from matplotlib.figure import Figure   # no pyplot state
+    from ident.extras import require
+
+    Figure = require("matplotlib.figure", "the payload report's plot").Figure   # no pyplot state
 
     fig = Figure(figsize=(9.0, 3.2))
     fig.subplots_adjust(left=0.08, right=0.99, top=0.86, bottom=0.2, wspace=0.3)

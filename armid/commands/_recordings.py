@@ -1,0 +1,28 @@
+"""Reading the recordings that identification commands take: CSV/NPZ (docs/data-files.md) or an MCAP file
+of `armid record`, converted on the fly as `armid record convert` converts it (driver.recording)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def is_mcap(path: str | Path) -> bool:
+    return Path(path).suffix.lower() == ".mcap"
+
+
+def load_run(path: str | Path, n: int | None = None, effort: str = "torque"):
+    """A recording with n joints (None: any) as ident.preprocess.Recording. An MCAP file of `armid record`
+    gives its fresh samples at the drives' times, the joint torques (effort "torque") or motor currents
+    ("current"), and the driver's effort delay from its metadata, as `armid record convert` writes them."""
+    from ident.preprocess import Recording, load_recording
+
+    if not is_mcap(path):
+        return load_recording(path, n=n)
+    from driver import recording
+    from ident.errors import InputError
+
+    arrays, _ = recording.identification_arrays(recording.read_recording(path), effort)
+    rec = Recording(t=arrays["t"], q=arrays["q"], tau=arrays.get("tau"), current=arrays.get("current"),
+                    qd=arrays["qd"], source=str(path), effort_delay=float(arrays["effort_delay"]))
+    if n is not None and rec.n != n:
+        raise InputError(f"{path}: {rec.n} joints recorded, expected {n}")
+    return rec
