@@ -179,6 +179,13 @@ class _Fields:
     def has(self, key: str) -> bool:
         return key in self.table
 
+    def only(self, known: tuple[str, ...]) -> None:
+        """Refuse a key outside `known`: a misspelt key would otherwise be ignored and its default used."""
+        for key in self.table:
+            if key not in known:
+                raise ModelError(self.source, self._field(key),
+                                 "one of the keys " + ", ".join(known) + " (this key is unknown)")
+
     def sub(self, key: str, required: bool = False) -> "_Fields":
         value = self.table.get(key, None)
         if value is None:
@@ -228,11 +235,26 @@ class _Fields:
         return v
 
 
+# the keys of each table (docs/model-file.md); anything else is refused by _Fields.only
+_TOP_KEYS = ("robot", "joint")
+_ROBOT_KEYS = ("name", "gravity", "flange")
+_URDF_ROBOT_KEYS = _ROBOT_KEYS + ("urdf", "base", "tip")
+_FRAME_KEYS = ("xyz", "rpy")
+_JOINT_KEYS = ("name", "type", "dh", "origin", "axis", "link", "drive", "limits")
+_URDF_JOINT_KEYS = ("name", "drive", "limits")
+_DH_KEYS = ("alpha", "d", "theta", "r")
+_LINK_KEYS = ("mass", "com", "inertia_com", "inertia_origin")
+_DRIVE_KEYS = ("Ia", "fc", "fv", "offset", "gear_ratio", "torque_constant")
+_LIMIT_KEYS = ("q", "qd", "qdd", "tau")
+
+
 def _read_frame(f: _Fields) -> tuple[np.ndarray, np.ndarray]:
+    f.only(_FRAME_KEYS)
     return spatial.rpy_to_matrix(f.vector("rpy", 3, [0, 0, 0])), f.vector("xyz", 3, [0, 0, 0])
 
 
 def _read_link(f: _Fields, source: str) -> np.ndarray:
+    f.only(_LINK_KEYS)
     mass = f.number("mass", minimum=0.0)
     com = f.vector("com", 3, [0, 0, 0])
     if f.has("inertia_com") == f.has("inertia_origin"):
@@ -248,6 +270,7 @@ def _read_link(f: _Fields, source: str) -> np.ndarray:
 
 
 def _read_drive(spec: JointSpec, f: _Fields) -> None:
+    f.only(_DRIVE_KEYS)
     spec.drive = np.array([f.number("Ia", spec.drive[0], minimum=0.0), f.number("fc", spec.drive[1], minimum=0.0),
                            f.number("fv", spec.drive[2], minimum=0.0), f.number("offset", spec.drive[3])])
     spec.gear_ratio = f.number("gear_ratio", spec.gear_ratio)
@@ -259,6 +282,7 @@ def _read_drive(spec: JointSpec, f: _Fields) -> None:
 def _read_limits(spec: JointSpec, f: _Fields, required: bool) -> None:
     def get(key, default):
         return f.number(key, None if required else default, positive=True)
+    f.only(_LIMIT_KEYS)
     if required or f.has("q"):
         lo, hi = f.vector("q", 2)
         if not lo < hi:
@@ -270,6 +294,7 @@ def _read_limits(spec: JointSpec, f: _Fields, required: bool) -> None:
 
 
 def _joint_from_toml(f: _Fields, index: int, source: str) -> JointSpec:
+    f.only(_JOINT_KEYS)
     jtype = {"revolute": REVOLUTE, "prismatic": PRISMATIC}[
         f.text("type", choices=("revolute", "prismatic"))]
     name = f.text("name", default=f"joint{index + 1}")
@@ -277,6 +302,7 @@ def _joint_from_toml(f: _Fields, index: int, source: str) -> JointSpec:
         raise ModelError(source, f"{f.prefix}.dh", "exactly one of a [dh] table or an [origin] table")
     if f.has("dh"):
         d = f.sub("dh")
+        d.only(_DH_KEYS)
         dh = (d.number("alpha", 0.0), d.number("d", 0.0), d.number("theta", 0.0), d.number("r", 0.0))
         R, p = spatial.mdh_placement(*dh)
         axis = np.array([0.0, 0.0, 1.0])
@@ -301,7 +327,9 @@ def _load_toml(path: Path) -> Model:
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelError(source, "(file)", "a readable UTF-8 file", str(exc)) from None
     top = _Fields(source, data, "")
+    top.only(_TOP_KEYS)
     robot = top.sub("robot", required=True)
+    robot.only(_URDF_ROBOT_KEYS if robot.has("urdf") else _ROBOT_KEYS)
     name = robot.text("name", default=path.stem)
     gravity = robot.vector("gravity", 3, [0.0, 0.0, -9.81])
     flange_R, flange_p = _read_frame(robot.sub("flange"))
@@ -325,6 +353,7 @@ def _urdf_with_overrides(path: Path, robot: _Fields, raw_joints: list, gravity, 
     by_name = {s.name: s for s in specs}
     for i, raw in enumerate(raw_joints):
         f = _Fields(source, raw, f"joint[{i}]")
+        f.only(_URDF_JOINT_KEYS)
         jname = f.text("name")
         if jname not in by_name:
             raise ModelError(source, f"joint[{i}].name", "a movable joint of the URDF chain: " + ", ".join(by_name), jname)

@@ -86,6 +86,9 @@ class _Doc:
         six = [self.numbers(inertia, k, 1, f"{where}.inertia")[0] for k in ("ixx", "ixy", "ixz", "iyy", "iyz", "izz")]
         R, p = self.frame(inertial, where)
         at_com = spatial.body_parameters(mass, np.zeros(3), spatial.inertia_matrix(six))
+        ok, why = spatial.is_physically_consistent(at_com)
+        if not ok:
+            raise ModelError(self.source, f"{where}.inertia", "a physically consistent body", why)
         return spatial.transform_body_parameters(at_com, R, p)
 
 
@@ -95,6 +98,23 @@ def _below(doc: _Doc, jname: str, start: str, path_to) -> bool:
         return True
     except ModelError:
         return False
+
+
+def _refuse_cycles(doc: _Doc, child_of: dict[str, str]) -> None:
+    """Refuse a joint graph with a cycle (each link has at most one parent here, so a cycle is a walk up
+    the parents that comes back to a link): every later walk over the tree would never end."""
+    done: set[str] = set()          # links whose walk up reached a root
+    for first in doc.links:
+        seen: list[str] = []
+        link = first
+        while link in child_of and link not in done:
+            if link in seen:
+                loop = seen[seen.index(link):] + [link]
+                raise ModelError(doc.source, f"joint[{child_of[link]}]", "joints that form a tree; they form a cycle "
+                                 "through the links " + " <- ".join(loop))
+            seen.append(link)
+            link = doc.joints[child_of[link]].find("parent").get("link")
+        done.update(seen)
 
 
 def _transform(R, p) -> np.ndarray:
@@ -119,8 +139,12 @@ def read_chain(path: Path, base: str = "", tip: str = "") -> tuple[list[JointSpe
         for role, link in (("parent", parent), ("child", child)):
             if link not in doc.links:
                 raise ModelError(src, f"joint[{jname}].{role}", "a link defined in the file", link)
+        if child in child_of:
+            raise ModelError(src, f"joint[{jname}].child", f"a link that no other joint carries "
+                             f"(joint {child_of[child]!r} carries it already: the joints must form a tree)", child)
         child_of[child] = jname
         children.setdefault(parent, []).append(jname)
+    _refuse_cycles(doc, child_of)
     roots = [ln for ln in doc.links if ln not in child_of]
     if len(roots) != 1:
         raise ModelError(src, "(tree)", "exactly one root link", roots)

@@ -87,7 +87,7 @@ def test_model_is_immutable():
     ("axis = [0.0, 0.0, 1.0]", "axis = [0.0, 0.0, 0.0]", "joint[1].axis"),
     ('gravity = [0.0, 0.0, -9.81]', 'gravity = [0.0, nan, -9.81]', "robot.gravity"),
     ("limits = { q = [0.0, 0.2], qd = 0.5, qdd = 2.0, tau = 100.0 }", "", "joint[1].limits"),
-    ("[robot]", "[robut]", "robot"),
+    ("[robot]", "[robut]", "robut"),                 # a misspelt table is named as unknown
     ('name = "a"', 'name = "a"\nname = "b"', "(syntax)"),
 ])
 def test_broken_file_names_the_field(tmp_path, old, new, field):
