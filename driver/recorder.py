@@ -76,11 +76,24 @@ def query_status(endpoint: str, timeout_s: float = 5.0, context: zmq.Context | N
 
 
 # -- writing ------------------------------------------------------------------------------------------
+def check_output(path: str | Path, *, overwrite: bool = False) -> None:
+    """Refuse, before anything starts, an output path that cannot become the recording: a directory, an
+    existing file (unless overwrite), a missing folder. RecorderError names the path."""
+    path = Path(path)
+    if path.is_dir():    # else "exists" (or, overwriting, EISDIR): a directory is never the file
+        raise RecorderError(f"{path}: is a directory; expected the MCAP file to write (e.g. {path / 'run.mcap'})")
+    if path.exists() and not overwrite:
+        raise RecorderError(f"{path}: exists; choose another name or overwrite it (--force)")
+    if not path.parent.is_dir():
+        raise RecorderError(f"{path}: the folder {path.parent} does not exist")
+
+
 class WriteThrough:
     """A binary file whose every write goes straight to the operating system (no user-space buffer): what
     was written survives a SIGKILL of this process. `tell()` is the number of bytes written."""
 
     def __init__(self, path: str | Path, *, overwrite: bool = False):
+        check_output(path, overwrite=overwrite)
         try:
             self._file = open(path, "wb" if overwrite else "xb", buffering=0)
         except FileExistsError:

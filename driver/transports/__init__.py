@@ -20,11 +20,23 @@ TRANSPORTS: dict[str, str] = {
 }
 
 
-def open_arm(name: str, model, **options):
-    """The Arm of transport `name` for the model (not yet opened)."""
+def _factory(name: str):
     from ident.errors import InputError
 
     if name not in TRANSPORTS:
         raise InputError(f"transport: unknown {name!r} (available: {', '.join(sorted(TRANSPORTS))})")
     module, factory = TRANSPORTS[name].split(":")
-    return getattr(importlib.import_module(module), factory)(model, **options)
+    return getattr(importlib.import_module(module), factory)
+
+
+def transport_options(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(known, required): the option names a config file may give transport `name` (its class's OPTIONS)
+    and those it must give (REQUIRED_OPTIONS)."""
+    cls = _factory(name)
+    return tuple(cls.OPTIONS), tuple(getattr(cls, "REQUIRED_OPTIONS", ()))
+
+
+def open_arm(name: str, model, **options):
+    """The Arm of transport `name` for the model (not yet opened). Each transport refuses an option it does
+    not know, or a required one missing, with an InputError naming it."""
+    return _factory(name)(model, **options)

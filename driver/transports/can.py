@@ -266,13 +266,16 @@ class CanArm:
     """Arm over CiA 402 drives on one CAN bus: CanArm(model, interface=..., channel=..., bitrate=None,
     node_ids=None (1..n), counts_per_rev=2**17, sdo_timeout_s=0.5, boot_timeout_s=2.0, heartbeat_ms=100)."""
 
+    OPTIONS = ("interface", "channel", "bitrate", "node_ids", "counts_per_rev", "sdo_timeout_s", "boot_timeout_s",
+               "heartbeat_ms")
+    REQUIRED_OPTIONS = ("interface", "channel")
+
     def __init__(self, model, *, interface: str | None = None, channel: str | int | None = None, bitrate: int | None = None,
                  node_ids: Sequence[int] | None = None, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
                  sdo_timeout_s: float = 0.5, boot_timeout_s: float = 2.0, heartbeat_ms: int = cm.DEFAULT_HEARTBEAT_MS,
                  **unknown):
         if unknown:
-            raise CanOptionError(f"can: unknown option {sorted(unknown)[0]!r} (known: interface, channel, bitrate, "
-                                 f"node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s, heartbeat_ms)")
+            raise CanOptionError(f"can: unknown option {sorted(unknown)[0]!r} (known: {', '.join(self.OPTIONS)})")
         self.n = n = model.n
         self.node_ids = _check_options(n, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s,
                                        boot_timeout_s, heartbeat_ms)

@@ -246,6 +246,9 @@ class _Refused(Exception):
 class GatewayArm:
     """Arm over a Modbus TCP gateway: GatewayArm(model, host=..., **options) (see GatewayOptions)."""
 
+    OPTIONS = tuple(GatewayOptions.__dataclass_fields__)
+    REQUIRED_OPTIONS = ("host",)
+
     def __init__(self, model, **options):
         self.options = opts = gateway_options(**options)
         self.model, self.n = model, model.n

@@ -123,13 +123,16 @@ class SerialArm:
     reconnect_s: period of reconnection attempts while the port is gone.
     """
 
-    def __init__(self, model, port: str, *, baudrate: int = 3_000_000, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
+    OPTIONS = ("port", "baudrate", "counts_per_rev", "device_watchdog_ms", "heartbeat_ms", "handshake_timeout_s",
+               "reconnect_s")
+    REQUIRED_OPTIONS = ("port",)
+
+    def __init__(self, model, port: str | None = None, *, baudrate: int = 3_000_000, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
                  device_watchdog_ms: float = sp.DEFAULT_WATCHDOG_US / 1000, heartbeat_ms: float | None = None,
                  handshake_timeout_s: float = 1.0, reconnect_s: float = 0.2, **unknown):
         if unknown:
-            raise SerialOptionError(f"serial transport: unknown option {sorted(unknown)[0]!r} (options: port, baudrate, "
-                                    f"counts_per_rev, device_watchdog_ms, heartbeat_ms, handshake_timeout_s, "
-                                    f"reconnect_s)")
+            raise SerialOptionError(f"serial transport: unknown option {sorted(unknown)[0]!r} (options: "
+                                    f"{', '.join(self.OPTIONS)})")
         if not isinstance(port, str) or not port:
             raise SerialOptionError(f"serial transport: port: expected a device path or pyserial URL, got {port!r}")
         self.model, self.n, self.port = model, model.n, port
