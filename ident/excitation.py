@@ -28,6 +28,7 @@ from ident.limits import LimitError, check_motion
 from ident.model import DRIVE_NAMES, INERTIAL_NAMES, PARAMS_PER_JOINT, Model
 
 GRID_PER_PERIOD = 120      # samples per period for the criterion and the constraints during the search
+MAX_SAMPLES = 1_000_000    # samples of one sampling (1000 s at 1 kHz): a few hundred MB of basis matrices
 SAFETY = 0.95              # limits are tightened by 5 % during the search; the result is checked exactly
 
 
@@ -45,6 +46,7 @@ class FourierTrajectory:
     b: np.ndarray
     joint_names: tuple[str, ...] = ()
     info: dict = field(default_factory=dict)   # how it was made: criterion, cond, seed, model, ...
+    source: str = ""                           # the file it was read from, for error messages
 
     def __post_init__(self) -> None:
         if not (_is_number(self.base_frequency) and self.base_frequency > 0):
@@ -83,9 +85,26 @@ class FourierTrajectory:
 
     def sample(self, rate_hz: float, periods: float = 1.0) -> tuple[np.ndarray, ...]:
         """(t, q, qd, qdd) sampled at rate_hz over the given number of periods, end point included."""
-        count = int(round(periods * self.period * rate_hz)) + 1
+        where = f"{self.source}: trajectory.base_frequency" if self.source else "base_frequency"
+        count = sample_count(self.base_frequency, rate_hz, periods, where)
         t = np.arange(count) / rate_hz
         return (t, *self.evaluate(t))
+
+
+def sample_count(base_frequency: float, rate_hz: float, periods: float = 1.0, where: str = "base_frequency") -> int:
+    """Samples (end point included) of `periods` periods of a base_frequency (Hz) motion at rate_hz (Hz),
+    refused with an InputError naming `where` before anything is allocated when above MAX_SAMPLES."""
+    for name, value in (("rate", rate_hz), ("periods", periods), (where, base_frequency)):
+        if not (_is_number(value) and value > 0):
+            raise InputError(f"{name}: expected a positive number, got {value!r}")
+    count = periods / base_frequency * rate_hz
+    if not count <= MAX_SAMPLES:
+        lowest = rate_hz / MAX_SAMPLES
+        hint = f"a base frequency of at least {lowest:g} Hz at this rate" if base_frequency < lowest else \
+            "fewer periods or a lower rate"
+        raise InputError(f"{where}: {base_frequency:g} Hz is a period of {1 / base_frequency:g} s, {periods:g} period(s) "
+                         f"at {rate_hz:g} Hz are {count:.3g} samples; expected at most {MAX_SAMPLES} ({hint})")
+    return int(round(count)) + 1
 
 
 def excitation_bandwidth(traj: FourierTrajectory) -> float:
@@ -208,7 +227,7 @@ def load(path: str | Path) -> FourierTrajectory:
         raise fail("trajectory.period", f"1 / base_frequency = {1 / f0!r} s", head["period"])
     info = {k: v for k, v in head.items() if k not in _HEAD_FIELDS}
     return FourierTrajectory(float(f0), np.array(q0), np.array(a, dtype=float), np.array(b, dtype=float),
-                             tuple(names), info)
+                             tuple(names), info, str(path))
 
 
 def presets() -> list[str]:
@@ -503,6 +522,7 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
                          f"at rest), got {harmonics}")
     if not (math.isfinite(base_frequency) and base_frequency > 0):
         raise InputError(f"base_frequency: expected a positive number in Hz, got {base_frequency}")
+    sample_count(base_frequency, check_rate_hz)      # the exact check at the end samples one period at this rate
     if restarts < 1 or max_iter < 0 or grid < 4:
         raise InputError(f"restarts >= 1, max_iter >= 0 and grid >= 4 expected, got {restarts}, {max_iter}, {grid}")
     pose = start_pose_or_mid_range(model, start_pose)
