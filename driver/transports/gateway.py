@@ -48,7 +48,8 @@ gateway and the cause, and the link thread reconnects every reconnect_ms; a resp
 within timeout_ms is counted, the connection is reopened (stale responses never pair with a later
 request) and the sample goes stale (a gateway that answers nothing at all leaves every cycle stale, and the
 cycle's watchdog trips); an image that fails decoding (wrong layout version, drive count,
-impossible field) is counted and dropped; the gateway's host-watchdog bit (it has quick-stopped the drives)
+impossible field, a statusword that is no CiA 402 state, a mode display that is no mode) is counted and
+dropped; the gateway's host-watchdog bit (it has quick-stopped the drives)
 raises LinkError once. link_stats() reports every counter and the exchange round trips.
 """
 from __future__ import annotations
@@ -165,6 +166,33 @@ def _keep_command(controlword, mode, target_position, target_torque, cw_out, mod
 
 
 _CW_FAULT_RESET = int(cia402.CW_FAULT_RESET)
+# what an image's statusword and mode display may be: a CiA 402 state (statusword & mask == value) and a mode
+_STATE_MASKS = np.array([m for m, _ in cia402.STATE_PATTERNS.values()], dtype=np.int64)
+_STATE_VALUES = np.array([v for _, v in cia402.STATE_PATTERNS.values()], dtype=np.int64)
+_MODE_VALUES = np.array(sorted(int(m) for m in cia402.Mode), dtype=np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_bad_drive(statusword, mode_display, masks, values, modes):
+    """The first drive whose statusword is no CiA 402 state (k) or whose mode display is no mode (n + k); -1
+    when all are good (the check CAN's transport makes per TPDO1)."""
+    n = statusword.shape[0]
+    for k in range(n):
+        state = False
+        for s in range(masks.shape[0]):
+            if statusword[k] & masks[s] == values[s]:
+                state = True
+                break
+        if not state:
+            return k
+        mode = False
+        for m in range(modes.shape[0]):
+            if mode_display[k] == modes[m]:
+                mode = True
+                break
+        if not mode:
+            return n + k
+    return -1
 # the rows of the holding image's drive values (gw.encode_outputs_into), as _command_fields fills them
 assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
 
@@ -711,6 +739,15 @@ class GatewayArm:
             self._watchdog_seen = False
         if not status & gw.STATUS_DATA_VALID:
             c["invalid_images"] += 1
+            return
+        _, _, _, status_row, _, mode_row = self._in_rows
+        bad = _first_bad_drive(status_row, mode_row, _STATE_MASKS, _STATE_VALUES, _MODE_VALUES)
+        if bad >= 0:          # counted and dropped, never turned into numbers (each read of it, as a decode error)
+            c["bad_images"] += 1
+            k = bad % self.n
+            self.last_error = (f"bad image dropped: drive {k + 1} statusword {int(status_row[k]):#06x} is no CiA 402 "
+                               f"state" if bad < self.n else
+                               f"bad image dropped: drive {k + 1} mode display {int(mode_row[k])} is no mode")
             return
         if not first:
             step = (counter - self._last_counter) % _U32
