@@ -227,6 +227,22 @@ class CanOptionError(InputError):
     """A [transport] option of the can transport that is not usable."""
 
 
+EMCY_KEPT = 64     # EMCYs python-canopen keeps per node in its `log` and `active` lists (it never drops any)
+
+
+def bound_emcy_lists(consumer, keep: int = EMCY_KEPT) -> None:
+    """Make a canopen EmcyConsumer keep at most 2 * keep EMCYs in `log` and in `active`: it appends every EMCY
+    to both (active until an error reset) forever, and a daemon runs for months beside drives that may
+    repeat one. A callback trims each list to its newest `keep` once it holds twice as many (amortised)."""
+    def trim(_error) -> None:
+        with consumer.emcy_received:
+            for name in ("log", "active"):
+                entries = getattr(consumer, name)
+                if len(entries) > 2 * keep:
+                    del entries[:-keep]
+    consumer.add_callback(trim)
+
+
 @functools.lru_cache(maxsize=1024)
 def _valid_statusword(word: int) -> bool:
     return cia402.state_of(word) is not None
@@ -429,6 +445,7 @@ class CanArm:
         self._sdo(j, node, cm.PRODUCER_HEARTBEAT_TIME, 0, self.heartbeat_ms)
         self._check_pdos(j, node)
         node.emcy.add_callback(lambda e, j=j: self._on_emcy(j, e))
+        bound_emcy_lists(node.emcy)
         node.nmt.add_heartbeat_callback(lambda state, j=j: self._on_heartbeat(j, state))
         return drive
 
