@@ -139,6 +139,10 @@ def check_effort_delay(value, source: str = "recording") -> float:
 
 
 _PREFIX = {"q": "q", "tau": "tau", "current": "i", "qd": "qd"}   # array name -> CSV column prefix
+# |value| beyond which a recording's number is no measurement of an arm (a unit or a parsing slip, 1e300):
+# refused, as its square overflows in the regressor and the fits fail far from the file
+MAX_ABS = {"t": 1e10, "q": 1e3, "qd": 1e4, "tau": 1e6, "current": 1e5}
+_UNITS = {"t": "s", "q": "rad or m", "qd": "rad/s or m/s", "tau": "N m", "current": "A"}
 
 
 def _column(name: str, j: int) -> str:
@@ -180,11 +184,17 @@ def _check_arrays(source: str, fields: dict[str, np.ndarray | None],
             k, *j = np.argwhere(bad)[0]
             column = "t" if name == "t" else _column(name, j[0])
             raise PreprocessError(f"{source}: {locate(int(k))}, column {column}: not a finite number ({arr[bad][0]})")
+        big = np.abs(arr) > MAX_ABS[name]
+        if big.any():
+            k, *j = np.argwhere(big)[0]
+            column = "t" if name == "t" else _column(name, j[0])
+            raise PreprocessError(f"{source}: {locate(int(k))}, column {column}: {float(arr[big][0]):g} is out of range: "
+                                  f"expected |value| <= {MAX_ABS[name]:g} {_UNITS[name]} (SI units)")
     dt = np.diff(t)
     if (dt <= 0).any():
         k = int(np.flatnonzero(dt <= 0)[0]) + 1
-        raise PreprocessError(f"{source}: {locate(k)}, column t: time {t[k]!r} s does not increase "
-                              f"(previous sample {t[k - 1]!r} s)")
+        raise PreprocessError(f"{source}: {locate(k)}, column t: time {float(t[k])!r} s does not increase "
+                              f"(previous sample {float(t[k - 1])!r} s)")
     for arr in out.values():
         arr.setflags(write=False)
     return out
