@@ -1,90 +1,113 @@
 """The driver's command set: one JSON request in, one JSON reply out (docs/stream.md, "Commands").
 
 Request: {"cmd": NAME, ...arguments}. Reply: {"ok": true, ...} or {"ok": false, "error": "what was wrong"}.
-Every motion is planned and checked against the limits (driver/motion.py) in the requesting thread, as a
-whole, before the cycle is asked to start it; the reply says so or names the joint, quantity and time.
+Every motion is planned and checked against the limits (driver/motion.py) as a whole before the cycle is
+asked to start it; the reply says so or names the joint, quantity and time.
 
   status                                      driver and drive states, position, fault, payload
   enable | disable | quick_stop | fault_reset
   move_to        q: [n] rad, speed: 0..1 (default 1)
-  run_trajectory file: path of a Fourier trajectory file (ident.excitation), periods (default 1)
+  run_trajectory file: a trajectory file in the trajectory folder, periods (default 1)
                  | samples: {"t": [N] s, "q": [[n] x N] rad}
   set_payload    mass kg, com [3] m (flange frame), inertia [XX XY XZ YY YZ ZZ] kg m^2 about the CoM;
-                 mass 0 clears it. Planning checks and the feed-forward include it.
+                 mass 0 clears it. Checked against the model's rated payload and reach, and the holding
+                 torque it needs against the torque limits; planning checks and the feed-forward include it.
+
+Requests are decoded with bounds (driver.requests). The motion commands are planned in the planner process
+(driver.planner) when the daemon's command server runs them; `handle` and `handle_bytes` plan in the
+calling thread (in-process use and tests).
 """
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Callable
 
 import numpy as np
 
-from driver import motion
+from driver import plan_requests
+from driver.plan_requests import CommandError, number, number_list, only_keys
+from driver.planner import PlanBounds, PlanJob
+from driver.requests import RequestError, decode_request
 from ident.errors import InputError
 
-MAX_REQUEST_BYTES = 16 * 1024 * 1024
+__all__ = ["Commands", "CommandError", "URGENT", "PLANNING"]
 
-
-class CommandError(InputError):
-    """A request that cannot be carried out; the message goes back to the client."""
-
-
-def _number_list(req: dict, key: str, length: int | None = None) -> list[float]:
-    value = req.get(key)
-    if not isinstance(value, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
-        raise CommandError(f"{req.get('cmd')}: {key}: expected a list of numbers")
-    if length is not None and len(value) != length:
-        raise CommandError(f"{req.get('cmd')}: {key}: expected {length} numbers, got {len(value)}")
-    if not all(math.isfinite(x) for x in value):
-        raise CommandError(f"{req.get('cmd')}: {key}: every value must be finite")
-    return [float(x) for x in value]
-
-
-def _number(req: dict, key: str, default: float) -> float:
-    value = req.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CommandError(f"{req.get('cmd')}: {key}: expected a finite number, got {value!r}")
-    return float(value)
+URGENT = ("quick_stop", "disable")          # answered before anything else waiting (driver.command_server)
+PLANNING = ("move_to", "run_trajectory")    # planned in the planner process by the command server
+SMALL_REQUEST_BYTES = 64 * 1024             # larger requests can only be motions: decoded by the planner
 
 
 class Commands:
     """Carries out requests on a driver (driver.daemon.Driver: model, cycle, payload)."""
 
-    def __init__(self, driver):
+    def __init__(self, driver, bounds: PlanBounds = PlanBounds()):
         self.driver = driver
+        self.bounds = bounds
         self.table: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "enable": self.enable, "disable": self.disable,
-            "quick_stop": self.quick_stop, "fault_reset": self.fault_reset, "move_to": self.move_to,
-            "run_trajectory": self.run_trajectory, "set_payload": self.set_payload,
+            "quick_stop": self.quick_stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
         }
+        self.known = sorted([*self.table, *PLANNING])
 
+    # -- synchronous use (tests, in-process callers) ---------------------------------------------------
     def handle_bytes(self, raw: bytes) -> bytes:
-        """Decode, execute, encode. Never raises: every failure becomes {"ok": false, "error": ...}."""
-        if len(raw) > MAX_REQUEST_BYTES:
-            return self._reply({"ok": False, "error": f"request of {len(raw)} bytes is over {MAX_REQUEST_BYTES}"})
+        """Decode, execute (planning in this thread), encode. Never raises."""
         try:
-            req = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return self._reply({"ok": False, "error": f"request is not JSON: {exc}"})
-        return self._reply(self.handle(req))
+            req = decode_request(raw)
+        except RequestError as exc:
+            return encode({"ok": False, "error": str(exc)})
+        return encode(self.handle(req))
 
     def handle(self, req: Any) -> dict:
+        """Execute one decoded request; motions are planned in this thread. Never raises."""
         if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
             return {"ok": False, "error": 'request: expected a JSON object with a "cmd" string'}
-        fn = self.table.get(req["cmd"])
+        if req["cmd"] in PLANNING:
+            return self.guarded(req["cmd"], lambda: self._plan_here(req))
+        return self.run(req)
+
+    def _plan_here(self, req: dict) -> dict:
+        job = self.plan_job(encode(req))
+        plan = plan_requests.plan_request(job.raw, job.model, job.q_now, job.rate_hz, job.bounds)
+        return self.start(plan)
+
+    # -- used by the command server --------------------------------------------------------------------
+    def run(self, req: dict) -> dict:
+        """Execute a decoded request that is not a motion (those go through plan_job and start)."""
+        cmd = req["cmd"]
+        fn = self.table.get(cmd)
         if fn is None:
-            return {"ok": False, "error": f"unknown command {req['cmd']!r} (known: {', '.join(sorted(self.table))})"}
-        try:
-            return {"ok": True, **(fn(req) or {})}
-        except InputError as exc:
-            return {"ok": False, "error": str(exc)}
-        except (RuntimeError, TimeoutError) as exc:
-            return {"ok": False, "error": f"{req['cmd']}: {exc}"}
+            if cmd in PLANNING:
+                return {"ok": False, "error": f"{cmd}: a motion command must be planned"}
+            return {"ok": False, "error": f"unknown command {cmd[:60]!r} (known: {', '.join(self.known)})"}
+        def call() -> dict:
+            only_keys(req, ("mass", "com", "inertia") if cmd == "set_payload" else ())
+            return fn(req)
+
+        return self.guarded(cmd, call)
 
     @staticmethod
-    def _reply(obj: dict) -> bytes:
-        return json.dumps(obj, allow_nan=False, default=_plain).encode()
+    def guarded(cmd: str, fn: Callable[[], dict | None]) -> dict:
+        """{"ok": true, **fn()}, or the error reply of what it raised (a driver refusal or bad input)."""
+        from driver.cycle import DriverFault
+
+        try:
+            return {"ok": True, **(fn() or {})}
+        except InputError as exc:
+            return {"ok": False, "error": str(exc)}
+        except (DriverFault, TimeoutError) as exc:
+            return {"ok": False, "error": f"{cmd}: {exc}"}
+
+    def plan_job(self, raw: bytes) -> PlanJob:
+        """What the planner needs for the motion request `raw`: the planning model (with the payload), the
+        pose the motion starts from, the cycle's rate and the bounds."""
+        d = self.driver
+        return PlanJob(raw, d.planning_model, d.cycle.hold.copy(), d.cycle.rate_hz, self.bounds)
+
+    def start(self, plan) -> dict:
+        """Hand a planned motion to the cycle; the reply's fields."""
+        self.driver.cycle.submit(lambda: self.driver.cycle.start_motion(plan))
+        return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments]}
 
     # -- commands ------------------------------------------------------------------------------------
     def status(self, req: dict) -> dict:
@@ -106,47 +129,19 @@ class Commands:
         self.driver.cycle.submit(self.driver.cycle.fault_reset)
         return {}
 
-    def move_to(self, req: dict) -> dict:
-        model = self.driver.planning_model
-        q = _number_list(req, "q", model.n)
-        plan = motion.plan_move(model, self.driver.cycle.hold.copy(), q, self.driver.cycle.rate_hz,
-                                speed=_number(req, "speed", 1.0))
-        return self._start(plan)
-
-    def run_trajectory(self, req: dict) -> dict:
-        model, cycle = self.driver.planning_model, self.driver.cycle
-        if "file" in req:
-            from ident import excitation
-
-            if not isinstance(req["file"], str):
-                raise CommandError("run_trajectory: file: expected a path")
-            traj = excitation.load(req["file"])
-            plan = motion.plan_trajectory(model, cycle.hold.copy(), traj, cycle.rate_hz,
-                                          periods=_number(req, "periods", 1.0))
-        elif "samples" in req:
-            s = req["samples"]
-            if not isinstance(s, dict):
-                raise CommandError('run_trajectory: samples: expected {"t": [...], "q": [[...], ...]}')
-            t = _number_list(s | {"cmd": "run_trajectory"}, "t")
-            q = s.get("q")
-            if not isinstance(q, list) or len(q) != len(t):
-                raise CommandError("run_trajectory: samples: q must be a list with one row per time")
-            rows = [_number_list({"cmd": "run_trajectory", f"q[{k}]": row}, f"q[{k}]", model.n) for k, row in enumerate(q)]
-            plan = motion.plan_samples(model, cycle.hold.copy(), t, np.array(rows), cycle.rate_hz)
-        else:
-            raise CommandError('run_trajectory: expected "file" or "samples"')
-        return self._start(plan)
-
     def set_payload(self, req: dict) -> dict:
-        mass = _number(req, "mass", math.nan)
-        com = _number_list(req, "com", 3) if "com" in req else [0.0, 0.0, 0.0]
-        inertia = _number_list(req, "inertia", 6) if "inertia" in req else [0.0] * 6
+        if "mass" not in req:
+            raise CommandError("set_payload: mass: expected a number of kg (0 clears the payload)")
+        mass = number(req, "mass", 0.0)
+        com = number_list(req, "com", 3) if "com" in req else [0.0, 0.0, 0.0]
+        inertia = number_list(req, "inertia", 6) if "inertia" in req else [0.0] * 6
         self.driver.set_payload(mass, com, inertia)
         return {"payload": {"mass": mass, "com": com, "inertia": inertia}}
 
-    def _start(self, plan: motion.PlannedMotion) -> dict:
-        self.driver.cycle.submit(lambda: self.driver.cycle.start_motion(plan))
-        return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments]}
+
+def encode(obj: dict) -> bytes:
+    """A reply as JSON bytes (numpy values as plain numbers)."""
+    return json.dumps(obj, allow_nan=False, default=_plain).encode()
 
 
 def _plain(obj):

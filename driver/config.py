@@ -7,6 +7,9 @@
     clock = "auto"              # auto | host | device (driver/cycle.py)
     effort_delay_ms = 0         # how late the drives' current/torque is against their positions (recorded
                                 # with the data; identification aligns them): the simulator's is half a period
+    trajectory_dir = "trajectories"  # the only folder run_trajectory {"file": ...} reads (relative: next to
+                                # this file); without it, trajectories come inline ("samples")
+    max_motion_s = 600          # the longest motion a command may plan (s)
 
     [transport]
     name = "serial"             # sim | serial | can | gateway
@@ -43,11 +46,13 @@ from pathlib import Path
 
 from driver.cycle import CLOCKS
 from driver.daemon import Curve, Endpoints, Record
+from driver.motion import MAX_MOTION_S
 from driver.realtime import PRIORITY_RANGE, THREADS, Realtime
 from ident.errors import InputError
 
 
 MAX_EFFORT_DELAY_MS = 100.0   # the bound ident.preprocess.MAX_EFFORT_DELAY puts on a recording's effort delay
+MAX_MOTION_LIMIT_S = 3600.0   # max_motion_s may not exceed this (an hour at 1 kHz: 3.6 M setpoints per joint)
 RATE_RANGE_HZ = (1.0, 10_000.0)        # the cycle's rate: below 1 Hz nothing is controlled, above 10 kHz no link keeps up
 MIN_WATCHDOG_PERIODS = 2               # a watchdog shorter than two periods fires on one late sample
 MAX_WATCHDOG_MS = 10_000.0             # a silent link lets the arm move blind at most this long
@@ -73,9 +78,12 @@ class DriverConfig:
     record: Record | None = None
     effort_delay_s: float = 0.0
     realtime: Realtime | None = None
+    trajectory_dir: str | None = None
+    max_motion_s: float = MAX_MOTION_S
 
 
-_SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms"}, "transport": None,
+_SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms", "trajectory_dir",
+                        "max_motion_s"}, "transport": None,
              "zmq": {"state", "commands", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"}}
 
@@ -136,9 +144,18 @@ def load_config(path: str | Path) -> DriverConfig:
     delay = drv.get("effort_delay_ms", 0.0)
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not abs(delay) <= MAX_EFFORT_DELAY_MS:
         raise ConfigError(src, "driver.effort_delay_ms", f"a number of ms within +-{MAX_EFFORT_DELAY_MS:g}", delay)
+    trajectory_dir = None
+    if "trajectory_dir" in drv:
+        folder = (path.parent / _text(src, "driver.trajectory_dir", drv["trajectory_dir"])).resolve()
+        if not folder.is_dir():
+            raise ConfigError(src, "driver.trajectory_dir", "an existing folder", str(folder))
+        trajectory_dir = str(folder)
+    max_motion = _positive(src, "driver.max_motion_s", drv.get("max_motion_s", MAX_MOTION_S))
+    if max_motion > MAX_MOTION_LIMIT_S:
+        raise ConfigError(src, "driver.max_motion_s", f"at most {MAX_MOTION_LIMIT_S:g} s", max_motion)
     return DriverConfig(model, rate, watchdog, name, tr, endpoints, src, clock,
                         _record(src, path.parent, data.get("record")), float(delay) / 1000.0,
-                        _realtime(src, data.get("realtime")))
+                        _realtime(src, data.get("realtime")), trajectory_dir, max_motion)
 
 
 def _realtime(src: str, table: dict | None) -> Realtime | None:

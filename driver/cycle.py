@@ -81,7 +81,8 @@ class Cycle:
     def __init__(self, arm: Arm, *, rate_hz: float = 1000.0, watchdog_s: float = 0.01,
                  publish: Callable[[bytes, memoryview | bytes], None] | None = None,
                  spin_s: float = DEFAULT_SPIN_S, on_event: Callable[[str], None] | None = None,
-                 gravity: Callable[[np.ndarray], np.ndarray] | None = None, clock: str = "host"):
+                 gravity: Callable[[np.ndarray], np.ndarray] | None = None, clock: str = "host",
+                 torque_limit: np.ndarray | None = None):
         if not (rate_hz > 0):
             raise ValueError(f"rate_hz: expected a positive number, got {rate_hz!r}")
         if clock not in CLOCKS:
@@ -97,6 +98,7 @@ class Cycle:
         self.publish = publish or (lambda topic, payload: None)
         self.on_event = on_event or (lambda text: None)
         self.gravity = gravity          # q (n,) -> holding torque (n,) N m; None: no feed-forward at rest
+        self.torque_limit = np.full(self.n, np.inf) if torque_limit is None else np.asarray(torque_limit, float)
         self.message = stream.StateMessage(self.n)
         self.state = ArmState.inside(self.message)   # the arm reads straight into the published message
         self.command = ArmCommand(self.n)
@@ -125,6 +127,10 @@ class Cycle:
         self.stale = 0
         self.overruns = 0
         self.caught_up = 0              # samples published without their own cycle (they came in a burst)
+        lost = getattr(arm, "lost_samples", None)
+        self._lost_source: Callable[[], int] | None = lost if callable(lost) else None
+        self._lost_seen = 0             # the source's count when the last message was published
+        self.samples_lost = 0           # device samples lost, as the messages reported them
         backlog = getattr(arm, "backlog", None)
         self._backlog: Callable[[], int] | None = backlog if callable(backlog) else None
         self.events: deque[tuple[float, str]] = deque(maxlen=100)
@@ -269,15 +275,21 @@ class Cycle:
         if not self._have_sample:
             raise DriverFault("no data from the drives yet")
         self.hold[:] = self.state.q
-        self.set_hold_torque()
+        self.set_hold_torque()          # refuses (DriverFault) a pose whose holding torque breaks a limit
         self.quick_stop = False
         self.want_power = True
 
     def set_hold_torque(self) -> None:
-        """Feed-forward for holding still at self.hold: gravity there (runs once per change, not per cycle)."""
+        """Feed-forward for holding still at self.hold: gravity there (runs once per change, not per cycle).
+        DriverFault, and nothing changed, when it is not finite or breaks a joint's torque limit."""
         if self.gravity is not None:
             tau = np.asarray(self.gravity(self.hold.copy()), dtype=float)
-            self.hold_torque[:] = np.where(np.isfinite(tau), tau, 0.0)
+            over = ~np.isfinite(tau) | (np.abs(tau) > self.torque_limit)
+            if over.any():
+                j = int(np.argmax(over))
+                raise DriverFault(f"holding joint {j + 1} at this pose needs {tau[j]:.4g} N m, outside its torque "
+                                  f"limit {self.torque_limit[j]:.4g} N m")
+            self.hold_torque[:] = tau
 
     def disable(self) -> None:
         self.motion = None
@@ -474,6 +486,12 @@ class Cycle:
             flags |= stream.FLAG_FAULT
         if not fresh:
             flags |= stream.FLAG_STALE
+        elif self._lost_source is not None:
+            lost = self._lost_source() - self._lost_seen
+            if lost > 0:                 # shown on the first new sample after the loss
+                self._lost_seen += lost
+                self.samples_lost += lost
+                flags |= stream.lost_flags(lost)
         self.message.set_header(self.seq, flags, st.device_time_ns, st.host_time_ns)
         self.seq += 1
         self.publish(stream.TOPIC_STATE, self.message.buffer)

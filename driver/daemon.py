@@ -3,8 +3,9 @@
     Driver(model, arm, endpoints=Endpoints(...), rate_hz=1000, watchdog_s=0.01)
     driver.start() ... driver.stop()      (stop() brings the drives to rest and disables them first)
 
-Threads: the cycle (the only user of the PUB socket), the command server (the only user of the REP
-socket; it plans motions, then hands them to the cycle), the health reporter (builds the health JSON
+Threads: the cycle (the only user of the PUB socket), the command server (the only user of the ROUTER
+command socket, driver/command_server.py; motions are planned in a separate planner process,
+driver/planner.py, then handed to the cycle), the health reporter (builds the health JSON
 once per second and lets the cycle publish it), and with `record` the recorder (driver.recorder.record on an
 inproc SUB of the PUB socket: the cycle only publishes and never waits for the file; the recorder shares the
 interpreter, so its encoding can hold the cycle off for up to the switch interval, sys.getswitchinterval()).
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -37,8 +40,12 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
+from driver.command_server import CommandServer
 from driver.commands import Commands
-from driver.cycle import Cycle
+from driver.cycle import Cycle, DriverFault
+from driver.motion import MAX_MOTION_S
+from driver.planner import PlanBounds, Planner
+from driver.requests import MAX_REQUEST_BYTES
 from driver.hal import Arm
 from driver import realtime as rt
 from driver.realtime import Applied, Realtime, RealtimeError
@@ -49,7 +56,8 @@ from ident.model import Model
 from ident.payload import payload_parameters
 
 HEALTH_PERIOD_S = 1.0
-POLL_MS = 50
+PLANNER_START_S = 60.0        # the longest start() waits for the planner process to load its kernels
+SWITCH_INTERVAL_S = 0.0005    # the longest another Python thread holds the interpreter while the cycle waits
 _SEND = int(zmq.NOBLOCK)                    # plain ints: no enum arithmetic per message
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 
@@ -81,7 +89,7 @@ class Record:
 @dataclass(frozen=True)
 class Endpoints:
     state: str = "tcp://127.0.0.1:5555"      # PUB: topics "state" and "health"
-    commands: str = "tcp://127.0.0.1:5556"   # REP: JSON requests
+    commands: str = "tcp://127.0.0.1:5556"   # ROUTER (REQ clients): JSON requests
     curve: Curve | None = None
 
 
@@ -101,10 +109,13 @@ class Driver:
 
     def __init__(self, model: Model, arm: Arm, *, endpoints: Endpoints = Endpoints(), rate_hz: float = 1000.0,
                  watchdog_s: float = 0.01, context: zmq.Context | None = None, log=None, clock: str = "auto",
-                 record: Record | None = None, effort_delay_s: float = 0.0, realtime: Realtime | None = None):
+                 record: Record | None = None, effort_delay_s: float = 0.0, realtime: Realtime | None = None,
+                 trajectory_dir: str | None = None, max_motion_s: float = MAX_MOTION_S):
         """effort_delay_s: how late the drives' current and torque are against their positions (s), from the
         config; reported in status and recorded with the data so that identification aligns them.
-        realtime: the [realtime] settings applied at start (None: the threads keep what they inherit)."""
+        realtime: the [realtime] settings applied at start (None: the threads keep what they inherit).
+        trajectory_dir: the only folder `run_trajectory {"file": ...}` reads from (None: files refused);
+        max_motion_s: the longest motion a command may plan (s)."""
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
         if not is_local(endpoints.commands) and endpoints.curve is None:
@@ -118,7 +129,7 @@ class Driver:
         self.log = log or (lambda text: None)
         self._ctx = context or zmq.Context.instance()
         self._pub: zmq.Socket | None = None
-        self._rep: zmq.Socket | None = None
+        self._rep: zmq.Socket | None = None       # the command socket (ROUTER)
         self._auth = None
         if record is not None:
             _check_record(record)
@@ -133,8 +144,12 @@ class Driver:
         if clock == "auto":
             clock = "device" if callable(getattr(arm, "wait_new", None)) else "host"
         self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish, clock=clock,
-                           on_event=lambda text: self.log(f"event: {text}"), gravity=self._gravity)
-        self.commands = Commands(self)
+                           on_event=lambda text: self.log(f"event: {text}"), gravity=self._gravity,
+                           torque_limit=model.tau_max)
+        self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir))
+        self.planner = Planner(log=self.log)
+        self.command_server: CommandServer | None = None
+        self._switch_interval = sys.getswitchinterval()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.started_at = 0.0
@@ -144,20 +159,29 @@ class Driver:
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Open the link, bind the sockets, start the threads."""
-        self.arm.open()
+        """Start the planner process, open the link, bind the sockets, start the threads; wait (at most
+        PLANNER_START_S) until the planner has loaded its kernels."""
+        self.planner.start()                    # it loads its imports and kernels while the rest starts
+        try:
+            self.arm.open()
+        except BaseException:
+            self.planner.close()
+            raise
         try:
             self._pub = self._ctx.socket(zmq.PUB)
             self._pub.setsockopt(zmq.LINGER, 0)
             self._pub.setsockopt(zmq.SNDHWM, 10000)
             self._pub.bind(self.endpoints.state)
-            self._rep = self._ctx.socket(zmq.REP)
+            self._rep = self._ctx.socket(zmq.ROUTER)
             self._rep.setsockopt(zmq.LINGER, 0)
+            self._rep.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_REQUEST_BYTES)   # beyond: ZeroMQ drops the client
+            self._rep.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a reply that cannot go is counted, not lost unseen
             if self.endpoints.curve is not None:
                 self._secure(self._rep, self.endpoints.curve)
             self._rep.bind(self.endpoints.commands)
         except zmq.ZMQError as exc:
             self._close_sockets()
+            self.planner.close()
             self.arm.close()
             raise EndpointError(f"cannot bind: {exc}") from None
         self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
@@ -171,6 +195,8 @@ class Driver:
         self.started_at = time.time()
         self._stop.clear()
         self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
         gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
         self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
@@ -183,6 +209,10 @@ class Driver:
             except RealtimeError:
                 self.stop()           # nothing is powered yet: this closes everything and restores the threads
                 raise
+        if not self.planner.wait_ready(PLANNER_START_S):
+            self.log(f"warning: the planner process was not ready within {PLANNER_START_S:g} s; the first motion "
+                     f"command waits for it")
+        self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop, log=self.log)
         for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -212,6 +242,8 @@ class Driver:
             self._recorder.join(timeout + 10.0)
             self._recorder = None
         self._close_sockets()
+        self.planner.close()
+        sys.setswitchinterval(self._switch_interval)
         self.arm.close()
         if self._rt_applied is not None:
             self._rt_applied.restore()
@@ -289,16 +321,25 @@ class Driver:
         return dynamics.gravity_torques(self.planning_model, q[None, :])[0]
 
     def set_payload(self, mass: float, com, inertia) -> None:
-        """Plan and feed forward with a payload (mass 0 clears it)."""
+        """Plan and feed forward with a payload (mass 0 clears it). Refused (InputError) unless it is a physical
+        body within the model's rated payload and reach, whose holding torque at the current pose keeps
+        every joint within its torque limit."""
+        check_payload(self.model, mass, com)       # first: a CoM of 1e300 m never reaches the arithmetic
         chi = payload_parameters(mass, com, inertia)
         model = dynamics.merge_payload(self.model, chi) if mass > 0 else self.model
 
         def apply():
             if self.cycle.motion is not None:
                 raise InputError("set_payload: a motion is running; wait for it to end")
-            self.planning_model, self.payload = model, chi
+            before = self.planning_model
+            self.planning_model = model
+            try:
+                self.cycle.set_hold_torque()        # the torque limits hold with it, or nothing changes
+            except DriverFault as exc:
+                self.planning_model = before
+                raise InputError(f"set_payload refused: {exc}") from None
+            self.payload = chi
             self.cycle.flags_extra = stream.FLAG_PAYLOAD if mass > 0 else 0
-            self.cycle.set_hold_torque()
 
         self.cycle.submit(apply)
 
@@ -319,17 +360,7 @@ class Driver:
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
         name_os_thread()
-        poller = zmq.Poller()
-        poller.register(self._rep, zmq.POLLIN)
-        while not self._stop.is_set():
-            if not poller.poll(POLL_MS):
-                continue
-            try:
-                raw = self._rep.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                continue
-            reply = self.commands.handle_bytes(raw)
-            self._rep.send(reply)
+        self.command_server.run()
 
     def health(self, period_s: float, last: dict) -> dict:
         """The health message (docs/stream.md): rates over the last period, drops, lateness, drive states."""
@@ -345,7 +376,8 @@ class Driver:
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),
                "drive_states": self.status(realtime)["drive_states"], "recording": self._recording_health(),
-               "realtime": realtime, "effort_delay_s": self.effort_delay_s,
+               "realtime": realtime, "effort_delay_s": self.effort_delay_s, "samples_lost": c.samples_lost,
+               "commands": None if self.command_server is None else self.command_server.stats(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         return msg
@@ -387,6 +419,24 @@ class Driver:
                 self.cycle.set_health_payload(json.dumps(self.health(HEALTH_PERIOD_S, last), default=str).encode())
             except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
                 self.log(f"health: {type(exc).__name__}: {exc}")
+
+
+def check_payload(model: Model, mass: float, com) -> None:
+    """Refuse a payload heavier than the model's rated payload, or whose centre of mass lies farther from the
+    flange than the arm reaches (InputError naming the field and the bound)."""
+    if mass > model.rated_payload:
+        raise InputError(f"set_payload refused: mass {mass:.4g} kg is over the rated payload of {model.name} "
+                         f"({model.rated_payload:g} kg)")
+    reach = model_reach(model)
+    distance = float(np.linalg.norm(com))
+    if mass > 0 and distance > reach:
+        raise InputError(f"set_payload refused: com is {distance:.4g} m from the flange, farther than the arm's "
+                         f"reach ({reach:.3g} m)")
+
+
+def model_reach(model: Model) -> float:
+    """The arm's reach (m): the sum of its links' offsets and the flange's (every link stretched out)."""
+    return float(np.linalg.norm(model.placement_p, axis=1).sum() + np.linalg.norm(model.flange_p))
 
 
 def _check_record(record: Record) -> None:

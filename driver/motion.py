@@ -33,6 +33,8 @@ _QUINTIC_AMAX = 10.0 / math.sqrt(3.0)
 SPEED_SCALE = 0.9            # plans use at most 90 % of the velocity and acceleration limits
 MIN_MOVE_DURATION = 0.05     # s
 AT_REST = 1e-6               # rad/s: a trajectory must start and end slower than this
+MAX_MOTION_S = 600.0         # default bound on a motion's duration (s): refused before anything is sampled
+MAX_SAMPLES_IN = 100_000     # the most samples a sampled trajectory may give
 
 
 class MotionError(InputError):
@@ -89,17 +91,30 @@ def _quintic(D: np.ndarray, T: float, rate_hz: float) -> tuple[np.ndarray, ...]:
     return s * D, ds * D, dds * D
 
 
+def check_duration(name: str, duration: float, max_s: float) -> None:
+    """Refuse a motion longer than max_s (s) before it is sampled, naming the bound."""
+    if not (math.isfinite(duration) and duration <= max_s):
+        raise MotionError(f"{name} refused: it would last {duration:.4g} s, over the {max_s:g} s bound on a "
+                          f"motion (driver.max_motion_s)")
+
+
 def _checked(model: Model, t: np.ndarray, q, qd, qdd, what: str) -> None:
+    finite = np.isfinite(q).all(axis=1) & np.isfinite(qd).all(axis=1) & np.isfinite(qdd).all(axis=1)
+    if not finite.all():
+        k = int(np.argmin(finite))
+        raise MotionError(f"{what} refused: its setpoints are not finite at t = {t[k]:.4f} s")
     try:
         check_motion(model, t, q, qd, qdd)
     except LimitError as exc:
         raise MotionError(f"{what} refused: {exc}") from None
 
 
-def plan_move(model: Model, q_from, q_to, rate_hz: float, *, speed: float = 1.0, name: str = "move_to") -> PlannedMotion:
+def plan_move(model: Model, q_from, q_to, rate_hz: float, *, speed: float = 1.0, name: str = "move_to",
+              max_s: float = MAX_MOTION_S) -> PlannedMotion:
     """A rest-to-rest synchronised quintic from q_from to q_to (rad), at `speed` (0 < speed <= 1) of the
     fastest duration that the velocity and acceleration limits allow; lengthened while the torque limit is
-    broken (at most 4 times x2), then refused with the joint, quantity and time."""
+    broken (at most 4 times x2), then refused with the joint, quantity and time. Refused when it would last
+    longer than max_s (s)."""
     q0 = _finite_pose(model, f"{name}: start", q_from)
     q1 = _finite_pose(model, f"{name}: goal", q_to)
     if not (isinstance(speed, (int, float)) and 0.0 < speed <= 1.0):
@@ -112,11 +127,12 @@ def plan_move(model: Model, q_from, q_to, rate_hz: float, *, speed: float = 1.0,
                           f"limits [{lo[j]:.4g}, {hi[j]:.4g}]")
     D = q1 - q0
     scale = SPEED_SCALE * speed
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         t_v = np.nanmax(np.where(D != 0, _QUINTIC_VMAX * np.abs(D) / (scale * model.qd_max), 0.0))
         t_a = np.nanmax(np.where(D != 0, np.sqrt(_QUINTIC_AMAX * np.abs(D) / (scale * model.qdd_max)), 0.0))
     T = max(MIN_MOVE_DURATION, float(t_v), float(t_a))
     for attempt in range(5):
+        check_duration(name, T, max_s)
         dq, dqd, dqdd = _quintic(D, T, rate_hz)
         q = q0 + dq
         t = np.arange(q.shape[0]) / rate_hz
@@ -154,7 +170,7 @@ def _cycle_times(duration: float, rate_hz: float) -> np.ndarray:
 
 
 def _with_approach(model: Model, name: str, q_now, t, q, qd, qdd, rate_hz: float,
-                   qd_ends: tuple[np.ndarray, np.ndarray]) -> PlannedMotion:
+                   qd_ends: tuple[np.ndarray, np.ndarray], max_s: float) -> PlannedMotion:
     """The motion (t, q, qd, qdd), preceded by a move from q_now; qd_ends, the exact velocities at its
     start and end, must be at rest."""
     for label, v in zip(("start", "end"), qd_ends):
@@ -163,31 +179,37 @@ def _with_approach(model: Model, name: str, q_now, t, q, qd, qdd, rate_hz: float
             raise MotionError(f"{name} refused: it does not {label} at rest (joint {model.joint_names[j]}: "
                               f"velocity {v[j]:.4g} rad/s at its {label}); design it to start and end at rest")
     _checked(model, t, q, qd, qdd, name)
-    approach = plan_move(model, q_now, q[0], rate_hz, name=f"{name}: move to start")
+    approach = plan_move(model, q_now, q[0], rate_hz, name=f"{name}: move to start", max_s=max_s)
     parts = [("move to start", approach.q, approach.qd, approach.qdd), (name, q, qd, qdd)]
     return _motion(model, name, rate_hz, parts)
 
 
-def plan_trajectory(model: Model, q_now, traj, rate_hz: float, *, periods: float = 1.0) -> PlannedMotion:
+def plan_trajectory(model: Model, q_now, traj, rate_hz: float, *, periods: float = 1.0,
+                    max_s: float = MAX_MOTION_S) -> PlannedMotion:
     """A Fourier trajectory (ident.excitation.FourierTrajectory) over `periods` periods, preceded by a move
-    from q_now to its start pose; checked as a whole."""
+    from q_now to its start pose; checked as a whole; refused beyond max_s (s)."""
     if traj.n != model.n:
         raise MotionError(f"run_trajectory: the trajectory has {traj.n} joints, the arm {model.n}")
     if not (periods > 0 and math.isfinite(periods)):
         raise MotionError(f"run_trajectory: periods {periods!r}: expected a positive number")
     end = periods * traj.period
+    check_duration("run_trajectory", end, max_s)
+    if end * rate_hz < 2:
+        raise MotionError(f"run_trajectory: periods {periods!r}: {end:.3g} s is shorter than two cycles")
     t = _cycle_times(end, rate_hz)
     q, qd, qdd = traj.evaluate(t)
     rest = traj.evaluate(np.array([0.0, end]))[1]
     return _with_approach(model, "run_trajectory", _finite_pose(model, "current pose", q_now), t, q, qd, qdd,
-                          rate_hz, (rest[0], rest[1]))
+                          rate_hz, (rest[0], rest[1]), max_s)
 
 
-def plan_samples(model: Model, q_now, t, q, rate_hz: float) -> PlannedMotion:
+def plan_samples(model: Model, q_now, t, q, rate_hz: float, *, max_s: float = MAX_MOTION_S) -> PlannedMotion:
     """A sampled trajectory t (N,) s strictly increasing, q (N, n) rad, resampled at rate_hz with a cubic
     spline clamped at rest at both ends (velocities and accelerations from the spline); preceded by a move
-    from q_now to q[0]; checked as a whole."""
+    from q_now to q[0]; checked as a whole; refused beyond max_s (s) or MAX_SAMPLES_IN samples."""
     t = np.asarray(t, dtype=float).reshape(-1)
+    if t.size > MAX_SAMPLES_IN:
+        raise MotionError(f"run_trajectory: samples: {t.size} samples, over the bound of {MAX_SAMPLES_IN}")
     q = np.atleast_2d(np.asarray(q, dtype=float))
     if q.shape != (t.size, model.n):
         raise MotionError(f"run_trajectory: samples: expected q of shape ({t.size}, {model.n}), got {q.shape}")
@@ -199,8 +221,9 @@ def plan_samples(model: Model, q_now, t, q, rate_hz: float) -> PlannedMotion:
     if np.any(np.diff(t) <= 0):
         k = int(np.argmax(np.diff(t) <= 0)) + 1
         raise MotionError(f"run_trajectory: samples: time is not strictly increasing at sample {k} (t = {t[k]})")
+    check_duration("run_trajectory", float(t[-1] - t[0]), max_s)
     spline = scipy.interpolate.CubicSpline(t - t[0], q, bc_type="clamped")   # at rest at both ends
     tt = _cycle_times(t[-1] - t[0], rate_hz)
     qd = spline(tt, 1)
     return _with_approach(model, "run_trajectory", _finite_pose(model, "current pose", q_now), tt,
-                          spline(tt), qd, spline(tt, 2), rate_hz, (qd[0], qd[-1]))
+                          spline(tt), qd, spline(tt, 2), rate_hz, (qd[0], qd[-1]), max_s)

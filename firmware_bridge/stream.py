@@ -10,7 +10,8 @@ STATE payload, little-endian, no padding, n = number of joints:
     0       char[4]     magic            b"ARMS"
     4       uint16      version          STREAM_VERSION
     6       uint16      n                joints
-    8       uint32      flags            driver flags (FLAG_*)
+    8       uint32      flags            driver flags (FLAG_*) in bits 0-15; bits 16-31: device samples lost
+                                         between the previous message and this one (LOST_SHIFT, saturates)
     12      uint64      seq              message counter, +1 per cycle (a gap = dropped messages)
     20      int64       device_time_ns   the drives' timestamp of this sample (ns, device clock)
     28      int64       host_time_ns     host UNIX time (ns, time.time_ns()) when the sample was read
@@ -31,7 +32,8 @@ import struct
 import numpy as np
 
 MAGIC = b"ARMS"
-STREAM_VERSION = 1
+STREAM_VERSION = 2
+READABLE_VERSIONS = (1, 2)     # version 1 has the same layout, without the lost-sample count
 TOPIC_STATE = b"state"
 TOPIC_HEALTH = b"health"
 
@@ -41,6 +43,9 @@ FLAG_MOVING = 1 << 1       # a motion command is being executed
 FLAG_FAULT = 1 << 2        # the driver is in its fault state (a drive fault, the watchdog, a link error)
 FLAG_STALE = 1 << 3        # no new device data in this cycle (values repeat the last sample)
 FLAG_PAYLOAD = 1 << 4      # a payload is set (limits and feed-forward include it)
+FLAG_LOST = 1 << 5         # device samples were lost before this message (their count: lost_samples(flags))
+LOST_SHIFT = 16            # flags bits 16-31: how many (saturates at LOST_MAX)
+LOST_MAX = 0xFFFF
 
 HEADER_SIZE = 36
 _HEADER_TAIL = struct.Struct("<IQqq")   # flags, seq, device_time_ns, host_time_ns at offset 8
@@ -90,17 +95,38 @@ class StateMessage:
         _HEADER_TAIL.pack_into(self.buffer, 8, flags, seq, device_time_ns, host_time_ns)
 
 
+def lost_flags(lost: int) -> int:
+    """The flags bits that report `lost` device samples (0 when none)."""
+    return 0 if lost <= 0 else FLAG_LOST | (min(int(lost), LOST_MAX) << LOST_SHIFT)
+
+
+def lost_samples(flags: int) -> int:
+    """Device samples lost between the previous message and this one, from a message's flags."""
+    return int(flags) >> LOST_SHIFT
+
+
+_FLOAT_FIELDS = ("q", "qd", "current", "torque")
+
+
 def decode_state(payload: bytes) -> np.void:
     """Decode one STATE payload into a numpy record (fields as in the module docstring).
-    Raises StreamDecodeError naming what is wrong (size, magic, version)."""
+    Raises StreamDecodeError naming what is wrong (size, magic, version, a non-finite value)."""
     if len(payload) < HEADER_SIZE:
         raise StreamDecodeError(f"state message: {len(payload)} bytes, shorter than the {HEADER_SIZE}-byte header")
     if bytes(payload[:4]) != MAGIC:
         raise StreamDecodeError(f"state message: magic {bytes(payload[:4])!r}, expected {MAGIC!r}")
     version = int.from_bytes(payload[4:6], "little")
-    if version != STREAM_VERSION:
-        raise StreamDecodeError(f"state message: version {version}, this reader knows {STREAM_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise StreamDecodeError(f"state message: version {version}, this reader knows "
+                                f"{', '.join(map(str, READABLE_VERSIONS))}")
     n = int.from_bytes(payload[6:8], "little")
     if len(payload) != message_size(n):
         raise StreamDecodeError(f"state message: {len(payload)} bytes for n = {n}, expected {message_size(n)}")
-    return np.frombuffer(payload, dtype=state_dtype(n))[0]
+    rec = np.frombuffer(payload, dtype=state_dtype(n))[0]
+    for name in _FLOAT_FIELDS:
+        bad = ~np.isfinite(rec[name])
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise StreamDecodeError(f"state message seq {int(rec['seq'])}: {name}[{j}] is {rec[name][j]}, "
+                                    f"not a finite number")
+    return rec

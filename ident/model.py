@@ -72,6 +72,7 @@ class Model:
     flange_R: np.ndarray        # (3, 3) flange frame in frame n
     flange_p: np.ndarray        # (3,)
     dh: np.ndarray | None = None  # (n, 4) alpha, d, theta, r when the model is modified DH
+    rated_payload: float = math.inf  # kg: the heaviest payload the arm is rated for ([robot] rated_payload)
 
     @property
     def n(self) -> int:
@@ -133,7 +134,8 @@ class JointSpec:
     dh: tuple[float, float, float, float] | None = None
 
 
-def build_model(name: str, source: str, joints: list[JointSpec], gravity, flange_R, flange_p) -> Model:
+def build_model(name: str, source: str, joints: list[JointSpec], gravity, flange_R, flange_p,
+                rated_payload: float = math.inf) -> Model:
     """Freeze a list of JointSpec into a Model."""
     if not joints:
         raise ModelError(source, "joint", "at least one movable joint")
@@ -161,6 +163,7 @@ def build_model(name: str, source: str, joints: list[JointSpec], gravity, flange
         flange_R=_frozen(flange_R, (3, 3)),
         flange_p=_frozen(flange_p, (3,)),
         dh=dh,
+        rated_payload=float(rated_payload),
     )
 
 
@@ -237,7 +240,7 @@ class _Fields:
 
 # the keys of each table (docs/model-file.md); anything else is refused by _Fields.only
 _TOP_KEYS = ("robot", "joint")
-_ROBOT_KEYS = ("name", "gravity", "flange")
+_ROBOT_KEYS = ("name", "gravity", "flange", "rated_payload")
 _URDF_ROBOT_KEYS = _ROBOT_KEYS + ("urdf", "base", "tip")
 _FRAME_KEYS = ("xyz", "rpy")
 _JOINT_KEYS = ("name", "type", "dh", "origin", "axis", "link", "drive", "limits")
@@ -336,10 +339,12 @@ def _load_toml(path: Path) -> Model:
     raw_joints = data.get("joint", [])
     if not isinstance(raw_joints, list) or not all(isinstance(j, dict) for j in raw_joints):
         raise ModelError(source, "joint", "an array of tables [[joint]]")
+    rated = robot.number("rated_payload", math.inf, minimum=0.0) if robot.has("rated_payload") else math.inf
     if robot.has("urdf"):
-        return _urdf_with_overrides(path, robot, raw_joints, gravity, flange_R, flange_p, name)
+        return dataclasses.replace(_urdf_with_overrides(path, robot, raw_joints, gravity, flange_R, flange_p, name),
+                                   rated_payload=rated)
     specs = [_joint_from_toml(_Fields(source, j, f"joint[{i}]"), i, source) for i, j in enumerate(raw_joints)]
-    return build_model(name, source, specs, gravity, flange_R, flange_p)
+    return build_model(name, source, specs, gravity, flange_R, flange_p, rated)
 
 
 def _urdf_with_overrides(path: Path, robot: _Fields, raw_joints: list, gravity, flange_R, flange_p,

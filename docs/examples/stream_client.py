@@ -17,10 +17,11 @@ for k in itertools.count():
         break
     topic, msg = sub.recv_multipart()
     magic, version, n, flags, seq, t_device, t_host = struct.unpack_from("<4sHHIQqq", msg, 0)
-    if magic != b"ARMS" or version != 1 or len(msg) != 36 + 37 * n:
-        sys.exit(f"not a version-1 state message ({len(msg)} bytes)")
+    if magic != b"ARMS" or version != 2 or len(msg) != 36 + 37 * n:
+        sys.exit(f"not a version-2 state message ({len(msg)} bytes)")
+    lost = flags >> 16                                              # device samples lost before this one
     q = struct.unpack_from(f"<{n}d", msg, 36)                       # rad
     current = struct.unpack_from(f"<{n}d", msg, 36 + 16 * n)        # A
     status = struct.unpack_from(f"<{n}H", msg, 36 + 32 * n)         # CiA 402 statusword
-    print(seq, flags, t_host, *(f"{x:+.6f}" for x in q), *(f"{i:+.4f}" for i in current),
+    print(seq, flags & 0xFFFF, lost, t_host, *(f"{x:+.6f}" for x in q), *(f"{i:+.4f}" for i in current),
           *(f"{w:04x}" for w in status), flush=True)

@@ -776,6 +776,11 @@ class CanArm:
             out.device_time_ns, out.host_time_ns = int(times[0]), int(times[1])
         return True
 
+    def lost_samples(self) -> int:
+        """Device samples lost so far: overwritten unread, or incomplete (a drive's PDO of that SYNC missing)."""
+        s = self._stats
+        return s["samples_overwritten"] + s["incomplete_samples"]
+
     def backlog(self) -> int:
         """Complete samples not read yet (at most SAMPLE_RING are kept): the cycle publishes the older ones first
         (driver.cycle, caught_up)."""

@@ -446,6 +446,10 @@ class GatewayArm:
                                 f"a write): the gateway quick-stopped the drives")
             return self._ring.take(out)
 
+    def lost_samples(self) -> int:
+        """Device samples lost so far (overwritten unread in the ring)."""
+        return self._ring.overwritten
+
     def backlog(self) -> int:
         """Images decoded and not read yet (at most SAMPLE_RING are kept): the cycle publishes the older ones
         first, so that two images between two cycles are both published."""

@@ -43,6 +43,7 @@ class LocalSimArm:
         self._sample = SimState.empty(self.n)
         self._last_cycle = -1
         self._reads = 0
+        self._lost = 0
 
     def open(self) -> None:
         self.lockstep = not self.sim.running
@@ -72,13 +73,20 @@ class LocalSimArm:
         out.error_code[:] = s.error_code
         out.mode[:] = s.mode_display
         fresh = s.cycle != self._last_cycle
+        if fresh and self._last_cycle >= 0 and s.cycle > self._last_cycle + 1:
+            self._lost += s.cycle - self._last_cycle - 1     # a free-running simulator stepped past unread samples
         self._last_cycle = s.cycle
         self._reads += 1
         return fresh
+
+    def lost_samples(self) -> int:
+        """Simulator cycles that passed unread (only when the simulator runs on its own clock)."""
+        return self._lost
 
     def write(self, command: ArmCommand) -> None:
         self.sim.set_commands(controlword=command.controlword, mode=command.mode,
                               target_position=command.target_position, target_torque=command.target_torque)
 
     def link_stats(self) -> dict:
-        return {"transport": "sim", "reads": self._reads, "device_cycle": int(self._last_cycle)}
+        return {"transport": "sim", "reads": self._reads, "device_cycle": int(self._last_cycle),
+                "samples_lost": self._lost}

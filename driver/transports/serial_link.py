@@ -209,6 +209,10 @@ class SerialArm:
         with self._lock:
             return self._ring.take(out)
 
+    def lost_samples(self) -> int:
+        """Device samples lost so far (overwritten unread in the ring)."""
+        return self._ring.overwritten
+
     def backlog(self) -> int:
         """STATEs that arrived and have not been read (at most SAMPLE_RING are kept)."""
         return self._ring.unread()

@@ -1,0 +1,200 @@
+"""The daemon's command socket: a loop that no request can end, stall or starve.
+
+One thread owns a ZeroMQ ROUTER socket (REQ clients talk to it as to a REP socket; its replies go to the
+client that asked, in any order). Each turn of the loop:
+  1. reads what has arrived (at most READ_BATCH messages), answering `quick_stop` and `disable` at once,
+     before anything read earlier: they reach the cycle at its next cycle boundary whatever else is in flight;
+  2. answers one other request (status, enable, set_payload, ...) or sends a motion request to the planner
+     process (driver.planner), which answers later; a second motion while one is being planned is refused;
+  3. collects the planner's answer when it is ready and starts the motion.
+Whatever a request raises becomes an error reply naming the request, counted in `stats` (the health topic's
+`commands`), and the loop goes on. At most PER_CLIENT requests of one client wait (and BACKLOG of all);
+beyond that a request is refused unread, so that a client flooding the socket delays only itself.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import zmq
+
+from driver.commands import PLANNING, SMALL_REQUEST_BYTES, URGENT, Commands, encode
+from driver.planner import Planner, PlannerError
+from driver.requests import RequestError, decode_request
+
+POLL_MS = 50
+READ_BATCH = 256
+BACKLOG = 1024
+PER_CLIENT = 64
+_URGENT_MARKS = tuple(name.encode() for name in URGENT)
+
+
+class CommandServer:
+    """Serves `commands` on the bound ROUTER socket `sock` until `stop` is set (run() in its own thread)."""
+
+    def __init__(self, sock: zmq.Socket, commands: Commands, planner: Planner, stop: threading.Event, log=None):
+        self.sock, self.commands, self.planner, self._stop = sock, commands, planner, stop
+        self.log = log or (lambda text: None)
+        self._waiting: deque[tuple[list, bytes]] = deque()
+        self._per_client: dict[bytes, int] = {}     # requests waiting, by the client's ROUTER identity
+        self._planning: list | None = None          # the envelope of the motion request being planned
+        self.received = 0
+        self.answered = 0
+        self.errors = 0              # error replies (bad requests, refusals)
+        self.internal_errors = 0     # requests whose handling raised what it should not have
+        self.refused_busy = 0        # refused unread: more than BACKLOG waiting
+        self.unsent = 0              # replies the socket could not take (client gone)
+        self.malformed_envelopes = 0
+        self.urgent = 0
+        self.last_internal_error: str | None = None
+
+    def stats(self) -> dict:
+        return {"received": self.received, "answered": self.answered, "errors": self.errors,
+                "internal_errors": self.internal_errors, "refused_busy": self.refused_busy,
+                "unsent_replies": self.unsent, "malformed_envelopes": self.malformed_envelopes,
+                "urgent": self.urgent, "waiting": len(self._waiting), "last_internal_error": self.last_internal_error,
+                "planner": self.planner.stats()}
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.planner.fileno(), zmq.POLLIN)
+        planner_fd = self.planner.fileno()
+        while not self._stop.is_set():
+            busy = bool(self._waiting)
+            try:
+                poller.poll(0 if busy else (10 if self.planner.busy else POLL_MS))
+            except zmq.ZMQError as exc:
+                if self._stop.is_set():
+                    return
+                self.log(f"commands: poll: {exc}")
+                time.sleep(0.01)
+                continue
+            self._guard("read", self._read)
+            if self._waiting:
+                envelope, body = self._waiting.popleft()
+                left = self._per_client.pop(envelope[0], 1) - 1
+                if left:
+                    self._per_client[envelope[0]] = left
+                self._guard_request(envelope, body, self._answer)
+            self._guard("planner", self._planner_turn)
+            fd = self.planner.fileno()
+            if fd != planner_fd:               # the planner was restarted: a new pipe
+                poller.unregister(planner_fd)
+                poller.register(fd, zmq.POLLIN)
+                planner_fd = fd
+
+    def _guard(self, what: str, fn) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - the loop must go on
+            self._internal(f"{what}: {type(exc).__name__}: {exc}")
+
+    def _guard_request(self, envelope: list, body: bytes, fn) -> None:
+        try:
+            fn(envelope, body)
+        except Exception as exc:  # noqa: BLE001 - any failure becomes an error reply, the loop goes on
+            self._internal(f"{type(exc).__name__}: {exc}")
+            self._reply(envelope, {"ok": False, "error": f"{_describe(body)}: internal error while handling it "
+                                                         f"({type(exc).__name__}); the driver goes on"})
+
+    def _internal(self, text: str) -> None:
+        self.internal_errors += 1
+        self.last_internal_error = text[:500]
+        self.log(f"commands: internal error: {text[:500]}")
+
+    # -- reading -------------------------------------------------------------------------------------
+    def _read(self) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.received += 1
+            split = _split(frames)
+            if split is None:
+                self.malformed_envelopes += 1
+                if len(frames) >= 2:         # a reply to a malformed envelope, to the sender it names
+                    self._reply(frames[:1], {"ok": False, "error": "request: expected one message part"})
+                continue
+            envelope, body = split
+            if len(body) < 256 and any(mark in body for mark in _URGENT_MARKS):
+                self._guard_request(envelope, body, self._answer)   # before anything that waits
+            elif len(self._waiting) >= BACKLOG or self._per_client.get(envelope[0], 0) >= PER_CLIENT:
+                self.refused_busy += 1
+                self._reply(envelope, {"ok": False, "error": "request refused unread: too many requests are "
+                                                             "waiting; wait for the replies before sending more"})
+            else:
+                self._waiting.append((envelope, body))
+                self._per_client[envelope[0]] = self._per_client.get(envelope[0], 0) + 1
+
+    # -- answering -----------------------------------------------------------------------------------
+    def _answer(self, envelope: list, body: bytes) -> None:
+        if len(body) > SMALL_REQUEST_BYTES:
+            self._plan(envelope, body, "request")     # only a motion may be this large: the planner decodes it
+            return
+        try:
+            req = decode_request(body)
+        except RequestError as exc:
+            self._reply(envelope, {"ok": False, "error": str(exc)})
+            return
+        cmd = req["cmd"]
+        if cmd in URGENT:
+            self.urgent += 1
+        if cmd in PLANNING:
+            self._plan(envelope, body, cmd)
+            return
+        self._reply(envelope, self.commands.run(req))
+
+    def _plan(self, envelope: list, body: bytes, cmd: str) -> None:
+        try:
+            self.planner.submit(cmd, self.commands.plan_job(body))
+        except PlannerError as exc:
+            self._reply(envelope, {"ok": False, "error": str(exc)})
+            return
+        self._planning = envelope
+
+    def _planner_turn(self) -> None:
+        if self._planning is None:
+            return
+        answer = self.planner.collect()
+        if answer is None:
+            answer = self.planner.overdue()
+        if answer is None:
+            return
+        envelope, self._planning = self._planning, None
+        if isinstance(answer, str):
+            self._reply(envelope, {"ok": False, "error": answer})
+            return
+        plan = answer
+        self._reply(envelope, self.commands.guarded(plan.name, lambda: self.commands.start(plan)))
+
+    def _reply(self, envelope: list, reply: dict) -> None:
+        self.answered += 1
+        if not reply.get("ok"):
+            self.errors += 1
+        try:
+            self.sock.send_multipart([*envelope, encode(reply)], zmq.NOBLOCK)
+        except (zmq.Again, zmq.ZMQError):
+            self.unsent += 1
+
+
+def _split(frames: list) -> tuple[list, bytes] | None:
+    """(envelope, body) of a ROUTER message: [id, b"", body] from REQ, [id, body] from DEALER; None otherwise."""
+    if len(frames) == 3 and frames[1] == b"":
+        return frames[:2], frames[2]
+    if len(frames) == 2:
+        return frames[:1], frames[1]
+    return None
+
+
+def _describe(body: bytes) -> str:
+    """A short name of a request for an error reply: its command when it has one."""
+    if len(body) <= SMALL_REQUEST_BYTES:
+        try:
+            return f"request {decode_request(body)['cmd'][:60]!r}"
+        except RequestError:
+            pass
+    return f"request of {len(body)} bytes"

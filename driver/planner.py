@@ -1,0 +1,290 @@
+"""Motion planning in a process of its own, so that no plan can pause the cycle or the stream.
+
+Planning a long motion allocates and computes for up to seconds (spline, inverse dynamics, the limit
+checks over every sample), and reading a trajectory file can block. In the daemon's process either would
+hold the interpreter lock and stall the 1 kHz cycle. The planner process (`python -m driver.planner`, a
+fresh interpreter that shares nothing with the daemon; jobs and answers are pickled over its stdin and
+stdout with multiprocessing.connection) takes one job at a time: the raw request bytes and what the plan needs
+(the planning model, the current pose, the rate, the bounds). It decodes and checks the request, plans
+(driver.motion), and writes the setpoints into a file in a private folder (in /dev/shm when there is one);
+the daemon maps that file (numpy memmap), so a plan of any allowed size crosses without a copy.
+
+The daemon's command server owns the Planner and polls `fileno()` with its socket: `submit` sends a job and
+returns at once, `collect` takes the answer when it is ready. A job that runs past `timeout_s`, or a
+process that dies, costs that job only: the process is killed and started again.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ident.errors import InputError
+
+PLAN_TIMEOUT_S = 60.0          # the longest a plan may take (the largest allowed plans take a few seconds)
+MAX_MOTION_S = 600.0           # default bound on a motion's duration (s), as driver.motion's
+
+
+@dataclass(frozen=True)
+class PlanBounds:
+    """What a plan may be: its longest duration (s) and where trajectory files may be read from (None: no
+    files; only the trajectory inline)."""
+
+    max_motion_s: float = MAX_MOTION_S
+    trajectory_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    raw: bytes
+    model: object                 # ident.model.Model with the payload merged
+    q_now: np.ndarray
+    rate_hz: float
+    bounds: PlanBounds
+
+
+class PlannerError(InputError):
+    """The planner could not answer (busy, timed out, its process died)."""
+
+
+def _mkdir() -> str:
+    shm = Path("/dev/shm")
+    base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return tempfile.mkdtemp(prefix="armid-plans-", dir=base)
+
+
+class Planner:
+    """The planner process seen from the daemon (module docstring). Not thread-safe: one owner thread."""
+
+    def __init__(self, timeout_s: float = PLAN_TIMEOUT_S, log=None):
+        self.timeout_s = float(timeout_s)
+        self.log = log or (lambda text: None)
+        self._proc: subprocess.Popen | None = None
+        self._send: Connection | None = None
+        self._conn: Connection | None = None         # answers come on this one
+        self._dir: str | None = None
+        self._pending: tuple[str, float] | None = None     # (command, deadline) of the job in flight
+        self._jobs = 0
+        self.restarts = 0
+        self.timeouts = 0
+
+    # -- life cycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the process (its imports and kernels load in the background: the first job waits)."""
+        if self._dir is None:
+            self._dir = _mkdir()
+        env = dict(os.environ)
+        here = str(Path(__file__).resolve().parent.parent)        # the folder that holds the driver package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+        self._proc = subprocess.Popen([sys.executable, "-m", "driver.planner", self._dir], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
+        self._send = Connection(os.dup(self._proc.stdin.fileno()), readable=False)
+        self._conn = Connection(os.dup(self._proc.stdout.fileno()), writable=False)
+        self._proc.stdin.close()
+        self._proc.stdout.close()
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until the process has loaded its kernels (at most timeout_s); True when it has."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready and self._pending is None and time.monotonic() < deadline:
+            if self._conn.poll(min(0.1, max(0.0, deadline - time.monotonic()))):
+                self._take_ready()
+        return self.ready
+
+    def _take_ready(self) -> bool:
+        """Read the process's ready message if it is next on the pipe (True when it was)."""
+        try:
+            answer = self._conn.recv()
+        except (EOFError, OSError):
+            self._restart("its process ended while starting")
+            return False
+        if answer != ("ready",):
+            raise RuntimeError(f"planner: unexpected message {answer[:1]!r} before ready")
+        self.ready = True
+        return True
+
+    def close(self) -> None:
+        self._kill()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def _kill(self) -> None:
+        for conn in (self._send, self._conn):
+            if conn is not None:
+                conn.close()
+        self._send = self._conn = None
+        if self._proc is not None:
+            self._proc.kill()
+            try:
+                self._proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                pass
+            self._proc = None
+        self._pending = None
+
+    def _restart(self, why: str) -> None:
+        self.log(f"planner: {why}; restarting it")
+        self.restarts += 1
+        self._kill()
+        self.start()
+
+    # -- jobs ----------------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self._pending is not None
+
+    def fileno(self) -> int:
+        """The pipe the answers come on (for zmq.Poller / select)."""
+        if self._conn is None:
+            self.start()
+        return self._conn.fileno()
+
+    def submit(self, cmd: str, job: PlanJob) -> None:
+        """Send a job; PlannerError when one is still in flight."""
+        if self._pending is not None:
+            raise PlannerError(f"{cmd}: the planner is busy with {self._pending[0]}; send it again when that "
+                               f"one has been answered")
+        if self._conn is None or self._proc is None or self._proc.poll() is not None:
+            self._restart("its process is not running")
+        try:
+            self._send.send(job)
+        except (OSError, ValueError) as exc:
+            self._restart(f"cannot send it a job ({exc})")
+            raise PlannerError(f"{cmd}: the planner was not reachable; send it again") from None
+        self._pending = (cmd, time.monotonic() + self.timeout_s)
+        self._jobs += 1
+
+    def overdue(self) -> str | None:
+        """When the job in flight has run past timeout_s: restart the process and return the job's error."""
+        if self._pending is None or time.monotonic() < self._pending[1]:
+            return None
+        cmd = self._pending[0]
+        self.timeouts += 1
+        self._restart(f"{cmd} took longer than {self.timeout_s:g} s")
+        return f"{cmd}: planning took longer than {self.timeout_s:g} s and was stopped"
+
+    def collect(self):
+        """The answer of the job in flight once it is ready (the pipe is readable): a motion.PlannedMotion,
+        or an error text; None when nothing is ready."""
+        if self._pending is None or self._conn is None or not self._conn.poll(0):
+            return None
+        if not self.ready:
+            self._take_ready()
+            return None
+        cmd = self._pending[0]
+        try:
+            answer = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            self._restart(f"its process ended during {cmd} ({type(exc).__name__})")
+            return f"{cmd}: the planner process ended while planning; send it again"
+        self._pending = None
+        kind = answer[0]
+        if kind != "plan":
+            return answer[1]
+        return _load_plan(*answer[1:])
+
+    def plan_now(self, job: PlanJob, timeout_s: float | None = None):
+        """Submit and wait (for callers without a poll loop): a PlannedMotion or an error text."""
+        self.submit(_request_command(job.raw), job)
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        while time.monotonic() < deadline:
+            if self._conn.poll(0.05):
+                out = self.collect()
+                if out is not None:
+                    return out
+        return self.overdue() or f"{_request_command(job.raw)}: no answer from the planner"
+
+    def stats(self) -> dict:
+        return {"ready": self.ready, "jobs": self._jobs, "restarts": self.restarts, "timeouts": self.timeouts,
+                "busy": None if self._pending is None else self._pending[0]}
+
+
+def _request_command(raw: bytes) -> str:
+    from driver.requests import command_name
+
+    return command_name(raw) if len(raw) < 65536 else "request"
+
+
+def _load_plan(path: str, name: str, rate_hz: float, segments):
+    from driver.motion import PlannedMotion
+
+    try:
+        arr = np.asarray(np.load(path, mmap_mode="r"))
+    finally:
+        try:
+            os.unlink(path)         # the mapping stays valid; nothing is left behind
+        except OSError:
+            pass
+    q, qd, qdd, tau = arr
+    return PlannedMotion(name, rate_hz, q, qd, qdd, tau, tuple((str(n), int(k)) for n, k in segments))
+
+
+# -- the planner process -----------------------------------------------------------------------------
+def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
+    """The planner process's loop: a job in, ("plan", path, name, rate, segments) or ("error", text) out."""
+    import signal
+
+    import warnings
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the daemon's to handle
+    warnings.simplefilter("ignore", RuntimeWarning)      # overflow on a hostile request: its refusal says why
+    from driver import motion
+    from driver.plan_requests import plan_request
+
+    _warm_up(motion)
+    answers.send(("ready",))
+    count = 0
+    while True:
+        try:
+            job = jobs.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            plan = plan_request(job.raw, job.model, job.q_now, job.rate_hz, job.bounds)
+            count += 1
+            path = os.path.join(folder, f"plan-{count}.npy")
+            np.save(path, np.stack([plan.q, plan.qd, plan.qdd, plan.tau_ff]))
+            answer = ("plan", path, plan.name, plan.rate_hz, [(n, int(k)) for n, k in plan.segments])
+        except InputError as exc:
+            answer = ("error", str(exc))
+        except MemoryError:
+            answer = ("error", "planning ran out of memory")
+        except Exception as exc:  # noqa: BLE001 - reported to the client, the process goes on
+            answer = ("error", f"planning failed: {type(exc).__name__}: {exc}")
+        try:
+            answers.send(answer)
+        except (OSError, ValueError):
+            return
+
+
+def _warm_up(motion) -> None:
+    """Load the planning kernels before the first job (a short move of a small arm's model)."""
+    try:
+        from ident.model import load_model
+
+        model = load_model("generic6")
+        motion.plan_move(model, np.zeros(model.n), np.full(model.n, 0.01), 1000.0)
+    except Exception:  # noqa: BLE001 - only a warm-up
+        pass
+
+
+def main(argv: list[str]) -> None:
+    """`python -m driver.planner FOLDER`: jobs on stdin, answers on stdout (anything else printed goes to
+    stderr, so that nothing stray reaches the answers)."""
+    answers = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)
+    _serve(Connection(os.dup(0), writable=False), answers, argv[0])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
