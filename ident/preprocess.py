@@ -221,12 +221,50 @@ def load_recording(path: str | Path, *, n: int | None = None) -> Recording:
     return rec
 
 
+MAX_NPZ_BYTES = 2 << 30    # the arrays of one NPZ recording, uncompressed (an hour at 1 kHz of 12 joints: ~1 GB)
+
+
+def _check_npz_sizes(path: Path) -> None:
+    """Refuse, before numpy allocates it, an array whose header asks for more bytes than its member holds (numpy
+    allocates the header's shape first) or members larger than MAX_NPZ_BYTES in all (a zip bomb)."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    total = 0
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            total += info.file_size
+            if total > MAX_NPZ_BYTES:
+                raise PreprocessError(f"{path}: the arrays hold more than {MAX_NPZ_BYTES} bytes uncompressed "
+                                      f"(the bound of one recording)")
+            if not info.filename.endswith(".npy"):
+                continue
+            name = info.filename[:-4]
+            with z.open(info) as f:
+                version = npy.read_magic(f)
+                if version not in ((1, 0), (2, 0)):
+                    raise PreprocessError(f"{path}: array {name!r}: .npy format version {version}, expected 1.0 or 2.0")
+                read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                shape, _, dtype = read_header(f)
+                header = f.tell()
+            if dtype.hasobject:
+                continue                                     # refused below (allow_pickle=False)
+            need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if need > info.file_size - header:
+                raise PreprocessError(f"{path}: array {name!r}: its header gives shape {tuple(shape)} ({need} bytes), "
+                                      f"the file holds {info.file_size - header} bytes")
+
+
 def _load_npz(path: Path) -> Recording:
     import zipfile
 
     try:
+        _check_npz_sizes(path)
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
+    except PreprocessError:
+        raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise PreprocessError(f"{path}: not a readable NPZ file: {exc}") from None
     known = ("t", "q", "tau", "current", "qd", "effort_delay")

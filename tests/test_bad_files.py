@@ -99,6 +99,25 @@ def _npz(d: Path, **changes) -> Path:
     return d / "run.npz"
 
 
+def _npz_claiming(d: Path, shape: tuple[int, ...]) -> Path:
+    """An NPZ recording whose t.npy header claims `shape` over 64 bytes of data (numpy allocates the shape)."""
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    def member(shape, data: bytes) -> bytes:
+        head = io.BytesIO()
+        npy.write_array_header_1_0(head, {"descr": "<f8", "fortran_order": False, "shape": shape})
+        return head.getvalue() + data
+
+    with zipfile.ZipFile(d / "run.npz", "w") as z:
+        z.writestr("t.npy", member(shape, bytes(64)))
+        z.writestr("q.npy", member((8, 6), bytes(384)))
+        z.writestr("tau.npy", member((8, 6), bytes(384)))
+    return d / "run.npz"
+
+
 def _measurements(d: Path, line: int, column: int, text: str) -> Path:
     rng = np.random.default_rng(1)
     rows = [[repr(float(v)) for v in np.concatenate([rng.uniform(-1, 1, 6), rng.uniform(-0.5, 0.5, 3)])]
@@ -222,6 +241,9 @@ CASES = [
     Case("npz-objects", lambda d: ["identify", str(_npz(d, t=np.array([None] * 120, dtype=object))),
                                    "--model", "generic6", "-o", str(d / "out"), "--quiet"],
          ("run.npz", "not a readable NPZ")),
+    Case("npz-header-claims-8-tib", lambda d: ["identify", str(_npz_claiming(d, (2 ** 40,))), "--model", "generic6",
+                                               "-o", str(d / "out"), "--quiet"],
+         ("run.npz", "array 't'", "shape (1099511627776,)")),
     # calibration measurements
     Case("calibration-1e300", lambda d: ["calibrate", "identify", str(_measurements(d, 4, 7, "1e300")),
                                          "--model", "generic6", "-o", str(d / "out")],

@@ -404,3 +404,24 @@ def test_slow_rows_mark_each_joint_below_the_threshold():
     np.testing.assert_array_equal(pp.slow_rows(qd, 0.05), [[True, False], [True, False], [False, False]])
     with pytest.raises(PreprocessError, match="threshold"):
         pp.slow_rows(qd, -1.0)
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((2 ** 40,), "array 't': its header gives shape (1099511627776,) (8796093022208 bytes), the file holds 64 bytes"),
+    ((2 ** 62,), "array 't': its header gives shape (4611686018427387904,)"),
+    ((9, 2 ** 61), "array 't': its header gives shape (9, 2305843009213693952)"),
+])
+def test_an_npz_header_that_claims_more_than_its_data_is_refused_before_numpy_allocates_it(tmp_path, shape, expected):
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    head = io.BytesIO()
+    npy.write_array_header_1_0(head, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    path = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("t.npy", head.getvalue() + bytes(64))
+    with pytest.raises(PreprocessError) as info:
+        pp.load_recording(path)
+    assert str(info.value) == f"{path}: {expected}" or str(info.value).startswith(f"{path}: {expected}")
