@@ -29,6 +29,8 @@ from ident.model import DRIVE_NAMES, INERTIAL_NAMES, PARAMS_PER_JOINT, Model
 
 GRID_PER_PERIOD = 120      # samples per period for the criterion and the constraints during the search
 MAX_SAMPLES = 1_000_000    # samples of one sampling (1000 s at 1 kHz): a few hundred MB of basis matrices
+MAX_GRID = 10_000          # samples per period during the search: the stacked regressor is grid x n rows
+MAX_HARMONICS = 100        # harmonics per joint: the basis matrices grow with samples x harmonics
 SAFETY = 0.95              # limits are tightened by 5 % during the search; the result is checked exactly
 
 
@@ -58,6 +60,8 @@ class FourierTrajectory:
                              f"{a.shape}, {b.shape}")
         if not (np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(q0).all()):
             raise InputError("trajectory coefficients: not finite")
+        if a.shape[1] > MAX_HARMONICS:
+            raise InputError(f"trajectory coefficients: {a.shape[1]} harmonics, expected at most {MAX_HARMONICS}")
         if self.joint_names and len(self.joint_names) != a.shape[0]:
             raise InputError(f"joint_names: expected {a.shape[0]} names, got {len(self.joint_names)}")
         for name, value in (("q0", q0), ("a", a), ("b", b)):
@@ -213,6 +217,8 @@ def load(path: str | Path) -> FourierTrajectory:
             values = entry[key]
             if not isinstance(values, list) or not values or not all(_is_number(v) for v in values):
                 raise fail(f"{where}.{key}", "a non-empty list of finite numbers in rad/s", values)
+            if len(values) > MAX_HARMONICS:
+                raise fail(f"{where}.{key}", f"at most {MAX_HARMONICS} coefficients (one per harmonic)", len(values))
         H = len(joints[0]["a"]) if isinstance(joints[0].get("a"), list) else len(entry["a"])
         for key in ("a", "b"):
             if len(entry[key]) != H:
@@ -517,12 +523,14 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
     """
     if criterion not in ("cond", "logdet"):
         raise InputError(f"criterion: expected 'cond' or 'logdet', got {criterion!r}")
-    if int(harmonics) != harmonics or harmonics < 2:
-        raise InputError(f"harmonics: expected an integer >= 2 (3 coefficients per joint are spent on starting "
-                         f"at rest), got {harmonics}")
+    if int(harmonics) != harmonics or not 2 <= harmonics <= MAX_HARMONICS:
+        raise InputError(f"harmonics: expected an integer 2..{MAX_HARMONICS} (3 coefficients per joint are spent on "
+                         f"starting at rest), got {harmonics}")
     if not (math.isfinite(base_frequency) and base_frequency > 0):
         raise InputError(f"base_frequency: expected a positive number in Hz, got {base_frequency}")
     sample_count(base_frequency, check_rate_hz)      # the exact check at the end samples one period at this rate
+    if not 4 <= grid <= MAX_GRID:
+        raise InputError(f"grid: expected 4..{MAX_GRID} samples per period, got {grid}")
     if restarts < 1 or max_iter < 0 or grid < 4:
         raise InputError(f"restarts >= 1, max_iter >= 0 and grid >= 4 expected, got {restarts}, {max_iter}, {grid}")
     pose = start_pose_or_mid_range(model, start_pose)

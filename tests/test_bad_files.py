@@ -210,6 +210,9 @@ CASES = [
     Case("design-base-frequency-1e-9", lambda d: ["excite", "design", "--model", "generic6", "--base-frequency", "1e-9",
                                                   "-o", str(d / "t.toml")],
          ("base_frequency", "samples")),
+    Case("design-grid-1e8", lambda d: ["excite", "design", "--model", "generic6", "--grid", "100000000",
+                                       "-o", str(d / "t.toml")],
+         ("grid", "4..10000")),
     Case("trajectory-unknown-field", lambda d: ["excite", "check", str(_trajectory(
         d, q0='q0 = 0.0\nq00 = 1.0')), "--model", "generic6"],
          ("traj.toml", "q00")),
