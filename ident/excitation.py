@@ -29,6 +29,7 @@ from ident.model import DRIVE_NAMES, INERTIAL_NAMES, PARAMS_PER_JOINT, Model
 
 GRID_PER_PERIOD = 120      # samples per period for the criterion and the constraints during the search
 MAX_SAMPLES = 1_000_000    # samples of one sampling (1000 s at 1 kHz): a few hundred MB of basis matrices
+MAX_BASE_FREQUENCY = 100.0  # Hz: an arm's excitation is a few Hz; above, a period is a handful of samples at 1 kHz
 MAX_GRID = 10_000          # samples per period during the search: the stacked regressor is grid x n rows
 MAX_HARMONICS = 100        # harmonics per joint: the basis matrices grow with samples x harmonics
 SAFETY = 0.95              # limits are tightened by 5 % during the search; the result is checked exactly
@@ -51,8 +52,9 @@ class FourierTrajectory:
     source: str = ""                           # the file it was read from, for error messages
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.base_frequency) and self.base_frequency > 0):
-            raise InputError(f"base_frequency: expected a positive number in Hz, got {self.base_frequency!r}")
+        if not (_is_number(self.base_frequency) and 0 < self.base_frequency <= MAX_BASE_FREQUENCY):
+            raise InputError(f"base_frequency: expected a number of Hz in (0, {MAX_BASE_FREQUENCY:g}], "
+                             f"got {self.base_frequency!r}")
         a, b = np.array(self.a, dtype=float), np.array(self.b, dtype=float)
         q0 = np.array(self.q0, dtype=float)
         if a.ndim != 2 or a.shape[1] == 0 or b.shape != a.shape or q0.shape != (a.shape[0],):
@@ -195,8 +197,8 @@ def load(path: str | Path) -> FourierTrajectory:
     if head.get("kind") != "fourier":
         raise fail("trajectory.kind", '"fourier"', head.get("kind"))
     f0 = head.get("base_frequency")
-    if not (_is_number(f0) and f0 > 0):
-        raise fail("trajectory.base_frequency", "a positive number in Hz", f0)
+    if not (_is_number(f0) and 0 < f0 <= MAX_BASE_FREQUENCY):
+        raise fail("trajectory.base_frequency", f"a number of Hz in (0, {MAX_BASE_FREQUENCY:g}]", f0)
     joints = doc.get("joint")
     if not isinstance(joints, list) or not joints:
         raise fail("[[joint]]", "one table per joint")
@@ -526,8 +528,8 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
     if int(harmonics) != harmonics or not 2 <= harmonics <= MAX_HARMONICS:
         raise InputError(f"harmonics: expected an integer 2..{MAX_HARMONICS} (3 coefficients per joint are spent on "
                          f"starting at rest), got {harmonics}")
-    if not (math.isfinite(base_frequency) and base_frequency > 0):
-        raise InputError(f"base_frequency: expected a positive number in Hz, got {base_frequency}")
+    if not (math.isfinite(base_frequency) and 0 < base_frequency <= MAX_BASE_FREQUENCY):
+        raise InputError(f"base_frequency: expected a number of Hz in (0, {MAX_BASE_FREQUENCY:g}], got {base_frequency}")
     sample_count(base_frequency, check_rate_hz)      # the exact check at the end samples one period at this rate
     if not 4 <= grid <= MAX_GRID:
         raise InputError(f"grid: expected 4..{MAX_GRID} samples per period, got {grid}")

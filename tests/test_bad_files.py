@@ -207,6 +207,9 @@ CASES = [
     Case("trajectory-base-frequency-1e-9", lambda d: ["excite", "check", str(_trajectory(
         d, base_frequency="base_frequency = 1e-9", period="")), "--model", "generic6"],
          ("traj.toml", "trajectory.base_frequency", "samples")),
+    Case("trajectory-base-frequency-1e308", lambda d: ["excite", "check", str(_trajectory(
+        d, base_frequency="base_frequency = 1e308", period="")), "--model", "generic6"],
+         ("traj.toml", "trajectory.base_frequency", "(0, 100]")),
     Case("design-base-frequency-1e-9", lambda d: ["excite", "design", "--model", "generic6", "--base-frequency", "1e-9",
                                                   "-o", str(d / "t.toml")],
          ("base_frequency", "samples")),

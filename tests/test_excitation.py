@@ -303,7 +303,8 @@ b = [0.2, -0.1]
 
 @pytest.mark.parametrize("old, new, field", [
     ('kind = "fourier"', 'kind = "spline"', 'trajectory.kind: expected "fourier", got \'spline\''),
-    ("base_frequency = 0.2", "base_frequency = -0.2", "trajectory.base_frequency: expected a positive number in Hz"),
+    ("base_frequency = 0.2", "base_frequency = -0.2", "trajectory.base_frequency: expected a number of Hz in (0, 100]"),
+    ("base_frequency = 0.2", "base_frequency = 1e308", "trajectory.base_frequency: expected a number of Hz in (0, 100]"),
     ("base_frequency = 0.2", 'base_frequency = "0.2"', "trajectory.base_frequency"),
     ("base_frequency = 0.2", "base_frequency = true", "trajectory.base_frequency"),
     ("base_frequency = 0.2\n", "", "trajectory.base_frequency"),
