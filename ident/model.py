@@ -23,6 +23,8 @@ INERTIAL_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m")
 DRIVE_NAMES = ("Ia", "fc", "fv", "offset")
 PARAMS_PER_JOINT = len(INERTIAL_NAMES) + len(DRIVE_NAMES)  # 14
 SHIPPED_DIR = "models"
+MAX_ABS = 1e9    # no number of an arm's model in SI units comes near (1e300 is a slip, and overflows the kernels);
+#                  limits excepted: 1e16 is how many files say "none"
 
 
 class ModelError(InputError):
@@ -200,7 +202,7 @@ class _Fields:
         return _Fields(self.source, value, self._field(key))
 
     def number(self, key: str, default: float | None = None, minimum: float | None = None,
-               positive: bool = False) -> float:
+               positive: bool = False, bound: float = MAX_ABS) -> float:
         if key not in self.table:
             if default is None:
                 raise ModelError(self.source, self._field(key), "a number (required)")
@@ -208,22 +210,26 @@ class _Fields:
         v = self.table[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ModelError(self.source, self._field(key), "a finite number", v)
+        if abs(v) > bound:
+            raise ModelError(self.source, self._field(key), f"a number within +-{bound:g} (SI units)", v)
         if positive and not v > 0:
             raise ModelError(self.source, self._field(key), "a positive number", v)
         if minimum is not None and v < minimum:
             raise ModelError(self.source, self._field(key), f"a number >= {minimum}", v)
         return float(v)
 
-    def vector(self, key: str, length: int, default=None) -> np.ndarray:
+    def vector(self, key: str, length: int, default=None, bound: float = MAX_ABS) -> np.ndarray:
         if key not in self.table:
             if default is None:
                 raise ModelError(self.source, self._field(key), f"a list of {length} numbers (required)")
             return np.asarray(default, dtype=float)
         v = self.table[key]
         ok = isinstance(v, list) and len(v) == length and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= bound
+            for x in v)
         if not ok:
-            raise ModelError(self.source, self._field(key), f"a list of {length} finite numbers", v)
+            within = "" if bound == math.inf else f" within +-{bound:g}"
+            raise ModelError(self.source, self._field(key), f"a list of {length} finite numbers{within}", v)
         return np.asarray(v, dtype=float)
 
     def text(self, key: str, default: str | None = None, choices: tuple[str, ...] | None = None) -> str:
@@ -283,11 +289,11 @@ def _read_drive(spec: JointSpec, f: _Fields) -> None:
 
 
 def _read_limits(spec: JointSpec, f: _Fields, required: bool) -> None:
-    def get(key, default):
-        return f.number(key, None if required else default, positive=True)
+    def get(key, default):   # limits may be huge: 1e16 is how many files say "none"
+        return f.number(key, None if required else default, positive=True, bound=math.inf)
     f.only(_LIMIT_KEYS)
     if required or f.has("q"):
-        lo, hi = f.vector("q", 2)
+        lo, hi = f.vector("q", 2, bound=math.inf)
         if not lo < hi:
             raise ModelError(f.source, f"{f.prefix}.q", "[min, max] with min < max", [lo, hi])
         spec.q_limits = (float(lo), float(hi))

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ident import spatial
-from ident.model import PRISMATIC, REVOLUTE, JointSpec, Model, ModelError, build_model
+from ident.model import MAX_ABS, PRISMATIC, REVOLUTE, JointSpec, Model, ModelError, build_model
 
 MOVABLE = {"revolute": REVOLUTE, "continuous": REVOLUTE, "prismatic": PRISMATIC}
 
@@ -51,7 +51,7 @@ class _Doc:
             raise ModelError(self.source, f"{where}.{key}", "an attribute")
         return value
 
-    def numbers(self, el, key: str, count: int, where: str, default=None) -> np.ndarray:
+    def numbers(self, el, key: str, count: int, where: str, default=None, bound: float = MAX_ABS) -> np.ndarray:
         text = None if el is None else el.get(key)
         if text is None:
             if default is None:
@@ -61,8 +61,9 @@ class _Doc:
             values = [float(x) for x in text.split()]
         except ValueError:
             raise ModelError(self.source, f"{where}.{key}", f"{count} numbers", text) from None
-        if len(values) != count or not all(math.isfinite(v) for v in values):
-            raise ModelError(self.source, f"{where}.{key}", f"{count} finite numbers", text)
+        if len(values) != count or not all(math.isfinite(v) and abs(v) <= bound for v in values):
+            within = "" if bound == math.inf else f" within +-{bound:g}"
+            raise ModelError(self.source, f"{where}.{key}", f"{count} finite numbers{within}", text)
         return np.asarray(values)
 
     def frame(self, el, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -212,10 +213,10 @@ def read_chain(path: Path, base: str = "", tip: str = "") -> tuple[list[JointSpe
         jtype = el.get("type")
         lo, hi = -math.inf, math.inf
         if jtype != "continuous" and limit is not None:
-            lo = doc.numbers(limit, "lower", 1, f"{where}.limit", [-math.inf])[0]
-            hi = doc.numbers(limit, "upper", 1, f"{where}.limit", [math.inf])[0]
-        qd = doc.numbers(limit, "velocity", 1, f"{where}.limit", [math.inf])[0] if limit is not None else math.inf
-        tau = doc.numbers(limit, "effort", 1, f"{where}.limit", [math.inf])[0] if limit is not None else math.inf
+            lo = doc.numbers(limit, "lower", 1, f"{where}.limit", [-math.inf], math.inf)[0]
+            hi = doc.numbers(limit, "upper", 1, f"{where}.limit", [math.inf], math.inf)[0]
+        qd = doc.numbers(limit, "velocity", 1, f"{where}.limit", [math.inf], math.inf)[0] if limit is not None else math.inf
+        tau = doc.numbers(limit, "effort", 1, f"{where}.limit", [math.inf], math.inf)[0] if limit is not None else math.inf
         T = placement[jname]
         specs.append(JointSpec(jname, MOVABLE[jtype], T[:3, :3].copy(), T[:3, 3].copy(), axis, inertial[index[jname]],
                                q_limits=(lo, hi) if lo < hi else (-math.inf, math.inf),

@@ -192,6 +192,8 @@ CASES = [
          ("arm.toml", "robot.tip")),
     Case("model-nan", lambda d: ["model", "show", str(_model(d, "mass = 4.0", "mass = nan"))],
          ("arm.toml", "joint[0].link.mass")),
+    Case("model-1e300", lambda d: ["model", "show", str(_model(d, "gear_ratio = 100.0", "gear_ratio = 1e300"))],
+         ("arm.toml", "joint[0].drive.gear_ratio", "within")),
     Case("urdf-cycle", lambda d: ["model", "show", str(_urdf(d, "</robot>", """<link name="a"/><link name="b"/>
          <joint name="ab" type="revolute"><parent link="a"/><child link="b"/></joint>
          <joint name="ba" type="revolute"><parent link="b"/><child link="a"/></joint></robot>"""))],

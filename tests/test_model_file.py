@@ -93,6 +93,7 @@ def test_model_is_immutable():
     ("qd = 2.0", "qd = 2.0, qdd_max = 9.0", "joint[0].limits.qdd_max"),
     ("gear_ratio = 50.0", "gear_ratio = 50.0, gear = 2.0", "joint[0].drive.gear"),
     ("[robot]", '[robot]\ntip = "flange"', "robot.tip"),                   # tip only with a urdf
+    ("gear_ratio = 50.0", "gear_ratio = 1e300", "joint[0].drive.gear_ratio"),  # finite, but no arm's number
 ])
 def test_broken_file_names_the_field(tmp_path, old, new, field):
     text = GOOD.replace(old, new, 1)
