@@ -318,6 +318,11 @@ CASES = [
     Case("driver-can-channel-unreachable", lambda d: ["driver", "--config", str(_config(
         d, '[transport]\nname = "can"\ninterface = "socketcan"\nchannel = "armid-nocan9"\n'))],
          ("driver.toml", "transport.interface/transport.channel", "armid-nocan9")),
+    # the simulator's options
+    Case("sim-unknown-option", lambda d: ["sim", "--transport", "serial", "-o", "bogus=3"],
+         ("transport serial", "'bogus'", "baudrate")),
+    Case("sim-rate-1e12", lambda d: ["sim", "--transport", "serial", "--rate", "1e12"],
+         ("rate_hz", "1..10000")),
     # record output, payload files
     Case("record-output-is-a-directory", lambda d: ["record", "--state", f"ipc://{d}/none", "-o", str(d),
                                                     "--duration", "1"],
