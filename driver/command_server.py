@@ -58,6 +58,16 @@ class CommandServer:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> None:
+        """Serve until stop is set; a failure of the loop itself (not of a request) is counted, logged, and the
+        loop starts again."""
+        while not self._stop.is_set():
+            try:
+                self._serve()
+            except Exception as exc:  # noqa: BLE001 - the command plane never ends on its own
+                self._internal(f"loop: {type(exc).__name__}: {exc}")
+                self._stop.wait(0.05)
+
+    def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.planner.fileno(), zmq.POLLIN)
@@ -195,6 +205,6 @@ def _describe(body: bytes) -> str:
     if len(body) <= SMALL_REQUEST_BYTES:
         try:
             return f"request {decode_request(body)['cmd'][:60]!r}"
-        except RequestError:
+        except Exception:  # noqa: BLE001 - only a name for a reply
             pass
     return f"request of {len(body)} bytes"

@@ -32,7 +32,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -195,23 +195,32 @@ class Driver:
         self.started_at = time.time()
         self._stop.clear()
         self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
+        if not self.planner.wait_ready(PLANNER_START_S):    # its start-up burst of CPU ends before the cycle's
+            self.log(f"warning: the planner process was not ready within {PLANNER_START_S:g} s; the first motion "
+                     f"command waits for it")
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
         gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
         self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
+        warn = lambda text: self.log(f"warning: {text}")  # noqa: E731
+        if self.realtime is not None and self.realtime.lock_memory:
+            # before the cycle runs: locking the process's mappings (hundreds of MB with numba) stalls every
+            # thread that faults meanwhile, for tens of ms
+            try:
+                self._rt_applied = rt.apply(replace(self.realtime, priority=None, cpus=None), {}, warn)
+            except RealtimeError:
+                self.stop()
+                raise
         self.cycle.start()
         self._rt_threads = self._realtime_threads()
         if self.realtime is not None:
             try:
                 chosen = {k: v for k, v in self._rt_threads.items() if k in self.realtime.threads}
-                self._rt_applied = rt.apply(self.realtime, chosen, warn=lambda text: self.log(f"warning: {text}"))
+                self._rt_applied = rt.apply(replace(self.realtime, lock_memory=False), chosen, warn, self._rt_applied)
             except RealtimeError:
                 self.stop()           # nothing is powered yet: this closes everything and restores the threads
                 raise
-        if not self.planner.wait_ready(PLANNER_START_S):
-            self.log(f"warning: the planner process was not ready within {PLANNER_START_S:g} s; the first motion "
-                     f"command waits for it")
         self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop, log=self.log)
         for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
             t = threading.Thread(target=target, name=name, daemon=True)

@@ -104,11 +104,12 @@ def threads_named(prefix: str, pid: int | str = "self") -> list[int]:
     return sorted(out)
 
 
-def apply(settings: Realtime, threads: dict[str, int | list[int]], warn: Callable[[str], None]) -> Applied:
+def apply(settings: Realtime, threads: dict[str, int | list[int]], warn: Callable[[str], None],
+          applied: Applied | None = None) -> Applied:
     """Apply settings to the threads (label -> native thread id or ids) and the process; one warning per
     refused setting through warn, or RealtimeError when settings.required (what was applied before it is
-    undone first)."""
-    applied = Applied()
+    undone first). applied: an earlier apply's result to extend (its changes are undone with these)."""
+    applied = Applied() if applied is None else applied
     try:
         _apply(settings, threads, warn, applied)
     except RealtimeError:

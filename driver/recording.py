@@ -228,6 +228,10 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
     if gaps:
         notes.append(f"{missing} messages missing in {gaps} seq gaps (dropped before or while recording); "
                      f"the samples around them are kept as they are")
+    lost = int((s["flags"] >> stream.LOST_SHIFT).sum())
+    if lost:
+        notes.append(f"{lost} device samples lost by the driver (never published: flags >> 16 of the messages "
+                     f"after them); the samples around them are kept as they are")
     fresh = (s["flags"] & stream.FLAG_STALE) == 0
     if (~fresh).any():
         notes.append(f"{int((~fresh).sum())} STALE samples (no new device data) left out")

@@ -305,6 +305,12 @@ class Simulator:
                 self._cycle()
         return self._sample
 
+    def warm_up(self) -> None:
+        """Load (or compile) every kernel a cycle uses, without touching this simulator's state: a scratch
+        simulator of the same model and rate steps once. For a caller that steps this one from a real-time
+        loop: the first cycle then costs a cycle, not a cache load (tens of ms)."""
+        Simulator(self.model, rate_hz=self.rate_hz, seed=None).step(1)
+
     def wait_cycles(self, k: int, timeout: float) -> None:
         """Block until k more cycles have run (any clock); TimeoutError after timeout seconds."""
         with self._io_lock:

@@ -356,3 +356,28 @@ def test_lost_device_samples_show_in_the_stream(model):
         d.stop()
         sim.stop()
     assert d.cycle.samples_lost >= sum(lost[1:])
+
+
+def test_a_request_whose_handling_fails_inside_is_answered_counted_and_the_server_goes_on(driver, monkeypatch):
+    import driver.command_server as server_module
+
+    real = server_module.decode_request
+
+    def broken(raw):
+        if b"trigger" in raw:
+            raise ZeroDivisionError("a bug in the handling")
+        return real(raw)
+
+    monkeypatch.setattr(server_module, "decode_request", broken)
+    before = driver.command_server.stats()["internal_errors"]
+    sock = _req(driver.bound["commands"])
+    try:
+        reply = _raw(sock, b'{"cmd": "status", "trigger": 1}')
+        assert not reply["ok"] and "internal error" in reply["error"] and "ZeroDivisionError" in reply["error"]
+        stats = driver.command_server.stats()
+        assert stats["internal_errors"] == before + 1
+        assert "a bug in the handling" in stats["last_internal_error"]
+        assert _call(sock, cmd="status")["ok"]
+        assert _call(sock, cmd="quick_stop")["ok"]
+    finally:
+        sock.close(0)

@@ -424,6 +424,16 @@ def test_the_converter_leaves_out_stale_samples_and_reports_seq_gaps(tmp_path):
     assert set(arrays) == {"t", "q", "current", "qd", "effort_delay"}
     assert any("3 messages missing in 1 seq gaps" in note for note in notes)
     assert any("2 STALE samples" in note for note in notes)
+    assert not any("device samples lost" in note for note in notes)
+
+
+def test_the_converter_reports_device_samples_the_driver_lost(tmp_path):
+    payloads = [payload(2, seq, flags=stream.lost_flags(3 if seq == 10 else 2 if seq == 30 else 0),
+                        device_ns=seq * 1_000_000) for seq in range(40)]
+    write_synthetic(tmp_path / "l.mcap", payloads)
+    arrays, notes = identification_arrays(read_recording(tmp_path / "l.mcap"), "current")
+    assert len(arrays["t"]) == 40                                      # nothing is filled in or left out
+    assert any(note.startswith("5 device samples lost by the driver") for note in notes)
 
 
 def test_a_file_cut_at_any_byte_reads_as_a_prefix_of_the_recording_or_as_one_error(tmp_path):

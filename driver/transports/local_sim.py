@@ -47,6 +47,8 @@ class LocalSimArm:
 
     def open(self) -> None:
         self.lockstep = not self.sim.running
+        if self.lockstep:
+            self.sim.warm_up()          # the kernels load here, not in the driver's first cycle
 
     def close(self) -> None:
         if self._owned:
