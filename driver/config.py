@@ -135,8 +135,8 @@ def load_config(path: str | Path) -> DriverConfig:
     for key in required:
         if key not in tr:
             raise ConfigError(src, f"transport.{key}", f"a value: the {name} transport needs it (missing)")
-    endpoints = Endpoints(state=_text(src, "zmq.state", zq.get("state", Endpoints.state)),
-                          commands=_text(src, "zmq.commands", zq.get("commands", Endpoints.commands)),
+    endpoints = Endpoints(state=_endpoint(src, "zmq.state", zq.get("state", Endpoints.state)),
+                          commands=_endpoint(src, "zmq.commands", zq.get("commands", Endpoints.commands)),
                           curve=_curve(src, path.parent, zq.get("curve")))
     clock = drv.get("clock", "auto")
     if clock not in ("auto", *CLOCKS):
@@ -211,6 +211,17 @@ def _within(src: str, key: str, value, lo: float, hi: float, unit: str) -> float
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
         raise ConfigError(src, key, f"a number {lo:g}..{hi:g} {unit}", value)
     return float(value)
+
+
+def _endpoint(src: str, key: str, value) -> str:
+    """A ZeroMQ endpoint the daemon can bind: tcp://HOST:PORT (PORT or *), ipc://PATH or inproc://NAME."""
+    text = _text(src, key, value)
+    scheme, sep, rest = text.partition("://")
+    port = rest.rpartition(":")[2]
+    if not sep or not rest or scheme not in ("tcp", "ipc", "inproc") or \
+            (scheme == "tcp" and not (port == "*" or (port.isdigit() and 0 < int(port) < 65536))):
+        raise ConfigError(src, key, "a ZeroMQ endpoint tcp://HOST:PORT, ipc://PATH or inproc://NAME", value)
+    return text
 
 
 def _text(src: str, key: str, value) -> str:

@@ -167,6 +167,11 @@ def _config(d: Path, body: str, name: str = "driver.toml") -> Path:
     return d / name
 
 
+def _write(d: Path, name: str, text: str) -> Path:
+    (d / name).write_text(text)
+    return d / name
+
+
 def _payload_json(d: Path, text: str) -> Path:
     (d / "payload.json").write_text(text)
     return d / "payload.json"
@@ -307,6 +312,9 @@ CASES = [
     Case("config-record-chunk-huge", lambda d: ["driver", "--config", str(_config(
         d, SIM + '[record]\npath = "r.mcap"\nchunk_seconds = 1e9\n'))],
          ("driver.toml", "record.chunk_seconds")),
+    Case("config-endpoint-not-zeromq", lambda d: ["driver", "--config", str(_write(d, "driver.toml",
+                                                  SIM + '[zmq]\nstate = "localhost:5555"\n'))],
+         ("driver.toml", "zmq.state", "ZeroMQ endpoint")),
     Case("driver-record-is-a-directory", lambda d: ["driver", "--config", str(_config(d, SIM)), "--record", str(d)],
          ("--record {dir}", "directory")),
     Case("driver-serial-port-unreachable", lambda d: ["driver", "--config", str(_config(

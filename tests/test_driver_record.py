@@ -99,6 +99,8 @@ def test_the_config_takes_a_record_section_and_a_clock(tmp_path):
     ('[driver]\nwatchdog_ms = 60000\n', r"driver\.watchdog_ms: expected a number 2\.\.10000 ms"),
     ('[record]\npath = "a.mcap"\nchunk_seconds = 3600\n', r"record\.chunk_seconds: expected a number 0\.001\.\.60 s"),
     ('[record]\npath = "."\n', r"record\.path: expected the MCAP file to write, not a directory"),
+    ('[zmq]\nstate = "localhost:5555"\n', r"zmq\.state: expected a ZeroMQ endpoint"),
+    ('[zmq]\ncommands = "tcp://127.0.0.1:0x10"\n', r"zmq\.commands: expected a ZeroMQ endpoint"),
 ])
 def test_bad_record_and_clock_options_are_named(tmp_path, text, error):
     cfg = tmp_path / "driver.toml"
