@@ -267,6 +267,12 @@ CASES = [
     Case("calibration-inf", lambda d: ["calibrate", "identify", str(_measurements(d, 5, 0, "inf")),
                                        "--model", "generic6", "-o", str(d / "out")],
          ("meas.csv", "line 5", "column 1", "not finite")),
+    Case("calibration-plan-1e9-candidates", lambda d: ["calibrate", "plan", "--model", "generic6", "--count", "40",
+                                                       "--candidates", "1000000000", "-o", str(d / "p.csv")],
+         ("candidates", "1..100000")),
+    Case("calibration-plan-per-joint-1e5", lambda d: ["calibrate", "plan", "--model", "generic6", "--count", "40",
+                                                      "--per-joint", "100000", "-o", str(d / "p.csv")],
+         ("per-joint values", "combinations")),
     # MCAP recordings
     Case("mcap-huge-record-length", lambda d: ["record", "convert", str(_mcap(
         d, lambda b: b.__setitem__(slice(9, 17), struct.pack("<Q", 2 ** 64 - 1)))), "-o", str(d / "run.npz")],
