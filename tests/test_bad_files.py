@@ -337,6 +337,16 @@ CASES = [
          ("transport serial", "'bogus'", "baudrate")),
     Case("sim-rate-1e12", lambda d: ["sim", "--transport", "serial", "--rate", "1e12"],
          ("rate_hz", "1..10000")),
+    # the online identification's options
+    Case("ident-service-stream-rate-1e12", lambda d: ["ident-service", "--model", "generic6", "--state",
+                                                      f"ipc://{d}/none", "--stream-rate", "1e12"],
+         ("rate_hz", "1..10000")),
+    Case("ident-service-cutoff-1e-9", lambda d: ["ident-service", "--model", "generic6", "--state", f"ipc://{d}/none",
+                                                 "--cutoff", "1e-9"],
+         ("cutoff", "filter window")),
+    Case("ident-service-forgetting-2", lambda d: ["ident-service", "--model", "generic6", "--state", f"ipc://{d}/none",
+                                                  "--forgetting", "2"],
+         ("forgetting", "0 < lambda <= 1")),
     # record output, payload files
     Case("record-output-is-a-directory", lambda d: ["record", "--state", f"ipc://{d}/none", "-o", str(d),
                                                     "--duration", "1"],
@@ -356,6 +366,7 @@ CASES = [
 BY_ID = {c.id: c for c in CASES}
 # run as a separate `python -m armid.cli` too: stderr then holds everything the process printed
 SUBPROCESS_CASES = ("urdf-cycle", "mcap-huge-string-length", "trajectory-base-frequency-1e-9",
+                    "ident-service-cutoff-1e-9",
                     "config-unknown-transport-key", "driver-serial-port-unreachable", "driver-gateway-host-unreachable")
 
 
