@@ -70,7 +70,8 @@ from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
 from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
-from driver.hal import ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from driver.hal import (ArmCommand, ArmState, LinkError, bad_drive_text, command_to_wire, first_bad_drive,
+                        raw_to_si)
 from driver.timer import name_os_thread
 from driver.transports.sample_ring import StateRing
 from firmware_bridge import cia402
@@ -166,33 +167,6 @@ def _keep_command(controlword, mode, target_position, target_torque, cw_out, mod
 
 
 _CW_FAULT_RESET = int(cia402.CW_FAULT_RESET)
-# what an image's statusword and mode display may be: a CiA 402 state (statusword & mask == value) and a mode
-_STATE_MASKS = np.array([m for m, _ in cia402.STATE_PATTERNS.values()], dtype=np.int64)
-_STATE_VALUES = np.array([v for _, v in cia402.STATE_PATTERNS.values()], dtype=np.int64)
-_MODE_VALUES = np.array(sorted(int(m) for m in cia402.Mode), dtype=np.int64)
-
-
-@numba.njit(cache=True, nogil=True)
-def _first_bad_drive(statusword, mode_display, masks, values, modes):
-    """The first drive whose statusword is no CiA 402 state (k) or whose mode display is no mode (n + k); -1
-    when all are good (the check CAN's transport makes per TPDO1)."""
-    n = statusword.shape[0]
-    for k in range(n):
-        state = False
-        for s in range(masks.shape[0]):
-            if statusword[k] & masks[s] == values[s]:
-                state = True
-                break
-        if not state:
-            return k
-        mode = False
-        for m in range(modes.shape[0]):
-            if mode_display[k] == modes[m]:
-                mode = True
-                break
-        if not mode:
-            return n + k
-    return -1
 # the rows of the holding image's drive values (gw.encode_outputs_into), as _command_fields fills them
 assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
 
@@ -308,6 +282,7 @@ class GatewayArm:
         self._in_drives = np.zeros((len(gw.INPUT_DRIVE), self.n), dtype=np.int64)
         self._in_rows = tuple(self._in_drives[gw.field_row(gw.INPUT_DRIVE, name)] for name in
                               ("position", "velocity", "current", "statusword", "error_code", "mode_display"))
+        first_bad_drive(self._in_rows[3], self._in_rows[5])   # compile or load it now, not in the handshake's images
         self._have_cmd = False
         self._reset_latch = np.zeros(self.n, dtype=bool)
         # link state
@@ -745,13 +720,10 @@ class GatewayArm:
             c["invalid_images"] += 1
             return
         _, _, _, status_row, _, mode_row = self._in_rows
-        bad = _first_bad_drive(status_row, mode_row, _STATE_MASKS, _STATE_VALUES, _MODE_VALUES)
+        bad = first_bad_drive(status_row, mode_row)
         if bad >= 0:          # counted and dropped, never turned into numbers (each read of it, as a decode error)
             c["bad_images"] += 1
-            k = bad % self.n
-            self.last_error = (f"bad image dropped: drive {k + 1} statusword {int(status_row[k]):#06x} is no CiA 402 "
-                               f"state" if bad < self.n else
-                               f"bad image dropped: drive {k + 1} mode display {int(mode_row[k])} is no mode")
+            self.last_error = f"bad image dropped: {bad_drive_text(bad, status_row, mode_row)}"
             return
         if not first:
             step = (counter - self._last_counter) % _U32
