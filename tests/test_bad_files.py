@@ -347,6 +347,18 @@ CASES = [
     Case("ident-service-forgetting-2", lambda d: ["ident-service", "--model", "generic6", "--state", f"ipc://{d}/none",
                                                   "--forgetting", "2"],
          ("forgetting", "0 < lambda <= 1")),
+    # output files that cannot be written
+    Case("excite-sample-output-is-a-directory", lambda d: ["excite", "sample", "seed000", "-o", str(d)],
+         ("-o {dir}", "is a directory")),
+    Case("excite-design-output-folder-missing", lambda d: ["excite", "design", "--model", "generic6",
+                                                           "-o", str(d / "no" / "t.toml")],
+         ("-o {dir}/no/t.toml", "does not exist")),
+    Case("calibrate-plan-output-is-a-directory", lambda d: ["calibrate", "plan", "--model", "generic6", "--count", "40",
+                                                            "-o", str(d)],
+         ("-o {dir}", "is a directory")),
+    Case("payload-plan-output-is-a-directory", lambda d: ["payload", "plan", "--method", "dynamic", "--model",
+                                                          "generic6", "-o", str(d)],
+         ("-o {dir}", "is a directory")),
     # record output, payload files
     Case("record-output-is-a-directory", lambda d: ["record", "--state", f"ipc://{d}/none", "-o", str(d),
                                                     "--duration", "1"],

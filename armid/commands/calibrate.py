@@ -59,8 +59,9 @@ def _plan(args: argparse.Namespace) -> int:
     from ident.calibration.io import write_poses
     from ident.calibration.planning import d_optimal, plan_quality, seed_plan
     from ident.calibration.synthesis import synthesize
-    from ident.errors import InputError
+    from ident.errors import InputError, check_output_file
 
+    check_output_file(args.output)
     model, cm = _load(args)
     irr = synthesize(cm, args.measure, relative=args.relative, strategy=args.strategy)
     rows = 3 if args.measure == "position" else 6

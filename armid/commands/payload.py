@@ -75,9 +75,10 @@ def register(sub) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ident.errors import InputError
+    from ident.errors import InputError, check_output_file
     from ident.model import load_model
 
+    check_output_file(args.out)
     model = load_model(args.model)
     out = Path(args.out)
     if args.method == "dynamic":
