@@ -20,3 +20,15 @@ def check_output_file(path, option: str = "-o") -> None:
         raise InputError(f"{option} {path}: is a directory; expected a file to write")
     if not p.parent.is_dir():
         raise InputError(f"{option} {path}: the folder {p.parent} does not exist")
+
+
+def check_output_dir(path, option: str = "-o") -> None:
+    """Refuse, before any work, an output folder that cannot be made: a path that is a file, or under one."""
+    from pathlib import Path
+
+    p = Path(path)
+    for folder in (p, *p.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise InputError(f"{option} {path}: {folder} is a file; expected a folder for the outputs")
+            return

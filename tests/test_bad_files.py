@@ -359,6 +359,13 @@ CASES = [
     Case("payload-plan-output-is-a-directory", lambda d: ["payload", "plan", "--method", "dynamic", "--model",
                                                           "generic6", "-o", str(d)],
          ("-o {dir}", "is a directory")),
+    Case("identify-output-is-a-file", lambda d: ["identify", str(_csv(d, lambda ls: None)), "--model", "generic6",
+                                                 "-o", str(_write(d, "out", "")), "--quiet"],
+         ("-o {dir}/out", "is a file")),
+    Case("calibrate-identify-output-under-a-file", lambda d: ["calibrate", "identify", str(_measurements(d, 1, 0, "0.1")),
+                                                              "--model", "generic6",
+                                                              "-o", str(_write(d, "out", "") / "sub")],
+         ("-o {dir}/out/sub", "is a file")),
     # record output, payload files
     Case("record-output-is-a-directory", lambda d: ["record", "--state", f"ipc://{d}/none", "-o", str(d),
                                                     "--duration", "1"],

@@ -93,6 +93,9 @@ def _identify(args: argparse.Namespace) -> int:
                                       write_residuals)
     from ident.calibration.report import write_report
     from ident.calibration.synthesis import describe, random_configurations, synthesize
+    from ident.errors import check_output_dir
+
+    check_output_dir(args.output)
 
     model, cm = _load(args)
     if args.axes:

@@ -154,9 +154,11 @@ def print_table(estimates) -> None:
 
 
 def _identify(args: argparse.Namespace) -> int:
+    from ident.errors import check_output_dir
     from ident.model import load_model
     from ident.payload.report import write_report
 
+    check_output_dir(args.out)
     model = load_model(args.model)
     if not args.quiet:
         print(f"reading {args.loaded} and {args.unloaded}", file=sys.stderr)
