@@ -53,6 +53,10 @@ from firmware_bridge.errors import InputError
 
 MAX_EFFORT_DELAY_MS = 100.0   # the bound ident.preprocess.MAX_EFFORT_DELAY puts on a recording's effort delay
 MAX_MOTION_LIMIT_S = 3600.0   # max_motion_s may not exceed this (an hour at 1 kHz: 3.6 M setpoints per joint)
+RATE_RANGE_HZ = (1.0, 10_000.0)        # the cycle's rate: below 1 Hz nothing is controlled, above 10 kHz no link keeps up
+MIN_WATCHDOG_PERIODS = 2               # a watchdog shorter than two periods fires on one late sample
+MAX_WATCHDOG_MS = 10_000.0             # a silent link lets the arm move blind at most this long
+CHUNK_RANGE_S = (0.001, 60.0)          # [record] chunk_seconds: the most a killed driver loses, held in memory
 
 
 class ConfigError(InputError):
@@ -114,15 +118,25 @@ def load_config(path: str | Path) -> DriverConfig:
         raise ConfigError(src, "driver.model", "a model name or path", model)
     if ("/" in model or model.endswith((".toml", ".urdf"))) and not Path(model).is_absolute():
         model = str((path.parent / model).resolve())
-    rate = _positive(src, "driver.rate_hz", drv.get("rate_hz", 1000.0))
-    watchdog = _positive(src, "driver.watchdog_ms", drv.get("watchdog_ms", 10.0)) / 1000.0
+    rate = _within(src, "driver.rate_hz", drv.get("rate_hz", 1000.0), *RATE_RANGE_HZ, "Hz")
+    watchdog = _within(src, "driver.watchdog_ms", drv.get("watchdog_ms", 10.0),
+                       MIN_WATCHDOG_PERIODS * 1000.0 / rate, max(MAX_WATCHDOG_MS, MIN_WATCHDOG_PERIODS * 1000.0 / rate),
+                       f"ms (at least {MIN_WATCHDOG_PERIODS} periods of rate_hz = {rate:g})") / 1000.0
     name = tr.pop("name", None)
-    from driver.transports import TRANSPORTS
+    from driver.transports import TRANSPORTS, transport_options
 
     if name not in TRANSPORTS:
         raise ConfigError(src, "transport.name", f"one of {', '.join(sorted(TRANSPORTS))}", name)
-    endpoints = Endpoints(state=_text(src, "zmq.state", zq.get("state", Endpoints.state)),
-                          commands=_text(src, "zmq.commands", zq.get("commands", Endpoints.commands)),
+    known, required = transport_options(name)
+    for key in tr:
+        if key not in known:
+            raise ConfigError(src, f"transport.{key}", f"an option of the {name} transport: {', '.join(known)} "
+                                                       "(this key is unknown)")
+    for key in required:
+        if key not in tr:
+            raise ConfigError(src, f"transport.{key}", f"a value: the {name} transport needs it (missing)")
+    endpoints = Endpoints(state=_endpoint(src, "zmq.state", zq.get("state", Endpoints.state)),
+                          commands=_endpoint(src, "zmq.commands", zq.get("commands", Endpoints.commands)),
                           curve=_curve(src, path.parent, zq.get("curve")))
     clock = drv.get("clock", "auto")
     if clock not in ("auto", *CLOCKS):
@@ -176,17 +190,38 @@ def _record(src: str, base: Path, table: dict | None) -> Record | None:
         return None
     if "path" not in table:
         raise ConfigError(src, "record.path", "the MCAP file to write")
-    chunk = _positive(src, "record.chunk_seconds", table.get("chunk_seconds", 0.25))
+    chunk = _within(src, "record.chunk_seconds", table.get("chunk_seconds", 0.25), *CHUNK_RANGE_S, "s")
     overwrite = table.get("overwrite", False)
     if not isinstance(overwrite, bool):
         raise ConfigError(src, "record.overwrite", "true or false", overwrite)
-    return Record(str((base / _text(src, "record.path", table["path"])).resolve()), chunk, overwrite)
+    target = (base / _text(src, "record.path", table["path"])).resolve()
+    if target.is_dir():
+        raise ConfigError(src, "record.path", f"the MCAP file to write, not a directory ({target} is one)",
+                          table["path"])
+    return Record(str(target), chunk, overwrite)
 
 
 def _positive(src: str, key: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(src, key, "a positive number", value)
     return float(value)
+
+
+def _within(src: str, key: str, value, lo: float, hi: float, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ConfigError(src, key, f"a number {lo:g}..{hi:g} {unit}", value)
+    return float(value)
+
+
+def _endpoint(src: str, key: str, value) -> str:
+    """A ZeroMQ endpoint the daemon can bind: tcp://HOST:PORT (PORT or *), ipc://PATH or inproc://NAME."""
+    text = _text(src, key, value)
+    scheme, sep, rest = text.partition("://")
+    port = rest.rpartition(":")[2]
+    if not sep or not rest or scheme not in ("tcp", "ipc", "inproc") or \
+            (scheme == "tcp" and not (port == "*" or (port.isdigit() and 0 < int(port) < 65536))):
+        raise ConfigError(src, key, "a ZeroMQ endpoint tcp://HOST:PORT, ipc://PATH or inproc://NAME", value)
+    return text
 
 
 def _text(src: str, key: str, value) -> str:

@@ -12,6 +12,7 @@ import numba
 import numpy as np
 
 from firmware_bridge.transport import SAMPLE_FIELDS, Arm, ArmCommand, ArmState, LinkError
+from firmware_bridge import cia402
 from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB
 
 __all__ = ["Arm", "ArmCommand", "ArmState", "LinkError", "SAMPLE_FIELDS", "command_to_wire", "copy_sample",
@@ -76,3 +77,46 @@ def copy_sample(src, dst) -> None:
     much right after the cycle thread wakes: docs/driver.md, "Where the CPU goes")."""
     if src.floats is not dst.floats:
         _copy_blocks(src.floats, src.words, src.mode, dst.floats, dst.words, dst.mode)
+
+
+# what a drive's statusword and mode display may be: a CiA 402 state (statusword & mask == value) and a mode
+_STATE_MASKS = np.array([m for m, _ in cia402.STATE_PATTERNS.values()], dtype=np.int64)
+_STATE_VALUES = np.array([v for _, v in cia402.STATE_PATTERNS.values()], dtype=np.int64)
+_MODE_VALUES = np.array(sorted(int(m) for m in cia402.Mode), dtype=np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_bad_drive(statusword, mode_display, masks, values, modes):
+    n = statusword.shape[0]
+    for k in range(n):
+        state = False
+        for s in range(masks.shape[0]):
+            if statusword[k] & masks[s] == values[s]:
+                state = True
+                break
+        if not state:
+            return k
+        mode = False
+        for m in range(modes.shape[0]):
+            if mode_display[k] == modes[m]:
+                mode = True
+                break
+        if not mode:
+            return n + k
+    return -1
+
+
+def first_bad_drive(statusword: np.ndarray, mode_display: np.ndarray) -> int:
+    """The first drive (0-based k) whose statusword is no CiA 402 state, or n + k for the first whose mode
+    display is no mode of operation; -1 when all are good. A sample with one is counted and dropped, never
+    turned into numbers (the check CAN's transport makes per TPDO1)."""
+    return _first_bad_drive(statusword, mode_display, _STATE_MASKS, _STATE_VALUES, _MODE_VALUES)
+
+
+def bad_drive_text(bad: int, statusword: np.ndarray, mode_display: np.ndarray) -> str:
+    """first_bad_drive's answer in words: which drive, which word."""
+    n = statusword.shape[0]
+    k = bad % n
+    if bad < n:
+        return f"drive {k + 1} statusword {int(statusword[k]):#06x} is no CiA 402 state"
+    return f"drive {k + 1} mode display {int(mode_display[k])} is no mode"

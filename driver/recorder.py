@@ -76,11 +76,37 @@ def query_status(endpoint: str, timeout_s: float = 5.0, context: zmq.Context | N
 
 
 # -- writing ------------------------------------------------------------------------------------------
+RATE_RANGE_HZ = (0.1, 100_000.0)      # the stream's nominal rate, which sizes the chunks
+CHUNK_RANGE_S = (0.001, 60.0)         # seconds of data per chunk: held in memory, the most a kill loses
+
+
+def check_sizing(rate_hz: float, chunk_seconds: float) -> None:
+    """Refuse a rate (Hz) or chunk length (s) outside the ranges above (NaN, inf, 1e300: a chunk size that
+    cannot be computed, or a chunk that never ends); RecorderError names the option."""
+    for name, value, (lo, hi), unit in (("rate", rate_hz, RATE_RANGE_HZ, "Hz"),
+                                         ("chunk-seconds", chunk_seconds, CHUNK_RANGE_S, "s")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            raise RecorderError(f"--{name}: expected a number {lo:g}..{hi:g} {unit}, got {value!r}")
+
+
+def check_output(path: str | Path, *, overwrite: bool = False) -> None:
+    """Refuse, before anything starts, an output path that cannot become the recording: a directory, an
+    existing file (unless overwrite), a missing folder. RecorderError names the path."""
+    path = Path(path)
+    if path.is_dir():    # else "exists" (or, overwriting, EISDIR): a directory is never the file
+        raise RecorderError(f"{path}: is a directory; expected the MCAP file to write (e.g. {path / 'run.mcap'})")
+    if path.exists() and not overwrite:
+        raise RecorderError(f"{path}: exists; choose another name or overwrite it (--force)")
+    if not path.parent.is_dir():
+        raise RecorderError(f"{path}: the folder {path.parent} does not exist")
+
+
 class WriteThrough:
     """A binary file whose every write goes straight to the operating system (no user-space buffer): what
     was written survives a SIGKILL of this process. `tell()` is the number of bytes written."""
 
     def __init__(self, path: str | Path, *, overwrite: bool = False):
+        check_output(path, overwrite=overwrite)
         try:
             self._file = open(path, "wb" if overwrite else "xb", buffering=0)
         except FileExistsError:
@@ -151,8 +177,7 @@ class McapStateWriter:
 
     def __init__(self, path: str | Path, *, joint_names: list[str] | None = None, rate_hz: float = 1000.0,
                  chunk_seconds: float = 0.25, metadata: dict[str, str] | None = None, overwrite: bool = False):
-        if not rate_hz > 0 or not chunk_seconds > 0:
-            raise RecorderError(f"rate {rate_hz} Hz and chunk length {chunk_seconds} s must be positive")
+        check_sizing(rate_hz, chunk_seconds)
         self.file = WriteThrough(path, overwrite=overwrite)
         self.path = self.file.path
         self.joint_names = list(joint_names) if joint_names else None

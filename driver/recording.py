@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import zstandard
 from mcap.exceptions import McapError
-from mcap.records import Channel, Footer, Message, Metadata, Schema
-from mcap.stream_reader import StreamReader
+from mcap.records import Channel, Chunk, Footer, Message, Metadata, Schema
+from mcap.stream_reader import StreamReader, breakup_chunk
 from mcap.writer import MCAP0_MAGIC
 
 from driver import mcap_schema as schema
@@ -31,8 +31,46 @@ from firmware_bridge.errors import InputError
 
 # what a damaged or cut file makes the mcap reader raise (its own errors, CRC mismatches as ValueError,
 # short reads as struct.error, damaged compressed chunks)
-_READ_ERRORS = (McapError, ValueError, struct.error, EOFError, zstandard.ZstdError, RuntimeError)
+_READ_ERRORS = (McapError, ValueError, struct.error, EOFError, zstandard.ZstdError, RuntimeError,
+                # and, should a damaged length still get past the bounds below, what a huge one raises
+                MemoryError, OverflowError)
 MAX_DECODE_TRIES = 100
+MAX_CHUNK_BYTES = 256 << 20   # a chunk's uncompressed size: 60 s of a 1 kHz, 12-joint stream is ~80 MB
+
+
+class DamagedLength(ValueError):
+    """A length field asks for more bytes than the file has left, or a chunk larger than any recording
+    writes: damage, refused before anything is allocated."""
+
+
+class _Bounded:
+    """The file as the mcap reader sees it: no read may ask for more than what is left of the file, so a
+    damaged length field (up to 2**64 - 1) is an error, never a huge allocation."""
+
+    def __init__(self, f, size: int):
+        self._f, self._size = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._size - self._f.tell()
+        if n is None or n < 0:
+            n = left
+        if n > left:
+            raise DamagedLength(f"a length of {n} bytes at byte {self._f.tell()}, beyond the end of the file "
+                                   f"({left} bytes left)")
+        return self._f.read(n)
+
+
+def _records(reader: StreamReader):
+    """The reader's records with each chunk broken up here, after its uncompressed size is checked (mcap's
+    own breakup hands that size to zstandard as the output buffer to allocate)."""
+    for record in reader.records:
+        if isinstance(record, Chunk):
+            if record.uncompressed_size > MAX_CHUNK_BYTES:
+                raise DamagedLength(f"a chunk of {record.uncompressed_size} bytes uncompressed, above the "
+                                       f"{MAX_CHUNK_BYTES} bytes a chunk may hold")
+            yield from breakup_chunk(record, validate_crc=True)
+        else:
+            yield record
 
 
 class RecordingError(InputError):
@@ -95,9 +133,10 @@ def read_recording(path: str | Path) -> StateLog:
         metadata: dict[str, dict[str, str]] = {}
         complete = False
         cut_note = ""
-        reader = StreamReader(f, validate_crcs=True, record_size_limit=1 << 30)
+        reader = StreamReader(_Bounded(f, size), validate_crcs=True, emit_chunks=True,
+                              record_size_limit=min(size, 1 << 30))
         try:
-            for record in reader.records:
+            for record in _records(reader):
                 if isinstance(record, Schema):
                     schemas[record.id] = record
                 elif isinstance(record, Channel):

@@ -28,6 +28,10 @@ from ident.limits import LimitError, check_motion
 from ident.model import DRIVE_NAMES, INERTIAL_NAMES, PARAMS_PER_JOINT, Model
 
 GRID_PER_PERIOD = 120      # samples per period for the criterion and the constraints during the search
+MAX_SAMPLES = 1_000_000    # samples of one sampling (1000 s at 1 kHz): a few hundred MB of basis matrices
+MAX_BASE_FREQUENCY = 100.0  # Hz: an arm's excitation is a few Hz; above, a period is a handful of samples at 1 kHz
+MAX_GRID = 10_000          # samples per period during the search: the stacked regressor is grid x n rows
+MAX_HARMONICS = 100        # harmonics per joint: the basis matrices grow with samples x harmonics
 SAFETY = 0.95              # limits are tightened by 5 % during the search; the result is checked exactly
 
 
@@ -45,10 +49,12 @@ class FourierTrajectory:
     b: np.ndarray
     joint_names: tuple[str, ...] = ()
     info: dict = field(default_factory=dict)   # how it was made: criterion, cond, seed, model, ...
+    source: str = ""                           # the file it was read from, for error messages
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.base_frequency) and self.base_frequency > 0):
-            raise InputError(f"base_frequency: expected a positive number in Hz, got {self.base_frequency!r}")
+        if not (_is_number(self.base_frequency) and 0 < self.base_frequency <= MAX_BASE_FREQUENCY):
+            raise InputError(f"base_frequency: expected a number of Hz in (0, {MAX_BASE_FREQUENCY:g}], "
+                             f"got {self.base_frequency!r}")
         a, b = np.array(self.a, dtype=float), np.array(self.b, dtype=float)
         q0 = np.array(self.q0, dtype=float)
         if a.ndim != 2 or a.shape[1] == 0 or b.shape != a.shape or q0.shape != (a.shape[0],):
@@ -56,6 +62,8 @@ class FourierTrajectory:
                              f"{a.shape}, {b.shape}")
         if not (np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(q0).all()):
             raise InputError("trajectory coefficients: not finite")
+        if a.shape[1] > MAX_HARMONICS:
+            raise InputError(f"trajectory coefficients: {a.shape[1]} harmonics, expected at most {MAX_HARMONICS}")
         if self.joint_names and len(self.joint_names) != a.shape[0]:
             raise InputError(f"joint_names: expected {a.shape[0]} names, got {len(self.joint_names)}")
         for name, value in (("q0", q0), ("a", a), ("b", b)):
@@ -83,9 +91,26 @@ class FourierTrajectory:
 
     def sample(self, rate_hz: float, periods: float = 1.0) -> tuple[np.ndarray, ...]:
         """(t, q, qd, qdd) sampled at rate_hz over the given number of periods, end point included."""
-        count = int(round(periods * self.period * rate_hz)) + 1
+        where = f"{self.source}: trajectory.base_frequency" if self.source else "base_frequency"
+        count = sample_count(self.base_frequency, rate_hz, periods, where)
         t = np.arange(count) / rate_hz
         return (t, *self.evaluate(t))
+
+
+def sample_count(base_frequency: float, rate_hz: float, periods: float = 1.0, where: str = "base_frequency") -> int:
+    """Samples (end point included) of `periods` periods of a base_frequency (Hz) motion at rate_hz (Hz),
+    refused with an InputError naming `where` before anything is allocated when above MAX_SAMPLES."""
+    for name, value in (("rate", rate_hz), ("periods", periods), (where, base_frequency)):
+        if not (_is_number(value) and value > 0):
+            raise InputError(f"{name}: expected a positive number, got {value!r}")
+    count = periods / base_frequency * rate_hz
+    if not count <= MAX_SAMPLES:
+        lowest = rate_hz / MAX_SAMPLES
+        hint = f"a base frequency of at least {lowest:g} Hz at this rate" if base_frequency < lowest else \
+            "fewer periods or a lower rate"
+        raise InputError(f"{where}: {base_frequency:g} Hz is a period of {1 / base_frequency:g} s, {periods:g} period(s) "
+                         f"at {rate_hz:g} Hz are {count:.3g} samples; expected at most {MAX_SAMPLES} ({hint})")
+    return int(round(count)) + 1
 
 
 def excitation_bandwidth(traj: FourierTrajectory) -> float:
@@ -172,8 +197,8 @@ def load(path: str | Path) -> FourierTrajectory:
     if head.get("kind") != "fourier":
         raise fail("trajectory.kind", '"fourier"', head.get("kind"))
     f0 = head.get("base_frequency")
-    if not (_is_number(f0) and f0 > 0):
-        raise fail("trajectory.base_frequency", "a positive number in Hz", f0)
+    if not (_is_number(f0) and 0 < f0 <= MAX_BASE_FREQUENCY):
+        raise fail("trajectory.base_frequency", f"a number of Hz in (0, {MAX_BASE_FREQUENCY:g}]", f0)
     joints = doc.get("joint")
     if not isinstance(joints, list) or not joints:
         raise fail("[[joint]]", "one table per joint")
@@ -194,6 +219,8 @@ def load(path: str | Path) -> FourierTrajectory:
             values = entry[key]
             if not isinstance(values, list) or not values or not all(_is_number(v) for v in values):
                 raise fail(f"{where}.{key}", "a non-empty list of finite numbers in rad/s", values)
+            if len(values) > MAX_HARMONICS:
+                raise fail(f"{where}.{key}", f"at most {MAX_HARMONICS} coefficients (one per harmonic)", len(values))
         H = len(joints[0]["a"]) if isinstance(joints[0].get("a"), list) else len(entry["a"])
         for key in ("a", "b"):
             if len(entry[key]) != H:
@@ -208,7 +235,7 @@ def load(path: str | Path) -> FourierTrajectory:
         raise fail("trajectory.period", f"1 / base_frequency = {1 / f0!r} s", head["period"])
     info = {k: v for k, v in head.items() if k not in _HEAD_FIELDS}
     return FourierTrajectory(float(f0), np.array(q0), np.array(a, dtype=float), np.array(b, dtype=float),
-                             tuple(names), info)
+                             tuple(names), info, str(path))
 
 
 def presets() -> list[str]:
@@ -498,11 +525,14 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
     """
     if criterion not in ("cond", "logdet"):
         raise InputError(f"criterion: expected 'cond' or 'logdet', got {criterion!r}")
-    if int(harmonics) != harmonics or harmonics < 2:
-        raise InputError(f"harmonics: expected an integer >= 2 (3 coefficients per joint are spent on starting "
-                         f"at rest), got {harmonics}")
-    if not (math.isfinite(base_frequency) and base_frequency > 0):
-        raise InputError(f"base_frequency: expected a positive number in Hz, got {base_frequency}")
+    if int(harmonics) != harmonics or not 2 <= harmonics <= MAX_HARMONICS:
+        raise InputError(f"harmonics: expected an integer 2..{MAX_HARMONICS} (3 coefficients per joint are spent on "
+                         f"starting at rest), got {harmonics}")
+    if not (math.isfinite(base_frequency) and 0 < base_frequency <= MAX_BASE_FREQUENCY):
+        raise InputError(f"base_frequency: expected a number of Hz in (0, {MAX_BASE_FREQUENCY:g}], got {base_frequency}")
+    sample_count(base_frequency, check_rate_hz)      # the exact check at the end samples one period at this rate
+    if not 4 <= grid <= MAX_GRID:
+        raise InputError(f"grid: expected 4..{MAX_GRID} samples per period, got {grid}")
     if restarts < 1 or max_iter < 0 or grid < 4:
         raise InputError(f"restarts >= 1, max_iter >= 0 and grid >= 4 expected, got {restarts}, {max_iter}, {grid}")
     pose = start_pose_or_mid_range(model, start_pose)

@@ -23,6 +23,8 @@ INERTIAL_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m")
 DRIVE_NAMES = ("Ia", "fc", "fv", "offset")
 PARAMS_PER_JOINT = len(INERTIAL_NAMES) + len(DRIVE_NAMES)  # 14
 SHIPPED_DIR = "models"
+MAX_ABS = 1e9    # no number of an arm's model in SI units comes near (1e300 is a slip, and overflows the kernels);
+#                  limits excepted: 1e16 is how many files say "none"
 
 
 class ModelError(InputError):
@@ -182,6 +184,13 @@ class _Fields:
     def has(self, key: str) -> bool:
         return key in self.table
 
+    def only(self, known: tuple[str, ...]) -> None:
+        """Refuse a key outside `known`: a misspelt key would otherwise be ignored and its default used."""
+        for key in self.table:
+            if key not in known:
+                raise ModelError(self.source, self._field(key),
+                                 "one of the keys " + ", ".join(known) + " (this key is unknown)")
+
     def sub(self, key: str, required: bool = False) -> "_Fields":
         value = self.table.get(key, None)
         if value is None:
@@ -193,7 +202,7 @@ class _Fields:
         return _Fields(self.source, value, self._field(key))
 
     def number(self, key: str, default: float | None = None, minimum: float | None = None,
-               positive: bool = False) -> float:
+               positive: bool = False, bound: float = MAX_ABS) -> float:
         if key not in self.table:
             if default is None:
                 raise ModelError(self.source, self._field(key), "a number (required)")
@@ -201,22 +210,26 @@ class _Fields:
         v = self.table[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ModelError(self.source, self._field(key), "a finite number", v)
+        if abs(v) > bound:
+            raise ModelError(self.source, self._field(key), f"a number within +-{bound:g} (SI units)", v)
         if positive and not v > 0:
             raise ModelError(self.source, self._field(key), "a positive number", v)
         if minimum is not None and v < minimum:
             raise ModelError(self.source, self._field(key), f"a number >= {minimum}", v)
         return float(v)
 
-    def vector(self, key: str, length: int, default=None) -> np.ndarray:
+    def vector(self, key: str, length: int, default=None, bound: float = MAX_ABS) -> np.ndarray:
         if key not in self.table:
             if default is None:
                 raise ModelError(self.source, self._field(key), f"a list of {length} numbers (required)")
             return np.asarray(default, dtype=float)
         v = self.table[key]
         ok = isinstance(v, list) and len(v) == length and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= bound
+            for x in v)
         if not ok:
-            raise ModelError(self.source, self._field(key), f"a list of {length} finite numbers", v)
+            within = "" if bound == math.inf else f" within +-{bound:g}"
+            raise ModelError(self.source, self._field(key), f"a list of {length} finite numbers{within}", v)
         return np.asarray(v, dtype=float)
 
     def text(self, key: str, default: str | None = None, choices: tuple[str, ...] | None = None) -> str:
@@ -231,11 +244,26 @@ class _Fields:
         return v
 
 
+# the keys of each table (docs/model-file.md); anything else is refused by _Fields.only
+_TOP_KEYS = ("robot", "joint")
+_ROBOT_KEYS = ("name", "gravity", "flange", "rated_payload")
+_URDF_ROBOT_KEYS = _ROBOT_KEYS + ("urdf", "base", "tip")
+_FRAME_KEYS = ("xyz", "rpy")
+_JOINT_KEYS = ("name", "type", "dh", "origin", "axis", "link", "drive", "limits")
+_URDF_JOINT_KEYS = ("name", "drive", "limits")
+_DH_KEYS = ("alpha", "d", "theta", "r")
+_LINK_KEYS = ("mass", "com", "inertia_com", "inertia_origin")
+_DRIVE_KEYS = ("Ia", "fc", "fv", "offset", "gear_ratio", "torque_constant")
+_LIMIT_KEYS = ("q", "qd", "qdd", "tau")
+
+
 def _read_frame(f: _Fields) -> tuple[np.ndarray, np.ndarray]:
+    f.only(_FRAME_KEYS)
     return spatial.rpy_to_matrix(f.vector("rpy", 3, [0, 0, 0])), f.vector("xyz", 3, [0, 0, 0])
 
 
 def _read_link(f: _Fields, source: str) -> np.ndarray:
+    f.only(_LINK_KEYS)
     mass = f.number("mass", minimum=0.0)
     com = f.vector("com", 3, [0, 0, 0])
     if f.has("inertia_com") == f.has("inertia_origin"):
@@ -251,6 +279,7 @@ def _read_link(f: _Fields, source: str) -> np.ndarray:
 
 
 def _read_drive(spec: JointSpec, f: _Fields) -> None:
+    f.only(_DRIVE_KEYS)
     spec.drive = np.array([f.number("Ia", spec.drive[0], minimum=0.0), f.number("fc", spec.drive[1], minimum=0.0),
                            f.number("fv", spec.drive[2], minimum=0.0), f.number("offset", spec.drive[3])])
     spec.gear_ratio = f.number("gear_ratio", spec.gear_ratio)
@@ -260,10 +289,11 @@ def _read_drive(spec: JointSpec, f: _Fields) -> None:
 
 
 def _read_limits(spec: JointSpec, f: _Fields, required: bool) -> None:
-    def get(key, default):
-        return f.number(key, None if required else default, positive=True)
+    def get(key, default):   # limits may be huge: 1e16 is how many files say "none"
+        return f.number(key, None if required else default, positive=True, bound=math.inf)
+    f.only(_LIMIT_KEYS)
     if required or f.has("q"):
-        lo, hi = f.vector("q", 2)
+        lo, hi = f.vector("q", 2, bound=math.inf)
         if not lo < hi:
             raise ModelError(f.source, f"{f.prefix}.q", "[min, max] with min < max", [lo, hi])
         spec.q_limits = (float(lo), float(hi))
@@ -273,6 +303,7 @@ def _read_limits(spec: JointSpec, f: _Fields, required: bool) -> None:
 
 
 def _joint_from_toml(f: _Fields, index: int, source: str) -> JointSpec:
+    f.only(_JOINT_KEYS)
     jtype = {"revolute": REVOLUTE, "prismatic": PRISMATIC}[
         f.text("type", choices=("revolute", "prismatic"))]
     name = f.text("name", default=f"joint{index + 1}")
@@ -280,6 +311,7 @@ def _joint_from_toml(f: _Fields, index: int, source: str) -> JointSpec:
         raise ModelError(source, f"{f.prefix}.dh", "exactly one of a [dh] table or an [origin] table")
     if f.has("dh"):
         d = f.sub("dh")
+        d.only(_DH_KEYS)
         dh = (d.number("alpha", 0.0), d.number("d", 0.0), d.number("theta", 0.0), d.number("r", 0.0))
         R, p = spatial.mdh_placement(*dh)
         axis = np.array([0.0, 0.0, 1.0])
@@ -304,7 +336,9 @@ def _load_toml(path: Path) -> Model:
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelError(source, "(file)", "a readable UTF-8 file", str(exc)) from None
     top = _Fields(source, data, "")
+    top.only(_TOP_KEYS)
     robot = top.sub("robot", required=True)
+    robot.only(_URDF_ROBOT_KEYS if robot.has("urdf") else _ROBOT_KEYS)
     name = robot.text("name", default=path.stem)
     gravity = robot.vector("gravity", 3, [0.0, 0.0, -9.81])
     flange_R, flange_p = _read_frame(robot.sub("flange"))
@@ -330,6 +364,7 @@ def _urdf_with_overrides(path: Path, robot: _Fields, raw_joints: list, gravity, 
     by_name = {s.name: s for s in specs}
     for i, raw in enumerate(raw_joints):
         f = _Fields(source, raw, f"joint[{i}]")
+        f.only(_URDF_JOINT_KEYS)
         jname = f.text("name")
         if jname not in by_name:
             raise ModelError(source, f"joint[{i}].name", "a movable joint of the URDF chain: " + ", ".join(by_name), jname)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,9 @@ class Report:
                 "joint_sigma": None if self.joint_sigma is None else finite(self.joint_sigma)}
 
 
+MAX_KERNEL_EDGE = 50_000   # samples at each side of zero_phase_kernels' window (the 40 Hz default at 1 kHz: ~50)
+
+
 def zero_phase_kernels(cutoff_hz: float, rate_hz: float, order: int = 4, effort_shift: float = 0.0) -> np.ndarray:
     """The batch pipeline's preprocessing as four FIR kernels (4, L) applied as dot products over a window
     of L = 2 (D + s) + 3 samples (oldest first): the zero-phase Butterworth (order `order`, cut-off in Hz)
@@ -106,8 +110,14 @@ def zero_phase_kernels(cutoff_hz: float, rate_hz: float, order: int = 4, effort_
         raise InputError(f"cutoff: expected a frequency between 0 and {rate_hz / 2:g} Hz, got {cutoff_hz!r}")
     if not math.isfinite(effort_shift):
         raise InputError(f"effort shift: expected a finite number of samples, got {effort_shift!r}")
-    sos = scipy.signal.butter(order, cutoff_hz, fs=rate_hz, output="sos")
-    D = edge_samples(sos)
+    with warnings.catch_warnings():    # a cut-off far below the rate warns of bad coefficients; refused below
+        warnings.simplefilter("ignore", scipy.signal.BadCoefficients)
+        sos = scipy.signal.butter(order, cutoff_hz, fs=rate_hz, output="sos")
+        D = edge_samples(sos)
+    if D > MAX_KERNEL_EDGE:     # the window grows with rate / cut-off: 1e12 Hz streams or 1e-9 Hz cut-offs
+        raise InputError(f"cutoff: {cutoff_hz:g} Hz at a stream rate of {rate_hz:g} Hz needs a filter window of "
+                         f"{2 * D + 3} samples; expected at most {2 * MAX_KERNEL_EDGE + 3} (a higher cut-off or the "
+                         f"stream's real rate)")
     impulse = np.zeros(3 * D + 1)
     impulse[0] = 1.0
     g = scipy.signal.sosfilt(sos, impulse)                     # the causal impulse response

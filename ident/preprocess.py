@@ -139,6 +139,10 @@ def check_effort_delay(value, source: str = "recording") -> float:
 
 
 _PREFIX = {"q": "q", "tau": "tau", "current": "i", "qd": "qd"}   # array name -> CSV column prefix
+# |value| beyond which a recording's number is no measurement of an arm (a unit or a parsing slip, 1e300):
+# refused, as its square overflows in the regressor and the fits fail far from the file
+MAX_ABS = {"t": 1e10, "q": 1e3, "qd": 1e4, "tau": 1e6, "current": 1e5}
+_UNITS = {"t": "s", "q": "rad or m", "qd": "rad/s or m/s", "tau": "N m", "current": "A"}
 
 
 def _column(name: str, j: int) -> str:
@@ -180,11 +184,17 @@ def _check_arrays(source: str, fields: dict[str, np.ndarray | None],
             k, *j = np.argwhere(bad)[0]
             column = "t" if name == "t" else _column(name, j[0])
             raise PreprocessError(f"{source}: {locate(int(k))}, column {column}: not a finite number ({arr[bad][0]})")
+        big = np.abs(arr) > MAX_ABS[name]
+        if big.any():
+            k, *j = np.argwhere(big)[0]
+            column = "t" if name == "t" else _column(name, j[0])
+            raise PreprocessError(f"{source}: {locate(int(k))}, column {column}: {float(arr[big][0]):g} is out of range: "
+                                  f"expected |value| <= {MAX_ABS[name]:g} {_UNITS[name]} (SI units)")
     dt = np.diff(t)
     if (dt <= 0).any():
         k = int(np.flatnonzero(dt <= 0)[0]) + 1
-        raise PreprocessError(f"{source}: {locate(k)}, column t: time {t[k]!r} s does not increase "
-                              f"(previous sample {t[k - 1]!r} s)")
+        raise PreprocessError(f"{source}: {locate(k)}, column t: time {float(t[k])!r} s does not increase "
+                              f"(previous sample {float(t[k - 1])!r} s)")
     for arr in out.values():
         arr.setflags(write=False)
     return out
@@ -211,12 +221,50 @@ def load_recording(path: str | Path, *, n: int | None = None) -> Recording:
     return rec
 
 
+MAX_NPZ_BYTES = 2 << 30    # the arrays of one NPZ recording, uncompressed (an hour at 1 kHz of 12 joints: ~1 GB)
+
+
+def _check_npz_sizes(path: Path) -> None:
+    """Refuse, before numpy allocates it, an array whose header asks for more bytes than its member holds (numpy
+    allocates the header's shape first) or members larger than MAX_NPZ_BYTES in all (a zip bomb)."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    total = 0
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            total += info.file_size
+            if total > MAX_NPZ_BYTES:
+                raise PreprocessError(f"{path}: the arrays hold more than {MAX_NPZ_BYTES} bytes uncompressed "
+                                      f"(the bound of one recording)")
+            if not info.filename.endswith(".npy"):
+                continue
+            name = info.filename[:-4]
+            with z.open(info) as f:
+                version = npy.read_magic(f)
+                if version not in ((1, 0), (2, 0)):
+                    raise PreprocessError(f"{path}: array {name!r}: .npy format version {version}, expected 1.0 or 2.0")
+                read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                shape, _, dtype = read_header(f)
+                header = f.tell()
+            if dtype.hasobject:
+                continue                                     # refused below (allow_pickle=False)
+            need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if need > info.file_size - header:
+                raise PreprocessError(f"{path}: array {name!r}: its header gives shape {tuple(shape)} ({need} bytes), "
+                                      f"the file holds {info.file_size - header} bytes")
+
+
 def _load_npz(path: Path) -> Recording:
     import zipfile
 
     try:
+        _check_npz_sizes(path)
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
+    except PreprocessError:
+        raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise PreprocessError(f"{path}: not a readable NPZ file: {exc}") from None
     known = ("t", "q", "tau", "current", "qd", "effort_delay")

@@ -66,6 +66,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ident.errors import InputError
+
 # reassociation (vectorised sums) and fused multiply-add, but no "no NaN / no inf" assumption
 FAST = {"reassoc", "contract", "nsz"}
 PAD = 8                 # the sweep's loops run to multiples of PAD elements (the padding: exact no-ops)
@@ -423,7 +425,7 @@ class RecursiveLS:
     def __init__(self, p: int, m: int, *, forgetting: float = 1.0, weights=None, p0: float = 1e6,
                  trace_max: float | None = None, theta0=None, row_correlation: float = 1.0):
         if not (0.0 < forgetting <= 1.0):
-            raise ValueError(f"forgetting: expected 0 < lambda <= 1, got {forgetting!r}")
+            raise InputError(f"forgetting: expected 0 < lambda <= 1, got {forgetting!r}")
         self.p, self.m = p, m
         self.forgetting = float(forgetting)
         self.weights = np.ones(m) if weights is None else np.asarray(weights, dtype=float).copy()

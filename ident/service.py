@@ -100,6 +100,9 @@ class IdentService:
             raise InputError("publish_hz and stale_s: expected positive numbers")
         if payload is not None and payload not in PAYLOAD_ARMS:
             raise InputError(f"payload: expected one of {', '.join(PAYLOAD_ARMS)} (the arm's parameters), got {payload!r}")
+        rate = identifier_options.get("rate_hz", 1000.0)
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 1.0 <= rate <= 10_000.0:
+            raise InputError(f"rate_hz: expected the stream's rate, 1..10000 Hz (the driver's range), got {rate!r}")
         self.model = model
         self.delay_source = DELAY_FROM_DRIVER if effort_delay == DELAY_FROM_DRIVER else "given"
         delay = 0.0 if self.delay_source == DELAY_FROM_DRIVER else check_effort_delay(effort_delay, "effort_delay")

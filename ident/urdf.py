@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ident import spatial
-from ident.model import PRISMATIC, REVOLUTE, JointSpec, Model, ModelError, build_model
+from ident.model import MAX_ABS, PRISMATIC, REVOLUTE, JointSpec, Model, ModelError, build_model
 
 MOVABLE = {"revolute": REVOLUTE, "continuous": REVOLUTE, "prismatic": PRISMATIC}
 
@@ -51,7 +51,7 @@ class _Doc:
             raise ModelError(self.source, f"{where}.{key}", "an attribute")
         return value
 
-    def numbers(self, el, key: str, count: int, where: str, default=None) -> np.ndarray:
+    def numbers(self, el, key: str, count: int, where: str, default=None, bound: float = MAX_ABS) -> np.ndarray:
         text = None if el is None else el.get(key)
         if text is None:
             if default is None:
@@ -61,8 +61,9 @@ class _Doc:
             values = [float(x) for x in text.split()]
         except ValueError:
             raise ModelError(self.source, f"{where}.{key}", f"{count} numbers", text) from None
-        if len(values) != count or not all(math.isfinite(v) for v in values):
-            raise ModelError(self.source, f"{where}.{key}", f"{count} finite numbers", text)
+        if len(values) != count or not all(math.isfinite(v) and abs(v) <= bound for v in values):
+            within = "" if bound == math.inf else f" within +-{bound:g}"
+            raise ModelError(self.source, f"{where}.{key}", f"{count} finite numbers{within}", text)
         return np.asarray(values)
 
     def frame(self, el, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -86,6 +87,9 @@ class _Doc:
         six = [self.numbers(inertia, k, 1, f"{where}.inertia")[0] for k in ("ixx", "ixy", "ixz", "iyy", "iyz", "izz")]
         R, p = self.frame(inertial, where)
         at_com = spatial.body_parameters(mass, np.zeros(3), spatial.inertia_matrix(six))
+        ok, why = spatial.is_physically_consistent(at_com)
+        if not ok:
+            raise ModelError(self.source, f"{where}.inertia", "a physically consistent body", why)
         return spatial.transform_body_parameters(at_com, R, p)
 
 
@@ -95,6 +99,23 @@ def _below(doc: _Doc, jname: str, start: str, path_to) -> bool:
         return True
     except ModelError:
         return False
+
+
+def _refuse_cycles(doc: _Doc, child_of: dict[str, str]) -> None:
+    """Refuse a joint graph with a cycle (each link has at most one parent here, so a cycle is a walk up
+    the parents that comes back to a link): every later walk over the tree would never end."""
+    done: set[str] = set()          # links whose walk up reached a root
+    for first in doc.links:
+        seen: list[str] = []
+        link = first
+        while link in child_of and link not in done:
+            if link in seen:
+                loop = seen[seen.index(link):] + [link]
+                raise ModelError(doc.source, f"joint[{child_of[link]}]", "joints that form a tree; they form a cycle "
+                                 "through the links " + " <- ".join(loop))
+            seen.append(link)
+            link = doc.joints[child_of[link]].find("parent").get("link")
+        done.update(seen)
 
 
 def _transform(R, p) -> np.ndarray:
@@ -119,8 +140,12 @@ def read_chain(path: Path, base: str = "", tip: str = "") -> tuple[list[JointSpe
         for role, link in (("parent", parent), ("child", child)):
             if link not in doc.links:
                 raise ModelError(src, f"joint[{jname}].{role}", "a link defined in the file", link)
+        if child in child_of:
+            raise ModelError(src, f"joint[{jname}].child", f"a link that no other joint carries "
+                             f"(joint {child_of[child]!r} carries it already: the joints must form a tree)", child)
         child_of[child] = jname
         children.setdefault(parent, []).append(jname)
+    _refuse_cycles(doc, child_of)
     roots = [ln for ln in doc.links if ln not in child_of]
     if len(roots) != 1:
         raise ModelError(src, "(tree)", "exactly one root link", roots)
@@ -188,10 +213,10 @@ def read_chain(path: Path, base: str = "", tip: str = "") -> tuple[list[JointSpe
         jtype = el.get("type")
         lo, hi = -math.inf, math.inf
         if jtype != "continuous" and limit is not None:
-            lo = doc.numbers(limit, "lower", 1, f"{where}.limit", [-math.inf])[0]
-            hi = doc.numbers(limit, "upper", 1, f"{where}.limit", [math.inf])[0]
-        qd = doc.numbers(limit, "velocity", 1, f"{where}.limit", [math.inf])[0] if limit is not None else math.inf
-        tau = doc.numbers(limit, "effort", 1, f"{where}.limit", [math.inf])[0] if limit is not None else math.inf
+            lo = doc.numbers(limit, "lower", 1, f"{where}.limit", [-math.inf], math.inf)[0]
+            hi = doc.numbers(limit, "upper", 1, f"{where}.limit", [math.inf], math.inf)[0]
+        qd = doc.numbers(limit, "velocity", 1, f"{where}.limit", [math.inf], math.inf)[0] if limit is not None else math.inf
+        tau = doc.numbers(limit, "effort", 1, f"{where}.limit", [math.inf], math.inf)[0] if limit is not None else math.inf
         T = placement[jname]
         specs.append(JointSpec(jname, MOVABLE[jtype], T[:3, :3].copy(), T[:3, 3].copy(), axis, inertial[index[jname]],
                                q_limits=(lo, hi) if lo < hi else (-math.inf, math.inf),

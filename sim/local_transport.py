@@ -19,7 +19,17 @@ from sim.simulator import SimState, Simulator
 class LocalSimArm(Arm):
     """Arm over an in-process simulator: LocalSimArm(model, simulator=None, **simulator_options)."""
 
+    # the simulator's options a driver config may give ([transport]); realtime is accepted and ignored
+    OPTIONS = ("realtime", "seed", "substeps", "integrator", "q0", "brakes")
+    # and those only code can give (configuration objects of sim.Simulator)
+    _CODE_OPTIONS = ("noise", "friction", "drive")
+
     def __init__(self, model, simulator=None, **simulator_options):
+        for key in simulator_options:
+            if key not in self.OPTIONS + self._CODE_OPTIONS:
+                from ident.errors import InputError
+
+                raise InputError(f"transport sim: unknown option {key!r} (options: {', '.join(self.OPTIONS)})")
         if simulator is None:
             simulator_options.pop("realtime", None)      # the driver's cycle keeps the time
             simulator = Simulator(model, **simulator_options)

@@ -32,6 +32,7 @@ interpolation delay moves positions and effort alike, so it does not enter effor
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import threading
 from dataclasses import dataclass, fields
@@ -179,8 +180,8 @@ class Simulator:
                  brakes: bool = True, external_clock: bool | None = None, **transport_options):
         self.model = model if isinstance(model, Model) else load_model(model)
         n = self.n = self.model.n
-        if not (isinstance(rate_hz, (int, float)) and rate_hz > 0):
-            raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
+        if isinstance(rate_hz, bool) or not (isinstance(rate_hz, (int, float)) and 1.0 <= rate_hz <= 10_000.0):
+            raise InputError(f"rate_hz: expected a number 1..10000 Hz (the driver's range), got {rate_hz!r}")
         self.rate_hz = float(rate_hz)
         self.dt = 1.0 / self.rate_hz
         self.loop_ticks = loop_ticks(self.rate_hz)
@@ -586,4 +587,10 @@ def _make_transport(name: str, options: dict) -> SimTransport:
         raise InputError(f"transport: unknown {name!r} (available: {known})")
     module, _, attr = TRANSPORTS[name].partition(":")
     factory = getattr(importlib.import_module(module), attr)
+    params = inspect.signature(factory).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        known = [k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for key in options:
+            if key not in known:
+                raise InputError(f"transport {name}: unknown option {key!r} (options: {', '.join(known)})")
     return factory(**options)

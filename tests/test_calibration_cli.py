@@ -4,6 +4,7 @@ kind of bad input."""
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 import tomllib
@@ -18,6 +19,7 @@ from ident import dynamics
 from ident.calibration.io import read_measurements, read_poses
 from ident.calibration.model import from_model, tool_pose
 from ident.calibration.synthesis import random_configurations
+from ident.errors import InputError
 from ident.model import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,6 +194,20 @@ def test_nan_and_text_cells_name_line_and_column(tmp_path, capsys, good_rows):
     assert "line 4, column 8: not finite" in _fails(tmp_path, capsys, rows)
     rows[3, 7] = "12,5x"
     assert "not a number" in _fails(tmp_path, capsys, rows)
+
+
+@pytest.mark.parametrize("row, column, value, expected", [
+    (3, 7, "1e300", "line 4, column 8 (y): 1e300 is out of range"),      # finite, but no coordinate of an arm
+    (0, 2, "-1e4", "line 1, column 3 (q3): -1e4 is out of range"),
+])
+def test_a_value_no_arm_measures_is_refused_naming_line_and_column(tmp_path, capsys, good_rows, row, column, value,
+                                                                   expected):
+    rows = good_rows.astype(object)
+    rows[row, column] = value
+    assert expected in _fails(tmp_path, capsys, rows)
+    write_csv(tmp_path / "m.csv", rows)
+    with pytest.raises(InputError, match=re.escape(expected)):
+        read_measurements(tmp_path / "m.csv", 6)
 
 
 def test_fewer_poses_than_parameters(tmp_path, capsys, good_rows):

@@ -307,6 +307,21 @@ def test_bad_frames_are_counted_and_dropped_never_data(rig):
     assert rig.driver.cycle.fault is None
 
 
+def test_a_drive_that_repeats_its_emcy_does_not_grow_canopens_emcy_lists(rig):
+    """python-canopen appends every EMCY to the node's `log` and `active` lists and drops none; the driver
+    bounds both, keeping the newest, so a daemon beside a drive that repeats an EMCY does not grow for months."""
+    from driver.transports.can import EMCY_KEPT
+
+    wait(lambda: rig.driver.cycle.fresh > 5)
+    emcy = rig.arm.nodes[0].emcy
+    count = 10 * EMCY_KEPT
+    rig.inject(*[(0x080 + rig.arm.node_ids[0], bytes([0x10, 0x23, 0x01, k % 256, 0, 0, 0, 0])) for k in range(count)])
+    assert wait(lambda: rig.arm.link_stats()["emcy"] >= count)
+    with emcy.emcy_received:
+        assert EMCY_KEPT <= len(emcy.log) <= 2 * EMCY_KEPT and EMCY_KEPT <= len(emcy.active) <= 2 * EMCY_KEPT
+        assert emcy.log[-1].data[0] == (count - 1) % 256                 # the newest is kept
+
+
 def _answer_sync(arm: CanArm, stamp_us: int, arrival: float, drives=None, position: int = 1000) -> None:
     """Every drive's (or `drives`') TPDO1 and TPDO2 of one SYNC, and the first drive's TPDO4 (open() switches the
     others off), into the arm's frame handler: OPERATION ENABLED, CSP, position counts `position * node`, drive time

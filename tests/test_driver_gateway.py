@@ -302,6 +302,28 @@ def test_bad_and_invalid_images_are_counted_and_dropped_never_data(model, arms, 
     assert arm.read(out) is False and np.array_equal(out.q, q_before)
 
 
+@pytest.mark.parametrize("offset, word, error", [
+    (0, 0x0203, "drive 3 statusword 0x0203 is no CiA 402 state"),    # bits 0-6 of no state (as CAN refuses)
+    (1, 5, "drive 3 mode display 5 is no mode"),                      # an INTEGER8, but no mode of operation
+])
+def test_an_image_whose_statusword_is_no_state_is_counted_and_dropped_never_data(model, arms, static_gateway,
+                                                                                  offset, word, error):
+    server = static_gateway(image_words(counter=1))
+    arm = arms(model, server.port)
+    arm.open()
+    out = ArmState(N)
+    assert read_fresh(arm, out)
+    q_before = out.q.copy()
+    bad = image_words(counter=2)
+    bad[8 + 12 * 2 + offset] = word
+    bad[8 + 12 * 2 + 5] ^= 0x0400                     # a changed position that must not come through
+    server.inputs[:] = bad
+    assert wait_for(lambda: arm.link_stats()["bad_images"] >= 3)
+    assert error in arm.link_stats()["last_error"]
+    arm.begin_cycle()
+    assert arm.read(out) is False and np.array_equal(out.q, q_before)
+
+
 def test_the_gateways_host_watchdog_bit_raises_one_link_error(model, arms, static_gateway):
     server = static_gateway(image_words(counter=1))
     arm = arms(model, server.port)

@@ -92,12 +92,45 @@ def test_the_config_takes_a_record_section_and_a_clock(tmp_path):
     ('[driver]\nclock = "wall"\n', r"driver\.clock: expected one of auto, host, device, got 'wall'"),
     ('[driver]\neffort_delay_ms = "half"\n', r"driver\.effort_delay_ms: expected a number of ms within \+-100, got 'half'"),
     ('[driver]\neffort_delay_ms = 250\n', r"driver\.effort_delay_ms: expected a number of ms within \+-100, got 250"),
+    ('[driver]\nrate_hz = 20000\n', r"driver\.rate_hz: expected a number 1\.\.10000 Hz, got 20000"),
+    ('[driver]\nrate_hz = 0.5\n', r"driver\.rate_hz: expected a number 1\.\.10000 Hz"),
+    ('[driver]\nrate_hz = inf\n', r"driver\.rate_hz: expected a number"),
+    ('[driver]\nrate_hz = 1000\nwatchdog_ms = 1.5\n', r"driver\.watchdog_ms: expected a number 2\.\.10000 ms"),
+    ('[driver]\nwatchdog_ms = 60000\n', r"driver\.watchdog_ms: expected a number 2\.\.10000 ms"),
+    ('[record]\npath = "a.mcap"\nchunk_seconds = 3600\n', r"record\.chunk_seconds: expected a number 0\.001\.\.60 s"),
+    ('[record]\npath = "."\n', r"record\.path: expected the MCAP file to write, not a directory"),
+    ('[zmq]\nstate = "localhost:5555"\n', r"zmq\.state: expected a ZeroMQ endpoint"),
+    ('[zmq]\ncommands = "tcp://127.0.0.1:0x10"\n', r"zmq\.commands: expected a ZeroMQ endpoint"),
 ])
 def test_bad_record_and_clock_options_are_named(tmp_path, text, error):
     cfg = tmp_path / "driver.toml"
     cfg.write_text(text + '[transport]\nname = "sim"\n')
     with pytest.raises(InputError, match=error):
         load_config(cfg)
+
+
+@pytest.mark.parametrize("transport, error", [
+    ('name = "sim"\nspeed = 3\n', r"transport\.speed: expected an option of the sim transport: realtime, seed"),
+    ('name = "serial"\nport = "/dev/x"\nbaud = 9600\n', r"transport\.baud: expected an option of the serial "
+                                                          r"transport: port, baudrate"),
+    ('name = "serial"\n', r"transport\.port: expected a value: the serial transport needs it \(missing\)"),
+    ('name = "can"\ninterface = "virtual"\n', r"transport\.channel: expected a value"),
+    ('name = "gateway"\nhost = "10.0.0.2"\ntimeout = 5\n', r"transport\.timeout: expected an option of the gateway "
+                                                             r"transport: .*timeout_ms"),
+])
+def test_a_transport_option_the_transport_does_not_know_is_named_with_the_known_ones(tmp_path, transport, error):
+    cfg = tmp_path / "driver.toml"
+    cfg.write_text("[transport]\n" + transport)
+    with pytest.raises(InputError, match=error) as err:
+        load_config(cfg)
+    assert str(cfg) in str(err.value)
+
+
+def test_the_sim_transport_refuses_an_unknown_option_itself(model):
+    from driver.transports import open_arm
+
+    with pytest.raises(InputError, match="transport sim: unknown option 'speed'"):
+        open_arm("sim", model, speed=3)
 
 
 def test_a_recording_that_cannot_be_written_stops_the_driver_before_it_starts(model, tmp_path):

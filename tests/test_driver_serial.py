@@ -273,6 +273,28 @@ def test_states_are_converted_to_si_and_bad_frames_counted_and_dropped(model, sc
         arm.close()
 
 
+def test_a_state_whose_statusword_is_no_cia402_state_is_counted_and_dropped_never_data(model, scripted):
+    dev = scripted(_ack(model))
+    arm = SerialArm(model, dev.path)
+    arm.open()
+    st = ArmState(model.n)
+    try:
+        q = np.full(model.n, 0.1)
+        bad = _state(model, q + 1.0, np.zeros(model.n), cycle=5)
+        bad.statusword[3] = 0x0001                           # bits 0-6 of no CiA 402 state (as CAN refuses)
+        dev.send(bad)
+        assert _wait(lambda: arm.link_stats()["bad_states"] == 1, 5)
+        assert "drive 4 statusword 0x0001 is no CiA 402 state" in arm.link_stats()["last_error"]
+        assert arm.read(st) is False and arm.link_stats()["states"] == 0
+        dev.send(_state(model, q, np.zeros(model.n), cycle=6))
+        assert _wait(lambda: arm.link_stats()["states"] == 1, 5)
+        assert arm.read(st) is True
+        counts_per_rad = ENCODER_COUNTS_PER_REV * model.gear_ratio / (2 * np.pi)
+        _within_one_count(st.q, q, counts_per_rad)                 # the dropped positions never came through
+    finally:
+        arm.close()
+
+
 def test_states_in_one_burst_are_each_read_once_in_order_and_an_overflowing_ring_is_counted(model, scripted):
     dev = scripted(_ack(model))
     arm = SerialArm(model, dev.path)

@@ -303,7 +303,8 @@ b = [0.2, -0.1]
 
 @pytest.mark.parametrize("old, new, field", [
     ('kind = "fourier"', 'kind = "spline"', 'trajectory.kind: expected "fourier", got \'spline\''),
-    ("base_frequency = 0.2", "base_frequency = -0.2", "trajectory.base_frequency: expected a positive number in Hz"),
+    ("base_frequency = 0.2", "base_frequency = -0.2", "trajectory.base_frequency: expected a number of Hz in (0, 100]"),
+    ("base_frequency = 0.2", "base_frequency = 1e308", "trajectory.base_frequency: expected a number of Hz in (0, 100]"),
     ("base_frequency = 0.2", 'base_frequency = "0.2"', "trajectory.base_frequency"),
     ("base_frequency = 0.2", "base_frequency = true", "trajectory.base_frequency"),
     ("base_frequency = 0.2\n", "", "trajectory.base_frequency"),
@@ -391,3 +392,27 @@ def test_cli_check_rejects_a_violating_file_in_one_line(tmp_path):
     assert run.returncode == 2
     assert re.fullmatch(r"armid: joint j\d: acceleration \S+ rad/s\^2 outside the limit \S+ rad/s\^2 at t = "
                         r"\d\.\d{4} s\n", run.stderr), run.stderr
+
+
+@pytest.mark.parametrize("f0, rate, periods, expected", [
+    (1e-9, 1000.0, 1.0, "1e+12 samples; expected at most 1000000 (a base frequency of at least 0.001 Hz"),
+    (0.1, 1000.0, 1e9, "fewer periods or a lower rate"),
+    (0.1, float("inf"), 1.0, "rate: expected a positive number, got inf"),
+    (0.1, 0.0, 1.0, "rate: expected a positive number"),
+    (0.1, 1000.0, float("nan"), "periods: expected a positive number"),
+])
+def test_a_sampling_too_large_to_allocate_is_refused_before_allocating(f0, rate, periods, expected):
+    with pytest.raises(InputError, match=re.escape(expected)):
+        excitation.sample_count(f0, rate, periods)
+    assert excitation.sample_count(0.1, 1000.0) == 10001
+
+
+def test_a_file_whose_period_is_too_long_to_sample_names_the_file_and_the_field(tmp_path):
+    path = tmp_path / "slow.toml"
+    preset = excitation.preset("seed000")
+    excitation.save(dataclasses.replace(preset, base_frequency=1e-9, info={}), path)
+    traj = excitation.load(path)
+    with pytest.raises(InputError, match=re.escape(f"{path}: trajectory.base_frequency: 1e-09 Hz")):
+        traj.sample(1000.0)
+    with pytest.raises(InputError, match="base_frequency"):
+        excitation.design(load_model("generic6"), base_frequency=1e-9)

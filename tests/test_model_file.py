@@ -87,8 +87,13 @@ def test_model_is_immutable():
     ("axis = [0.0, 0.0, 1.0]", "axis = [0.0, 0.0, 0.0]", "joint[1].axis"),
     ('gravity = [0.0, 0.0, -9.81]', 'gravity = [0.0, nan, -9.81]', "robot.gravity"),
     ("limits = { q = [0.0, 0.2], qd = 0.5, qdd = 2.0, tau = 100.0 }", "", "joint[1].limits"),
-    ("[robot]", "[robut]", "robot"),
+    ("[robot]", "[robut]", "robut"),                 # a misspelt table is named as unknown
     ('name = "a"', 'name = "a"\nname = "b"', "(syntax)"),
+    ("mass = 2.0", "mas = 2.0, mass = 2.0", "joint[0].link.mas"),          # unknown keys are refused, not ignored
+    ("qd = 2.0", "qd = 2.0, qdd_max = 9.0", "joint[0].limits.qdd_max"),
+    ("gear_ratio = 50.0", "gear_ratio = 50.0, gear = 2.0", "joint[0].drive.gear"),
+    ("[robot]", '[robot]\ntip = "flange"', "robot.tip"),                   # tip only with a urdf
+    ("gear_ratio = 50.0", "gear_ratio = 1e300", "joint[0].drive.gear_ratio"),  # finite, but no arm's number
 ])
 def test_broken_file_names_the_field(tmp_path, old, new, field):
     text = GOOD.replace(old, new, 1)

@@ -124,6 +124,9 @@ def _edit(lines: list[str], line: int, column: int, value: str) -> list[str]:
     ("too short", lambda L: L[:11], ["10 samples are too few", str(pp.MIN_SAMPLES)]),
     ("header only", lambda L: L[:1], ["no data rows"]),
     ("empty", lambda L: [], ["empty"]),
+    ("1e300 position", lambda L: _edit(L, 8, 2, "1e300"), ["line 8", "column q2", "out of range", "1000 rad or m"]),
+    ("1e300 torque", lambda L: _edit(L, 6, 3, "-1e300"), ["line 6", "column tau1", "out of range", "N m"]),
+    ("1e308 time", lambda L: _edit(L, 30, 0, "1e308"), ["line 30", "column t", "out of range"]),
 ])
 def test_every_bad_csv_gets_one_error_naming_the_problem(tmp_path, case, edit, expected):
     path = tmp_path / "bad.csv"
@@ -152,6 +155,7 @@ def test_joint_count_is_checked_against_the_expected_model(tmp_path):
     ({"t": "t", "q": "q", "tau": "short"}, "tau: expected shape (40, 2) like q"),
     ({"t": "t2d", "q": "q", "tau": "tau"}, "t: expected one time per sample"),
     ({"t": "t", "q": "qnan", "tau": "tau"}, "sample 17, column q2: not a finite number"),
+    ({"t": "t", "q": "q", "tau": "huge"}, "sample 3, column tau2: 1e+300 is out of range"),
     ({"t": "t", "q": "q", "tau": "text"}, "array 'tau': expected real numbers"),
     ({"t": "t", "q": "q", "tau": "tau", "effort_delay": "t"}, "array 'effort_delay': expected one number (s)"),
     ({"t": "t", "q": "q", "tau": "tau", "effort_delay": "nan"}, "effort_delay: expected a finite number of seconds"),
@@ -162,7 +166,8 @@ def test_every_bad_npz_gets_one_error_naming_the_array(tmp_path, arrays, expecte
     qnan = q.copy()
     qnan[17, 1] = np.nan
     pool = {"t": t, "q": q, "tau": np.cos(q), "short": np.cos(q)[:-1], "t2d": t[:, None], "qnan": qnan,
-            "text": np.full(q.shape, "x"), "nan": np.array(np.nan), "second": np.array(1.0)}
+            "text": np.full(q.shape, "x"), "nan": np.array(np.nan), "second": np.array(1.0),
+            "huge": np.where(np.arange(q.size).reshape(q.shape) == 7, 1e300, np.cos(q))}
     path = tmp_path / "bad.npz"
     np.savez(path, **{name: pool[key] for name, key in arrays.items()})
     with pytest.raises(PreprocessError) as info:
@@ -399,3 +404,24 @@ def test_slow_rows_mark_each_joint_below_the_threshold():
     np.testing.assert_array_equal(pp.slow_rows(qd, 0.05), [[True, False], [True, False], [False, False]])
     with pytest.raises(PreprocessError, match="threshold"):
         pp.slow_rows(qd, -1.0)
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((2 ** 40,), "array 't': its header gives shape (1099511627776,) (8796093022208 bytes), the file holds 64 bytes"),
+    ((2 ** 62,), "array 't': its header gives shape (4611686018427387904,)"),
+    ((9, 2 ** 61), "array 't': its header gives shape (9, 2305843009213693952)"),
+])
+def test_an_npz_header_that_claims_more_than_its_data_is_refused_before_numpy_allocates_it(tmp_path, shape, expected):
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    head = io.BytesIO()
+    npy.write_array_header_1_0(head, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    path = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("t.npy", head.getvalue() + bytes(64))
+    with pytest.raises(PreprocessError) as info:
+        pp.load_recording(path)
+    assert str(info.value) == f"{path}: {expected}" or str(info.value).startswith(f"{path}: {expected}")

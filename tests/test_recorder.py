@@ -6,6 +6,7 @@ import io
 import math
 import re
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -562,3 +563,36 @@ def test_the_drivers_effort_delay_travels_from_the_recording_to_identification(t
     write_synthetic(tmp_path / "bad.mcap", payloads, metadata={"effort_delay_s": "half a period"})
     with pytest.raises(RecordingError, match="effort_delay_s: expected seconds, got 'half a period'"):
         identification_arrays(read_recording(tmp_path / "bad.mcap"))
+
+
+def _top_records(data: bytes) -> list[tuple[int, int]]:
+    """(opcode, offset) of the top-level records after the magic."""
+    out, at = [], 8
+    while at + 9 <= len(data) - 8:
+        out.append((data[at], at))
+        at += 9 + struct.unpack_from("<Q", data, at + 1)[0]
+    return out
+
+
+def _damage_length(data: bytearray, opcode: int, offset: int, fmt: str, value: int) -> None:
+    at = next(a for op, a in _top_records(data) if op == opcode)
+    struct.pack_into(fmt, data, at + offset, value)
+
+
+@pytest.mark.parametrize("opcode, offset, fmt, value, expected", [
+    (0x01, 1, "<Q", 2 ** 64 - 1, "corrupt MCAP"),                              # the header record's length
+    (0x01, 9, "<I", 2 ** 32 - 1, "a length of 4294967295 bytes"),              # its profile string's length
+    (0x06, 25, "<Q", 2 ** 62, "a chunk of 4611686018427387904 bytes uncompressed"),   # a chunk's uncompressed size
+    (0x06, 45, "<Q", 2 ** 63, "corrupt MCAP"),                                 # the length of a chunk's records
+    (0x06, 1, "<Q", 2 ** 40, "corrupt MCAP"),                                  # a chunk record's length
+])
+def test_a_damaged_length_is_one_recording_error_never_an_allocation(tmp_path, opcode, offset, fmt, value, expected):
+    path = tmp_path / "d.mcap"
+    write_synthetic(path, [payload(3, s) for s in range(300)], chunk_seconds=0.05)
+    data = bytearray(path.read_bytes())
+    _damage_length(data, opcode, offset, fmt, value)
+    path.write_bytes(bytes(data))
+    t0 = time.monotonic()
+    with pytest.raises(RecordingError, match=re.escape(expected)) as err:
+        read_recording(path)
+    assert str(path) in str(err.value) and time.monotonic() - t0 < 10

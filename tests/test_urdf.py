@@ -62,6 +62,13 @@ def test_branching_chain_needs_a_tip(tmp_path):
     ('<axis xyz="0 1 0"/>', '<axis xyz="0 0 0"/>', "joint[j2].axis.xyz"),
     ('<robot name="mini">', '<robot name="mini"', "(syntax)"),
     ('ixx="0.002"', '', "link[l2].inertial.inertia.ixx"),
+    ('iyy="0.003"', 'iyy="0.009"', "link[l2].inertial.inertia"),       # triangle inequality, as TOML refuses it
+    ('izz="0.005"', 'izz="-0.005"', "link[l1].inertial.inertia"),      # a negative principal moment
+    ("</robot>", '<joint name="back" type="fixed"><parent link="tool"/><child link="l1"/></joint></robot>',
+     "joint[back].child"),                                              # l1 with two parents: no tree
+    ("</robot>", '<link name="a"/><link name="b"/><joint name="ab" type="fixed"><parent link="a"/><child link="b"/>'
+                 '</joint><joint name="ba" type="fixed"><parent link="b"/><child link="a"/></joint></robot>',
+     "joint[ba]"),                                                      # a cycle beside the tree (walked forever)
 ])
 def test_broken_urdf_names_the_element(tmp_path, old, new, field):
     text = ARM.replace(old, new, 1)

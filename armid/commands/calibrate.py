@@ -59,8 +59,9 @@ def _plan(args: argparse.Namespace) -> int:
     from ident.calibration.io import write_poses
     from ident.calibration.planning import d_optimal, plan_quality, seed_plan
     from ident.calibration.synthesis import synthesize
-    from ident.errors import InputError
+    from ident.errors import InputError, check_output_file
 
+    check_output_file(args.output)
     model, cm = _load(args)
     irr = synthesize(cm, args.measure, relative=args.relative, strategy=args.strategy)
     rows = 3 if args.measure == "position" else 6
@@ -92,9 +93,11 @@ def _identify(args: argparse.Namespace) -> int:
                                       write_residuals)
     from ident.calibration.report import write_report
     from ident.calibration.synthesis import describe, random_configurations, synthesize
+    from ident.errors import check_output_dir
     from ident.extras import require
 
     require("matplotlib", "the calibration report's plots")       # a missing extra: said before the work
+    check_output_dir(args.output)
 
     model, cm = _load(args)
     if args.axes:

@@ -21,9 +21,12 @@ def _run(args: argparse.Namespace) -> int:
     import threading
     import time
 
+    from pathlib import Path
+
     from driver.config import load_config
     from driver.daemon import Driver
     from driver.transports import open_arm
+    from ident.errors import InputError
     from ident.model import load_model
 
     def log(text: str) -> None:
@@ -41,6 +44,8 @@ def _run(args: argparse.Namespace) -> int:
     from driver.daemon import Record
 
     record = cfg.record
+    if args.record and Path(args.record).is_dir():
+        raise InputError(f"--record {args.record}: is a directory; expected the MCAP file to write")
     if args.record:
         record = replace(record, path=args.record) if record else Record(args.record)
     driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s, log=log,
@@ -50,12 +55,15 @@ def _run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
     from driver.hal import LinkError
+    from driver.transports import transport_options
 
     try:
         driver.start()
     except LinkError as exc:
-        log(f"cannot start: {exc}")
-        return 1
+        # the port, bus or host the config names cannot be reached: the config is wrong for this machine
+        # (bad input, status 2); a link lost later is a failure of the run (status 1, below)
+        where = "/".join(f"transport.{k}" for k in transport_options(cfg.transport)[1]) or "transport"
+        raise InputError(f"{cfg.source}: {where}: cannot start the {cfg.transport} link: {exc}") from None
     try:
         while not stop.wait(0.5):
             if driver.cycle.error is not None:

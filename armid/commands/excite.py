@@ -83,6 +83,9 @@ def _design(args: argparse.Namespace) -> int:
     from ident.limits import LimitError
     from ident.model import load_model
 
+    from ident.errors import check_output_file
+
+    check_output_file(args.output)
     model = load_model(args.model)
     base = base_parameters(model)
     grid = excitation.GRID_PER_PERIOD if args.grid is None else args.grid
@@ -130,8 +133,9 @@ def _check(args: argparse.Namespace) -> int:
 def _sample(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ident.errors import InputError
+    from ident.errors import InputError, check_output_file
 
+    check_output_file(args.output)
     traj = _trajectory(args.trajectory)
     if not (args.rate > 0 and args.periods > 0):
         raise InputError(f"--rate and --periods: expected positive numbers, got {args.rate} and {args.periods}")

@@ -67,10 +67,11 @@ def write_outputs(ident, out: Path, source: str) -> dict[str, Path]:
 def run(args: argparse.Namespace) -> int:
     from armid.commands._recordings import is_mcap, load_run
     from ident import batch
-    from ident.errors import InputError
+    from ident.errors import InputError, check_output_dir
     from ident.extras import require
     from ident.model import load_model
 
+    check_output_dir(args.output)
     if args.slow is not None and not args.slow >= 0:
         raise InputError(f"--slow: expected a velocity >= 0 rad/s, got {args.slow}")
     verbose = not args.quiet

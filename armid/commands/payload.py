@@ -75,9 +75,10 @@ def register(sub) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ident.errors import InputError
+    from ident.errors import InputError, check_output_file
     from ident.model import load_model
 
+    check_output_file(args.output)
     model = load_model(args.model)
     out = Path(args.output)
     if args.method == "dynamic":
@@ -144,11 +145,13 @@ def print_table(estimates) -> None:
 
 
 def _identify(args: argparse.Namespace) -> int:
+    from ident.errors import check_output_dir
     from ident.extras import require
     from ident.model import load_model
     from ident.payload.report import write_report
 
     require("matplotlib.figure", "the payload report's plot")     # a missing extra: said before the work
+    check_output_dir(args.output)
     model = load_model(args.model)
     if not args.quiet:
         print(f"reading {args.loaded} and {args.unloaded}", file=sys.stderr)
@@ -207,21 +210,10 @@ def _run_program(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    import json
-
     from ident.errors import InputError
+    from ident.payload.report import read_set_payload
 
-    try:
-        doc = json.loads(Path(args.result).read_text())
-        estimates = doc["estimates"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{args.result}: not a payload.json of `armid payload identify`: {exc}") from None
-    chosen = [e for e in estimates if args.method in (None, e.get("method"))]
-    if not chosen:
-        raise InputError(f"{args.result}: no estimate of method {args.method!r}")
-    command = chosen[0].get("set_payload")
-    if not command:
-        raise InputError(f"{args.result}: the {chosen[0].get('method')} estimate has no mass and centre of mass to apply")
+    _, command = read_set_payload(args.result, args.method)
     send, close = driver_link(args.commands, args.timeout)
     try:
         reply = send(command)

@@ -47,10 +47,12 @@ def _record(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from driver.recorder import RecorderError, query_status, record
+    from driver.recorder import RecorderError, check_output, check_sizing, query_status, record
 
     if not args.state or not args.output:
         raise RecorderError("record: give --state ENDPOINT and -o FILE.mcap (or a subcommand: convert, info)")
+    check_output(args.output, overwrite=args.force)
+    check_sizing(args.rate or 1000.0, args.chunk_seconds)
     for name in ("duration", "rate", "chunk_seconds", "progress_interval"):
         value = getattr(args, name)
         if value is not None and not value > 0:

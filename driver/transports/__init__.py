@@ -37,6 +37,14 @@ def transport_class(name: str) -> type:
     return ep.load()
 
 
+def transport_options(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(known, required): the option names a config file may give transport `name` (its class's OPTIONS)
+    and those it must give (REQUIRED_OPTIONS)."""
+    cls = transport_class(name)
+    return tuple(cls.OPTIONS), tuple(cls.REQUIRED_OPTIONS)
+
+
 def open_arm(name: str, model, **options):
-    """The Arm of transport `name` for the model (not yet opened)."""
+    """The Arm of transport `name` for the model (not yet opened). Each transport refuses an option it does
+    not know, or a required one missing, with an InputError naming it."""
     return transport_class(name)(model, **options)

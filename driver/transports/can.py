@@ -83,6 +83,22 @@ PUMP_STANDBY_S = 0.02               # the receive thread leaves the bus to the c
 _log = logging.getLogger(__name__)
 
 
+EMCY_KEPT = 64     # EMCYs python-canopen keeps per node in its `log` and `active` lists (it never drops any)
+
+
+def bound_emcy_lists(consumer, keep: int = EMCY_KEPT) -> None:
+    """Make a canopen EmcyConsumer keep at most 2 * keep EMCYs in `log` and in `active`: it appends every EMCY
+    to both (active until an error reset) forever, and a daemon runs for months beside drives that may
+    repeat one. A callback trims each list to its newest `keep` once it holds twice as many (amortised)."""
+    def trim(_error) -> None:
+        with consumer.emcy_received:
+            for name in ("log", "active"):
+                entries = getattr(consumer, name)
+                if len(entries) > 2 * keep:
+                    del entries[:-keep]
+    consumer.add_callback(trim)
+
+
 @functools.lru_cache(maxsize=1024)
 def _valid_statusword(word: int) -> bool:
     return cia402.state_of(word) is not None
@@ -103,13 +119,16 @@ class CanArm(Arm):
     cycle_reads_link = True
     keeps_every_sample = True
 
+    OPTIONS = ("interface", "channel", "bitrate", "node_ids", "counts_per_rev", "sdo_timeout_s", "boot_timeout_s",
+               "heartbeat_ms")
+    REQUIRED_OPTIONS = ("interface", "channel")
+
     def __init__(self, model, *, interface: str | None = None, channel: str | int | None = None, bitrate: int | None = None,
                  node_ids: Sequence[int] | None = None, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
                  sdo_timeout_s: float = 0.5, boot_timeout_s: float = 2.0, heartbeat_ms: int = cm.DEFAULT_HEARTBEAT_MS,
                  **unknown):
         if unknown:
-            raise CanOptionError(f"can: unknown option {sorted(unknown)[0]!r} (known: interface, channel, bitrate, "
-                                 f"node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s, heartbeat_ms)")
+            raise CanOptionError(f"can: unknown option {sorted(unknown)[0]!r} (known: {', '.join(self.OPTIONS)})")
         self.n = n = model.n
         self.node_ids = check_options(n, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s,
                                       boot_timeout_s, heartbeat_ms)
@@ -236,6 +255,7 @@ class CanArm(Arm):
         drive = configure_drive(j, node, self.model_scaling.counts_per_rad[j], self.heartbeat_ms, (*_TPDOS, *_RPDOS),
                                 _CLOCK_TPDO, self._bus_options)
         node.emcy.add_callback(lambda e, j=j: self._on_emcy(j, e))
+        bound_emcy_lists(node.emcy)
         node.nmt.add_heartbeat_callback(lambda state, j=j: self._on_heartbeat(j, state))
         return drive
 

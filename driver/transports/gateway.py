@@ -48,7 +48,8 @@ gateway and the cause, and the link thread reconnects every reconnect_ms; a resp
 within timeout_ms is counted, the connection is reopened (stale responses never pair with a later
 request) and the sample goes stale (a gateway that answers nothing at all leaves every cycle stale, and the
 cycle's watchdog trips); an image that fails decoding (wrong layout version, drive count,
-impossible field) is counted and dropped; the gateway's host-watchdog bit (it has quick-stopped the drives)
+impossible field, a statusword that is no CiA 402 state, a mode display that is no mode) is counted and
+dropped; the gateway's host-watchdog bit (it has quick-stopped the drives)
 raises LinkError once. link_stats() reports every counter and the exchange round trips.
 """
 from __future__ import annotations
@@ -69,7 +70,8 @@ from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
 from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
-from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from driver.hal import (Arm, ArmCommand, ArmState, LinkError, bad_drive_text, command_to_wire, first_bad_drive,
+                        raw_to_si)
 from firmware_bridge.rt_timing import name_os_thread
 from driver.transports.sample_ring import StateRing
 from firmware_bridge import cia402
@@ -249,6 +251,9 @@ class GatewayArm(Arm):
 
     keeps_every_sample = True
 
+    OPTIONS = tuple(GatewayOptions.__dataclass_fields__)
+    REQUIRED_OPTIONS = ("host",)
+
     def __init__(self, model, **options):
         self.options = opts = gateway_options(**options)
         self.model, self.n = model, model.n
@@ -280,6 +285,7 @@ class GatewayArm(Arm):
         self._in_drives = np.zeros((len(gw.INPUT_DRIVE), self.n), dtype=np.int64)
         self._in_rows = tuple(self._in_drives[gw.field_row(gw.INPUT_DRIVE, name)] for name in
                               ("position", "velocity", "current", "statusword", "error_code", "mode_display"))
+        first_bad_drive(self._in_rows[3], self._in_rows[5])   # compile or load it now, not in the handshake's images
         self._have_cmd = False
         self._reset_latch = np.zeros(self.n, dtype=bool)
         # link state
@@ -715,6 +721,12 @@ class GatewayArm(Arm):
             self._watchdog_seen = False
         if not status & gw.STATUS_DATA_VALID:
             c["invalid_images"] += 1
+            return
+        _, _, _, status_row, _, mode_row = self._in_rows
+        bad = first_bad_drive(status_row, mode_row)
+        if bad >= 0:          # counted and dropped, never turned into numbers (each read of it, as a decode error)
+            c["bad_images"] += 1
+            self.last_error = f"bad image dropped: {bad_drive_text(bad, status_row, mode_row)}"
             return
         if not first:
             step = (counter - self._last_counter) % _U32

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import serial
 
-from driver.hal import Arm, ArmCommand, ArmState, LinkError, raw_to_si
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, bad_drive_text, first_bad_drive, raw_to_si
 from firmware_bridge.rt_timing import name_os_thread
 from driver.transports.link_pump import LinkPump
 from driver.transports.sample_ring import StateRing
@@ -75,6 +75,7 @@ class _Session:
         joints = self.splitter.joints
         self.columns = tuple(joints[name] for name in ("statusword", "mode_display", "error_code", "position",
                                                         "velocity", "current"))
+        first_bad_drive(self.columns[0], self.columns[1])   # compile or load it now, not at the first STATE
         self.last_cycle: int | None = None      # the device's cycle counter in the newest STATE
         self.pending = b""                      # bytes that came with HELLO_ACK, after it (a first STATE)
         self.backwards = decoder.counters.backwards
@@ -128,14 +129,16 @@ class SerialArm(Arm):
     streams_on_own_clock = True
     cycle_reads_link = True
     keeps_every_sample = True
+    OPTIONS = ("port", "baudrate", "counts_per_rev", "device_watchdog_ms", "heartbeat_ms", "handshake_timeout_s",
+               "reconnect_s")
+    REQUIRED_OPTIONS = ("port",)
 
-    def __init__(self, model, port: str, *, baudrate: int = 3_000_000, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
+    def __init__(self, model, port: str | None = None, *, baudrate: int = 3_000_000, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
                  device_watchdog_ms: float = sp.DEFAULT_WATCHDOG_US / 1000, heartbeat_ms: float | None = None,
                  handshake_timeout_s: float = 1.0, reconnect_s: float = 0.2, **unknown):
         if unknown:
-            raise SerialOptionError(f"serial transport: unknown option {sorted(unknown)[0]!r} (options: port, baudrate, "
-                                    f"counts_per_rev, device_watchdog_ms, heartbeat_ms, handshake_timeout_s, "
-                                    f"reconnect_s)")
+            raise SerialOptionError(f"serial transport: unknown option {sorted(unknown)[0]!r} (options: "
+                                    f"{', '.join(self.OPTIONS)})")
         if not isinstance(port, str) or not port:
             raise SerialOptionError(f"serial transport: port: expected a device path or pyserial URL, got {port!r}")
         self.model, self.n, self.port = model, model.n, port
@@ -163,7 +166,8 @@ class SerialArm(Arm):
         self._past = sp.DecoderCounters()      # decoder counters of the sessions that ended
         self.stats = {"states": 0, "commands": 0, "heartbeats_sent": 0, "heartbeats_received": 0,
                       "fault_frames": 0, "unexpected": 0, "wrong_joints": 0, "tx_incomplete": 0,
-                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0, "device_restarts": 0}
+                      "link_losses": 0, "reconnects": 0, "handshake_failures": 0, "device_restarts": 0,
+                      "bad_states": 0}
         self.last_fault: dict | None = None
         self.last_error: str | None = None
 
@@ -490,6 +494,11 @@ class SerialArm(Arm):
             s.restart = f"its cycle counter went back from {last} to {cycle}"
         s.last_cycle = cycle
         sw, mode, err, pos, vel, cur = s.columns
+        bad = first_bad_drive(sw, mode)
+        if bad >= 0:          # counted and dropped, never turned into numbers (as CAN and the gateway do)
+            self.stats["bad_states"] += 1
+            self.last_error = f"STATE dropped: {bad_drive_text(bad, sw, mode)}"
+            return
         with self._lock:
             new = self._ring.next_slot()
             new.device_time_ns = timestamp_us * 1000

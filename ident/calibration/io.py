@@ -65,7 +65,18 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def _numbers(path: Path, rows, widths: tuple[int, ...], what: str) -> tuple[np.ndarray, np.ndarray]:
+MAX_ABS = 1e3   # no joint value (rad or m), coordinate (m) or rotation (rad) of a measured arm comes near it
+
+
+def _column_name(c: int, n: int, width: int) -> str:
+    """The name of 0-based column c in a file of n joints and `width` columns (the module docstring)."""
+    if c < n:
+        return f"q{c + 1}"
+    tail = ("x", "y", "z") + (("qx", "qy", "qz", "qw") if width == n + 7 else ("rx", "ry", "rz"))
+    return tail[c - n] if c - n < len(tail) else f"column {c + 1}"
+
+
+def _numbers(path: Path, rows, widths: tuple[int, ...], what: str, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     if not rows:
         raise CalibrationFileError(f"{path}: no {what} rows")
     width = len(rows[0][1])
@@ -84,6 +95,10 @@ def _numbers(path: Path, rows, widths: tuple[int, ...], what: str) -> tuple[np.n
                 raise CalibrationFileError(f"{path}: line {lineno}, column {c + 1}: not a number: {cell!r}") from None
             if not math.isfinite(v):
                 raise CalibrationFileError(f"{path}: line {lineno}, column {c + 1}: not finite: {cell!r}")
+            if abs(v) > MAX_ABS:
+                name = _column_name(c, width if n is None else n, width)
+                raise CalibrationFileError(f"{path}: line {lineno}, column {c + 1} ({name}): {cell} is out of range: "
+                                           f"expected |value| <= {MAX_ABS:g} (SI units: rad or m)")
             out[i, c] = v
     return out, np.array([r[0] for r in rows])
 
@@ -98,7 +113,7 @@ def read_measurements(path: str | Path, n: int) -> Measurements:
     """Joint values and measured tool poses from a measurement CSV (see the module docstring)."""
     path = Path(path)
     data, lines = _numbers(path, _rows(path), (n + 3, n + 6, n + 7),
-                           f"{n} joint values, x y z, optionally qx qy qz qw or rx ry rz")
+                           f"{n} joint values, x y z, optionally qx qy qz qw or rx ry rz", n)
     q, p = data[:, :n], data[:, n:n + 3]
     R = None
     if data.shape[1] == n + 7:

@@ -8,6 +8,7 @@ weigh alike; the predicted sigma of each parameter is in its own unit (m or rad)
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,10 +41,17 @@ def product_plan(sets: list[np.ndarray]) -> np.ndarray:
     return np.array(list(itertools.product(*[np.asarray(s, dtype=np.float64) for s in sets])))
 
 
+MAX_CANDIDATES = 100_000   # candidate poses of a plan: their Jacobian blocks are held at once
+
+
 def seed_plan(irr: IrreducibleModel, per_joint: int | list[int] = 2) -> np.ndarray:
     """The seed's plan: per-joint optimal sets (per_joint values each) within the limits, all combinations."""
     cm = irr.model
     counts = [per_joint] * cm.n if np.isscalar(per_joint) else list(per_joint)
+    total = math.prod(int(c) for c in counts)
+    if total > MAX_CANDIDATES:
+        raise InputError(f"per-joint values: {' x '.join(map(str, counts))} = {total} combinations, expected at most "
+                         f"{MAX_CANDIDATES}")
     return product_plan([axis_angles(c, cm.q_min[j], cm.q_max[j], cm.joint_type[j] == PRISMATIC)
                          for j, c in enumerate(counts)])
 
@@ -174,6 +182,8 @@ def d_optimal(irr: IrreducibleModel, count: int, candidates=None, *, n_candidate
     quarter of the plan that adds least to det(J^T J) for the best candidate, until no swap raises it.
     Returns (plan (count, n), indices into the candidates)."""
     cm = irr.model
+    if candidates is None and not 1 <= n_candidates <= MAX_CANDIDATES:
+        raise InputError(f"candidates: expected 1..{MAX_CANDIDATES} random poses, got {n_candidates}")
     Q = random_configurations(cm, n_candidates, seed) if candidates is None else np.asarray(candidates, float)
     if Q.ndim != 2 or Q.shape[1] != cm.n or not np.all(np.isfinite(Q)):
         raise InputError(f"candidates: expected finite (M, {cm.n}) joint values")

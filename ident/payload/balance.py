@@ -166,12 +166,16 @@ def _deg(q) -> list[str]:
     return [f"{math.degrees(x):.4f}" for x in np.asarray(q, float)]
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def load_program(path: str | Path) -> dict:
     """Read a motion file written by MotionProgram.write; InputError naming the file and field if it is not one."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = json.loads(path.read_text(), parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:   # JSONDecodeError is a ValueError
         raise InputError(f"{path}: not a readable JSON motion file ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise InputError(f"{path}: format: expected {FORMAT!r}")

@@ -89,3 +89,52 @@ def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str =
             + "".join(_section(e) for e in estimates) + "</body></html>")
     (out / "report.html").write_text(page)
     return {"json": out / "payload.json", "plot": png, "report": out / "report.html"}
+
+
+def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, dict]:
+    """(method, set_payload request) of the first estimate in a payload.json (of `method`, when given), checked
+    before it goes to a driver: InputError naming the file and the field for anything write_report would not
+    have written (not JSON, NaN or Infinity, a missing or mistyped field)."""
+    from ident.errors import InputError
+
+    def fail(field: str, expected: str, got=None) -> InputError:
+        return InputError(f"{path}: {field}: expected {expected}" + ("" if got is None else f", got {got!r}"))
+
+    try:   # NaN and Infinity (which Python's json reads) are refused below, naming their field
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not a payload.json of `armid payload identify`: {exc}") from None
+    estimates = doc.get("estimates") if isinstance(doc, dict) else None
+    if not isinstance(estimates, list) or not all(isinstance(e, dict) for e in estimates):
+        raise fail("estimates", "a list of estimate objects (a payload.json of `armid payload identify`)")
+    chosen = [(k, e) for k, e in enumerate(estimates) if method in (None, e.get("method"))]
+    if not chosen:
+        raise fail("estimates", f"an estimate of method {method!r}; found "
+                   + (", ".join(str(e.get("method")) for e in estimates) or "none"))
+    k, estimate = chosen[0]
+    name = str(estimate.get("method"))
+    command = estimate.get("set_payload")
+    where = f"estimates[{k}].set_payload"
+    if command is None:
+        raise fail(where, f"the mass and centre of mass to apply (the {name} estimate has none)")
+    if not isinstance(command, dict) or command.get("cmd") != "set_payload":
+        raise fail(where, 'an object with "cmd": "set_payload"', command)
+    unknown = sorted(set(command) - {"cmd", "mass", "com", "inertia"})
+    if unknown:
+        raise fail(f"{where}.{unknown[0]}", "only cmd, mass, com and inertia (unknown field)")
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+
+    mass = command.get("mass")
+    if not (number(mass) and mass > 0):
+        raise fail(f"{where}.mass", "a finite mass > 0 in kg", mass)
+    for key, size, unit in (("com", 3, "m"), ("inertia", 6, "kg m^2")):
+        value = command.get(key)
+        if value is None and key == "inertia":
+            continue
+        if not (isinstance(value, list) and len(value) == size and all(number(x) for x in value)):
+            raise fail(f"{where}.{key}", f"a list of {size} finite numbers in {unit}", value)
+    return name, command
