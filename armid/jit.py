@@ -12,6 +12,8 @@ exactly when the cache is cold, whatever the reason (fresh install, upgrade, ano
 """
 from __future__ import annotations
 
+import re
+
 import sys
 import threading
 import time
@@ -112,3 +114,12 @@ def cached_signatures(dispatcher) -> int | None:
         return len(dispatcher._cache._cache_file._load_index())
     except Exception:       # noqa: BLE001 - numba internals: unknown means "do not guess"
         return None
+
+
+_COMPILE_LINE = re.compile(r"^\S+: (compiling \S+ \.\.\.|compiled \S+ in [0-9.]+ s|still compiling \S+ \([0-9]+ s\))$")
+
+
+def is_compile_line(line: str) -> bool:
+    """True for a line this module prints while kernels compile (the notice, a kernel's start, end or ticker),
+    so that a reader of a command's stderr can tell them from the command's own lines."""
+    return line == NOTICE or bool(_COMPILE_LINE.match(line))
