@@ -335,7 +335,7 @@ CASES = [
         d, '[transport]\nname = "can"\ninterface = "socketcan"\nchannel = "armid-nocan9"\n'))],
          ("driver.toml", "transport.interface/transport.channel", "armid-nocan9")),
     # the simulator's options
-    Case("sim-unknown-option", lambda d: ["sim", "--transport", "serial", "-o", "bogus=3"],
+    Case("sim-unknown-option", lambda d: ["sim", "--transport", "serial", "--option", "bogus=3"],
          ("transport serial", "'bogus'", "baudrate")),
     Case("sim-rate-1e12", lambda d: ["sim", "--transport", "serial", "--rate", "1e12"],
          ("rate_hz", "1..10000")),
