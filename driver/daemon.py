@@ -159,12 +159,9 @@ class Driver:
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the planner process and wait (at most PLANNER_START_S) until it has loaded its kernels; open the
-        link, bind the sockets, start the threads."""
-        self.planner.start()
-        if not self.planner.wait_ready(PLANNER_START_S):    # its start-up burst of CPU ends before the link
-            self.log(f"warning: the planner process was not ready within {PLANNER_START_S:g} s; the first motion "
-                     f"command waits for it")                # opens: devices with a host watchdog see no gap
+        """Start the planner process, open the link, bind the sockets, start the cycle, wait (at most
+        PLANNER_START_S) until the planner has loaded its kernels, start the command server."""
+        self.planner.start()        # it loads its kernels meanwhile, at a lower priority than the cycle's
         try:
             self.arm.open()
         except BaseException:
@@ -221,6 +218,9 @@ class Driver:
             except RealtimeError:
                 self.stop()           # nothing is powered yet: this closes everything and restores the threads
                 raise
+        if not self.planner.wait_ready(PLANNER_START_S):
+            self.log(f"warning: the planner process was not ready within {PLANNER_START_S:g} s; the first motion "
+                     f"command waits for it")
         self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop, log=self.log)
         for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
             t = threading.Thread(target=target, name=name, daemon=True)

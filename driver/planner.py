@@ -29,6 +29,7 @@ import numpy as np
 
 from ident.errors import InputError
 
+PLANNER_NICE = 10             # the planner process's niceness, added to the daemon's
 PLAN_TIMEOUT_S = 60.0          # the longest a plan may take (the largest allowed plans take a few seconds)
 MAX_MOTION_S = 600.0           # default bound on a motion's duration (s), as driver.motion's
 
@@ -237,6 +238,10 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
     import warnings
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the daemon's to handle
+    try:
+        os.nice(PLANNER_NICE)                            # background work: the cycle wins the CPU
+    except OSError:
+        pass
     warnings.simplefilter("ignore", RuntimeWarning)      # overflow on a hostile request: its refusal says why
     from driver import motion
     from driver.plan_requests import plan_request

@@ -726,7 +726,7 @@ def test_move_to_and_run_trajectory_move_the_simulated_arm_and_the_stream_shows_
     refused = _call(cmd, cmd="move_to", q=[0, 0, 9.0, 0, 0, 0])
     assert refused["ok"] is False and "joint j3: goal 9" in refused["error"]
     stats = driver.arm.link_stats()
-    assert stats["connected"] and stats["rx_dropped"] == 0 and stats["commands"] > 1000
+    assert stats["connected"] and stats["rx_dropped"] == 0 and stats["commands"] > 1000, (stats["rx"], stats.get("last_error"))
 
 
 def test_simulator_killed_is_a_link_fault_and_the_driver_recovers_when_it_is_back(hil):

@@ -75,7 +75,6 @@ class _Session:
         joints = self.splitter.joints
         self.columns = tuple(joints[name] for name in ("statusword", "mode_display", "error_code", "position",
                                                         "velocity", "current"))
-        first_bad_drive(self.columns[0], self.columns[1])   # compile or load it now, not at the first STATE
         self.last_cycle: int | None = None      # the device's cycle counter in the newest STATE
         self.pending = b""                      # bytes that came with HELLO_ACK, after it (a first STATE)
         self.backwards = decoder.counters.backwards
@@ -142,6 +141,7 @@ class SerialArm(Arm):
         if not isinstance(port, str) or not port:
             raise SerialOptionError(f"serial transport: port: expected a device path or pyserial URL, got {port!r}")
         self.model, self.n, self.port = model, model.n, port
+        first_bad_drive(np.zeros(model.n, np.uint16), np.zeros(model.n, np.int8))   # compile or load it now
         self.baudrate = int(_number("baudrate", baudrate, 50, 100_000_000, integer=True))
         self.counts_per_rev = int(_number("counts_per_rev", counts_per_rev, 1, 2 ** 32 - 1, integer=True))
         self.device_watchdog_s = _number("device_watchdog_ms", device_watchdog_ms, 1, 10_000) / 1000
