@@ -12,7 +12,7 @@ this script is the client. It prints:
   - quick_stop latency (request sent to reply received; the reply leaves after the cycle has acted on it)
     while a second process floods the socket, beside the same without a flood (reference). Target: one cycle.
 
-usage: python benchmarks/bench_commands.py [--seconds 5] [--requests 20000]
+usage: python benchmarks/bench_commands.py [--seconds 5] [--requests 20000] [--realtime PRIO]
 """
 from __future__ import annotations
 
@@ -43,11 +43,12 @@ def _line(name: str, value: float, unit: str, ref_label: str, ref: float, ratio:
     print(f"{name}: {value:.4g} {unit} (reference: {ref_label} {ref:.4g} {unit}, ratio {r:.3g}x)", flush=True)
 
 
-def _start_driver(folder: Path, max_motion_s: float) -> tuple[subprocess.Popen, str, str]:
+def _start_driver(folder: Path, max_motion_s: float, priority: int | None) -> tuple[subprocess.Popen, str, str]:
     state, commands = f"ipc://{folder}/state", f"ipc://{folder}/commands"
     cfg = folder / "driver.toml"
+    realtime = "" if priority is None else f"[realtime]\npriority = {priority}\nlock_memory = true\nrequired = true\n"
     cfg.write_text(f'[driver]\nmodel = "generic6"\nwatchdog_ms = 500\nmax_motion_s = {max_motion_s}\n'
-                   f'[transport]\nname = "sim"\n[zmq]\nstate = "{state}"\ncommands = "{commands}"\n')
+                   f'[transport]\nname = "sim"\n[zmq]\nstate = "{state}"\ncommands = "{commands}"\n{realtime}')
     proc = subprocess.Popen([sys.executable, "-m", "armid.cli", "driver", "--config", str(cfg)],
                             stderr=subprocess.DEVNULL)
     return proc, state, commands
@@ -147,10 +148,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="length of the flood and of the reference windows")
     ap.add_argument("--requests", type=int, default=20000, help="hostile requests for the rate figure")
     ap.add_argument("--max-motion", type=float, default=600.0, help="the driver's max_motion_s (s)")
+    ap.add_argument("--realtime", type=int, default=None, metavar="PRIO",
+                    help="run the driver with [realtime] priority = PRIO (cycle and libzmq's I/O thread SCHED_FIFO, "
+                         "memory locked; required: the run stops if the OS refuses)")
     args = ap.parse_args()
-    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    print(f"load average before: {os.getloadavg()[0]:.2f}; driver at "
+          f"{'the default policy' if args.realtime is None else f'SCHED_FIFO {args.realtime}'}")
     with tempfile.TemporaryDirectory(prefix="armid-bench-commands-") as tmp:
-        proc, state, commands = _start_driver(Path(tmp), args.max_motion)
+        proc, state, commands = _start_driver(Path(tmp), args.max_motion, args.realtime)
         cmd = _req(commands)
         sub = zmq.Context.instance().socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, 0)

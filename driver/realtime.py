@@ -14,8 +14,9 @@ SCHED_FIFO thread doing that would hold a core from everything else. libzmq's ow
 context option is not used: it applies only to I/O threads started after it is set (the driver may share a
 running context), and libzmq aborts the process when the OS refuses it.
 
-lock_memory: mlockall(MCL_CURRENT | MCL_FUTURE) through libc (ctypes): no page faults in the cycle, also not
-for memory mapped later (thread stacks count in full).
+lock_memory: mlockall(MCL_CURRENT), then mlockall(MCL_FUTURE | MCL_ONFAULT), through libc (ctypes): what is
+mapped stays resident (no page faults in the cycle), and memory mapped later is locked page by page as it is
+first touched rather than filled in whole at mmap (thread stacks count in full).
 
 When the OS refuses a setting (EPERM: no CAP_SYS_NICE and RLIMIT_RTPRIO below the priority; ENOMEM:
 RLIMIT_MEMLOCK too small; EINVAL: a CPU outside the process's cpuset) the driver logs one warning naming the
@@ -35,7 +36,7 @@ from firmware_bridge.errors import InputError
 THREADS = ("cycle", "zmq-io", "serial-link")   # the threads [realtime] may make real-time
 DEFAULT_THREADS = ("cycle", "zmq-io")
 ZMQ_IO_PREFIX = "ZMQbg/IO/"                    # libzmq's kernel name for its I/O threads
-MCL_CURRENT, MCL_FUTURE = 1, 2                 # sys/mman.h
+MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT = 1, 2, 4  # sys/mman.h (MCL_ONFAULT: Linux 4.4)
 PRIORITY_RANGE = (1, 99)                       # SCHED_FIFO on Linux
 _POLICY_NAMES = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_FIFO", "SCHED_RR", "SCHED_BATCH", "SCHED_IDLE")
                  if hasattr(os, n)}
@@ -138,7 +139,13 @@ def _apply(settings: Realtime, threads: dict[str, int | list[int]], warn: Callab
             refused("priority", "real-time settings off Linux", OSError(38, "not supported"))
         return
     if settings.lock_memory:
-        if _libc().mlockall(MCL_CURRENT | MCL_FUTURE) == 0:
+        libc = _libc()
+        if libc.mlockall(MCL_CURRENT) == 0:
+            # later mappings are locked as their pages are touched, not filled in whole by mmap: a motion's
+            # setpoints (driver/planner.py maps them, up to a hundred MB) would otherwise hold the process's memory
+            # map for tens of ms, and every thread that faults meanwhile, the cycle too, with it
+            if libc.mlockall(MCL_FUTURE | MCL_ONFAULT) != 0:
+                libc.mlockall(MCL_CURRENT | MCL_FUTURE)      # a kernel without MCL_ONFAULT
             applied.locked = True
         else:
             refused("lock_memory", "mlockall(MCL_CURRENT | MCL_FUTURE)", OSError(ctypes.get_errno(), ""))
