@@ -464,6 +464,8 @@ def test_a_late_answer_is_handed_to_the_link_thread_which_sends_what_was_queued_
     out = ArmState(N)
     assert read_fresh(arm, out)
     arm.begin_cycle()
+    arm.write(_command(model, np.zeros(N), np.zeros(N), cia402.CW_ENABLE_OPERATION))   # one whole pipelined
+    arm.begin_cycle()                                                                   # exchange first
     server.delays.append(0.5)                          # the answer to the next request comes 0.5 s late
     arm.write(_command(model, np.full(N, 0.01), np.zeros(N), cia402.CW_ENABLE_OPERATION))
     arm.begin_cycle()                                  # waits ANSWER_WAIT_S, then hands over
@@ -471,7 +473,7 @@ def test_a_late_answer_is_handed_to_the_link_thread_which_sends_what_was_queued_
     for k in (2, 3):                                   # the cycle goes on: queued for the link thread
         arm.begin_cycle()
         arm.write(_command(model, np.full(N, 0.01 * k), np.zeros(N), cia402.CW_ENABLE_OPERATION))
-    assert wait_for(lambda: len(server.full_writes()) >= 3 and not arm._handed_over)
+    assert wait_for(lambda: len(server.full_writes()) >= 4 and not arm._handed_over)
     # the cycle pipelines again: at once, or, when the link thread's idle exchange (after IDLE_EXCHANGE_S without a
     # cycle, as the wait above can be on a loaded machine) holds the connection just then, a cycle later
     for last in range(4, 24):
@@ -481,10 +483,10 @@ def test_a_late_answer_is_handed_to_the_link_thread_which_sends_what_was_queued_
             break
     assert arm._in_flight is not None
     arm.begin_cycle()
-    assert wait_for(lambda: len(server.full_writes()) >= last)
+    assert wait_for(lambda: len(server.full_writes()) >= last + 1)
     counts_per_rad = CPR * model.gear_ratio[0] / (2 * math.pi)
     assert [int(img.target_position[0]) for img in server.full_writes()] == [round(0.01 * k * counts_per_rad)
-                                                                           for k in range(1, last + 1)]
+                                                                           for k in range(0, last + 1)]
     assert arm.counts["superseded_commands"] == 0 and arm.counts["timeouts"] == 0
 
 
