@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from driver.motion import MAX_MOTION_S
 from ident.errors import InputError
 
 PLANNER_NICE = 10             # the planner process's niceness, added to the daemon's
 PLAN_TIMEOUT_S = 60.0          # the longest a plan may take (the largest allowed plans take a few seconds)
-MAX_MOTION_S = 600.0           # default bound on a motion's duration (s), as driver.motion's
 
 
 @dataclass(frozen=True)
@@ -194,26 +194,9 @@ class Planner:
             return answer[1]
         return _load_plan(*answer[1:])
 
-    def plan_now(self, job: PlanJob, timeout_s: float | None = None):
-        """Submit and wait (for callers without a poll loop): a PlannedMotion or an error text."""
-        self.submit(_request_command(job.raw), job)
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        while time.monotonic() < deadline:
-            if self._conn.poll(0.05):
-                out = self.collect()
-                if out is not None:
-                    return out
-        return self.overdue() or f"{_request_command(job.raw)}: no answer from the planner"
-
     def stats(self) -> dict:
         return {"ready": self.ready, "jobs": self._jobs, "restarts": self.restarts, "timeouts": self.timeouts,
                 "busy": None if self._pending is None else self._pending[0]}
-
-
-def _request_command(raw: bytes) -> str:
-    from driver.requests import command_name
-
-    return command_name(raw) if len(raw) < 65536 else "request"
 
 
 def _load_plan(path: str, name: str, rate_hz: float, segments):
