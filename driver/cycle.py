@@ -33,7 +33,10 @@ Two clocks (`clock`):
             on a loaded host, would get a stale cycle just before it, which costs a cycle's CPU and delays
             it). The cycle rate is then the device's. An arm with cycle_reads_link (serial) is read by the cycle
             thread itself while it waits (select on the port): one wake-up per burst of the line instead of
-            the link thread's and then the cycle's.
+            the link thread's and then the cycle's. One target goes out per device sample, in order, so a
+            drive that consumes one target per cycle from a setpoint buffer gets exactly its own: a motion
+            advances one planned sample per device sample (caught-up ones included), and a stale cycle sends
+            nothing new (only a stop or a disable goes out then).
 An arm that keeps every sample (keeps_every_sample, `backlog()`: serial, can, gateway) gets each one published
 once and in order: the samples that came in one burst before the newest are published first (`caught_up`), then
 the cycle's work runs on the newest.
@@ -370,10 +373,15 @@ class Cycle:
                 fut.set_result(fn())
             except BaseException as exc:  # noqa: BLE001 - handed to the requester
                 fut.set_exception(exc)
-        self._command()
+        # on the device's clock one target goes out per device sample: a stale cycle (the device's sample is
+        # late, not necessarily missing) neither advances a motion nor queues a second copy of a target in the
+        # device's setpoint buffer, unless the drives are being stopped or reset
+        per_sample = self.clock == "device"
+        self._command(advance=fresh or not per_sample)
         self._publish(fresh)
-        if send:        # after publishing: the write wakes the device side (a simulator, a pty's worker), which
-            self._send()    # may preempt this thread; the sample is then already on its way
+        if send and (fresh or not per_sample or self.quick_stop or self._reset_pulse):
+            self._send()    # after publishing: the write wakes the device side (a simulator, a pty's worker),
+                            # which may preempt this thread; the sample is then already on its way
         self.cycles += 1
 
     def _catch_up(self, keep: int = 1) -> None:
@@ -386,6 +394,9 @@ class Cycle:
                 self._took_sample(time.perf_counter_ns())
                 self.caught_up += 1
                 self._publish(True)
+                if self.clock == "device":      # each device cycle gets its own target, in order
+                    self._command()
+                    self._send()
         except LinkError as exc:
             if self.fault is None:
                 self._trip(f"link: {exc}")
@@ -433,13 +444,17 @@ class Cycle:
         self.request_quick_stop(reason)
         self._event(f"fault: {reason}")
 
-    def _command(self) -> None:
+    def _command(self, advance: bool = True) -> None:
+        """The command of this cycle: the motion's next setpoint (the same one again when not advance), or
+        the hold pose, through the drive logic."""
         st, cmd = self.state, self.command
         how = 0
         if self.motion is not None:
             m, k = self.motion, self._k
             plan_q, plan_tau, how = m.q[k], m.tau_ff[k], ck.HOLD_PLAN
-            if k + 1 >= m.samples:
+            if not advance:
+                pass
+            elif k + 1 >= m.samples:
                 self.motion = None
                 self.hold_torque[:] = m.tau_ff[k]     # at rest: gravity at the goal
                 self._event(f"{m.name}: done ({m.duration:.3f} s)")

@@ -44,6 +44,7 @@ from firmware_bridge.cia402 import State, state_of
 from firmware_bridge.errors import InputError
 from ident.model import Model, load_model
 from sim.clock import FastClock, LatenessStats, RealtimeClock
+from sim.target_buffer import TargetBuffer
 from sim import drive_control as dc
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
@@ -81,6 +82,7 @@ TRANSPORTS: dict[str, str] = {
 }
 
 _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
+FREE_RUNNING_TARGET_BUFFER = 2   # cycles: a free-running drive's setpoint buffer (sim.target_buffer)
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
 
 
@@ -171,13 +173,21 @@ class Simulator:
     DriveConfig. seed: the sensors' and fault injection's random generators. q0: initial position (rad).
     brakes: a drive that is not powered holds its joint (False: the joint is free and falls).
     external_clock: overrides the transport's own external_clock.
+    clock_drift_ppm, clock_jitter_us: the internal real-time clock's drift against the host's (ppm, positive:
+    slow) and the standard deviation of each tick's wake-up jitter (us), as a device's own crystal and
+    interrupt latency (sim.clock.RealtimeClock); they apply to the free-running simulator only.
+    target_buffer: cycles of the drives' setpoint buffer (sim.target_buffer): targets written with
+    set_commands are consumed one per cycle, in order, that many cycles behind the newest. None (default): 2
+    when the simulator runs on its own clock behind a transport (free-running: the targets cross a link whose
+    delay varies), 0 (the newest target each cycle) when something else clocks it.
     """
 
     def __init__(self, model: Model | str = "generic6", transport: "SimTransport | str | None" = None, *,
                  realtime: bool = False, rate_hz: float = 1000.0, substeps: int | None = None,
                  noise: NoiseConfig | None = None, friction: FrictionConfig | None = None,
                  drive: DriveConfig | None = None, integrator: str = "rk4", seed: int | None = 0, q0=None,
-                 brakes: bool = True, external_clock: bool | None = None, **transport_options):
+                 brakes: bool = True, external_clock: bool | None = None, clock_drift_ppm: float = 0.0,
+                 clock_jitter_us: float = 0.0, target_buffer: int | None = None, **transport_options):
         self.model = model if isinstance(model, Model) else load_model(model)
         n = self.n = self.model.n
         if isinstance(rate_hz, bool) or not (isinstance(rate_hz, (int, float)) and 1.0 <= rate_hz <= 10_000.0):
@@ -188,12 +198,15 @@ class Simulator:
         self.loop_dt = self.dt / self.loop_ticks
         self.realtime = bool(realtime)
         self.brakes = bool(brakes)
-        seeds = np.random.SeedSequence(seed).spawn(2)
+        seeds = np.random.SeedSequence(seed).spawn(3)
         self.plant = Plant(self.model, dt=self.loop_dt, substeps=substeps, integrator=integrator, friction=friction,
                            noise=noise, seed=seeds[0], q0=q0)
         self.drives = Drives(self.model, self.loop_dt, drive, mass_samples=self.plant.mass_samples)
         self.faults = FaultInjection(n, seed=seeds[1])
-        self.clock = RealtimeClock(self.rate_hz) if self.realtime else FastClock()
+        if isinstance(clock_jitter_us, bool) or not isinstance(clock_jitter_us, (int, float)):
+            raise InputError(f"clock jitter: expected a number of us, got {clock_jitter_us!r}")
+        self.clock = (RealtimeClock(self.rate_hz, drift_ppm=clock_drift_ppm, jitter_s=clock_jitter_us * 1e-6,
+                                    seed=seeds[2]) if self.realtime else FastClock())
         # commands (written by any thread under _io_lock, latched by the cycle)
         self._cmd_cw = np.zeros(n, np.uint16)
         self._cmd_mode = np.zeros(n, np.int8)
@@ -241,6 +254,9 @@ class Simulator:
         if external_clock is None:
             external_clock = bool(getattr(transport, "external_clock", False))
         self.external_clock = bool(external_clock)
+        if target_buffer is None:
+            target_buffer = FREE_RUNNING_TARGET_BUFFER if transport is not None and not self.external_clock else 0
+        self.targets = TargetBuffer(target_buffer) if target_buffer else None
         if transport is not None:
             transport.attach(self)
 
@@ -359,9 +375,11 @@ class Simulator:
                 self._cmd_cw[sel] = cw
             if md is not None:
                 self._cmd_mode[sel] = md
-            if pos is not None:
+            if pos is not None and self.targets is not None and joint is None:
+                self.targets.push(pos, self._cmd_tau if tq is None else tq)
+            elif pos is not None:
                 self._cmd_pos[sel] = pos
-            if tq is not None:
+            if tq is not None and (self.targets is None or joint is not None or pos is None):
                 self._cmd_tau[sel] = tq
 
     def read_state(self, out: SimState | None = None) -> SimState:
@@ -457,6 +475,10 @@ class Simulator:
     # -- the cycle ---------------------------------------------------------------------------------
     def _cycle(self) -> None:
         with self._io_lock:
+            if self.targets is not None:
+                target = self.targets.take()
+                if target is not None:
+                    self._cmd_pos[:], self._cmd_tau[:] = target
             self._cw[:] = self._cmd_cw
             self._mode[:] = self._cmd_mode
             self._tpos[:] = self._cmd_pos

@@ -16,6 +16,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sensor noise (default: 0)")
     p.add_argument("--payload", default=None, metavar="KG[,CX,CY,CZ]",
                    help="attach a payload: mass in kg and optionally its CoM in m (flange frame)")
+    p.add_argument("--clock-drift-ppm", type=float, default=0.0, metavar="PPM",
+                   help="the simulated device clock's drift against the host's, ppm (positive: slow; default 0)")
+    p.add_argument("--clock-jitter-us", type=float, default=0.0, metavar="US",
+                   help="standard deviation of each device tick's wake-up jitter, us (default 0)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a transport option, e.g. --option port=5020 (see docs/simulator.md); repeatable")
     p.set_defaults(run=_run)
@@ -47,7 +51,8 @@ def _run(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise InputError(f"--option {item!r}: expected KEY=VALUE")
         options[key] = _value(value)
-    sim = Simulator(args.model, args.transport, realtime=args.realtime, rate_hz=args.rate, seed=args.seed, **options)
+    sim = Simulator(args.model, args.transport, realtime=args.realtime, rate_hz=args.rate, seed=args.seed,
+                    clock_drift_ppm=args.clock_drift_ppm, clock_jitter_us=args.clock_jitter_us, **options)
     if args.payload:
         try:
             parts = [float(x) for x in args.payload.split(",")]
@@ -71,4 +76,9 @@ def _run(args: argparse.Namespace) -> int:
                 return 1
     finally:
         sim.stop()
+        if sim.targets is not None:
+            c = sim.targets.counts
+            print(f"armid sim: setpoint buffer ({sim.targets.depth} cycles): {c.received} targets received, "
+                  f"{c.consumed} consumed, {c.underruns} cycles without one, {c.skipped} dropped to bound the "
+                  f"latency", file=sys.stderr, flush=True)
     return 0
