@@ -98,17 +98,39 @@ PLANS = {
 }
 
 
-def plan_for(transport: str, rate_hz: float | None = None) -> TransportPlan:
+# Free-running: the simulated devices tick on their own clock, as hardware does, with a crystal that is not the
+# host's (FREE_DRIFT_PPM, the upper end of a common +-100 ppm part) and an interrupt latency (FREE_JITTER_US); the
+# driver takes the clock it takes on a real arm ("auto": serial follows the device's samples, the gateway's host
+# timer runs the exchanges). CAN's drives are clocked by the master's SYNC in CANopen itself, so CAN runs the
+# same either way.
+FREE_DRIFT_PPM = 100.0
+FREE_JITTER_US = 20.0
+CLOCKINGS = ("lockstep", "free")
+_FREE_CLOCK_ARGS = ("--clock-drift-ppm", f"{FREE_DRIFT_PPM:g}", "--clock-jitter-us", f"{FREE_JITTER_US:g}")
+FREE_PLANS = {
+    "serial": dataclasses.replace(PLANS["serial"], sim_args=("--option", "watchdog_s=2", *_FREE_CLOCK_ARGS),
+                                  clock="auto", lockstep=False),
+    "can": PLANS["can"],
+    "gateway": dataclasses.replace(PLANS["gateway"], sim_args=_FREE_CLOCK_ARGS, clock="host", lockstep=False),
+}
+
+
+def plan_for(transport: str, rate_hz: float | None = None, clocking: str = "lockstep") -> TransportPlan:
     """The TransportPlan of a transport (serial, can, gateway, or sim: the simulator inside the driver),
-    optionally at another cycle rate (Hz)."""
+    optionally at another cycle rate (Hz), with the simulated devices in lockstep with the driver's cycles or
+    free-running on their own clocks (clocking "free", see FREE_PLANS)."""
     if transport not in PLANS:
         raise InputError(f"--transport: unknown {transport!r} (available: {', '.join(TRANSPORTS)})")
-    p = PLANS[transport]
+    if clocking not in CLOCKINGS:
+        raise InputError(f"--clocking: unknown {clocking!r} (available: {', '.join(CLOCKINGS)})")
+    p = FREE_PLANS.get(transport, PLANS[transport]) if clocking == "free" else PLANS[transport]
     if rate_hz is None:
         return p
     if not (rate_hz > 0 and rate_hz <= 10000):
         raise InputError(f"rate: expected a cycle rate in (0, 10000] Hz, got {rate_hz}")
-    return dataclasses.replace(p, rate_hz=float(rate_hz), sim_rate_hz=float(rate_hz) if p.lockstep else p.sim_rate_hz)
+    free_sim = clocking == "free" and not p.lockstep
+    return dataclasses.replace(p, rate_hz=float(rate_hz),
+                               sim_rate_hz=float(rate_hz) if p.lockstep or free_sim else p.sim_rate_hz)
 
 
 def sim_options(transport: str) -> list[str]:

@@ -65,6 +65,7 @@ def truth():
 @dataclass
 class DemoRun:
     transport: str
+    clocking: str
     out: Path
     code: int
     stdout: str
@@ -79,23 +80,27 @@ class DemoRun:
 # Now both sides' sockets get 4 MiB and hear their own group only, the simulated drives extrapolate a lost target
 # as CiA 402 drives do, and the driver keeps every complete sample in order (docs/demo.md).
 E2E_ONLY: set[str] = set()
+# Each transport with its simulator in lockstep with the driver, and serial and the gateway also free-running
+# (their devices on their own drifting, jittering clocks, as hardware is: armid.chain.FREE_PLANS; CAN's drives
+# step on the master's SYNC either way).
+RUNS = [(t, "lockstep") for t in chain.TRANSPORTS] + [("serial", "free"), ("gateway", "free")]
 
 
-@pytest.fixture(scope="module", params=[pytest.param(t, marks=pytest.mark.e2e) if t in E2E_ONLY else t
-                                        for t in chain.TRANSPORTS])
+@pytest.fixture(scope="module", params=[pytest.param(r, marks=pytest.mark.e2e, id=f"{r[0]}-{r[1]}") if r[0] in E2E_ONLY
+                                        else pytest.param(r, id=f"{r[0]}-{r[1]}") for r in RUNS])
 def demo_run(request, tmp_path_factory) -> DemoRun:
-    """`armid demo --transport T` in fast mode, once per transport for the tests of this module."""
-    transport = request.param
-    out = tmp_path_factory.mktemp("e2e") / transport
+    """`armid demo --transport T --clocking C` in fast mode, once per run of RUNS for the tests of this module."""
+    transport, clocking = request.param
+    out = tmp_path_factory.mktemp("e2e") / f"{transport}-{clocking}"
     so, se = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-        code = cli.main(["demo", "-o", str(out), "--transport", transport, *FAST, "--quiet"])
+        code = cli.main(["demo", "-o", str(out), "--transport", transport, "--clocking", clocking, *FAST, "--quiet"])
     log = read_recording(out / "run.mcap") if (out / "run.mcap").is_file() else None
-    return DemoRun(transport, out, code, so.getvalue(), se.getvalue(), log)
+    return DemoRun(transport, clocking, out, code, so.getvalue(), se.getvalue(), log)
 
 
 def _ran(run: DemoRun) -> None:
-    assert run.code == 0, f"armid demo --transport {run.transport} failed: {run.stderr[-2000:]}"
+    assert run.code == 0, f"armid demo --transport {run.transport} --clocking {run.clocking} failed: {run.stderr[-2000:]}"
 
 
 def test_the_demo_chain_streams_at_its_rate_without_a_lost_message(demo_run):
@@ -104,7 +109,7 @@ def test_the_demo_chain_streams_at_its_rate_without_a_lost_message(demo_run):
     log = demo_run.log
     assert log.complete
     assert log.seq_gaps() == (0, 0)
-    plan = chain.plan_for(demo_run.transport)
+    plan = chain.plan_for(demo_run.transport, clocking=demo_run.clocking)
     s = log.states
     fresh = s[(s["flags"] & stream.FLAG_STALE) == 0]
     assert len(fresh) >= MIN_FRESH * len(s), f"{len(fresh)} fresh samples of {len(s)} messages"
@@ -114,7 +119,7 @@ def test_the_demo_chain_streams_at_its_rate_without_a_lost_message(demo_run):
 
 def test_the_demo_chain_ran_the_excitation_from_rest_at_its_start_pose_over_its_whole_range(demo_run):
     _ran(demo_run)
-    plan = chain.plan_for(demo_run.transport)
+    plan = chain.plan_for(demo_run.transport, clocking=demo_run.clocking)
     traj = demo.time_scaled(excitation.preset("seed000"), plan.slowdown)
     _, q_cmd = demo.excitation_samples(traj, PERIODS)
     with np.load(demo_run.out / "excitation.npz") as data:
@@ -168,7 +173,6 @@ def z_scores(doc: dict, true_values: np.ndarray) -> tuple[np.ndarray, np.ndarray
 # CAN's was opt-in for its drives' bias at 250 Hz (fv2/fv3 +2 to +5 sigma: the linear interpolation of the targets
 # between the drives' 1 kHz loop ticks, docs/simulator.md); with the drives' cubic interpolation it passed 12 of 12
 # runs at load 2.6-5.5, max |z| 1.7-2.7 (docs/demo.md).
-@pytest.mark.parametrize("demo_run", ["serial", "can", "gateway"], indirect=True)
 def test_the_well_identified_parameters_lie_within_3_reported_sigma_of_the_simulators_truth(demo_run, truth):
     """With honest sigmas each well-identified parameter falls outside 3 sigma with probability 0.27 %, so
     demanding that none of ~34 does would fail 9 % of correct runs. The test asks what honest sigmas give
@@ -181,7 +185,7 @@ def test_the_well_identified_parameters_lie_within_3_reported_sigma_of_the_simul
     listed = ", ".join(f"{n} {v:+.1f}" for n, v, m in zip(names, z, meaningful) if m)
     outside = np.abs(z[meaningful])
     assert (outside > 3.0).sum() <= 1 and outside.max() <= 4.0, \
-        f"{demo_run.transport}: max |z| {outside.max():.1f} over {meaningful.sum()} parameters: {listed}"
+        f"{demo_run.transport} {demo_run.clocking}: max |z| {outside.max():.1f} over {meaningful.sum()} parameters: {listed}"
 
 
 # -- the chain's own pieces (fast) ----------------------------------------------------------------------------

@@ -50,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
                    help="the driver's cycle rate, and the simulator's (it steps once per driver cycle); default: "
                         "serial 1000, can 250, gateway 1000 Hz (docs/demo.md)")
+    p.add_argument("--clocking", default="lockstep", choices=("lockstep", "free"),
+                   help="lockstep: the simulator steps once per driver cycle (default); free: it runs on its own "
+                        "drifting, jittering clock, as real drives do (docs/demo.md)")
     p.add_argument("--in-process", action="store_true",
                    help="no processes: step the simulator in this process (synchronous, 1 kHz)")
     p.add_argument("--trajectory", default="seed000", metavar="T",
@@ -177,7 +180,7 @@ def _run_chain(args: argparse.Namespace) -> int:
     verbose = not args.quiet
     out = Path(args.output).resolve()
     started = time.perf_counter()
-    plan = chain.plan_for(args.transport, args.rate)
+    plan = chain.plan_for(args.transport, args.rate, args.clocking)
     steps = _Steps(10, verbose)
     model = load_model("generic6")
     slowdown = plan.slowdown if args.slowdown is None else args.slowdown
