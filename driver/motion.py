@@ -8,8 +8,10 @@ the first violation. Nothing non-finite is ever planned.
 
   plan_move(model, q_from, q_to, rate_hz)      a synchronised quintic (rest to rest) whose duration is the
                                                shortest that keeps velocity, acceleration and torque limits
-  plan_trajectory(model, q_now, traj, ...)     a Fourier excitation file (ident.excitation), preceded by a
-                                               checked move to its start pose
+  plan_trajectory(model, q_now, traj, ...)     a Fourier excitation (a file or a shipped preset,
+                                               ident.excitation), blended in from rest at its mean pose and
+                                               out to rest there when it does not start and end at rest,
+                                               preceded by a checked move to its start pose
   plan_samples(model, q_now, t, q, ...)        a sampled joint trajectory (spline through the samples),
                                                preceded by a checked move to its first sample
 """
@@ -35,6 +37,8 @@ MIN_MOVE_DURATION = 0.05     # s
 AT_REST = 1e-6               # rad/s: a trajectory must start and end slower than this
 MAX_MOTION_S = 600.0         # default bound on a motion's duration (s): refused before anything is sampled
 MAX_SAMPLES_IN = 100_000     # the most samples a sampled trajectory may give
+BLEND_S = 2.0                # s: the default blend of a trajectory that does not start and end at rest
+MAX_BLEND_S = 60.0
 
 
 class MotionError(InputError):
@@ -170,37 +174,57 @@ def _cycle_times(duration: float, rate_hz: float) -> np.ndarray:
 
 
 def _with_approach(model: Model, name: str, q_now, t, q, qd, qdd, rate_hz: float,
-                   qd_ends: tuple[np.ndarray, np.ndarray], max_s: float) -> PlannedMotion:
+                   qd_ends: tuple[np.ndarray, np.ndarray], max_s: float,
+                   parts: tuple[tuple[str, int], ...] | None = None) -> PlannedMotion:
     """The motion (t, q, qd, qdd), preceded by a move from q_now; qd_ends, the exact velocities at its
-    start and end, must be at rest."""
+    start and end, must be at rest. parts: the motion's named segments (name, first sample), default one."""
     for label, v in zip(("start", "end"), qd_ends):
         if np.max(np.abs(v)) > AT_REST:
             j = int(np.argmax(np.abs(v)))
             raise MotionError(f"{name} refused: it does not {label} at rest (joint {model.joint_names[j]}: "
-                              f"velocity {v[j]:.4g} rad/s at its {label}); design it to start and end at rest")
+                              f"velocity {v[j]:.4g} rad/s at its {label}); design it to start and end at rest, or blend it in "
+                              f"and out (blend_s)")
     _checked(model, t, q, qd, qdd, name)
     approach = plan_move(model, q_now, q[0], rate_hz, name=f"{name}: move to start", max_s=max_s)
-    parts = [("move to start", approach.q, approach.qd, approach.qdd), (name, q, qd, qdd)]
-    return _motion(model, name, rate_hz, parts)
+    bounds = [k for _, k in parts or ((name, 0),)] + [q.shape[0]]
+    pieces = [(label, q[a:b], qd[a:b], qdd[a:b]) for (label, _), a, b in zip(parts or ((name, 0),), bounds, bounds[1:])]
+    return _motion(model, name, rate_hz, [("move to start", approach.q, approach.qd, approach.qdd), *pieces])
 
 
 def plan_trajectory(model: Model, q_now, traj, rate_hz: float, *, periods: float = 1.0,
-                    max_s: float = MAX_MOTION_S) -> PlannedMotion:
+                    max_s: float = MAX_MOTION_S, blend_s: float | None = None) -> PlannedMotion:
     """A Fourier trajectory (ident.excitation.FourierTrajectory) over `periods` periods, preceded by a move
-    from q_now to its start pose; checked as a whole; refused beyond max_s (s)."""
+    from q_now to its start pose; checked as a whole; refused beyond max_s (s).
+
+    blend_s: seconds of a smooth blend from rest at the trajectory's mean pose into the motion and, after
+    it, back to rest there (FourierTrajectory.blended); the blends are part of the motion and checked with
+    it. None (default): BLEND_S when the trajectory does not start and end at rest, else none. 0: no blend
+    (a trajectory that does not start and end at rest is then refused)."""
     if traj.n != model.n:
         raise MotionError(f"run_trajectory: the trajectory has {traj.n} joints, the arm {model.n}")
     if not (periods > 0 and math.isfinite(periods)):
         raise MotionError(f"run_trajectory: periods {periods!r}: expected a positive number")
     end = periods * traj.period
-    check_duration("run_trajectory", end, max_s)
+    rest = traj.evaluate(np.array([0.0, end]))[1]
+    if blend_s is None:
+        blend_s = 0.0 if np.abs(rest).max() <= AT_REST else BLEND_S
+    if not (math.isfinite(blend_s) and 0.0 <= blend_s <= MAX_BLEND_S):
+        raise MotionError(f"run_trajectory: blend_s {blend_s!r}: expected 0 to {MAX_BLEND_S:g} s")
+    check_duration("run_trajectory", end + 2 * blend_s, max_s)
     if end * rate_hz < 2:
         raise MotionError(f"run_trajectory: periods {periods!r}: {end:.3g} s is shorter than two cycles")
-    t = _cycle_times(end, rate_hz)
-    q, qd, qdd = traj.evaluate(t)
-    rest = traj.evaluate(np.array([0.0, end]))[1]
-    return _with_approach(model, "run_trajectory", _finite_pose(model, "current pose", q_now), t, q, qd, qdd,
-                          rate_hz, (rest[0], rest[1]), max_s)
+    q_now = _finite_pose(model, "current pose", q_now)
+    if blend_s == 0.0:
+        t = _cycle_times(end, rate_hz)
+        q, qd, qdd = traj.evaluate(t)
+        return _with_approach(model, "run_trajectory", q_now, t, q, qd, qdd, rate_hz, (rest[0], rest[1]), max_s)
+    t = _cycle_times(end + 2 * blend_s, rate_hz)
+    q, qd, qdd = traj.blended(t - blend_s, lead=blend_s, end=end)
+    at_rest = traj.blended(np.array([-blend_s, end + blend_s]), lead=blend_s, end=end)[1]
+    lead = int(round(blend_s * rate_hz))
+    tail = int(round((end + blend_s) * rate_hz))
+    return _with_approach(model, "run_trajectory", q_now, t, q, qd, qdd, rate_hz, (at_rest[0], at_rest[1]), max_s,
+                          parts=(("blend in", 0), ("run_trajectory", lead), ("blend out", tail)))
 
 
 def plan_samples(model: Model, q_now, t, q, rate_hz: float, *, max_s: float = MAX_MOTION_S) -> PlannedMotion:

@@ -1,7 +1,9 @@
 """The motion commands' arguments, checked, and planned (driver.motion): the planner process runs this.
 
   move_to        q: [n] rad, speed: (0, 1] (default 1)
-  run_trajectory file: a trajectory file's name inside the trajectory folder, periods (default 1)
+  run_trajectory file: a trajectory file's name inside the trajectory folder | preset: a shipped trajectory's
+                 name (ident/presets: "seed000"); periods (default 1); blend_s (default: 2 s when the
+                 trajectory does not start and end at rest, else 0)
                  | samples: {"t": [N] s, "q": [[n] x N] rad}
 
 A trajectory file is read only when it is a regular file inside the configured trajectory folder (after
@@ -78,18 +80,23 @@ def plan_request(raw: bytes, model, q_now, rate_hz: float, bounds) -> motion.Pla
 
 
 def _run_trajectory(req: dict, model, q_now, rate_hz: float, bounds) -> motion.PlannedMotion:
-    if ("file" in req) == ("samples" in req):
-        raise CommandError('run_trajectory: expected either "file" or "samples"')
-    if "file" in req:
-        only_keys(req, ("file", "periods"))
+    sources = [k for k in ("file", "preset", "samples") if k in req]
+    if len(sources) != 1:
+        raise CommandError('run_trajectory: expected exactly one of "file", "preset" or "samples"')
+    if sources[0] in ("file", "preset"):
+        only_keys(req, (sources[0], "periods", "blend_s"))
         from ident import excitation
 
         periods = number(req, "periods", 1.0)
         if not 0 < periods <= MAX_PERIODS:
             raise CommandError(f"run_trajectory: periods {periods!r}: expected 0 < periods <= {MAX_PERIODS:g}")
-        path = trajectory_path(req["file"], bounds.trajectory_dir)
-        traj = excitation.load(path)
-        return motion.plan_trajectory(model, q_now, traj, rate_hz, periods=periods, max_s=bounds.max_motion_s)
+        blend_s = None if "blend_s" not in req else number(req, "blend_s", 0.0)
+        if "file" in req:
+            traj = excitation.load(trajectory_path(req["file"], bounds.trajectory_dir))
+        else:
+            traj = shipped_trajectory(req["preset"])
+        return motion.plan_trajectory(model, q_now, traj, rate_hz, periods=periods, max_s=bounds.max_motion_s,
+                                      blend_s=blend_s)
     only_keys(req, ("samples",))
     s = req["samples"]
     if not isinstance(s, dict) or set(s) != {"t", "q"}:
@@ -102,6 +109,17 @@ def _run_trajectory(req: dict, model, q_now, rate_hz: float, bounds) -> motion.P
             for k, row in enumerate(q)]
     return motion.plan_samples(model, q_now, t, np.array(rows, dtype=float).reshape(len(t), model.n), rate_hz,
                                max_s=bounds.max_motion_s)
+
+
+def shipped_trajectory(name):
+    """The shipped trajectory `name` (ident/presets), CommandError naming the shipped ones otherwise."""
+    from ident import excitation
+
+    shipped = excitation.presets()
+    if not isinstance(name, str) or name not in shipped:
+        shown = repr(name[:40]) if isinstance(name, str) else type(name).__name__
+        raise CommandError(f"run_trajectory: preset {shown}: no such shipped trajectory (shipped: {', '.join(shipped)})")
+    return excitation.preset(name)
 
 
 def trajectory_path(name, folder: str | None) -> Path:

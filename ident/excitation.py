@@ -39,6 +39,13 @@ class TrajectoryFileError(InputError):
     """A trajectory file is unusable: the message names the file and the field."""
 
 
+def smooth_ramp(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Smootherstep s(x) = 6x^5 - 15x^4 + 10x^3 on [0, 1] and its first two derivatives in x (s', s'' zero at
+    both ends), clipped to 0 and 1 outside."""
+    x = np.clip(np.asarray(x, dtype=float), 0.0, 1.0)
+    return x ** 3 * (10 - 15 * x + 6 * x * x), 30 * x * x * (1 - x) ** 2, 60 * x * (1 - x) * (1 - 2 * x)
+
+
 @dataclass(frozen=True, eq=False)
 class FourierTrajectory:
     """A periodic joint motion. base_frequency f0 in Hz; q0 (n,) rad; a, b (n, H) rad/s."""
@@ -88,6 +95,25 @@ class FourierTrajectory:
         Bq, Bv, Ba = basis(np.asarray(t, dtype=float), self.base_frequency, self.harmonics)
         X = coefficient_matrix(self)                        # (2H+1, n)
         return Bq @ X, Bv @ X, Ba @ X
+
+    def blended(self, t, *, lead: float, end: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q, qd, qdd (N, n) at the times t (N,) s of the motion blended in from rest at its mean pose q0:
+        q0 + w(t) (q(t) - q0), where w rises smoothly (smooth_ramp) from 0 at t = -lead to 1 at t = 0 and,
+        with end, falls back to 0 from t = end to end + lead. Position, velocity and acceleration are
+        continuous, and the motion starts (and ends) at rest at q0 whatever the trajectory's own ends are."""
+        if not (_is_number(lead) and lead > 0):
+            raise InputError(f"blend: expected a positive number of seconds, got {lead!r}")
+        t = np.asarray(t, dtype=float)
+        q, qd, qdd = self.evaluate(t)
+        w, dw, ddw = smooth_ramp((t + lead) / lead)
+        dw, ddw = dw / lead, ddw / lead ** 2
+        if end is not None:
+            v, dv, ddv = smooth_ramp((end + lead - t) / lead)
+            dv, ddv = -dv / lead, ddv / lead ** 2
+            w, dw, ddw = w * v, dw * v + w * dv, ddw * v + 2 * dw * dv + w * ddv
+        w, dw, ddw = w[:, None], dw[:, None], ddw[:, None]
+        dq = q - self.q0
+        return self.q0 + w * dq, dw * dq + w * qd, ddw * dq + 2 * dw * qd + w * qdd
 
     def sample(self, rate_hz: float, periods: float = 1.0) -> tuple[np.ndarray, ...]:
         """(t, q, qd, qdd) sampled at rate_hz over the given number of periods, end point included."""

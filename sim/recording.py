@@ -20,22 +20,11 @@ DEFAULT_CURRENT_NOISE = 0.01   # A, standard deviation of the simulated current 
 RATE_HZ = 1000.0
 
 
-def smooth_ramp(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Smootherstep s(x) = 6x^5 - 15x^4 + 10x^3 on [0, 1] and its first two derivatives (s', s'' zero at
-    both ends), clipped outside."""
-    x = np.clip(x, 0.0, 1.0)
-    return (x ** 3 * (10 - 15 * x + 6 * x * x), 30 * x * x * (1 - x) ** 2, 60 * x * (1 - x) * (1 - 2 * x))
-
-
 def reference(traj, t: np.ndarray, *, end: float | None = None) -> np.ndarray:
     """Position set-points (N, n) rad at times t (s): the trajectory for t >= 0, and for -LEAD_IN <= t < 0 a
     smooth blend from rest at its mean pose q0 into the motion (velocity and acceleration continuous).
-    With end (s): for end < t <= end + LEAD_IN the same blend back to rest at q0."""
-    q = traj.evaluate(t)[0]
-    s = smooth_ramp((t + LEAD_IN) / LEAD_IN)[0]
-    if end is not None:
-        s = s * smooth_ramp((end + LEAD_IN - t) / LEAD_IN)[0]
-    return traj.q0 + s[:, None] * (q - traj.q0)
+    With end (s): for end < t <= end + LEAD_IN the same blend back to rest at q0 (FourierTrajectory.blended)."""
+    return traj.blended(t, lead=LEAD_IN, end=end)[0]
 
 
 def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float = DEFAULT_CURRENT_NOISE,

@@ -99,9 +99,44 @@ def test_fourier_trajectory_is_preceded_by_a_checked_move_to_its_start(model):
     np.testing.assert_allclose(m.q[0], 0.1)
 
 
-def test_trajectory_that_does_not_start_at_rest_is_refused(model):
-    with pytest.raises(MotionError, match="does not start at rest"):
-        motion.plan_trajectory(model, np.zeros(6), preset("seed000"), RATE)
+def test_trajectory_that_does_not_start_at_rest_is_refused_when_asked_not_to_blend(model):
+    with pytest.raises(MotionError, match=r"does not start at rest .* \(blend_s\)"):
+        motion.plan_trajectory(model, np.zeros(6), preset("seed000"), RATE, blend_s=0)
+
+
+def test_a_trajectory_not_at_rest_is_blended_in_and_out_by_default_and_runs_unchanged_between(model):
+    """seed000 does not start at rest: it is blended in from rest at its mean pose over BLEND_S, runs exactly
+    as designed for its periods, and is blended out to rest there; the blends' velocities and accelerations
+    are the derivatives of their positions (central differences, O(dt^2))."""
+    traj = preset("seed000")
+    m = motion.plan_trajectory(model, np.full(6, 0.05), traj, RATE, periods=0.5)
+    seg = dict(m.segments)
+    assert [name for name, _ in m.segments] == ["move to start", "blend in", "run_trajectory", "blend out"]
+    lead = int(motion.BLEND_S * RATE)
+    assert seg["run_trajectory"] - seg["blend in"] == lead and m.samples - seg["blend out"] == lead + 1
+    np.testing.assert_allclose(m.q[seg["blend in"]], traj.q0, atol=1e-15)            # from rest at q0 ...
+    np.testing.assert_allclose(m.q[-1], traj.q0, atol=1e-12)                         # ... back to rest there
+    assert np.abs(m.qd[seg["blend in"]]).max() == 0.0 and np.abs(m.qd[-1]).max() < 1e-12
+    inside = slice(seg["run_trajectory"], seg["blend out"] + 1)
+    t = (np.arange(m.samples)[inside] - seg["run_trajectory"]) / RATE
+    q, qd, qdd = traj.evaluate(t)
+    np.testing.assert_allclose(m.q[inside], q, atol=1e-12)
+    np.testing.assert_allclose(m.qd[inside], qd, atol=1e-12)
+    dt = 1.0 / RATE
+    blend = slice(seg["blend in"] + 1, seg["run_trajectory"] + 50)
+    num_v = (m.q[2:] - m.q[:-2]) / (2 * dt)
+    num_a = (m.q[2:] - 2 * m.q[1:-1] + m.q[:-2]) / dt ** 2
+    np.testing.assert_allclose(m.qd[1:-1][blend], num_v[blend], atol=1e-4)
+    # the difference's own error, dt^2/12 times the fourth derivative of seed000's sixth harmonic, is ~3e-3
+    # rad/s^2; a blend missing its 2 w' qd term would be off by ~1
+    np.testing.assert_allclose(m.qdd[1:-1][blend], num_a[blend], atol=1e-2)
+
+
+def test_a_blend_too_short_for_the_limits_is_refused_naming_the_quantity(model):
+    with pytest.raises(MotionError, match=r"run_trajectory refused: joint j\d: (velocity|acceleration|torque)"):
+        motion.plan_trajectory(model, np.zeros(6), preset("seed000"), RATE, blend_s=0.02)
+    with pytest.raises(MotionError, match="blend_s"):
+        motion.plan_trajectory(model, np.zeros(6), preset("seed000"), RATE, blend_s=float("nan"))
 
 
 def test_trajectory_over_a_limit_is_refused_as_a_whole(model):
