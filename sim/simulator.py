@@ -82,7 +82,12 @@ TRANSPORTS: dict[str, str] = {
 }
 
 _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
-FREE_RUNNING_TARGET_BUFFER = 2   # cycles: a free-running drive's setpoint buffer (sim.target_buffer)
+# A real-time simulator woken later than this many periods (its process was not scheduled) skips the ticks it
+# missed instead of running them back to back: a burst of catch-up ticks found no targets (the host answers each
+# sample with one), then the targets came in a burst, and a following-error fault came from the hold between
+# them (0x8611 on a machine at load 6). A device that skips ticks is, to the host, one whose samples are late.
+REBASE_PERIODS = 3
+FREE_RUNNING_TARGET_BUFFER = 3   # cycles: a free-running drive's setpoint buffer (sim.target_buffer)
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
 
 
@@ -177,7 +182,7 @@ class Simulator:
     slow) and the standard deviation of each tick's wake-up jitter (us), as a device's own crystal and
     interrupt latency (sim.clock.RealtimeClock); they apply to the free-running simulator only.
     target_buffer: cycles of the drives' setpoint buffer (sim.target_buffer): targets written with
-    set_commands are consumed one per cycle, in order, that many cycles behind the newest. None (default): 2
+    set_commands are consumed one per cycle, in order, that many cycles behind the newest. None (default): 3
     when the simulator runs on its own clock behind a transport (free-running: the targets cross a link whose
     delay varies), 0 (the newest target each cycle) when something else clocks it.
     """
@@ -206,7 +211,8 @@ class Simulator:
         if isinstance(clock_jitter_us, bool) or not isinstance(clock_jitter_us, (int, float)):
             raise InputError(f"clock jitter: expected a number of us, got {clock_jitter_us!r}")
         self.clock = (RealtimeClock(self.rate_hz, drift_ppm=clock_drift_ppm, jitter_s=clock_jitter_us * 1e-6,
-                                    seed=seeds[2]) if self.realtime else FastClock())
+                                    seed=seeds[2], max_behind=REBASE_PERIODS / self.rate_hz)
+                      if self.realtime else FastClock())
         # commands (written by any thread under _io_lock, latched by the cycle)
         self._cmd_cw = np.zeros(n, np.uint16)
         self._cmd_mode = np.zeros(n, np.int8)

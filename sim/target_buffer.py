@@ -13,10 +13,11 @@ Rules, per drive cycle (`take`):
   * running: the oldest queued target is consumed; an empty queue is an underrun (counted): the drive has no
     new target this cycle (`take` returns None) and the stream goes on with the next arrival;
   * a late target does not get dropped when it comes: the queue's standing level (and the latency) grows by
-    the cycles it was late, as a master that sends every target once and in order expects. When even the
-    shortest queue over a whole window of `window` cycles held more than `depth` targets (the master's clock
-    runs faster than the drive's, or a burst of lateness is over), the oldest one is dropped (counted as
-    skipped): the latency comes back to `depth` at most one target per window, never in a jump;
+    the cycles it was late, as a master that sends every target once and in order expects, so the buffer
+    learns the link's jitter. When even the shortest queue over a whole window of `window` cycles held two
+    targets more than it needs (the master's clock runs faster than the drive's, or a spell of lateness is
+    over), the oldest one is dropped (counted as skipped): the latency comes down at most one target per
+    window, never in a jump, and keeps one cycle of margin over what the window needed;
   * more than 4 * MAX_DEPTH queued (the drive's loop stalled) drops the oldest at once;
   * `reset` empties the queue (a drive leaving CSP, a restart): the next targets prime it again.
 """
@@ -30,7 +31,7 @@ import numpy as np
 from firmware_bridge.errors import InputError
 
 MAX_DEPTH = 16
-WINDOW = 500              # cycles over which the queue's shortest length is watched
+WINDOW = 1000             # cycles over which the queue's shortest length is watched
 
 
 @dataclass
@@ -85,7 +86,7 @@ class TargetBuffer:
         self._low = min(self._low, len(queue))
         self._cycles += 1
         if self._cycles >= self.window:
-            if self._low >= self.depth and queue:      # depth + 1 or more queued before every take of the window
+            if self._low > self.depth and queue:       # two or more spare after every take of the window
                 queue.popleft()
                 self.counts.skipped += 1
             self._low, self._cycles = 4 * MAX_DEPTH, 0

@@ -223,6 +223,20 @@ def test_every_transport_runs_the_simulator_at_the_drivers_rate_because_the_host
         chain.plan_for("ethercat")
 
 
+def test_free_running_plans_leave_the_devices_on_their_own_drifting_clocks():
+    for name in ("serial", "gateway"):
+        p = chain.plan_for(name, clocking="free")
+        assert not p.lockstep and not any(a.startswith("step_on_") for a in p.sim_args)
+        assert p.sim_args[-4:] == ("--clock-drift-ppm", f"{chain.FREE_DRIFT_PPM:g}", "--clock-jitter-us",
+                                   f"{chain.FREE_JITTER_US:g}")
+        assert p.sim_rate_hz == p.rate_hz
+        assert chain.plan_for(name, 100.0, "free").sim_rate_hz == 100.0
+    assert chain.plan_for("serial", clocking="free").clock == "auto"       # the driver follows the device's samples
+    assert chain.plan_for("can", clocking="free") == chain.plan_for("can")   # CANopen drives step on the SYNC
+    with pytest.raises(InputError, match="--clocking: unknown 'wall'"):
+        chain.plan_for("serial", clocking="wall")
+
+
 def _log(seq, flags, host_ns):
     from driver.recording import StateLog
     from firmware_bridge import stream

@@ -23,10 +23,6 @@ import numpy as np
 from ident.errors import InputError
 
 LEAD_IN = 2.0              # s of smooth ramp from rest into the motion and out of it (sim.recording.LEAD_IN)
-# rad/s: rows of joints slower than this are left out of the fit. The model's Coulomb friction is fc sign(qd);
-# the simulated drives add a Stribeck breakaway 0.25 fc exp(-(qd/0.05)^2) (sim.plant.FrictionConfig), 0.5 % of
-# fc at the batch default of 0.1 rad/s, which biased fc by several sigma; at 0.2 rad/s it is 1e-7 fc.
-SLOW_VELOCITY = 0.2
 SAMPLE_RATE_HZ = 100.0     # Hz of the samples sent with run_trajectory (the driver splines them to its rate)
 DEFAULT_CURRENT_NOISE = 0.01   # A, standard deviation of the simulated current sensors (--in-process)
 PAYLOAD_MASS = 2.0             # kg, the known payload of the --currents demo's second run
@@ -234,7 +230,7 @@ def _run_chain(args: argparse.Namespace) -> int:
     table = steps(step, lambda: chain.run_tool(
         "identify", ["identify", str(paths["excitation"]), "--validate", str(paths["validation"]), "--model", model.name,
                      "-o", str(out), "--trajectory", str(out / "excitation.toml"), "--consistent",
-                     "--slow", repr(SLOW_VELOCITY), "--compare", model.name, *([] if verbose else ["--quiet"])],
+                     "--compare", model.name, *([] if verbose else ["--quiet"])],
         out / "processes", step, timeout_s=IDENTIFY_TIMEOUT_S, echo_stderr=verbose))
     data = json.loads((out / "result.json").read_text())["data"]
     figures = chain.stream_figures(log)
@@ -376,7 +372,7 @@ def _run_in_process(args: argparse.Namespace) -> int:
                      **({"current": r.current} if args.currents else {"tau": r.tau}))
         payload = dict(payload_run=paths["payload"], payload_mass=PAYLOAD_MASS) if args.currents else {}
         return batch.identify(model, paths["excitation"], validate=paths["validation"], trajectory=traj,
-                              consistent=True, slow_velocity=SLOW_VELOCITY, verbose=verbose, **payload)
+                              consistent=True, verbose=verbose, **payload)
 
     ident = steps("identify (filter, regressor, parallel decimation, WLS, physically consistent fit"
                   + (", drive gains" if args.currents else "") + ")", identify)

@@ -31,7 +31,7 @@ def register(sub) -> None:
                    help="fill gaps of at most N lost samples by interpolation; cut the recording at longer ones and "
                         "identify its segments together (default 3; 0 cuts at every gap)")
     p.add_argument("--slow", metavar="RAD_S", type=float, default=None,
-                   help="leave out rows of joints slower than this (default 0.1 rad/s)")
+                   help="leave out rows of joints slower than this (default 0.2 rad/s)")
     p.add_argument("--compare", metavar="MODEL", default=None,
                    help="print each base parameter beside its value in MODEL (e.g. the model a simulator runs, or "
                         "the CAD model) and count those within 3 sigma of it")

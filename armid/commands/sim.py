@@ -41,7 +41,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from ident.errors import InputError
     from sim import Simulator
-    from sim.simulator import TRANSPORTS
+    from sim.simulator import TRANSPORTS, effort_delay
 
     if args.transport not in TRANSPORTS:
         raise InputError(f"--transport: unknown {args.transport!r} (available: {', '.join(sorted(TRANSPORTS))})")
@@ -70,6 +70,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"armid sim: {args.transport} ready: {where}", flush=True)
         print(f"armid sim: {sim.model.name}, {sim.n} joints, {args.rate:g} Hz, "
               f"{'real time' if args.realtime else 'as fast as possible'}; Ctrl-C stops", file=sys.stderr, flush=True)
+        print(f"armid sim: a driver on it sets [driver] model = {sim.model.name!r} and effort_delay_ms = "
+              f"{1000.0 * effort_delay(args.rate):g} (its torque readings lag its positions by that)",
+              file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             if sim.error is not None:
                 print(f"armid sim: the simulator failed: {sim.error}", file=sys.stderr)
