@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:5556"
-MARGIN_S = 20.0        # s a motion may outlast its planned duration under --wait (a loaded machine, a slow link)
+from armid.client import DEFAULT_COMMANDS, MOTION_MARGIN_S
 
 
 def register(sub) -> None:
@@ -19,8 +18,8 @@ def register(sub) -> None:
     p.add_argument("cmd", help="the command: status, enable, disable, quick_stop, fault_reset, move_to, "
                                "run_trajectory, set_payload, ... (docs/stream.md)")
     p.add_argument("fields", nargs="*", metavar="KEY=VALUE", help="the command's fields")
-    p.add_argument("--commands", default=DEFAULT_ENDPOINT, metavar="ENDPOINT",
-                   help=f"the driver's command endpoint (default {DEFAULT_ENDPOINT})")
+    p.add_argument("--commands", default=DEFAULT_COMMANDS, metavar="ENDPOINT",
+                   help=f"the driver's command endpoint (default {DEFAULT_COMMANDS})")
     p.add_argument("--wait", action="store_true",
                    help="enable: wait until every drive is enabled; move_to, run_trajectory: until the motion ends")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
@@ -29,10 +28,10 @@ def register(sub) -> None:
 
 
 def request(cmd: str, fields: list[str]) -> dict:
-    """The request {"cmd": cmd, key: value, ...} from KEY=VALUE strings (InputError naming a malformed one)."""
+    """The request's fields {key: value, ...} from KEY=VALUE strings (InputError naming a malformed one)."""
     from ident.errors import InputError
 
-    out: dict = {"cmd": cmd}
+    out: dict = {}
     for item in fields:
         key, sep, text = item.partition("=")
         if not sep or not key or key == "cmd":
@@ -46,55 +45,32 @@ def request(cmd: str, fields: list[str]) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     import sys
-    import time
 
-    import zmq
-
+    from armid.client import ArmClient, CommandRefused, MotionFailed
     from ident.errors import InputError
 
     if not (args.timeout > 0 and args.timeout <= 3600):
         raise InputError(f"--timeout {args.timeout!r}: expected 0 < seconds <= 3600")
-    req = request(args.cmd, args.fields)
-    ctx = zmq.Context.instance()
-
-    def call(message: dict) -> dict:
-        sock = ctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
+    fields = request(args.cmd, args.fields)
+    with ArmClient(commands=args.commands, timeout_s=args.timeout) as arm:
         try:
-            sock.connect(args.commands)
-            sock.send(json.dumps(message).encode())
-            if not sock.poll(int(args.timeout * 1000)):
-                raise InputError(f"--commands {args.commands}: no reply to {message['cmd']} within "
-                                 f"{args.timeout:g} s (is the driver running there?)")
-            return json.loads(sock.recv())
-        finally:
-            sock.close(0)
-
-    reply = call(req)
-    print(json.dumps(reply), flush=True)
-    if not reply.get("ok"):
-        return 1
-    if not args.wait or args.cmd not in ("enable", "move_to", "run_trajectory"):
-        return 0
-    motion = args.cmd != "enable"
-    duration = float(reply.get("duration", 0.0)) if motion else 0.0
-    started = time.monotonic()
-    deadline = started + (duration + MARGIN_S if motion else args.timeout)
-    while True:
-        status = call({"cmd": "status"})
-        if status.get("fault"):
-            print(f"armid command: the driver faulted: {status['fault']}", file=sys.stderr)
+            reply = arm.request(args.cmd, **fields)
+        except CommandRefused as exc:
+            print(f"armid command: refused: {exc}", file=sys.stderr)
             return 1
-        if (not status.get("moving")) if motion else status.get("enabled"):
-            if motion:
-                print(file=sys.stderr)
+        print(json.dumps(reply), flush=True)
+        if not args.wait or args.cmd not in ("enable", "move_to", "run_trajectory"):
             return 0
-        if time.monotonic() > deadline:
-            what = "the motion did not end" if motion else "the drives did not all enable"
-            print(f"armid command: {what} within {deadline - started:.1f} s (status: {json.dumps(status)[:300]})",
-                  file=sys.stderr)
+        try:
+            if args.cmd == "enable":
+                arm.wait_enabled(args.timeout)
+                return 0
+            duration = float(reply.get("duration", 0.0))
+            arm.wait_motion(duration + MOTION_MARGIN_S, progress=lambda waited: print(
+                f"\r  {args.cmd}: {100 * min(1.0, waited / max(duration, 1e-9)):5.1f} % of {duration:.1f} s",
+                end="", file=sys.stderr, flush=True))
+            print(file=sys.stderr)
+            return 0
+        except MotionFailed as exc:
+            print(f"\narmid command: {exc}", file=sys.stderr)
             return 1
-        if motion:
-            done = min(1.0, (time.monotonic() - started) / max(duration, 1e-9))
-            print(f"\r  {args.cmd}: {100 * done:5.1f} % of {duration:.1f} s", end="", file=sys.stderr, flush=True)
-        time.sleep(0.1)

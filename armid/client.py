@@ -1,0 +1,353 @@
+"""A Python client for a running armid driver: its state stream and its commands (docs/stream.md).
+
+    from armid.client import ArmClient
+
+    with ArmClient("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556") as arm:
+        arm.enable()
+        print(arm.latest().q)                               # the newest sample, numpy arrays in SI units
+        arm.run_trajectory(preset="seed000", wait=True)     # blocks until the motion ends (MotionFailed on a fault)
+        for sample in arm.samples(count=1000):              # every sample, in order
+            ...
+
+Commands follow ZeroMQ's "lazy pirate" pattern: a request without a reply within `timeout_s` closes the REQ
+socket, builds a new one and sends again (`retries` times), so a client outlives a daemon restart; after the
+last try it raises NoReply. Only `status` is retried: a command that may move the arm is never sent twice, and
+NoReply then says so. An error reply raises CommandRefused with the driver's message. The stream's
+subscriber counts what was lost: `seq_gaps` (messages dropped between the driver and this client) and
+`lost_samples` (device samples the driver never received, the stream's flags). Every method may be called
+from any thread (one lock per socket); a notebook can keep one client open and call it from cells.
+
+CurveZMQ: a driver whose command endpoint is beyond loopback requires it. Give the server's public
+certificate and the client's secret certificate, as `zmq.auth.create_certificates` writes them
+(`curve_server_public`, `curve_client_secret`); the client's public certificate must be in the driver's
+authorized_clients_dir.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from firmware_bridge import stream
+from firmware_bridge.errors import InputError
+
+DEFAULT_STATE = "tcp://127.0.0.1:5555"
+DEFAULT_COMMANDS = "tcp://127.0.0.1:5556"
+MOTION_MARGIN_S = 20.0      # s a motion may outlast its planned duration when waited for
+POLL_S = 0.05               # s between status polls while waiting
+
+
+class ClientError(InputError):
+    """Something the client could not do; the message says what and where."""
+
+
+class NoReply(ClientError):
+    """The driver did not answer (after the retries, for status)."""
+
+
+class CommandRefused(ClientError):
+    """The driver answered with an error: the message is the driver's."""
+
+
+class MotionFailed(ClientError):
+    """A waited-for motion or enable did not complete: the driver faulted, or it took too long."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One state message, decoded (docs/stream.md): (n,) arrays in SI units, the flags as properties."""
+
+    seq: int
+    flags: int
+    device_time_ns: int
+    host_time_ns: int
+    q: np.ndarray
+    qd: np.ndarray
+    current: np.ndarray
+    torque: np.ndarray
+    statusword: np.ndarray
+    error_code: np.ndarray
+    mode: np.ndarray
+
+    @classmethod
+    def decode(cls, payload: bytes) -> "Sample":
+        """A Sample from a state payload (StreamDecodeError naming what is wrong with it)."""
+        r = stream.decode_state(payload)
+        return cls(int(r["seq"]), int(r["flags"]), int(r["device_time_ns"]), int(r["host_time_ns"]),
+                   *(np.array(r[k]) for k in ("q", "qd", "current", "torque", "statusword", "error_code", "mode")))
+
+    enabled = property(lambda self: bool(self.flags & stream.FLAG_ENABLED))
+    moving = property(lambda self: bool(self.flags & stream.FLAG_MOVING))
+    fault = property(lambda self: bool(self.flags & stream.FLAG_FAULT))
+    stale = property(lambda self: bool(self.flags & stream.FLAG_STALE))
+    lost = property(lambda self: stream.lost_samples(self.flags))
+
+
+class ArmClient:
+    """The stream and the commands of one driver (see the module docstring).
+
+    Parameters
+    ----------
+    state, commands : str
+        The driver's endpoints ([zmq] state and commands of its config).
+    timeout_s : float
+        Seconds to wait for each reply and, by default, for a sample.
+    retries : int
+        Times `status` is sent again on a new socket when no reply comes (lazy pirate).
+    curve_server_public, curve_client_secret : str or Path, optional
+        CurveZMQ certificate files (both or neither).
+    context : zmq.Context, optional
+        The ZeroMQ context (default: the process's shared one).
+    """
+
+    def __init__(self, state: str = DEFAULT_STATE, commands: str = DEFAULT_COMMANDS, *, timeout_s: float = 5.0,
+                 retries: int = 3, curve_server_public: str | Path | None = None,
+                 curve_client_secret: str | Path | None = None, context: zmq.Context | None = None):
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 3600):
+            raise ClientError(f"timeout_s: expected 0 < seconds <= 3600, got {timeout_s!r}")
+        if (curve_server_public is None) != (curve_client_secret is None):
+            raise ClientError("curve: give both curve_server_public and curve_client_secret, or neither")
+        self.state_endpoint, self.commands_endpoint = state, commands
+        self.timeout_s, self.retries = float(timeout_s), int(retries)
+        self.ctx = context or zmq.Context.instance()
+        self._curve = None if curve_server_public is None else _curve_keys(curve_server_public, curve_client_secret)
+        self._req: zmq.Socket | None = None
+        self._sub: zmq.Socket | None = None
+        self._req_lock, self._sub_lock = threading.Lock(), threading.Lock()
+        self._last_seq: int | None = None
+        self.seq_gaps = 0           # messages dropped between the driver and this client
+        self.lost_samples = 0       # device samples the driver reported lost
+        self.bad_messages = 0       # messages that did not decode (counted, never returned)
+        self._callbacks: list[threading.Thread] = []
+        self._closing = threading.Event()
+
+    # -- commands -----------------------------------------------------------------------------------------
+    def request(self, cmd: str, **fields) -> dict:
+        """Send {"cmd": cmd, **fields} and return the reply; CommandRefused on an error reply, NoReply when
+        none comes (status is retried on a new socket `retries` times first)."""
+        message = json.dumps({"cmd": cmd, **fields}).encode()
+        tries = 1 + (self.retries if cmd == "status" else 0)
+        with self._req_lock:
+            for attempt in range(tries):
+                sock = self._req_socket()
+                sock.send(message)
+                if sock.poll(int(self.timeout_s * 1000)):
+                    reply = json.loads(sock.recv())
+                    break
+                self._drop_req()                    # lazy pirate: a REQ socket without its reply is stuck
+            else:
+                again = "" if tries > 1 else f" ({cmd} is not sent twice: it may have been carried out)"
+                raise NoReply(f"{self.commands_endpoint}: no reply to {cmd} within {self.timeout_s:g} s"
+                              f"{f' x {tries}' if tries > 1 else ''}{again} (is the driver running there?)")
+        if not reply.get("ok"):
+            raise CommandRefused(f"{cmd}: {reply.get('error', reply)}")
+        return reply
+
+    def status(self) -> dict:
+        """The driver's status (docs/stream.md)."""
+        return self.request("status")
+
+    def enable(self, *, wait: bool = True, timeout_s: float = 10.0) -> None:
+        """Enable every drive; with wait, until all are OPERATION ENABLED (MotionFailed otherwise)."""
+        self.request("enable")
+        if wait:
+            self.wait_enabled(timeout_s)
+
+    def wait_enabled(self, timeout_s: float) -> dict:
+        """Block until every drive is enabled; the last status. MotionFailed on a fault or after timeout_s."""
+        return self._await(lambda s: s["enabled"], timeout_s, "the drives did not all enable")
+
+    def disable(self) -> None:
+        self.request("disable")
+
+    def quick_stop(self) -> None:
+        self.request("quick_stop")
+
+    def fault_reset(self) -> None:
+        self.request("fault_reset")
+
+    def move_to(self, q, *, speed: float = 1.0, wait: bool = False) -> dict:
+        """A checked rest-to-rest move to q (rad); the reply (its duration); with wait, until it ends."""
+        return self._motion(wait, "move_to", q=[float(x) for x in np.asarray(q, dtype=float).reshape(-1)],
+                            speed=float(speed))
+
+    def run_trajectory(self, *, file: str | None = None, preset: str | None = None, samples=None,
+                       periods: float | None = None, blend_s: float | None = None, wait: bool = False) -> dict:
+        """Run a trajectory file in the driver's trajectory folder, a shipped preset, or samples (t (N,) s,
+        q (N, n) rad); the reply; with wait, until it ends."""
+        fields: dict = {}
+        if file is not None:
+            fields["file"] = str(file)
+        if preset is not None:
+            fields["preset"] = str(preset)
+        if samples is not None:
+            t, q = samples
+            fields["samples"] = {"t": np.asarray(t, dtype=float).tolist(), "q": np.asarray(q, dtype=float).tolist()}
+        if periods is not None:
+            fields["periods"] = float(periods)
+        if blend_s is not None:
+            fields["blend_s"] = float(blend_s)
+        return self._motion(wait, "run_trajectory", **fields)
+
+    def set_payload(self, mass: float, com=(0.0, 0.0, 0.0), inertia=(0.0,) * 6) -> None:
+        """The payload (kg; CoM m in the flange frame; inertia XX XY XZ YY YZ ZZ kg m^2 about the CoM)."""
+        self.request("set_payload", mass=float(mass), com=[float(x) for x in com],
+                     inertia=[float(x) for x in inertia])
+
+    def wait_motion(self, timeout_s: float, progress: Callable[[float], object] | None = None) -> dict:
+        """Block until no motion runs; the last status. MotionFailed on a fault or after timeout_s.
+        progress(seconds waited) is called between the status polls."""
+        return self._await(lambda s: not s["moving"], timeout_s, "the motion did not end", progress)
+
+    def _motion(self, wait: bool, cmd: str, **fields) -> dict:
+        reply = self.request(cmd, **fields)
+        if wait:
+            self.wait_motion(float(reply.get("duration", 0.0)) + MOTION_MARGIN_S)
+        return reply
+
+    def _await(self, done: Callable[[dict], bool], timeout_s: float, what: str,
+               progress: Callable[[float], object] | None = None) -> dict:
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while True:
+            status = self.status()
+            if status.get("fault"):
+                raise MotionFailed(f"the driver faulted: {status['fault']}")
+            if done(status):
+                return status
+            if time.monotonic() > deadline:
+                raise MotionFailed(f"{what} within {timeout_s:.1f} s")
+            if progress is not None:
+                progress(time.monotonic() - started)
+            time.sleep(POLL_S)
+
+    def _req_socket(self) -> zmq.Socket:
+        if self._req is None:
+            sock = self.ctx.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            if self._curve is not None:
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
+            sock.connect(self.commands_endpoint)
+            self._req = sock
+        return self._req
+
+    def _drop_req(self) -> None:
+        if self._req is not None:
+            self._req.close(0)
+            self._req = None
+
+    # -- the stream ---------------------------------------------------------------------------------------
+    def latest(self, timeout_s: float | None = None) -> Sample:
+        """The newest sample: what has arrived is read and the last one returned (waiting up to timeout_s
+        for one when none has). NoReply when nothing comes."""
+        with self._sub_lock:
+            newest = self._next(timeout_s)
+            while True:
+                more = self._next(0.0, raise_on_timeout=False)
+                if more is None:
+                    return newest
+                newest = more
+
+    def samples(self, count: int | None = None, timeout_s: float | None = None) -> Iterator[Sample]:
+        """Every sample from now on, in order (count of them, or until the client closes). NoReply when none
+        comes within timeout_s."""
+        k = 0
+        while (count is None or k < count) and not self._closing.is_set():
+            with self._sub_lock:
+                sample = self._next(timeout_s)
+            k += 1
+            yield sample
+
+    def on_sample(self, callback: Callable[[Sample], object], timeout_s: float = 0.5) -> threading.Thread:
+        """Call callback(sample) for every sample, in a thread of its own, until close(); a callback that
+        raises stops it (the exception is kept in the thread's `error`)."""
+        def run():
+            while not self._closing.is_set():
+                with self._sub_lock:
+                    sample = self._next(timeout_s, raise_on_timeout=False)
+                if sample is None:
+                    continue
+                try:
+                    callback(sample)
+                except Exception as exc:  # noqa: BLE001 - kept for the caller
+                    thread.error = exc
+                    return
+        thread = threading.Thread(target=run, name="armid-client-callback", daemon=True)
+        thread.error = None
+        self._callbacks.append(thread)
+        thread.start()
+        return thread
+
+    def _next(self, timeout_s: float | None, raise_on_timeout: bool = True) -> Sample | None:
+        sub = self._sub_socket()
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            if not sub.poll(int(left * 1000)):
+                if raise_on_timeout:
+                    raise NoReply(f"{self.state_endpoint}: no state message within {wait:g} s "
+                                  f"(is the driver running there?)")
+                return None
+            frames = sub.recv_multipart()
+            try:
+                sample = Sample.decode(frames[1]) if len(frames) == 2 else None
+            except stream.StreamDecodeError:
+                sample = None
+            if sample is None:
+                self.bad_messages += 1
+                continue
+            if self._last_seq is not None and sample.seq > self._last_seq + 1:
+                self.seq_gaps += sample.seq - self._last_seq - 1
+            self._last_seq = sample.seq
+            self.lost_samples += sample.lost
+            return sample
+
+    def _sub_socket(self) -> zmq.Socket:
+        if self._sub is None:
+            sock = self.ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 100_000)
+            sock.connect(self.state_endpoint)
+            sock.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
+            self._sub = sock
+        return self._sub
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the callbacks and close the sockets (idempotent)."""
+        self._closing.set()
+        for thread in self._callbacks:
+            thread.join(5.0)
+        with self._req_lock:
+            self._drop_req()
+        with self._sub_lock:
+            if self._sub is not None:
+                self._sub.close(0)
+                self._sub = None
+
+    def __enter__(self) -> "ArmClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _curve_keys(server_public: str | Path, client_secret: str | Path) -> tuple[bytes, bytes, bytes]:
+    """(server public, client public, client secret) keys from certificate files, ClientError naming a bad one."""
+    import zmq.auth
+
+    try:
+        server, _ = zmq.auth.load_certificate(str(server_public))
+        public, secret = zmq.auth.load_certificate(str(client_secret))
+    except (OSError, ValueError) as exc:
+        raise ClientError(f"curve certificate: {exc}") from None
+    if secret is None:
+        raise ClientError(f"curve_client_secret: {client_secret} holds no secret key")
+    return server, public, secret
