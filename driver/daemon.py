@@ -46,6 +46,7 @@ from driver.cycle import Cycle, DriverFault
 from driver.motion import MAX_MOTION_S
 from driver.planner import PlanBounds, Planner
 from driver.requests import MAX_REQUEST_BYTES
+from driver.systemd import Supervision
 from driver.hal import Arm
 from driver import realtime as rt
 from driver.realtime import Applied, Realtime, RealtimeError
@@ -152,6 +153,7 @@ class Driver:
         self._switch_interval = sys.getswitchinterval()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.supervision: Supervision | None = None
         self.started_at = 0.0
         self.bound: dict[str, str] = {}
         self._recorder: threading.Thread | None = None
@@ -228,9 +230,13 @@ class Driver:
             self._threads.append(t)
         self.log(f"driver: {self.model.name}, {self.model.n} joints, {self.cycle.rate_hz:g} Hz; "
                  f"state on {self.bound['state']}, commands on {self.bound['commands']}")
+        self.supervision = Supervision(lambda: self.cycle.cycles, self.log)
+        self.supervision.ready(f"{self.model.name}, {self.cycle.rate_hz:g} Hz, state on {self.bound['state']}")
 
     def stop(self, timeout: float = 3.0) -> None:
         """Bring the drives to rest and disable them, then stop the threads and close everything."""
+        if self.supervision is not None:
+            self.supervision.stopping()
         if self.cycle.running:
             try:
                 self.cycle.submit(self.cycle.request_quick_stop if self.cycle.motion is not None else self.cycle.disable)
