@@ -29,15 +29,16 @@ def expand(method: str) -> tuple[str, ...]:
     raise InputError(f"method: expected one of {', '.join(METHODS + tuple(GROUPS))}, got {method!r}")
 
 
-def identify_one(model: Model, method: str, loaded, unloaded, *, trajectory=None,
-                 consistent: bool = False) -> PayloadEstimate:
+def identify_one(model: Model, method: str, loaded, unloaded, *, trajectory=None, consistent: bool = False,
+                 base=None) -> PayloadEstimate:
     """One method's estimate from the loaded and unloaded recordings (ident.preprocess.Recording).
     trajectory: the dynamic runs' FourierTrajectory (sets the filter bandwidth); consistent: the global
-    method constrained to a real body. Raises InputError when the method cannot work on them."""
+    method constrained to a real body; base: the model's BaseParameters for the dynamic methods (default:
+    computed). Raises InputError when the method cannot work on them."""
     if method in DYNAMIC:
         from ident.payload import dynamic
 
-        options = {} if trajectory is None else {"trajectory": trajectory}
+        options = {key: v for key, v in (("trajectory", trajectory), ("base", base)) if v is not None}
         return dynamic.identify(model, loaded, unloaded, method=method, consistent=consistent and method == "global",
                                 **options)
     if method == "torque-balance":
@@ -56,11 +57,17 @@ def identify_each(model: Model, method: str, loaded, unloaded, *, trajectory=Non
     """Every method `method` stands for (expand), each on its own: (the estimates of those that worked,
     a MethodFailure with the reason for each that did not). A method fails on an InputError (input it
     cannot use) or a singular system (numpy LinAlgError); any other error is a fault and propagates."""
+    names = expand(method)
+    base = None
+    if sum(name in DYNAMIC for name in names) > 1:     # the model's base parameters, computed once for all
+        from ident.base_params import base_parameters
+
+        base = base_parameters(model)
     estimates, failures = [], []
-    for name in expand(method):
+    for name in names:
         try:
             estimates.append(identify_one(model, name, loaded, unloaded, trajectory=trajectory,
-                                          consistent=consistent))
+                                          consistent=consistent, base=base))
         except (InputError, np.linalg.LinAlgError) as exc:
             failures.append(MethodFailure(name, str(exc) or type(exc).__name__))
     return estimates, failures
