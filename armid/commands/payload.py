@@ -214,7 +214,7 @@ def _apply(args: argparse.Namespace) -> int:
     from ident.errors import InputError
     from ident.payload.report import read_set_payload
 
-    _, command = read_set_payload(args.result, args.method)
+    _, command, frame = read_set_payload(args.result, args.method)
     send, close = driver_link(args.commands, args.timeout)
     try:
         reply = send(command)
@@ -222,5 +222,6 @@ def _apply(args: argparse.Namespace) -> int:
         close()
     if not reply.get("ok"):
         raise InputError(f"driver refused set_payload: {reply.get('error')}")
-    print(f"payload set on the driver: {reply.get('payload')}")
+    print(f"payload set on the driver: {reply.get('payload')} (centre of mass in frame {frame}, as identified: "
+          "the driver's model must have that flange frame)")
     return 0

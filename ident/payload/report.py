@@ -103,10 +103,11 @@ def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str =
     return {"json": out / "payload.json", "plot": png, "report": out / "report.html"}
 
 
-def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, dict]:
-    """(method, set_payload request) of the first estimate in a payload.json (of `method`, when given), checked
-    before it goes to a driver: InputError naming the file and the field for anything write_report would not
-    have written (not JSON, NaN or Infinity, a missing or mistyped field)."""
+def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, dict, str]:
+    """(method, set_payload request, frame) of the first estimate in a payload.json (of `method`, when given),
+    checked before it goes to a driver: InputError naming the file and the field for anything write_report
+    would not have written (not JSON, NaN or Infinity, a missing or mistyped field). frame: the flange
+    frame the centre of mass is in ("flange" for a file that does not name one)."""
     from ident.errors import InputError
 
     def fail(field: str, expected: str, got=None) -> InputError:
@@ -140,6 +141,9 @@ def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, 
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
 
+    frame = estimate.get("frame", "flange")
+    if not isinstance(frame, str) or not frame:
+        raise fail(f"estimates[{k}].frame", "the name of the flange frame", frame)
     mass = command.get("mass")
     if not (number(mass) and mass > 0):
         raise fail(f"{where}.mass", "a finite mass > 0 in kg", mass)
@@ -149,4 +153,4 @@ def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, 
             continue
         if not (isinstance(value, list) and len(value) == size and all(number(x) for x in value)):
             raise fail(f"{where}.{key}", f"a list of {size} finite numbers in {unit}", value)
-    return name, command
+    return name, command, frame
