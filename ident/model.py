@@ -75,6 +75,7 @@ class Model:
     flange_p: np.ndarray        # (3,)
     dh: np.ndarray | None = None  # (n, 4) alpha, d, theta, r when the model is modified DH
     rated_payload: float = math.inf  # kg: the heaviest payload the arm is rated for ([robot] rated_payload)
+    flange_frame: str = "flange"     # the flange frame's name: a URDF chain's tip link, or "flange" ([robot] flange)
 
     @property
     def n(self) -> int:
@@ -137,8 +138,8 @@ class JointSpec:
 
 
 def build_model(name: str, source: str, joints: list[JointSpec], gravity, flange_R, flange_p,
-                rated_payload: float = math.inf) -> Model:
-    """Freeze a list of JointSpec into a Model."""
+                rated_payload: float = math.inf, flange_frame: str = "flange") -> Model:
+    """Freeze a list of JointSpec into a Model; flange_frame names the frame (flange_R, flange_p)."""
     if not joints:
         raise ModelError(source, "joint", "at least one movable joint")
     dh = None
@@ -166,6 +167,7 @@ def build_model(name: str, source: str, joints: list[JointSpec], gravity, flange
         flange_p=_frozen(flange_p, (3,)),
         dh=dh,
         rated_payload=float(rated_payload),
+        flange_frame=str(flange_frame),
     )
 
 
@@ -327,7 +329,7 @@ def _joint_from_toml(f: _Fields, index: int, source: str) -> JointSpec:
     return spec
 
 
-def _load_toml(path: Path) -> Model:
+def _load_toml(path: Path, tip: str = "") -> Model:
     source = str(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -347,20 +349,24 @@ def _load_toml(path: Path) -> Model:
         raise ModelError(source, "joint", "an array of tables [[joint]]")
     rated = robot.number("rated_payload", math.inf, minimum=0.0) if robot.has("rated_payload") else math.inf
     if robot.has("urdf"):
-        return dataclasses.replace(_urdf_with_overrides(path, robot, raw_joints, gravity, flange_R, flange_p, name),
-                                   rated_payload=rated)
+        return dataclasses.replace(_urdf_with_overrides(path, robot, raw_joints, gravity, flange_R, flange_p, name,
+                                                        tip), rated_payload=rated)
+    if tip:
+        raise ModelError(source, "(tip)", "no tip: this model's chain ends at its [robot] flange (a tip link "
+                         "applies to a URDF, or to a model file with [robot] urdf)", tip)
     specs = [_joint_from_toml(_Fields(source, j, f"joint[{i}]"), i, source) for i, j in enumerate(raw_joints)]
     return build_model(name, source, specs, gravity, flange_R, flange_p, rated)
 
 
 def _urdf_with_overrides(path: Path, robot: _Fields, raw_joints: list, gravity, flange_R, flange_p,
-                         name: str) -> Model:
-    """A URDF chain completed by drive constants and limits given per joint name in the TOML file."""
+                         name: str, tip: str = "") -> Model:
+    """A URDF chain completed by drive constants and limits given per joint name in the TOML file; `tip`
+    (default: [robot] tip) ends the chain."""
     from ident import urdf
 
     source = str(path)
     urdf_path = (path.parent / robot.text("urdf")).resolve()
-    specs, tip_R, tip_p = urdf.read_chain(urdf_path, base=robot.text("base", ""), tip=robot.text("tip", ""))
+    specs, tip_R, tip_p, tip = urdf.read_chain(urdf_path, base=robot.text("base", ""), tip=tip or robot.text("tip", ""))
     by_name = {s.name: s for s in specs}
     for i, raw in enumerate(raw_joints):
         f = _Fields(source, raw, f"joint[{i}]")
@@ -372,7 +378,7 @@ def _urdf_with_overrides(path: Path, robot: _Fields, raw_joints: list, gravity, 
         _read_limits(by_name[jname], f.sub("limits"), required=False)
     R = tip_R @ flange_R
     p = tip_R @ flange_p + tip_p
-    return build_model(name, source, specs, gravity, R, p)
+    return build_model(name, source, specs, gravity, R, p, flange_frame="flange" if robot.has("flange") else tip)
 
 
 def shipped_models() -> list[str]:
@@ -385,19 +391,20 @@ def load_model(path: str | Path, tip: str = "") -> Model:
     """Load a model from a TOML file, a URDF file, or a shipped name such as "generic6".
 
     Raises ModelError (one line naming file, field and expectation) for any unusable input.
-    `tip` selects the last link of the chain in a URDF with branches.
+    `tip` selects the last link of the chain (the flange frame) in a URDF, or in a model file that names
+    one (`[robot] urdf`); a model file without a URDF refuses it. `Model.flange_frame` names the frame.
     """
     text = str(path)
     p = Path(text)
     if p.suffix.lower() not in (".toml", ".urdf", ".xml") and not p.exists():
         if text in shipped_models():
             with resources.as_file(resources.files("ident") / SHIPPED_DIR / f"{text}.toml") as shipped:
-                return _load_toml(Path(shipped))
+                return _load_toml(Path(shipped), tip)
         raise ModelError(text, "(name)", "a .toml or .urdf path, or a shipped model: " + ", ".join(shipped_models()))
     if not p.is_file():
         raise ModelError(text, "(file)", "an existing file")
     if p.suffix.lower() == ".toml":
-        return _load_toml(p)
+        return _load_toml(p, tip)
     from ident import urdf
 
     return urdf.load_urdf(p, tip=tip)

@@ -124,9 +124,10 @@ def _transform(R, p) -> np.ndarray:
     return T
 
 
-def read_chain(path: Path, base: str = "", tip: str = "") -> tuple[list[JointSpec], np.ndarray, np.ndarray]:
-    """The movable joints from `base` (default: the root link) to `tip`, and the fixed transform (R, p)
-    from the last movable joint's frame to the tip link's frame."""
+def read_chain(path: Path, base: str = "", tip: str = "") -> tuple[list[JointSpec], np.ndarray, np.ndarray, str]:
+    """The movable joints from `base` (default: the root link) to `tip`, the fixed transform (R, p) from
+    the last movable joint's frame to the tip link's frame, and the tip link's name (default: the end of
+    the movable chain)."""
     doc = _Doc(Path(path))
     src = doc.source
     child_of = {}   # link -> joint that carries it
@@ -221,11 +222,11 @@ def read_chain(path: Path, base: str = "", tip: str = "") -> tuple[list[JointSpe
         specs.append(JointSpec(jname, MOVABLE[jtype], T[:3, :3].copy(), T[:3, 3].copy(), axis, inertial[index[jname]],
                                q_limits=(lo, hi) if lo < hi else (-math.inf, math.inf),
                                qd_max=qd if qd > 0 else math.inf, tau_max=tau if tau > 0 else math.inf))
-    return specs, tip_T[:3, :3].copy(), tip_T[:3, 3].copy()
+    return specs, tip_T[:3, :3].copy(), tip_T[:3, 3].copy(), tip
 
 
 def load_urdf(path: Path, tip: str = "") -> Model:
     """A Model from a URDF file: the chain from the root link to `tip` (default: the end of the movable chain)."""
-    specs, R, p = read_chain(Path(path), tip=tip)
+    specs, R, p, tip = read_chain(Path(path), tip=tip)
     name = _Doc(Path(path)).name
-    return build_model(name, str(path), specs, [0.0, 0.0, -9.81], R, p)
+    return build_model(name, str(path), specs, [0.0, 0.0, -9.81], R, p, flange_frame=tip)

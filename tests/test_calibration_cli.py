@@ -62,6 +62,9 @@ def test_plan_then_identify_gives_a_calibrated_urdf_that_reproduces_the_true_arm
     doc = tomllib.loads((out / "calibration.toml").read_text())
     assert doc["calibration"]["parameters"] == 27
     assert doc["calibration"]["rms_before_m"] > 1e-3 and doc["calibration"]["rms_after_m"] < 1e-9
+    # noise-free measurements: no outliers, the test's floor being the stated (default) sensor noise
+    assert doc["calibration"]["outliers"] == [] and doc["calibration"]["outlier_threshold_m"] == pytest.approx(1.5e-4)
+    assert doc["calibration"]["tool_frame"] == "flange"
     assert len(doc["nominal_dh"]) == 6 and len(doc["term"]) == cm.m
     with open(out / "parameters.csv") as f:
         table = list(csv.DictReader(f))

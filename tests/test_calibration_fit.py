@@ -104,6 +104,32 @@ def test_a_bad_measurement_is_reported_as_an_outlier(six):
     assert res.outliers.tolist() == [17]
 
 
+def test_noise_free_data_flag_no_outlier_and_a_planted_one_is_still_found(six):
+    """The 3-sigma test has a floor, the stated measurement noise (round-off when none is stated). On
+    noise-free data the residual sigma s is round-off, so against 3 s alone a pose 1 um off, far inside
+    a 0.05 mm sensor's noise, was an outlier."""
+    cm, irr = six
+    true = perturbed(cm, seed=5)
+    q = random_configurations(cm, 60, seed=6)
+    P = tool_pose(cm, q, true)[:, :3, 3]
+    for noise in (None, 5e-5):
+        assert identify(irr, q, P, noise=noise).outliers.size == 0, noise
+    nudged = P.copy()
+    nudged[23] += [0.0, 0.0, 1e-6]
+    res = identify(irr, q, nudged, noise=5e-5)
+    per_pose = np.sqrt(np.mean(res.residual_after ** 2, axis=1))
+    assert per_pose[23] > 3 * res.noise          # what the test without a floor called an outlier
+    assert res.outliers.size == 0 and res.threshold == pytest.approx(3 * 5e-5)
+    bad = P.copy()
+    bad[17] += [0.0, 1.5e-3, 0.0]
+    assert identify(irr, q, bad, noise=5e-5).outliers.tolist() == [17]
+    assert identify(irr, q, bad).outliers.tolist() == [17]
+    # a stated noise above the planted error hides it, as it must: 1.5 mm is within 3 x 1 mm
+    assert identify(irr, q, bad, noise=1e-3).outliers.size == 0
+    with pytest.raises(IdentificationError, match="noise"):
+        identify(irr, q, P, noise=-1.0)
+
+
 def test_noise_free_identification_leaves_no_residual_with_a_12cm_tool(six):
     cm, irr = six
     assert irr.count == 27

@@ -48,6 +48,7 @@ def test_apply_sets_the_identified_payload_on_a_running_driver(tmp_path):
         out = subprocess.run([sys.executable, "-m", "armid.cli", "payload", "apply", str(tmp_path / "payload.json"),
                               "--commands", driver.bound["commands"]], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
+        assert "centre of mass in frame flange" in out.stdout
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not np.any(driver.payload):
             time.sleep(0.01)

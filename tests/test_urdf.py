@@ -96,3 +96,26 @@ def test_toml_adds_drives_and_limits_to_a_urdf(tmp_path):
     toml.write_text('[robot]\nurdf = "arm.urdf"\n\n[[joint]]\nname = "j7"\n')
     with pytest.raises(ModelError, match=r"joint\[0\].name.*j1, j2"):
         load_model(toml)
+
+
+def test_the_flange_frame_is_named_and_a_tip_is_honoured_or_refused(tmp_path):
+    """Model.flange_frame names the frame payloads and tool points are given in: the URDF's tip link (the
+    end of the movable chain by default), "flange" for a model file's [robot] flange; a tip given to a
+    model file with a URDF overrides its [robot] tip, and one given to a model file without a URDF is
+    refused rather than ignored."""
+    urdf = write(tmp_path, ARM)
+    assert load_model(urdf).flange_frame == "l2"
+    assert load_model(urdf, tip="tool").flange_frame == "tool"
+    toml = tmp_path / "arm.toml"
+    toml.write_text('[robot]\nurdf = "arm.urdf"\ntip = "tool"\n')
+    assert load_model(toml).flange_frame == "tool"
+    over = load_model(toml, tip="l2")
+    assert over.flange_frame == "l2"
+    np.testing.assert_allclose(over.flange_p, [0, 0, 0])
+    toml.write_text('[robot]\nurdf = "arm.urdf"\ntip = "tool"\nflange = { xyz = [0.0, 0.0, 0.05] }\n')
+    m = load_model(toml)
+    assert m.flange_frame == "flange"
+    np.testing.assert_allclose(m.flange_p, [0.3, 0, 0.05])
+    assert load_model("generic6").flange_frame == "flange"
+    with pytest.raises(ModelError, match=r"generic6\.toml: \(tip\).*'tool0'"):
+        load_model("generic6", tip="tool0")

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import argparse
 
+NOISE = 5e-5    # m per coordinate: the measurement noise stated by default (a laser tracker's order)
+NOISE_HELP = f"the sensor's measurement noise per coordinate, m (default {NOISE:g})"
+
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a .toml or .urdf file, or a shipped model: generic6, puma560")
-    p.add_argument("--tip", default="", help="URDF only: the last link of the chain")
+    from armid.commands._model_args import add_model_arguments
+
+    add_model_arguments(p)
     p.add_argument("--tool", nargs=3, type=float, default=(0.0, 0.0, 0.0), metavar=("X", "Y", "Z"),
                    help="the measured point in the flange frame, m (default: the flange origin)")
     p.add_argument("--relative", action="store_true",
@@ -27,7 +31,7 @@ def register(sub) -> None:
     plan.add_argument("--per-joint", type=int, default=0,
                       help="use the seed's per-joint optimal sets (this many values per joint) and their product "
                            "as the candidates instead of random poses")
-    plan.add_argument("--noise", type=float, default=5e-5, help="measurement noise per coordinate, m (default 5e-5)")
+    plan.add_argument("--noise", type=float, default=NOISE, help=NOISE_HELP)
     plan.add_argument("--seed", type=int, default=0, help="random seed of the candidates")
     plan.add_argument("-o", "--output", required=True, help="pose list CSV to write")
     plan.set_defaults(run=_plan)
@@ -39,6 +43,9 @@ def register(sub) -> None:
                        help="start from per-axis experiments instead of the model's nominal geometry: a CSV like "
                             "MEAS.csv where each row moves one joint only (the others at 0); the model then "
                             "only gives names and limits")
+    ident.add_argument("--noise", type=float, default=NOISE,
+                       help=NOISE_HELP + "; a pose is an outlier when its residual exceeds 3 times the larger of "
+                                         "this and the fit's residual standard deviation")
     ident.add_argument("-o", "--output", required=True, help="folder for the calibrated model, tables and report")
     ident.set_defaults(run=_identify)
 
@@ -46,11 +53,17 @@ def register(sub) -> None:
 def _load(args):
     import numpy as np
 
+    from armid.commands._model_args import load_model_argument
     from ident.calibration.model import from_model
-    from ident.model import load_model
 
-    model = load_model(args.model, tip=args.tip)
+    model = load_model_argument(args)
     return model, from_model(model, np.asarray(args.tool, dtype=float))
+
+
+def _tool_text(args, model) -> str:
+    from armid.commands._model_args import frame_text
+
+    return f"tool point {' '.join(f'{v:g}' for v in args.tool)} m in frame {frame_text(model)}"
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -75,7 +88,7 @@ def _plan(args: argparse.Namespace) -> int:
     quality = plan_quality(irr, q, noise=args.noise)
     write_poses(args.output, q, model.joint_names)
     print(f"{args.count} poses of {model.name} written to {args.output}; {irr.count} parameters "
-          f"({args.measure}{', relative' if args.relative else ''})")
+          f"({args.measure}{', relative' if args.relative else ''}); {_tool_text(args, model)}")
     print(f"log10 det(J^T J) = {quality.log10_det:.3f}, cond(J) = {quality.cond:.1f} (scaled by the reach "
           f"{cm.length_scale:.3f} m)")
     print(f"predicted sigma for {args.noise * 1e3:g} mm noise:")
@@ -111,7 +124,7 @@ def _identify(args: argparse.Namespace) -> int:
     meas = read_measurements(args.measurements, cm.n)
     measure = "position" if meas.orientations is None else "pose"
     irr = synthesize(cm, measure, relative=args.relative, strategy=args.strategy)
-    result = identify(irr, meas.q, meas.positions, meas.orientations)
+    result = identify(irr, meas.q, meas.positions, meas.orientations, noise=args.noise)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.toml").write_text(calibration_toml(result, model, args.tool, "axis fit" if args.axes else "nominal"), encoding="utf-8")
@@ -121,14 +134,15 @@ def _identify(args: argparse.Namespace) -> int:
     accuracy = predicted_accuracy(result, random_configurations(cm, 500, seed=1))
     report = write_report(out, result, accuracy, f"Kinematic calibration of {model.name}")
     print(f"{len(meas.q)} poses ({measure}{', relative' if args.relative else ''}), {irr.count} parameters: "
-          f"{describe(irr)}")
+          f"{describe(irr)}; {_tool_text(args, model)}")
     print(f"RMS position error {result.rms_before * 1e3:.4f} mm before, {result.rms_after * 1e3:.4f} mm after; "
-          f"noise {result.noise * 1e3:.4f} mm")
+          f"noise {result.noise * 1e3:.4f} mm (stated {args.noise * 1e3:g} mm)")
     if result.rms_after > 1e-3:
         print("warning: more than 1 mm RMS remains after calibration; check the units (m, rad), the joint "
               "order and --tool")
     if result.outliers.size:
         lines = ", ".join(str(int(meas.lines[i])) for i in result.outliers)
-        print(f"outliers (residual > 3 sigma) at CSV lines {lines}")
+        print(f"outliers (residual > {result.threshold * 1e3:.4g} mm, 3 x max(residual sigma, --noise)) at CSV "
+              f"lines {lines}")
     print(f"wrote {out / 'calibration.toml'}, calibrated.urdf, parameters.csv, residuals.csv, {report.name}")
     return 0

@@ -5,11 +5,13 @@ import argparse
 
 
 def register(sub) -> None:
+    from armid.commands._model_args import TIP_HELP
+
     model = sub.add_parser("model", help="robot models: show a model and its base parameters")
     msub = model.add_subparsers(dest="action", required=True)
     show = msub.add_parser("show", help="print a model (TOML, URDF or shipped name) and its base parameters")
     show.add_argument("model", help="a .toml or .urdf file, or a shipped model: generic6, puma560")
-    show.add_argument("--tip", default="", help="URDF only: the last link of the chain")
+    show.add_argument("--tip", default="", metavar="LINK", help=TIP_HELP)
     show.add_argument("--base", choices=("qr", "closed-form"), default="qr",
                       help="how to compute the base parameters (default: qr)")
     show.set_defaults(run=_show)
@@ -24,7 +26,8 @@ def _show(args: argparse.Namespace) -> int:
     model = load_model(args.model, tip=args.tip)
     deg = np.degrees
     print(f"model {model.name}: {model.n} joints, from {model.source}")
-    print(f"gravity {model.gravity.tolist()} m/s^2; flange at {model.flange_p.tolist()} m in frame {model.n}")
+    print(f"gravity {model.gravity.tolist()} m/s^2; flange frame {model.flange_frame} at {model.flange_p.tolist()} m "
+          f"in frame {model.n}")
     print(f"{'joint':>12} {'type':>9} {'mass kg':>8} {'q min deg':>10} {'q max deg':>10} {'qd max':>7} "
           f"{'qdd max':>8} {'tau max':>8} {'gear':>7} {'kt N m/A':>8}")
     for j, name in enumerate(model.joint_names):

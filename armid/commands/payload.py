@@ -3,8 +3,10 @@
 - plan: the motion a method needs (a Fourier excitation for the dynamic methods, the seed 001 sweeps for
   torque balance, D-optimal static poses for the static method), as a file the driver runs and, for the
   static methods, a CSV of joint targets for a closed controller's pendant.
-- identify: the payload from a loaded and an unloaded run, with sigmas; prints a table, writes
-  payload.json, payload.png and report.html.
+- identify: the payload from a loaded and an unloaded run, with sigmas, in the model's flange frame
+  (--tip); each method on its own: prints a table of those that worked and the reason of each that did
+  not, writes payload.json, payload.png and report.html. Exit status 0 when every method gave an
+  estimate, 1 when some did and others failed, 2 when none did (or the input is unusable).
 - apply: sends the identified payload to a running driver (its set_payload command).
 """
 from __future__ import annotations
@@ -16,11 +18,13 @@ import time
 from pathlib import Path
 
 PLAN_METHODS = ("dynamic", "torque-balance", "static")
-DYNAMIC = ("difference", "torque", "global")
-IDENTIFY_METHODS = DYNAMIC + ("dynamic", "torque-balance", "static")
+IDENTIFY_METHODS = ("difference", "torque", "global", "dynamic", "torque-balance", "static")   # ident.payload.methods
+SOME_FAILED = 1     # exit status: some methods gave estimates, others failed
 
 
 def register(sub) -> None:
+    from armid.commands._model_args import add_model_arguments
+
     p = sub.add_parser("payload", help="payload identification: plan the motion, identify, apply to the driver")
     psub = p.add_subparsers(dest="action", required=True)
 
@@ -29,10 +33,11 @@ def register(sub) -> None:
                                        "torque-balance and static: a motion file for the driver and, beside it, "
                                        "a CSV of joint targets for a pendant.")
     plan.add_argument("--method", required=True, choices=PLAN_METHODS)
-    plan.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model (generic6)")
+    add_model_arguments(plan)
     plan.add_argument("-o", "--output", "--out", dest="output", required=True, metavar="FILE", help="the motion file to write")
-    plan.add_argument("--joints", choices=("wrist", "all"), default="wrist",
-                      help="dynamic: excite the wrist joints only or all joints (default wrist)")
+    plan.add_argument("--joints", choices=("all", "wrist"), default="all",
+                      help="dynamic: excite all joints (default: every dynamic method can use the runs) or the "
+                           "wrist joints only (the difference method then cannot work)")
     plan.add_argument("--speed", type=float, default=None, metavar="DEG_S",
                       help="torque-balance and static: constant sweep speed, deg/s (default: the method's; "
                            "torque balance: the seed's 1 deg/s)")
@@ -42,13 +47,17 @@ def register(sub) -> None:
 
     ident = psub.add_parser("identify", help="identify a payload from a loaded and an unloaded run",
                             description="Runs are recordings in the layout of `armid identify` (CSV/NPZ, "
-                                        "docs/data-files.md) or MCAP files of `armid record`.")
+                                        "docs/data-files.md) or MCAP files of `armid record`. Each method runs "
+                                        "on its own; one that cannot work on the runs is reported with its "
+                                        "reason and the others are still printed and written. Exit status: 0 "
+                                        "every method gave an estimate, 1 some did and others failed, 2 none "
+                                        "did or the input is unusable.")
     ident.add_argument("--method", required=True, choices=IDENTIFY_METHODS,
                        help="difference, torque, global (seed 000; 'dynamic' = all three side by side), "
                             "torque-balance (seed 001), static (every joint, any poses)")
     ident.add_argument("--loaded", required=True, metavar="A", help="the run with the payload")
     ident.add_argument("--unloaded", required=True, metavar="B", help="the same motion without it")
-    ident.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model")
+    add_model_arguments(ident)
     ident.add_argument("--trajectory", metavar="T",
                        help="dynamic methods: the runs' excitation file or preset (sets the filter bandwidth)")
     ident.add_argument("--consistent", action="store_true",
@@ -75,11 +84,11 @@ def register(sub) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from armid.commands._model_args import frame_text, load_model_argument
     from ident.errors import InputError, check_output_file
-    from ident.model import load_model
 
     check_output_file(args.output)
-    model = load_model(args.model)
+    model = load_model_argument(args)
     out = Path(args.output)
     if args.method == "dynamic":
         from ident import excitation
@@ -87,7 +96,7 @@ def _plan(args: argparse.Namespace) -> int:
 
         traj = dynamic.plan(model, joints=args.joints, seed=args.seed)
         excitation.save(traj, out)
-        print(f"payload excitation ({args.joints} joints): {out}")
+        print(f"payload excitation ({args.joints} joints, payload in frame {frame_text(model)}): {out}")
         return 0
     if args.speed is not None and not (math.isfinite(args.speed) and args.speed > 0):
         raise InputError(f"--speed: expected a speed > 0 deg/s, got {args.speed}")
@@ -103,7 +112,7 @@ def _plan(args: argparse.Namespace) -> int:
     plan.write(out)
     targets = out.with_suffix(".targets.csv")
     plan.targets_csv(targets)
-    print(f"{args.method} motion: {out}\npendant targets: {targets}")
+    print(f"{args.method} motion (payload in frame {frame_text(model)}): {out}\npendant targets: {targets}")
     return 0
 
 
@@ -114,25 +123,9 @@ def load_run(path: str, n: int):
     return load(path, n)
 
 
-def estimate(model, method: str, loaded, unloaded, *, trajectory=None, consistent: bool = False):
-    """PayloadEstimates of one method (or of the three dynamic methods for 'dynamic'). trajectory: the
-    dynamic runs' FourierTrajectory; consistent: the global method constrained to a real body."""
-    if method in DYNAMIC or method == "dynamic":
-        from ident.payload import dynamic
-
-        options = {} if trajectory is None else {"trajectory": trajectory}
-        return [dynamic.identify(model, loaded, unloaded, method=m, consistent=consistent and m == "global", **options)
-                for m in (DYNAMIC if method == "dynamic" else (method,))]
-    if method == "torque-balance":
-        from ident.payload import balance
-
-        return [balance.identify(model, loaded, unloaded)]
-    from ident.payload import static
-
-    return [static.identify(model, loaded, unloaded)]
-
-
-def print_table(estimates) -> None:
+def print_table(estimates, frame: str) -> None:
+    """The estimates as a table on stdout, the centre of mass in the named frame."""
+    print(f"centre of mass and inertia in frame {frame}")
     print(f"{'method':>15} {'mass kg':>9} {'±σ':>8} {'x mm':>9} {'y mm':>9} {'z mm':>9} {'±σ xyz mm':>20} {'consistent':>10}")
     for e in estimates:
         c, s = 1e3 * e.com, 1e3 * e.com_sigma
@@ -145,14 +138,15 @@ def print_table(estimates) -> None:
 
 
 def _identify(args: argparse.Namespace) -> int:
-    from ident.errors import check_output_dir
+    from armid.commands._model_args import frame_text, load_model_argument
+    from ident.errors import InputError, check_output_dir
     from ident.extras import require
-    from ident.model import load_model
+    from ident.payload.methods import identify_each
     from ident.payload.report import write_report
 
     require("matplotlib.figure", "the payload report's plot")     # a missing extra: said before the work
     check_output_dir(args.output)
-    model = load_model(args.model)
+    model = load_model_argument(args)
     if not args.quiet:
         print(f"reading {args.loaded} and {args.unloaded}", file=sys.stderr)
     loaded, unloaded = load_run(args.loaded, model.n), load_run(args.unloaded, model.n)
@@ -162,14 +156,21 @@ def _identify(args: argparse.Namespace) -> int:
         from armid.commands.identify import load_trajectory
 
         trajectory = load_trajectory(args.trajectory)
-    estimates = estimate(model, args.method, loaded, unloaded, trajectory=trajectory, consistent=args.consistent)
+    estimates, failures = identify_each(model, args.method, loaded, unloaded, trajectory=trajectory,
+                                        consistent=args.consistent)
+    if not estimates:
+        raise InputError("no payload method gave an estimate: "
+                         + "; ".join(f"{f.method}: {f.reason}" for f in failures))
     if not args.quiet:
         print(f"identified in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
-    print_table(estimates)
-    written = write_report(estimates, args.output, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}")
+    print_table(estimates, frame_text(model))
+    for f in failures:
+        print(f"{f.method}: no estimate: {f.reason}", file=sys.stderr)
+    written = write_report(estimates, args.output, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}",
+                           failures=failures)
     for name, path in written.items():
         print(f"{name}: {path}")
-    return 0
+    return SOME_FAILED if failures else 0
 
 
 def driver_link(endpoint: str, timeout_s: float):
@@ -213,7 +214,7 @@ def _apply(args: argparse.Namespace) -> int:
     from ident.errors import InputError
     from ident.payload.report import read_set_payload
 
-    _, command = read_set_payload(args.result, args.method)
+    _, command, frame = read_set_payload(args.result, args.method)
     send, close = driver_link(args.commands, args.timeout)
     try:
         reply = send(command)
@@ -221,5 +222,6 @@ def _apply(args: argparse.Namespace) -> int:
         close()
     if not reply.get("ok"):
         raise InputError(f"driver refused set_payload: {reply.get('error')}")
-    print(f"payload set on the driver: {reply.get('payload')}")
+    print(f"payload set on the driver: {reply.get('payload')} (centre of mass in frame {frame}, as identified: "
+          "the driver's model must have that flange frame)")
     return 0

@@ -118,6 +118,10 @@ def axis_fit_model(q, points, joint_type, *, name: str = "axis fit", joint_names
 # Stage 2: least squares on the irreducible model
 
 
+OUTLIER_SIGMAS = 3.0      # a pose is an outlier when its residual exceeds this many noise levels
+ROUNDOFF_FLOOR = 1e-9     # of the reach (m): the noise level when none is stated (round-off of a noise-free fit)
+
+
 class IdentificationError(InputError):
     """Measurements that cannot identify the model (names the poses or parameters at fault)."""
 
@@ -130,7 +134,8 @@ class Identification:
     identified terms (0 for fixed or deleted ones); cov (p, p) over the identified terms in chain order;
     residual_before / residual_after (N, 3) position residuals (m), orientation residuals (N, 3) rad
     when orientations were measured; noise (m) the residual standard deviation sqrt(RSS / (rows - p));
-    outliers: pose indices whose residual exceeds 3 noise; iterations: function evaluations.
+    outliers: pose indices whose residual (RMS per coordinate) exceeds `threshold` (m), 3 times the larger
+    of `noise` and the stated measurement noise; iterations: function evaluations.
     """
 
     irreducible: IrreducibleModel
@@ -145,6 +150,7 @@ class Identification:
     noise: float
     outliers: np.ndarray
     iterations: int
+    threshold: float = float("nan")
 
     @property
     def rms_before(self) -> float:
@@ -191,15 +197,22 @@ def _stack(e, w, scale_rows):
 
 
 def identify(irr: IrreducibleModel, q, positions, orientations=None, *, initial: np.ndarray | None = None,
-             max_evaluations: int = 200) -> Identification:
+             max_evaluations: int = 200, noise: float | None = None) -> Identification:
     """Fit the identified terms of irr to measured tool points (N, 3) m (and orientations (N, 3, 3)) at
     joint values q (N, n); initial (m,) term values to start from (default: nominal). Levenberg-Marquardt
-    (scipy MINPACK) with the analytic Jacobian; cov = sigma^2 (J^T J)^-1."""
+    (scipy MINPACK) with the analytic Jacobian; cov = sigma^2 (J^T J)^-1.
+
+    noise: the stated measurement noise (m per coordinate, e.g. the sensor's), the floor of the outlier
+    test: a pose is an outlier when its residual exceeds 3 max(s, noise), s the residual standard
+    deviation, so that a fit better than the sensor (noise-free data) flags none (default: a round-off
+    floor of 1e-9 of the arm's reach)."""
     cm = irr.model
     if (orientations is None) != (irr.measure == "position"):
         raise IdentificationError(f"the model was synthesised for {irr.measure} measurements, "
                                   f"but orientations were {'not ' if orientations is None else ''}given")
     Q, P, R = _check_measurements(cm, q, positions, orientations)
+    if noise is not None and not (np.isfinite(noise) and noise >= 0):
+        raise IdentificationError(f"noise: expected the measurement noise in m (finite, >= 0), got {noise!r}")
     free = np.flatnonzero(irr.identified)
     rows = 3 if R is None else 6
     if rows * len(Q) <= len(free):
@@ -241,14 +254,16 @@ def identify(irr: IrreducibleModel, q, positions, orientations=None, *, initial:
     Jf = J[:, :, free].reshape(-1, len(free))
     dof = Jf.shape[0] - len(free)
     rss = float(np.sum(_stack(e, w, L) ** 2))
-    noise = float(np.sqrt(rss / dof))
-    cov = noise ** 2 * np.linalg.inv(Jf.T @ Jf)
+    s = float(np.sqrt(rss / dof))
+    cov = s ** 2 * np.linalg.inv(Jf.T @ Jf)
     sigma = np.zeros(cm.m)
     sigma[free] = np.sqrt(np.diag(cov))
     e0, w0, _ = _residuals(cm, v0, Q, P, R, L)
     per_pose = np.sqrt(np.sum(_stack(e, w, L).reshape(len(Q), -1) ** 2, axis=1) / rows)
-    outliers = np.flatnonzero(per_pose > 3.0 * noise) if noise > 0 else np.zeros(0, dtype=np.int64)
-    return Identification(irr, values, values - cm.nominal, sigma, cov, e0, e, w0, w, noise, outliers, sol.nfev)
+    threshold = OUTLIER_SIGMAS * max(s, ROUNDOFF_FLOOR * L if noise is None else noise)
+    outliers = np.flatnonzero(per_pose > threshold)
+    return Identification(irr, values, values - cm.nominal, sigma, cov, e0, e, w0, w, s, outliers, sol.nfev,
+                          threshold)
 
 
 def predicted_accuracy(result: Identification, q, noise: float | None = None) -> np.ndarray:

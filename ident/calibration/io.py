@@ -237,9 +237,10 @@ def calibration_toml(result: Identification, model: Model | None, tool: np.ndarr
     cm = irr.model
     doc: dict = {"calibration": {
         "model": cm.name, "source": model.source if model is not None else "", "tool": [float(v) for v in tool],
+        "tool_frame": model.flange_frame if model is not None else "flange",
         "initial": initial, "measure": irr.measure, "relative": irr.relative, "strategy": irr.strategy, "parameters": irr.count,
         "rms_before_m": result.rms_before, "rms_after_m": result.rms_after, "noise_m": result.noise,
-        "poses": int(len(result.residual_after)), "outliers": [int(i) for i in result.outliers]}}
+        "outlier_threshold_m": result.threshold, "poses": int(len(result.residual_after)), "outliers": [int(i) for i in result.outliers]}}
     if model is not None and model.dh is not None:
         doc["nominal_dh"] = [{"joint": nm, "alpha": float(a), "d": float(d), "theta": float(t), "r": float(r)}
                              for nm, (a, d, t, r) in zip(model.joint_names, model.dh)]

@@ -27,7 +27,7 @@ def _figures(result: Identification, accuracy: np.ndarray, folder: Path) -> list
     ax[0].legend()
     ax[1].bar(idx, after, color="tab:green", label=f"after (RMS {result.rms_after * 1e3:.4f} mm)")
     if result.outliers.size:
-        ax[1].bar(result.outliers, after[result.outliers], color="tab:orange", label="outliers (> 3 sigma)")
+        ax[1].bar(result.outliers, after[result.outliers], color="tab:orange", label="outliers")
     ax[1].set_xlabel("pose")
     ax[1].set_ylabel("position error [mm]")
     ax[1].legend()
@@ -85,7 +85,8 @@ def write_report(folder: str | Path, result: Identification, accuracy: np.ndarra
 <li>measurement noise estimate: {result.noise * 1e3:.4f} mm</li>
 <li>predicted position accuracy over the workspace: mean {np.mean(accuracy) * 1e3:.4f} mm,
 max {np.max(accuracy) * 1e3:.4f} mm (1 sigma)</li>
-<li>outliers (residual above 3 sigma): {outl}</li></ul>
+<li>outliers (residual above {result.threshold * 1e3:.4g} mm, 3 times the larger of the noise estimate and
+the stated measurement noise): {outl}</li></ul>
 {''.join(f'<p><img src="{f}" alt="{f}"></p>' for f in figs)}
 <h2>Parameters</h2>
 <table><tr><th>term</th><th>status</th><th>nominal</th><th>error</th><th>sigma</th></tr>

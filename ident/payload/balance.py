@@ -678,7 +678,7 @@ def identify(model: Model, loaded: Recording, unloaded: Recording, *, min_sample
     sigma[9] = sm
     return PayloadEstimate(
         method="torque-balance", chi=chi, sigma=sigma, samples=int(sum(len(p.q) for p in sweeps.values())),
-        consistent=True, seconds=time.perf_counter() - t0,
+        consistent=True, seconds=time.perf_counter() - t0, frame=model.flange_frame,
         notes=[f"mass from {joint2} (sweep a) - {joint3} (sweep b) at {sum(shared)} link-3 angles in "
                f"{len(with_ab)} orientation(s)",
                f"{names[across[0]]}, {names[across[1]]} from {joint3} with flange {names[first]} along its axis",

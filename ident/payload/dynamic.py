@@ -378,7 +378,7 @@ def plan(model: Model, joints: str = "wrist", **options) -> FourierTrajectory:
 
 def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path | Recording,
              method: str = "global", *, consistent: bool = False, **options) -> PayloadEstimate:
-    """The payload (flange frame) from a loaded and an unloaded run of the same excitation, by `method`
+    """The payload (in the model's flange frame, `Model.flange_frame`) from a loaded and an unloaded run of the same excitation, by `method`
     ("difference", "torque" or "global"). options: those of prepare_runs (trajectory, cutoff_hz, decimate,
     slow_velocity, gains, base). consistent: the physically consistent global fit (method "global" only).
     Raises InputError (one line naming the run, file or field) for unusable input."""
@@ -398,4 +398,5 @@ def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path 
     else:
         est = difference_method(runs, model)
     est.seconds = time.perf_counter() - started
+    est.frame = model.flange_frame
     return est

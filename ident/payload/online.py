@@ -208,4 +208,5 @@ class OnlinePayload:
             ok, why = spatial.is_physically_consistent(chi)
         else:
             ok, why = (bool(chi[9] >= 0), "" if chi[9] >= 0 else f"negative mass {chi[9]:g} kg")
-        return PayloadEstimate("online", out_chi, out_sigma, int(self.rls.rows), combos, bool(ok), why, notes=notes)
+        return PayloadEstimate("online", out_chi, out_sigma, int(self.rls.rows), combos, bool(ok), why, notes=notes,
+                               frame=self.model.flange_frame)

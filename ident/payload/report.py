@@ -2,7 +2,8 @@
 3-sigma bars (matplotlib, Agg).
 
 One report can hold several estimates of the same payload (e.g. the three dynamic methods side by side,
-or torque balance against the static method), so that they are compared on one page.
+or torque balance against the static method), so that they are compared on one page, and the methods
+that gave no estimate, each with its reason.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ident.payload.result import PARAMETER_NAMES, PayloadEstimate
+from ident.payload.result import PARAMETER_NAMES, MethodFailure, PayloadEstimate
 
 PNG_DPI = 90
 
@@ -39,7 +40,8 @@ def _plot(path: Path, estimates: list[PayloadEstimate]) -> Path:
         ax_c.errorbar(np.arange(3) + (k - (len(estimates) - 1) / 2) * width, 1e3 * e.com,
                       yerr=3e3 * e.com_sigma, fmt="o", capsize=4, label=e.method)
     ax_c.set_xticks(np.arange(3), ["x", "y", "z"])
-    ax_c.set_ylabel("centre of mass (mm, flange frame)")
+    frames = sorted({e.frame for e in estimates})
+    ax_c.set_ylabel(f"centre of mass (mm, frame {', '.join(frames)})")
     ax_c.set_title("centre of mass, ±3σ")
     ax_c.grid(alpha=0.3)
     ax_c.legend(fontsize="small")
@@ -58,10 +60,10 @@ def _section(e: PayloadEstimate) -> str:
     parts = [f"<h2>{html.escape(e.method)}</h2>",
              f"<p>mass {_g(e.mass)} kg ± {_g(e.sigma[9], 2)}; centre of mass "
              + ", ".join(f"{_g(1e3 * c, 4)} ± {_g(1e3 * s, 2)}" for c, s in zip(e.com, e.com_sigma))
-             + f" mm; {e.samples} samples; {_g(1e3 * e.seconds, 3)} ms</p>",
+             + f" mm in frame {html.escape(e.frame)}; {e.samples} samples; {_g(1e3 * e.seconds, 3)} ms</p>",
              "<p>" + ("a body that can exist" if e.consistent else f"<b>not physically consistent</b>: "
                       f"{html.escape(e.consistency)}") + "</p>",
-             _table(["parameter (flange origin, flange axes)", "value (kg, kg m, kg m²)", "sigma"], rows)]
+             _table([f"parameter (origin and axes of {e.frame})", "value (kg, kg m, kg m²)", "sigma"], rows)]
     if e.combinations:
         parts.append("<p>identifiable combinations:</p>" + _table(
             ["combination", "value", "sigma"], [[c.expression, _g(c.value), _g(c.sigma)] for c in e.combinations]))
@@ -70,11 +72,21 @@ def _section(e: PayloadEstimate) -> str:
     return "\n".join(parts)
 
 
-def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str = "payload identification") -> dict[str, Path]:
-    """payload.json, payload.png and report.html in the directory out (created)."""
+def _failures(failures: list[MethodFailure]) -> str:
+    if not failures:
+        return ""
+    return ("<h2>methods that gave no estimate</h2><ul>"
+            + "".join(f"<li><b>{html.escape(f.method)}</b>: {html.escape(f.reason)}</li>" for f in failures) + "</ul>")
+
+
+def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str = "payload identification",
+                 failures: list[MethodFailure] = ()) -> dict[str, Path]:
+    """payload.json, payload.png and report.html in the directory out (created). failures: the methods that
+    gave no estimate, with their reasons (payload.json "failed", a section of the page)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"estimates": [e.to_json() for e in estimates]}
+    doc = {"frame": ", ".join(sorted({e.frame for e in estimates})),
+           "estimates": [e.to_json() for e in estimates], "failed": [f.to_json() for f in failures]}
     for d, e in zip(doc["estimates"], estimates):
         try:
             d["set_payload"] = e.set_payload_command()
@@ -86,15 +98,16 @@ def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str =
             "<style>body{font-family:sans-serif;max-width:60em;margin:auto} table{border-collapse:collapse}"
             " td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
             f"<h1>{html.escape(title)}</h1><img src='{png.name}' alt='mass and centre of mass'>"
-            + "".join(_section(e) for e in estimates) + "</body></html>")
+            + "".join(_section(e) for e in estimates) + _failures(failures) + "</body></html>")
     (out / "report.html").write_text(page)
     return {"json": out / "payload.json", "plot": png, "report": out / "report.html"}
 
 
-def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, dict]:
-    """(method, set_payload request) of the first estimate in a payload.json (of `method`, when given), checked
-    before it goes to a driver: InputError naming the file and the field for anything write_report would not
-    have written (not JSON, NaN or Infinity, a missing or mistyped field)."""
+def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, dict, str]:
+    """(method, set_payload request, frame) of the first estimate in a payload.json (of `method`, when given),
+    checked before it goes to a driver: InputError naming the file and the field for anything write_report
+    would not have written (not JSON, NaN or Infinity, a missing or mistyped field). frame: the flange
+    frame the centre of mass is in ("flange" for a file that does not name one)."""
     from ident.errors import InputError
 
     def fail(field: str, expected: str, got=None) -> InputError:
@@ -128,6 +141,9 @@ def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, 
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
 
+    frame = estimate.get("frame", "flange")
+    if not isinstance(frame, str) or not frame:
+        raise fail(f"estimates[{k}].frame", "the name of the flange frame", frame)
     mass = command.get("mass")
     if not (number(mass) and mass > 0):
         raise fail(f"{where}.mass", "a finite mass > 0 in kg", mass)
@@ -137,4 +153,4 @@ def read_set_payload(path: str | Path, method: str | None = None) -> tuple[str, 
             continue
         if not (isinstance(value, list) and len(value) == size and all(number(x) for x in value)):
             raise fail(f"{where}.{key}", f"a list of {size} finite numbers in {unit}", value)
-    return name, command
+    return name, command, frame

@@ -34,9 +34,11 @@ class Combination:
 class PayloadEstimate:
     """A payload identified by one method.
 
-    chi, sigma: (10,) in PARAMETER_NAMES order, NaN where not identified individually. samples: the number
-    of samples (poses or time samples) used. consistent: whether the estimate is a body that can exist
-    (positive mass, inertia about the CoM positive definite with the triangle inequalities), and why not.
+    chi, sigma: (10,) in PARAMETER_NAMES order, NaN where not identified individually, about the origin
+    and in the axes of the frame named `frame` (the model's flange frame, `Model.flange_frame`: a URDF's
+    tip link, or "flange"). samples: the number of samples (poses or time samples) used. consistent:
+    whether the estimate is a body that can exist (positive mass, inertia about the CoM positive definite
+    with the triangle inequalities), and why not.
     """
     method: str
     chi: np.ndarray
@@ -47,6 +49,7 @@ class PayloadEstimate:
     consistency: str = ""
     seconds: float = float("nan")
     notes: list[str] = field(default_factory=list)
+    frame: str = "flange"
 
     @property
     def identified(self) -> tuple[str, ...]:
@@ -59,7 +62,7 @@ class PayloadEstimate:
 
     @property
     def com(self) -> np.ndarray:
-        """Centre of mass (3,) m in the flange frame (NaN where the first moment is not identified)."""
+        """Centre of mass (3,) m in the flange frame `frame` (NaN where the first moment is not identified)."""
         return self.chi[6:9] / self.chi[9]
 
     @property
@@ -82,6 +85,7 @@ class PayloadEstimate:
             return [float(x) if np.isfinite(x) else None for x in np.asarray(a, dtype=float).ravel()]
         return {
             "method": self.method,
+            "frame": self.frame,
             "parameters": dict(zip(PARAMETER_NAMES, finite(self.chi))),
             "sigma": dict(zip(PARAMETER_NAMES, finite(self.sigma))),
             "mass_kg": finite([self.mass])[0],
@@ -107,3 +111,13 @@ class PayloadEstimate:
         if not np.isfinite(inertia).all():
             inertia = np.zeros(6)
         return {"cmd": "set_payload", "mass": self.mass, "com": com.tolist(), "inertia": inertia.tolist()}
+
+
+@dataclass(frozen=True)
+class MethodFailure:
+    """A method that gave no estimate, and why (the one-line message of its error)."""
+    method: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "reason": self.reason}

@@ -139,5 +139,5 @@ def identify(model: Model, loaded, unloaded, *, min_samples: int = MIN_SAMPLES, 
     return PayloadEstimate(
         method="static", chi=chi, sigma=sigma, samples=int(count), consistent=consistent,
         consistency="" if consistent else f"mass {fit.beta[3]:.4g} kg is not positive",
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - t0, frame=model.flange_frame,
         notes=[f"{len(pairs)} segments, {count} samples x {int(active.sum())} joints, WLS cond {fit.cond:.3g}"])
