@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.cycle import CLOCKS
-from driver.daemon import Curve, Endpoints, Record
+from driver.daemon import Curve, Endpoints, Metrics, Record
 from driver.motion import MAX_MOTION_S
 from driver.realtime import PRIORITY_RANGE, THREADS, Realtime
 from firmware_bridge.errors import InputError
@@ -80,12 +80,14 @@ class DriverConfig:
     realtime: Realtime | None = None
     trajectory_dir: str | None = None
     max_motion_s: float = MAX_MOTION_S
+    metrics: Metrics | None = None
 
 
 _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms", "trajectory_dir",
                         "max_motion_s"}, "transport": None,
              "zmq": {"state", "commands", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
-             "realtime": {"priority", "threads", "cpus", "lock_memory", "required"}}
+             "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
+             "metrics": {"address", "allow_remote"}}
 
 
 def load_config(path: str | Path) -> DriverConfig:
@@ -155,7 +157,25 @@ def load_config(path: str | Path) -> DriverConfig:
         raise ConfigError(src, "driver.max_motion_s", f"at most {MAX_MOTION_LIMIT_S:g} s", max_motion)
     return DriverConfig(model, rate, watchdog, name, tr, endpoints, src, clock,
                         _record(src, path.parent, data.get("record")), float(delay) / 1000.0,
-                        _realtime(src, data.get("realtime")), trajectory_dir, max_motion)
+                        _realtime(src, data.get("realtime")), trajectory_dir, max_motion,
+                        _metrics(src, data.get("metrics")))
+
+
+def _metrics(src: str, table) -> Metrics | None:
+    """[metrics]: the address is checked here (host:port, loopback unless allow_remote)."""
+    if table is None:
+        return None
+    from driver.metrics import DEFAULT_ADDRESS, parse_address
+
+    address = _text(src, "metrics.address", table.get("address", DEFAULT_ADDRESS))
+    allow = table.get("allow_remote", False)
+    if not isinstance(allow, bool):
+        raise ConfigError(src, "metrics.allow_remote", "true or false", allow)
+    try:
+        parse_address(address, allow)
+    except InputError as exc:
+        raise InputError(f"{src}: {exc}") from None
+    return Metrics(address, allow)
 
 
 def _realtime(src: str, table: dict | None) -> Realtime | None:

@@ -88,6 +88,14 @@ class Record:
 
 
 @dataclass(frozen=True)
+class Metrics:
+    """Serve the health as Prometheus metrics at address ("host:port"; beyond loopback only with allow_remote)."""
+
+    address: str = "127.0.0.1:9464"
+    allow_remote: bool = False
+
+
+@dataclass(frozen=True)
 class Endpoints:
     state: str = "tcp://127.0.0.1:5555"      # PUB: topics "state" and "health"
     commands: str = "tcp://127.0.0.1:5556"   # ROUTER (REQ clients): JSON requests
@@ -111,12 +119,14 @@ class Driver:
     def __init__(self, model: Model, arm: Arm, *, endpoints: Endpoints = Endpoints(), rate_hz: float = 1000.0,
                  watchdog_s: float = 0.01, context: zmq.Context | None = None, log=None, clock: str = "auto",
                  record: Record | None = None, effort_delay_s: float = 0.0, realtime: Realtime | None = None,
-                 trajectory_dir: str | None = None, max_motion_s: float = MAX_MOTION_S):
+                 trajectory_dir: str | None = None, max_motion_s: float = MAX_MOTION_S,
+                 metrics: Metrics | None = None):
         """effort_delay_s: how late the drives' current and torque are against their positions (s), from the
         config; reported in status and recorded with the data so that identification aligns them.
         realtime: the [realtime] settings applied at start (None: the threads keep what they inherit).
         trajectory_dir: the only folder `run_trajectory {"file": ...}` reads from (None: files refused);
-        max_motion_s: the longest motion a command may plan (s)."""
+        max_motion_s: the longest motion a command may plan (s); metrics: serve the health as Prometheus
+        metrics (driver.metrics) at its address."""
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
         if not is_local(endpoints.commands) and endpoints.curve is None:
@@ -154,6 +164,9 @@ class Driver:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.supervision: Supervision | None = None
+        self.metrics = metrics
+        self.last_health: dict | None = None
+        self._metrics_server = None
         self.started_at = 0.0
         self.bound: dict[str, str] = {}
         self._recorder: threading.Thread | None = None
@@ -230,6 +243,16 @@ class Driver:
             self._threads.append(t)
         self.log(f"driver: {self.model.name}, {self.model.n} joints, {self.cycle.rate_hz:g} Hz; "
                  f"state on {self.bound['state']}, commands on {self.bound['commands']}")
+        if self.metrics is not None:
+            from driver import metrics as prometheus
+
+            try:
+                self._metrics_server = prometheus.serve(self.metrics.address, lambda: self.last_health,
+                                                        tuple(self.model.joint_names), self.metrics.allow_remote)
+            except InputError:
+                self.stop()
+                raise
+            self.log(f"metrics: http://{self.metrics.address}/metrics")
         self.supervision = Supervision(lambda: self.cycle.cycles, self.log)
         self.supervision.ready(f"{self.model.name}, {self.cycle.rate_hz:g} Hz, state on {self.bound['state']}")
 
@@ -237,6 +260,10 @@ class Driver:
         """Bring the drives to rest and disable them, then stop the threads and close everything."""
         if self.supervision is not None:
             self.supervision.stopping()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
         if self.cycle.running:
             try:
                 self.cycle.submit(self.cycle.request_quick_stop if self.cycle.motion is not None else self.cycle.disable)
@@ -431,7 +458,8 @@ class Driver:
         last: dict = {}
         while not self._stop.wait(HEALTH_PERIOD_S):
             try:
-                self.cycle.set_health_payload(json.dumps(self.health(HEALTH_PERIOD_S, last), default=str).encode())
+                self.last_health = self.health(HEALTH_PERIOD_S, last)
+                self.cycle.set_health_payload(json.dumps(self.last_health, default=str).encode())
             except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
                 self.log(f"health: {type(exc).__name__}: {exc}")
 
