@@ -96,7 +96,10 @@ class Rows:
     sampled stretches the rows come from (the recording was cut at segments - 1 long gaps, or more when
     short segments were left out); unused_samples: samples in segments too short to filter and decimate;
     bridged_samples: lost samples filled in across short gaps; y_measured (N', n): the effort as recorded (not
-    filtered, not decimated) at the rows' samples, aligned by the effort delay; mended: what
+    filtered, not decimated) at the rows' samples, aligned by the effort delay; W_motion (N', n, b): the base
+    regressor of the motion (q, qd, qdd low-passed by the decimation filter) at the rows, so that W_motion @ beta
+    is the model's torque there with its friction turning where the velocity does (W @ beta, the decimated
+    regressor, smooths that turn as it smooths y); mended: what
     ident.resample.mend_sampling did (stale repeats, resampling); bandwidth_source: where the bandwidth came
     from ("trajectory", "estimated" from the positions, or "cut-off given")."""
 
@@ -119,6 +122,7 @@ class Rows:
     unused_samples: int = 0
     bridged_samples: int = 0
     y_measured: np.ndarray | None = None
+    W_motion: np.ndarray | None = None
     mended: Mended | None = None
     bandwidth_source: str = "estimated"
 
@@ -138,6 +142,10 @@ class Rows:
     def in_torque(self, gains: np.ndarray | None) -> np.ndarray:
         """y as joint torques (N m): currents times the drive gains (n,) N m/A."""
         return self.y * gains if self.kind == "current" and gains is not None else self.y
+
+    def model_regressor(self) -> np.ndarray:
+        """W_motion, or W when not kept: the regressor to compare with the measured torque."""
+        return self.W if self.W_motion is None else self.W_motion
 
     def measured_torque(self, gains: np.ndarray | None) -> np.ndarray:
         """y_measured as joint torques (N m), like in_torque."""
@@ -214,7 +222,8 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
                 Yl=W[:, :, b:] if with_load else None, mask=~slow_rows(cat("qd"), slow_velocity),
                 bandwidth_hz=float(bandwidth_hz), cutoff_hz=prepared[0][1].cutoff_hz, rate_hz=rate, factor=factor,
                 samples=rec.N, effort_delay=rec.effort_delay, segments=len(parts), unused_samples=sum(short),
-                bridged_samples=bridged, y_measured=cat("y_measured"), mended=mended, bandwidth_source=source)
+                bridged_samples=bridged, y_measured=cat("y_measured"), W_motion=cat("W_motion"), mended=mended,
+                bandwidth_source=source)
 
 
 @dataclass(frozen=True, eq=False)
@@ -225,6 +234,7 @@ class _SegmentRows:
     W: np.ndarray      # (N', n, b [+ 10]): the base regressor [and the payload's], decimated
     y: np.ndarray
     y_measured: np.ndarray
+    W_motion: np.ndarray    # (N', n, b): the base regressor of the motion low-passed by the decimation filter
 
 
 def _segment_rows(model: Model, base: BaseParameters, s: Samples, factor: int, with_load: bool,
@@ -236,9 +246,9 @@ def _segment_rows(model: Model, base: BaseParameters, s: Samples, factor: int, w
     the same as decimating the whole base regressor, without it or the full standard regressor in memory."""
     index = decimation_index(s.N, factor)
     if len(index) == 0:
-        with steps(f"parallel decimation ({role})"):
-            raise TooFewSamples(f"decimate_parallel: {s.N} samples are too few to decimate by {factor} "
-                                f"(the filter spans {DECIMATION_TAPS_PER_FACTOR * factor + 1})")
+        short = TooFewSamples(f"{s.source}: {s.N} samples are too few to decimate by {factor} "
+                              f"(the filter spans {DECIMATION_TAPS_PER_FACTOR * factor + 1})")
+        raise StepError(f"parallel decimation ({role}): {short}") from short
     half = DECIMATION_TAPS_PER_FACTOR * factor // 2 if factor > 1 else 0
     h = decimation_filter(factor) if factor > 1 else None
     n, b = model.n, base.count
@@ -268,15 +278,20 @@ def _segment_rows(model: Model, base: BaseParameters, s: Samples, factor: int, w
     y = s.y[index].copy() if h is None else _fir_decimate(h, s.y, factor, len(index))
     steps.add(f"parallel decimation ({role})", decimated + time.perf_counter() - started)
     measured = s.y if s.y_measured is None else s.y_measured
-    return _SegmentRows(s.t[index], s.q[index], s.qd[index], W, y, measured[index])
+    started = time.perf_counter()
+    motion = [x[index] if h is None else _fir_decimate(h, x, factor, len(index)) for x in (s.q, s.qd, s.qdd)]
+    at_rows = np.take(dynamics.regressor(model, *motion), base.indices, axis=2)
+    steps.add(f"regressor ({role})", time.perf_counter() - started)
+    return _SegmentRows(s.t[index], s.q[index], s.qd[index], W, y, measured[index], at_rows)
 
 
 @dataclass(frozen=True, eq=False)
 class Validation:
     """Prediction on a second recording: rows, predicted torques (N', n) N m, per joint RMS error (N m)
     and RMS error relative to the RMS torque, against the filtered, decimated rows (rms, relative: how well the
-    model explains the motion's torques) and against the torque as measured at the same samples
-    (rms_measured, relative_measured: the error a user sees, sensor noise included)."""
+    model explains the motion's torques) and of the model's torque at the rows (Rows.W_motion @ beta) against
+    the torque as measured there, not filtered (rms_measured, relative_measured: the error a user sees, sensor
+    noise included)."""
 
     rows: Rows
     predicted: np.ndarray
@@ -385,9 +400,10 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
         vrows = recording_rows(model, base, vrec, role="validation recording", **opts)
         with steps("validation"):
             rms, rel = estimate.prediction_errors(vrows.W, vrows.in_torque(gains), fit.beta)
-            rms_m, rel_m = measured_errors(vrows.W, vrows.measured_torque(gains), fit.beta)
+            rms_m, rel_m = measured_errors(vrows.model_regressor(), vrows.measured_torque(gains), fit.beta)
             val = Validation(vrows, estimate.predict(vrows.W, fit.beta), rms, rel, rms_m, rel_m)
-    residual_measured = measured_errors(rows.W, rows.measured_torque(gains), fit.beta, rows.mask)[0]
+    residual_measured = measured_errors(rows.model_regressor(), rows.measured_torque(gains), fit.beta,
+                                        rows.mask)[0]
     with steps("checks"):
         found = fit_warnings(base.names, fit.beta, fit.std, fit.cond, model.tau_max,
                              _velocity_bound(model, rows), None if val is None else val.relative,

@@ -147,13 +147,15 @@ def mend_sampling(rec: Recording, *, rate_hz: float | None = None,
                   max_missing: int = MAX_BRIDGED_SAMPLES) -> tuple[Recording, Mended]:
     """Drop stale repeats and, if the sampling is uneven afterwards (is_uneven) or rate_hz is given, resample to
     a uniform rate: rate_hz, else the recording's stated sample clock (Recording.clock_hz), else 1 / the median
-    interval of the samples kept. Returns the recording (rec itself when nothing was to mend) and what was done.
+    interval of all its entries (repeats included: the logger wrote them on its ticks). Returns the recording (rec itself when nothing was to mend) and what was done.
     """
     repeats = stale_repeats(rec)
     kept = _select(rec, ~repeats) if repeats.any() else rec
     dt = np.diff(kept.t)
     shortest, longest = (float(dt.min()), float(dt.max())) if dt.size else (0.0, 0.0)
-    median_rate = 1.0 / float(np.median(dt)) if dt.size else 0.0
+    # the logger's rate from all its entries: a stale entry was still written on a tick, so the intervals with
+    # the repeats in place are the logger's own; without them, every dropped repeat lengthens one
+    median_rate = 1.0 / float(np.median(np.diff(rec.t)))
     resample = rate_hz is not None or is_uneven(kept.t)
     target = rate_hz or kept.clock_hz or median_rate
     pieces = 1
