@@ -221,8 +221,10 @@ def _check_arrays(source: str, fields: dict[str, np.ndarray | None],
 
 
 def load_recording(path: str | Path, *, n: int | None = None) -> Recording:
-    """Read a recording: CSV (header t, q1..qn, tau1..taun or i1..in, optional qd1..qdn) or NPZ (arrays t, q,
-    tau or current, optional qd). SI units: s, rad, N m, A. Layout: docs/data-files.md.
+    """Read a recording: CSV (header t, q1..qn, tau1..taun or i1..in, optional qd1..qdn; comment lines before
+    the header may state `effort_delay = S` and `clock_hz = HZ`) or NPZ (arrays t, q, tau or current, optional
+    qd, effort_delay, clock_hz). SI units: s, rad, N m, A. Layout: docs/data-files.md. A CSV's rows are read by
+    pyarrow when it is installed (the `ident` extra), else by numpy.
 
     n: the number of joints expected (e.g. the model's). Raises PreprocessError naming the file and the
     column and line (CSV) or array and sample (NPZ) at fault.

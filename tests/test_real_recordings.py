@@ -263,3 +263,29 @@ def test_a_bad_cell_is_named_by_line_and_column_on_the_fast_path_too(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(PreprocessError, match=r"b.csv: line 21, column q1: not a finite number \(nan\)"):
         preprocess.load_recording(path)
+
+
+def test_resample_sets_the_rate_of_every_recording_and_refuses_a_rate_that_is_none(tmp_path, model, capsys):
+    t, q, qd, qdd = excitation.preset("seed000").sample(1000.0, periods=0.5)
+    rec = Recording(t, q, dynamics.rnea(model, q, qd, qdd), None, None, "r")
+    rows = batch.recording_rows(model, base_parameters(model), rec, resample_hz=500.0, decimate=5)
+    assert rows.mended.resampled and rows.rate_hz == pytest.approx(500.0)
+    assert np.allclose(np.diff(rows.t), 5 / 500.0)
+    np.savez(tmp_path / "r.npz", t=t, q=q, tau=rec.tau)
+    assert cli.main(["identify", str(tmp_path / "r.npz"), "--model", "generic6", "-o", str(tmp_path / "o"),
+                     "--resample", "-5", "--quiet"]) == 2
+    assert "--resample: expected a sampling rate > 0 Hz, got -5.0" in capsys.readouterr().err
+
+
+def test_the_cli_caps_blas_threads_at_one_while_it_identifies():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from armid.commands.identify import blas_threads
+
+    def blas() -> list[int]:
+        return [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+
+    before = blas()
+    with blas_threads(1):
+        inside = blas()
+    assert inside and all(k == 1 for k in inside)
+    assert blas() == before                                  # restored afterwards
