@@ -4,13 +4,13 @@ Prints `name: value unit (reference: value unit, ratio x)`; run with
 `python benchmarks/bench_identify_memory.py [--samples 100000 1000000] [--reference /path/to/armid]`.
 
 The recording: generic6 (58 base parameters) running seed 000's excitation at 1 kHz, its exact torques plus
-noise, as NPZ. Each run is a child process
-`armid identify DATA --model generic6 --trajectory seed000 -o DIR --quiet` (this checkout's with `--no-report`); its peak resident memory is the child's own ru_maxrss (os.wait4),
-its time the wall clock of the whole command. The reference is another installation's `armid` (default: the
-main checkout's, /work/main/.venv/bin/armid), which builds the full standard regressor and a copy of its base
-columns and always writes the report: beside the commands' times, the sums of their result.json's step times
-(reading to validation, no report) are compared. A run whose estimated peak would not fit in the memory available now is skipped,
-and the script says so: the machine has 24 GiB, shared.
+noise, as NPZ. Each run is a child process `armid identify DATA --model generic6 --trajectory seed000 -o DIR
+--quiet` (this checkout's with `--no-report`); its peak resident memory is the child's own ru_maxrss (os.wait4),
+its time the wall clock of the whole command. The reference is another installation's `armid` (default: the main
+checkout's, /work/main/.venv/bin/armid), which builds the full standard regressor and a copy of its base columns
+and always writes the report: beside the commands' times, the sums of their result.json's step times (reading to
+validation, no report) are compared. A run whose estimated peak would not fit in the memory available now is
+skipped, and the script says so: the machine has 24 GiB, shared.
 
 A third figure: reading a 294 000-row CSV recording (load_recording: pyarrow's reader) against numpy's loadtxt
 on the same file, CPU seconds of this process.

@@ -10,10 +10,10 @@ positions and efforts exactly (stale entries), and the intervals wander (0.7-8.8
 1. **Stale repeats** (`stale_repeats`): a sample whose positions and efforts equal the previous sample's
    on every joint, to the bit, is a stale log entry; its time stamp is not when the values were measured,
    so it is dropped.
-2. **Uneven sampling** (`is_uneven`): an interval that is no whole number of median intervals within
-   SAMPLING_JITTER (a burst, or a late sample that is no clean loss). Then the recording is resampled to a uniform rate (the file's stated sample
-   clock, else 1 / the median interval) piece by piece: a piece ends where more than `max_missing` samples
-   in a row were lost, and the gap between pieces stays (split_at_gaps cuts the recording there).
+2. **Uneven sampling** (`is_uneven`): an interval that is no whole number of median intervals within SAMPLING_JITTER
+   (a burst, or a late sample that is no clean loss). Then the recording is resampled to a uniform rate (the file's
+   stated sample clock, else 1 / the median interval) piece by piece: a piece ends where more than `max_missing`
+   samples in a row were lost, and the gap between pieces stays (split_at_gaps cuts the recording there).
    Positions (and recorded velocities) by a cubic spline through the samples (band-limited far below the
    sampling rate, the spline's error is a tiny fraction of the motion); efforts, which carry noise and
    friction steps, by a band-limited method: linear interpolation onto a grid UPSAMPLING times finer,
@@ -147,7 +147,8 @@ def mend_sampling(rec: Recording, *, rate_hz: float | None = None,
                   max_missing: int = MAX_BRIDGED_SAMPLES) -> tuple[Recording, Mended]:
     """Drop stale repeats and, if the sampling is uneven afterwards (is_uneven) or rate_hz is given, resample to
     a uniform rate: rate_hz, else the recording's stated sample clock (Recording.clock_hz), else 1 / the median
-    interval of all its entries (repeats included: the logger wrote them on its ticks). Returns the recording (rec itself when nothing was to mend) and what was done.
+    interval of all its entries (repeats included: the logger wrote them on its ticks). Returns the recording
+    (rec itself when nothing was to mend) and what was done.
     """
     repeats = stale_repeats(rec)
     kept = _select(rec, ~repeats) if repeats.any() else rec
