@@ -154,6 +154,22 @@ def test_an_unidentifiable_recording_warns_and_strict_exits_3(tmp_path, model, c
     assert doc["data"]["resampling"]["rate_hz"] == 1000.0          # the file's stated clock
 
 
+def test_a_cut_off_in_the_noise_without_decimation_is_warned_about_not_passed_quietly(tmp_path, model, capsys):
+    """What a real arm's log got from the bandwidth of its velocity noise: a 400 Hz cut-off and no decimation, so
+    the accelerations are noise. The same settings on a degraded log: warnings, and exit 3 with --strict."""
+    paths = []
+    for seed in (0, 1):
+        log = degraded_log(model, excitation.preset("seed000"), seed)
+        paths.append(write_csv(tmp_path / f"log{seed}.csv", log.t, log.q, log.tau))
+    argv = ["identify", str(paths[0]), "--validate", str(paths[1]), "--model", "generic6", "-o", str(tmp_path / "o"),
+            "--cutoff", "400", "--decimate", "1", "--quiet", "--no-report", "--strict"]
+    assert cli.main(argv) == STRICT_EXIT
+    doc = json.loads((tmp_path / "o" / "result.json").read_text())
+    assert any(w.startswith("validation error above 20 %") for w in doc["warnings"])
+    assert max(doc["validation"]["relative"]) > 0.2 and doc["data"]["bandwidth_from"] == "cut-off given"
+    assert "warning: validation error above 20 %" in capsys.readouterr().out
+
+
 def test_implausible_drive_parameters_are_warned_about():
     names = ["ZZR1", "fc1", "fv1", "offset1", "fc2", "offset2"]
     std = np.full(6, 0.1)
