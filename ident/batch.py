@@ -46,7 +46,7 @@ from ident.resample import Mended, mend_sampling
 
 DEFAULT_SLOW_VELOCITY = 0.1      # rad/s: rows of a joint slower than this are left out (Coulomb friction)
 DECIMATION_PER_BANDWIDTH = 20.0  # the decimation filter's cut-off is about this many excitation bandwidths
-CHUNK_BYTES = 64 << 20           # the standard regressor is built this many bytes of samples at a time
+CHUNK_BYTES = 128 << 20          # the standard regressor is built this many bytes of samples at a time
 
 
 class StepError(InputError):
