@@ -101,7 +101,8 @@ class Rows:
     is the model's torque there with its friction turning where the velocity does (W @ beta, the decimated
     regressor, smooths that turn as it smooths y); mended: what
     ident.resample.mend_sampling did (stale repeats, resampling); bandwidth_source: where the bandwidth came
-    from ("trajectory", "estimated" from the positions, or "cut-off given")."""
+    from ("trajectory", "given", or "estimated" from the positions; it sets the decimation, and the cut-off unless
+    one is given)."""
 
     source: str
     kind: str
@@ -163,16 +164,18 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
                    cutoff_hz: float | None = None, decimate: int | None = None,
                    slow_velocity: float = DEFAULT_SLOW_VELOCITY, with_load: bool = False,
                    steps: Steps | None = None, max_bridged: int = MAX_BRIDGED_SAMPLES,
-                   resample_hz: float | None = None, role: str = "identification data") -> Rows:
+                   resample_hz: float | None = None, role: str = "identification data",
+                   bandwidth_from: str = "given") -> Rows:
     """Mend the sampling (ident.resample.mend_sampling: stale repeats dropped, uneven intervals resampled, to
     resample_hz when given), bridge short gaps, cut at long ones, then per segment filter, differentiate, build
     the base regressor (and the payload's when with_load) and decimate in parallel, chunk by chunk; mark the slow
-    rows of one recording. role names the recording in the step timings."""
+    rows of one recording. role names the recording in the step timings; bandwidth_from says where a given
+    bandwidth_hz came from (Rows.bandwidth_source)."""
     steps = steps or Steps()
     if rec.n != model.n:
         raise InputError(f"{rec.source}: {rec.n} joints recorded, the model {model.name} has {model.n}")
     label = f"filter and differentiate ({role})"
-    source = "trajectory" if bandwidth_hz is not None else ("cut-off given" if cutoff_hz is not None else "estimated")
+    source = bandwidth_from if bandwidth_hz is not None else "estimated"
     with steps(f"resample ({role})"):
         mended_rec, mended = mend_sampling(rec, rate_hz=resample_hz, max_missing=max_bridged)
     with steps(label):
@@ -376,7 +379,7 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
     with steps("base parameters"):
         base = base or base_parameters(model)
     opts = dict(bandwidth_hz=bandwidth, cutoff_hz=cutoff_hz, decimate=decimate, slow_velocity=slow_velocity,
-                steps=steps, max_bridged=max_bridged, resample_hz=resample_hz)
+                steps=steps, max_bridged=max_bridged, resample_hz=resample_hz, bandwidth_from="trajectory")
     rows = recording_rows(model, base, rec, **opts)
     gains = gains_std = note = None
     if rows.kind == "current":

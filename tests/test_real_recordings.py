@@ -166,7 +166,7 @@ def test_a_cut_off_in_the_noise_without_decimation_is_warned_about_not_passed_qu
     assert cli.main(argv) == STRICT_EXIT
     doc = json.loads((tmp_path / "o" / "result.json").read_text())
     assert any(w.startswith("validation error above 20 %") for w in doc["warnings"])
-    assert max(doc["validation"]["relative"]) > 0.2 and doc["data"]["bandwidth_from"] == "cut-off given"
+    assert max(doc["validation"]["relative"]) > 0.2 and doc["data"]["cutoff_hz"] == 400.0
     assert "warning: validation error above 20 %" in capsys.readouterr().out
 
 
