@@ -22,7 +22,7 @@ with CUTOFF_PER_BANDWIDTH = k = 5 and NOISE_CUTOFF_HZ = 40 Hz.
   above the closed-loop bandwidth of the drives (industrial position loops: 5-20 Hz). The band limit of
   the fit is the parallel decimation (`decimate_parallel`), which filters W and y alike.
 When the bandwidth is not known either, it is estimated from the positions (`estimate_bandwidth`: the
-frequency below which 99.9 % of the energy of the sampled velocity lies).
+frequency below which 99.9 % of the energy of the spectrum of q lies).
 
 Edges: a forward-backward filter is not exact for the first and last samples (its start-up transient);
 `prepare` drops, at each end, the samples in which the slowest pole of the filter has not yet decayed by a
@@ -48,7 +48,7 @@ CUTOFF_PER_BANDWIDTH = 5.0    # k in cutoff = max(k * bandwidth, NOISE_CUTOFF_HZ
 NOISE_CUTOFF_HZ = 40.0        # the cut-off is never below this: it removes sensor noise, not the motion
 MAX_CUTOFF_OF_NYQUIST = 0.8   # the cut-off never exceeds 0.8 of the Nyquist frequency
 EDGE_DECAY = 1e-4             # filter edges are trimmed until the slowest pole has decayed by this factor
-BANDWIDTH_ENERGY = 0.999      # estimate_bandwidth: share of the velocity energy below the bandwidth
+BANDWIDTH_ENERGY = 0.999      # estimate_bandwidth: share of the positions' energy below the bandwidth
 MIN_SAMPLES = 32              # fewer samples cannot be filtered (padding) and differentiated
 SAMPLING_JITTER = 0.25        # sample intervals may differ from their median by this fraction at most
 MAX_BRIDGED_SAMPLES = 3       # gaps of at most this many lost samples are bridged; longer ones cut the recording
@@ -92,8 +92,9 @@ class Recording(_JointSamples):
     source: the file name (for messages); effort_delay (s): how late the effort of sample k is against its
     positions, i.e. tau[k] or current[k] belongs to the motion at t[k] - effort_delay (a current averaged
     over the sampling period that ends at t[k] lags by half a period; a drive's current filter adds its
-    group delay). `prepare` aligns the effort with the motion. Constructing one checks shapes, finiteness,
-    time order and the delay.
+    group delay). `prepare` aligns the effort with the motion. clock_hz: the logger's nominal sample rate (Hz)
+    when the file states it (the rate `ident.resample` resamples uneven samples to), else None. Constructing
+    one checks shapes, finiteness, time order, the delay and the clock.
     """
 
     t: np.ndarray
@@ -103,6 +104,7 @@ class Recording(_JointSamples):
     qd: np.ndarray | None
     source: str
     effort_delay: float = 0.0
+    clock_hz: float | None = None
 
     def __post_init__(self) -> None:
         fields = {"t": self.t, "q": self.q, "tau": self.tau, "current": self.current, "qd": self.qd}
@@ -110,6 +112,8 @@ class Recording(_JointSamples):
         for name, arr in checked.items():
             object.__setattr__(self, name, arr)
         object.__setattr__(self, "effort_delay", check_effort_delay(self.effort_delay, self.source))
+        if self.clock_hz is not None:
+            object.__setattr__(self, "clock_hz", check_clock(self.clock_hz, self.source))
 
     @property
     def kind(self) -> str:
@@ -136,6 +140,22 @@ def check_effort_delay(value, source: str = "recording") -> float:
         raise PreprocessError(f"{source}: effort_delay: expected a finite number of seconds within "
                               f"+-{MAX_EFFORT_DELAY:g} s, got {value!r}")
     return delay
+
+
+MAX_CLOCK_HZ = 1e6              # Hz: a faster sample clock is a unit slip (a period given instead of a rate)
+
+
+def check_clock(value, source: str = "recording") -> float:
+    """The stated sample clock (Hz) as a float; raises PreprocessError unless it is a finite number in
+    (0, MAX_CLOCK_HZ]."""
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise PreprocessError(f"{source}: clock_hz: expected a sampling rate in Hz, got {value!r}") from None
+    if not (math.isfinite(rate) and 0 < rate <= MAX_CLOCK_HZ):
+        raise PreprocessError(f"{source}: clock_hz: expected a sampling rate in (0, {MAX_CLOCK_HZ:g}] Hz, "
+                              f"got {value!r}")
+    return rate
 
 
 _PREFIX = {"q": "q", "tau": "tau", "current": "i", "qd": "qd"}   # array name -> CSV column prefix
@@ -201,8 +221,10 @@ def _check_arrays(source: str, fields: dict[str, np.ndarray | None],
 
 
 def load_recording(path: str | Path, *, n: int | None = None) -> Recording:
-    """Read a recording: CSV (header t, q1..qn, tau1..taun or i1..in, optional qd1..qdn) or NPZ (arrays t, q,
-    tau or current, optional qd). SI units: s, rad, N m, A. Layout: docs/data-files.md.
+    """Read a recording: CSV (header t, q1..qn, tau1..taun or i1..in, optional qd1..qdn; comment lines before
+    the header may state `effort_delay = S` and `clock_hz = HZ`) or NPZ (arrays t, q, tau or current, optional
+    qd, effort_delay, clock_hz). SI units: s, rad, N m, A. Layout: docs/data-files.md. A CSV's rows are read by
+    pyarrow when it is installed (the `ident` extra), else by numpy.
 
     n: the number of joints expected (e.g. the model's). Raises PreprocessError naming the file and the
     column and line (CSV) or array and sample (NPZ) at fault.
@@ -267,22 +289,26 @@ def _load_npz(path: Path) -> Recording:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise PreprocessError(f"{path}: not a readable NPZ file: {exc}") from None
-    known = ("t", "q", "tau", "current", "qd", "effort_delay")
+    known = ("t", "q", "tau", "current", "qd", "effort_delay", "clock_hz")
     unknown = sorted(set(arrays) - set(known))
     if unknown:
         raise PreprocessError(f"{path}: unknown array(s) {', '.join(unknown)}: expected t, q, tau or current, qd, "
-                              "effort_delay")
+                              "effort_delay, clock_hz")
     for name in ("t", "q"):
         if name not in arrays:
             raise PreprocessError(f"{path}: missing array {name!r}")
     for name, arr in arrays.items():
         if arr.dtype.kind not in "iuf":
             raise PreprocessError(f"{path}: array {name!r}: expected real numbers, got dtype {arr.dtype}")
-    delay = arrays.pop("effort_delay", np.zeros(()))
-    if delay.shape not in ((), (1,)):
-        raise PreprocessError(f"{path}: array 'effort_delay': expected one number (s), got shape {delay.shape}")
+    scalars = {}
+    for name, unit in (("effort_delay", "s"), ("clock_hz", "Hz")):
+        value = arrays.pop(name, None)
+        if value is not None and value.shape not in ((), (1,)):
+            raise PreprocessError(f"{path}: array {name!r}: expected one number ({unit}), got shape {value.shape}")
+        scalars[name] = None if value is None else value.reshape(()).item()
+    clock = None if scalars["clock_hz"] is None else check_clock(scalars["clock_hz"], f"{path}")
     return Recording(arrays["t"], arrays["q"], arrays.get("tau"), arrays.get("current"), arrays.get("qd"), str(path),
-                     check_effort_delay(delay.reshape(()).item(), f"{path}"))
+                     check_effort_delay(scalars["effort_delay"] or 0.0, f"{path}"), clock)
 
 
 _HEADER = re.compile(r"^(t|q|tau|i|qd)(\d*)$")
@@ -330,29 +356,90 @@ def _data_lines(text: str) -> list[tuple[int, str]]:
     return [(i + 1, s) for i, s in enumerate(text.splitlines()) if s.strip() and not s.lstrip().startswith("#")]
 
 
-def _load_csv(path: Path) -> Recording:
+# a comment line before the header that states a field of the recording: "# effort_delay = 0.0005" (s) or
+# "# clock_hz = 1000" (Hz, the logger's nominal sample rate)
+_FIELD = re.compile(r"^#\s*(effort_delay|clock_hz)\s*[=:]\s*(\S+)\s*$")
+
+
+def _csv_head(path: Path) -> tuple[int, str | None, dict[str, str]]:
+    """(line number of the header, the header line or None if the file has none, the fields stated in the
+    comment lines before it), reading only up to the header."""
+    fields: dict[str, str] = {}
     try:
-        text = path.read_text(encoding="utf-8-sig")     # a spreadsheet's byte-order mark is not a column name
+        with path.open(encoding="utf-8-sig") as f:   # a spreadsheet's byte-order mark is not a column name
+            for number, line in enumerate(f, 1):
+                stripped = line.strip()
+                if stripped.startswith("#"):
+                    m = _FIELD.match(stripped)
+                    if m:
+                        if m.group(1) in fields:
+                            raise PreprocessError(f"{path}: line {number}: {m.group(1)} stated twice")
+                        fields[m.group(1)] = m.group(2)
+                elif stripped:
+                    return number, line.rstrip("\r\n"), fields
     except (OSError, UnicodeDecodeError) as exc:
         raise PreprocessError(f"{path}: cannot read: {exc}") from None
-    lines = _data_lines(text)
-    if not lines:
+    return 0, None, fields
+
+
+def _read_body_arrow(path: Path, header_line: int, width: int) -> np.ndarray | None:
+    """The data rows after the header as (N, width) float64 by pyarrow's multithreaded CSV reader (comment
+    lines skipped, nothing read as missing); None when pyarrow is not installed or a row does not parse."""
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+    except ImportError:
+        return None
+
+    def comment(row) -> str:
+        return "skip" if (row.text or "").lstrip().startswith("#") else "error"
+
+    names = [f"c{k}" for k in range(width)]
+    try:
+        table = pacsv.read_csv(
+            path, read_options=pacsv.ReadOptions(skip_rows=header_line, column_names=names),
+            parse_options=pacsv.ParseOptions(delimiter=",", invalid_row_handler=comment),
+            convert_options=pacsv.ConvertOptions(column_types={c: pa.float64() for c in names}, null_values=[],
+                                                 strings_can_be_null=False, quoted_strings_can_be_null=False))
+    except (pa.ArrowException, ValueError, OSError):
+        return None
+    data = np.empty((table.num_rows, width))
+    for k, column in enumerate(table.columns):
+        data[:, k] = column.to_numpy()
+    return data
+
+
+def _read_body(path: Path, header_line: int, width: int) -> np.ndarray | None:
+    """The data rows after the header as (N, width) float64: pyarrow's CSV reader when installed (the `ident`
+    extra), else numpy's loadtxt; None when a row does not parse (the caller finds and names it)."""
+    data = _read_body_arrow(path, header_line, width)
+    if data is None:
+        try:
+            data = np.loadtxt(path, delimiter=",", comments="#", skiprows=header_line, ndmin=2, dtype=np.float64,
+                              encoding="utf-8-sig")
+        except ValueError:
+            return None
+    return data if data.ndim == 2 and data.shape[1] == width else None
+
+
+def _load_csv(path: Path) -> Recording:
+    header_line, header, stated = _csv_head(path)
+    if header is None:
         raise PreprocessError(f"{path}: empty: expected a header row t, q1..qn, tau1..taun or i1..in")
-    header_line, header = lines[0]
     n, columns = _parse_header(path, header.split(","), header_line)
     width = len(header.split(","))
-    if len(lines) == 1:
-        raise PreprocessError(f"{path}: no data rows after the header")
-    try:   # the fast path: numpy's C parser
-        data = np.loadtxt(path, delimiter=",", comments="#", skiprows=header_line, ndmin=2, dtype=np.float64)
-    except ValueError:
-        data = None
-    if data is None or data.shape[1] != width:
+    delay = check_effort_delay(stated["effort_delay"], f"{path}: effort_delay") if "effort_delay" in stated else 0.0
+    clock = check_clock(stated["clock_hz"], f"{path}: clock_hz") if "clock_hz" in stated else None
+    data = _read_body(path, header_line, width)
+    if data is None or len(data) == 0:
+        lines = _data_lines(path.read_text(encoding="utf-8-sig"))
+        if len(lines) == 1:
+            raise PreprocessError(f"{path}: no data rows after the header")
         _diagnose_csv(path, lines[1:], header.split(","))    # raises, naming line and column
         raise PreprocessError(f"{path}: cannot parse the data rows")   # pragma: no cover - diagnose raised
-    body = [number for number, _ in lines[1:]]
 
-    def locate(k: int) -> str:
+    def locate(k: int) -> str:   # only on an error: the line numbers of the data rows, counted then
+        body = [number for number, _ in _data_lines(path.read_text(encoding="utf-8-sig"))[1:]]
         return f"line {body[k]}" if k < len(body) else f"sample {k}"
 
     arrays = {name: (data[:, cols[0]] if name == "t" else data[:, cols]) for name, cols in columns.items()}
@@ -360,7 +447,7 @@ def _load_csv(path: Path) -> Recording:
               "qd": arrays.get("qd")}
     checked = _check_arrays(str(path), fields, locate)
     return Recording(checked["t"], checked["q"], checked.get("tau"), checked.get("current"), checked.get("qd"),
-                     str(path))
+                     str(path), delay, clock)
 
 
 def _diagnose_csv(path: Path, rows: list[tuple[int, str]], header: list[str]) -> None:
@@ -386,7 +473,9 @@ class Samples(_JointSamples):
 
     t (N,) s; q (N, n) rad; qd rad/s; qdd rad/s^2; y (N, n) N m or A per `kind` ("torque" | "current"),
     aligned with the motion (the recording's effort_delay removed); cutoff_hz: the low-pass cut-off used;
-    rate_hz: the sampling rate; source: the recording's file name; effort_delay (s) the delay removed.
+    rate_hz: the sampling rate; source: the recording's file name; effort_delay (s) the delay removed;
+    y_measured (N, n): the effort as recorded (not filtered) at the same times, aligned by the same delay
+    (linear interpolation between recorded samples), against which error figures are honest.
     """
 
     t: np.ndarray
@@ -399,6 +488,7 @@ class Samples(_JointSamples):
     rate_hz: float
     source: str
     effort_delay: float = 0.0
+    y_measured: np.ndarray | None = None
 
 
 def nominal_rate(t: np.ndarray, source: str = "recording") -> float:
@@ -487,8 +577,8 @@ def bridge_short_gaps(rec: Recording, max_missing: int = MAX_BRIDGED_SAMPLES) ->
     q = np.empty((t.size, rec.n))
     q[~lost] = rec.q
     q[lost] = scipy.interpolate.CubicSpline(rec.t, rec.q, axis=0)(t[lost])
-    return (Recording(t, q, linear(rec.tau), linear(rec.current), linear(rec.qd), rec.source, rec.effort_delay),
-            int(len(new_t)))
+    return (Recording(t, q, linear(rec.tau), linear(rec.current), linear(rec.qd), rec.source, rec.effort_delay,
+                      rec.clock_hz), int(len(new_t)))
 
 
 def segment(rec: Recording, seg: Segment) -> Recording:
@@ -496,7 +586,8 @@ def segment(rec: Recording, seg: Segment) -> Recording:
     k = seg.index
     return Recording(rec.t[k], rec.q[k], None if rec.tau is None else rec.tau[k],
                      None if rec.current is None else rec.current[k], None if rec.qd is None else rec.qd[k],
-                     f"{rec.source} [t = {rec.t[seg.start]:.4f}..{rec.t[seg.stop - 1]:.4f} s]", rec.effort_delay)
+                     f"{rec.source} [t = {rec.t[seg.start]:.4f}..{rec.t[seg.stop - 1]:.4f} s]", rec.effort_delay,
+                     rec.clock_hz)
 
 
 def cutoff_for_bandwidth(bandwidth_hz: float, rate_hz: float) -> float:
@@ -508,15 +599,24 @@ def cutoff_for_bandwidth(bandwidth_hz: float, rate_hz: float) -> float:
 
 
 def estimate_bandwidth(q: np.ndarray, rate_hz: float) -> float:
-    """The frequency (Hz) below which BANDWIDTH_ENERGY of the energy of the sampled velocity diff(q) lies,
-    summed over the joints: the bandwidth of the motion when no trajectory file says it."""
-    v = np.diff(np.asarray(q, dtype=float), axis=0)
-    v = v - v.mean(axis=0)
-    power = (np.abs(np.fft.rfft(v, axis=0)) ** 2).sum(axis=1)
+    """The frequency (Hz) below which BANDWIDTH_ENERGY of the energy of the positions' spectrum lies, summed
+    over the joints: the bandwidth of the motion when no trajectory file says it.
+
+    The spectrum is that of q itself (each joint's straight line from its first to its last sample removed,
+    a Hann window against leakage), not of a differentiated q: differencing weights the sensor noise by f^2,
+    so that at 1 kHz the noise of a slow motion's velocity outweighs the motion (a 0.375 Hz excitation came
+    out as 444 Hz); in q the noise is a tiny share of the energy and the excitation's harmonics dominate."""
+    x = np.asarray(q, dtype=float)
+    N = x.shape[0]
+    ramp = np.linspace(0.0, 1.0, N)[:, None]
+    x = x - (x[:1] + (x[-1:] - x[:1]) * ramp)
+    x = x - x.mean(axis=0)
+    power = (np.abs(np.fft.rfft(x * np.hanning(N)[:, None], axis=0)) ** 2).sum(axis=1)
+    power[0] = 0.0
     total = power.sum()
-    if total <= 0:
+    if not total > 0:
         raise PreprocessError("the joints do not move: no bandwidth to estimate; give the cut-off")
-    f = np.fft.rfftfreq(v.shape[0], 1.0 / rate_hz)
+    f = np.fft.rfftfreq(N, 1.0 / rate_hz)
     k = int(np.searchsorted(np.cumsum(power) / total, BANDWIDTH_ENERGY))
     return float(max(f[min(k, len(f) - 1)], f[1]))
 
@@ -584,11 +684,13 @@ def prepare(rec: Recording, *, bandwidth_hz: float | None = None, cutoff_hz: flo
     keep = slice(edge, rec.N - edge)
     inner = slice(edge - 1, rec.N - edge - 1)        # central differences start at sample 1
     y = filtered[keep, rec.n:]
+    measured = rec.y[keep]
     if rec.effort_delay != 0.0:   # band-limited far below Nyquist: a cubic spline interpolates it to ~1e-6
         y = scipy.interpolate.CubicSpline(rec.t, filtered[:, rec.n:], axis=0)(rec.t[keep] + rec.effort_delay)
+        measured = np.column_stack([np.interp(rec.t[keep] + rec.effort_delay, rec.t, c) for c in rec.y.T])
     c = np.ascontiguousarray
     return Samples(c(rec.t[keep]), c(q_f[keep]), c(qd[inner]), c(qdd[inner]), c(y),
-                   rec.kind, float(cutoff_hz), float(rate), rec.source, rec.effort_delay)
+                   rec.kind, float(cutoff_hz), float(rate), rec.source, rec.effort_delay, c(measured))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def write_plots(ident: Identification, out: str | Path) -> dict[str, Path]:
     predicted = rows.W @ fit.beta
     measured = ident.torque
     plots = {
-        "torque": _joint_plot(out / "torque.png", rows.t, [(measured, "measured", {"lw": 1.2}),
+        "torque": _joint_plot(out / "torque.png", rows.t, [(measured, "measured (filtered rows)", {"lw": 1.2}),
                                                           (predicted, "predicted (WLS)", {"lw": 1.0, "ls": "--"})],
                               names, "N m", f"identification data ({Path(rows.source).name}): torque"),
         "residuals": _joint_plot(out / "residuals.png", rows.t,
@@ -109,7 +109,8 @@ def _g(x: float, digits: int = 4) -> str:
 _STYLE = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f0f0f0}tr.bad td{background:#fde8e8}td.l{text-align:left}img{max-width:100%}
-.note{background:#fff7dd;padding:.5em 1em;border-left:4px solid #e0b000}"""
+.note{background:#fff7dd;padding:.5em 1em;border-left:4px solid #e0b000}
+.warn{background:#fde8e8;padding:.5em 1em;border-left:4px solid #c00000}"""
 
 
 def write_html(ident: Identification, out: str | Path, plots: dict[str, Path]) -> Path:
@@ -124,23 +125,37 @@ def write_html(ident: Identification, out: str | Path, plots: dict[str, Path]) -
              f"{len(rows.t)} rows, "
              f"rows slower than {ident.slow_velocity:g} rad/s left out. Weighted least squares (Gautier's weights): "
              f"condition number {fit.cond:.4g}; {sum(bad)} of {len(bad)} base parameters above "
-             f"{BADLY_IDENTIFIED_PCT:g} % relative standard deviation.</p>"]
+             f"{BADLY_IDENTIFIED_PCT:g} % relative standard deviation. Bandwidth {rows.bandwidth_hz:.4g} Hz "
+             f"({html.escape(rows.bandwidth_source)}).</p>"]
+    if ident.warnings:
+        items = "".join(f"<li>{html.escape(w)}</li>" for w in ident.warnings)
+        parts.append(f'<div class="warn"><b>Warnings: this result may be wrong.</b><ul>{items}</ul></div>')
     if ident.scale_note:
         parts.append(f'<p class="note">Scale: {html.escape(ident.scale_note)}.</p>')
     joint_rows = []
     for j, name in enumerate(model.joint_names):
-        r = [html.escape(name), _g(fit.sigma_joint[j]), _g(fit.residual_rms[j]), str(int(fit.rows[j]))]
+        measured = ident.residual_rms_measured
+        r = [html.escape(name), _g(fit.sigma_joint[j]), _g(fit.residual_rms[j]),
+             _g(measured[j]) if measured is not None else "&mdash;", str(int(fit.rows[j]))]
         if ident.validation is not None:
-            r += [_g(ident.validation.rms[j]), f"{100 * ident.validation.relative[j]:.2f} %"]
+            v = ident.validation
+            r += [_g(v.rms[j]), f"{100 * v.relative[j]:.2f} %"]
+            r += ([_g(v.rms_measured[j]), f"{100 * v.relative_measured[j]:.2f} %"] if v.rms_measured is not None
+                  else ["&mdash;", "&mdash;"])
         if ident.gains is not None:
             r += [_g(ident.gains[j], 6) + ("" if ident.gains_std is None else f" &plusmn; {_g(ident.gains_std[j], 2)}")]
         joint_rows.append(r)
-    header = ["joint", "sigma_j (N m)", "residual RMS (N m)", "rows used"]
+    header = ["joint", "sigma_j (N m)", "residual RMS vs filtered rows (N m)",
+              "residual RMS vs measured torque (N m)", "rows used"]
     if ident.validation is not None:
-        header += ["validation RMS (N m)", "validation relative"]
+        header += ["validation RMS vs filtered rows (N m)", "relative", "validation RMS vs measured torque (N m)",
+                   "relative"]
     if ident.gains is not None:
         header += ["drive gain (N m/A)" + (" identified" if ident.gains_std is not None else " nominal")]
-    parts += ["<h2>Fit per joint</h2>", _table(header, joint_rows)]
+    parts += ["<h2>Fit per joint</h2>", _table(header, joint_rows),
+              "<p>Against the filtered rows: the torques low-pass filtered and decimated as the regressor was (what "
+              "the fit sees). Against the measured torque: the recorded torque at the same samples, not filtered "
+              "(sensor noise included: the error a user of the model sees).</p>"]
     parts += ['<h2>Measured and predicted torque</h2><img src="torque.png" alt="torque">',
               '<img src="residuals.png" alt="residuals">']
     if "validation" in plots:

@@ -34,6 +34,8 @@ def result_document(ident: Identification) -> dict:
         "format": FORMAT,
         "model": {"name": ident.model.name, "source": ident.model.source, "joints": list(ident.model.joint_names)},
         "data": {"source": rows.source, "kind": rows.kind, "samples": rows.samples, "rate_hz": rows.rate_hz,
+                 "bandwidth_hz": rows.bandwidth_hz, "bandwidth_from": rows.bandwidth_source,
+                 "resampling": None if rows.mended is None else rows.mended.as_dict(),
                  "cutoff_hz": rows.cutoff_hz, "effort_delay_s": rows.effort_delay, "segments": rows.segments,
                  "unused_samples": rows.unused_samples, "bridged_samples": rows.bridged_samples, "decimation": rows.factor, "rows": int(len(rows.t)),
                  "rows_used_per_joint": [int(r) for r in fit.rows], "slow_velocity_rad_s": ident.slow_velocity},
@@ -43,7 +45,9 @@ def result_document(ident: Identification) -> dict:
             for name, expr, v, s, r in zip(base.names, base.expressions, fit.beta, fit.std, rel)],
         "fit": {"method": "wls", "cond": _num(fit.cond), "sigma_joint": _nums(fit.sigma_joint),
                 "residual_rms": _nums(fit.residual_rms), "ols_residual_rms": _nums(ident.ols.residual_rms),
-                "units": "N m"},
+                "residual_rms_measured": None if ident.residual_rms_measured is None
+                else _nums(ident.residual_rms_measured), "units": "N m"},
+        "warnings": list(ident.warnings),
         "seconds": {k: round(v, 4) for k, v in ident.seconds.items()},
     }
     if ident.gains is not None:
@@ -60,7 +64,10 @@ def result_document(ident: Identification) -> dict:
     if ident.validation is not None:
         v = ident.validation
         doc["validation"] = {"source": v.rows.source, "rows": int(len(v.rows.t)), "rms": _nums(v.rms),
-                             "relative": _nums(v.relative), "units": "N m"}
+                             "relative": _nums(v.relative),
+                             "rms_measured": None if v.rms_measured is None else _nums(v.rms_measured),
+                             "relative_measured": None if v.relative_measured is None else _nums(v.relative_measured),
+                             "units": "N m"}
     if ident.trajectory is not None:
         t = ident.trajectory
         doc["trajectory"] = {"base_frequency": t.base_frequency, "harmonics": t.harmonics}

@@ -2,6 +2,8 @@
 `armid record`; docs/identification.md)."""
 from __future__ import annotations
 
+STRICT_EXIT = 3     # exit status of --strict when the checks after the fit warned
+
 import argparse
 import sys
 from pathlib import Path
@@ -37,6 +39,12 @@ def register(sub) -> None:
                         "the CAD model) and count those within 3 sigma of it")
     p.add_argument("--current", action="store_true",
                    help=".mcap recordings: identify from the motor currents (default: the joint torques)")
+    p.add_argument("--resample", metavar="HZ", type=float, default=None,
+                   help="resample every recording to this rate (default: only uneven ones, to the file's clock_hz "
+                        "or the median rate; stale repeats are always dropped)")
+    p.add_argument("--strict", action="store_true",
+                   help=f"exit with status {STRICT_EXIT} when the checks after the fit warn (the results are written)")
+    p.add_argument("--no-report", action="store_true", help="write no report.html and plots (result.json only)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
 
@@ -48,13 +56,20 @@ def load_trajectory(spec: str):
     return excitation.load(spec) if Path(spec).suffix or Path(spec).exists() else excitation.preset(spec)
 
 
-def write_outputs(ident, out: Path, source: str) -> dict[str, Path]:
-    """result.json, report.html (+ PNGs) and, with a consistent fit, model.toml in out."""
+def write_outputs(ident, out: Path, source: str, *, with_report: bool = True) -> dict[str, Path]:
+    """result.json, report.html (+ PNGs) unless with_report is false and, with a consistent fit, model.toml in
+    out. The report's writing is timed into result.json's seconds."""
+    import time
+
     from ident import report, results
 
     out.mkdir(parents=True, exist_ok=True)
-    written = {"result": results.write_result(ident, out / "result.json"),
-               "report": report.write_report(ident, out)}
+    written = {}
+    if with_report:
+        started = time.perf_counter()
+        written["report"] = report.write_report(ident, out)
+        ident.seconds["report"] = time.perf_counter() - started
+    written = {"result": results.write_result(ident, out / "result.json"), **written}
     model = ident.identified_model()
     if model is not None:
         written["model"] = results.write_model(
@@ -75,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if args.slow is not None and not args.slow >= 0:
         raise InputError(f"--slow: expected a velocity >= 0 rad/s, got {args.slow}")
     verbose = not args.quiet
-    require("matplotlib.figure", "the report's plots")        # a missing extra: said before the work, not after
+    if args.resample is not None and not (args.resample > 0 and args.resample < float("inf")):
+        raise InputError(f"--resample: expected a sampling rate > 0 Hz, got {args.resample}")
+    if not args.no_report:
+        require("matplotlib.figure", "the report's plots")    # a missing extra: said before the work, not after
     if args.consistent:
         require("cvxpy", "the physically consistent fit (--consistent)")
     model = load_model(args.model)
@@ -90,13 +108,15 @@ def run(args: argparse.Namespace) -> int:
     if verbose:
         print(f"identifying {model.name} from {args.data}", file=sys.stderr)
     warm_kernels(model)
-    ident = batch.identify(model, data(args.data), validate=data(args.validate), trajectory=traj, cutoff_hz=args.cutoff,
-                           decimate=args.decimate, consistent=args.consistent,
-                           slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
-                           payload_run=data(args.payload_run), payload_mass=args.payload_mass,
-                           effort_delay=args.effort_delay, verbose=verbose,
-                           max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge)
-    written = write_outputs(ident, Path(args.output), args.data)
+    with blas_threads(1):   # numba's kernels use the cores; the fit's small matrices gain nothing from BLAS threads
+        ident = batch.identify(model, data(args.data), validate=data(args.validate), trajectory=traj,
+                               cutoff_hz=args.cutoff, decimate=args.decimate, consistent=args.consistent,
+                               slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
+                               payload_run=data(args.payload_run), payload_mass=args.payload_mass,
+                               effort_delay=args.effort_delay, verbose=verbose,
+                               max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge,
+                               resample_hz=args.resample)
+    written = write_outputs(ident, Path(args.output), args.data, with_report=not args.no_report)
     if reference is None:
         print_summary(ident)
     else:
@@ -105,7 +125,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: {path}")
     if "model" not in written:
         print("model file: not written (needs --consistent: a model file holds physically consistent parameters)")
+    for line in ident.warnings:
+        print(f"warning: {line}")
+    if ident.warnings and args.strict:
+        print(f"armid: {len(ident.warnings)} warning(s) after the fit (--strict): exit status {STRICT_EXIT}",
+              file=sys.stderr)
+        return STRICT_EXIT
     return 0
+
+
+def blas_threads(limit: int):
+    """A context that caps the BLAS libraries' threads (threadpoolctl, of the `ident` extra); without
+    threadpoolctl, a context that does nothing."""
+    import contextlib
+
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=limit, user_api="blas")
 
 
 def warm_kernels(model) -> None:
@@ -151,13 +189,22 @@ def print_summary(ident, truth=None, label: str = "true") -> None:
         print(line + flag)
     print(f"condition number {fit.cond:.4g}; rows per joint {' '.join(str(int(r)) for r in fit.rows)}; "
           f"'!' = sigma above {BADLY_IDENTIFIED_PCT:g} %")
-    print("residual RMS per joint (N m): " + " ".join(f"{x:.4g}" for x in fit.residual_rms))
-    if ident.rows.gaps_note():
-        print(f"data: {ident.rows.gaps_note()}")
+    rows = ident.rows
+    print(f"filter: cut-off {rows.cutoff_hz:.4g} Hz, decimation {rows.factor} (bandwidth {rows.bandwidth_hz:.4g} Hz, "
+          f"{rows.bandwidth_source})")
+    print("residual RMS per joint vs filtered rows (N m):  " + " ".join(f"{x:.4g}" for x in fit.residual_rms))
+    if ident.residual_rms_measured is not None:
+        print("residual RMS per joint vs measured torque (N m): "
+              + " ".join(f"{x:.4g}" for x in ident.residual_rms_measured))
+    if rows.gaps_note():
+        print(f"data: {rows.gaps_note()}")
     if ident.validation is not None:
         v = ident.validation
-        print("validation RMS per joint (N m): " + " ".join(f"{x:.4g}" for x in v.rms)
+        print("validation RMS per joint vs filtered rows (N m):  " + " ".join(f"{x:.4g}" for x in v.rms)
               + "  (relative: " + " ".join(f"{100 * x:.2f}%" for x in v.relative) + ")")
+        if v.rms_measured is not None:
+            print("validation RMS per joint vs measured torque (N m): " + " ".join(f"{x:.4g}" for x in v.rms_measured)
+                  + "  (relative: " + " ".join(f"{100 * x:.2f}%" for x in v.relative_measured) + ")")
     if ident.gains is not None:
         kind = "identified" if ident.gains_std is not None else "nominal"
         print(f"drive gains ({kind}, N m/A): " + " ".join(f"{g:.5g}" for g in ident.gains))
