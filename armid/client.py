@@ -200,6 +200,14 @@ class ArmClient:
         self.request("set_payload", mass=float(mass), com=[float(x) for x in com],
                      inertia=[float(x) for x in inertia])
 
+    def servo(self, mode: str = "position", *, timeout_cycles: int | None = None) -> "ServoStream":
+        """Begin servo mode and return the stream to send setpoints on (a context manager whose exit sends
+        servo_stop): `with arm.servo() as s: s.send(q)` once per cycle at most. mode "position" (rad) or
+        "torque" (N m); timeout_cycles: cycles without a setpoint after which the drives quick-stop."""
+        fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)})
+        reply = self.request("servo", **fields)
+        return ServoStream(self, reply["endpoint"], mode)
+
     def wait_motion(self, timeout_s: float, progress: Callable[[float], object] | None = None) -> dict:
         """Block until no motion runs; the last status. MotionFailed on a fault or after timeout_s.
         progress(seconds waited) is called between the status polls."""
@@ -337,6 +345,55 @@ class ArmClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ServoStream:
+    """Setpoints to the driver's servo socket (firmware_bridge.servo_wire), from ArmClient.servo. send() never
+    blocks: a setpoint the socket cannot queue (the driver is gone or far behind) is counted in `dropped`."""
+
+    def __init__(self, client: ArmClient, endpoint: str, mode: str):
+        from firmware_bridge import servo_wire
+
+        self.client, self.endpoint, self.mode_name = client, endpoint, mode
+        self._mode = servo_wire.MODES[mode]
+        self._encode = servo_wire.encode
+        self._push = client.ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.setsockopt(zmq.SNDHWM, 16)
+        if client._curve is not None:
+            self._push.curve_serverkey, self._push.curve_publickey, self._push.curve_secretkey = client._curve
+        self._push.connect(endpoint)
+        self.seq = 0
+        self.sent = 0
+        self.dropped = 0
+
+    def send(self, values, t_ns: int | None = None) -> bool:
+        """Send one setpoint ((n,) rad or N m) for the time t_ns (this client's UNIX time, ns; default now):
+        the driver judges velocity and acceleration between setpoints by these times, so a setpoint computed
+        for time t should carry t. False when it could not be queued."""
+        self.seq += 1
+        stamp = time.time_ns() if t_ns is None else int(t_ns)
+        try:
+            self._push.send(self._encode(self._mode, self.seq, stamp, values), zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+            return False
+        self.sent += 1
+        return True
+
+    def stop(self) -> dict:
+        """servo_stop: the drives hold where the last setpoint put them; the session's counters."""
+        try:
+            return self.client.request("servo_stop")
+        finally:
+            self._push.close(0)
+
+    def __enter__(self) -> "ServoStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._push.closed:
+            self.stop()
 
 
 def _curve_keys(server_public: str | Path, client_secret: str | Path) -> tuple[bytes, bytes, bytes]:

@@ -9,6 +9,8 @@ asked to start it; the reply says so or names the joint, quantity and time.
   move_to        q: [n] rad, speed: 0..1 (default 1)
   run_trajectory file: a trajectory file in the trajectory folder, periods (default 1)
                  | samples: {"t": [N] s, "q": [[n] x N] rad}
+  servo          mode: "position" | "torque", timeout_cycles (default 50): take streamed setpoints from the
+                 servo socket (driver.servo); servo_stop ends it
   set_payload    mass kg, com [3] m (flange frame), inertia [XX XY XZ YY YZ ZZ] kg m^2 about the CoM;
                  mass 0 clears it. Checked against the model's rated payload and reach, and the holding
                  torque it needs against the torque limits; planning checks and the feed-forward include it.
@@ -34,6 +36,7 @@ __all__ = ["Commands", "CommandError", "URGENT", "PLANNING"]
 
 URGENT = ("quick_stop", "disable")          # answered before anything else waiting (driver.command_server)
 PLANNING = ("move_to", "run_trajectory")    # planned in the planner process by the command server
+FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles")}   # the rest take none
 SMALL_REQUEST_BYTES = 64 * 1024             # larger requests can only be motions: decoded by the planner
 
 
@@ -46,6 +49,7 @@ class Commands:
         self.table: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "enable": self.enable, "disable": self.disable,
             "quick_stop": self.quick_stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
+            "servo": self.servo, "servo_stop": self.servo_stop,
         }
         self.known = sorted([*self.table, *PLANNING])
 
@@ -81,7 +85,7 @@ class Commands:
                 return {"ok": False, "error": f"{cmd}: a motion command must be planned"}
             return {"ok": False, "error": f"unknown command {cmd[:60]!r} (known: {', '.join(self.known)})"}
         def call() -> dict:
-            only_keys(req, ("mass", "com", "inertia") if cmd == "set_payload" else ())
+            only_keys(req, FIELDS.get(cmd, ()))
             return fn(req)
 
         return self.guarded(cmd, call)
@@ -128,6 +132,23 @@ class Commands:
     def fault_reset(self, req: dict) -> dict:
         self.driver.cycle.submit(self.driver.cycle.fault_reset)
         return {}
+
+    def servo(self, req: dict) -> dict:
+        from driver.servo import DEFAULT_TIMEOUT_CYCLES, MAX_TIMEOUT_CYCLES
+        from firmware_bridge.servo_wire import MODES
+
+        mode = req.get("mode", "position")
+        if mode not in MODES:
+            raise CommandError(f"servo: mode {str(mode)[:40]!r}: expected one of {', '.join(MODES)}")
+        timeout = number(req, "timeout_cycles", DEFAULT_TIMEOUT_CYCLES)
+        if timeout != int(timeout) or not 1 <= timeout <= MAX_TIMEOUT_CYCLES:
+            raise CommandError(f"servo: timeout_cycles {timeout!r}: expected a whole number 1..{MAX_TIMEOUT_CYCLES}")
+        return self.driver.start_servo(mode, int(timeout))
+
+    def servo_stop(self, req: dict) -> dict:
+        cycle = self.driver.cycle
+        cycle.submit(lambda: cycle.end_servo("servo_stop requested"))
+        return {"servo": self.driver.servo_status()}
 
     def set_payload(self, req: dict) -> dict:
         if "mass" not in req:

@@ -85,7 +85,7 @@ class DriverConfig:
 
 _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms", "trajectory_dir",
                         "max_motion_s"}, "transport": None,
-             "zmq": {"state", "commands", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
+             "zmq": {"state", "commands", "servo", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
              "metrics": {"address", "allow_remote"}}
 
@@ -139,6 +139,7 @@ def load_config(path: str | Path) -> DriverConfig:
             raise ConfigError(src, f"transport.{key}", f"a value: the {name} transport needs it (missing)")
     endpoints = Endpoints(state=_endpoint(src, "zmq.state", zq.get("state", Endpoints.state)),
                           commands=_endpoint(src, "zmq.commands", zq.get("commands", Endpoints.commands)),
+                          servo=None if "servo" not in zq else _endpoint(src, "zmq.servo", zq["servo"]),
                           curve=_curve(src, path.parent, zq.get("curve")))
     clock = drv.get("clock", "auto")
     if clock not in ("auto", *CLOCKS):

@@ -54,6 +54,8 @@ import numpy as np
 
 from driver import cycle_kernels as ck
 from driver.hal import Arm, ArmCommand, ArmState, LinkError
+from driver.servo import END, STOP, ServoSession
+from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE
 from driver.motion import PlannedMotion
 from firmware_bridge.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
@@ -126,6 +128,8 @@ class Cycle:
                    self.command.target_position, self.command.target_torque, self.command.controlword)
         self.motion: PlannedMotion | None = None
         self._k = 0
+        self.servo: ServoSession | None = None     # a client's streamed setpoints (driver.servo)
+        self.servo_ended: dict | None = None       # the last session's counters and why it ended
         self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
         # bookkeeping
         self.seq = 0
@@ -296,6 +300,7 @@ class Cycle:
 
     def disable(self) -> None:
         self.motion = None
+        self.end_servo("disable")
         self.want_power = False
         self.quick_stop = False
 
@@ -303,8 +308,40 @@ class Cycle:
         if self.motion is not None or self.want_power:
             self._event(f"quick stop: {reason}")
         self.motion = None
+        self.end_servo(f"quick stop: {reason}")
         self.want_power = False
         self.quick_stop = True
+
+    def start_servo(self, session: ServoSession) -> None:
+        """Take setpoints from a servo session from the next cycle on (DriverFault when the drives are not
+        enabled, the driver is faulted, or a motion or another session runs)."""
+        if self.fault is not None:
+            raise DriverFault(f"fault: {self.fault}; send fault_reset first")
+        if not self.enabled():
+            raise DriverFault("the drives are not enabled; send enable first")
+        if self.motion is not None:
+            raise DriverFault(f"a motion ({self.motion.name}) is running; wait or quick_stop")
+        if self.servo is not None:
+            raise DriverFault("servo mode is already on; send servo_stop first")
+        self.servo = session
+        self._event(f"servo: {session.mode_name} setpoints taken (timeout {session.timeout_cycles} cycles)")
+
+    def end_servo(self, reason: str) -> None:
+        """End servo mode: the drives hold where they are (position: the last accepted setpoint; torque: the
+        measured pose) in CSP."""
+        session = self.servo
+        if session is None:
+            return
+        self.servo = None
+        self.servo_ended = {**session.stats(), "ended": reason}
+        self.hold[:] = session.last if session.mode == MODE_POSITION else self.state.q
+        self.command.mode[:] = int(Mode.CSP)
+        try:
+            self.set_hold_torque()
+        except DriverFault as exc:          # cannot hold there actively: stop the drives instead
+            self.quick_stop, self.want_power = True, False
+            reason = f"{reason}; {exc}"
+        self._event(f"servo ended: {reason}")
 
     def fault_reset(self) -> None:
         self.fault = None
@@ -322,6 +359,8 @@ class Cycle:
             raise DriverFault("the drives are not enabled; send enable first")
         if self.motion is not None:
             raise DriverFault(f"a motion ({self.motion.name}) is running; wait or quick_stop")
+        if self.servo is not None:
+            raise DriverFault("servo mode is on; send servo_stop first")
         if abs(motion.rate_hz - self.rate_hz) > 1e-9:
             raise DriverFault(f"motion planned at {motion.rate_hz} Hz, the cycle runs at {self.rate_hz} Hz")
         off = np.abs(motion.q[0] - self.hold)
@@ -460,6 +499,8 @@ class Cycle:
                 self._event(f"{m.name}: done ({m.duration:.3f} s)")
             else:
                 self._k = k + 1
+        elif self.servo is not None and advance:
+            plan_q, plan_tau, how = self._servo_step(st)
         else:
             plan_q, plan_tau = self.hold, self.hold_torque
         if not self.want_power or self.quick_stop:
@@ -479,6 +520,22 @@ class Cycle:
             cmd.controlword[:] = cia402.CW_QUICK_STOP
             if self.fault is None:
                 self._trip("non-finite setpoint refused")
+
+    def _servo_step(self, st) -> tuple[np.ndarray, np.ndarray, int]:
+        """This cycle's plan from the servo session: a checked setpoint, the last one held, or the session's end
+        (hold there) or a quick stop (the setpoints stopped)."""
+        step = self.servo.next(st.q, st.qd)
+        if step.kind == STOP:
+            self.request_quick_stop(step.reason)
+            return self.hold, self.hold_torque, 0
+        if step.kind == END:
+            self.end_servo(step.reason)
+            return self.hold, self.hold_torque, 0
+        if self.servo.mode == MODE_TORQUE:
+            self.command.mode[:] = int(Mode.CST)
+            return st.q, step.values, ck.FOLLOW | ck.HOLD_FOLLOWS
+        tau = np.asarray(self.gravity(step.values.copy()), dtype=float) if self.gravity is not None else self.hold_torque
+        return step.values, tau, ck.HOLD_PLAN
 
     def _publish(self, fresh: bool) -> None:
         """The STATE message of this cycle (stale ones repeat the last sample; none before the first sample:

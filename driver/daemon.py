@@ -100,6 +100,19 @@ class Endpoints:
     state: str = "tcp://127.0.0.1:5555"      # PUB: topics "state" and "health"
     commands: str = "tcp://127.0.0.1:5556"   # ROUTER (REQ clients): JSON requests
     curve: Curve | None = None
+    servo: str | None = None                 # PULL (PUSH clients): streamed setpoints in servo mode;
+                                             # None: beside commands (servo_endpoint)
+
+    @property
+    def servo_endpoint(self) -> str:
+        """The servo endpoint: as given, or beside the command endpoint (tcp: the next port, or any port when
+        the commands take any; ipc and inproc: the command endpoint's name + "-servo")."""
+        if self.servo is not None:
+            return self.servo
+        if self.commands.startswith("tcp://"):
+            host, _, port = self.commands.rpartition(":")
+            return f"{host}:{int(port) + 1}" if port.isdigit() else f"{host}:*"
+        return self.commands + "-servo"
 
 
 def is_local(endpoint: str) -> bool:
@@ -129,9 +142,10 @@ class Driver:
         metrics (driver.metrics) at its address."""
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
-        if not is_local(endpoints.commands) and endpoints.curve is None:
-            raise EndpointError(f"commands endpoint {endpoints.commands}: binding beyond loopback/ipc requires "
-                                f"CurveZMQ keys ([zmq.curve] server_secret_file and authorized_clients_dir)")
+        for label, endpoint in (("commands", endpoints.commands), ("servo", endpoints.servo_endpoint)):
+            if not is_local(endpoint) and endpoints.curve is None:
+                raise EndpointError(f"{label} endpoint {endpoint}: binding beyond loopback/ipc requires "
+                                    f"CurveZMQ keys ([zmq.curve] server_secret_file and authorized_clients_dir)")
         self.model = model
         self.planning_model = model
         self.payload = np.zeros(10)
@@ -141,6 +155,7 @@ class Driver:
         self._ctx = context or zmq.Context.instance()
         self._pub: zmq.Socket | None = None
         self._rep: zmq.Socket | None = None       # the command socket (ROUTER)
+        self._servo: zmq.Socket | None = None     # the servo setpoints (PULL), read by the cycle in servo mode
         self._auth = None
         if record is not None:
             _check_record(record)
@@ -194,13 +209,21 @@ class Driver:
             if self.endpoints.curve is not None:
                 self._secure(self._rep, self.endpoints.curve)
             self._rep.bind(self.endpoints.commands)
+            self._servo = self._ctx.socket(zmq.PULL)
+            self._servo.setsockopt(zmq.LINGER, 0)
+            self._servo.setsockopt(zmq.RCVHWM, 1000)
+            self._servo.setsockopt(zmq.MAXMSGSIZE, 4096)        # a setpoint is 32 + 8 n bytes
+            if self.endpoints.curve is not None:
+                self._secure(self._servo, self.endpoints.curve)
+            self._servo.bind(self.endpoints.servo_endpoint)
         except zmq.ZMQError as exc:
             self._close_sockets()
             self.planner.close()
             self.arm.close()
             raise EndpointError(f"cannot bind: {exc}") from None
         self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
-                      "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT)}
+                      "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT),
+                      "servo": self._servo.getsockopt_string(zmq.LAST_ENDPOINT)}
         if self.record is not None:
             inproc = f"inproc://armid-record-{id(self)}"
             self._pub.bind(inproc)
@@ -320,10 +343,10 @@ class Driver:
         return bool(np.any(((sw & 0x6F) == 0x27) | ((sw & 0x6F) == 0x07)))
 
     def _close_sockets(self) -> None:
-        for sock in (self._pub, self._rep):
+        for sock in (self._pub, self._rep, self._servo):
             if sock is not None:
                 sock.close(0)
-        self._pub = self._rep = None
+        self._pub = self._rep = self._servo = None
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
@@ -342,9 +365,10 @@ class Driver:
             raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file}: {exc}") from None
         if secret is None:
             raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file} holds no secret key")
-        self._auth = ThreadAuthenticator(self._ctx)
-        self._auth.start()
-        self._auth.configure_curve(domain="*", location=curve.authorized_clients_dir)
+        if self._auth is None:          # one authenticator for every secured socket of this context
+            self._auth = ThreadAuthenticator(self._ctx)
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=curve.authorized_clients_dir)
         sock.curve_secretkey = secret
         sock.curve_publickey = public
         sock.curve_server = True
@@ -397,7 +421,25 @@ class Driver:
                 "q": st.q.tolist(), "drive_states": [s.value if s else "UNKNOWN" for s in states],
                 "error_codes": [int(e) for e in st.error_code], "payload": self.payload.tolist(),
                 "cycles": c.cycles, "seq": c.seq, "effort_delay_s": self.effort_delay_s,
+                "servo": self.servo_status(),
                 "realtime": self.realtime_status() if realtime is None else realtime}
+
+    def servo_status(self) -> dict | None:
+        """The running servo session's counters, or the last one's with why it ended, or None."""
+        session = self.cycle.servo
+        return {**session.stats(), "endpoint": self.bound["servo"]} if session is not None else self.cycle.servo_ended
+
+    def start_servo(self, mode: str, timeout_cycles: int) -> dict:
+        """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket."""
+        from driver.servo import ServoLimits, ServoSession
+        from firmware_bridge.servo_wire import MODES
+
+        m = self.model
+        limits = ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
+        session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
+                               timeout_cycles)
+        self.cycle.submit(lambda: self.cycle.start_servo(session))
+        return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
@@ -420,6 +462,7 @@ class Driver:
                "drive_states": self.status(realtime)["drive_states"], "recording": self._recording_health(),
                "realtime": realtime, "effort_delay_s": self.effort_delay_s, "samples_lost": c.samples_lost,
                "commands": None if self.command_server is None else self.command_server.stats(),
+               "servo": self.servo_status(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         return msg
