@@ -271,3 +271,22 @@ def next_target(recent: list[float]) -> float:
     if not 1 <= m <= EXACT_DEGREE + 1:
         raise ValueError(f"next_target: expected 1..{EXACT_DEGREE + 1} targets, got {m}")
     return float(sum((-1) ** (i + 1) * math.comb(m, i) * recent[m - i] for i in range(1, m + 1)))
+
+
+def extrapolate(stamps: list[int], values: list[float], at: int) -> float:
+    """The polynomial through the points (stamps[i], values[i]) (distinct cycle numbers, 1..EXACT_DEGREE + 1
+    of them, so of degree at most EXACT_DEGREE) at the cycle `at`: a drive's continuation of the targets it
+    received at those cycles (Lagrange form; for consecutive cycles and at = the next one, next_target)."""
+    m = len(stamps)
+    if not 1 <= m <= EXACT_DEGREE + 1 or len(values) != m:
+        raise ValueError(f"extrapolate: expected 1..{EXACT_DEGREE + 1} stamps and as many values, got {m}, {len(values)}")
+    x = float(at - stamps[-1])
+    ts = [float(s - stamps[-1]) for s in stamps]
+    total = 0.0
+    for i in range(m):
+        w = 1.0
+        for k in range(m):
+            if k != i:
+                w *= (x - ts[k]) / (ts[i] - ts[k])
+        total += w * values[i]
+    return total
