@@ -43,7 +43,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -57,9 +56,9 @@ from canopen.sdo import SdoAbortedError
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
-from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError, wire_gear_ratio
 from firmware_bridge.errors import InputError
-from sim.drive_targets import TargetStreams, target_limits, target_refusal
+from sim.drive_targets import streams_for, target_limits, target_refusal
 from sim.can_objects import ABORT_VALUE_RANGE, MODES, fit_type, read_object, write_object
 from sim.faults import Fate, FaultInjection
 
@@ -270,13 +269,13 @@ class CanDevice:
                              f"the CAN drive needs a positive gear ratio")
         self.sim = sim
         self.counts_per_rev = sim.plant.noise.encoder_counts or ENCODER_COUNTS_PER_REV
-        self.gear_fractions = [Fraction(float(g)).limit_denominator(100_000) for g in gear]
+        self.gear_fractions = [wire_gear_ratio(g) for g in gear]
         self.scaling = JointScaling.from_gear([float(f) for f in self.gear_fractions], self.counts_per_rev)
         torque_per_amp = model.joint_torque_per_amp()
         self.rated_torque = np.where(np.isfinite(model.tau_max), model.tau_max, 0.0)     # N m (0: unknown)
         self.rated_current = np.divide(self.rated_torque, torque_per_amp, out=np.zeros(n),
                                        where=torque_per_amp != 0)                       # A
-        self.targets = TargetStreams(n, sim.drives.config.extrapolated_targets)
+        self.targets = streams_for(sim)
         self._streaming = np.zeros(n, dtype=bool)
         self._limits = target_limits(model, self.scaling.counts_per_rad)
         self.network = canopen.Network()

@@ -16,7 +16,9 @@ frame before its application has updated it. The device hands every target it re
     continuations) on the polynomial through the last of them, at most EXACT_DEGREE + 1 received within the
     last WINDOW cycles, each at its own cycle (sim.drive_control.extrapolate), for up to `max_extrapolated`
     misses in a row, then holds the last received target. Only a new target ends a run of misses; a
-    repeated frame does not.
+    repeated frame does not. A continuation that would move the target faster than the joint's maximum
+    velocity from the last received one (a host that stepped its target is not moving at that speed) is
+    not followed either: the drive holds.
 
 A drive that is not streaming CSP targets (another mode, not operational) forgets its stream: a drive that
 enters CSP again starts from its first new target.
@@ -60,13 +62,15 @@ class TargetStreams:
     """The received-target streams of n drives. receive() from any thread, cycle() once per drive cycle.
 
     max_extrapolated: misses in a row for which a drive continues its received targets, before it holds the
-    last one (0: hold at once).
+    last one (0: hold at once). max_step (n,): the most a joint moves in one cycle (rad or m: its maximum
+    velocity times the cycle; None: unbounded); a continuation beyond it is not followed.
     """
 
-    def __init__(self, n: int, max_extrapolated: int = 4):
+    def __init__(self, n: int, max_extrapolated: int = 4, max_step: np.ndarray | None = None):
         if isinstance(max_extrapolated, bool) or not isinstance(max_extrapolated, int) or max_extrapolated < 0:
             raise ValueError(f"max_extrapolated: expected an integer >= 0, got {max_extrapolated!r}")
         self.n, self.max_extrapolated = n, max_extrapolated
+        self.max_step = np.full(n, np.inf) if max_step is None else np.array(max_step, dtype=float)
         self.counts = TargetCounts()
         self._lock = threading.Lock()
         self._cycle = 0
@@ -144,12 +148,21 @@ class TargetStreams:
             c.missed += 1
         self._misses[j] += 1
         use = [i for i, s in enumerate(stamps) if stamps[-1] - s < WINDOW]
+        x = values[-1]
         if self._misses[j] <= self.max_extrapolated and len(use) >= 2:
-            self.target[j] = extrapolate([stamps[i] for i in use], [values[i] for i in use], now)
+            x = extrapolate([stamps[i] for i in use], [values[i] for i in use], now)
+        if x != values[-1] and abs(x - values[-1]) <= self.max_step[j] * (now - stamps[-1]):
+            self.target[j] = x
             c.extrapolated += 1
         else:
             self.target[j] = values[-1]
             c.held += 1
+
+
+def streams_for(sim) -> TargetStreams:
+    """The target streams of a Simulator's drives: its DriveConfig's extrapolated_targets, each joint's maximum
+    velocity (the model's qd_max) over one cycle."""
+    return TargetStreams(sim.n, sim.drives.config.extrapolated_targets, np.asarray(sim.model.qd_max) * sim.dt)
 
 
 def target_limits(model, counts_per_rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

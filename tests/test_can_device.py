@@ -798,3 +798,38 @@ def test_without_new_targets_a_drive_continues_the_received_ones_a_bounded_numbe
     np.testing.assert_allclose(refs[-(limit + 3):], expected, rtol=0, atol=1e-9)
     assert counts["missed_targets" if gap == "nothing" else "repeated_targets"] == limit + 3
     assert counts["extrapolated_targets"] == limit and counts["held_targets"] == 3
+
+
+def test_an_rpdo_with_a_target_outside_the_limits_is_refused_whole_counted_and_nothing_moves():
+    """The one rule of every transport (serial and gateway: tests/test_drive_targets.py): RPDO1 with 2^31 - 1
+    counts, or just beyond q_max, is refused with its controlword and mode; RPDO2 with a torque beyond tau_max
+    too. The drive stays enabled where it was."""
+    rig = Rig(heartbeat_ms=0)
+    try:
+        rig.start()
+        dev, sim = rig.device, rig.sim
+        d = dev.drives[0]
+        d.node.nmt.state = "OPERATIONAL"
+        start = int(sim.read_state().position_counts[0])
+        q0 = sim.read_state().position[0]
+        cycle = sim.read_state().cycle
+
+        def step(pdo, values, n=1):
+            nonlocal cycle
+            send_rpdo(rig, pdo, d.node.id, values)
+            for _ in range(n):
+                rig.net.bus.send(can.Message(arbitration_id=cm.SYNC_COB_ID, data=b"", is_extended_id=False))
+            cycle += n
+            sim.wait_until(cycle, TIMEOUT)
+
+        for cw in (0x06, 0x0F):
+            step(cm.RPDO1, [cw, start, int(Mode.CSP)])
+        beyond = round((sim.model.q_max[0] + 0.01) * dev.scaling.counts_per_rad[0])
+        step(cm.RPDO1, [0x06, 2 ** 31 - 1, int(Mode.CSP)])          # also a shutdown: refused with it
+        step(cm.RPDO1, [0x0F, beyond, int(Mode.CSP)])
+        step(cm.RPDO2, [round(sim.model.tau_max[0] * 1000) + 10], n=100)
+        s = sim.read_state()
+    finally:
+        rig.close()
+    assert dev.counts["rpdo_out_of_limits"] == 3 and "RPDO2" in dev.last_refusal
+    assert s.states()[0] is State.OPERATION_ENABLED and abs(s.position[0] - q0) < 1e-3
