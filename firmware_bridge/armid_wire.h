@@ -243,7 +243,7 @@ typedef struct {
     uint16_t error_code;  /* -: error code (0x603F), 0 if none */
     int32_t position;  /* count: position actual (0x6064), motor encoder counts */
     int32_t velocity;  /* count/s: velocity actual (0x606C) */
-    int32_t current;  /* uA: motor current actual (0x6078) */
+    int32_t current;  /* uA: motor current actual, uA (0x2000 as on CAN; not CiA 402's per-mille 0x6078) */
 } armid_serial_state_joint_t;
 
 /* state: 13 bytes */
@@ -259,7 +259,7 @@ typedef struct {
     uint16_t controlword;  /* -: CiA 402 controlword (0x6040) */
     int8_t mode;  /* -: modes of operation (0x6060): 0, 8 CSP, 10 CST */
     int32_t target_position;  /* count: target position (0x607A), motor counts */
-    int32_t target_torque;  /* mN m: target torque (0x6071); CSP: feed-forward */
+    int32_t target_torque;  /* mN m: target torque, mN m (0x2002 as on CAN; not CiA 402's per-mille 0x6071); CSP: feed-forward */
 } armid_serial_command_joint_t;
 
 /* command: 1 bytes */

@@ -833,3 +833,26 @@ def test_an_rpdo_with_a_target_outside_the_limits_is_refused_whole_counted_and_n
         rig.close()
     assert dev.counts["rpdo_out_of_limits"] == 3 and "RPDO2" in dev.last_refusal
     assert s.states()[0] is State.OPERATION_ENABLED and abs(s.position[0] - q0) < 1e-3
+
+
+def test_29_bit_frames_with_the_ids_of_sync_and_rpdo1_are_counted_and_dropped():
+    """The bus carries 11-bit identifiers only: a 29-bit frame whose id is 0x080 is no SYNC (the arm does not
+    step), one whose id is 0x201 no RPDO1 of node 1 (nothing is commanded); both are counted (extended_id),
+    and the 11-bit SYNC after them still steps the arm."""
+    rig = Rig(heartbeat_ms=0)
+    try:
+        rig.start()
+        dev, sim = rig.device, rig.sim
+        dev.drives[0].node.nmt.state = "OPERATIONAL"
+        cycle = sim.read_state().cycle
+        commands = [a.copy() for a in (sim._cmd_cw, sim._cmd_mode, sim._cmd_pos)]
+        for cob, data in ((cm.RPDO1.cob_id(1), cm.RPDO1.pack([0x06, 12345, int(Mode.CSP)])), (cm.SYNC_COB_ID, b"")):
+            rig.net.bus.send(can.Message(arbitration_id=cob, data=data, is_extended_id=True))
+        rig.wait(lambda: dev.counts["extended_id"] == 2, "both 29-bit frames counted")
+        assert sim.read_state().cycle == cycle
+        assert all(np.array_equal(b, a) for b, a in zip(commands, (sim._cmd_cw, sim._cmd_mode, sim._cmd_pos)))
+        rig.net.bus.send(can.Message(arbitration_id=cm.SYNC_COB_ID, data=b"", is_extended_id=False))
+        sim.wait_until(cycle + 1, TIMEOUT)
+        assert dev.malformed == 2 and dev.counts["rpdo_length"] == dev.counts["rpdo_value"] == 0
+    finally:
+        rig.close()
