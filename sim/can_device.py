@@ -597,9 +597,7 @@ class CanDevice:
         except cm.CanFrameError:
             self._counts.add("rpdo_value")
             return
-        lo, hi, tau_max = self._limits
-        refusal = target_refusal(commands.get("target_position"), commands.get("target_torque"), lo, hi, tau_max,
-                                 self.sim.model.joint_names, first_joint=d.joint)
+        refusal = self.target_refusal(d.joint, commands)
         if refusal is not None:
             self._counts.add("rpdo_out_of_limits")
             self.last_refusal = f"node {d.node.id}: {pdef.name}: {refusal}"
@@ -609,6 +607,12 @@ class CanDevice:
         d.remember(commands, self.scaling.counts_per_rad[d.joint])
         if "target_position" in commands:
             self.targets.receive(d.joint, commands["target_position"])
+
+    def target_refusal(self, joint: int, commands: dict) -> str | None:
+        """Why drive `joint` refuses these commands (Simulator.set_commands arguments), or None: a target
+        outside the joint's limits (sim.drive_targets.target_refusal)."""
+        return target_refusal(commands.get("target_position"), commands.get("target_torque"), *self._limits,
+                              self.sim.model.joint_names, first_joint=joint)
 
     def _on_sdo_request(self, d: _Drive, can_id: int, data: bytearray, timestamp: float) -> None:
         if len(data) != 8:

@@ -803,9 +803,10 @@ def test_without_new_targets_a_drive_continues_the_received_ones_a_bounded_numbe
 def test_an_rpdo_with_a_target_outside_the_limits_is_refused_whole_counted_and_nothing_moves():
     """The one rule of every transport (serial and gateway: tests/test_drive_targets.py): RPDO1 with 2^31 - 1
     counts, or just beyond q_max, is refused with its controlword and mode; RPDO2 with a torque beyond tau_max
-    too. The drive stays enabled where it was."""
+    too; an SDO write of such a target to 0x607A is aborted (0x06090030). The drive stays enabled where it was."""
     rig = Rig(heartbeat_ms=0)
     try:
+        node = rig.node(1)
         rig.start()
         dev, sim = rig.device, rig.sim
         d = dev.drives[0]
@@ -828,6 +829,10 @@ def test_an_rpdo_with_a_target_outside_the_limits_is_refused_whole_counted_and_n
         step(cm.RPDO1, [0x06, 2 ** 31 - 1, int(Mode.CSP)])          # also a shutdown: refused with it
         step(cm.RPDO1, [0x0F, beyond, int(Mode.CSP)])
         step(cm.RPDO2, [round(sim.model.tau_max[0] * 1000) + 10], n=100)
+        with pytest.raises(SdoAbortedError) as aborted:
+            node.sdo[0x607A].raw = 2 ** 31 - 1
+        assert aborted.value.code == 0x06090030
+        step(cm.RPDO2, [0], n=50)
         s = sim.read_state()
     finally:
         rig.close()
