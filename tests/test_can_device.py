@@ -22,7 +22,6 @@ from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
 from firmware_bridge.errors import InputError
 from sim import Simulator
-from sim import can_device
 from sim.can_device import EDS_PATH, CanDevice, rpdo_commands
 
 TIMEOUT = 5.0                      # s, bound of every wait for a frame
