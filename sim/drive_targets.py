@@ -13,9 +13,9 @@ frame before its application has updated it. The device hands every target it re
   * A cycle with a new target: the drive follows the newest (synchronous targets replace each other).
   * A cycle whose target came early, the cycle before: the drive follows that one.
   * A cycle without its target (a miss): the drive continues the targets it *received* (never its own
-    continuations) on the polynomial through the last of them, at most EXACT_DEGREE + 1 received within the
-    last WINDOW cycles, each at its own cycle (sim.drive_control.extrapolate), for up to `max_extrapolated`
-    misses in a row, then holds the last received target. Only a new target ends a run of misses; a
+    continuations), each at its own cycle (sim.drive_control.extrapolate): on the cubic through the last
+    EXACT_DEGREE + 1 where they came one per cycle, else on the line through the last two (if they came
+    within WINDOW cycles), for up to `max_extrapolated` misses in a row, then holds the last received target. Only a new target ends a run of misses; a
     repeated frame does not. A continuation that would move the target faster than the joint's maximum
     velocity from the last received one (a host that stepped its target is not moving at that speed) is
     not followed either: the drive holds.
@@ -37,7 +37,7 @@ from firmware_bridge.units import TORQUE_LSB
 from sim.drive_control import EXACT_DEGREE, extrapolate
 
 KEPT = EXACT_DEGREE + 1          # received targets the continuation goes through, at most
-WINDOW = 2 * KEPT                # cycles: a received target this much older than the newest is not used
+WINDOW = 2 * KEPT                # cycles: a target received this much before the newest is not continued
 
 
 @dataclass
@@ -147,10 +147,13 @@ class TargetStreams:
         else:
             c.missed += 1
         self._misses[j] += 1
-        use = [i for i, s in enumerate(stamps) if stamps[-1] - s < WINDOW]
         x = values[-1]
-        if self._misses[j] <= self.max_extrapolated and len(use) >= 2:
-            x = extrapolate([stamps[i] for i in use], [values[i] for i in use], now)
+        if self._misses[j] <= self.max_extrapolated and len(stamps) >= 2 and stamps[-1] - stamps[-2] < WINDOW:
+            # the cubic through the last KEPT where they came one per cycle (a clean stream that lost some),
+            # else the line through the last two: a cubic through targets whose cycles are uncertain (a host
+            # that lags and catches up) amplifies their timing errors eightfold
+            k = KEPT if len(stamps) == KEPT and stamps[-1] - stamps[0] == KEPT - 1 else 2
+            x = extrapolate(stamps[-k:], values[-k:], now)
         if x != values[-1] and abs(x - values[-1]) <= self.max_step[j] * (now - stamps[-1]):
             self.target[j] = x
             c.extrapolated += 1
