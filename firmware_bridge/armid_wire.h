@@ -146,6 +146,8 @@ extern "C" {
 #define ARMID_GW_HOLDING_HEADER_SIZE 2  /* registers */
 #define ARMID_GW_HOLDING_DRIVE_STRIDE 6  /* registers per drive block */
 #define ARMID_GW_MAX_DRIVES 64  /* drives per gateway */
+#define ARMID_GW_SCALING_BASE 0x1000  /* first scaling input register (function 4, read-only) */
+#define ARMID_GW_SCALING_DRIVE_STRIDE 8  /* scaling registers per drive block */
 #define ARMID_GW_DRIVES_PER_READ 9  /* drives whose inputs fit one read of 125 registers */
 #define ARMID_GW_DRIVES_PER_WRITE 20  /* drives whose outputs fit one write of 123 registers */
 #define ARMID_GW_DRIVES_PER_EXCHANGE 9  /* drives whose whole exchange fits one function 23 */
@@ -171,6 +173,10 @@ extern "C" {
 #define ARMID_GW_HOLD_DRV_MODE 1  /* holding drive block offset, i16, - */
 #define ARMID_GW_HOLD_DRV_TARGET_POSITION 2  /* holding drive block offset, i32 high word first, counts */
 #define ARMID_GW_HOLD_DRV_TARGET_TORQUE 4  /* holding drive block offset, i32 high word first, mN m */
+#define ARMID_GW_SCALE_DRV_COUNTS_PER_REV 0  /* scaling drive block offset, u32 high word first, counts */
+#define ARMID_GW_SCALE_DRV_GEAR_NUMERATOR 2  /* scaling drive block offset, i32 high word first, motor rev */
+#define ARMID_GW_SCALE_DRV_GEAR_DENOMINATOR 4  /* scaling drive block offset, u32 high word first, joint rev */
+#define ARMID_GW_SCALE_DRV_TORQUE_CONSTANT 6  /* scaling drive block offset, u32 high word first, uN m/A */
 
 /* ---- firmware_bridge.serial_protocol ---- */
 #define ARMID_SERIAL_VERSION 1  /* protocol version (header byte 0) */
@@ -192,6 +198,7 @@ extern "C" {
 #define ARMID_UNITS_ENCODER_COUNTS_PER_REV 0x20000  /* default motor encoder counts per revolution */
 #define ARMID_UNITS_CURRENT_PER_A 0xF4240  /* current units (uA) per ampere */
 #define ARMID_UNITS_TORQUE_PER_NM 0x3E8  /* torque units (mN m) per newton-metre */
+#define ARMID_UNITS_TORQUE_CONSTANT_PER_NM_PER_A 0xF4240  /* torque-constant units (uN m/A) per N m/A */
 
 /* ---- firmware_bridge.serial_protocol: declarations ---- */
 
@@ -236,7 +243,7 @@ typedef struct {
     uint16_t error_code;  /* -: error code (0x603F), 0 if none */
     int32_t position;  /* count: position actual (0x6064), motor encoder counts */
     int32_t velocity;  /* count/s: velocity actual (0x606C) */
-    int32_t current;  /* uA: motor current actual (0x6078) */
+    int32_t current;  /* uA: motor current actual, uA (0x2000 as on CAN; not CiA 402's per-mille 0x6078) */
 } armid_serial_state_joint_t;
 
 /* state: 13 bytes */
@@ -252,7 +259,7 @@ typedef struct {
     uint16_t controlword;  /* -: CiA 402 controlword (0x6040) */
     int8_t mode;  /* -: modes of operation (0x6060): 0, 8 CSP, 10 CST */
     int32_t target_position;  /* count: target position (0x607A), motor counts */
-    int32_t target_torque;  /* mN m: target torque (0x6071); CSP: feed-forward */
+    int32_t target_torque;  /* mN m: target torque, mN m (0x2002 as on CAN; not CiA 402's per-mille 0x6071); CSP: feed-forward */
 } armid_serial_command_joint_t;
 
 /* command: 1 bytes */

@@ -8,7 +8,10 @@ A vendor gateway is the EtherCAT master of n CiA 402 drives and a Modbus TCP ser
       header (HOLDING_HEADER_SIZE registers: host watchdog), then one block of HOLDING_DRIVE_STRIDE
       registers per drive;
   the input image mirrored in read-only holding registers from INPUT_MIRROR_BASE (functions 3 and 23), so
-  that one read/write-multiple request (function 23) writes the commands and reads the state.
+  that one read/write-multiple request (function 23) writes the commands and reads the state;
+  scaling input registers (function 4, read-only, constant), from SCALING_BASE: one block of
+  SCALING_DRIVE_STRIDE registers per drive (encoder counts per motor revolution, gear ratio as numerator
+  and denominator, motor torque constant), so that a host needs no model file to convert the image to SI.
 
 Values are the integer wire units of firmware_bridge.units (counts, counts/s, uA, mN m). A 32-bit value
 takes two registers, high word first (big-endian words, big-endian bytes in each word: "ABCD", pymodbus's
@@ -34,6 +37,7 @@ import numba
 import numpy as np
 
 from firmware_bridge import cia402
+from firmware_bridge.canopen_map import CURRENT_ACTUAL_UA, TARGET_TORQUE_MNM, TORQUE_ACTUAL_MNM
 
 LAYOUT_VERSION = 1          # input register 0; a host refuses any other value
 INPUT_BASE = 0x0000         # first input register (function 4)
@@ -43,6 +47,7 @@ MAX_WRITE_REGISTERS = 123   # Modbus limit of one write (function 16)
 INPUT_MIRROR_BASE = 0x0800  # the input image again, as read-only holding registers (functions 3, 23)
 MAX_READWRITE_WRITE = 121   # Modbus limit of the write part of function 23 (its read part: 125)
 MAX_DRIVES = 64             # drives one gateway of this layout serves
+SCALING_BASE = 0x1000       # first scaling input register (function 4): beyond the largest input image
 
 # gateway status bits (input register gateway_status)
 STATUS_DATA_VALID = 1 << 0        # the image holds this cycle's values (cleared when one could not be encoded)
@@ -104,8 +109,8 @@ INPUT_DRIVE: tuple[Field, ...] = (
     Field("error_code", 2, "u16", "-", "error code", cia402.ERROR_CODE),
     Field("position", 4, "i32", "counts", "position actual value (motor encoder counts)", cia402.POSITION_ACTUAL),
     Field("velocity", 6, "i32", "counts/s", "velocity actual value", cia402.VELOCITY_ACTUAL),
-    Field("current", 8, "i32", "uA", "current actual value (motor current)", cia402.CURRENT_ACTUAL),
-    Field("torque", 10, "i32", "mN m", "torque actual value (joint torque)", cia402.TORQUE_ACTUAL),
+    Field("current", 8, "i32", "uA", "current actual value (motor current)", CURRENT_ACTUAL_UA),
+    Field("torque", 10, "i32", "mN m", "torque actual value (joint torque)", TORQUE_ACTUAL_MNM),
 )
 INPUT_DRIVE_STRIDE = 12     # offset 3 is reserved (reads 0) so that 32-bit values start at even offsets
 
@@ -120,9 +125,21 @@ HOLDING_DRIVE: tuple[Field, ...] = (
     Field("mode", 1, "i16", "-", "modes of operation: " + ", ".join(f"{int(m)} {m.name}" for m in cia402.Mode),
           cia402.MODES_OF_OPERATION, allowed=_MODES),
     Field("target_position", 2, "i32", "counts", "target position (CSP)", cia402.TARGET_POSITION),
-    Field("target_torque", 4, "i32", "mN m", "target torque (CST; torque feed-forward in CSP)", cia402.TARGET_TORQUE),
+    Field("target_torque", 4, "i32", "mN m", "target torque (CST; torque feed-forward in CSP)", TARGET_TORQUE_MNM),
 )
 HOLDING_DRIVE_STRIDE = 6
+
+SCALING_DRIVE: tuple[Field, ...] = (
+    Field("counts_per_rev", 0, "u32", "counts", "motor encoder counts per motor revolution",
+          cia402.POSITION_ENCODER_RESOLUTION, lo=1),
+    Field("gear_numerator", 2, "i32", "motor rev", "gear ratio = numerator / denominator, motor revolutions per "
+          "joint revolution (motor rad per m if prismatic); negative: the joint turns against the motor",
+          cia402.GEAR_RATIO),
+    Field("gear_denominator", 4, "u32", "joint rev", "gear ratio denominator: joint revolutions", cia402.GEAR_RATIO,
+          lo=1),
+    Field("torque_constant", 6, "u32", "uN m/A", "motor torque constant: joint torque = gear ratio x this x current"),
+)
+SCALING_DRIVE_STRIDE = 8
 
 DRIVES_PER_READ = (MAX_READ_REGISTERS - INPUT_HEADER_SIZE) // INPUT_DRIVE_STRIDE        # 9
 DRIVES_PER_WRITE = (MAX_WRITE_REGISTERS - HOLDING_HEADER_SIZE) // HOLDING_DRIVE_STRIDE  # 20
@@ -200,6 +217,31 @@ class OutputImage:
         return int(np.shape(self.controlword)[0])
 
 
+@dataclass
+class ScalingImage:
+    """The gateway's scaling: (n,) int64 arrays, counts per motor revolution, gear ratio numerator and
+    denominator (motor revolutions per joint revolution = numerator / denominator), motor torque constant in
+    uN m/A (firmware_bridge.units.TORQUE_CONSTANT_LSB)."""
+
+    counts_per_rev: np.ndarray
+    gear_numerator: np.ndarray
+    gear_denominator: np.ndarray
+    torque_constant: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(np.shape(self.counts_per_rev)[0])
+
+    def counts_per_rad(self) -> np.ndarray:
+        """(n,) encoder counts per joint radian (per metre for a prismatic joint)."""
+        return self.counts_per_rev * (self.gear_numerator / self.gear_denominator) / (2 * np.pi)
+
+
+def scaling_count(n: int) -> int:
+    """Scaling registers of n drives."""
+    return SCALING_DRIVE_STRIDE * n
+
+
 # -- the codec: each block's Field table compiled into arrays, one numba kernel per direction ---------------
 # The columns of a compiled field table (one row per Field, in the table's order): offset in the block,
 # registers (1, 2), signed (0, 1), the inclusive bounds, where the field's allowed-value table starts in the
@@ -262,6 +304,7 @@ _INPUTS = _Block("input", INPUT_BASE, INPUT_HEADER, INPUT_HEADER_SIZE, INPUT_DRI
                  ("layout_version", "drive_count"))
 _OUTPUTS = _Block("holding", HOLDING_BASE, HOLDING_HEADER, HOLDING_HEADER_SIZE, HOLDING_DRIVE,
                   HOLDING_DRIVE_STRIDE, ())
+_SCALING = _Block("scaling", SCALING_BASE, (), 0, SCALING_DRIVE, SCALING_DRIVE_STRIDE, ())
 _DRIVE_COUNT_AT = next(i for i, f in enumerate(INPUT_HEADER) if f.name == "drive_count")
 _LAYOUT_AT = next(i for i, f in enumerate(INPUT_HEADER) if f.name == "layout_version")
 
@@ -367,6 +410,7 @@ def _unpack(words, h_spec, d_spec, lookup, header_size, stride, layout_at, layou
 # (three arguments to dispatch instead of eleven: ~1 us less per call)
 _IN_H, _IN_D, _IN_LOOKUP = _INPUTS.compiled
 _OUT_H, _OUT_D, _OUT_LOOKUP = _OUTPUTS.compiled
+_SC_H, _SC_D, _SC_LOOKUP = _SCALING.compiled
 
 
 @numba.njit(cache=True, nogil=True)
@@ -391,7 +435,18 @@ def _unpack_outputs(words, header, drives):
                    header, drives)
 
 
-_KERNELS = {"input": (_pack_inputs, _unpack_inputs), "holding": (_pack_outputs, _unpack_outputs)}
+@numba.njit(cache=True, nogil=True)
+def _pack_scaling(header, drives, out):
+    return _pack(header, drives, _SC_H, _SC_D, _SC_LOOKUP, 0, SCALING_DRIVE_STRIDE, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack_scaling(words, header, drives):
+    return _unpack(words, _SC_H, _SC_D, _SC_LOOKUP, 0, SCALING_DRIVE_STRIDE, -1, LAYOUT_VERSION, -1, header, drives)
+
+
+_KERNELS = {"input": (_pack_inputs, _unpack_inputs), "holding": (_pack_outputs, _unpack_outputs),
+            "scaling": (_pack_scaling, _unpack_scaling)}
 
 
 def _fail(block: _Block, f: Field, value: int, drive: int | None) -> GatewayError:
@@ -577,6 +632,18 @@ def decode_outputs(words: Sequence[int] | np.ndarray, n: int | None = None) -> O
     return _image(OutputImage, _OUTPUTS, *_decode(_OUTPUTS, words, n))
 
 
+def encode_scaling(image: ScalingImage) -> np.ndarray:
+    """The scaling registers (uint16 words, SCALING_BASE first) of n drives; GatewayError for a value that
+    does not fit its field (counts per revolution and gear denominator at least 1)."""
+    return _encode(_SCALING, image)
+
+
+def decode_scaling(words: Sequence[int] | np.ndarray, n: int | None = None) -> ScalingImage:
+    """The scaling of the drives in registers read from SCALING_BASE (whole drive blocks, n of them when
+    given); GatewayError otherwise (a zero counts per revolution or gear denominator included)."""
+    return _image(ScalingImage, _SCALING, *_decode(_SCALING, words, n))
+
+
 # -- the hot path: preallocated int64 values and uint16 words, one numba call per image ---------------------
 def field_row(group: tuple[Field, ...], name: str) -> int:
     """The row of field `name` in the value arrays of group (INPUT_HEADER, INPUT_DRIVE, HOLDING_HEADER,
@@ -637,6 +704,8 @@ def c_constants() -> list[tuple[str, int, str]]:
         ("ARMID_GW_HOLDING_HEADER_SIZE", HOLDING_HEADER_SIZE, "registers"),
         ("ARMID_GW_HOLDING_DRIVE_STRIDE", HOLDING_DRIVE_STRIDE, "registers per drive block"),
         ("ARMID_GW_MAX_DRIVES", MAX_DRIVES, "drives per gateway"),
+        ("ARMID_GW_SCALING_BASE", SCALING_BASE, "first scaling input register (function 4, read-only)"),
+        ("ARMID_GW_SCALING_DRIVE_STRIDE", SCALING_DRIVE_STRIDE, "scaling registers per drive block"),
         ("ARMID_GW_DRIVES_PER_READ", DRIVES_PER_READ, "drives whose inputs fit one read of 125 registers"),
         ("ARMID_GW_DRIVES_PER_WRITE", DRIVES_PER_WRITE, "drives whose outputs fit one write of 123 registers"),
         ("ARMID_GW_DRIVES_PER_EXCHANGE", DRIVES_PER_EXCHANGE, "drives whose whole exchange fits one function 23"),
@@ -646,7 +715,8 @@ def c_constants() -> list[tuple[str, int, str]]:
     ]
     for prefix, group, where in (("IN_HDR", INPUT_HEADER, "input header"), ("IN_DRV", INPUT_DRIVE, "input drive block"),
                                  ("HOLD_HDR", HOLDING_HEADER, "holding header"),
-                                 ("HOLD_DRV", HOLDING_DRIVE, "holding drive block")):
+                                 ("HOLD_DRV", HOLDING_DRIVE, "holding drive block"),
+                                 ("SCALE_DRV", SCALING_DRIVE, "scaling drive block")):
         for f in group:
             out.append((f"ARMID_GW_{prefix}_{f.name.upper()}", f.offset,
                         f"{where} offset, {f.kind}{'' if f.size == 1 else ' high word first'}, {f.unit}"))
@@ -654,7 +724,7 @@ def c_constants() -> list[tuple[str, int, str]]:
 
 
 def _table(block: _Block, title: str) -> list[str]:
-    lines = [f"**{title}**", "", "| register | field | type | unit | CiA 402 | description |",
+    lines = [f"**{title}**", "", "| register | field | type | unit | object | description |",
              "| --- | --- | --- | --- | --- | --- |"]
     for f in block.header:
         lines.append(f"| {block.base + f.offset} | {f.name} | {f.kind} | {f.unit} | | {f.doc} |")
@@ -670,7 +740,8 @@ def _table(block: _Block, title: str) -> list[str]:
 def register_tables_markdown() -> str:
     """The register tables of docs/wire-gateway.md (k = drive index, 0-based)."""
     return "\n".join(_table(_INPUTS, "Input registers (function 4), read-only") + [""]
-                     + _table(_OUTPUTS, "Holding registers (functions 3, 6, 16), read/write")) + "\n"
+                     + _table(_OUTPUTS, "Holding registers (functions 3, 6, 16), read/write") + [""]
+                     + _table(_SCALING, "Scaling input registers (function 4), read-only, constant")) + "\n"
 
 
 if __name__ == "__main__":  # python -m firmware_bridge.gateway: print the tables for the docs

@@ -192,14 +192,14 @@ SPECS: dict[MsgType, MessageSpec] = {s.type: s for s in (
         Field("error_code", "uint16", "-", "error code (0x603F), 0 if none"),
         Field("position", "int32", "count", "position actual (0x6064), motor encoder counts"),
         Field("velocity", "int32", "count/s", "velocity actual (0x606C)"),
-        Field("current", "int32", "uA", "motor current actual (0x6078)"),
+        Field("current", "int32", "uA", "motor current actual, uA (0x2000 as on CAN; not CiA 402's per-mille 0x6078)"),
     ))),
     MessageSpec(MsgType.COMMAND, Command, "host", "set-points for all joints, latched at the next cycle",
                 Record("command", (_N,)), Record("command_joint", (
                     Field("controlword", "uint16", "-", "CiA 402 controlword (0x6040)"),
                     Field("mode", "int8", "-", "modes of operation (0x6060): 0, 8 CSP, 10 CST"),
                     Field("target_position", "int32", "count", "target position (0x607A), motor counts"),
-                    Field("target_torque", "int32", "mN m", "target torque (0x6071); CSP: feed-forward"),
+                    Field("target_torque", "int32", "mN m", "target torque, mN m (0x2002 as on CAN; not CiA 402's per-mille 0x6071); CSP: feed-forward"),
                 ))),
     MessageSpec(MsgType.FAULT, Fault, "device", "a drive entered FAULT", Record("fault", (
         Field("joint", "uint8", "-", "joint index, 0-based"),

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 ENCODER_COUNTS_PER_REV = 2 ** 17   # default motor encoder resolution (counts per motor revolution)
 CURRENT_LSB = 1e-6                 # A per current unit
 TORQUE_LSB = 1e-3                  # N m per torque unit
+TORQUE_CONSTANT_LSB = 1e-6         # N m/A per torque-constant unit (uN m/A; the gateway's scaling registers)
+GEAR_DENOMINATOR_MAX = 100_000     # the largest denominator of a gear ratio sent as a fraction
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
@@ -86,8 +89,17 @@ class JointScaling:
         return np.asarray(raw, dtype=float) * TORQUE_LSB
 
 
+def wire_gear_ratio(gear: float) -> Fraction:
+    """A gear ratio (motor revolutions per joint revolution) as the wire carries it, numerator over
+    denominator (CiA 402 0x6091, the gateway's scaling registers): the closest fraction whose denominator
+    is at most GEAR_DENOMINATOR_MAX. Both sides scale with float(wire_gear_ratio(g)), so they agree."""
+    return Fraction(float(gear)).limit_denominator(GEAR_DENOMINATOR_MAX)
+
+
 def c_constants() -> list[tuple[str, int, str]]:
     """(name, value, comment) for the generated C header: the wire units."""
     return [("UNITS_ENCODER_COUNTS_PER_REV", ENCODER_COUNTS_PER_REV, "default motor encoder counts per revolution"),
             ("UNITS_CURRENT_PER_A", round(1 / CURRENT_LSB), "current units (uA) per ampere"),
-            ("UNITS_TORQUE_PER_NM", round(1 / TORQUE_LSB), "torque units (mN m) per newton-metre")]
+            ("UNITS_TORQUE_PER_NM", round(1 / TORQUE_LSB), "torque units (mN m) per newton-metre"),
+            ("UNITS_TORQUE_CONSTANT_PER_NM_PER_A", round(1 / TORQUE_CONSTANT_LSB),
+             "torque-constant units (uN m/A) per N m/A")]

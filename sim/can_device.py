@@ -11,9 +11,9 @@ leaves to the application, the way a drive's firmware would:
   * SYNC (COB-ID 0x080): latch the RPDOs received since the last SYNC (one Simulator.set_commands for all
     drives), step the simulator one cycle, then send each OPERATIONAL node's TPDOs (transmission type n:
     every n-th SYNC; 0: on SYNC when the payload changed) with the new sample;
-  * a lost RPDO1 (a SYNC without a new CSP target from a drive that had one at the previous SYNC): the drive
-    continues its last targets on the cubic through them for up to EXTRAPOLATED_TARGETS SYNCs, then holds;
-    counted;
+  * a SYNC without a new CSP target from a drive streaming them (its RPDO1 lost, late, or repeating the last
+    target): the drive continues the targets it received for up to DriveConfig.extrapolated_targets SYNCs,
+    then holds the last one (sim.drive_targets, the same on every transport); counted;
   * RPDOs (OPERATIONAL only) become commands at the next SYNC, as synchronous RPDOs are latched; SDO writes
     of 0x6040, 0x6060, 0x607A, 0x6071, 0x2002 become Simulator.set_commands at once (the simulator too
     applies them at its next cycle); SDO reads of the process
@@ -43,7 +43,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -57,9 +56,9 @@ from canopen.sdo import SdoAbortedError
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
-from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError, wire_gear_ratio
 from firmware_bridge.errors import InputError
-from sim.drive_control import EXACT_DEGREE, next_target
+from sim.drive_targets import streams_for, target_limits, target_refusal
 from sim.can_objects import ABORT_VALUE_RANGE, MODES, fit_type, read_object, write_object
 from sim.faults import Fate, FaultInjection
 
@@ -72,18 +71,11 @@ EDS_PATH = Path(str(resources.files("firmware_bridge") / "armid_drive.eds"))   #
 _STOP_TIMEOUT = 2.0                 # s, bound on joining each thread at stop()
 _NMT_RESET_NODE, _NMT_RESET_COMM = 129, 130
 _COUNT_NAMES = ("sync_length", "rpdo_length", "rpdo_value", "rpdo_not_operational", "sdo_length",
-                "sdo_not_available", "sdo_aborted", "nmt_length", "tx_value", "tx_failed", "missed_targets",
-                "extrapolated_targets")
-MALFORMED = ("sync_length", "rpdo_length", "rpdo_value", "sdo_length", "nmt_length")
+                "sdo_not_available", "sdo_aborted", "nmt_length", "tx_value", "tx_failed", "rpdo_out_of_limits",
+                "extended_id")
+MALFORMED = ("sync_length", "rpdo_length", "rpdo_value", "sdo_length", "nmt_length", "extended_id")
 _TPDO_FIELDS = tuple(p.fields for p in cm.TPDOS)
 _COMMANDS = ("controlword", "mode", "target_position", "target_torque")    # what RPDO1 + RPDO2 carry
-# A SYNC that finds no new target from a drive streaming CSP targets (the RPDO was lost): the drive continues its
-# last targets (up to _RECENT consecutive ones) on the cubic through them, the polynomial its interpolation
-# reproduces (sim.drive_control.next_target), for up to this many SYNCs in a row, then holds the last target
-# (as drives that extrapolate on data loss in CSP do; others hold at once). Holding at once is a one-cycle stop
-# and then a two-cycle jump: at full speed that tripped the following-error monitor.
-EXTRAPOLATED_TARGETS = 4
-_RECENT = EXACT_DEGREE + 1
 
 
 def rpdo_commands(pdo: cm.PdoDef, data: bytes | bytearray, counts_per_rad: float) -> dict[str, float | int]:
@@ -122,6 +114,21 @@ class _Counts:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._d)
+
+
+class _StandardIdsOnly(can.Listener):
+    """In front of the canopen Network's listeners: the bus carries 11-bit identifiers only, so a 29-bit frame
+    (whatever its low bits say: 0x080 is not a SYNC in it) is counted (extended_id) and dropped."""
+
+    def __init__(self, listeners: list[can.Listener], counts: _Counts):
+        self.listeners, self.counts = listeners, counts
+
+    def on_message_received(self, msg: can.Message) -> None:
+        if msg.is_extended_id:
+            self.counts.add("extended_id")
+            return
+        for listener in self.listeners:
+            listener.on_message_received(msg)
 
 
 class _FaultyBus:
@@ -184,12 +191,6 @@ class _Drive:
     tx_msgs: list[can.Message] = field(default_factory=list)            # one per TPDO, payload = the codec's
     latched: dict = field(default_factory=dict)                          # RPDO commands since the last SYNC
     faulted: bool = False
-    # CSP target stream (rad, joint side): the target of the last SYNC, the last consecutive SYNCs' targets
-    # (oldest first, at most _RECENT, ending with it), whether it was the previous SYNC's, and the misses in a row
-    target: float | None = None
-    recent: list[float] = field(default_factory=list)
-    target_fresh: bool = False
-    missed: int = 0
     # commanded values as the host wrote them (for SDO read-back): controlword, mode, counts, N m
     controlword: int = 0
     mode: int = 0
@@ -237,6 +238,7 @@ class CanDevice:
         self._start_operational = bool(start_operational)
         self._eds = str(eds)
         self._counts = _Counts()
+        self.last_refusal = ""              # why the last RPDO was refused (its target outside the limits)
         self._lock = threading.Lock()       # start/stop
         self.sim: "Simulator | None" = None
         self.network: canopen.Network | None = None
@@ -267,12 +269,15 @@ class CanDevice:
                              f"the CAN drive needs a positive gear ratio")
         self.sim = sim
         self.counts_per_rev = sim.plant.noise.encoder_counts or ENCODER_COUNTS_PER_REV
-        self.gear_fractions = [Fraction(float(g)).limit_denominator(100_000) for g in gear]
+        self.gear_fractions = [wire_gear_ratio(g) for g in gear]
         self.scaling = JointScaling.from_gear([float(f) for f in self.gear_fractions], self.counts_per_rev)
         torque_per_amp = model.joint_torque_per_amp()
         self.rated_torque = np.where(np.isfinite(model.tau_max), model.tau_max, 0.0)     # N m (0: unknown)
         self.rated_current = np.divide(self.rated_torque, torque_per_amp, out=np.zeros(n),
                                        where=torque_per_amp != 0)                       # A
+        self.targets = streams_for(sim)
+        self._streaming = np.zeros(n, dtype=bool)
+        self._limits = target_limits(model, self.scaling.counts_per_rad)
         self.network = canopen.Network()
         self.network.subscribe(cm.SYNC_COB_ID, self._on_sync)
         self._tx_codec = cm.PdoCodec(cm.TPDOS, ids)
@@ -314,7 +319,8 @@ class CanDevice:
             state = self.sim.read_state()
             for d in self.drives:
                 d.faulted = bool(int(state.statusword[d.joint]) & cia402.SW_FAULT)
-            self._notifier = can.Notifier(self.bus, self.network.listeners, timeout=0.05)
+            self._notifier = can.Notifier(self.bus, [_StandardIdsOnly(self.network.listeners, self._counts)],
+                                          timeout=0.05)
             self._running = True
             for d in self.drives:
                 self._boot(d)
@@ -372,11 +378,11 @@ class CanDevice:
 
     def _report_losses(self) -> None:
         """One warning at stop when process data from the host went missing (it lands in `armid sim`'s stderr)."""
-        c = self._counts.snapshot()
+        c = self.counts
         drops = self.udp_receive_drops()
         if c["missed_targets"] or drops:
-            log.warning("can: %d SYNCs found no new CSP target (%d extrapolated)%s", c["missed_targets"],
-                        c["extrapolated_targets"], "" if drops is None else f"; the kernel dropped {drops} frames "
+            log.warning("can: %d drive cycles found no CSP target (%d continued, %d held, repeated targets "
+                        "included)%s", c["missed_targets"], c["extrapolated_targets"], c["held_targets"], "" if drops is None else f"; the kernel dropped {drops} frames "
                         f"at the socket")
 
     @property
@@ -388,10 +394,15 @@ class CanDevice:
     def counts(self) -> dict[str, int]:
         """Frames refused or failed, by cause: sync_length, rpdo_length, rpdo_value (unsupported mode),
         rpdo_not_operational, sdo_length, sdo_not_available (NMT STOPPED), sdo_aborted (abort responses
-        sent), nmt_length, tx_value (a sample not representable in int32), tx_failed (bus send errors); and
-        the targets the host did not deliver: missed_targets (SYNCs without a new CSP target), of which
-        extrapolated_targets (the first EXTRAPOLATED_TARGETS in a row)."""
-        return self._counts.snapshot()
+        sent), nmt_length, tx_value (a sample not representable in int32), tx_failed (bus send errors),
+        rpdo_out_of_limits (RPDOs with a target outside the joint's limits: refused whole), extended_id (29-bit
+        frames on a 11-bit-only bus); and per drive, SYNCs without a new CSP target (sim.drive_targets):
+        missed_targets (nothing came), repeated_targets (the last target again), early_targets (it came with
+        the SYNC before), and what the drive did on a missed or repeated one: extrapolated_targets,
+        held_targets."""
+        c = self._counts.snapshot()
+        c.update(self.targets.counts.as_dict())
+        return c
 
     @property
     def malformed(self) -> int:
@@ -527,10 +538,9 @@ class CanDevice:
 
     def _latch_rpdos(self) -> None:
         """The RPDO commands received since the last SYNC become the simulator's (one set_commands when every
-        drive got both RPDOs, as a host sends them; per drive otherwise). A drive streaming CSP targets whose
-        RPDO1 did not come extrapolates its target (_follow_target)."""
-        for d in self.drives:
-            self._follow_target(d)
+        drive got both RPDOs, as a host sends them; per drive otherwise). A drive streaming CSP targets without
+        a new one follows what sim.drive_targets makes of the targets it received."""
+        self._follow_targets()
         latched = [d.latched for d in self.drives]
         if not any(latched):
             return
@@ -546,28 +556,19 @@ class CanDevice:
         for c in latched:
             c.clear()
 
-    def _follow_target(self, d: _Drive) -> None:
-        """At a SYNC: track drive d's CSP targets (rad). Without a new one (OPERATIONAL, in CSP, after a first
-        target) count a missed target; while the targets were a stream (one at each SYNC before), continue them on
-        the polynomial through the last ones (next_target) for up to EXTRAPOLATED_TARGETS SYNCs in a row (into
-        d.latched), then hold."""
-        new = d.latched.get("target_position")
-        if new is not None:
-            d.recent = (d.recent[1 - _RECENT:] if d.target_fresh and d.target is not None else []) + [float(new)]
-            d.target, d.target_fresh, d.missed = float(new), True, 0
-            return
-        if d.target is None or d.mode != cia402.Mode.CSP or d.node.nmt.state != "OPERATIONAL":
-            d.target_fresh = False
-            return
-        self._counts.add("missed_targets")
-        d.missed += 1
-        if not d.target_fresh or len(d.recent) < 2 or d.missed > EXTRAPOLATED_TARGETS:
-            d.target_fresh = False                       # hold the last target
-            return
-        d.target = next_target(d.recent)
-        d.recent = d.recent[1 - _RECENT:] + [d.target]
-        d.latched["target_position"] = d.target
-        self._counts.add("extrapolated_targets")
+    def _follow_targets(self) -> None:
+        """At a SYNC: each OPERATIONAL drive in CSP follows its CSP targets (TargetStreams, which _on_rpdo fed:
+        the newest, the one that came early, a continuation of the received ones, or the last received one),
+        into d.latched where that is not the target latched from this cycle's RPDO1."""
+        streaming = self._streaming
+        for d in self.drives:
+            streaming[d.joint] = d.mode == cia402.Mode.CSP and d.node.nmt.state == "OPERATIONAL"
+        target = self.targets.cycle(streaming)
+        following = self.targets.following
+        for d in self.drives:
+            j = d.joint
+            if streaming[j] and following[j] and d.latched.get("target_position") != target[j]:
+                d.latched["target_position"] = float(target[j])
 
     def _check_fault(self, d: _Drive, sample: "SimState", nmt_state: str) -> None:
         faulted = bool(int(sample.statusword[d.joint]) & cia402.SW_FAULT)
@@ -596,8 +597,22 @@ class CanDevice:
         except cm.CanFrameError:
             self._counts.add("rpdo_value")
             return
+        refusal = self.target_refusal(d.joint, commands)
+        if refusal is not None:
+            self._counts.add("rpdo_out_of_limits")
+            self.last_refusal = f"node {d.node.id}: {pdef.name}: {refusal}"
+            log.debug("can: %s refused", self.last_refusal)
+            return
         d.latched.update(commands)
         d.remember(commands, self.scaling.counts_per_rad[d.joint])
+        if "target_position" in commands:
+            self.targets.receive(d.joint, commands["target_position"])
+
+    def target_refusal(self, joint: int, commands: dict) -> str | None:
+        """Why drive `joint` refuses these commands (Simulator.set_commands arguments), or None: a target
+        outside the joint's limits (sim.drive_targets.target_refusal)."""
+        return target_refusal(commands.get("target_position"), commands.get("target_torque"), *self._limits,
+                              self.sim.model.joint_names, first_joint=joint)
 
     def _on_sdo_request(self, d: _Drive, can_id: int, data: bytearray, timestamp: float) -> None:
         if len(data) != 8:

@@ -49,15 +49,17 @@ def read_object(dev: "CanDevice", d: "_Drive", index: int, subindex: int, od) ->
 
 def write_object(dev: "CanDevice", d: "_Drive", index: int, subindex: int, value: int) -> bool:
     """Apply an SDO write of a command or drive parameter to the simulator; False when `index` is neither.
-    A value the simulator refuses is the SDO abort 0x06090030."""
+    A value the simulator refuses, or a target outside the joint's limits, is the SDO abort 0x06090030."""
     j = d.joint
     try:
         if index in _COMMAND_WRITES:
             commands = _COMMAND_WRITES[index](dev, j, value)
-            if commands.get("mode", 0) not in MODES:
+            if commands.get("mode", 0) not in MODES or dev.target_refusal(j, commands) is not None:
                 raise SdoAbortedError(ABORT_VALUE_RANGE)
             dev.sim.set_commands(joint=j, **commands)
             d.remember(commands, dev.scaling.counts_per_rad[j])
+            if "target_position" in commands:
+                dev.targets.receive(j, commands["target_position"])
             return True
         if index in _PARAMETER_OBJECTS:
             dev.sim.configure_drive(j, **_PARAMETER_OBJECTS[index][1](dev, j, subindex, value))

@@ -148,7 +148,9 @@ class DriveConfig:
     default_inertia() (the smallest M_jj + Ia over the workspace, reduced by r >= 1 for strongly coupled
     arms), integral_corner = position_gain = 60 / r; following_error_window (rad), following_error_timeout (s);
     quick_stop_deceleration (rad/s^2, default the model's qdd_max, 10 where that is unbounded);
-    standstill_velocity (rad/s): below it a stopping joint counts as at rest.
+    standstill_velocity (rad/s): below it a stopping joint counts as at rest; extrapolated_targets: drive
+    cycles in a row without a new CSP target for which a drive continues the targets it received before it
+    holds the last one (sim.drive_targets; 0: hold at once).
     """
 
     bandwidth: float | tuple = 300.0
@@ -161,6 +163,7 @@ class DriveConfig:
     quick_stop_deceleration: float | tuple | None = None
     quick_stop_option: int = 2
     standstill_velocity: float = 0.01
+    extrapolated_targets: int = 4
 
 
 class Drives:
@@ -177,6 +180,9 @@ class Drives:
         self.model, self.dt, self.config = model, float(dt), cfg
         if cfg.quick_stop_option not in QUICK_STOP_OPTIONS:
             raise InputError(f"drive: quick_stop_option: expected one of {QUICK_STOP_OPTIONS}, got {cfg.quick_stop_option!r}")
+        x = cfg.extrapolated_targets
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 1000:
+            raise InputError(f"drive: extrapolated_targets: expected an integer 0..1000 (cycles), got {x!r}")
         p = self.params = np.zeros((n, dc.NPARAM))
         if cfg.inertia is not None:
             p[:, dc.J], r = _per_joint("inertia", cfg.inertia, n), 1.0

@@ -21,7 +21,6 @@ A following error |ref - p| above the window for longer than the timeout raises 
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit
@@ -263,11 +262,22 @@ def tick_references(targets, T, ref, vff, aff):
             x_prev, dx_prev = x, dx
 
 
-def next_target(recent: list[float]) -> float:
-    """The target (rad) that continues the consecutive targets `recent` (oldest first, 1..EXACT_DEGREE + 1
-    of them) on the polynomial through them: for a lost target, what the interpolant itself assumes about
-    the next one (with 4, the cubic whose derivatives it takes at the newest target)."""
-    m = len(recent)
-    if not 1 <= m <= EXACT_DEGREE + 1:
-        raise ValueError(f"next_target: expected 1..{EXACT_DEGREE + 1} targets, got {m}")
-    return float(sum((-1) ** (i + 1) * math.comb(m, i) * recent[m - i] for i in range(1, m + 1)))
+def extrapolate(stamps: list[int], values: list[float], at: int) -> float:
+    """The polynomial through the points (stamps[i], values[i]) (distinct cycle numbers, 1..EXACT_DEGREE + 1
+    of them, so of degree at most EXACT_DEGREE) at the cycle `at`: a drive's continuation of the targets it
+    received at those cycles (Lagrange form). On consecutive cycles, at the next one, with four points: the
+    cubic 4 p[k] - 6 p[k-1] + 4 p[k-2] - p[k-3], whose derivatives the interpolant takes at the newest target
+    (so one lost target leaves the interpolated reference as it was)."""
+    m = len(stamps)
+    if not 1 <= m <= EXACT_DEGREE + 1 or len(values) != m:
+        raise ValueError(f"extrapolate: expected 1..{EXACT_DEGREE + 1} stamps and as many values, got {m}, {len(values)}")
+    x = float(at - stamps[-1])
+    ts = [float(s - stamps[-1]) for s in stamps]
+    total = 0.0
+    for i in range(m):
+        w = 1.0
+        for k in range(m):
+            if k != i:
+                w *= (x - ts[k]) / (ts[i] - ts[k])
+        total += w * values[i]
+    return total

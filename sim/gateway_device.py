@@ -15,12 +15,18 @@ simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
   part is applied (or refused, and then nothing is read) before the read part is served.
 * A write to the holding registers is decoded as a whole command image and becomes one
   sim.set_commands. An impossible image (unknown or unsupported mode, a target position outside the
-  joint's limits, a target torque above its tau_max, switching the watchdog off) is refused with the
-  Modbus exception ILLEGAL DATA VALUE, counted, and nothing of it is applied.
+  joint's limits, a target torque above its tau_max: sim.drive_targets.target_refusal, the rule of every
+  transport; switching the watchdog off) is refused with the Modbus exception ILLEGAL DATA VALUE, counted,
+  and nothing of it is applied. Each cycle, a drive in CSP without a new target follows what
+  sim.drive_targets makes of the targets it received (target_counts).
+* Scaling, read-only input registers from gw.SCALING_BASE: per drive the encoder counts per motor
+  revolution, the gear ratio (numerator, denominator) and the motor torque constant, so that a Modbus-only
+  host needs no model file.
 * Host watchdog: when the host has not written the watchdog register for watchdog_timeout_ms (wall clock,
   time.monotonic, so it means the same in real-time and fast mode), every OPERATION ENABLED drive gets a
   quick stop, its controlword register then reads quick stop, and the status bit stays set until the next
-  watchdog write.
+  watchdog write. The watchdog runs only once a host has written (before that no host was ever there to
+  be missed).
 * Host-clocked (step_on_exchange=True): the gateway has no clock of its own; every accepted write request
   that carries process data (function 23's write part, or 16, 6, 22, reaching past the two watchdog words)
   runs exactly one simulator cycle, after the write is applied and before anything is read: a function-23
@@ -53,8 +59,10 @@ from pymodbus.simulator import DataType, SimData, SimDevice
 
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
-from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, TORQUE_LSB, JointScaling
+from firmware_bridge.units import (CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, TORQUE_CONSTANT_LSB, TORQUE_LSB,
+                                   JointScaling, wire_gear_ratio)
 from firmware_bridge.errors import InputError
+from sim.drive_targets import streams_for, target_limits, target_refusal
 from sim.faults import Fate
 
 _log = logging.getLogger("armid.sim.gateway")
@@ -159,10 +167,19 @@ class GatewayDevice:
         if n > gw.MAX_DRIVES:
             raise InputError(f"gateway: {n} drives, the layout serves at most {gw.MAX_DRIVES}")
         self._sim, self._n = sim, n
-        self._scaling = JointScaling.from_gear(model.gear_ratio, sim.plant.noise.encoder_counts or ENCODER_COUNTS_PER_REV)
-        half_count = 0.5 / np.abs(self._scaling.counts_per_rad)     # a target rounded to counts may lie that far out
-        self._position_range = (model.q_min - half_count, model.q_max + half_count)
-        self._torque_range = (-model.tau_max - 5e-4, model.tau_max + 5e-4)
+        counts_per_rev = sim.plant.noise.encoder_counts or ENCODER_COUNTS_PER_REV
+        gears = [wire_gear_ratio(g) for g in model.gear_ratio]
+        self._scaling = JointScaling.from_gear([float(g) for g in gears], counts_per_rev)
+        self._limits = target_limits(model, self._scaling.counts_per_rad)
+        self.targets = streams_for(sim)
+        self._commanded = np.zeros(n)                   # the last accepted image's targets (rad)
+        self._applied = np.zeros(n)                     # the targets the simulator has (rad)
+        self._csp = np.zeros(n, dtype=bool)             # the last accepted image's mode is CSP
+        self._scaling_words = gw.encode_scaling(gw.ScalingImage(
+            counts_per_rev=np.full(n, counts_per_rev, np.int64),
+            gear_numerator=np.array([g.numerator for g in gears], np.int64),
+            gear_denominator=np.array([g.denominator for g in gears], np.int64),
+            torque_constant=np.rint(np.asarray(model.torque_constant) / TORQUE_CONSTANT_LSB).astype(np.int64))).tolist()
         self._cw_at = _CW[:n]
         sc = self._scaling
         self._wire_scale = np.stack([sc.counts_per_rad, sc.counts_per_rad, np.full(n, 1.0 / CURRENT_LSB),
@@ -196,8 +213,11 @@ class GatewayDevice:
         self._holding = gw.encode_outputs(gw.OutputImage(
             0, self._timeout_ms, np.zeros(self._n, np.int64), state.mode_display.astype(np.int64),
             self._scaling.position_to_counts(state.position), np.zeros(self._n, np.int64))).astype(np.int64)
-        self._last_watchdog, self._expired = time.monotonic(), False
-        device = register_device(self._holding.tolist(), self._inputs, action=self._action, mirror=True)
+        self._last_watchdog, self._expired, self._host_seen = time.monotonic(), False, False
+        self._commanded[:] = state.position
+        self._applied[:] = state.position
+        device = register_device(self._holding.tolist(), self._inputs, action=self._action, mirror=True,
+                                 scaling=self._scaling_words)
         server = ModbusServerThread(device, self.host, self.port, trace_packet=self._trace_packet)
         try:
             self.port = server.start()
@@ -239,6 +259,8 @@ class GatewayDevice:
             if delay:
                 await asyncio.sleep(delay)
         if function_code == 4:
+            if start != gw.INPUT_BASE:             # the scaling block: constant
+                return None
             inputs = self._encoded()
             registers[:len(inputs)] = inputs
             return None
@@ -275,29 +297,39 @@ class GatewayDevice:
                 raise gw.GatewayError("watchdog_timeout_ms: 0 would switch the host watchdog off")
             target = self._scaling.counts_to_position(position)
             torque = self._scaling.raw_to_torque(torque)
-            self._check_range("target_position", target, *self._position_range)
-            self._check_range("target_torque", torque, *self._torque_range)
+            refusal = target_refusal(target, torque, *self._limits, self._sim.model.joint_names)
+            if refusal is not None:
+                raise gw.GatewayError(refusal)
             self._sim.set_commands(controlword=controlword, mode=mode, target_position=target, target_torque=torque)
         except (gw.GatewayError, InputError) as exc:
             self.refused_writes += 1
             self.last_refusal = str(exc)
             return ExcCodes.ILLEGAL_VALUE
         self._holding = new
+        self.targets.receive_all(target)
+        self._commanded[:] = target
+        self._applied[:] = target
+        np.equal(mode, cia402.Mode.CSP, out=self._csp)
+        self._host_seen = True
         if _WATCHDOG in written:
             self._last_watchdog, self._expired = time.monotonic(), False
         return None
 
-    def _check_range(self, name: str, value: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-        bad = (value < lo) | (value > hi)
-        if bad.any():
-            j = int(np.flatnonzero(bad)[0])
-            model = self._sim.model
-            raise gw.GatewayError(f"{name}: drive {j + 1} ({model.joint_names[j]}): {value[j]:.6g} is outside "
-                                  f"[{lo[j]:.6g}, {hi[j]:.6g}] (SI units: rad or m, N m or N)")
+    @property
+    def target_counts(self) -> dict[str, int]:
+        """Cycles in which a drive streaming CSP targets got no new one, and what it did (sim.drive_targets)."""
+        return self.targets.counts.as_dict()
 
     # -- every cycle (the simulator's stepping thread) -----------------------------------------------
     def _on_cycle(self, sample) -> None:
-        """Keep this cycle's values (copies, swapped in whole); encoding waits for a read (_encoded)."""
+        """Keep this cycle's values (copies, swapped in whole); encoding waits for a read (_encoded). Then the
+        drives' targets for the next cycle (sim.drive_targets)."""
+        with self._lock:
+            target = self.targets.cycle(self._csp)
+            following = self.targets.following
+            if (following & (target != self._applied)).any():
+                np.copyto(self._applied, np.where(following, target, self._commanded))
+                self._sim.set_commands(target_position=self._applied)
         si = np.array((sample.position, sample.velocity, sample.current, sample.torque))
         si *= self._wire_scale   # JointScaling's factors: counts/rad, counts/s per rad/s, 1/uA, 1/mN m
         expired = self._watchdog(sample.statusword)
@@ -324,7 +356,7 @@ class GatewayDevice:
     def _watchdog(self, statusword: np.ndarray) -> bool:
         """Quick-stop the enabled drives once the host watchdog has run out; True while it has."""
         timeout_ms = self._holding[_TIMEOUT] if len(self._holding) else 0
-        if timeout_ms == 0 or time.monotonic() - self._last_watchdog <= timeout_ms / 1000:
+        if timeout_ms == 0 or not self._host_seen or time.monotonic() - self._last_watchdog <= timeout_ms / 1000:
             return self._expired
         enabled = (statusword & _OE_MASK) == _OE_VALUE
         with self._lock:
@@ -341,11 +373,13 @@ class GatewayDevice:
 
 
 
-def register_device(holding: list[int], inputs: list[int], action=None, mirror: bool = False) -> SimDevice:
+def register_device(holding: list[int], inputs: list[int], action=None, mirror: bool = False,
+                    scaling: list[int] | None = None) -> SimDevice:
     """pymodbus's register store for the gateway layout: holding registers from HOLDING_BASE, input
     registers from INPUT_BASE (initial words given), with mirror=True the input image again as read-only
-    holding registers from INPUT_MIRROR_BASE (the action keeps them current); no coils or discrete inputs
-    worth the name (one placeholder each; the gateway's action refuses bit functions)."""
+    holding registers from INPUT_MIRROR_BASE (the action keeps them current), the scaling words (given)
+    as input registers from SCALING_BASE; no coils or discrete inputs worth the name (one placeholder each;
+    the gateway's action refuses bit functions)."""
     holding_blocks = [SimData(gw.HOLDING_BASE, values=list(holding), datatype=DataType.REGISTERS)]
     if mirror:
         holding_blocks.append(SimData(gw.INPUT_MIRROR_BASE, values=list(inputs), datatype=DataType.REGISTERS,
@@ -354,7 +388,8 @@ def register_device(holding: list[int], inputs: list[int], action=None, mirror: 
         [SimData(0, values=False, datatype=DataType.BITS)],
         [SimData(0, values=False, datatype=DataType.BITS)],
         holding_blocks,
-        [SimData(gw.INPUT_BASE, values=list(inputs), datatype=DataType.REGISTERS)]))
+        [SimData(gw.INPUT_BASE, values=list(inputs), datatype=DataType.REGISTERS)]
+        + ([] if scaling is None else [SimData(gw.SCALING_BASE, values=list(scaling), datatype=DataType.REGISTERS)])))
 
 
 class _InLoopRequestHandler(ServerRequestHandler):

@@ -9,7 +9,9 @@ and current converted to counts, counts/s and uA with units.JointScaling from th
 simulator's encoder resolution), a HEARTBEAT every heartbeat_s, and a FAULT when a drive enters FAULT. A
 writer thread sends them, honouring sim.faults per frame (drop, corrupt: one bit flipped before the CRC is
 checked, bad CRC, silent, latency). A reader thread decodes the host's frames: HELLO -> HELLO_ACK, COMMAND ->
-sim.set_commands, HEARTBEAT. Host watchdog: no COMMAND or HEARTBEAT for watchdog_s while a drive is in
+sim.set_commands, HEARTBEAT. A COMMAND with a target outside a joint's limits is refused whole (counted in
+counters.out_of_limits). Each cycle, a drive in CSP that got no new target follows what sim.drive_targets
+makes of the targets it received (target_counts). Host watchdog: no COMMAND or HEARTBEAT for watchdog_s while a drive is in
 OPERATION ENABLED -> quick stop on every drive. Drops are counted: rx_counters (frames from the host, by
 reason), counters (frames not sent, commands refused, watchdog trips).
 """
@@ -32,6 +34,7 @@ from firmware_bridge import cia402
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
 from firmware_bridge.errors import InputError
+from sim.drive_targets import streams_for, target_limits, target_refusal
 from sim.faults import Fate
 
 log = logging.getLogger(__name__)
@@ -49,12 +52,14 @@ _OE_MASK, _OE_VALUE = cia402.STATE_PATTERNS[cia402.State.OPERATION_ENABLED]
 class DeviceCounters:
     """What the device side did. frames_sent: frames written (after fault injection); tx_skipped: frames
     not queued because the line was busy (states in fast mode) ; unencodable: states a value of which did not
-    fit the wire; rejected: COMMANDs the drives refused (wrong n_joints, bad mode); unexpected: device-to-host
-    messages received from the host; hellos; watchdog_trips; write_errors."""
+    fit the wire; rejected: COMMANDs the drives refused (wrong n_joints, bad mode, a target outside the limits);
+    out_of_limits: of those, the ones with a target position or torque outside a joint's limits; unexpected:
+    device-to-host messages received from the host; hellos; watchdog_trips; write_errors."""
     frames_sent: int = 0
     tx_skipped: int = 0
     unencodable: int = 0
     rejected: int = 0
+    out_of_limits: int = 0
     unexpected: int = 0
     hellos: int = 0
     watchdog_trips: int = 0
@@ -183,6 +188,13 @@ class SerialDevice:
         self._faulted = np.zeros(sim.n, dtype=bool)
         self._conv = np.zeros((3, sim.n))
         self._last_sw = b""
+        self._limits = target_limits(sim.model, self.scaling.counts_per_rad)
+        self.targets = streams_for(sim)
+        self._target_lock = threading.Lock()            # a COMMAND's targets against the cycle's continuation
+        self._commanded = sim.read_state().position.copy()   # the last accepted COMMAND's targets (rad)
+        self._applied = self._commanded.copy()                # the targets the simulator has (rad)
+        self._csp = np.zeros(sim.n, dtype=bool)          # the last accepted COMMAND's mode is CSP
+        self.last_refusal = ""
 
     def start(self) -> None:
         """Open the link, start the reader and writer threads, send STATE after every cycle."""
@@ -245,12 +257,18 @@ class SerialDevice:
         return self._decoder.counters
 
     @property
+    def target_counts(self) -> dict[str, int]:
+        """Cycles in which a drive streaming CSP targets got no new one, and what it did (sim.drive_targets)."""
+        return self.targets.counts.as_dict()
+
+    @property
     def alive(self) -> bool:
         """True while both threads run."""
         return bool(self._threads) and all(t.is_alive() for t in self._threads)
 
     # -- the cycle (the simulator's stepping thread) --------------------------------------------------------
     def _on_cycle(self, s) -> None:
+        self._follow_targets()
         sc = self.scaling
         with self._tx_cond:    # a busy line: skip this cycle's state before paying for its conversion
             line_busy = len(self._tx) >= self.state_queue
@@ -276,6 +294,16 @@ class SerialDevice:
             self.counters.watchdog_trips += 1
             log.warning("serial device: no frame from the host for %.3f s: quick stop", now - self._last_host)
             self.sim.set_commands(controlword=np.full(self.sim.n, cia402.CW_QUICK_STOP))
+
+    def _follow_targets(self) -> None:
+        """After a cycle, for the next: each drive in CSP follows its targets (sim.drive_targets); where that is
+        not the target it received, the continuation or the held target becomes the simulator's."""
+        with self._target_lock:
+            target = self.targets.cycle(self._csp)
+            following = self.targets.following
+            if (following & (target != self._applied)).any():
+                np.copyto(self._applied, np.where(following, target, self._commanded))
+                self.sim.set_commands(target_position=self._applied)
 
     def _send_state(self, s, sc: JointScaling) -> None:
         """Queue the STATE of sample s: positions and velocities in counts, currents in uA (as JointScaling
@@ -381,13 +409,26 @@ class SerialDevice:
             log.warning("serial device: COMMAND for %d joints refused (the arm has %d)", n, self.sim.n)
             return
         sc = self.scaling
-        try:
-            self.sim.set_commands(controlword=msg.controlword, mode=msg.mode,
-                                  target_position=sc.counts_to_position(msg.target_position),
-                                  target_torque=sc.raw_to_torque(msg.target_torque))
-        except InputError as exc:
+        target, torque = sc.counts_to_position(msg.target_position), sc.raw_to_torque(msg.target_torque)
+        refusal = target_refusal(target, torque, *self._limits, self.sim.model.joint_names)
+        if refusal is not None:
             self.counters.rejected += 1
-            log.warning("serial device: COMMAND refused: %s", exc)
+            self.counters.out_of_limits += 1
+            self.last_refusal = refusal
+            log.debug("serial device: COMMAND refused: %s", refusal)
             return
+        with self._target_lock:
+            try:
+                self.sim.set_commands(controlword=msg.controlword, mode=msg.mode, target_position=target,
+                                      target_torque=torque)
+            except InputError as exc:
+                self.counters.rejected += 1
+                self.last_refusal = str(exc)
+                log.warning("serial device: COMMAND refused: %s", exc)
+                return
+            self.targets.receive_all(target)
+            self._commanded[:] = target
+            self._applied[:] = target
+            np.equal(msg.mode, cia402.Mode.CSP, out=self._csp)
         if self.external_clock:
             self.sim.step(1)

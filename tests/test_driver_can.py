@@ -117,13 +117,13 @@ class Rig:
         self.sim.stop()
         self.dev_bus.shutdown()
 
-    def inject(self, *frames: tuple[int, bytes]) -> None:
+    def inject(self, *frames: tuple[int, bytes], extended: bool = False) -> None:
         """Send raw frames on the bus from a third bus object (opened only for this: a virtual bus queues
-        every frame for every open bus object)."""
+        every frame for every open bus object); extended: with 29-bit identifiers."""
         spy = can.Bus(interface="virtual", channel=self.channel)
         try:
             for cob, data in frames:
-                spy.send(can.Message(arbitration_id=cob, data=data, is_extended_id=False))
+                spy.send(can.Message(arbitration_id=cob, data=data, is_extended_id=extended))
         finally:
             spy.shutdown()
 
@@ -306,6 +306,20 @@ def test_bad_frames_are_counted_and_dropped_never_data(rig):
     time.sleep(0.2)
     assert abs(rig.driver.cycle.state.q[0] - q_before[0]) < 1e-2     # 2**30 counts never became a position
     assert rig.driver.cycle.fault is None
+
+
+def test_29_bit_frames_are_counted_and_dropped_even_with_the_ids_of_our_drives_frames(rig):
+    """The bus carries 11-bit identifiers only: a 29-bit frame whose id reads as drive 1's TPDO1 (with a valid
+    payload far from the arm's position) or EMCY is counted as extended_id, and is neither a sample nor an EMCY."""
+    wait(lambda: rig.driver.cycle.fresh > 5)
+    before = rig.arm.link_stats()
+    q_before = rig.driver.cycle.state.q.copy()
+    rig.inject((cm.TPDO1.cob_id(1), cm.TPDO1.pack([0x0237, 2 ** 30, 8])),
+               (0x080 + rig.arm.node_ids[0], bytes([0x10, 0x23, 0x01, 0, 0, 0, 0, 0])), extended=True)
+    assert wait(lambda: rig.arm.link_stats()["extended_id"] - before["extended_id"] == 2)
+    after = rig.arm.link_stats()
+    assert after["emcy"] == before["emcy"] and after["bad_length"] == before["bad_length"]
+    assert abs(rig.driver.cycle.state.q[0] - q_before[0]) < 1e-2 and rig.driver.cycle.fault is None
 
 
 def test_a_drive_that_repeats_its_emcy_does_not_grow_canopens_emcy_lists(rig):

@@ -22,17 +22,21 @@ IN_ARRAYS = ("statusword", "mode_display", "error_code", "position", "velocity",
 OUT_ARRAYS = ("controlword", "mode", "target_position", "target_torque")
 
 
+_CODECS = {"input": (gw.InputImage, gw.encode_inputs, gw.decode_inputs),
+           "holding": (gw.OutputImage, gw.encode_outputs, gw.decode_outputs),
+           "scaling": (gw.ScalingImage, gw.encode_scaling, gw.decode_scaling)}
+
+
 def _image(kind: str, values: dict):
-    cls = gw.InputImage if kind == "input" else gw.OutputImage
-    return cls(**{k: (np.asarray(v) if isinstance(v, list) else v) for k, v in values.items()})
+    return _CODECS[kind][0](**{k: (np.asarray(v) if isinstance(v, list) else v) for k, v in values.items()})
 
 
 def _encode(kind: str, image):
-    return gw.encode_inputs(image) if kind == "input" else gw.encode_outputs(image)
+    return _CODECS[kind][1](image)
 
 
 def _decode(kind: str, words, n=None):
-    return gw.decode_inputs(words, n) if kind == "input" else gw.decode_outputs(words, n)
+    return _CODECS[kind][2](words, n)
 
 
 def _same(a, b) -> bool:
@@ -49,12 +53,29 @@ def test_six_drives_fit_one_read_and_one_write_and_the_documented_maxima_are_tig
 
 @pytest.mark.parametrize("group,size", [(gw.INPUT_HEADER, gw.INPUT_HEADER_SIZE), (gw.INPUT_DRIVE, gw.INPUT_DRIVE_STRIDE),
                                         (gw.HOLDING_HEADER, gw.HOLDING_HEADER_SIZE),
-                                        (gw.HOLDING_DRIVE, gw.HOLDING_DRIVE_STRIDE)])
+                                        (gw.HOLDING_DRIVE, gw.HOLDING_DRIVE_STRIDE),
+                                        (gw.SCALING_DRIVE, gw.SCALING_DRIVE_STRIDE)])
 def test_fields_do_not_overlap_fit_their_block_and_32_bit_values_start_on_even_offsets(group, size):
     taken = [o for f in group for o in range(f.offset, f.offset + f.size)]
     assert len(taken) == len(set(taken)) and max(taken) < size
     assert all(f.offset % 2 == 0 for f in group if f.size == 2)
     assert len({f.name for f in group}) == len(group)
+
+
+def test_the_scaling_registers_lie_beyond_the_largest_input_image_and_fit_the_input_table():
+    assert gw.INPUT_BASE + gw.input_count(gw.MAX_DRIVES) <= gw.SCALING_BASE
+    assert gw.SCALING_BASE + gw.scaling_count(gw.MAX_DRIVES) <= 0x10000
+    assert gw.scaling_count(gw.DRIVES_PER_READ) <= gw.MAX_READ_REGISTERS     # a 6-drive arm's scaling: one read
+
+
+def test_scaling_counts_per_rad_is_what_joint_scaling_makes_of_the_gear_ratio():
+    from firmware_bridge.units import JointScaling, wire_gear_ratio
+    gears = [100.0, -50.0, 1.0 / 3.0, 121.5]
+    fractions = [wire_gear_ratio(g) for g in gears]
+    image = gw.ScalingImage(np.full(4, 2 ** 17), np.array([f.numerator for f in fractions]),
+                            np.array([f.denominator for f in fractions]), np.full(4, 120000))
+    want = JointScaling.from_gear(gears, 2 ** 17).counts_per_rad
+    np.testing.assert_allclose(gw.decode_scaling(gw.encode_scaling(image), 4).counts_per_rad(), want, rtol=1e-15)
 
 
 def test_input_and_holding_tables_do_not_share_addresses():
@@ -92,7 +113,7 @@ def test_golden_invalid_vectors_are_refused_naming_the_field(vector):
 
 def test_golden_vectors_cover_both_images_and_the_current_layout_version():
     assert VECTORS["layout_version"] == gw.LAYOUT_VERSION
-    assert {v["image"] for v in VECTORS["vectors"]} == {"input", "holding"}
+    assert {v["image"] for v in VECTORS["vectors"]} == {"input", "holding", "scaling"}
 
 
 # -- refusals ----------------------------------------------------------------------------------------------

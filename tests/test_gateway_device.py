@@ -523,6 +523,54 @@ def test_the_drivers_transport_sends_each_command_in_its_own_exchange_and_reads_
         sim.stop()
 
 
+def test_the_scaling_registers_let_a_host_without_the_model_convert_positions_and_currents(rig, model):
+    """A host that reads only the gateway (no model file): counts per revolution, gear ratio and torque constant
+    per joint from the scaling registers; with them the image's positions are the simulator's own (rad) and
+    its currents give the torques the image reports."""
+    sim, gateway, host, recorder = rig
+    r = host.client.read_input_registers(gw.SCALING_BASE, count=gw.scaling_count(N))
+    assert not r.isError(), r
+    sc = gw.decode_scaling(r.registers, N)
+    assert sc.counts_per_rev.tolist() == [2 ** 17] * N
+    np.testing.assert_allclose(sc.gear_numerator / sc.gear_denominator, model.gear_ratio, rtol=1e-9)
+    np.testing.assert_allclose(sc.torque_constant * 1e-6, model.torque_constant, rtol=0, atol=5e-7)
+    image = host.inputs()
+    position = recorder.at(image.cycle_counter)[5]
+    np.testing.assert_allclose(image.position / sc.counts_per_rad(), position, rtol=0,
+                               atol=float((0.5 / sc.counts_per_rad()).max()))
+    torque = image.current * 1e-6 * sc.gear_numerator / sc.gear_denominator * sc.torque_constant * 1e-6
+    np.testing.assert_allclose(torque, image.torque * 1e-3, rtol=0, atol=2e-3)
+    assert _exception_code(host.client.write_register(gw.SCALING_BASE, 1)) == ILLEGAL_ADDRESS   # read-only
+
+
+def test_the_watchdog_does_not_expire_before_any_host_has_written(model):
+    """No host yet: however long the gateway waits, the watchdog neither expires nor trips; a host that only
+    reads does not arm it; once a host has written and gone quiet, it expires."""
+    gateway = GatewayDevice(host="127.0.0.1", port=0, watchdog_s=0.02)
+    sim = Simulator(model, transport=gateway, realtime=False)
+    sim.start()
+    host = None
+    try:
+        sim.wait_until(1, timeout=WAIT_S)
+        start = time.monotonic()
+        sim.wait_cycles(50, timeout=WAIT_S)
+        while time.monotonic() - start < 0.2:                # ten watchdog times without a host
+            sim.wait_cycles(10, timeout=WAIT_S)
+        host = Host(gateway.port)
+        image = host.inputs()
+        assert not image.gateway_status & gw.STATUS_WATCHDOG_EXPIRED and gateway.watchdog_trips == 0
+        start = time.monotonic()
+        while time.monotonic() - start < 0.2:
+            sim.wait_cycles(10, timeout=WAIT_S)
+        assert not host.inputs().gateway_status & gw.STATUS_WATCHDOG_EXPIRED
+        assert not host.client.write_register(gw.holding_address("watchdog"), 1).isError()
+        host.wait(lambda im: im.gateway_status & gw.STATUS_WATCHDOG_EXPIRED, "the watchdog expired")
+    finally:
+        if host is not None:
+            host.close()
+        sim.stop()
+
+
 def host_words(gateway: GatewayDevice) -> list[int]:
     """The gateway's holding image as the drives were last commanded (its own copy, under its lock)."""
     with gateway._lock:
@@ -590,3 +638,4 @@ def test_random_writes_are_applied_whole_or_refused_whole(quiet_rig, model, offs
     sim.wait_cycles(2, timeout=WAIT_S)
     assert np.array_equal(sim.read_state().mode_display, gw.decode_outputs(after, N).mode)   # what the drives run
     assert sim.error is None
+

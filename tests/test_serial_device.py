@@ -246,6 +246,23 @@ def test_command_with_a_mode_the_drives_refuse_is_counted_not_applied(rig):
     assert all(s is State.SWITCH_ON_DISABLED for s in sim.read_state().states())
 
 
+def test_command_with_a_target_outside_the_limits_is_refused_whole_and_nothing_moves(rig):
+    """2^31 - 1 counts on joint 3 (every drive would run to its limit and fault): the whole COMMAND is refused
+    and counted (out_of_limits), the drives stay enabled where they were."""
+    sim, dev, host, _ = rig
+    host.hello()
+    hold = host.enable_csp()
+    far = hold.copy()
+    far[2] = 2 ** 31 - 1
+    host.command(cia402.CW_ENABLE_OPERATION, Mode.CSP, far)
+    host.wait("the refusal", lambda: dev.counters.out_of_limits == 1)
+    sim.wait_cycles(200, TIMEOUT)
+    s = sim.read_state()
+    assert dev.counters.rejected == 1 and "target_position: drive 3" in dev.last_refusal
+    assert all(st is State.OPERATION_ENABLED for st in s.states())
+    assert np.abs(s.position_counts - hold).max() < 1e-3 * host.scaling.counts_per_rad.min()
+
+
 @pytest.mark.parametrize("rig", [{"watchdog_s": 0.3, "realtime": True}], indirect=True)
 def test_watchdog_quick_stops_the_drives_when_the_host_goes_quiet(rig):
     sim, dev, host, _ = rig

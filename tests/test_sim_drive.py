@@ -322,6 +322,9 @@ def test_bad_drive_parameters_are_refused_naming_the_drive(model):
         Simulator(model, drive=DriveConfig(quick_stop_option=3))
     with pytest.raises(InputError, match="bandwidth"):
         Simulator(model, drive=DriveConfig(bandwidth=(100.0, 100.0)))
+    for bad in (-1, 2.5, True, "4"):
+        with pytest.raises(InputError, match="extrapolated_targets: expected an integer 0..1000"):
+            Simulator(model, drive=DriveConfig(extrapolated_targets=bad))
 
 
 def test_operation_enabled_without_a_mode_holds_the_position(model):

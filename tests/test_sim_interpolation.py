@@ -112,18 +112,21 @@ def test_each_ticks_feed_forward_is_the_interpolants_mean_velocity_and_accelerat
 
 
 def test_a_lost_target_continues_the_cubic_through_the_last_four_so_the_interpolant_does_not_change():
-    """next_target on cubic samples gives the next sample exactly (fewer targets: the line, the parabola);
-    a target stream with one extrapolated target interpolates exactly as the true stream."""
+    """extrapolate on cubic samples at consecutive cycles gives the next sample exactly (fewer targets: the
+    line, the parabola); a target stream with one extrapolated target interpolates exactly as the true stream."""
     c = np.array([[0.2, -1.0, 30.0, 2000.0]])
     stream = samples(c, K + 1)[0]
-    assert dc.next_target(list(stream[:4])) == pytest.approx(stream[4], abs=1e-13)
-    assert dc.next_target([1.0, 3.0]) == 5.0 and dc.next_target([0.0, 1.0, 4.0]) == 9.0
-    assert dc.next_target([2.5]) == 2.5
+    def next_target(recent):
+        return dc.extrapolate(list(range(len(recent))), list(recent), len(recent))
+
+    assert next_target(stream[:4]) == pytest.approx(stream[4], abs=1e-13)
+    assert next_target([1.0, 3.0]) == 5.0 and next_target([0.0, 1.0, 4.0]) == 9.0
+    assert next_target([2.5]) == 2.5
     for bad in ([], [0.0] * 5):
-        with pytest.raises(ValueError, match="targets"):
-            dc.next_target(bad)
+        with pytest.raises(ValueError, match="stamps"):
+            next_target(bad)
     # the drive's window when p[k] was lost: p[k-4] .. p[k-1] then the extrapolated p[k]
-    lost = np.array([list(stream[:4]) + [dc.next_target(list(stream[:4]))]])
+    lost = np.array([list(stream[:4]) + [next_target(stream[:4])]])
     for a, b in zip(evaluate(lost), evaluate(stream[None, :K])):     # x, dx, ddx: to rounding
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-11 * np.abs(b).max())
 

@@ -76,7 +76,7 @@ _N_ROWS = 1 + max(max(r) for r in _ROWS)
 _PER_DRIVE = len(_TPDOS)            # bits per drive in the mask of frames received
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
                "emcy", "nmt_restarts", "reconnects", "send_errors", "samples_overwritten", "own_frames",
-               "canopen_errors")
+               "canopen_errors", "extended_id")
 SAMPLE_RING = 1024                  # complete samples kept until read (4 s at 250 Hz; a stalled cycle thread overran 64)
 RX_POLL_S = 0.01                    # the receive thread's longest wait in one recv (it sees a stop this soon)
 PUMP_STANDBY_S = 0.02               # the receive thread leaves the bus to the cycle this long after the cycle's pump
@@ -372,6 +372,9 @@ class CanArm(Arm):
         slot = self._tpdo_slots.get(cob)
         if slot is None or msg.is_remote_frame or msg.is_error_frame or msg.is_extended_id:
             if msg.is_error_frame or msg.is_remote_frame:
+                return
+            if msg.is_extended_id:           # the bus carries 11-bit ids only: a 29-bit frame is nobody's
+                self._count("extended_id")
                 return
             if cob in self._own_ids:
                 self._count("own_frames")
