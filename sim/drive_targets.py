@@ -33,7 +33,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from firmware_bridge import cia402
 from firmware_bridge.units import TORQUE_LSB
+from sim.target_buffer import TargetBuffer
 from sim.drive_control import EXACT_DEGREE, extrapolate
 
 KEPT = EXACT_DEGREE + 1          # received targets the continuation goes through, at most
@@ -193,3 +195,55 @@ def target_refusal(position: np.ndarray | None, torque: np.ndarray | None, lo: n
             return (f"{name}: drive {j + 1} ({joint_names[j]}): {value[k]:.6g} is outside "
                     f"[{low[j]:.6g}, {high[j]:.6g}] (SI units: rad or m, N m or N)")
     return None
+
+
+class DeviceTargets:
+    """The targets of a free-running or host-clocked device side (serial, gateway), from arrival to the drives.
+
+    arrived(): a host frame's commands. The controlword and mode act at once; the targets go to the drives at
+    once (host-clocked device, or no buffer) or into the setpoint buffer (sim.target_buffer, a free-running
+    device: one consumed per drive cycle, in order, so that arrival jitter costs nothing).
+    after_cycle(): before the next cycle, the buffer's next target (if any) becomes the simulator's and is
+    received by the drives' target streams (TargetStreams); then, where a drive streaming CSP got no new target,
+    the streams' continuation (bounded extrapolation, then hold) becomes the simulator's.
+    Not thread-safe: each device calls both under its own lock.
+    """
+
+    def __init__(self, sim, setpoints: TargetBuffer | None):
+        self.sim = sim
+        self.streams = streams_for(sim)
+        self.setpoints = setpoints
+        self.commanded = sim.read_state().position.copy()   # the last target received (rad)
+        self.applied = self.commanded.copy()               # the targets the simulator has (rad)
+        self.csp = np.zeros(sim.n, dtype=bool)             # the last accepted frame's mode is CSP
+
+    def start_from(self, position: np.ndarray) -> None:
+        self.commanded[:] = position
+        self.applied[:] = position
+
+    def arrived(self, controlword, mode, target: np.ndarray, torque: np.ndarray) -> None:
+        """An accepted frame's commands (InputError from the simulator leaves nothing changed)."""
+        if self.setpoints is None:
+            self.sim.set_commands(controlword=controlword, mode=mode, target_position=target, target_torque=torque)
+            self._received(target)
+        else:
+            self.sim.set_commands(controlword=controlword, mode=mode)
+            self.setpoints.push(target, torque)
+        np.equal(mode, cia402.Mode.CSP, out=self.csp)
+
+    def after_cycle(self) -> None:
+        if self.setpoints is not None:
+            got = self.setpoints.take()
+            if got is not None:
+                self.sim.set_commands(target_position=got[0], target_torque=got[1])
+                self._received(got[0])
+        target = self.streams.cycle(self.csp)
+        following = self.streams.following
+        if (following & (target != self.applied)).any():
+            np.copyto(self.applied, np.where(following, target, self.commanded))
+            self.sim.set_commands(target_position=self.applied)
+
+    def _received(self, target: np.ndarray) -> None:
+        self.streams.receive_all(target)
+        self.commanded[:] = target
+        self.applied[:] = target

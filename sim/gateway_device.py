@@ -62,7 +62,8 @@ from firmware_bridge import gateway as gw
 from firmware_bridge.units import (CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, TORQUE_CONSTANT_LSB, TORQUE_LSB,
                                    JointScaling, wire_gear_ratio)
 from firmware_bridge.errors import InputError
-from sim.drive_targets import streams_for, target_limits, target_refusal
+from sim.drive_targets import DeviceTargets, target_limits, target_refusal
+from sim.target_buffer import for_device
 from sim.faults import Fate
 
 _log = logging.getLogger("armid.sim.gateway")
@@ -134,7 +135,7 @@ class GatewayDevice:
     external_clock = False
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, watchdog_s: float | None = 0.1,
-                 step_on_exchange: bool = False):
+                 step_on_exchange: bool = False, target_buffer: int | None = None):
         if not isinstance(host, str) or not host:
             raise InputError(f"gateway: host: expected an address, got {host!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -145,6 +146,7 @@ class GatewayDevice:
         if not isinstance(step_on_exchange, bool):
             raise InputError(f"gateway: step_on_exchange: expected true or false, got {step_on_exchange!r}")
         self.external_clock = step_on_exchange
+        self.setpoints = for_device(target_buffer, step_on_exchange, "gateway")   # sim.target_buffer (free-running)
         self.exchanges = 0
         self.host, self.port = host, port
         self._timeout_ms = 0 if watchdog_s is None else int(round(watchdog_s * 1000))
@@ -171,10 +173,8 @@ class GatewayDevice:
         gears = [wire_gear_ratio(g) for g in model.gear_ratio]
         self._scaling = JointScaling.from_gear([float(g) for g in gears], counts_per_rev)
         self._limits = target_limits(model, self._scaling.counts_per_rad)
-        self.targets = streams_for(sim)
-        self._commanded = np.zeros(n)                   # the last accepted image's targets (rad)
-        self._applied = np.zeros(n)                     # the targets the simulator has (rad)
-        self._csp = np.zeros(n, dtype=bool)             # the last accepted image's mode is CSP
+        self.drive_targets = DeviceTargets(sim, self.setpoints)
+        self.targets = self.drive_targets.streams
         self._scaling_words = gw.encode_scaling(gw.ScalingImage(
             counts_per_rev=np.full(n, counts_per_rev, np.int64),
             gear_numerator=np.array([g.numerator for g in gears], np.int64),
@@ -214,8 +214,7 @@ class GatewayDevice:
             0, self._timeout_ms, np.zeros(self._n, np.int64), state.mode_display.astype(np.int64),
             self._scaling.position_to_counts(state.position), np.zeros(self._n, np.int64))).astype(np.int64)
         self._last_watchdog, self._expired, self._host_seen = time.monotonic(), False, False
-        self._commanded[:] = state.position
-        self._applied[:] = state.position
+        self.drive_targets.start_from(state.position)
         device = register_device(self._holding.tolist(), self._inputs, action=self._action, mirror=True,
                                  scaling=self._scaling_words)
         server = ModbusServerThread(device, self.host, self.port, trace_packet=self._trace_packet)
@@ -300,16 +299,12 @@ class GatewayDevice:
             refusal = target_refusal(target, torque, *self._limits, self._sim.model.joint_names)
             if refusal is not None:
                 raise gw.GatewayError(refusal)
-            self._sim.set_commands(controlword=controlword, mode=mode, target_position=target, target_torque=torque)
+            self.drive_targets.arrived(controlword, mode, target, torque)
         except (gw.GatewayError, InputError) as exc:
             self.refused_writes += 1
             self.last_refusal = str(exc)
             return ExcCodes.ILLEGAL_VALUE
         self._holding = new
-        self.targets.receive_all(target)
-        self._commanded[:] = target
-        self._applied[:] = target
-        np.equal(mode, cia402.Mode.CSP, out=self._csp)
         self._host_seen = True
         if _WATCHDOG in written:
             self._last_watchdog, self._expired = time.monotonic(), False
@@ -325,11 +320,7 @@ class GatewayDevice:
         """Keep this cycle's values (copies, swapped in whole); encoding waits for a read (_encoded). Then the
         drives' targets for the next cycle (sim.drive_targets)."""
         with self._lock:
-            target = self.targets.cycle(self._csp)
-            following = self.targets.following
-            if (following & (target != self._applied)).any():
-                np.copyto(self._applied, np.where(following, target, self._commanded))
-                self._sim.set_commands(target_position=self._applied)
+            self.drive_targets.after_cycle()
         si = np.array((sample.position, sample.velocity, sample.current, sample.torque))
         si *= self._wire_scale   # JointScaling's factors: counts/rad, counts/s per rad/s, 1/uA, 1/mN m
         expired = self._watchdog(sample.statusword)

@@ -34,7 +34,8 @@ from firmware_bridge import cia402
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
 from firmware_bridge.errors import InputError
-from sim.drive_targets import streams_for, target_limits, target_refusal
+from sim.drive_targets import DeviceTargets, target_limits, target_refusal
+from sim.target_buffer import for_device
 from sim.faults import Fate
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class SerialDevice:
 
     def __init__(self, port: str | None = None, *, baudrate: int = 3_000_000,
                  watchdog_s: float = sp.DEFAULT_WATCHDOG_US * 1e-6, heartbeat_s: float = 0.1, state_queue: int = 8,
-                 step_on_command: bool = False):
+                 step_on_command: bool = False, target_buffer: int | None = None):
         for name, v in (("watchdog_s", watchdog_s), ("heartbeat_s", heartbeat_s)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise InputError(f"serial device: {name}: expected seconds > 0, got {v!r}")
@@ -154,6 +155,7 @@ class SerialDevice:
         if not isinstance(step_on_command, bool):
             raise InputError(f"serial device: step_on_command: expected true or false, got {step_on_command!r}")
         self.external_clock = step_on_command
+        self.setpoints = for_device(target_buffer, step_on_command, "serial device")   # sim.target_buffer (free-running)
         self.port, self.baudrate = port, int(baudrate)
         self.watchdog_s, self.heartbeat_s, self.state_queue = float(watchdog_s), float(heartbeat_s), state_queue
         self.default_watchdog_s = self.watchdog_s
@@ -189,11 +191,9 @@ class SerialDevice:
         self._conv = np.zeros((3, sim.n))
         self._last_sw = b""
         self._limits = target_limits(sim.model, self.scaling.counts_per_rad)
-        self.targets = streams_for(sim)
+        self.drive_targets = DeviceTargets(sim, self.setpoints)
+        self.targets = self.drive_targets.streams
         self._target_lock = threading.Lock()            # a COMMAND's targets against the cycle's continuation
-        self._commanded = sim.read_state().position.copy()   # the last accepted COMMAND's targets (rad)
-        self._applied = self._commanded.copy()                # the targets the simulator has (rad)
-        self._csp = np.zeros(sim.n, dtype=bool)          # the last accepted COMMAND's mode is CSP
         self.last_refusal = ""
 
     def start(self) -> None:
@@ -296,14 +296,10 @@ class SerialDevice:
             self.sim.set_commands(controlword=np.full(self.sim.n, cia402.CW_QUICK_STOP))
 
     def _follow_targets(self) -> None:
-        """After a cycle, for the next: each drive in CSP follows its targets (sim.drive_targets); where that is
-        not the target it received, the continuation or the held target becomes the simulator's."""
+        """After a cycle, for the next: the setpoint buffer's next target, then each drive in CSP follows its
+        targets (sim.drive_targets.DeviceTargets)."""
         with self._target_lock:
-            target = self.targets.cycle(self._csp)
-            following = self.targets.following
-            if (following & (target != self._applied)).any():
-                np.copyto(self._applied, np.where(following, target, self._commanded))
-                self.sim.set_commands(target_position=self._applied)
+            self.drive_targets.after_cycle()
 
     def _send_state(self, s, sc: JointScaling) -> None:
         """Queue the STATE of sample s: positions and velocities in counts, currents in uA (as JointScaling
@@ -419,16 +415,11 @@ class SerialDevice:
             return
         with self._target_lock:
             try:
-                self.sim.set_commands(controlword=msg.controlword, mode=msg.mode, target_position=target,
-                                      target_torque=torque)
+                self.drive_targets.arrived(msg.controlword, msg.mode, target, torque)
             except InputError as exc:
                 self.counters.rejected += 1
                 self.last_refusal = str(exc)
                 log.warning("serial device: COMMAND refused: %s", exc)
                 return
-            self.targets.receive_all(target)
-            self._commanded[:] = target
-            self._applied[:] = target
-            np.equal(msg.mode, cia402.Mode.CSP, out=self._csp)
         if self.external_clock:
             self.sim.step(1)

@@ -44,7 +44,6 @@ from firmware_bridge.cia402 import State, state_of
 from firmware_bridge.errors import InputError
 from ident.model import Model, load_model
 from sim.clock import FastClock, LatenessStats, RealtimeClock
-from sim.target_buffer import TargetBuffer
 from sim import drive_control as dc
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
@@ -87,7 +86,6 @@ _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
 # sample with one), then the targets came in a burst, and a following-error fault came from the hold between
 # them (0x8611 on a machine at load 6). A device that skips ticks is, to the host, one whose samples are late.
 REBASE_PERIODS = 3
-FREE_RUNNING_TARGET_BUFFER = 3   # cycles: a free-running drive's setpoint buffer (sim.target_buffer)
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
 
 
@@ -181,10 +179,6 @@ class Simulator:
     clock_drift_ppm, clock_jitter_us: the internal real-time clock's drift against the host's (ppm, positive:
     slow) and the standard deviation of each tick's wake-up jitter (us), as a device's own crystal and
     interrupt latency (sim.clock.RealtimeClock); they apply to the free-running simulator only.
-    target_buffer: cycles of the drives' setpoint buffer (sim.target_buffer): targets written with
-    set_commands are consumed one per cycle, in order, that many cycles behind the newest. None (default): 3
-    when the simulator runs on its own clock behind a transport (free-running: the targets cross a link whose
-    delay varies), 0 (the newest target each cycle) when something else clocks it.
     """
 
     def __init__(self, model: Model | str = "generic6", transport: "SimTransport | str | None" = None, *,
@@ -192,7 +186,7 @@ class Simulator:
                  noise: NoiseConfig | None = None, friction: FrictionConfig | None = None,
                  drive: DriveConfig | None = None, integrator: str = "rk4", seed: int | None = 0, q0=None,
                  brakes: bool = True, external_clock: bool | None = None, clock_drift_ppm: float = 0.0,
-                 clock_jitter_us: float = 0.0, target_buffer: int | None = None, **transport_options):
+                 clock_jitter_us: float = 0.0, **transport_options):
         self.model = model if isinstance(model, Model) else load_model(model)
         n = self.n = self.model.n
         if isinstance(rate_hz, bool) or not (isinstance(rate_hz, (int, float)) and 1.0 <= rate_hz <= 10_000.0):
@@ -260,9 +254,6 @@ class Simulator:
         if external_clock is None:
             external_clock = bool(getattr(transport, "external_clock", False))
         self.external_clock = bool(external_clock)
-        if target_buffer is None:
-            target_buffer = FREE_RUNNING_TARGET_BUFFER if transport is not None and not self.external_clock else 0
-        self.targets = TargetBuffer(target_buffer) if target_buffer else None
         if transport is not None:
             transport.attach(self)
 
@@ -381,11 +372,9 @@ class Simulator:
                 self._cmd_cw[sel] = cw
             if md is not None:
                 self._cmd_mode[sel] = md
-            if pos is not None and self.targets is not None and joint is None:
-                self.targets.push(pos, self._cmd_tau if tq is None else tq)
-            elif pos is not None:
+            if pos is not None:
                 self._cmd_pos[sel] = pos
-            if tq is not None and (self.targets is None or joint is not None or pos is None):
+            if tq is not None:
                 self._cmd_tau[sel] = tq
 
     def read_state(self, out: SimState | None = None) -> SimState:
@@ -481,10 +470,6 @@ class Simulator:
     # -- the cycle ---------------------------------------------------------------------------------
     def _cycle(self) -> None:
         with self._io_lock:
-            if self.targets is not None:
-                target = self.targets.take()
-                if target is not None:
-                    self._cmd_pos[:], self._cmd_tau[:] = target
             self._cw[:] = self._cmd_cw
             self._mode[:] = self._cmd_mode
             self._tpos[:] = self._cmd_pos

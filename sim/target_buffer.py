@@ -18,7 +18,7 @@ Rules, per drive cycle (`take`):
     targets more than it needs (the master's clock runs faster than the drive's, or a spell of lateness is
     over), the oldest one is dropped (counted as skipped): the latency comes down at most one target per
     window, never in a jump, and keeps one cycle of margin over what the window needed;
-  * more than 4 * MAX_DEPTH queued (the drive's loop stalled) drops the oldest at once;
+  * more than MAX_QUEUED queued (the drive's loop stalled for seconds) drops the oldest at once;
   * `reset` empties the queue (a drive leaving CSP, a restart): the next targets prime it again.
 """
 from __future__ import annotations
@@ -31,6 +31,9 @@ import numpy as np
 from firmware_bridge.errors import InputError
 
 MAX_DEPTH = 16
+FREE_RUNNING_DEPTH = 3    # a free-running device's default: jitter of two cycles costs nothing (with 2, a
+                          # loaded 2-core machine ran 3 % of the cycles without a target)
+MAX_QUEUED = 4096         # targets: seconds of a stalled drive loop at 1 kHz
 WINDOW = 1000             # cycles over which the queue's shortest length is watched
 
 
@@ -54,7 +57,7 @@ class TargetBuffer:
             raise InputError(f"target_buffer: expected a number of cycles 1..{MAX_DEPTH}, got {depth!r}")
         self.depth = depth
         self.window = int(window)
-        self._low = 4 * MAX_DEPTH
+        self._low = MAX_QUEUED
         self._cycles = 0
         self._queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._running = False
@@ -67,7 +70,7 @@ class TargetBuffer:
         """A target arrived (copied)."""
         self._queue.append((np.array(position, dtype=float), np.array(torque, dtype=float)))
         self.counts.received += 1
-        if len(self._queue) > 4 * MAX_DEPTH:            # a stalled drive loop: keep the newest only
+        if len(self._queue) > MAX_QUEUED:               # a drive loop stalled for seconds: keep the newest
             self.counts.skipped += 1
             self._queue.popleft()
 
@@ -89,11 +92,21 @@ class TargetBuffer:
             if self._low > self.depth and queue:       # two or more spare after every take of the window
                 queue.popleft()
                 self.counts.skipped += 1
-            self._low, self._cycles = 4 * MAX_DEPTH, 0
+            self._low, self._cycles = MAX_QUEUED, 0
         return target
 
     def reset(self) -> None:
         """Forget the queued targets; the next ones prime the buffer again."""
         self._queue.clear()
         self._running = False
-        self._low, self._cycles = 4 * MAX_DEPTH, 0
+        self._low, self._cycles = MAX_QUEUED, 0
+
+
+def for_device(depth: int | None, host_clocked: bool, where: str) -> TargetBuffer | None:
+    """The setpoint buffer of a device side: `depth` cycles (0: none), by default FREE_RUNNING_DEPTH when the
+    device runs on its own clock and none when the host clocks it (one cycle per command: nothing to absorb)."""
+    if depth is None:
+        depth = 0 if host_clocked else FREE_RUNNING_DEPTH
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH:
+        raise InputError(f"{where}: target_buffer: expected a number of cycles 0..{MAX_DEPTH}, got {depth!r}")
+    return TargetBuffer(depth) if depth else None

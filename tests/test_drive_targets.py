@@ -138,7 +138,8 @@ class SerialSide:
     """A SerialDevice whose COMMANDs go through its own handler (no pty traffic needed), simulator stepped here."""
 
     def __init__(self):
-        self.dev = SerialDevice(watchdog_s=10.0)
+        self.dev = SerialDevice(watchdog_s=10.0, target_buffer=0)   # the continuation alone (the buffer in
+                                                                    # front of it: tests/test_free_running.py)
         self.sim = Simulator("generic6", transport=self.dev, seed=1)
         self.dev.start()                 # its cycle callback; the simulator is stepped by the test
         self.cpr = self.dev.scaling.counts_per_rad
@@ -160,7 +161,7 @@ class GatewaySide:
     """A GatewayDevice whose writes go through its own check-and-apply (as a Modbus write does), stepped here."""
 
     def __init__(self):
-        self.dev = GatewayDevice(watchdog_s=None)
+        self.dev = GatewayDevice(watchdog_s=None, target_buffer=0)
         self.sim = Simulator("generic6", transport=self.dev, seed=1)
         self.dev.start()
         self.cpr = self.dev._scaling.counts_per_rad

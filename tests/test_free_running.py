@@ -20,6 +20,8 @@ from firmware_bridge.cia402 import Mode, State
 from firmware_bridge.errors import InputError
 from ident.model import load_model
 from sim import Simulator, clock
+from sim.drive_targets import DeviceTargets
+from sim.gateway_device import GatewayDevice
 from sim.serial_device import SerialDevice
 from sim.target_buffer import TargetBuffer
 from waiting import wait_until
@@ -86,28 +88,32 @@ def test_a_buffer_depth_outside_its_range_is_refused_naming_it(depth):
         TargetBuffer(depth)
 
 
-def _csp_sim(model, target_buffer: int) -> Simulator:
-    sim = Simulator(model, seed=3, target_buffer=target_buffer)
+def _csp_sim(model, depth: int) -> tuple[Simulator, DeviceTargets]:
+    """A simulator with its drives in CSP, enabled, and a device side's targets (sim.drive_targets.DeviceTargets,
+    what the serial and gateway devices use) with a setpoint buffer of `depth` cycles (0: none)."""
+    sim = Simulator(model, seed=3)
+    targets = DeviceTargets(sim, TargetBuffer(depth) if depth else None)
     q0 = sim.read_state().position.copy()
-    sim.set_commands(mode=np.full(model.n, int(Mode.CSP)), controlword=np.full(model.n, cia402.CW_SHUTDOWN))
-    for _ in range(3):
-        sim.set_commands(target_position=q0)
-    sim.step(1)
-    sim.set_commands(controlword=np.full(model.n, cia402.CW_ENABLE_OPERATION))
-    for _ in range(3):
-        sim.set_commands(target_position=q0)
+    csp = np.full(model.n, int(Mode.CSP))
+    for cw in (cia402.CW_SHUTDOWN, cia402.CW_ENABLE_OPERATION, cia402.CW_ENABLE_OPERATION, cia402.CW_ENABLE_OPERATION):
+        targets.arrived(np.full(model.n, cw), csp, q0, np.zeros(model.n))
+        targets.after_cycle()
         sim.step(1)
     assert sim.read_state().states() == [State.OPERATION_ENABLED] * model.n
-    return sim
+    return sim, targets
 
 
-def _run(sim: Simulator, targets: np.ndarray, arrivals: list[int]) -> np.ndarray:
-    """Push the targets in order, arrivals[k] of them before cycle k; the true joint angles of every cycle."""
+def _run(rig, targets: np.ndarray, arrivals: list[int]) -> np.ndarray:
+    """Hand the targets to the device side in order, arrivals[k] of them before cycle k; the true joint angles
+    of every cycle."""
+    sim, device = rig
+    cw, csp, zero = np.full(sim.n, cia402.CW_ENABLE_OPERATION), np.full(sim.n, int(Mode.CSP)), np.zeros(sim.n)
     q, i = [], 0
     for count in arrivals:
         for _ in range(count):
-            sim.set_commands(target_position=targets[i])
+            device.arrived(cw, csp, targets[i], zero)
             i += 1
+        device.after_cycle()
         sim.step(1)
         q.append(sim.read_truth().q.copy())
     return np.array(q)
@@ -115,10 +121,10 @@ def _run(sim: Simulator, targets: np.ndarray, arrivals: list[int]) -> np.ndarray
 
 def test_with_a_setpoint_buffer_jittered_arrival_moves_the_arm_exactly_as_regular_arrival(model):
     """The same targets, one per cycle or in bursts and gaps within the buffer's depth: the arm's motion is
-    identical (to the bit). Without the buffer (the newest target latched each cycle) it is not: the test can
-    tell the difference."""
+    identical (to the bit). Without the buffer (each target acts as it comes, the drives continuing the
+    received ones over a gap) it is not: the test can tell the difference."""
     K = 400
-    q0 = _csp_sim(model, 0).read_state().position
+    q0 = _csp_sim(model, 0)[0].read_state().position
     s = np.sin(np.linspace(0.0, np.pi, K))[:, None]
     targets = q0 + 0.2 * s * np.array([1.0, -0.5, 0.8, 0.3, -0.6, 0.4])
     regular = [1] * K
@@ -131,8 +137,8 @@ def test_with_a_setpoint_buffer_jittered_arrival_moves_the_arm_exactly_as_regula
     smooth = _run(_csp_sim(model, 2), targets, regular)
     buffered = _run(_csp_sim(model, 2), targets, jittered)
     np.testing.assert_array_equal(buffered, smooth)
-    latched = _run(_csp_sim(model, 0), targets, jittered)
-    assert np.abs(latched - smooth).max() > 1e-4
+    unbuffered = _run(_csp_sim(model, 0), targets, jittered)
+    assert np.abs(unbuffered - smooth).max() > 1e-7
 
 
 # -- the simulator's own clock ----------------------------------------------------------------------------------
@@ -162,16 +168,13 @@ def test_impossible_clock_settings_are_refused_naming_them(kwargs, error):
         clock.RealtimeClock(1000.0, **kwargs)
 
 
-def test_a_free_running_simulator_behind_a_transport_buffers_its_targets_and_a_lockstep_one_does_not(model):
-    free = Simulator(model, SerialDevice(watchdog_s=0.5), realtime=True)
-    stepped = Simulator(model, SerialDevice(watchdog_s=0.5, step_on_command=True), realtime=True)
-    alone = Simulator(model)
-    try:
-        assert free.targets is not None and free.targets.depth == 3
-        assert stepped.targets is None and alone.targets is None
-    finally:
-        for sim in (free, stepped):
-            sim.transport.stop()
+def test_free_running_device_sides_buffer_their_targets_and_host_clocked_ones_do_not():
+    assert SerialDevice().setpoints.depth == GatewayDevice().setpoints.depth == 3
+    assert SerialDevice(step_on_command=True).setpoints is None
+    assert GatewayDevice(step_on_exchange=True).setpoints is None
+    assert SerialDevice(target_buffer=0).setpoints is None and GatewayDevice(target_buffer=5).setpoints.depth == 5
+    with pytest.raises(InputError, match="gateway: target_buffer"):
+        GatewayDevice(target_buffer=-1)
 
 
 # -- the driver on the device's clock ---------------------------------------------------------------------------
@@ -203,11 +206,12 @@ def test_on_the_devices_clock_the_driver_sends_one_target_per_device_sample(mode
         reply = _call(cmd, cmd="move_to", q=[0.2, -0.1, 0.15, 0.1, -0.2, 0.25], speed=0.5)
         assert reply["ok"], reply
         assert wait_until(lambda: driver.cycle.motion is None, 30)
+        goal = np.array([0.2, -0.1, 0.15, 0.1, -0.2, 0.25])   # the buffered targets still reach the drives
+        assert wait_until(lambda: np.abs(sim.read_truth().q - goal).max() < 2e-3, 5), sim.read_truth().q
     finally:
         cmd.close(0)
         driver.stop()
         time.sleep(0.05)                            # the last command crosses the pty
         sim.stop()
-    counts = sim.targets.counts
+    counts = dev.setpoints.counts
     assert counts.received == driver.cycle.fresh, (counts, driver.cycle.fresh, driver.cycle.caught_up)
-    np.testing.assert_allclose(sim.read_truth().q, [0.2, -0.1, 0.15, 0.1, -0.2, 0.25], atol=2e-3)

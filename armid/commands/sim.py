@@ -79,9 +79,10 @@ def _run(args: argparse.Namespace) -> int:
                 return 1
     finally:
         sim.stop()
-        if sim.targets is not None:
-            c = sim.targets.counts
-            print(f"armid sim: setpoint buffer ({sim.targets.depth} cycles): {c.received} targets received, "
+        setpoints = getattr(sim.transport, "setpoints", None)
+        if setpoints is not None:
+            c = setpoints.counts
+            print(f"armid sim: setpoint buffer ({setpoints.depth} cycles): {c.received} targets received, "
                   f"{c.consumed} consumed, {c.underruns} cycles without one, {c.skipped} dropped to bound the "
                   f"latency", file=sys.stderr, flush=True)
     return 0
