@@ -12,22 +12,21 @@ import importlib
 from ident.errors import InputError
 
 EXTRA = "ident"
-INSTALL = f"pip install 'armid[{EXTRA}]'"
 
 
 class MissingExtra(InputError):
     """An optional dependency is not installed: the message names what needs it and the extra to install."""
 
 
-def require(module: str, needed_for: str):
+def require(module: str, needed_for: str, extra: str = EXTRA):
     """Import `module` (e.g. "cvxpy", "matplotlib.figure") and return it; MissingExtra naming the package,
-    what it is `needed_for` and the extra that installs it when it is not installed. An ImportError from
-    inside an installed package (a broken installation) is not hidden."""
+    what it is `needed_for` and the extra that installs it (default the ident extra) when it is not installed.
+    An ImportError from inside an installed package (a broken installation) is not hidden."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         top = module.partition(".")[0]
         if (getattr(exc, "name", None) or "").partition(".")[0] != top:
             raise
-        raise MissingExtra(f"{needed_for}: {top} is not installed; install the {EXTRA!r} extra ({INSTALL}, "
-                           f"or pip install -e '.[{EXTRA}]' in a checkout)") from None
+        raise MissingExtra(f"{needed_for}: {top} is not installed; install the {extra!r} extra (pip install "
+                           f"'armid[{extra}]', or pip install -e '.[{extra}]' in a checkout)") from None

@@ -1,0 +1,97 @@
+"""The live view: `armid foxglove`'s bridge serves a running driver's stream over the Foxglove WebSocket protocol.
+A client written from the protocol (subprotocol foxglove.sdk.v1: advertise, subscribe, binary message data) connects
+on loopback, subscribes to every channel and decodes what comes: the JSON state equals the driver's stream,
+and the frame transforms follow the model."""
+from __future__ import annotations
+
+import json
+import struct
+import time
+
+import numpy as np
+import pytest
+from websockets.sync.client import connect
+
+from armid.foxglove_bridge import Bridge, link_transforms
+from driver.daemon import Driver, Endpoints
+from ident.model import load_model
+from sim import Simulator
+from sim.local_transport import LocalSimArm
+from scipy.spatial.transform import Rotation
+
+PROTOCOL = "foxglove.sdk.v1"
+
+
+@pytest.fixture
+def live(tmp_path):
+    model = load_model("generic6")
+    sim = Simulator(model, seed=2, realtime=True)
+    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
+               watchdog_s=0.5)
+    d.start()
+    bridge = Bridge(model, d.bound["state"], port=0, decimate=5).start()
+    yield model, d, bridge
+    bridge.stop()
+    d.stop()
+    sim.stop()
+
+
+def _messages(ws, seconds: float):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            yield ws.recv(timeout=max(0.01, deadline - time.monotonic()))
+        except TimeoutError:
+            return
+
+
+def test_a_foxglove_client_receives_the_joint_states_tf_state_and_health(live):
+    model, driver, bridge = live
+    with connect(f"ws://127.0.0.1:{bridge.port}", subprotocols=[PROTOCOL], open_timeout=10) as ws:
+        channels = {}
+        for raw in _messages(ws, 3.0):
+            msg = json.loads(raw)
+            if msg["op"] == "advertise":
+                channels.update({c["topic"]: c for c in msg["channels"]})
+            if {"/joint_states", "/tf", "/armid/state", "/armid/health", "/armid/model"} <= set(channels):
+                break
+        assert {"/joint_states", "/tf", "/armid/state", "/armid/health", "/armid/model"} <= set(channels)
+        assert channels["/joint_states"]["schemaName"] == "foxglove.JointStates"
+        assert channels["/tf"]["schemaName"] == "foxglove.FrameTransforms"
+        ids = {c["id"]: topic for topic, c in channels.items()}
+        ws.send(json.dumps({"op": "subscribe", "subscriptions": [{"id": k, "channelId": c} for k, c in enumerate(ids)]}))
+        by_sub = dict(enumerate(ids.values()))
+        got: dict[str, list[bytes]] = {}
+        for raw in _messages(ws, 4.0):
+            if isinstance(raw, bytes) and raw[0] == 0x01:
+                sub, log_time = struct.unpack_from("<IQ", raw, 1)
+                got.setdefault(by_sub[sub], []).append(raw[13:])
+            if all(len(got.get(t, ())) >= 3 for t in ("/joint_states", "/tf", "/armid/state")) and got.get("/armid/health"):
+                break
+    for topic in ("/joint_states", "/tf", "/armid/state", "/armid/health"):
+        assert got.get(topic), f"nothing on {topic}"
+    states = [json.loads(p) for p in got["/armid/state"]]
+    assert all(b["seq"] > a["seq"] for a, b in zip(states, states[1:]))       # in order, decimated
+    truth = driver.cycle.state.q
+    np.testing.assert_allclose(states[-1]["q"], truth, atol=0.01)              # the arm at rest
+    assert len(states[-1]["statusword"]) == model.n and "enabled" in states[-1]
+    health = json.loads(got["/armid/health"][-1])
+    assert health["cycles"] > 0 and "lateness" in health
+    assert bridge.bad_messages == 0 and bridge.published >= 3
+
+
+def test_the_frame_transforms_chain_to_the_flange_as_the_models_kinematics_do():
+    """Composing the published transforms base -> ... -> flange gives the flange pose of ident's kinematics."""
+    from ident import dynamics
+
+    model = load_model("generic6")
+    q = np.array([0.3, -0.5, 0.8, 0.1, -0.4, 0.9])
+    R, p = np.eye(3), np.zeros(3)
+    chain = link_transforms(model, q)
+    assert [c[:2] for c in chain][:2] == [("base", "j1"), ("j1", "j2")] and chain[-1][1] == model.flange_frame
+    for _, _, t, quat in chain:
+        p = p + R @ t
+        R = R @ Rotation.from_quat(quat).as_matrix()
+    pose = dynamics.flange_pose(model, q[None])[0]
+    np.testing.assert_allclose(p, pose[:3, 3], atol=1e-12)
+    np.testing.assert_allclose(R, pose[:3, :3], atol=1e-12)
