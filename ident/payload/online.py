@@ -128,6 +128,7 @@ class OnlinePayload:
         self.statistic = 0.0
         self.changes: list[PayloadChange] = []
         self._holdoff = 0
+        self._skip = 0
         self.rows = 0
 
     @property
@@ -149,18 +150,26 @@ class OnlinePayload:
         Yl = Y[:, :, self._last_link] @ self._flange_to_link
         y = rows.tau - self.base.regressor(Y) @ self.arm_theta
         use = np.abs(rows.qd) >= self.min_speed
+        if self._skip:                             # rows whose window spans a detected change: left out
+            s = min(self._skip, rows.count)
+            use[:s] = False
+            self._skip -= s
         sigma = self.fit.joint_sigma               # None in the first pass: no detection yet
+        if sigma is not None:                      # the estimate's own uncertainty in each row's prediction
+            spread = np.sum((Yl @ self.rls.P) * Yl, axis=2) * self.rls.row_correlation
+            variance = sigma ** 2 + spread
+            known = ~self.fit.provisional          # joints weighted by their own rows
         err = self.fit.update(Yl, y, use)
         self.rows += rows.count
         self.counters.rows += rows.count
         if sigma is not None:
-            self._detect(rows.seq, err, use & rows.steady, sigma)
+            self._detect(rows.seq, err, use & rows.steady & known, variance)
         return rows.count
 
-    def _detect(self, seq: np.ndarray, err: np.ndarray, use: np.ndarray, sigma: np.ndarray) -> None:
+    def _detect(self, seq: np.ndarray, err: np.ndarray, use: np.ndarray, variance: np.ndarray) -> None:
         counted = use & np.isfinite(err)
         with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.sum(np.where(counted, err / sigma, 0.0) ** 2, axis=1) / counted.sum(axis=1)   # NaN: no joint
+            r = np.sum(np.where(counted, err * err / variance, 0.0), axis=1) / counted.sum(axis=1)   # NaN: no joint
         start = min(self._holdoff, r.shape[0])
         self._holdoff -= start
         if start == r.shape[0]:
@@ -172,12 +181,14 @@ class OnlinePayload:
             self.rls.stats[:2] = 0.0
             self.statistic = 0.0
             self._holdoff = self.holdoff_rows
+            # the rows of the next window mix the torques of before and after the change: not fitted
+            self._skip = max(self.samples.window - (r.shape[0] - 1 - (start + k)), 0)
 
     def reset(self) -> None:
         """Back to the prior payload, weights estimated anew, detector cleared (changes kept)."""
         self.fit.reset(self.chi0)
         self.samples.clear()
-        self.statistic, self._holdoff = 0.0, 0
+        self.statistic, self._holdoff, self._skip = 0.0, 0, 0
 
     def estimate(self) -> PayloadEstimate:
         """The current payload estimate: identified parameters with their sigmas, NaN for the others,
