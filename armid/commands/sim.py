@@ -16,6 +16,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sensor noise (default: 0)")
     p.add_argument("--payload", default=None, metavar="KG[,CX,CY,CZ]",
                    help="attach a payload: mass in kg and optionally its CoM in m (flange frame)")
+    p.add_argument("--control", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
+                   help="ZeroMQ endpoint of the control socket that attaches, swaps and detaches payloads at "
+                        "run time (docs/simulator.md; default: a free loopback port, printed; 'off': none)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a transport option, e.g. --option port=5020 (see docs/simulator.md); repeatable")
     p.set_defaults(run=_run)
@@ -56,6 +59,13 @@ def _run(args: argparse.Namespace) -> int:
         if len(parts) not in (1, 4):
             raise InputError(f"--payload {args.payload!r}: expected KG or KG,CX,CY,CZ")
         sim.attach_payload(parts[0], parts[1:] or (0.0, 0.0, 0.0))
+    control = None
+    if args.control != "off":
+        from sim.control import ControlServer
+
+        attached = None if not args.payload else {"mass": parts[0], "com": parts[1:] or [0.0] * 3, "inertia": [0.0] * 6}
+        control = ControlServer(sim, args.control, attached=attached)
+        control.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
@@ -63,6 +73,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         where = " ".join(f"{k}={v}" for k, v in sim.transport.connection().items())
         print(f"armid sim: {args.transport} ready: {where}", flush=True)
+        if control is not None:
+            print(f"armid sim: control ready: endpoint={control.bound}", flush=True)
         print(f"armid sim: {sim.model.name}, {sim.n} joints, {args.rate:g} Hz, "
               f"{'real time' if args.realtime else 'as fast as possible'}; Ctrl-C stops", file=sys.stderr, flush=True)
         while not stop.wait(0.5):
@@ -70,5 +82,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"armid sim: the simulator failed: {sim.error}", file=sys.stderr)
                 return 1
     finally:
+        if control is not None:
+            control.stop()
         sim.stop()
     return 0
