@@ -23,20 +23,26 @@ ALIGN_TOL). Parameters that are not are NaN in the estimate, and the excited dir
 are reported as combinations (PayloadEstimate.combinations) with their values and sigmas.
 
 **Change detection: CUSUM on the normalised prediction residual.** After the first pass, each sample's
-a-priori errors give r_k = mean_j (e_kj / sigma_j)^2 over the joints used and not reversing inside the
-filter's window (about 1 while the payload is the tracked one: sigma_j are the weights' residual standard
-deviations; a reversal's Coulomb jump is smeared in the filtered torque but not in the row, a burst of
-30-50 sigma that is no payload change). The one-sided CUSUM
+a-priori errors give r_k = mean_j e_kj^2 / (sigma_j^2 + c Y_kj P Y_kj') over the joints used, weighted by
+their own rows (JointWeightedRLS.provisional false) and not reversing inside the filter's window (a
+reversal's Coulomb jump is smeared in the filtered torque but not in the row, a burst of 30-50 sigma that
+is no payload change). sigma_j are the weights' residual standard deviations; Y_kj P Y_kj' (c the rows'
+correlation, RecursiveLS.row_correlation) is the variance the estimate's own uncertainty adds to the
+prediction: a motion that excites payload directions the data have not yet pinned down predicts badly
+there, and r stays about 1 while the payload is the tracked one, whatever the motion. (Without it, the
+first excitation after a move of some joints raised events.) The one-sided CUSUM
 
     g_k = max(0, g_(k-1) + r_k - 1 - drift),    alarm when g_k > threshold
 
-with drift = 1 (a shift of the mean of r by more than 1, i.e. a residual more than sqrt(2) sigma_j RMS,
-accumulates) and threshold = 500 (e.g. r = 50 for ten samples, 10 ms at 1 kHz; under no change g stays
-near 0 because r - 2 is negative on average, and the filtered residuals' time correlation of about 10
-samples still leaves bursts far below 500). On an alarm the covariance is boosted by p0 I (the filter
-re-converges from its current estimate, as fast as at the start), the residual statistics restart, and
-the detector holds off for `holdoff_rows` rows while the estimate re-converges. A `PayloadChange` is
-recorded (device sample index, the statistic, the estimate before the change).
+with drift = 1 (a shift of the mean of r by more than 1 accumulates) and threshold = 500 (e.g. r = 50 for
+ten samples, 10 ms at 1 kHz; under no change g stays near 0 because r - 2 is negative on average, and the
+filtered residuals' time correlation of about 10 samples still leaves bursts far below 500). On an alarm
+the covariance is boosted by p0 I (the filter re-converges from its current estimate, as fast as at the
+start, and the boosted prediction variance keeps r small meanwhile), the rows of the next filter window
+are left out of the fit (their torques straddle the change: fitted with the boosted gain they biased the
+new estimate and raised a second event), the residual statistics restart, and the detector holds off
+for `holdoff_rows` rows. A `PayloadChange` is recorded (device sample index, the statistic, the estimate
+before the change).
 """
 from __future__ import annotations
 
