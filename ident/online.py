@@ -31,8 +31,8 @@ theta||^2 / max(r_j - p, 1)) from the a-posteriori residuals of those rows (the 
 ident.estimate), the filter restarts and replays them with weights 1/sigma_j, and every later row of
 joint j is weighted 1/sigma_j. With no forgetting the estimate is then the WLS estimate of all rows with
 those weights. A joint that had not moved is weighted by the largest sigma_j of the others until it has
-`warmup_rows` rows of its own (it is `provisional` until then), and then by the RMS of those rows'
-a-priori errors. Giving `joint_sigma` skips the first pass.
+`warmup_rows` rows of its own (it is `provisional` until then), and then by the spread of those rows'
+a-priori errors (1.4826 times their median absolute value). Giving `joint_sigma` skips the first pass.
 
 Convergence: the estimate is `converged` when its relative change between consecutive reports stayed
 below `converge_tol` for `converge_reports` reports and at least 20 rows per parameter were used.
@@ -315,7 +315,7 @@ class JointWeightedRLS:
         self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._kept_rows = np.zeros(self.n, dtype=np.int64)
         self._provisional = np.full(self.n, self._pending)
-        self._late_sq, self._late_rows = np.zeros(self.n), np.zeros(self.n, dtype=np.int64)
+        self._late_err, self._late_rows = np.zeros((self.n, self.warmup_rows)), np.zeros(self.n, dtype=np.int64)
 
     def set_weights(self, joint_sigma) -> None:
         """Use these sigma_j (n,) from now on (e.g. restored from a file); ends a pending first pass."""
@@ -341,13 +341,18 @@ class JointWeightedRLS:
 
     def _own_sigma(self, err: np.ndarray, use: np.ndarray) -> None:
         """A joint that had not moved in the first pass: its sigma_j from the a-priori errors of its first
-        warmup_rows rows (the estimate has converged by then: about its a-posteriori residuals)."""
+        warmup_rows rows, by their median absolute value (1.4826 MAD: the standard deviation of normal
+        errors). The first rows of a joint that starts moving can be predicted far off, in directions the
+        other joints' rows did not pin down: a few errors of 1000 sigma that the median ignores and an RMS
+        would not."""
         counted = np.asarray(use, dtype=bool) & np.isfinite(err) & self._provisional
-        self._late_sq += np.sum(np.where(counted, err, 0.0) ** 2, axis=0)
-        self._late_rows += counted.sum(axis=0)
+        for j in np.flatnonzero(counted.any(axis=0)):
+            e = err[counted[:, j], j][:self.warmup_rows - self._late_rows[j]]
+            self._late_err[j, self._late_rows[j]:self._late_rows[j] + e.size] = e
+            self._late_rows[j] += e.size
         done = self._provisional & (self._late_rows >= self.warmup_rows)
         if done.any():
-            sigma = np.sqrt(self._late_sq[done] / self._late_rows[done])
+            sigma = 1.4826 * np.median(np.abs(self._late_err[done]), axis=1)
             self.rls.weights[done] = 1.0 / np.maximum(sigma, 1e-12 * np.max(1.0 / self.rls.weights))
             self._provisional[done] = False
 
