@@ -258,3 +258,22 @@ def test_over_minutes_of_mixed_motion_every_payload_change_raises_one_event_and_
         assert est.mass == pytest.approx(mass, abs=0.01), end
         if com is not None:
             assert np.max(np.abs(est.com - com)) < 2e-3, end
+
+
+def test_over_minutes_of_mixed_motion_a_payload_on_from_the_start_raises_no_event_and_is_found(model):
+    """100 s of mixed motion (another plan) with a payload on the flange from the first sample: the tracker
+    starts from no payload, learns it without calling that a change, and no motion raises an event."""
+    import mixed_motion
+
+    run = mixed_motion.run(model, 100.0, payloads={0.0: SWAPPED}, seed=1)
+    tracker = OnlinePayload(model, effort_delay=effort_delay(RATE))
+    peak = 0.0
+    for k in range(0, run.seq.size, 50):
+        tracker.push(run.seq[k:k + 50], run.q[k:k + 50], run.tau[k:k + 50])
+        peak = max(peak, tracker.statistic)
+    print(f"payload on from the start: events: {len(tracker.changes)}, CUSUM peak {peak:.1f} "
+          f"(threshold {tracker.threshold:g})")
+    assert tracker.changes == []
+    est = tracker.estimate()
+    assert est.mass == pytest.approx(SWAPPED[0], abs=0.01)
+    assert np.max(np.abs(est.com - SWAPPED[1])) < 2e-3

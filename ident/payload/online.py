@@ -24,9 +24,12 @@ are reported as combinations (PayloadEstimate.combinations) with their values an
 
 **Change detection: CUSUM on the normalised prediction residual.** After the first pass, each sample's
 a-priori errors give r_k = mean_j e_kj^2 / (sigma_j^2 + c Y_kj P Y_kj') over the joints used, weighted by
-their own rows (JointWeightedRLS.provisional false) and not reversing inside the filter's window (a
+their own rows (JointWeightedRLS.provisional false), not reversing inside the filter's window (a
 reversal's Coulomb jump is smeared in the filtered torque but not in the row, a burst of 30-50 sigma that
-is no payload change). sigma_j are the weights' residual standard deviations; Y_kj P Y_kj' (c the rows'
+is no payload change) and at least `detect_speed` fast (DETECT_SPEED, twice the slow-row threshold: just
+above that threshold a joint's friction still has its breakaway (Stribeck) excess, tens of sigma on the
+wrist joints whenever a motion starts or ends; leaving those rows out halved the statistic's peaks over
+minutes of motion). sigma_j are the weights' residual standard deviations; Y_kj P Y_kj' (c the rows'
 correlation, RecursiveLS.row_correlation) is the variance the estimate's own uncertainty adds to the
 prediction: a motion that excites payload directions the data have not yet pinned down predicts badly
 there, and r stays about 1 while the payload is the tracked one, whatever the motion. (Without it, the
@@ -65,6 +68,7 @@ EXCITED_SHRINK = 1e-3   # a direction is excited when the data shrank its prior 
 ALIGN_TOL = 1e-3        # a parameter is identified when less than this of its unit vector is unexcited
 CUSUM_DRIFT = 1.0       # allowance of the CUSUM, in units of the normalised squared residual
 CUSUM_THRESHOLD = 500.0  # alarm level of the CUSUM
+DETECT_SPEED = 0.2      # rad/s: slower rows are fitted (above min_speed) but not tested for a change
 
 
 @njit(cache=True, nogil=True)
@@ -100,13 +104,15 @@ class OnlinePayload:
     detection (module docstring). arm_theta (b,): the arm's base parameters (default: the model's own);
     cutoff_hz, rate_hz, max_fill, effort_delay: as ident.online.OnlineIdentifier; forgetting: lambda per sample;
     joint_sigma (n,) N m: fixed weights (default: first pass over warmup_rows rows per joint); p0: prior
-    variance of each payload parameter (SI units squared); chi0 (10,): the prior payload."""
+    variance of each payload parameter (SI units squared); chi0 (10,): the prior payload; detect_speed
+    (rad/s): the slowest joint speed whose rows the change detection looks at (module docstring)."""
 
     def __init__(self, model: Model, *, arm_theta=None, base: BaseParameters | None = None,
                  rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, forgetting: float = 1.0,
                  joint_sigma=None, warmup_rows: int = 1000, p0: float = 100.0, chi0=None,
                  min_speed: float = DEFAULT_SLOW_VELOCITY, max_fill: int = MAX_BRIDGED_SAMPLES, drift: float = CUSUM_DRIFT,
-                 threshold: float = CUSUM_THRESHOLD, holdoff_rows: int = 1000, effort_delay: float = 0.0):
+                 threshold: float = CUSUM_THRESHOLD, holdoff_rows: int = 1000, effort_delay: float = 0.0,
+                 detect_speed: float = DETECT_SPEED):
         self.model = model
         self.base = base or base_parameters(model)
         self.n = model.n
@@ -130,6 +136,9 @@ class OnlinePayload:
         self._flange_to_link = dynamics.flange_to_link_matrix(model)
         self.p0 = float(p0)
         self.min_speed = float(min_speed)
+        self.detect_speed = float(detect_speed)
+        if not self.detect_speed >= 0:
+            raise InputError(f"detect_speed: expected a speed >= 0 rad/s, got {detect_speed!r}")
         self.drift, self.threshold, self.holdoff_rows = float(drift), float(threshold), int(holdoff_rows)
         self.statistic = 0.0
         self.changes: list[PayloadChange] = []
@@ -169,7 +178,8 @@ class OnlinePayload:
         self.rows += rows.count
         self.counters.rows += rows.count
         if sigma is not None:
-            self._detect(rows.seq, err, use & rows.steady & known, variance)
+            fast = np.abs(rows.qd) >= self.detect_speed
+            self._detect(rows.seq, err, use & fast & rows.steady & known, variance)
         return rows.count
 
     def _detect(self, seq: np.ndarray, err: np.ndarray, use: np.ndarray, variance: np.ndarray) -> None:
