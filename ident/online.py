@@ -25,12 +25,14 @@ Rows of joints slower than `min_speed` (rad/s, by default the batch pipeline's t
 friction is ill-modelled, get weight 0.
 
 **Per-joint weights as in the batch WLS (Gautier), by a first pass** (`JointWeightedRLS`): until every
-joint has `warmup_rows` used rows (joints with fewer than a tenth of that are taken as not moving, and
-get the largest sigma_j of the others), the rows are kept and fed with unit weights (the estimate is the
-OLS one). Then sigma_j = sqrt(||y_j - Y_j theta||^2 / max(r_j - p, 1)) from the a-posteriori residuals of
-those rows (the batch pipeline's formula, ident.estimate), the filter restarts and replays them with
-weights 1/sigma_j, and every later row of joint j is weighted 1/sigma_j. With no forgetting the estimate
-is then the WLS estimate of all rows with those weights. Giving `joint_sigma` skips the first pass.
+joint has `warmup_rows` used rows (joints with fewer than a tenth of that are taken as not moving), the
+rows are kept and fed with unit weights (the estimate is the OLS one). Then sigma_j = sqrt(||y_j - Y_j
+theta||^2 / max(r_j - p, 1)) from the a-posteriori residuals of those rows (the batch pipeline's formula,
+ident.estimate), the filter restarts and replays them with weights 1/sigma_j, and every later row of
+joint j is weighted 1/sigma_j. With no forgetting the estimate is then the WLS estimate of all rows with
+those weights. A joint that had not moved is weighted by the largest sigma_j of the others until it has
+`warmup_rows` rows of its own (it is `provisional` until then), and then by the spread of those rows'
+a-priori errors (1.4826 times their median absolute value). Giving `joint_sigma` skips the first pass.
 
 Convergence: the estimate is `converged` when its relative change between consecutive reports stayed
 below `converge_tol` for `converge_reports` reports and at least 20 rows per parameter were used.
@@ -297,6 +299,12 @@ class JointWeightedRLS:
         """(n,) the sigma_j (units of y) the rows are weighted by; None during the first pass."""
         return None if self._pending else 1.0 / self.rls.weights
 
+    @property
+    def provisional(self) -> np.ndarray:
+        """(n,) bool: joints whose sigma_j is not yet estimated from their own rows (all during the first
+        pass; after it, the joints that had not moved, weighted meanwhile by the largest of the others)."""
+        return self._provisional.copy()
+
     def reset(self, theta0=None, P0=None, *, factors=None) -> None:
         """Start again from theta0 (default 0) and P0 (default p0 I) or P's factors (U, D), with the weights
         estimated anew (unless fixed)."""
@@ -306,12 +314,15 @@ class JointWeightedRLS:
         self.rls.weights[:] = 1.0 if self._pending else 1.0 / self.fixed_sigma
         self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._kept_rows = np.zeros(self.n, dtype=np.int64)
+        self._provisional = np.full(self.n, self._pending)
+        self._late_err, self._late_rows = np.zeros((self.n, self.warmup_rows)), np.zeros(self.n, dtype=np.int64)
 
     def set_weights(self, joint_sigma) -> None:
         """Use these sigma_j (n,) from now on (e.g. restored from a file); ends a pending first pass."""
         self.rls.weights[:] = 1.0 / _checked_sigma(joint_sigma, self.n)
         self._pending = False
         self._kept, self._kept_rows = [], np.zeros(self.n, dtype=np.int64)
+        self._provisional[:] = False
 
     def update(self, Phi: np.ndarray, y: np.ndarray, use: np.ndarray) -> np.ndarray:
         """Rows Phi (N, n, p), y (N, n), use (N, n) bool; returns the a-priori errors (N, n)."""
@@ -324,7 +335,26 @@ class JointWeightedRLS:
             kept, enough = self._kept_rows, self.warmup_rows
             if kept.max() >= enough and np.all((kept >= enough) | (kept < enough // 10)):
                 self._first_pass_done()
+        elif self._provisional.any():
+            self._own_sigma(err, use)
         return err
+
+    def _own_sigma(self, err: np.ndarray, use: np.ndarray) -> None:
+        """A joint that had not moved in the first pass: its sigma_j from the a-priori errors of its first
+        warmup_rows rows, by their median absolute value (1.4826 MAD: the standard deviation of normal
+        errors). The first rows of a joint that starts moving can be predicted far off, in directions the
+        other joints' rows did not pin down: a few errors of 1000 sigma that the median ignores and an RMS
+        would not."""
+        counted = np.asarray(use, dtype=bool) & np.isfinite(err) & self._provisional
+        for j in np.flatnonzero(counted.any(axis=0)):
+            e = err[counted[:, j], j][:self.warmup_rows - self._late_rows[j]]
+            self._late_err[j, self._late_rows[j]:self._late_rows[j] + e.size] = e
+            self._late_rows[j] += e.size
+        done = self._provisional & (self._late_rows >= self.warmup_rows)
+        if done.any():
+            sigma = 1.4826 * np.median(np.abs(self._late_err[done]), axis=1)
+            self.rls.weights[done] = 1.0 / np.maximum(sigma, 1e-12 * np.max(1.0 / self.rls.weights))
+            self._provisional[done] = False
 
     def _first_pass_done(self) -> None:
         Phi = np.concatenate([k[0] for k in self._kept])
@@ -339,6 +369,7 @@ class JointWeightedRLS:
         sigma = np.maximum(sigma, max(1e-12 * scale, 1e-300))      # exact data still give finite weights
         self.rls.reset(self._origin[0], factors=self._origin[1])
         self.set_weights(sigma)
+        self._provisional[:] = ~moving
         self.rls.update(Phi, y, use=use)
         # the residual variance of the replayed rows is the first pass's a-posteriori one (about 1 by
         # construction), not the a-priori errors of the replay's own start-up

@@ -5,9 +5,11 @@ One thread polls two sockets:
        all queued messages at once, checked and decoded as one numpy record array into a preallocated
        block; the block goes to ident.online.OnlineIdentifier when `block` samples wait and before each
        estimate is published (every 1/publish_hz seconds);
-  REP  JSON commands: status, reset, freeze, unfreeze, save, load, and identify_now: the batch pipeline
-       (ident.batch: filtering, parallel decimation, WLS) over the buffered window, answering with the
-       content of result.json.
+  ROUTER  JSON commands from REQ clients: status, reset, freeze, unfreeze, save, load, answered at once;
+       and identify_now: the batch pipeline (ident.batch: filtering, parallel decimation, WLS) over a copy
+       of the buffered window, run in a worker process (spawned at the first call, kept) while the loop
+       goes on reading the stream and answering other commands; its answer, the content of result.json,
+       comes when the worker is done. One identify_now runs at a time (another meanwhile is refused).
 and publishes on its own PUB socket:
   topic b"estimate"  JSON: names, theta, sigma %, torque prediction RMS per joint, samples, converged, ...
   topic b"health"    JSON: the stream's state ("ok", "stopped", "resumed"), counters of dropped messages.
@@ -30,8 +32,11 @@ within DELAY_WAIT_S of the first state message, the delay is taken as 0 and the 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -156,6 +161,9 @@ class IdentService:
         self._last_rx = 0.0
         self._ready = threading.Event()
         self.error: BaseException | None = None
+        self._worker: ProcessPoolExecutor | None = None     # runs identify_now off the loop
+        self._job: tuple[bytes, Future] | None = None        # (client, job) of the identify_now running
+        self.malformed_commands = 0
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self, timeout: float = 5.0) -> None:
@@ -193,7 +201,7 @@ class IdentService:
         try:
             sub = self._ctx.socket(zmq.SUB)
             pub = self._ctx.socket(zmq.PUB)
-            rep = self._ctx.socket(zmq.REP)
+            rep = self._ctx.socket(zmq.ROUTER)     # REQ clients; replies may come later (identify_now)
             for s in (sub, pub, rep):
                 s.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, 200000)
@@ -237,7 +245,8 @@ class IdentService:
                 while self._events:
                     pub.send_multipart((TOPIC_EVENT, json.dumps(self._events.pop(0), allow_nan=False).encode()))
                 if rep in events:
-                    rep.send(json.dumps(self.handle(_parse(rep.recv())), allow_nan=False, default=str).encode())
+                    self._command(rep)
+                self._answer_finished(rep)
                 now = time.monotonic()
                 self._watch_stream(pub, now)
                 if now >= next_pub:
@@ -254,6 +263,7 @@ class IdentService:
         finally:
             for s in (sub, pub, rep):
                 s.close(0)
+            self._stop_worker()
 
     # -- the stream ----------------------------------------------------------------------------------
     def _receive(self, sub: zmq.Socket) -> None:
@@ -365,21 +375,79 @@ class IdentService:
         return (seq - (seq[0] if seq.size else 0)) / self._rate, q, tau
 
     def identify_now(self) -> dict:
-        """Batch identification (ident.batch) of the buffered window: the content of result.json."""
-        from ident.batch import identify
-        from ident.preprocess import Recording
-        from ident.results import result_document
+        """Batch identification (ident.batch) of the buffered window, here and now: the content of
+        result.json. (The identify_now command runs the same job in the service's worker process.)"""
+        return _identify_job(*self._identify_inputs())
 
+    def _identify_inputs(self) -> tuple:
+        """What the batch job needs, copied out of the ring buffer: (model, base, t, q, tau, effort delay s,
+        cut-off Hz, bridged gap). InputError when too few samples are buffered."""
         self._flush()
         t, q, tau = self.buffered()
         if t.shape[0] < 2000:
             raise InputError(f"identify_now: {t.shape[0]} samples buffered; at least 2000 are needed")
-        rec = Recording(t, q, tau, None, None, "live stream", self.identifier.effort_delay)
-        # the same low-pass as the online filter (ident.online: the batch pipeline's, causal with a delay), and
-        # the same bridging of short gaps
-        return result_document(identify(self.model, rec, base=self.identifier.base,
-                                        cutoff_hz=self.identifier.samples.cutoff_hz,
-                                        max_bridged=self.identifier.max_fill))
+        o = self.identifier
+        return self.model, o.base, t, q, tau, o.effort_delay, o.samples.cutoff_hz, o.max_fill
+
+    # -- commands on the ROUTER socket (REQ clients) --------------------------------------------------
+    def _command(self, rep: zmq.Socket) -> None:
+        """Answer one request at once, or (identify_now) start it in the worker and answer when it is done."""
+        frames = rep.recv_multipart()
+        if len(frames) != 3 or frames[1] != b"":     # not a REQ envelope: nobody to answer
+            self.malformed_commands += 1
+            return
+        req = _parse(frames[2])
+        if isinstance(req, dict) and req.get("cmd") == "identify_now":
+            reply = self._start_identify(frames[0])
+            if reply is None:
+                return
+        else:
+            reply = self.handle(req)
+        rep.send_multipart((frames[0], b"", json.dumps(reply, allow_nan=False, default=str).encode()))
+
+    def _start_identify(self, client: bytes) -> dict | None:
+        if self._job is not None:
+            return {"ok": False, "error": "identify_now: a batch identification is running; ask again when it answered"}
+        try:
+            inputs = self._identify_inputs()
+            if self._worker is None:
+                # spawn, not fork: the service runs threads (ZeroMQ's among them)
+                self._worker = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._job = (client, self._worker.submit(_identify_job, *inputs))
+        except InputError as exc:
+            return {"ok": False, "error": str(exc)}
+        except (RuntimeError, OSError) as exc:      # the worker cannot start
+            self._stop_worker()
+            return {"ok": False, "error": f"identify_now failed: {type(exc).__name__}: {exc}"}
+        return None
+
+    def _answer_finished(self, rep: zmq.Socket) -> None:
+        if self._job is None or not self._job[1].done():
+            return
+        client, job = self._job
+        self._job = None
+        exc = job.exception()
+        if exc is None:
+            reply = {"ok": True, "result": job.result()}
+        elif isinstance(exc, InputError):
+            reply = {"ok": False, "error": str(exc)}
+        else:
+            if isinstance(exc, BrokenProcessPool):   # the worker died: a new one next time
+                self._stop_worker()
+            self.log(f"ident-service: identify_now failed: {type(exc).__name__}: {exc}")
+            reply = {"ok": False, "error": f"identify_now failed: {type(exc).__name__}: {exc}"}
+        rep.send_multipart((client, b"", json.dumps(reply, allow_nan=False, default=str).encode()))
+
+    def _stop_worker(self) -> None:
+        """Stop the worker process (a running job is abandoned)."""
+        worker, self._worker, self._job = self._worker, None, None
+        if worker is None:
+            return
+        processes = list(getattr(worker, "_processes", {}).values())
+        worker.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.terminate()
+            proc.join(5.0)
 
     def _watch_stream(self, pub: zmq.Socket, now: float) -> None:
         if self._last_rx == 0.0:
@@ -465,7 +533,7 @@ class IdentService:
                 self._flush()
                 self.payload.reset()
                 return {"ok": True}
-            if cmd == "identify_now":
+            if cmd == "identify_now":             # the loop runs it in the worker (_command); here: in place
                 return {"ok": True, "result": self.identify_now()}
             if cmd in ("save", "load"):
                 path = req.get("path", self.estimate_file)
@@ -489,3 +557,16 @@ def _parse(raw: bytes):
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
+
+
+def _identify_job(model: Model, base, t, q, tau, effort_delay: float, cutoff_hz: float, max_bridged: int) -> dict:
+    """The batch pipeline (ident.batch) over samples at device times t (s): result.json's content. Runs in
+    the service's worker process."""
+    from ident.batch import identify
+    from ident.preprocess import Recording
+    from ident.results import result_document
+
+    rec = Recording(t, q, tau, None, None, "live stream", effort_delay)
+    # the same low-pass as the online filter (ident.online: the batch pipeline's, causal with a delay), and
+    # the same bridging of short gaps
+    return result_document(identify(model, rec, base=base, cutoff_hz=cutoff_hz, max_bridged=max_bridged))

@@ -3,6 +3,7 @@ the arm moves, commands, a stopped and resumed stream, malformed messages droppe
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import zmq
 
 from firmware_bridge import stream
-from ident import excitation
+from ident import dynamics, excitation
 from ident.excitation import FourierTrajectory
 from ident.model import load_model
 from ident.service import IdentService
@@ -263,5 +264,93 @@ def test_messages_are_decoded_in_blocks_with_repeats_dropped_and_the_newest_samp
         timing = _req(svc.bound["commands"], cmd="status")["timing"]
         assert timing["flushed_samples"] == unique and 1 <= timing["flushes"] <= unique // 4   # blocks, not samples
     finally:
+        svc.stop()
+        pub.close(0)
+
+
+def test_identify_now_runs_in_a_worker_while_the_stream_and_the_commands_go_on(model):
+    """identify_now runs off the service's loop: the stream keeps being read (health never says "stopped"
+    while the stream flows), a status request sent after it is answered before it, and its answer is the
+    batch fit of the buffered samples."""
+    rng = np.random.default_rng(5)
+    traj = FourierTrajectory(0.25, rng.uniform(-0.3, 0.3, 6), rng.uniform(-0.6, 0.6, (6, 4)),
+                             rng.uniform(-0.6, 0.6, (6, 4)))
+    t = np.arange(40_000) / 1000.0
+    q, qd, qdd = traj.evaluate(t)
+    tau = dynamics.rnea(model, q, qd, qdd) + rng.normal(size=q.shape) * 0.02
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.setsockopt(zmq.SNDHWM, 0)                        # the first 6 s go out at once: queue, never drop
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    svc = IdentService(model, state_endpoint=f"tcp://127.0.0.1:{port}", publish_endpoint="tcp://127.0.0.1:*",
+                       command_endpoint="tcp://127.0.0.1:*", stale_s=0.5, buffer_s=12.0)
+    svc.start()
+    out = Listener(svc.bound["publish"])
+    msg = stream.StateMessage(6)
+    sent = [0]
+    flowing = threading.Event()
+
+    def send(upto):
+        for k in range(sent[0], upto):
+            msg.set_header(k, 0, k * 1_000_000, time.time_ns())
+            msg.q[:], msg.torque[:] = q[k], tau[k]
+            pub.send_multipart((stream.TOPIC_STATE, bytes(msg.buffer)))
+        sent[0] = upto
+
+    def stream_on():              # 10 samples every 50 ms: a steady stream that a loaded machine keeps up with
+        while flowing.is_set() and sent[0] < t.size:
+            send(min(sent[0] + 10, t.size))
+            time.sleep(0.05)
+
+    ctx = zmq.Context.instance()
+    batch_req, status_req = ctx.socket(zmq.REQ), ctx.socket(zmq.REQ)
+    streamer = threading.Thread(target=stream_on, daemon=True)
+    try:
+        time.sleep(0.3)                                  # let the subscription reach the publisher
+        send(6_000)
+        assert _wait(lambda: svc.identifier.counters.samples == 6_000, 120), (svc.messages, svc.identifier.counters, svc.error)
+        flowing.set()
+        streamer.start()
+        assert _wait(lambda: svc.stream_state == "ok", 5)
+        time.sleep(0.6)                                  # the stream has flowed longer than stale_s
+        for s in (batch_req, status_req):
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(svc.bound["commands"])
+        before = svc.identifier.counters.samples
+        seen = len(out.drain())                          # (the pause after the first 6 s said "stopped")
+        batch_req.send(json.dumps({"cmd": "identify_now"}).encode())
+        time.sleep(0.05)
+        status_req.send(json.dumps({"cmd": "status"}).encode())
+        assert status_req.poll(10_000), "status was not answered while identify_now ran"
+        status = json.loads(status_req.recv())
+        assert status["ok"] and not batch_req.poll(0)    # answered while the batch fit was still running
+        busy_req = ctx.socket(zmq.REQ)                   # a second identify_now meanwhile is refused, not queued
+        busy_req.setsockopt(zmq.LINGER, 0)
+        busy_req.connect(svc.bound["commands"])
+        busy_req.send(json.dumps({"cmd": "identify_now"}).encode())
+        assert busy_req.poll(10_000)
+        busy = json.loads(busy_req.recv())
+        busy_req.close(0)
+        assert not busy["ok"] and "running" in busy["error"]
+        assert batch_req.poll(180_000), "identify_now did not answer"
+        batch = json.loads(batch_req.recv())
+        assert batch["ok"], batch
+        rows = batch["result"]["base_parameters"]
+        assert [r["name"] for r in rows] == svc.identifier.base.names
+        truth = svc.identifier.base.from_standard(model.standard_parameters())   # the stream's own arm
+        well = [k for k, r in enumerate(rows) if r["relative_std_pct"] is not None and r["relative_std_pct"] < 1.0]
+        assert len(well) >= 10
+        for k in well:                                   # the fit of the buffered samples: the arm's values
+            assert rows[k]["value"] == pytest.approx(truth[k], rel=0.02), rows[k]["name"]
+        assert svc.identifier.counters.samples > before          # the stream was read meanwhile
+        flowing.clear()
+        streamer.join(5)
+        health = [m["stream"] for topic, m in out.drain()[seen:] if topic == b"health"]
+        assert "stopped" not in health and "resumed" not in health, health
+        assert _wait(lambda: svc.identifier.counters.samples == sent[0], 120)    # nothing lost
+    finally:
+        flowing.clear()
+        for s in (batch_req, status_req):
+            s.close(0)
         svc.stop()
         pub.close(0)

@@ -11,7 +11,7 @@ from ident.base_params import base_parameters
 from ident.excitation import FourierTrajectory
 from ident.batch import identify
 from ident.model import load_model
-from ident.online import EstimateFileError, OnlineIdentifier, SampleWindow
+from ident.online import EstimateFileError, JointWeightedRLS, OnlineIdentifier, SampleWindow
 from ident.preprocess import Recording, prepare
 
 RATE = 1000.0
@@ -161,6 +161,35 @@ def test_per_joint_weights_come_from_the_first_pass_and_the_estimate_is_then_bat
     A, b = (Yb / sigma[None, :, None])[use], (rows.tau / sigma)[use]
     wls = np.linalg.solve(A.T @ A + np.eye(A.shape[1]) / 1e8, A.T @ b)
     np.testing.assert_allclose(ident.rls.theta[well], wls[well], rtol=1e-8)
+
+
+def test_a_joint_that_did_not_move_in_the_first_pass_is_weighted_by_its_own_rows_once_it_moves():
+    """The first pass ends while joint 6 has no rows: it is provisional, weighted meanwhile by the largest
+    sigma_j of the others; once it has warmup_rows rows of its own its weight is its own 1/sigma_6 (here
+    ten times the others' noise; a few wild first errors do not inflate it), and the other joints' weights
+    stay."""
+    rng = np.random.default_rng(4)
+    p, n, N, warmup = 8, 6, 6000, 1000
+    theta = rng.normal(size=p)
+    noise = np.array([0.01, 0.02, 0.015, 0.01, 0.02, 0.2])
+    Phi = rng.normal(size=(N, n, p))
+    y = Phi @ theta + rng.normal(size=(N, n)) * noise
+    use = np.ones((N, n), dtype=bool)
+    use[:3000, 5] = False                                    # joint 6 still for the first 3 s
+    y[3000:3003, 5] += 20.0             # its first rows predicted far off (100 sigma): the median ignores them
+    fit = JointWeightedRLS(p, n, warmup_rows=warmup)
+    fit.update(Phi[:1500], y[:1500], use[:1500])
+    first = fit.joint_sigma
+    assert first is not None and fit.provisional.tolist() == [False] * 5 + [True]
+    assert first[5] == np.max(first[:5])
+    np.testing.assert_allclose(first[:5], noise[:5], rtol=0.1)
+    fit.update(Phi[1500:3900], y[1500:3900], use[1500:3900])  # 900 rows of joint 6: not enough yet
+    assert fit.provisional[5] and fit.joint_sigma[5] == first[5]
+    fit.update(Phi[3900:], y[3900:], use[3900:])
+    assert not fit.provisional.any()
+    assert fit.joint_sigma[5] == pytest.approx(noise[5], rel=0.08)       # 1000 rows: ~2 % of scatter
+    np.testing.assert_array_equal(fit.joint_sigma[:5], first[:5])
+    np.testing.assert_allclose(fit.rls.theta, theta, atol=5e-3)
 
 
 def test_torques_are_aligned_with_the_delayed_regressor_rows(model, base, smooth):

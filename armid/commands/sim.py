@@ -20,6 +20,9 @@ def register(sub) -> None:
                    help="the simulated device clock's drift against the host's, ppm (positive: slow; default 0)")
     p.add_argument("--clock-jitter-us", type=float, default=0.0, metavar="US",
                    help="standard deviation of each device tick's wake-up jitter, us (default 0)")
+    p.add_argument("--control", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
+                   help="ZeroMQ endpoint of the control socket that attaches, swaps and detaches payloads at "
+                        "run time (docs/simulator.md; default: a free loopback port, printed; 'off': none)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a transport option, e.g. --option port=5020 (see docs/simulator.md); repeatable")
     p.set_defaults(run=_run)
@@ -61,6 +64,13 @@ def _run(args: argparse.Namespace) -> int:
         if len(parts) not in (1, 4):
             raise InputError(f"--payload {args.payload!r}: expected KG or KG,CX,CY,CZ")
         sim.attach_payload(parts[0], parts[1:] or (0.0, 0.0, 0.0))
+    control = None
+    if args.control != "off":
+        from sim.control import ControlServer
+
+        attached = None if not args.payload else {"mass": parts[0], "com": parts[1:] or [0.0] * 3, "inertia": [0.0] * 6}
+        control = ControlServer(sim, args.control, attached=attached)
+        control.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
@@ -68,6 +78,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         where = " ".join(f"{k}={v}" for k, v in sim.transport.connection().items())
         print(f"armid sim: {args.transport} ready: {where}", flush=True)
+        if control is not None:
+            print(f"armid sim: control ready: endpoint={control.bound}", flush=True)
         print(f"armid sim: {sim.model.name}, {sim.n} joints, {args.rate:g} Hz, "
               f"{'real time' if args.realtime else 'as fast as possible'}; Ctrl-C stops", file=sys.stderr, flush=True)
         print(f"armid sim: a driver on it sets [driver] model = {sim.model.name!r} and effort_delay_ms = "
@@ -78,6 +90,8 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"armid sim: the simulator failed: {sim.error}", file=sys.stderr)
                 return 1
     finally:
+        if control is not None:
+            control.stop()
         sim.stop()
         setpoints = getattr(sim.transport, "setpoints", None)
         if setpoints is not None:

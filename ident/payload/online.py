@@ -23,20 +23,29 @@ ALIGN_TOL). Parameters that are not are NaN in the estimate, and the excited dir
 are reported as combinations (PayloadEstimate.combinations) with their values and sigmas.
 
 **Change detection: CUSUM on the normalised prediction residual.** After the first pass, each sample's
-a-priori errors give r_k = mean_j (e_kj / sigma_j)^2 over the joints used and not reversing inside the
-filter's window (about 1 while the payload is the tracked one: sigma_j are the weights' residual standard
-deviations; a reversal's Coulomb jump is smeared in the filtered torque but not in the row, a burst of
-30-50 sigma that is no payload change). The one-sided CUSUM
+a-priori errors give r_k = mean_j e_kj^2 / (sigma_j^2 + c Y_kj P Y_kj') over the joints used, weighted by
+their own rows (JointWeightedRLS.provisional false), not reversing inside the filter's window (a
+reversal's Coulomb jump is smeared in the filtered torque but not in the row, a burst of 30-50 sigma that
+is no payload change) and at least `detect_speed` fast (DETECT_SPEED, twice the slow-row threshold: just
+above that threshold a joint's friction still has its breakaway (Stribeck) excess, tens of sigma on the
+wrist joints whenever a motion starts or ends; leaving those rows out halved the statistic's peaks over
+minutes of motion). sigma_j are the weights' residual standard deviations; Y_kj P Y_kj' (c the rows'
+correlation, RecursiveLS.row_correlation) is the variance the estimate's own uncertainty adds to the
+prediction: a motion that excites payload directions the data have not yet pinned down predicts badly
+there, and r stays about 1 while the payload is the tracked one, whatever the motion. (Without it, the
+first excitation after a move of some joints raised events.) The one-sided CUSUM
 
     g_k = max(0, g_(k-1) + r_k - 1 - drift),    alarm when g_k > threshold
 
-with drift = 1 (a shift of the mean of r by more than 1, i.e. a residual more than sqrt(2) sigma_j RMS,
-accumulates) and threshold = 500 (e.g. r = 50 for ten samples, 10 ms at 1 kHz; under no change g stays
-near 0 because r - 2 is negative on average, and the filtered residuals' time correlation of about 10
-samples still leaves bursts far below 500). On an alarm the covariance is boosted by p0 I (the filter
-re-converges from its current estimate, as fast as at the start), the residual statistics restart, and
-the detector holds off for `holdoff_rows` rows while the estimate re-converges. A `PayloadChange` is
-recorded (device sample index, the statistic, the estimate before the change).
+with drift = 1 (a shift of the mean of r by more than 1 accumulates) and threshold = 500 (e.g. r = 50 for
+ten samples, 10 ms at 1 kHz; under no change g stays near 0 because r - 2 is negative on average, and the
+filtered residuals' time correlation of about 10 samples still leaves bursts far below 500). On an alarm
+the covariance is boosted by p0 I (the filter re-converges from its current estimate, as fast as at the
+start, and the boosted prediction variance keeps r small meanwhile), the rows of the next filter window
+are left out of the fit (their torques straddle the change: fitted with the boosted gain they biased the
+new estimate and raised a second event), the residual statistics restart, and the detector holds off
+for `holdoff_rows` rows. A `PayloadChange` is recorded (device sample index, the statistic, the estimate
+before the change).
 """
 from __future__ import annotations
 
@@ -59,6 +68,7 @@ EXCITED_SHRINK = 1e-3   # a direction is excited when the data shrank its prior 
 ALIGN_TOL = 1e-3        # a parameter is identified when less than this of its unit vector is unexcited
 CUSUM_DRIFT = 1.0       # allowance of the CUSUM, in units of the normalised squared residual
 CUSUM_THRESHOLD = 500.0  # alarm level of the CUSUM
+DETECT_SPEED = 0.2      # rad/s: slower rows are fitted (above min_speed) but not tested for a change
 
 
 @njit(cache=True, nogil=True)
@@ -94,13 +104,15 @@ class OnlinePayload:
     detection (module docstring). arm_theta (b,): the arm's base parameters (default: the model's own);
     cutoff_hz, rate_hz, max_fill, effort_delay: as ident.online.OnlineIdentifier; forgetting: lambda per sample;
     joint_sigma (n,) N m: fixed weights (default: first pass over warmup_rows rows per joint); p0: prior
-    variance of each payload parameter (SI units squared); chi0 (10,): the prior payload."""
+    variance of each payload parameter (SI units squared); chi0 (10,): the prior payload; detect_speed
+    (rad/s): the slowest joint speed whose rows the change detection looks at (module docstring)."""
 
     def __init__(self, model: Model, *, arm_theta=None, base: BaseParameters | None = None,
                  rate_hz: float = 1000.0, cutoff_hz: float = NOISE_CUTOFF_HZ, forgetting: float = 1.0,
                  joint_sigma=None, warmup_rows: int = 1000, p0: float = 100.0, chi0=None,
                  min_speed: float = DEFAULT_SLOW_VELOCITY, max_fill: int = MAX_BRIDGED_SAMPLES, drift: float = CUSUM_DRIFT,
-                 threshold: float = CUSUM_THRESHOLD, holdoff_rows: int = 1000, effort_delay: float = 0.0):
+                 threshold: float = CUSUM_THRESHOLD, holdoff_rows: int = 1000, effort_delay: float = 0.0,
+                 detect_speed: float = DETECT_SPEED):
         self.model = model
         self.base = base or base_parameters(model)
         self.n = model.n
@@ -124,10 +136,14 @@ class OnlinePayload:
         self._flange_to_link = dynamics.flange_to_link_matrix(model)
         self.p0 = float(p0)
         self.min_speed = float(min_speed)
+        self.detect_speed = float(detect_speed)
+        if not self.detect_speed >= 0:
+            raise InputError(f"detect_speed: expected a speed >= 0 rad/s, got {detect_speed!r}")
         self.drift, self.threshold, self.holdoff_rows = float(drift), float(threshold), int(holdoff_rows)
         self.statistic = 0.0
         self.changes: list[PayloadChange] = []
         self._holdoff = 0
+        self._skip = 0
         self.rows = 0
 
     @property
@@ -149,18 +165,27 @@ class OnlinePayload:
         Yl = Y[:, :, self._last_link] @ self._flange_to_link
         y = rows.tau - self.base.regressor(Y) @ self.arm_theta
         use = np.abs(rows.qd) >= self.min_speed
+        if self._skip:                             # rows whose window spans a detected change: left out
+            s = min(self._skip, rows.count)
+            use[:s] = False
+            self._skip -= s
         sigma = self.fit.joint_sigma               # None in the first pass: no detection yet
+        if sigma is not None:                      # the estimate's own uncertainty in each row's prediction
+            spread = np.sum((Yl @ self.rls.P) * Yl, axis=2) * self.rls.row_correlation
+            variance = sigma ** 2 + spread
+            known = ~self.fit.provisional          # joints weighted by their own rows
         err = self.fit.update(Yl, y, use)
         self.rows += rows.count
         self.counters.rows += rows.count
         if sigma is not None:
-            self._detect(rows.seq, err, use & rows.steady, sigma)
+            fast = np.abs(rows.qd) >= self.detect_speed
+            self._detect(rows.seq, err, use & fast & rows.steady & known, variance)
         return rows.count
 
-    def _detect(self, seq: np.ndarray, err: np.ndarray, use: np.ndarray, sigma: np.ndarray) -> None:
+    def _detect(self, seq: np.ndarray, err: np.ndarray, use: np.ndarray, variance: np.ndarray) -> None:
         counted = use & np.isfinite(err)
         with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.sum(np.where(counted, err / sigma, 0.0) ** 2, axis=1) / counted.sum(axis=1)   # NaN: no joint
+            r = np.sum(np.where(counted, err * err / variance, 0.0), axis=1) / counted.sum(axis=1)   # NaN: no joint
         start = min(self._holdoff, r.shape[0])
         self._holdoff -= start
         if start == r.shape[0]:
@@ -172,12 +197,14 @@ class OnlinePayload:
             self.rls.stats[:2] = 0.0
             self.statistic = 0.0
             self._holdoff = self.holdoff_rows
+            # the rows of the next window mix the torques of before and after the change: not fitted
+            self._skip = max(self.samples.window - (r.shape[0] - 1 - (start + k)), 0)
 
     def reset(self) -> None:
         """Back to the prior payload, weights estimated anew, detector cleared (changes kept)."""
         self.fit.reset(self.chi0)
         self.samples.clear()
-        self.statistic, self._holdoff = 0.0, 0
+        self.statistic, self._holdoff, self._skip = 0.0, 0, 0
 
     def estimate(self) -> PayloadEstimate:
         """The current payload estimate: identified parameters with their sigmas, NaN for the others,
