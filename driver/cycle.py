@@ -312,9 +312,9 @@ class Cycle:
         self.want_power = False
         self.quick_stop = True
 
-    def start_servo(self, session: ServoSession) -> None:
-        """Take setpoints from a servo session from the next cycle on (DriverFault when the drives are not
-        enabled, the driver is faulted, or a motion or another session runs)."""
+    def _check_free_to_move(self) -> None:
+        """DriverFault unless a motion or a servo session may start now: no fault, every drive enabled, no
+        motion running, servo mode off."""
         if self.fault is not None:
             raise DriverFault(f"fault: {self.fault}; send fault_reset first")
         if not self.enabled():
@@ -322,7 +322,12 @@ class Cycle:
         if self.motion is not None:
             raise DriverFault(f"a motion ({self.motion.name}) is running; wait or quick_stop")
         if self.servo is not None:
-            raise DriverFault("servo mode is already on; send servo_stop first")
+            raise DriverFault("servo mode is on; send servo_stop first")
+
+    def start_servo(self, session: ServoSession) -> None:
+        """Take setpoints from a servo session from the next cycle on (DriverFault when the drives are not
+        enabled, the driver is faulted, or a motion or another session runs)."""
+        self._check_free_to_move()
         self.servo = session
         self._event(f"servo: {session.mode_name} setpoints taken (timeout {session.timeout_cycles} cycles)")
 
@@ -353,14 +358,7 @@ class Cycle:
         self._reset_grace = max(20, int(0.5 * self.rate_hz))   # new samples the drives get to leave FAULT
 
     def start_motion(self, motion: PlannedMotion) -> None:
-        if self.fault is not None:
-            raise DriverFault(f"fault: {self.fault}; send fault_reset first")
-        if not self.enabled():
-            raise DriverFault("the drives are not enabled; send enable first")
-        if self.motion is not None:
-            raise DriverFault(f"a motion ({self.motion.name}) is running; wait or quick_stop")
-        if self.servo is not None:
-            raise DriverFault("servo mode is on; send servo_stop first")
+        self._check_free_to_move()
         if abs(motion.rate_hz - self.rate_hz) > 1e-9:
             raise DriverFault(f"motion planned at {motion.rate_hz} Hz, the cycle runs at {self.rate_hz} Hz")
         off = np.abs(motion.q[0] - self.hold)

@@ -28,6 +28,7 @@ import numpy as np
 import zmq
 
 from firmware_bridge.errors import InputError
+from firmware_bridge.json_requests import decode_bounded
 from ident.payload import payload_parameters
 
 MAX_REQUEST_BYTES = 4096
@@ -44,32 +45,9 @@ class ControlError(InputError):
     """A control request that cannot be carried out; the message names the field."""
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ControlError(f"request: number {text[:40]} is not finite")
-    return value
-
-
-def _constant(text: str):
-    raise ControlError(f"request: {text} is not a number JSON allows")
-
-
 def decode(raw: bytes) -> dict:
     """The request object of one message, or ControlError naming the fault (never anything else)."""
-    if len(raw) > MAX_REQUEST_BYTES:
-        raise ControlError(f"request of {len(raw)} bytes is over the {MAX_REQUEST_BYTES}-byte bound")
-    try:
-        req = json.loads(raw.decode("utf-8"), parse_float=_finite, parse_constant=_constant,
-                         parse_int=lambda text: _finite(text) if len(text) > 18 else int(text))
-    except UnicodeDecodeError as exc:
-        raise ControlError(f"request is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    except json.JSONDecodeError as exc:
-        raise ControlError(f"request is not JSON: {exc}") from None
-    except (RecursionError, ValueError) as exc:
-        raise ControlError(f"request: {exc}") from None
-    if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
-        raise ControlError('request: expected a JSON object with a "cmd" string')
+    req = decode_bounded(raw, MAX_REQUEST_BYTES, ControlError)
     if req["cmd"] not in _FIELDS:
         raise ControlError(f"cmd: unknown {req['cmd'][:40]!r} (known: {', '.join(sorted(_FIELDS))})")
     extra = sorted(set(req) - _FIELDS[req["cmd"]])
