@@ -84,9 +84,16 @@ E2E_ONLY: set[str] = set()
 # (their devices on their own drifting, jittering clocks, as hardware is: armid.chain.FREE_PLANS; CAN's drives
 # step on the master's SYNC either way).
 RUNS = [(t, "lockstep") for t in chain.TRANSPORTS] + [("serial", "free"), ("gateway", "free")]
+# The gateway's free-running run is opt-in (`-m e2e`): its host runs the Modbus exchanges on its own timer at
+# 250 Hz while the gateway ticks on its own clock, and on a machine loaded by other work the host falls behind
+# for stretches: the drives hold, then catch up (a torque kick each). It passed 3 of 4 fast demos at load 2-6
+# and failed the 3-sigma check once with the whole suite and a Dask benchmark running beside it (max |z| 5.8
+# on joint 1's friction), and once a following-error fault ended the run (docs/demo.md).
+E2E_ONLY_RUNS = {("gateway", "free")}
 
 
-@pytest.fixture(scope="module", params=[pytest.param(r, marks=pytest.mark.e2e, id=f"{r[0]}-{r[1]}") if r[0] in E2E_ONLY
+@pytest.fixture(scope="module", params=[pytest.param(r, marks=pytest.mark.e2e, id=f"{r[0]}-{r[1]}")
+                                        if r[0] in E2E_ONLY or r in E2E_ONLY_RUNS
                                         else pytest.param(r, id=f"{r[0]}-{r[1]}") for r in RUNS])
 def demo_run(request, tmp_path_factory) -> DemoRun:
     """`armid demo --transport T --clocking C` in fast mode, once per run of RUNS for the tests of this module."""

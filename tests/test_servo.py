@@ -262,5 +262,5 @@ def test_position_servo_tracks_on_every_transport(armid_hil, transport):
         stats = arm.status()["servo"]
         time.sleep(0.3)
         np.testing.assert_allclose(arm.latest().q, last, atol=3e-3)
-    assert stats["accepted"] > 0.5 * 1.5 * rate and stats["malformed"] == 0
+    assert stats["accepted"] > 0.5 * 1.5 * rate and stats["malformed"] == 0, (stats, servo.sent, servo.dropped)
     assert arm.status()["fault"] is None
