@@ -46,6 +46,8 @@ def register(sub) -> None:
                    help=f"exit with status {STRICT_EXIT} when the checks after the fit warn (the results are written)")
     p.add_argument("--no-report", action="store_true", help="write no report.html and plots (result.json only)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--arm-id", metavar="ID", default=None,
+                   help="the arm's id, stored in result.json's provenance (default: none)")
     p.set_defaults(run=run)
 
 
@@ -56,9 +58,11 @@ def load_trajectory(spec: str):
     return excitation.load(spec) if Path(spec).suffix or Path(spec).exists() else excitation.preset(spec)
 
 
-def write_outputs(ident, out: Path, source: str, *, with_report: bool = True) -> dict[str, Path]:
-    """result.json, report.html (+ PNGs) unless with_report is false and, with a consistent fit, model.toml in
-    out. The report's writing is timed into result.json's seconds."""
+def write_outputs(ident, out: Path, source: str, *, with_report: bool = True,
+                  provenance: dict | None = None) -> dict[str, Path]:
+    """result.json (with provenance, ident.provenance.provenance, when given), report.html (+ PNGs) unless
+    with_report is false and, with a consistent fit, model.toml, model.urdf and model.sidecar.json
+    (ident.urdf_export) in out. The report's writing is timed into result.json's seconds."""
     import time
 
     from ident import report, results
@@ -69,13 +73,16 @@ def write_outputs(ident, out: Path, source: str, *, with_report: bool = True) ->
         started = time.perf_counter()
         written["report"] = report.write_report(ident, out)
         ident.seconds["report"] = time.perf_counter() - started
-    written = {"result": results.write_result(ident, out / "result.json"), **written}
+    written = {"result": results.write_result(ident, out / "result.json", provenance), **written}
     model = ident.identified_model()
     if model is not None:
         written["model"] = results.write_model(
             model, out / "model.toml",
             header=f"identified by armid from {source}: physically consistent standard parameters\n"
                    f"(base projection fitted by WLS; unidentifiable directions from {ident.model.source})")
+        from ident.urdf_export import write_urdf
+
+        written["urdf"], written["urdf sidecar"] = write_urdf(model, out / "model.urdf")
     return written
 
 
@@ -116,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
                                effort_delay=args.effort_delay, verbose=verbose,
                                max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge,
                                resample_hz=args.resample)
-    written = write_outputs(ident, Path(args.output), args.data, with_report=not args.no_report)
+    written = write_outputs(ident, Path(args.output), args.data, with_report=not args.no_report,
+                            provenance=run_provenance(args))
     if reference is None:
         print_summary(ident)
     else:
@@ -132,6 +140,16 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return STRICT_EXIT
     return 0
+
+
+def run_provenance(args: argparse.Namespace) -> dict:
+    """The provenance block of this run's result.json: its input files, model, command line and arm id."""
+    from ident.provenance import provenance
+
+    inputs = {"recording": args.data, "validation": args.validate, "payload_run": args.payload_run,
+              "trajectory": args.trajectory if args.trajectory and Path(args.trajectory).is_file() else None,
+              "compare": args.compare if args.compare and Path(args.compare).is_file() else None}
+    return provenance(args.output, inputs, args.model, arm_id=args.arm_id, argv=getattr(args, "command_line", None))
 
 
 def blas_threads(limit: int):
