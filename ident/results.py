@@ -94,6 +94,41 @@ def write_result(ident: Identification, path: str | Path, provenance: dict | Non
     return path
 
 
+def write_identification(ident: Identification, out: str | Path, source: str, *, with_report: bool = True,
+                         provenance: dict | None = None) -> dict[str, Path]:
+    """Write what `armid identify` writes into the directory out (created): result.json (with provenance,
+    ident.provenance.provenance, when given), report.html (+ PNGs) unless with_report is false and, with a
+    consistent fit, model.toml, model.urdf and model.sidecar.json (ident.urdf_export). source names the
+    recording in model.toml's header. The report's writing is timed into result.json's seconds.
+
+    Returns
+    -------
+    dict
+        What was written, by name ("result", "report", "model", "urdf", "urdf sidecar"): its path.
+    """
+    import time
+
+    from ident import report
+    from ident.urdf_export import write_urdf
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    if with_report:
+        started = time.perf_counter()
+        written["report"] = report.write_report(ident, out)
+        ident.seconds["report"] = time.perf_counter() - started
+    written = {"result": write_result(ident, out / "result.json", provenance), **written}
+    model = ident.identified_model()
+    if model is not None:
+        written["model"] = write_model(
+            model, out / "model.toml",
+            header=f"identified by armid from {source}: physically consistent standard parameters\n"
+                   f"(base projection fitted by WLS; unidentifiable directions from {ident.model.source})")
+        written["urdf"], written["urdf sidecar"] = write_urdf(model, out / "model.urdf")
+    return written
+
+
 def _rpy(R: np.ndarray) -> list[float]:
     """URDF roll-pitch-yaw of R = Rz(yaw) Ry(pitch) Rx(roll)."""
     pitch = math.atan2(-R[2, 0], math.hypot(R[0, 0], R[1, 0]))
