@@ -248,7 +248,7 @@ def _progress(total: int, enabled: bool):
 
 def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None, *, scheduler: str | None = None,
                   client=None, workers: int | None = None, with_report: bool = False, loader: Callable | None = None,
-                  progress: bool = True, argv: list[str] | None = None) -> FleetResult:
+                  progress: bool = True, argv: list[str] | None = None, report: bool = True) -> FleetResult:
     """Identify many recordings as Dask tasks and write the fleet table and report into out.
 
     Parameters
@@ -276,6 +276,8 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
         Show the tasks done on stderr, and each failure with its reason as it comes.
     argv : list of str, optional
         The command line for the results' provenance.
+    report : bool
+        Write fleet.html and its plots (about 0.1 s per base parameter).
 
     Returns
     -------
@@ -311,7 +313,8 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
     from ident.fleet_report import write_fleet_report
 
     written = write_table(rows, out)
-    written["report"] = write_fleet_report(rows, out)
+    if report:
+        written["report"] = write_fleet_report(rows, out)
     return FleetResult(rows, failures, written)
 
 

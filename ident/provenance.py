@@ -99,3 +99,15 @@ def provenance(out_dir: str | Path, inputs: dict[str, str | Path | None], model:
     return {"format": FORMAT, "armid_version": armid_version(),
             "created_utc": when.isoformat(timespec="seconds").replace("+00:00", "Z"),
             "command_line": [str(a) for a in argv], "arm_id": arm_id, "inputs": files, "model": model_doc}
+
+
+def write_provenance(out_dir: str | Path, inputs: dict[str, str | Path | None], model: str | Path | None = None, *,
+                     arm_id: str | None = None, argv: list[str] | None = None) -> Path:
+    """Write provenance.json (the block of `provenance`) into out_dir, for the commands whose results have no
+    JSON document of their own to hold it (payload, calibration); returns its path."""
+    import json
+
+    path = Path(out_dir) / "provenance.json"
+    doc = provenance(out_dir, inputs, model, arm_id=arm_id, argv=argv)
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return path

@@ -93,3 +93,36 @@ def test_relative_path_survives_moving_the_tree(tmp_path):
     rel = relative_path(tmp_path / "a" / "data" / "r.csv", tmp_path / "a" / "out")
     shutil.move(tmp_path / "a", tmp_path / "b")
     assert (tmp_path / "b" / "out" / rel).resolve().read_text() == "x"
+
+
+def test_payload_and_calibration_results_carry_provenance_json(tmp_path):
+    from ident.calibration.model import from_model, tool_pose
+    from ident.calibration.synthesis import random_configurations
+    from sim.plant import payload_parameters
+
+    model = load_model("generic6")
+    rng = np.random.default_rng(7)
+    poses = rng.uniform(-2.0, 2.0, (12, model.n))
+    q = np.repeat(poses, 50, axis=0)
+    t = np.arange(len(q)) / 100.0
+    loaded = dynamics.merge_payload(model, payload_parameters(1.5, (0.0, 0.0, 0.05), (0.01, 0, 0, 0.01, 0, 0.005)))
+    zero = np.zeros_like(q)
+    write_csv(tmp_path / "U.csv", t, q, dynamics.rnea(model, q, zero, zero))
+    write_csv(tmp_path / "L.csv", t, q, dynamics.rnea(loaded, q, zero, zero))
+    argv = ["payload", "identify", "--method", "static", "--loaded", str(tmp_path / "L.csv"), "--unloaded",
+            str(tmp_path / "U.csv"), "--model", "generic6", "-o", str(tmp_path / "payload"), "--quiet"]
+    assert cli.main(argv) == 0
+    prov = json.loads((tmp_path / "payload" / "provenance.json").read_text())
+    assert prov["inputs"] == {"loaded": {"path": "../L.csv", "sha256": digest(tmp_path / "L.csv")},
+                              "unloaded": {"path": "../U.csv", "sha256": digest(tmp_path / "U.csv")}}
+    assert prov["command_line"] == ["armid", *argv] and prov["model"]["shipped"] == "generic6"
+
+    cm = from_model(model, (0.1, 0.0, 0.0))
+    qc = random_configurations(cm, 30, seed=0)
+    points = tool_pose(cm, qc, cm.nominal)[:, :3, 3]
+    meas = tmp_path / "meas.csv"
+    np.savetxt(meas, np.hstack([qc, points]), delimiter=",", header="j1,j2,j3,j4,j5,j6,x,y,z", comments="")
+    assert cli.main(["calibrate", "identify", str(meas), "--model", "generic6", "--tool", "0.1", "0", "0",
+                     "-o", str(tmp_path / "cal")]) == 0
+    prov = json.loads((tmp_path / "cal" / "provenance.json").read_text())
+    assert prov["inputs"] == {"measurements": {"path": "../meas.csv", "sha256": digest(meas)}}
