@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
     load = os.getloadavg()[0]
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     options = {"trajectory": excitation.preset("seed000")}
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         loop_cpu = cpu_s() - cpu0
         loop_mb = peak_rss_mb()
         started = time.perf_counter()
-        with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=None) as cluster, \
+        with fleet.local_cluster(args.workers) as cluster, \
                 Client(cluster) as client:
             client.run(lambda: load_model("generic6") and None)
             client.run(fleet.identify_job, jobs[0], str(folder / "warm"), options)   # each worker warm

@@ -67,11 +67,10 @@ def serial(fleet_dir):
 
 @pytest.fixture(scope="module")
 def on_dask(fleet_dir):
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     jobs = fleet.read_manifest(fleet_dir / "manifest.csv")
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with fleet.local_cluster(2, processes=False) as cluster, Client(cluster) as client:
         return fleet.identify_many(jobs, fleet_dir / "dask", {"trajectory": excitation.preset("seed000")},
                                    client=client, progress=False)
 
@@ -154,9 +153,7 @@ def test_fleet_report_names_the_drift_and_the_failure(serial):
 
 
 def test_cli_manifest_on_a_scheduler_address(fleet_dir, serial, capsys):
-    from distributed import LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with fleet.local_cluster(2, processes=False) as cluster:
         code = cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "cli"), "--trajectory",
                          "seed000", "--scheduler", cluster.scheduler_address, "--no-report", "--quiet"])
     out = capsys.readouterr().out
