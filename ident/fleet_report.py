@@ -7,6 +7,8 @@ import html
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+
 from ident.fleet import _SAFE, DRIFT_SIGMA, parameter_names
 from ident.report import _STYLE, _g, _table
 
@@ -26,26 +28,33 @@ def _x(rows: list[dict]) -> tuple[list, str]:
     return xs, "run"
 
 
-def _plot(path: Path, name: str, rows: list[dict], xs: list, xlabel: str) -> Path:
+def _plot(path: Path, name: str, rows: list[dict], xs: list, xlabel: str, legend: bool) -> Path:
+    """One parameter over the runs: a line per arm, DRIFT_SIGMA bars as one collection per arm (cheaper to draw
+    than errorbar's caps), drifted runs ringed; the legend (arm colours) only when asked: the colours are the same
+    in every plot."""
     from ident.extras import require
 
     Figure = require("matplotlib.figure", "the fleet report's plots").Figure
-    fig = Figure(figsize=(7.0, 2.6))
-    fig.subplots_adjust(left=0.12, right=0.8, top=0.88, bottom=0.2)
+    fig = Figure(figsize=(7.0, 2.4))
+    fig.subplots_adjust(left=0.12, right=0.8, top=0.87, bottom=0.2)
     ax = fig.add_subplot()
-    for arm in dict.fromkeys(r["arm_id"] for r in rows):
+    for k, arm in enumerate(dict.fromkeys(r["arm_id"] for r in rows)):
         pts = [(x, r) for x, r in zip(xs, rows) if r["arm_id"] == arm and name in r]
         if not pts:
             continue
+        colour = f"C{k % 10}"
         x = [p[0] for p in pts]
-        line = ax.errorbar(x, [r[name] for _, r in pts], yerr=[DRIFT_SIGMA * r[f"{name}_std"] for _, r in pts],
-                           marker="o", ms=3, capsize=2, lw=1, label=str(arm))
+        y = np.array([r[name] for _, r in pts])
+        bar = DRIFT_SIGMA * np.array([r[f"{name}_std"] for _, r in pts])
+        ax.plot(x, y, "o-", ms=3, lw=1, color=colour, label=str(arm))
+        ax.vlines(x, y - bar, y + bar, color=colour, lw=1)
         drifted = [(xx, r[name]) for xx, r in pts if r.get(f"{name}_drift")]
         if drifted:
-            ax.plot(*zip(*drifted), "o", ms=9, mfc="none", mec="red", mew=1.5, color=line[0].get_color())
+            ax.plot(*zip(*drifted), "o", ms=9, mfc="none", mec="red", mew=1.5)
     ax.set_title(name, fontsize=10)
     ax.set_xlabel(xlabel)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if legend:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(path, dpi=PNG_DPI)
     return path
 
@@ -81,9 +90,9 @@ def write_fleet_report(rows: list[dict], out: str | Path) -> Path:
     if ok:
         xs, xlabel = _x(ok)
         parts.append(f"<h2>Base parameters over the runs</h2><p>Bars: {DRIFT_SIGMA:g} sigma; red rings: drift "
-                     "flagged. Drifted parameters first.</p>")
-        for n in drifted + [n for n in names if n not in drifted]:
-            png = _plot(out / PLOTS / f"{_SAFE.sub('_', n)}.png", n, ok, xs, xlabel)
+                     "flagged. Drifted parameters first; the arms' colours (legend of the first plot) are the same in every plot.</p>")
+        for k, n in enumerate(drifted + [n for n in names if n not in drifted]):
+            png = _plot(out / PLOTS / f"{_SAFE.sub('_', n)}.png", n, ok, xs, xlabel, legend=k == 0)
             parts.append(f'<img src="{PLOTS}/{png.name}" alt="{html.escape(n)}">')
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>armid fleet identification</title>"
             f"<style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")

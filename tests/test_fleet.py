@@ -184,3 +184,19 @@ def test_bad_manifests_are_refused_naming_line_and_column(tmp_path, text, messag
     path.write_text(text)
     with pytest.raises(InputError, match=message):
         fleet.read_manifest(path)
+
+
+def test_cli_glob_in_a_serial_loop_and_the_single_recording_path_still_needs_a_model(fleet_dir, serial, capsys):
+    out = fleet_dir / "glob"
+    code = cli.main(["identify", str(fleet_dir / "A" / "night*.csv"), "--model", "generic6", "-o", str(out),
+                     "--trajectory", "seed000", "--scheduler", "serial", "--no-report", "--quiet"])
+    assert code == 0 and "3 of 3 recordings identified" in capsys.readouterr().out
+    rows = pq.read_table(out / "fleet.parquet").to_pylist()
+    assert [(r["arm_id"], r["run"]) for r in rows] == [("A", f"night{k}") for k in range(3)]
+    want = [r for r in serial.rows if r["arm_id"] == "A"]
+    assert [r["fc2"] for r in rows] == [r["fc2"] for r in want]
+    assert cli.main(["identify", str(fleet_dir / "A" / "night0.csv"), "-o", str(fleet_dir / "single")]) == 2
+    assert "--model: required" in capsys.readouterr().err
+    assert cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "x"), "--validate",
+                     str(fleet_dir / "A" / "night0.csv")]) == 2
+    assert "--validate: not with a manifest" in capsys.readouterr().err
