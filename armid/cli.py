@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from ident.errors import InputError
 
     args = _parser().parse_args(argv)
+    args.command_line = ["armid", *(sys.argv[1:] if argv is None else argv)]   # for results' provenance
     if getattr(args, "log_format", "text") != "json":      # JSON logs stay one object per line
         from armid.jit import install_notice
 

@@ -11,6 +11,7 @@ import numpy as np
 from ident.batch import Identification
 from ident.consistent import min_eigenvalues
 from ident.model import Model
+from ident.provenance import relative_path
 
 FORMAT = "armid-identification/1"
 BADLY_IDENTIFIED_PCT = 10.0   # relative standard deviation above which a parameter is flagged
@@ -26,14 +27,24 @@ def _nums(a) -> list:
     return [_num(v) for v in np.asarray(a, dtype=float).ravel()]
 
 
-def result_document(ident: Identification) -> dict:
-    """The content of result.json as plain Python values (SI units)."""
+def _source(source: str, out_dir: str | Path | None) -> str:
+    """A source file's name relative to out_dir when it is an existing file; else as given."""
+    if out_dir is None or not Path(source).is_file():
+        return source
+    return relative_path(source, out_dir)
+
+
+def result_document(ident: Identification, out_dir: str | Path | None = None,
+                    provenance: dict | None = None) -> dict:
+    """The content of result.json as plain Python values (SI units). Source files are named relative to
+    out_dir when given; provenance (ident.provenance.provenance) is stored as it is."""
     fit, base, rows = ident.fit, ident.base, ident.rows
     rel = fit.relative_std_pct
     doc: dict = {
         "format": FORMAT,
-        "model": {"name": ident.model.name, "source": ident.model.source, "joints": list(ident.model.joint_names)},
-        "data": {"source": rows.source, "kind": rows.kind, "samples": rows.samples, "rate_hz": rows.rate_hz,
+        "provenance": provenance,
+        "model": {"name": ident.model.name, "source": _source(ident.model.source, out_dir), "joints": list(ident.model.joint_names)},
+        "data": {"source": _source(rows.source, out_dir), "kind": rows.kind, "samples": rows.samples, "rate_hz": rows.rate_hz,
                  "bandwidth_hz": rows.bandwidth_hz, "bandwidth_from": rows.bandwidth_source,
                  "resampling": None if rows.mended is None else rows.mended.as_dict(),
                  "cutoff_hz": rows.cutoff_hz, "effort_delay_s": rows.effort_delay, "segments": rows.segments,
@@ -63,7 +74,7 @@ def result_document(ident: Identification) -> dict:
             "min_pseudo_inertia_eigenvalue": _nums(min_eigenvalues(c.chi, ident.model.n))}
     if ident.validation is not None:
         v = ident.validation
-        doc["validation"] = {"source": v.rows.source, "rows": int(len(v.rows.t)), "rms": _nums(v.rms),
+        doc["validation"] = {"source": _source(v.rows.source, out_dir), "rows": int(len(v.rows.t)), "rms": _nums(v.rms),
                              "relative": _nums(v.relative),
                              "rms_measured": None if v.rms_measured is None else _nums(v.rms_measured),
                              "relative_measured": None if v.relative_measured is None else _nums(v.relative_measured),
@@ -74,11 +85,48 @@ def result_document(ident: Identification) -> dict:
     return doc
 
 
-def write_result(ident: Identification, path: str | Path) -> Path:
-    """Write result.json; returns its path."""
+def write_result(ident: Identification, path: str | Path, provenance: dict | None = None) -> Path:
+    """Write result.json (with its provenance block, ident.provenance.provenance, when given; source paths
+    relative to its directory); returns its path."""
     path = Path(path)
-    path.write_text(json.dumps(result_document(ident), indent=1, allow_nan=False) + "\n")
+    doc = result_document(ident, path.parent, provenance)
+    path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
     return path
+
+
+def write_identification(ident: Identification, out: str | Path, source: str, *, with_report: bool = True,
+                         provenance: dict | None = None) -> dict[str, Path]:
+    """Write what `armid identify` writes into the directory out (created): result.json (with provenance,
+    ident.provenance.provenance, when given), report.html (+ PNGs) unless with_report is false and, with a
+    consistent fit, model.toml, model.urdf and model.sidecar.json (ident.urdf_export). source names the
+    recording in model.toml's header. The report's writing is timed into result.json's seconds.
+
+    Returns
+    -------
+    dict
+        What was written, by name ("result", "report", "model", "urdf", "urdf sidecar"): its path.
+    """
+    import time
+
+    from ident import report
+    from ident.urdf_export import write_urdf
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    if with_report:
+        started = time.perf_counter()
+        written["report"] = report.write_report(ident, out)
+        ident.seconds["report"] = time.perf_counter() - started
+    written = {"result": write_result(ident, out / "result.json", provenance), **written}
+    model = ident.identified_model()
+    if model is not None:
+        written["model"] = write_model(
+            model, out / "model.toml",
+            header=f"identified by armid from {source}: physically consistent standard parameters\n"
+                   f"(base projection fitted by WLS; unidentifiable directions from {ident.model.source})")
+        written["urdf"], written["urdf sidecar"] = write_urdf(model, out / "model.urdf")
+    return written
 
 
 def _rpy(R: np.ndarray) -> list[float]:

@@ -131,6 +131,10 @@ def _identify(args: argparse.Namespace) -> int:
     (out / "calibrated.urdf").write_text(calibrated_urdf(cm, result.values, model), encoding="utf-8")
     write_parameter_table(out / "parameters.csv", result)
     write_residuals(out / "residuals.csv", result, meas.lines)
+    from ident.provenance import write_provenance
+
+    write_provenance(out, {"measurements": args.measurements, "axes": args.axes or None}, args.model,
+                     argv=getattr(args, "command_line", None))
     accuracy = predicted_accuracy(result, random_configurations(cm, 500, seed=1))
     report = write_report(out, result, accuracy, f"Kinematic calibration of {model.name}")
     print(f"{len(meas.q)} poses ({measure}{', relative' if args.relative else ''}), {irr.count} parameters: "

@@ -14,8 +14,11 @@ def register(sub) -> None:
                        description="Writes result.json, report.html with PNG plots and, with --consistent, "
                                    "the identified model file model.toml into DIR.")
     p.add_argument("data", help="recording: CSV (t, q1..qn, tau1..taun or i1..in [, qd1..qdn]) or NPZ, SI units, "
-                                "or the .mcap file of armid record (converted as armid record convert does)")
-    p.add_argument("--model", required=True, help="a .toml or .urdf model file, or a shipped model (generic6)")
+                                "or the .mcap file of armid record (converted as armid record convert does); or a "
+                                "fleet manifest CSV (arm_id, model, recording[, validation, date]) or a quoted glob "
+                                "of recordings, identified as Dask tasks")
+    p.add_argument("--model", help="a .toml or .urdf model file, or a shipped model (generic6); required except "
+                                   "with a manifest")
     p.add_argument("-o", "--output", "--out", dest="output", required=True, metavar="DIR",
                    help="output directory (created)")
     p.add_argument("--validate", metavar="DATA2", help="a second recording to validate the prediction on")
@@ -46,6 +49,14 @@ def register(sub) -> None:
                    help=f"exit with status {STRICT_EXIT} when the checks after the fit warn (the results are written)")
     p.add_argument("--no-report", action="store_true", help="write no report.html and plots (result.json only)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--arm-id", metavar="ID", default=None,
+                   help="the arm's id, stored in result.json's provenance (default: none; with a glob: the "
+                        "recording's folder name)")
+    p.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="manifest or glob: the Dask scheduler to run on (default: a local cluster, one worker per "
+                        "core; 'serial': a plain loop)")
+    p.add_argument("--workers", metavar="N", type=int, default=None,
+                   help="manifest or glob: workers of the local cluster (default: one per core)")
     p.set_defaults(run=run)
 
 
@@ -56,27 +67,13 @@ def load_trajectory(spec: str):
     return excitation.load(spec) if Path(spec).suffix or Path(spec).exists() else excitation.preset(spec)
 
 
-def write_outputs(ident, out: Path, source: str, *, with_report: bool = True) -> dict[str, Path]:
-    """result.json, report.html (+ PNGs) unless with_report is false and, with a consistent fit, model.toml in
-    out. The report's writing is timed into result.json's seconds."""
-    import time
+def write_outputs(ident, out: Path, source: str, *, with_report: bool = True,
+                  provenance: dict | None = None) -> dict[str, Path]:
+    """result.json, report.html and, with a consistent fit, the model files in out:
+    ident.results.write_identification."""
+    from ident.results import write_identification
 
-    from ident import report, results
-
-    out.mkdir(parents=True, exist_ok=True)
-    written = {}
-    if with_report:
-        started = time.perf_counter()
-        written["report"] = report.write_report(ident, out)
-        ident.seconds["report"] = time.perf_counter() - started
-    written = {"result": results.write_result(ident, out / "result.json"), **written}
-    model = ident.identified_model()
-    if model is not None:
-        written["model"] = results.write_model(
-            model, out / "model.toml",
-            header=f"identified by armid from {source}: physically consistent standard parameters\n"
-                   f"(base projection fitted by WLS; unidentifiable directions from {ident.model.source})")
-    return written
+    return write_identification(ident, out, source, with_report=with_report, provenance=provenance)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.output)
     if args.slow is not None and not args.slow >= 0:
         raise InputError(f"--slow: expected a velocity >= 0 rad/s, got {args.slow}")
+    from ident import fleet
+
+    if fleet.is_manifest(args.data) or (fleet.is_glob(args.data) and not Path(args.data).exists()):
+        return run_fleet(args)
+    if args.model is None:
+        raise InputError("--model: required for a recording (only a manifest names the models itself)")
     verbose = not args.quiet
     if args.resample is not None and not (args.resample > 0 and args.resample < float("inf")):
         raise InputError(f"--resample: expected a sampling rate > 0 Hz, got {args.resample}")
@@ -116,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
                                effort_delay=args.effort_delay, verbose=verbose,
                                max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge,
                                resample_hz=args.resample)
-    written = write_outputs(ident, Path(args.output), args.data, with_report=not args.no_report)
+    written = write_outputs(ident, Path(args.output), args.data, with_report=not args.no_report,
+                            provenance=run_provenance(args))
     if reference is None:
         print_summary(ident)
     else:
@@ -132,6 +136,68 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return STRICT_EXIT
     return 0
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """Many recordings (a manifest or a glob) as Dask tasks: ident.fleet.identify_many. Exit status 1 when a
+    recording failed (the others are identified and in the fleet table)."""
+    import functools
+
+    from armid.commands._recordings import load_run
+    from ident import batch, fleet
+    from ident.errors import InputError
+    from ident.extras import require
+
+    for option in ("validate", "payload_run", "compare"):
+        if getattr(args, option) is not None:
+            raise InputError(f"--{option.replace('_', '-')}: not with a manifest or glob (a manifest has a "
+                             "validation column)")
+    if args.workers is not None and args.workers < 1:
+        raise InputError(f"--workers: expected a count >= 1, got {args.workers}")
+    require("distributed", "many recordings at once (Dask)")
+    require("pyarrow", "the fleet table")
+    require("matplotlib.figure", "the fleet report's plots")
+    if args.consistent:
+        require("cvxpy", "the physically consistent fit (--consistent)")
+    if fleet.is_manifest(args.data):
+        jobs = fleet.read_manifest(args.data)
+    elif args.model is None:
+        raise InputError("--model: required with a glob of recordings")
+    else:
+        jobs = fleet.jobs_from_glob(args.data, args.model, args.arm_id)
+    options = dict(trajectory=load_trajectory(args.trajectory) if args.trajectory else None,
+                   cutoff_hz=args.cutoff, decimate=args.decimate, consistent=args.consistent,
+                   slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
+                   effort_delay=args.effort_delay,
+                   max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge,
+                   resample_hz=args.resample)
+    if not args.quiet:
+        print(f"identifying {len(jobs)} recordings of {len({j.arm_id for j in jobs})} arms", file=sys.stderr)
+    result = fleet.identify_many(jobs, args.output, options, scheduler=args.scheduler, workers=args.workers,
+                                 with_report=not args.no_report, progress=not args.quiet,
+                                 loader=functools.partial(load_run, effort="current" if args.current else "torque"),
+                                 argv=getattr(args, "command_line", None))
+    ok = [r for r in result.rows if r["status"] == "ok"]
+    for r in ok:
+        if r.get("drifted"):
+            print(f"drift: arm {r['arm_id']} run {r['run']} since {r['previous_run']}: "
+                  + ", ".join(r["drifted"].split(";")))
+    for job, reason in result.failures:
+        print(f"failed: arm {job.arm_id} run {job.run} ({job.recording}): {reason}")
+    print(f"{len(ok)} of {len(result.rows)} recordings identified")
+    for name, path in result.written.items():
+        print(f"{name}: {path}")
+    return 1 if result.failures else 0
+
+
+def run_provenance(args: argparse.Namespace) -> dict:
+    """The provenance block of this run's result.json: its input files, model, command line and arm id."""
+    from ident.provenance import provenance
+
+    inputs = {"recording": args.data, "validation": args.validate, "payload_run": args.payload_run,
+              "trajectory": args.trajectory if args.trajectory and Path(args.trajectory).is_file() else None,
+              "compare": args.compare if args.compare and Path(args.compare).is_file() else None}
+    return provenance(args.output, inputs, args.model, arm_id=args.arm_id, argv=getattr(args, "command_line", None))
 
 
 def blas_threads(limit: int):

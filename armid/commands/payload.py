@@ -168,6 +168,10 @@ def _identify(args: argparse.Namespace) -> int:
         print(f"{f.method}: no estimate: {f.reason}", file=sys.stderr)
     written = write_report(estimates, args.output, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}",
                            failures=failures)
+    from ident.provenance import write_provenance
+
+    written["provenance"] = write_provenance(args.output, {"loaded": args.loaded, "unloaded": args.unloaded},
+                                             args.model, argv=getattr(args, "command_line", None))
     for name, path in written.items():
         print(f"{name}: {path}")
     return SOME_FAILED if failures else 0

@@ -13,14 +13,14 @@ from ident.calibration.io import term_status
 def _figures(result: Identification, accuracy: np.ndarray, folder: Path) -> list[str]:
     from ident.extras import require
 
-    matplotlib = require("matplotlib", "the calibration report's plots")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # the Agg canvas of a bare Figure: no pyplot state and no backend change (a notebook's inline plots stay)
+    Figure = require("matplotlib.figure", "the calibration report's plots").Figure
 
     names = []
     before = np.linalg.norm(result.residual_before, axis=1) * 1e3
     after = np.linalg.norm(result.residual_after, axis=1) * 1e3
-    fig, ax = plt.subplots(2, 1, figsize=(8, 6), constrained_layout=True)
+    fig = Figure(figsize=(8, 6), layout="constrained")
+    ax = fig.subplots(2, 1)
     idx = np.arange(len(before))
     ax[0].bar(idx, before, color="tab:red", label=f"before (RMS {result.rms_before * 1e3:.3f} mm)")
     ax[0].set_ylabel("position error [mm]")
@@ -32,28 +32,27 @@ def _figures(result: Identification, accuracy: np.ndarray, folder: Path) -> list
     ax[1].set_ylabel("position error [mm]")
     ax[1].legend()
     fig.savefig(folder / "residuals.png", dpi=100)
-    plt.close(fig)
     names.append("residuals.png")
 
     irr = result.irreducible
     cm = irr.model
     k = np.flatnonzero(irr.identified)
     scale = 1e3     # mm and mrad
-    fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(k)), 4), constrained_layout=True)
+    fig = Figure(figsize=(max(6, 0.3 * len(k)), 4), layout="constrained")
+    ax = fig.subplots()
     ax.errorbar(np.arange(len(k)), result.errors[k] * scale, yerr=2 * result.sigma[k] * scale, fmt="o", capsize=3)
     ax.set_xticks(np.arange(len(k)), [cm.names()[i] for i in k], rotation=90)
     ax.set_ylabel("error [mm or mrad], bars: 2 sigma")
     ax.axhline(0.0, color="k", lw=0.5)
     fig.savefig(folder / "parameters.png", dpi=100)
-    plt.close(fig)
     names.append("parameters.png")
 
-    fig, ax = plt.subplots(figsize=(6, 3.5), constrained_layout=True)
+    fig = Figure(figsize=(6, 3.5), layout="constrained")
+    ax = fig.subplots()
     ax.hist(accuracy * 1e3, bins=30)
     ax.set_xlabel("predicted 1-sigma position error over the workspace [mm]")
     ax.set_ylabel("poses")
     fig.savefig(folder / "accuracy.png", dpi=100)
-    plt.close(fig)
     names.append("accuracy.png")
     return names
 

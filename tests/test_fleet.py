@@ -1,0 +1,202 @@
+"""A fleet on Dask: 3 simulated arms x 3 nightly runs, one arm's joint-2 friction raised before its last run,
+plus a broken recording. The arms differ (their links' inertial parameters scaled), so a comparison across arms would flag
+everything. The drift flag finds exactly that arm, run and parameters; Dask (a small in-process
+cluster, and `armid identify MANIFEST --scheduler ADDRESS`) gives the serial loop's results exactly; the broken
+recording fails with its reason and the others are identified; the table reads back from Parquet and CSV."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from armid import cli
+from degraded import write_csv
+from ident import dynamics, excitation, fleet
+from ident.errors import InputError
+from ident.model import load_model
+
+RATE = 200.0
+NOISE = 0.02                        # N m
+ARMS = {"A": 1.0, "B": 1.08, "C": 0.93}   # each arm's links: generic6's inertial parameters times this
+DATES = ["2026-03-01T02:00:00", "2026-03-02T02:00:00", "2026-03-03T02:00:00"]
+CHANGED_ARM, CHANGED_RUN = "B", 2   # its joint-2 Coulomb and viscous friction x 1.5 from this run on
+CHANGED = {"fc2", "fv2"}
+
+
+def arm_parameters(model, arm: str, run: int) -> np.ndarray:
+    P = model.params_matrix().copy()
+    P[:, :10] *= ARMS[arm]
+    if arm == CHANGED_ARM and run >= CHANGED_RUN:
+        P[1, 11:13] *= 1.5
+    return P.ravel()
+
+
+@pytest.fixture(scope="module")
+def fleet_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fleet")
+    model = load_model("generic6")
+    t, q, qd, qdd = excitation.preset("seed000").sample(RATE)
+    lines = [["arm_id", "model", "recording", "date"]]
+    for a, arm in enumerate(ARMS):
+        (d / arm).mkdir()
+        for r, date in enumerate(DATES):
+            tau = dynamics.rnea(model, q, qd, qdd, params=arm_parameters(model, arm, r))
+            # the same noise in every run of an arm: only the friction change may move its parameters (with
+            # noise drawn anew per run, 3 sigma also flags about 1 % of 58 parameters x 6 comparisons by chance)
+            tau = tau + np.random.default_rng(100 * a).normal(0, NOISE, tau.shape)
+            write_csv(d / arm / f"night{r}.csv", t, q, tau)
+            lines.append([arm, "generic6", f"{arm}/night{r}.csv", date])
+    (d / "D").mkdir()
+    (d / "D" / "night0.csv").write_text("t,q1,q2\n0,1\n")        # broken: too few fields, wrong joint count
+    lines.append(["D", "generic6", "D/night0.csv", DATES[0]])
+    with open(d / "manifest.csv", "w", newline="") as f:
+        csv.writer(f).writerows(lines)
+    return d
+
+
+@pytest.fixture(scope="module")
+def serial(fleet_dir):
+    jobs = fleet.read_manifest(fleet_dir / "manifest.csv")
+    return fleet.identify_many(jobs, fleet_dir / "serial", {"trajectory": excitation.preset("seed000")},
+                               scheduler="serial", progress=False)
+
+
+@pytest.fixture(scope="module")
+def on_dask(fleet_dir):
+    from distributed import Client
+
+    jobs = fleet.read_manifest(fleet_dir / "manifest.csv")
+    with fleet.local_cluster(2, processes=False) as cluster, Client(cluster) as client:
+        return fleet.identify_many(jobs, fleet_dir / "dask", {"trajectory": excitation.preset("seed000")},
+                                   client=client, progress=False)
+
+
+def by_key(rows):
+    return {(r["arm_id"], r["run"]): r for r in rows}
+
+
+def test_drift_flags_exactly_the_changed_arm_run_and_friction(serial):
+    rows = by_key(serial.rows)
+    flagged = {(arm, run): set(r["drifted"].split(";")) - {""} for (arm, run), r in rows.items()
+               if r["status"] == "ok" and r["drifted"]}
+    changed_run = fleet.Job(CHANGED_ARM, "generic6", "x", date=DATES[CHANGED_RUN]).run
+    assert flagged == {(CHANGED_ARM, changed_run): CHANGED}
+    r = rows[(CHANGED_ARM, changed_run)]
+    assert r["previous_run"] == fleet.Job(CHANGED_ARM, "generic6", "x", date=DATES[CHANGED_RUN - 1]).run
+    assert r["fc2_drift"] is True and r["fv2_drift"] is True and r["fc1_drift"] is False
+    firsts = [r for r in serial.rows if r["status"] == "ok" and r["previous_run"] is None]
+    assert len(firsts) == len(ARMS) and all(r["fc2_drift"] is None for r in firsts)
+
+
+def test_identified_friction_tracks_the_truth(serial):
+    model = load_model("generic6")
+    rows = by_key(serial.rows)
+    for arm in ARMS:
+        for r, date in enumerate(DATES):
+            row = rows[(arm, fleet.Job(arm, "", "", date=date).run)]
+            truth = arm_parameters(model, arm, r).reshape(model.n, 14)[1, 11]
+            assert abs(row["fc2"] - truth) < 4 * row["fc2_std"] + 1e-9
+
+
+def test_a_broken_recording_fails_with_its_reason_and_the_rest_are_identified(serial):
+    assert len(serial.failures) == 1
+    job, reason = serial.failures[0]
+    assert job.arm_id == "D" and "night0.csv" in reason
+    statuses = [r["status"] for r in serial.rows]
+    assert statuses.count("ok") == len(ARMS) * len(DATES) and statuses.count("failed") == 1
+
+
+def test_dask_gives_the_serial_results_exactly(serial, on_dask):
+    s, d = by_key(serial.rows), by_key(on_dask.rows)
+    assert s.keys() == d.keys()
+    for key in s:
+        assert s[key].keys() == d[key].keys()
+        for col, value in s[key].items():
+            if col != "error":
+                assert d[key][col] == value, (key, col)
+    assert [j.recording for j, _ in on_dask.failures] == [j.recording for j, _ in serial.failures]
+
+
+def test_each_run_has_its_result_with_provenance(serial, fleet_dir):
+    for r in serial.rows:
+        if r["status"] != "ok":
+            continue
+        doc = json.loads((fleet_dir / "serial" / r["result"]).read_text())
+        assert doc["provenance"]["arm_id"] == r["arm_id"]
+        rec = (fleet_dir / "serial" / r["result"]).parent / doc["provenance"]["inputs"]["recording"]["path"]
+        assert rec.resolve() == (fleet_dir / "serial" / r["recording"]).resolve()
+        names = [p["name"] for p in doc["base_parameters"]]
+        assert [p["value"] for p in doc["base_parameters"]] == [r[n] for n in names]
+
+
+def test_table_reads_back_from_parquet_and_csv(serial):
+    table = pq.read_table(serial.written["table"]).to_pylist()
+    assert len(table) == len(serial.rows)
+    for got, want in zip(table, serial.rows):
+        for col, value in want.items():
+            assert got[col] == value, col
+    csv_table = pacsv.read_csv(serial.written["table csv"])
+    assert csv_table.num_rows == len(serial.rows)
+    np.testing.assert_array_equal(csv_table.column("fc2").to_numpy(zero_copy_only=False).astype(float),
+                                  [r.get("fc2", np.nan) for r in serial.rows])
+
+
+def test_fleet_report_names_the_drift_and_the_failure(serial):
+    page = serial.written["report"].read_text()
+    assert "fc2, fv2" in page and "night0.csv" in page
+    plots = serial.written["report"].parent / "fleet_plots"
+    assert (plots / "fc2.png").stat().st_size > 1000 and len(list(plots.glob("*.png"))) == 58
+
+
+def test_cli_manifest_on_a_scheduler_address(fleet_dir, serial, capsys):
+    with fleet.local_cluster(2, processes=False) as cluster:
+        code = cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "cli"), "--trajectory",
+                         "seed000", "--scheduler", cluster.scheduler_address, "--no-report", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1                       # one recording failed
+    assert f"drift: arm {CHANGED_ARM}" in out and "fc2, fv2" in out and "9 of 10 recordings identified" in out
+    rows = by_key(pq.read_table(fleet_dir / "cli" / "fleet.parquet").to_pylist())
+    for key, want in by_key(serial.rows).items():
+        assert rows[key].get("fc2") == want.get("fc2")
+
+
+def test_glob_takes_the_arm_from_the_folder(fleet_dir):
+    jobs = fleet.jobs_from_glob(str(fleet_dir / "[ABC]" / "night*.csv"), "generic6")
+    assert [(j.arm_id, j.run) for j in jobs] == [(a, f"night{r}") for a in ARMS for r in range(3)]
+    with pytest.raises(InputError, match="no file matches"):
+        fleet.jobs_from_glob(str(fleet_dir / "nothing*.csv"), "generic6")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("arm_id,model\nA,generic6\n", "missing recording"),
+    ("arm_id,model,recording,colour\nA,generic6,a.csv,red\n", "unknown colour"),
+    ("arm_id,model,recording\nA,,a.csv\n", "line 2: column model: empty"),
+    ("arm_id,model,recording,date\nA,generic6,a.csv,yesterday\n", "line 2: column date"),
+    ("arm_id,model,recording\nA,generic6,a.csv\nA,generic6,b/a.csv\n", "line 3: arm A run a is on line 2"),
+    ("arm_id,model,recording\nA,generic6,a.csv,extra\n", "line 2: more fields"),
+])
+def test_bad_manifests_are_refused_naming_line_and_column(tmp_path, text, message):
+    path = tmp_path / "m.csv"
+    path.write_text(text)
+    with pytest.raises(InputError, match=message):
+        fleet.read_manifest(path)
+
+
+def test_cli_glob_in_a_serial_loop_and_the_single_recording_path_still_needs_a_model(fleet_dir, serial, capsys):
+    out = fleet_dir / "glob"
+    code = cli.main(["identify", str(fleet_dir / "A" / "night*.csv"), "--model", "generic6", "-o", str(out),
+                     "--trajectory", "seed000", "--scheduler", "serial", "--no-report", "--quiet"])
+    assert code == 0 and "3 of 3 recordings identified" in capsys.readouterr().out
+    rows = pq.read_table(out / "fleet.parquet").to_pylist()
+    assert [(r["arm_id"], r["run"]) for r in rows] == [("A", f"night{k}") for k in range(3)]
+    want = [r for r in serial.rows if r["arm_id"] == "A"]
+    assert [r["fc2"] for r in rows] == [r["fc2"] for r in want]
+    assert cli.main(["identify", str(fleet_dir / "A" / "night0.csv"), "-o", str(fleet_dir / "single")]) == 2
+    assert "--model: required" in capsys.readouterr().err
+    assert cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "x"), "--validate",
+                     str(fleet_dir / "A" / "night0.csv")]) == 2
+    assert "--validate: not with a manifest" in capsys.readouterr().err
