@@ -40,6 +40,9 @@ from firmware_bridge.errors import InputError
 DEFAULT_STATE = "tcp://127.0.0.1:5555"
 DEFAULT_COMMANDS = "tcp://127.0.0.1:5556"
 MOTION_MARGIN_S = 20.0      # s a motion may outlast its planned duration when waited for
+PLANNING = ("move_to", "run_trajectory")
+PLAN_REPLY_S = 90.0         # s to wait for a motion's reply: the driver plans it first (its planner's bound is
+                            # 60 s; the first plan of a fresh install also compiles the planner's kernels)
 POLL_S = 0.05               # s between status polls while waiting
 
 
@@ -97,7 +100,9 @@ class ArmClient:
     state, commands : str
         The driver's endpoints ([zmq] state and commands of its config).
     timeout_s : float
-        Seconds to wait for each reply and, by default, for a sample.
+        Seconds to wait for each reply but a motion's, and, by default, for a sample.
+    plan_timeout_s : float
+        Seconds to wait for a motion's reply (move_to, run_trajectory): the driver plans it first.
     retries : int
         Times `status` is sent again on a new socket when no reply comes (lazy pirate).
     curve_server_public, curve_client_secret : str or Path, optional
@@ -107,14 +112,14 @@ class ArmClient:
     """
 
     def __init__(self, state: str = DEFAULT_STATE, commands: str = DEFAULT_COMMANDS, *, timeout_s: float = 5.0,
-                 retries: int = 3, curve_server_public: str | Path | None = None,
+                 retries: int = 3, plan_timeout_s: float = PLAN_REPLY_S, curve_server_public: str | Path | None = None,
                  curve_client_secret: str | Path | None = None, context: zmq.Context | None = None):
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 3600):
             raise ClientError(f"timeout_s: expected 0 < seconds <= 3600, got {timeout_s!r}")
         if (curve_server_public is None) != (curve_client_secret is None):
             raise ClientError("curve: give both curve_server_public and curve_client_secret, or neither")
         self.state_endpoint, self.commands_endpoint = state, commands
-        self.timeout_s, self.retries = float(timeout_s), int(retries)
+        self.timeout_s, self.retries, self.plan_timeout_s = float(timeout_s), int(retries), float(plan_timeout_s)
         self.ctx = context or zmq.Context.instance()
         self._curve = None if curve_server_public is None else _curve_keys(curve_server_public, curve_client_secret)
         self._req: zmq.Socket | None = None
@@ -133,17 +138,18 @@ class ArmClient:
         none comes (status is retried on a new socket `retries` times first)."""
         message = json.dumps({"cmd": cmd, **fields}).encode()
         tries = 1 + (self.retries if cmd == "status" else 0)
+        timeout_s = self.plan_timeout_s if cmd in PLANNING else self.timeout_s
         with self._req_lock:
             for attempt in range(tries):
                 sock = self._req_socket()
                 sock.send(message)
-                if sock.poll(int(self.timeout_s * 1000)):
+                if sock.poll(int(timeout_s * 1000)):
                     reply = json.loads(sock.recv())
                     break
                 self._drop_req()                    # lazy pirate: a REQ socket without its reply is stuck
             else:
                 again = "" if tries > 1 else f" ({cmd} is not sent twice: it may have been carried out)"
-                raise NoReply(f"{self.commands_endpoint}: no reply to {cmd} within {self.timeout_s:g} s"
+                raise NoReply(f"{self.commands_endpoint}: no reply to {cmd} within {timeout_s:g} s"
                               f"{f' x {tries}' if tries > 1 else ''}{again} (is the driver running there?)")
         if not reply.get("ok"):
             raise CommandRefused(f"{cmd}: {reply.get('error', reply)}")

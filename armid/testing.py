@@ -51,7 +51,7 @@ def armid_hil(tmp_path):
              seed: int = 0) -> HilRig:
         plan = chain.plan_for(transport, rate_hz, clocking)
         run = chain.Chain(tmp_path / f"hil-{len(rigs)}-{transport}-{clocking}", plan).__enter__()
-        rig = HilRig(transport, clocking, run, ArmClient(run.state, run.commands, timeout_s=10.0))
+        rig = HilRig(transport, clocking, run, ArmClient(run.state, run.commands, timeout_s=30.0))
         rigs.append(rig)
         run.start_sim(seed=seed)
         run.start_driver()

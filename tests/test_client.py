@@ -171,7 +171,7 @@ def test_silence_is_a_clear_error_and_a_restarted_server_is_reached_by_a_new_soc
                     router.send_multipart([*frames[:-1], json.dumps({"ok": True, "enabled": True}).encode()])
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    arm = ArmClient("tcp://127.0.0.1:9", f"tcp://127.0.0.1:{port}", timeout_s=0.3, retries=2)
+    arm = ArmClient("tcp://127.0.0.1:9", f"tcp://127.0.0.1:{port}", timeout_s=0.3, retries=2, plan_timeout_s=0.3)
     try:
         with pytest.raises(NoReply, match=r"no reply to status within 0.3 s x 3"):
             arm.status()

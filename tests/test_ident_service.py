@@ -76,8 +76,10 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
     svc.start()
     out = Listener(svc.bound["publish"])
     try:
-        a = np.tile([0.25, -0.25], (6, 1)) * np.linspace(0.5, 1.0, 6)[:, None]
-        b = np.tile([0.3, -0.15], (6, 1)) * np.linspace(0.5, 1.0, 6)[:, None]
+        # rad/s: every joint well above the identification's slow-row threshold (0.2 rad/s) most of the time,
+        # so that each gets the first pass's rows of its own within the run
+        a = np.tile([0.5, -0.5], (6, 1)) * np.linspace(0.5, 1.0, 6)[:, None]
+        b = np.tile([0.6, -0.3], (6, 1)) * np.linspace(0.5, 1.0, 6)[:, None]
         path = tmp_path / "traj.toml"
         excitation.save(FourierTrajectory(0.5, np.zeros(6), a, b), path)
         assert _wait(lambda: svc.identifier.counters.samples > 100, 60)      # the driver is up and streaming
