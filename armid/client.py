@@ -206,11 +206,14 @@ class ArmClient:
         self.request("set_payload", mass=float(mass), com=[float(x) for x in com],
                      inertia=[float(x) for x in inertia])
 
-    def servo(self, mode: str = "position", *, timeout_cycles: int | None = None) -> "ServoStream":
+    def servo(self, mode: str = "position", *, timeout_cycles: int | None = None,
+              buffer_cycles: int | None = None) -> "ServoStream":
         """Begin servo mode and return the stream to send setpoints on (a context manager whose exit sends
         servo_stop): `with arm.servo() as s: s.send(q)` once per cycle at most. mode "position" (rad) or
-        "torque" (N m); timeout_cycles: cycles without a setpoint after which the drives quick-stop."""
-        fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)})
+        "torque" (N m); timeout_cycles: cycles without a setpoint after which the drives quick-stop;
+        buffer_cycles: the driver's setpoint buffer (default 2; 0: the newest setpoint each cycle)."""
+        fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)}) \
+            | ({} if buffer_cycles is None else {"buffer_cycles": int(buffer_cycles)})
         reply = self.request("servo", **fields)
         return ServoStream(self, reply["endpoint"], mode)
 

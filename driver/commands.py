@@ -36,7 +36,7 @@ __all__ = ["Commands", "CommandError", "URGENT", "PLANNING"]
 
 URGENT = ("quick_stop", "disable")          # answered before anything else waiting (driver.command_server)
 PLANNING = ("move_to", "run_trajectory")    # planned in the planner process by the command server
-FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles")}   # the rest take none
+FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles", "buffer_cycles")}   # the rest take none
 SMALL_REQUEST_BYTES = 64 * 1024             # larger requests can only be motions: decoded by the planner
 
 
@@ -134,7 +134,7 @@ class Commands:
         return {}
 
     def servo(self, req: dict) -> dict:
-        from driver.servo import DEFAULT_TIMEOUT_CYCLES, MAX_TIMEOUT_CYCLES
+        from driver.servo import DEFAULT_BUFFER_CYCLES, DEFAULT_TIMEOUT_CYCLES, MAX_DEPTH, MAX_TIMEOUT_CYCLES
         from firmware_bridge.servo_wire import MODES
 
         mode = req.get("mode", "position")
@@ -143,7 +143,10 @@ class Commands:
         timeout = number(req, "timeout_cycles", DEFAULT_TIMEOUT_CYCLES)
         if timeout != int(timeout) or not 1 <= timeout <= MAX_TIMEOUT_CYCLES:
             raise CommandError(f"servo: timeout_cycles {timeout!r}: expected a whole number 1..{MAX_TIMEOUT_CYCLES}")
-        return self.driver.start_servo(mode, int(timeout))
+        depth = number(req, "buffer_cycles", DEFAULT_BUFFER_CYCLES)
+        if depth != int(depth) or not 0 <= depth <= MAX_DEPTH:
+            raise CommandError(f"servo: buffer_cycles {depth!r}: expected a whole number 0..{MAX_DEPTH}")
+        return self.driver.start_servo(mode, int(timeout), int(depth))
 
     def servo_stop(self, req: dict) -> dict:
         cycle = self.driver.cycle

@@ -429,7 +429,7 @@ class Driver:
         session = self.cycle.servo
         return {**session.stats(), "endpoint": self.bound["servo"]} if session is not None else self.cycle.servo_ended
 
-    def start_servo(self, mode: str, timeout_cycles: int) -> dict:
+    def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
         """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket."""
         from driver.servo import ServoLimits, ServoSession
         from firmware_bridge.servo_wire import MODES
@@ -437,9 +437,10 @@ class Driver:
         m = self.model
         limits = ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
-                               timeout_cycles)
+                               timeout_cycles, buffer_cycles)
         self.cycle.submit(lambda: self.cycle.start_servo(session))
-        return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles}
+        return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles,
+                "buffer_cycles": buffer_cycles}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:

@@ -2,8 +2,11 @@
 driver's servo socket (a ZeroMQ PULL; the message: firmware_bridge.servo_wire), and the cycle sends each one
 to the drives after checking it.
 
-Each cycle (`ServoSession.next`, in the cycle thread) reads every setpoint that has arrived and keeps the
-newest. Before it is used it is checked against the model's limits. The motion a client commands is judged
+Each cycle (`ServoSession.next`, in the cycle thread) reads every setpoint that has arrived into a setpoint
+buffer (firmware_bridge.setpoint_buffer, `buffer_cycles` deep, default 2) and takes the oldest: one setpoint per
+cycle, in order, so that a client whose setpoints cross the machine with jitter gets each one carried out, not
+the newest of a burst and then a repeat (0: no buffer, the newest each cycle). Before it is used it is checked
+against the model's limits. The motion a client commands is judged
 on the client's own clock (each setpoint's sent_ns), so that jitter in when setpoints arrive is not taken for
 the client's velocity or acceleration; and what the drives get is bounded on the cycle's clock:
   position  finite, within the position limits; |q - q_last| / (sent - sent_last) within the velocity
@@ -28,9 +31,13 @@ import zmq
 
 from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError
+from firmware_bridge.setpoint_buffer import MAX_DEPTH, TargetBuffer
 
 LATENCY_WINDOW = 4096
 DEFAULT_TIMEOUT_CYCLES = 50
+DEFAULT_BUFFER_CYCLES = 2
+MAX_BUFFER_EXTRA = 3            # cycles the buffer's latency may grow beyond its depth (a burst): beyond, the
+                                # oldest setpoints go (a client stream paced in Python grew it to 13 ms)
 MAX_TIMEOUT_CYCLES = 10_000
 JUMP_FACTOR = 3.0                   # a setpoint may move at most this times the velocity limit per cycle
 MAX_DRAIN = 1000                    # messages read per cycle at most (a flooding client cannot stall the cycle)
@@ -62,7 +69,7 @@ class ServoSession:
     """One servo session, from the `servo` command to its end. Used by the cycle thread only."""
 
     def __init__(self, mode: int, sock: zmq.Socket, limits: ServoLimits, dt: float, q_start: np.ndarray,
-                 timeout_cycles: int = DEFAULT_TIMEOUT_CYCLES):
+                 timeout_cycles: int = DEFAULT_TIMEOUT_CYCLES, buffer_cycles: int = DEFAULT_BUFFER_CYCLES):
         self.mode, self.sock, self.limits, self.dt = mode, sock, limits, dt
         self.timeout_cycles = int(timeout_cycles)
         n = q_start.shape[0]
@@ -75,6 +82,8 @@ class ServoSession:
         self.received = self.accepted = self.malformed = self.missed_cycles = 0
         self.last_error = ""
         self.latency_ns = np.zeros(LATENCY_WINDOW, dtype=np.int64)
+        self.buffer = (TargetBuffer(buffer_cycles, max_queued=buffer_cycles + MAX_BUFFER_EXTRA)
+                       if buffer_cycles else None)
         self._drain_old()
 
     @property
@@ -89,7 +98,8 @@ class ServoSession:
             except zmq.Again:
                 return
 
-    def _newest(self) -> tuple[int, int, np.ndarray] | None:
+    def _next_setpoint(self) -> tuple[int, int, np.ndarray] | None:
+        """The setpoint of this cycle: the buffer's oldest (every arrival queued), or the newest that arrived."""
         newest = None
         for _ in range(MAX_DRAIN):
             try:
@@ -109,7 +119,12 @@ class ServoSession:
                                    f"{self.mode} ({self.mode_name})")
                 continue
             newest = (seq, sent_ns, values)
-        return newest
+            if self.buffer is not None:
+                self.buffer.push(np.int64(seq), np.int64(sent_ns), values)
+        if self.buffer is None:
+            return newest
+        got = self.buffer.take()
+        return None if got is None else (int(got[0]), int(got[1]), got[2])
 
     def next(self, measured_q: np.ndarray, measured_qd: np.ndarray) -> ServoStep:
         """This cycle's step (see the module docstring)."""
@@ -122,7 +137,7 @@ class ServoSession:
                 what = (f"velocity {measured_qd[j]:.4g} rad/s beyond its limit {lim.qd_max[j]:.4g}" if fast[j] else
                         f"position {measured_q[j]:.4g} outside [{lim.q_min[j]:.4g}, {lim.q_max[j]:.4g}]")
                 return ServoStep(STOP, reason=f"servo: joint {lim.joint_names[j]}: {what} under torque control")
-        got = self._newest()
+        got = self._next_setpoint()
         self.since += 1
         if got is None:
             self.missed_cycles += 1
@@ -182,7 +197,8 @@ class ServoSession:
         """Counters and the setpoint-to-cycle latency (client send to the cycle that used it), us."""
         k = min(self.accepted, LATENCY_WINDOW)
         lat = self.latency_ns[:k] / 1e3
-        return {"mode": self.mode_name, "received": self.received, "accepted": self.accepted,
+        buffered = None if self.buffer is None else {"depth": self.buffer.depth, **vars(self.buffer.counts)}
+        return {"mode": self.mode_name, "received": self.received, "accepted": self.accepted, "buffer": buffered,
                 "malformed": self.malformed, "missed_cycles": self.missed_cycles,
                 "timeout_cycles": self.timeout_cycles, "last_error": self.last_error,
                 "latency_us": None if k == 0 else {"p50": float(np.percentile(lat, 50)),

@@ -23,7 +23,7 @@ from sim import Simulator, clock
 from sim.drive_targets import DeviceTargets
 from sim.gateway_device import GatewayDevice
 from sim.serial_device import SerialDevice
-from sim.target_buffer import TargetBuffer
+from firmware_bridge.setpoint_buffer import TargetBuffer
 from waiting import wait_until
 
 LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")

@@ -79,7 +79,7 @@ def _settle():
 
 def test_setpoints_within_the_limits_are_tracked_and_a_missing_one_holds_then_times_out(model, pair):
     push, pull = pair
-    s = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N), timeout_cycles=3)
+    s = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N), timeout_cycles=3, buffer_cycles=0)
     q = np.zeros(N)
     for k in range(1, 6):
         q = np.full(N, 1e-6 * k * k)                     # accelerating at 2 rad/s^2
@@ -99,7 +99,7 @@ def test_setpoints_within_the_limits_are_tracked_and_a_missing_one_holds_then_ti
 ])
 def test_a_setpoint_beyond_a_limit_ends_servo_naming_joint_and_quantity(model, pair, make, reason):
     push, pull = pair
-    s = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N))
+    s = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N), buffer_cycles=0)
     push.send(servo_wire.encode(MODE_POSITION, 1, time.time_ns(), make(model)))
     _settle()
     step = s.next(np.zeros(N), np.zeros(N))
@@ -112,7 +112,7 @@ def test_a_client_is_judged_by_its_own_clock_and_cannot_make_the_drives_jump(mod
     setpoint jumps further than the velocity limit allows per cycle is refused."""
     push, pull = pair
     v = 0.9 * model.qd_max * DT
-    s = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N))
+    s = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N), buffer_cycles=0)
     s.velocity = v / DT                                  # already moving at that velocity
     ms = 1_000_000
     push.send(servo_wire.encode(MODE_POSITION, 1, 1 * ms, v))
@@ -127,7 +127,7 @@ def test_a_client_is_judged_by_its_own_clock_and_cannot_make_the_drives_jump(mod
     push.send(servo_wire.encode(MODE_POSITION, 4, 3 * ms, 4 * v))
     _settle()
     assert "sent_ns does not increase" in s.next(np.zeros(N), np.zeros(N)).reason
-    s2 = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N))
+    s2 = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N), buffer_cycles=0)
     push.send(servo_wire.encode(MODE_POSITION, 5, 10 * ms, np.zeros(N)))
     _settle()
     assert s2.next(np.zeros(N), np.zeros(N)).kind == TRACK
@@ -139,7 +139,7 @@ def test_a_client_is_judged_by_its_own_clock_and_cannot_make_the_drives_jump(mod
 
 def test_torque_setpoints_are_checked_and_a_runaway_arm_is_stopped(model, pair):
     push, pull = pair
-    s = ServoSession(MODE_TORQUE, pull, _limits(model), DT, np.zeros(N))
+    s = ServoSession(MODE_TORQUE, pull, _limits(model), DT, np.zeros(N), buffer_cycles=0)
     push.send(servo_wire.encode(MODE_TORQUE, 1, 0, np.zeros(N)))
     push.send(servo_wire.encode(MODE_POSITION, 2, 0, np.zeros(N)))          # the wrong mode: counted, not used
     push.send(b"garbage")
@@ -154,6 +154,25 @@ def test_torque_setpoints_are_checked_and_a_runaway_arm_is_stopped(model, pair):
     _settle()
     step = s.next(np.zeros(N), np.zeros(N))
     assert step.kind == END and "joint j6: torque" in step.reason
+
+
+def test_with_its_buffer_every_setpoint_of_a_jittery_client_is_carried_out_in_order(model, pair):
+    """Setpoints in bursts and gaps within the buffer's depth: one is taken per cycle, each once, in order
+    (without the buffer, the newest of a burst is taken and the one before it never reaches the drives)."""
+    push, pull = pair
+    s = ServoSession(MODE_POSITION, pull, _limits(model), DT, np.zeros(N), buffer_cycles=2)
+    arrivals = [1, 1, 2, 0, 1, 2, 0, 1, 1, 1, 0, 0]
+    k, taken = 0, []
+    for count in arrivals:
+        for _ in range(count):
+            k += 1
+            push.send(servo_wire.encode(MODE_POSITION, k, k * 1_000_000, np.full(N, 1e-6 * k)))
+        _settle()
+        step = s.next(np.zeros(N), np.zeros(N))
+        if step.kind == TRACK:
+            taken.append(int(round(step.values[0] * 1e6)))
+    assert taken == list(range(1, len(taken) + 1)) and len(taken) >= k - 2
+    assert s.stats()["buffer"]["depth"] == 2 and s.stats()["buffer"]["skipped"] == 0
 
 
 # -- a driver on the in-process simulator ---------------------------------------------------------------------------

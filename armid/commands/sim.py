@@ -74,6 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
+    sim.warm_up()      # every cycle kernel loads (or compiles) before the ready line, not in a host's handshake
     sim.start()
     try:
         where = " ".join(f"{k}={v}" for k, v in sim.transport.connection().items())

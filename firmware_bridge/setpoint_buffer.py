@@ -1,5 +1,6 @@
-"""The setpoint buffer of a free-running drive: targets are consumed one per drive cycle, in the order they
-arrived, a fixed number of cycles behind the newest.
+"""A setpoint buffer: setpoints are consumed one per cycle, in the order they arrived, a fixed number of
+cycles behind the newest. The simulated free-running drives keep one (sim.drive_targets.DeviceTargets), and
+so does the driver's servo mode for a client's streamed setpoints (driver.servo).
 
 A drive on its own clock receives its master's targets over a link whose delay varies: one cycle none
 arrives, the next two. Latching the newest target each cycle turns that jitter into a skipped target and a
@@ -18,7 +19,8 @@ Rules, per drive cycle (`take`):
     targets more than it needs (the master's clock runs faster than the drive's, or a spell of lateness is
     over), the oldest one is dropped (counted as skipped): the latency comes down at most one target per
     window, never in a jump, and keeps one cycle of margin over what the window needed;
-  * more than MAX_QUEUED queued (the drive's loop stalled for seconds) drops the oldest at once;
+  * more than `max_queued` queued (default MAX_QUEUED: a drive's loop stalled for seconds; a servo session bounds
+    its latency lower) drops the oldest at once;
   * `reset` empties the queue (a drive leaving CSP, a restart): the next targets prime it again.
 """
 from __future__ import annotations
@@ -31,8 +33,6 @@ import numpy as np
 from firmware_bridge.errors import InputError
 
 MAX_DEPTH = 16
-FREE_RUNNING_DEPTH = 3    # a free-running device's default: jitter of two cycles costs nothing (with 2, a
-                          # loaded 2-core machine ran 3 % of the cycles without a target)
 MAX_QUEUED = 4096         # targets: seconds of a stalled drive loop at 1 kHz
 WINDOW = 1000             # cycles over which the queue's shortest length is watched
 
@@ -49,33 +49,34 @@ class BufferCounts:
 
 
 class TargetBuffer:
-    """A FIFO of (target position (n,), target torque (n,)) pairs, consumed one per drive cycle. Not
-    thread-safe: the simulator calls it under its I/O lock."""
+    """A FIFO of setpoints (tuples of arrays: a drive's target position and torque, a servo setpoint and its
+    stamp), consumed one per cycle. Not thread-safe: its owner calls it under its own lock or from one thread."""
 
-    def __init__(self, depth: int, window: int = WINDOW):
+    def __init__(self, depth: int, window: int = WINDOW, max_queued: int = MAX_QUEUED):
         if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise InputError(f"target_buffer: expected a number of cycles 1..{MAX_DEPTH}, got {depth!r}")
         self.depth = depth
         self.window = int(window)
+        self.max_queued = int(max_queued)
         self._low = MAX_QUEUED
         self._cycles = 0
-        self._queue: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self._queue: deque[tuple] = deque()
         self._running = False
         self.counts = BufferCounts()
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def push(self, position: np.ndarray, torque: np.ndarray) -> None:
-        """A target arrived (copied)."""
-        self._queue.append((np.array(position, dtype=float), np.array(torque, dtype=float)))
+    def push(self, *items) -> None:
+        """A setpoint arrived (its arrays copied)."""
+        self._queue.append(tuple(np.array(x) for x in items))
         self.counts.received += 1
-        if len(self._queue) > MAX_QUEUED:               # a drive loop stalled for seconds: keep the newest
+        if len(self._queue) > self.max_queued:          # a loop stalled (for a drive: seconds): keep the newest
             self.counts.skipped += 1
             self._queue.popleft()
 
-    def take(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The target of this drive cycle, or None when the drive keeps its last one (priming, underrun)."""
+    def take(self) -> tuple | None:
+        """The setpoint of this cycle, or None when the last one is kept (priming, underrun)."""
         queue = self._queue
         if not self._running:
             if len(queue) < self.depth:
@@ -101,12 +102,3 @@ class TargetBuffer:
         self._running = False
         self._low, self._cycles = MAX_QUEUED, 0
 
-
-def for_device(depth: int | None, host_clocked: bool, where: str) -> TargetBuffer | None:
-    """The setpoint buffer of a device side: `depth` cycles (0: none), by default FREE_RUNNING_DEPTH when the
-    device runs on its own clock and none when the host clocks it (one cycle per command: nothing to absorb)."""
-    if depth is None:
-        depth = 0 if host_clocked else FREE_RUNNING_DEPTH
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH:
-        raise InputError(f"{where}: target_buffer: expected a number of cycles 0..{MAX_DEPTH}, got {depth!r}")
-    return TargetBuffer(depth) if depth else None
