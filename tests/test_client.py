@@ -16,15 +16,11 @@ import zmq
 import zmq.auth
 
 from armid.client import ArmClient, ClientError, CommandRefused, MotionFailed, NoReply, Sample
-from driver.daemon import Curve, Driver, Endpoints
+from driver.daemon import Curve, Endpoints
 from firmware_bridge import stream
 from ident.model import load_model
-from sim import Simulator
-from sim.local_transport import LocalSimArm
+from local_driver import local_driver
 from waiting import wait_until
-
-LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
-
 
 @pytest.fixture(scope="module")
 def model():
@@ -33,15 +29,11 @@ def model():
 
 @pytest.fixture
 def driver(model):
-    sim = Simulator(model, seed=3, realtime=True)
-    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=LOCAL, watchdog_s=0.5)
-    d.start()
-    yield d, sim
-    d.stop()
-    sim.stop()
+    with local_driver(model) as running:
+        yield running
 
 
-def _client(d: Driver, **kw) -> ArmClient:
+def _client(d, **kw) -> ArmClient:
     return ArmClient(d.bound["state"], d.bound["commands"], **kw)
 
 
@@ -195,11 +187,8 @@ def test_a_client_with_the_right_curve_keys_is_answered_and_one_without_keys_is_
     server_public, server_secret = zmq.auth.create_certificates(keys, "server")
     client_public, client_secret = zmq.auth.create_certificates(keys, "client")
     os.replace(client_public, clients / "client.key")
-    sim = Simulator(model, seed=4, realtime=True)
-    d = Driver(model, LocalSimArm(model, simulator=sim), watchdog_s=0.5,
-               endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", Curve(server_secret, str(clients))))
-    d.start()
-    try:
+    curve = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", Curve(server_secret, str(clients)))
+    with local_driver(model, seed=4, endpoints=curve) as (d, _):
         with ArmClient(d.bound["state"], d.bound["commands"], curve_server_public=server_public,
                        curve_client_secret=client_secret) as good:
             assert good.status()["ok"]
@@ -211,9 +200,6 @@ def test_a_client_with_the_right_curve_keys_is_answered_and_one_without_keys_is_
                       curve_client_secret=clients / "client.key")
         with pytest.raises(ClientError, match="both"):
             ArmClient(curve_server_public=server_public)
-    finally:
-        d.stop()
-        sim.stop()
 
 
 def test_the_client_works_from_another_processes_thread_through_the_cli(driver):

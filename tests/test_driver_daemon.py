@@ -19,6 +19,7 @@ from sim.local_transport import LocalSimArm
 from firmware_bridge.cia402 import State, state_of
 from ident.model import load_model
 from sim import Simulator
+from local_driver import local_driver  # noqa: E402
 from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,12 +33,8 @@ def model():
 
 @pytest.fixture
 def driver(model):
-    sim = Simulator(model, seed=3, realtime=True)
-    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=LOCAL, watchdog_s=0.5)
-    d.start()
-    yield d
-    d.stop()
-    sim.stop()
+    with local_driver(model) as (d, _):
+        yield d
 
 
 def _client(endpoint, **curve):

@@ -13,10 +13,8 @@ import pytest
 from websockets.sync.client import connect
 
 from armid.foxglove_bridge import Bridge, link_transforms
-from driver.daemon import Driver, Endpoints
 from ident.model import load_model
-from sim import Simulator
-from sim.local_transport import LocalSimArm
+from local_driver import local_driver
 from scipy.spatial.transform import Rotation
 
 PROTOCOL = "foxglove.sdk.v1"
@@ -25,15 +23,12 @@ PROTOCOL = "foxglove.sdk.v1"
 @pytest.fixture
 def live(tmp_path):
     model = load_model("generic6")
-    sim = Simulator(model, seed=2, realtime=True)
-    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
-               watchdog_s=0.5)
-    d.start()
-    bridge = Bridge(model, d.bound["state"], port=0, decimate=5).start()
-    yield model, d, bridge
-    bridge.stop()
-    d.stop()
-    sim.stop()
+    with local_driver(model, seed=2) as (d, _):
+        bridge = Bridge(model, d.bound["state"], port=0, decimate=5).start()
+        try:
+            yield model, d, bridge
+        finally:
+            bridge.stop()
 
 
 def _messages(ws, seconds: float):

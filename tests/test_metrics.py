@@ -3,18 +3,16 @@ own text parser (as a Prometheus server would), the values checked against the d
 from __future__ import annotations
 
 import socket
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from driver.config import load_config
-from driver.daemon import Driver, Endpoints, Metrics
+from driver.daemon import Metrics
 from firmware_bridge.errors import InputError
 from ident.model import load_model
-from sim import Simulator
-from sim.local_transport import LocalSimArm
+from local_driver import local_driver
 from waiting import wait_until
 
 
@@ -32,12 +30,8 @@ def _scrape(address: str) -> dict[str, list]:
 
 def test_a_scrape_reports_the_drivers_counters_state_and_lateness(tmp_path):
     model = load_model("generic6")
-    sim = Simulator(model, seed=2, realtime=True)
     address = f"127.0.0.1:{_port()}"
-    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
-               watchdog_s=0.5, metrics=Metrics(address))
-    d.start()
-    try:
+    with local_driver(model, seed=2, metrics=Metrics(address)) as (d, _):
         assert wait_until(lambda: d.last_health is not None and d.last_health["cycle_rate_hz"] > 0, 10)  # a rate: 2nd
         m = _scrape(address)
         cycles = m["armid_cycles"][0].value
@@ -51,9 +45,6 @@ def test_a_scrape_reports_the_drivers_counters_state_and_lateness(tmp_path):
         assert wait_until(d.cycle.enabled, 10)
         assert wait_until(lambda: _scrape(address)["armid_enabled"][0].value == 1.0, 5)
         assert _scrape(address)["armid_cycles"][0].value > cycles         # counters grow scrape to scrape
-    finally:
-        d.stop()
-        sim.stop()
     with pytest.raises(OSError):
         _scrape(address)                                                    # stopped with the driver
 

@@ -12,14 +12,12 @@ import pytest
 import zmq
 
 from armid.client import ArmClient, CommandRefused
-from driver.daemon import Driver, Endpoints
 from driver.servo import END, HOLD, STOP, TRACK, ServoLimits, ServoSession
 from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError
 from ident import dynamics
 from ident.model import load_model
-from sim import Simulator
-from sim.local_transport import LocalSimArm
+from local_driver import local_driver
 from waiting import wait_until
 
 N = 6
@@ -178,13 +176,8 @@ def test_with_its_buffer_every_setpoint_of_a_jittery_client_is_carried_out_in_or
 # -- a driver on the in-process simulator ---------------------------------------------------------------------------
 @pytest.fixture
 def driver(model):
-    sim = Simulator(model, seed=3, realtime=True)
-    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
-               watchdog_s=0.5)
-    d.start()
-    yield d, sim
-    d.stop()
-    sim.stop()
+    with local_driver(model) as running:
+        yield running
 
 
 def _stream(servo, q0: np.ndarray, seconds: float, amplitude: float = 0.1, rate: float = 1000.0) -> np.ndarray:

@@ -8,11 +8,9 @@ import time
 
 import pytest
 
-from driver.daemon import Driver, Endpoints
 from driver.systemd import Supervision
 from ident.model import load_model
-from sim import Simulator
-from sim.local_transport import LocalSimArm
+from local_driver import local_driver
 
 WATCHDOG_USEC = 200_000          # pings every 0.1 s
 
@@ -43,11 +41,7 @@ def test_ready_then_pings_while_the_cycle_runs_none_while_it_hangs_then_stopping
     monkeypatch.setenv("WATCHDOG_USEC", str(WATCHDOG_USEC))
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     model = load_model("generic6")
-    sim = Simulator(model, seed=2, realtime=True)
-    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
-               watchdog_s=5.0)
-    d.start()
-    try:
+    with local_driver(model, seed=2, watchdog_s=5.0) as (d, _):
         first = _received(sock, 1.0)
         assert first and first[0][1].startswith("READY=1\nSTATUS=generic6")
         assert sum(m == "WATCHDOG=1" for _, m in first) >= 5
@@ -66,9 +60,6 @@ def test_ready_then_pings_while_the_cycle_runs_none_while_it_hangs_then_stopping
         assert d.supervision.missed - missed >= 10
         after = _received(sock, 0.8)
         assert any(m == "WATCHDOG=1" for _, m in after)                  # pings again once it runs
-    finally:
-        d.stop()
-        sim.stop()
     end = _received(sock, 0.3)
     assert any(m == "STOPPING=1" for _, m in end)
 
