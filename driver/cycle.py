@@ -54,7 +54,7 @@ import numpy as np
 
 from driver import cycle_kernels as ck
 from driver.hal import Arm, ArmCommand, ArmState, LinkError
-from driver.servo import END, STOP, ServoSession
+from driver.servo import END, STOP, TRACK, ServoSession
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE
 from driver.motion import PlannedMotion
 from firmware_bridge.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
@@ -532,8 +532,9 @@ class Cycle:
         if self.servo.mode == MODE_TORQUE:
             self.command.mode[:] = int(Mode.CST)
             return st.q, step.values, ck.FOLLOW | ck.HOLD_FOLLOWS
-        tau = np.asarray(self.gravity(step.values.copy()), dtype=float) if self.gravity is not None else self.hold_torque
-        return step.values, tau, ck.HOLD_PLAN
+        if step.kind == TRACK and self.gravity is not None:    # a held setpoint keeps its feed-forward
+            self.hold_torque[:] = self.gravity(step.values.copy())
+        return step.values, self.hold_torque, ck.HOLD_PLAN
 
     def _publish(self, fresh: bool) -> None:
         """The STATE message of this cycle (stale ones repeat the last sample; none before the first sample:
