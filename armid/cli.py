@@ -5,6 +5,7 @@ import argparse
 import importlib
 import sys
 
+from armid import logs
 from armid.commands import COMMANDS
 
 
@@ -22,20 +23,29 @@ def version() -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="armid", description="Driver and identification service for robot arms.")
     parser.add_argument("--version", action="version", version=f"armid {version()}")
+    logs.add_arguments(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"armid.commands.{name}").register(sub)
+    for command in sub.choices.values():      # also after the subcommand: `armid driver --log-format json`
+        logs.add_arguments(command, defaults=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `armid` command. Bad input (an InputError) ends with one line on stderr and
-    exit status 2; Ctrl-C with status 130."""
+    exit status 2; Ctrl-C with status 130. Logging goes to stderr as --log-level and --log-format say
+    (armid.logs)."""
     from ident.errors import InputError
 
     args = _parser().parse_args(argv)
     args.command_line = ["armid", *(sys.argv[1:] if argv is None else argv)]   # for results' provenance
-    if getattr(args, "log_format", "text") != "json":      # JSON logs stay one object per line
+    try:
+        _, args.log_format = logs.configure(args.log_level, args.log_format)
+    except InputError as exc:
+        print(f"armid: {exc}", file=sys.stderr)
+        return 2
+    if args.log_format != "json":      # JSON logs stay one object per line
         from armid.jit import install_notice
 
         install_notice()
@@ -50,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         sys.stderr.close()
         return 0
+    finally:
+        logs.shutdown()       # every record queued is written before the exit status
 
 
 if __name__ == "__main__":

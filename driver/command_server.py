@@ -13,6 +13,7 @@ beyond that a request is refused unread, so that a client flooding the socket de
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -22,20 +23,23 @@ import zmq
 from driver.commands import PLANNING, SMALL_REQUEST_BYTES, URGENT, Commands, encode
 from driver.planner import Planner, PlannerError
 from driver.requests import RequestError, decode_request
+from firmware_bridge.log_throttle import Throttle
 
 POLL_MS = 50
 READ_BATCH = 256
 BACKLOG = 1024
 PER_CLIENT = 64
 _URGENT_MARKS = tuple(name.encode() for name in URGENT)
+REFUSAL_LOG_INTERVAL_S = 1.0   # refused requests: the first logged, then one line per interval with a count
+_log = logging.getLogger(__name__)
 
 
 class CommandServer:
     """Serves `commands` on the bound ROUTER socket `sock` until `stop` is set (run() in its own thread)."""
 
-    def __init__(self, sock: zmq.Socket, commands: Commands, planner: Planner, stop: threading.Event, log=None):
+    def __init__(self, sock: zmq.Socket, commands: Commands, planner: Planner, stop: threading.Event):
         self.sock, self.commands, self.planner, self._stop = sock, commands, planner, stop
-        self.log = log or (lambda text: None)
+        self._refusals = Throttle(_log, logging.WARNING, REFUSAL_LOG_INTERVAL_S)
         self._waiting: deque[tuple[list, bytes]] = deque()
         self._per_client: dict[bytes, int] = {}     # requests waiting, by the client's ROUTER identity
         self._planning: list | None = None          # the envelope of the motion request being planned
@@ -66,6 +70,7 @@ class CommandServer:
             except Exception as exc:  # noqa: BLE001 - the command plane never ends on its own
                 self._internal(f"loop: {type(exc).__name__}: {exc}")
                 self._stop.wait(0.05)
+        self._refusals.flush()
 
     def _serve(self) -> None:
         poller = zmq.Poller()
@@ -79,7 +84,7 @@ class CommandServer:
             except zmq.ZMQError as exc:
                 if self._stop.is_set():
                     return
-                self.log(f"commands: poll: {exc}")
+                _log.error("commands: poll: %s", exc)
                 time.sleep(0.01)
                 continue
             self._guard("read", self._read)
@@ -113,7 +118,7 @@ class CommandServer:
     def _internal(self, text: str) -> None:
         self.internal_errors += 1
         self.last_internal_error = text[:500]
-        self.log(f"commands: internal error: {text[:500]}")
+        _log.error("commands: internal error: %s", text[:500])
 
     # -- reading -------------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -185,6 +190,7 @@ class CommandServer:
         self.answered += 1
         if not reply.get("ok"):
             self.errors += 1
+            self._refusals.hit("command refused: %s", reply.get("error"), error=reply.get("error"))
         try:
             self.sock.send_multipart([*envelope, encode(reply)], zmq.NOBLOCK)
         except (zmq.Again, zmq.ZMQError):

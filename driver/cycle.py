@@ -43,6 +43,7 @@ the cycle's work runs on the newest.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -54,14 +55,17 @@ import numpy as np
 
 from driver import cycle_kernels as ck
 from driver.hal import Arm, ArmCommand, ArmState, LinkError
-from driver.servo import END, STOP, TRACK, ServoSession
+from driver.servo import END, HOLD, STOP, TRACK, ServoSession
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE
 from driver.motion import PlannedMotion
 from firmware_bridge.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
+from firmware_bridge.log_throttle import Throttle
 
 _S = State
+_log = logging.getLogger(__name__)
+TROUBLE_LOG_INTERVAL_S = 10.0   # stale cycles, held servo setpoints: one log line per interval, with a count
 CLOCKS = ("host", "device")
 DEVICE_GRACE = 1.0            # clock "device": a stale cycle runs when no sample came for (1 + this) periods
 ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest wait for the answer, in periods
@@ -143,6 +147,8 @@ class Cycle:
         self.samples_lost = 0           # device samples lost, as the messages reported them
         self._backlog: Callable[[], int] | None = arm.backlog if arm.keeps_every_sample else None
         self.events: deque[tuple[float, str]] = deque(maxlen=100)
+        self._stale_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._hold_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self.lateness_ns = np.zeros(LATENESS_WINDOW, np.int64)
         self._requests: deque[tuple[Callable[[], object], Future]] = deque()
         self._last_fresh_ns = 0
@@ -166,6 +172,8 @@ class Cycle:
             self._thread.join(timeout)
             self._thread = None
         self._fail_requests(DriverFault("the driver stopped"))
+        self._stale_log.flush()
+        self._hold_log.flush()
 
     @property
     def native_id(self) -> int | None:
@@ -187,7 +195,7 @@ class Cycle:
                 self._run_host_clock()
         except BaseException as exc:  # noqa: BLE001 - reported, never silent
             self.error = exc
-            self._event(f"cycle stopped: {type(exc).__name__}: {exc}")
+            self._event(f"cycle stopped: {type(exc).__name__}: {exc}", logging.CRITICAL)
             self._fail_requests(DriverFault(f"the cycle stopped: {exc}"))
 
     def _run_host_clock(self) -> None:
@@ -267,9 +275,13 @@ class Cycle:
             if not fut.done():
                 fut.set_exception(exc)
 
-    def _event(self, text: str) -> None:
+    def _event(self, text: str, level: int = logging.INFO, **fields) -> None:
+        """A health event (the last ones go with the health message), logged at `level` with `fields` as the
+        record's extra fields."""
         self.events.append((time.time(), text))
         self.on_event(text)
+        if _log.isEnabledFor(level):
+            _log.log(level, "%s", text, extra=fields)
 
     def set_health_payload(self, payload: bytes) -> None:
         """Queue a health message (JSON bytes) that the cycle thread publishes with the next cycle."""
@@ -285,6 +297,7 @@ class Cycle:
         self.set_hold_torque()          # refuses (DriverFault) a pose whose holding torque breaks a limit
         self.quick_stop = False
         self.want_power = True
+        _log.info("enable: powering the drives")
 
     def set_hold_torque(self) -> None:
         """Feed-forward for holding still at self.hold: gravity there (runs once per change, not per cycle).
@@ -299,6 +312,8 @@ class Cycle:
             self.hold_torque[:] = tau
 
     def disable(self) -> None:
+        if self.want_power:
+            _log.info("disable: switching the drives off")
         self.motion = None
         self.end_servo("disable")
         self.want_power = False
@@ -306,7 +321,7 @@ class Cycle:
 
     def request_quick_stop(self, reason: str = "quick_stop requested") -> None:
         if self.motion is not None or self.want_power:
-            self._event(f"quick stop: {reason}")
+            self._event(f"quick stop: {reason}", logging.ERROR)
         self.motion = None
         self.end_servo(f"quick stop: {reason}")
         self.want_power = False
@@ -331,9 +346,9 @@ class Cycle:
         self.servo = session
         self._event(f"servo: {session.mode_name} setpoints taken (timeout {session.timeout_cycles} cycles)")
 
-    def end_servo(self, reason: str) -> None:
+    def end_servo(self, reason: str, level: int = logging.INFO) -> None:
         """End servo mode: the drives hold where they are (position: the last accepted setpoint; torque: the
-        measured pose) in CSP."""
+        measured pose) in CSP. The event is logged at `level`."""
         session = self.servo
         if session is None:
             return
@@ -345,10 +360,12 @@ class Cycle:
             self.set_hold_torque()
         except DriverFault as exc:          # cannot hold there actively: stop the drives instead
             self.quick_stop, self.want_power = True, False
-            reason = f"{reason}; {exc}"
-        self._event(f"servo ended: {reason}")
+            reason, level = f"{reason}; {exc}", max(level, logging.ERROR)
+        self._event(f"servo ended: {reason}", level)
 
     def fault_reset(self) -> None:
+        if self.fault is not None:
+            _log.info("fault reset: clearing %r", self.fault)
         self.fault = None
         self.quick_stop = False
         self.want_power = False
@@ -366,6 +383,7 @@ class Cycle:
             j = int(np.argmax(off))
             raise DriverFault(f"motion starts {off[j]:.4g} rad away from joint {j + 1}'s position; plan it again")
         self.motion, self._k = motion, 0
+        _log.info("%s: started (%.3f s)", motion.name, motion.duration)
 
     def enabled(self) -> bool:
         return bool(np.all((self.state.statusword & 0x6F) == 0x27))
@@ -401,6 +419,7 @@ class Cycle:
             self._took_sample(now_mono)
         else:
             self.stale += 1
+            self._stale_log.hit("stale cycle: no new sample from the drives", stale_cycles=self.stale)
         self._supervise(fresh, now_mono)
         while self._requests:
             fn, fut = self._requests.popleft()
@@ -470,16 +489,18 @@ class Cycle:
                     for j, s in enumerate(_state_codes(st.statusword)):
                         if s in (_S.FAULT, _S.FAULT_REACTION_ACTIVE):
                             self._trip(f"fault reset failed: drive {j + 1} still in {s.value} "
-                                       f"(error code 0x{int(st.error_code[j]):04X})")
+                                       f"(error code 0x{int(st.error_code[j]):04X})", joint=j + 1,
+                                       error_code=f"0x{int(st.error_code[j]):04X}")
                             return
             elif fresh and bits >> ck.FAULTED_SHIFT:
                 j = (bits >> ck.FAULTED_SHIFT) - 1
-                self._trip(f"drive {j + 1} faulted (error code 0x{int(st.error_code[j]):04X})")
+                self._trip(f"drive {j + 1} faulted (error code 0x{int(st.error_code[j]):04X})", joint=j + 1,
+                           error_code=f"0x{int(st.error_code[j]):04X}")
 
-    def _trip(self, reason: str) -> None:
+    def _trip(self, reason: str, **fields) -> None:
         self.fault = reason
         self.request_quick_stop(reason)
-        self._event(f"fault: {reason}")
+        self._event(f"fault: {reason}", logging.ERROR, **fields)
 
     def _command(self, advance: bool = True) -> None:
         """The command of this cycle: the motion's next setpoint (the same one again when not advance), or
@@ -527,8 +548,11 @@ class Cycle:
             self.request_quick_stop(step.reason)
             return self.hold, self.hold_torque, 0
         if step.kind == END:
-            self.end_servo(step.reason)
+            self.end_servo(step.reason, logging.WARNING)
             return self.hold, self.hold_torque, 0
+        if step.kind == HOLD:
+            self._hold_log.hit("servo: no new setpoint this cycle; holding the last one",
+                               missed_cycles=self.servo.missed_cycles)
         if self.servo.mode == MODE_TORQUE:
             self.command.mode[:] = int(Mode.CST)
             return st.q, step.values, ck.FOLLOW | ck.HOLD_FOLLOWS

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
 import os
 import sys
@@ -57,6 +58,7 @@ from ident.model import Model
 from ident.payload import payload_parameters
 
 HEALTH_PERIOD_S = 1.0
+_log = logging.getLogger(__name__)
 PLANNER_START_S = 60.0        # the longest start() waits for the planner process to load its kernels
 SWITCH_INTERVAL_S = 0.0005    # the longest another Python thread holds the interpreter while the cycle waits
 _SEND = int(zmq.NOBLOCK)                    # plain ints: no enum arithmetic per message
@@ -130,7 +132,7 @@ class Driver:
     """The daemon's parts wired together (see the module docstring)."""
 
     def __init__(self, model: Model, arm: Arm, *, endpoints: Endpoints = Endpoints(), rate_hz: float = 1000.0,
-                 watchdog_s: float = 0.01, context: zmq.Context | None = None, log=None, clock: str = "auto",
+                 watchdog_s: float = 0.01, context: zmq.Context | None = None, clock: str = "auto",
                  record: Record | None = None, effort_delay_s: float = 0.0, realtime: Realtime | None = None,
                  trajectory_dir: str | None = None, max_motion_s: float = MAX_MOTION_S,
                  metrics: Metrics | None = None):
@@ -151,7 +153,6 @@ class Driver:
         self.payload = np.zeros(10)
         self.arm = arm
         self.endpoints = endpoints
-        self.log = log or (lambda text: None)
         self._ctx = context or zmq.Context.instance()
         self._pub: zmq.Socket | None = None
         self._rep: zmq.Socket | None = None       # the command socket (ROUTER)
@@ -170,10 +171,10 @@ class Driver:
         if clock == "auto":
             clock = "device" if arm.streams_on_own_clock else "host"
         self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish, clock=clock,
-                           on_event=lambda text: self.log(f"event: {text}"), gravity=self._gravity,
+                           gravity=self._gravity,
                            torque_limit=model.tau_max)
         self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir))
-        self.planner = Planner(log=self.log)
+        self.planner = Planner()
         self.command_server: CommandServer | None = None
         self._switch_interval = sys.getswitchinterval()
         self._stop = threading.Event()
@@ -197,6 +198,7 @@ class Driver:
         except BaseException:
             self.planner.close()
             raise
+        _log.info("transport opened: %s", type(self.arm).__name__)
         try:
             self._pub = self._ctx.socket(zmq.PUB)
             self._pub.setsockopt(zmq.LINGER, 0)
@@ -238,7 +240,7 @@ class Driver:
         gc.collect()
         gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
         self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
-        warn = lambda text: self.log(f"warning: {text}")  # noqa: E731
+        warn = _log.warning
         if self.realtime is not None and self.realtime.lock_memory:
             # before the cycle runs: locking the process's mappings (hundreds of MB with numba) stalls every
             # thread that faults meanwhile, for tens of ms
@@ -257,15 +259,16 @@ class Driver:
                 self.stop()           # nothing is powered yet: this closes everything and restores the threads
                 raise
         if not self.planner.wait_ready(PLANNER_START_S):
-            self.log(f"warning: the planner process was not ready within {PLANNER_START_S:g} s; the first motion "
-                     f"command waits for it")
-        self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop, log=self.log)
+            _log.warning("the planner process was not ready within %g s; the first motion command waits for it",
+                         PLANNER_START_S)
+        self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop)
         for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        self.log(f"driver: {self.model.name}, {self.model.n} joints, {self.cycle.rate_hz:g} Hz; "
-                 f"state on {self.bound['state']}, commands on {self.bound['commands']}")
+        _log.info("driver: %s, %d joints, %g Hz; state on %s, commands on %s, servo on %s", self.model.name,
+                  self.model.n, self.cycle.rate_hz, self.bound["state"], self.bound["commands"], self.bound["servo"],
+                  extra={"endpoints": dict(self.bound)})
         if self.metrics is not None:
             from driver import metrics as prometheus
 
@@ -275,8 +278,8 @@ class Driver:
             except InputError:
                 self.stop()
                 raise
-            self.log(f"metrics: http://{self.metrics.address}/metrics")
-        self.supervision = Supervision(lambda: self.cycle.cycles, self.log)
+            _log.info("metrics: http://%s/metrics", self.metrics.address, extra={"endpoint": self.metrics.address})
+        self.supervision = Supervision(lambda: self.cycle.cycles)
         self.supervision.ready(f"{self.model.name}, {self.cycle.rate_hz:g} Hz, state on {self.bound['state']}")
 
     def stop(self, timeout: float = 3.0) -> None:
@@ -296,7 +299,7 @@ class Driver:
                 self.cycle.submit(self.cycle.disable)
                 time.sleep(5 / self.cycle.rate_hz)
             except Exception as exc:  # noqa: BLE001 - stopping must go on
-                self.log(f"driver: while disabling: {exc}")
+                _log.error("while disabling the drives: %s", exc)
         self._stop.set()
         self.cycle.stop()
         for t in self._threads:
@@ -476,18 +479,19 @@ class Driver:
             self.recording = stats
 
         rec = self.record
+        _log.info("record: writing %s", rec.path, extra={"path": rec.path})
         try:
             self.recording = record(rec.path, endpoint, joint_names=list(self.model.joint_names),
                                     rate_hz=self.cycle.rate_hz, chunk_seconds=rec.chunk_seconds,
                                     stop=self._recorder_stop, progress=progress, progress_interval_s=1.0,
-                                    log=lambda text: self.log(f"record: {text}"), overwrite=rec.overwrite,
+                                    log=lambda text: _log.warning("record: %s", text), overwrite=rec.overwrite,
                                     metadata={"model": self.model.name, "source": "armid driver",
                                               "effort_delay_s": repr(self.effort_delay_s)},
                                     context=self._ctx)
-            self.log(f"record: {self.recording.line()}")
+            _log.info("record: %s closed: %s", rec.path, self.recording.line(), extra={"path": rec.path})
         except Exception as exc:  # noqa: BLE001 - a failed recording is reported, the driver goes on
             self.recording_error = f"{type(exc).__name__}: {exc}"
-            self.log(f"record: stopped: {exc}")
+            _log.error("record: %s: stopped: %s", rec.path, exc, extra={"path": rec.path})
 
     def _recording_health(self) -> dict | None:
         if self.record is None:
@@ -505,7 +509,7 @@ class Driver:
                 self.last_health = self.health(HEALTH_PERIOD_S, last)
                 self.cycle.set_health_payload(json.dumps(self.last_health, default=str).encode())
             except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
-                self.log(f"health: {type(exc).__name__}: {exc}")
+                _log.error("health: %s: %s", type(exc).__name__, exc)
 
 
 def check_payload(model: Model, mass: float, com) -> None:

@@ -15,6 +15,7 @@ process that dies, costs that job only: the process is killed and started again.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -29,6 +30,8 @@ import numpy as np
 
 from driver.motion import MAX_MOTION_S
 from ident.errors import InputError
+
+_log = logging.getLogger(__name__)
 
 PLANNER_NICE = 10             # the planner process's niceness, added to the daemon's
 PLAN_TIMEOUT_S = 60.0          # the longest a plan may take (the largest allowed plans take a few seconds)
@@ -65,9 +68,8 @@ def _mkdir() -> str:
 class Planner:
     """The planner process seen from the daemon (module docstring). Not thread-safe: one owner thread."""
 
-    def __init__(self, timeout_s: float = PLAN_TIMEOUT_S, log=None):
+    def __init__(self, timeout_s: float = PLAN_TIMEOUT_S):
         self.timeout_s = float(timeout_s)
-        self.log = log or (lambda text: None)
         self._proc: subprocess.Popen | None = None
         self._send: Connection | None = None
         self._conn: Connection | None = None         # answers come on this one
@@ -134,7 +136,7 @@ class Planner:
         self._pending = None
 
     def _restart(self, why: str) -> None:
-        self.log(f"planner: {why}; restarting it")
+        _log.error("planner: %s; restarting it", why)
         self.restarts += 1
         self._kill()
         self.start()

@@ -23,6 +23,7 @@ used.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ import zmq
 
 from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError
+from firmware_bridge.log_throttle import Throttle
 from firmware_bridge.setpoint_buffer import MAX_DEPTH, TargetBuffer
 
 LATENCY_WINDOW = 4096
@@ -43,6 +45,8 @@ JUMP_FACTOR = 3.0                   # a setpoint may move at most this times the
 MAX_DRAIN = 1000                    # messages read per cycle at most (a flooding client cannot stall the cycle)
 
 TRACK, HOLD, END, STOP = "track", "hold", "end", "stop"
+MALFORMED_LOG_INTERVAL_S = 5.0      # undecodable setpoints: the first logged, then one line per interval
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +85,7 @@ class ServoSession:
         self.last_span = dt                       # s between the last two accepted setpoints (client's clock)
         self.received = self.accepted = self.malformed = self.missed_cycles = 0
         self.last_error = ""
+        self._malformed_log = Throttle(_log, logging.WARNING, MALFORMED_LOG_INTERVAL_S)
         self.latency_ns = np.zeros(LATENCY_WINDOW, dtype=np.int64)
         self.buffer = (TargetBuffer(buffer_cycles, max_queued=buffer_cycles + MAX_BUFFER_EXTRA)
                        if buffer_cycles else None)
@@ -112,11 +117,13 @@ class ServoSession:
             except ServoDecodeError as exc:
                 self.malformed += 1
                 self.last_error = str(exc)
+                self._malformed_log.hit("servo: setpoint dropped: %s", exc)
                 continue
             if mode != self.mode:
                 self.malformed += 1
                 self.last_error = (f"servo setpoint seq {seq}: mode {mode}, this session streams "
                                    f"{self.mode} ({self.mode_name})")
+                self._malformed_log.hit("servo: setpoint dropped: %s", self.last_error)
                 continue
             newest = (seq, sent_ns, values)
             if self.buffer is not None:

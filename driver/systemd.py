@@ -10,19 +10,21 @@ a system call in the 1 kHz loop.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
 
 import sdnotify
 
+_log = logging.getLogger(__name__)
+
 
 class Supervision:
     """sd_notify for one daemon. `progress()` returns a number that grows while the daemon is healthy (the
     cycle count)."""
 
-    def __init__(self, progress: Callable[[], int], log: Callable[[str], None] = lambda text: None,
-                 environ: dict | None = None):
+    def __init__(self, progress: Callable[[], int], environ: dict | None = None):
         env = os.environ if environ is None else environ
         self.active = bool(env.get("NOTIFY_SOCKET"))
         self._notifier = sdnotify.SystemdNotifier() if self.active else None
@@ -30,7 +32,7 @@ class Supervision:
         pid = env.get("WATCHDOG_PID", "")
         ours = not pid or pid == str(os.getpid())
         self.interval_s = int(usec) / 2e6 if self.active and usec.isdigit() and int(usec) > 0 and ours else None
-        self._progress, self._log = progress, log
+        self._progress = progress
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.pings = 0
@@ -65,6 +67,6 @@ class Supervision:
             else:
                 self.missed += 1
                 if self.missed == 1 or self.missed % 10 == 0:
-                    self._log(f"watchdog: the cycle has not advanced for {self.interval_s:g} s; no ping to systemd "
-                              f"({self.missed} missed)")
+                    _log.error("watchdog: the cycle has not advanced for %g s; no ping to systemd (%d missed)",
+                               self.interval_s, self.missed, extra={"missed": self.missed})
             last = now

@@ -32,6 +32,7 @@ within DELAY_WAIT_S of the first state message, the delay is taken as 0 and the 
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import threading
 import time
@@ -50,6 +51,8 @@ from ident.model import Model
 from ident.online import OnlineIdentifier
 from ident.preprocess import check_effort_delay
 from ident.payload.online import OnlinePayload, cusum
+
+_log = logging.getLogger(__name__)
 
 TOPIC_ESTIMATE = b"estimate"
 TOPIC_HEALTH = b"health"
@@ -100,7 +103,7 @@ class IdentService:
                  publish_endpoint: str = "tcp://127.0.0.1:5557", command_endpoint: str = "tcp://127.0.0.1:5558",
                  publish_hz: float = 10.0, stale_s: float = 0.5, estimate_file: str | None = None,
                  buffer_s: float = 120.0, payload: str | None = None, block: int = 50, drain_s: float = 0.01,
-                 context: zmq.Context | None = None, log=None, effort_delay: float | str = 0.0, **identifier_options):
+                 context: zmq.Context | None = None, effort_delay: float | str = 0.0, **identifier_options):
         if not publish_hz > 0 or not stale_s > 0:
             raise InputError("publish_hz and stale_s: expected positive numbers")
         if payload is not None and payload not in PAYLOAD_ARMS:
@@ -125,7 +128,6 @@ class IdentService:
         self.drain_s = float(drain_s)
         self.stale_s = float(stale_s)
         self.estimate_file = estimate_file
-        self.log = log or (lambda text: None)
         self._ctx = context or zmq.Context.instance()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -169,7 +171,7 @@ class IdentService:
     def start(self, timeout: float = 5.0) -> None:
         if self.estimate_file and Path(self.estimate_file).exists():
             self.identifier.load(self.estimate_file)
-            self.log(f"ident-service: estimate loaded from {self.estimate_file}")
+            _log.info("estimate loaded from %s", self.estimate_file)
         if self.payload_arm is not None:
             self.track_payload(self.payload_arm)
         self._load_kernels()
@@ -259,7 +261,7 @@ class IdentService:
                     self.timing.publish_cpu_s += time.process_time() - c0
         except BaseException as exc:  # noqa: BLE001 - reported
             self.error = exc
-            self.log(f"ident-service: stopped by {type(exc).__name__}: {exc}")
+            _log.critical("stopped by %s: %s", type(exc).__name__, exc)
         finally:
             for s in (sub, pub, rep):
                 s.close(0)
@@ -328,7 +330,7 @@ class IdentService:
         self._flush()                        # what came before goes through with the delay it came with
         self.identifier.set_effort_delay(delay)
         self._delay_known = True
-        self.log(f"ident-service: effort delay {1e3 * delay:g} ms, from the driver's health message")
+        _log.info("effort delay %g ms, from the driver's health message", 1e3 * delay)
 
     def _flush(self) -> None:
         k = self._k
@@ -336,8 +338,8 @@ class IdentService:
             c0, w0 = time.process_time(), time.perf_counter()
             if not self._delay_known and time.monotonic() - (self._first_state_at or time.monotonic()) > DELAY_WAIT_S:
                 self._delay_known = True
-                self.log(f"ident-service: no health message with the effort delay from the driver within "
-                         f"{DELAY_WAIT_S:g} s: torques taken as simultaneous with the positions (give --effort-delay)")
+                _log.warning("no health message with the effort delay from the driver within %g s: torques taken "
+                             "as simultaneous with the positions (give --effort-delay)", DELAY_WAIT_S)
             if not self._delay_known:
                 self.waiting += k
             elif self.payload is None:
@@ -351,7 +353,7 @@ class IdentService:
                     o.feed(rows, Y)
                     self.payload.feed(rows, Y)
                 for change in self.payload.changes[known:]:
-                    self.log(f"ident-service: payload change detected at sample {change.seq}")
+                    _log.info("payload change detected at sample %d", change.seq)
                     self._events.append({"time": time.time(), "model": self.model.name, **change.to_json()})
             idx = (self._ring_next + np.arange(k)) % self._ring_t.shape[0]
             self._ring_t[idx], self._ring_seq[idx] = self._t[:k], self._seq[:k]
@@ -434,7 +436,7 @@ class IdentService:
         else:
             if isinstance(exc, BrokenProcessPool):   # the worker died: a new one next time
                 self._stop_worker()
-            self.log(f"ident-service: identify_now failed: {type(exc).__name__}: {exc}")
+            _log.error("identify_now failed: %s: %s", type(exc).__name__, exc)
             reply = {"ok": False, "error": f"identify_now failed: {type(exc).__name__}: {exc}"}
         rep.send_multipart((client, b"", json.dumps(reply, allow_nan=False, default=str).encode()))
 
@@ -465,7 +467,7 @@ class IdentService:
     def _health(self, pub: zmq.Socket, text: str, state: str | None = None) -> None:
         msg = {"time": time.time(), "stream": state or self.stream_state, "text": text, "messages": self.messages,
                "malformed": self.malformed, "repeated": self.repeated, "counters": vars(self.identifier.counters)}
-        self.log(f"ident-service: stream {msg['stream']}: {text}")
+        _log.log(logging.WARNING if msg["stream"] == "stopped" else logging.INFO, "stream %s: %s", msg["stream"], text)
         pub.send_multipart((TOPIC_HEALTH, json.dumps(msg).encode()))
 
     def track_payload(self, arm: str) -> None:
@@ -548,7 +550,7 @@ class IdentService:
         except OSError as exc:
             return {"ok": False, "error": f"{cmd}: {exc}"}
         except Exception as exc:  # noqa: BLE001 - a failed command must not stop the service
-            self.log(f"ident-service: {cmd} failed: {type(exc).__name__}: {exc}")
+            _log.error("%s failed: %s: %s", cmd, type(exc).__name__, exc)
             return {"ok": False, "error": f"{cmd} failed: {type(exc).__name__}: {exc}"}
 
 

@@ -55,6 +55,7 @@ from canopen.sdo import SdoAbortedError
 
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 from firmware_bridge import canopen_map as cm
+from firmware_bridge.log_throttle import Throttle
 from firmware_bridge import cia402
 from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError, wire_gear_ratio
 from firmware_bridge.errors import InputError
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from sim.simulator import SimState, Simulator
 
 log = logging.getLogger(__name__)
+TROUBLE_LOG_INTERVAL_S = 10.0   # refused RPDOs, unsendable TPDOs: the first logged, then one line per interval
 
 EDS_PATH = Path(str(resources.files("firmware_bridge") / "armid_drive.eds"))   # package data
 _STOP_TIMEOUT = 2.0                 # s, bound on joining each thread at stop()
@@ -238,6 +240,8 @@ class CanDevice:
         self._start_operational = bool(start_operational)
         self._eds = str(eds)
         self._counts = _Counts()
+        self._refused_log = Throttle(log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._tx_log = Throttle(log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self.last_refusal = ""              # why the last RPDO was refused (its target outside the limits)
         self._lock = threading.Lock()       # start/stop
         self.sim: "Simulator | None" = None
@@ -366,6 +370,8 @@ class CanDevice:
                 return
             self._running = False
             self._report_losses()
+            self._refused_log.flush()
+            self._tx_log.flush()
             for d in self.drives:
                 d.node.nmt.stop_heartbeat()
             self._faulty.close(_STOP_TIMEOUT)
@@ -497,7 +503,7 @@ class CanDevice:
             wire = self._wire_values(sample)
         except WireValueError as exc:
             self._counts.add("tx_value")
-            log.warning("can: TPDOs not sent this cycle: %s", exc)
+            self._tx_log.hit("can: TPDOs not sent this cycle: %s", exc)
             wire = None
         for d in self.drives:
             state = d.node.nmt.state
@@ -601,7 +607,7 @@ class CanDevice:
         if refusal is not None:
             self._counts.add("rpdo_out_of_limits")
             self.last_refusal = f"node {d.node.id}: {pdef.name}: {refusal}"
-            log.debug("can: %s refused", self.last_refusal)
+            self._refused_log.hit("can: %s refused", self.last_refusal)
             return
         d.latched.update(commands)
         d.remember(commands, self.scaling.counts_per_rad[d.joint])

@@ -65,7 +65,7 @@ from firmware_bridge.errors import InputError
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
 
-_log = logging.getLogger("armid.sim.gateway")
+_log = logging.getLogger(__name__)
 _START_TIMEOUT = 10.0   # s to wait for the server to listen
 _STOP_TIMEOUT = 5.0     # s to wait for the shutdown and the thread
 _READ_FUNCTIONS = (3, 4)

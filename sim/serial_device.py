@@ -34,10 +34,12 @@ from firmware_bridge import cia402
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
 from firmware_bridge.errors import InputError
+from firmware_bridge.log_throttle import Throttle
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
 
 log = logging.getLogger(__name__)
+TROUBLE_LOG_INTERVAL_S = 10.0   # refused commands, failed reads/writes: the first logged, then one line per interval
 
 _POLL_S = 0.05             # how long a thread blocks before it looks at the stop flag
 _JOIN_S = 2.0
@@ -163,6 +165,8 @@ class SerialDevice:
         self.counts_per_rev = ENCODER_COUNTS_PER_REV
         self.path: str | None = None
         self.counters = DeviceCounters()
+        self._refused_log = Throttle(log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._io_log = Throttle(log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self._decoder = sp.StreamDecoder()
         self._link: _PtyLink | _PortLink | None = None
         self._threads: list[threading.Thread] = []
@@ -228,6 +232,8 @@ class SerialDevice:
             self._link = None
         with self._tx_cond:
             self._tx.clear()
+        self._refused_log.flush()
+        self._io_log.flush()
 
     def restart(self, announce: bool = False) -> None:
         """Simulate the board rebooting behind a port that stays open: its frame numbering, cycle counter and
@@ -291,7 +297,7 @@ class SerialDevice:
         if not self._tripped and now - self._last_host > self.watchdog_s and ((sw & _OE_MASK) == _OE_VALUE).any():
             self._tripped = True
             self.counters.watchdog_trips += 1
-            log.warning("serial device: no frame from the host for %.3f s: quick stop", now - self._last_host)
+            log.error("serial device: watchdog: no frame from the host for %.3f s: quick stop", now - self._last_host)
             self.sim.set_commands(controlword=np.full(self.sim.n, cia402.CW_QUICK_STOP))
 
     def _follow_targets(self) -> None:
@@ -316,7 +322,7 @@ class SerialDevice:
                                  sc.current_to_raw(s.current))
             except WireValueError as exc:
                 self.counters.unencodable += 1
-                log.warning("serial device: state of cycle %d not sent: %s", s.cycle, exc)
+                self._io_log.hit("serial device: state of cycle %d not sent: %s", s.cycle, exc)
                 return
         self._queue(sp.State(timestamp_us=max(0, int(round((s.time - self._time_base) * 1e6))),
                              cycle=max(0, s.cycle - self._cycle_base) & 0xFFFFFFFF,
@@ -358,7 +364,7 @@ class SerialDevice:
                 ok = self._link.write(sp.cobs_encode(frame) + b"\0", stop)
             except OSError as exc:
                 ok = False
-                log.warning("serial device: write failed: %s", exc)
+                self._io_log.hit("serial device: write failed: %s", exc)
             if ok:
                 self.counters.frames_sent += 1
             elif not stop.is_set():
@@ -370,7 +376,7 @@ class SerialDevice:
             try:
                 data = self._link.read()
             except OSError as exc:   # e.g. a USB adapter unplugged: keep trying, bounded by the poll period
-                log.warning("serial device: read failed: %s", exc)
+                self._io_log.hit("serial device: read failed: %s", exc)
                 self._stop.wait(_POLL_S)
                 continue
             for msg in self._decoder.feed(data):
@@ -401,7 +407,7 @@ class SerialDevice:
         n = msg.controlword.shape[0]
         if n != self.sim.n:
             self.counters.rejected += 1
-            log.warning("serial device: COMMAND for %d joints refused (the arm has %d)", n, self.sim.n)
+            self._refused_log.hit("serial device: COMMAND for %d joints refused (the arm has %d)", n, self.sim.n)
             return
         sc = self.scaling
         target, torque = sc.counts_to_position(msg.target_position), sc.raw_to_torque(msg.target_torque)
@@ -410,7 +416,7 @@ class SerialDevice:
             self.counters.rejected += 1
             self.counters.out_of_limits += 1
             self.last_refusal = refusal
-            log.debug("serial device: COMMAND refused: %s", refusal)
+            self._refused_log.hit("serial device: COMMAND refused: %s", refusal)
             return
         with self._target_lock:
             try:
@@ -418,7 +424,7 @@ class SerialDevice:
             except InputError as exc:
                 self.counters.rejected += 1
                 self.last_refusal = str(exc)
-                log.warning("serial device: COMMAND refused: %s", exc)
+                self._refused_log.hit("serial device: COMMAND refused: %s", exc)
                 return
         if self.external_clock:
             self.sim.step(1)

@@ -4,6 +4,7 @@ old policy back; a setting the OS refuses (a real unprivileged process; a monkey
 and the driver runs on, or an error with required = true."""
 import errno
 import json
+import logging
 import os
 import pwd
 import subprocess
@@ -83,9 +84,9 @@ def model():
     return load_model("generic6")
 
 
-def _driver(model, settings, log):
+def _driver(model, settings):
     sim = Simulator(model, seed=5, realtime=True)
-    return sim, Driver(model, LocalSimArm(model, simulator=sim), endpoints=LOCAL, watchdog_s=0.5, log=log,
+    return sim, Driver(model, LocalSimArm(model, simulator=sim), endpoints=LOCAL, watchdog_s=0.5,
                        realtime=settings)
 
 
@@ -116,7 +117,7 @@ def _health(driver, timeout_s=10.0) -> dict:
 @can_fifo
 def test_the_cycle_and_zmq_io_threads_run_sched_fifo_status_and_health_say_so_and_stop_restores(model):
     cpu = sorted(os.sched_getaffinity(0))[-1]
-    sim, d = _driver(model, Realtime(priority=PRIORITY, cpus=(cpu,)), log=None)
+    sim, d = _driver(model, Realtime(priority=PRIORITY, cpus=(cpu,)))
     d.start()
     try:
         tid = d.cycle.native_id
@@ -149,7 +150,7 @@ def test_the_cycle_and_zmq_io_threads_run_sched_fifo_status_and_health_say_so_an
 
 @can_fifo
 def test_lock_memory_locks_the_process_and_stop_unlocks_it(model):
-    sim, d = _driver(model, Realtime(lock_memory=True), log=None)
+    sim, d = _driver(model, Realtime(lock_memory=True))
     assert rt._status_kib("VmLck") == 0
     d.start()
     try:
@@ -162,17 +163,17 @@ def test_lock_memory_locks_the_process_and_stop_unlocks_it(model):
     assert rt._status_kib("VmLck") == 0
 
 
-def test_a_refused_priority_is_one_warning_and_the_driver_runs_on(model, monkeypatch):
+def test_a_refused_priority_is_one_warning_and_the_driver_runs_on(model, monkeypatch, caplog):
     def refuse(*args):
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
 
     monkeypatch.setattr(os, "sched_setscheduler", refuse)
-    lines = []
-    sim, d = _driver(model, Realtime(priority=PRIORITY), log=lines.append)
+    sim, d = _driver(model, Realtime(priority=PRIORITY))
+    caplog.set_level(logging.WARNING, logger="driver.daemon")
     d.start()
     try:
         assert wait_until(lambda: d.cycle.cycles > 50, 10.0), "the cycle does not run"
-        warnings = [line for line in lines if line.startswith("warning:")]
+        warnings = [r.getMessage() for r in caplog.records if r.name == "driver.daemon" and r.levelno == logging.WARNING]
         assert len(warnings) == 1          # one for the setting, not one per thread
         assert "realtime.priority: SCHED_FIFO 7 for the cycle thread refused by the OS: Operation not permitted" \
             in warnings[0] and "RLIMIT_RTPRIO" in warnings[0]
@@ -189,7 +190,7 @@ def test_a_refused_priority_with_required_stops_the_start_with_an_error(model, m
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
 
     monkeypatch.setattr(os, "sched_setscheduler", refuse)
-    sim, d = _driver(model, Realtime(priority=PRIORITY, required=True), log=None)
+    sim, d = _driver(model, Realtime(priority=PRIORITY, required=True))
     try:
         with pytest.raises(RealtimeError, match=r"realtime.priority: .* Operation not permitted.*\(required = true\)"):
             d.start()

@@ -1,6 +1,7 @@
 """The identification service on a live driver + simulator stream (loopback): estimates published while
 the arm moves, commands, a stopped and resumed stream, malformed messages dropped."""
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -185,14 +186,14 @@ def test_the_effort_delay_comes_from_the_drivers_health_and_samples_wait_for_it(
         pub.close(0)
 
 
-def test_without_the_drivers_health_the_effort_delay_is_taken_as_zero_after_a_wait(model, monkeypatch):
+def test_without_the_drivers_health_the_effort_delay_is_taken_as_zero_after_a_wait(model, monkeypatch, caplog):
     from ident import service
 
     monkeypatch.setattr(service, "DELAY_WAIT_S", 0.2)
     pub, port = _publisher()
-    logged = []
+    caplog.set_level(logging.WARNING, logger="ident.service")
     svc = IdentService(model, state_endpoint=f"tcp://127.0.0.1:{port}", publish_endpoint="tcp://127.0.0.1:*",
-                       command_endpoint="tcp://127.0.0.1:*", block=10, effort_delay="driver", log=logged.append)
+                       command_endpoint="tcp://127.0.0.1:*", block=10, effort_delay="driver")
     svc.start()
     try:
         time.sleep(0.3)
@@ -201,7 +202,8 @@ def test_without_the_drivers_health_the_effort_delay_is_taken_as_zero_after_a_wa
         time.sleep(0.3)
         _send_samples(pub, 20, 20)
         assert _wait(lambda: svc.identifier.counters.samples == 20, 5)
-        assert svc.identifier.effort_delay == 0.0 and any("taken as simultaneous" in text for text in logged)
+        assert svc.identifier.effort_delay == 0.0 and any(
+            "taken as simultaneous" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     finally:
         svc.stop()
         pub.close(0)

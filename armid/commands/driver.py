@@ -7,19 +7,15 @@ import argparse
 def register(sub) -> None:
     p = sub.add_parser("driver", help="run the driver daemon: drives -> 1 kHz ZeroMQ stream, checked commands")
     p.add_argument("--config", required=True, help="driver configuration (TOML; see docs/driver.md and deploy/)")
-    p.add_argument("--log-format", choices=("text", "json"), default="text",
-                   help="log lines as plain text or as one JSON object per line (default: text)")
     p.add_argument("--record", metavar="FILE.mcap", default=None,
                    help="record the driver's own stream into this MCAP file while it runs ([record] in the config)")
     p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    import json
+    import logging
     import signal
-    import sys
     import threading
-    import time
 
     from pathlib import Path
 
@@ -29,13 +25,7 @@ def _run(args: argparse.Namespace) -> int:
     from ident.errors import InputError
     from ident.model import load_model
 
-    def log(text: str) -> None:
-        if args.log_format == "json":
-            line = json.dumps({"time": time.time(), "component": "driver", "message": text})
-        else:
-            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} armid-driver: {text}"
-        print(line, file=sys.stderr, flush=True)
-
+    log = logging.getLogger(__name__)
     cfg = load_config(args.config)
     model = load_model(cfg.model)
     arm = open_arm(cfg.transport, model, **cfg.transport_options)
@@ -48,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--record {args.record}: is a directory; expected the MCAP file to write")
     if args.record:
         record = replace(record, path=args.record) if record else Record(args.record)
-    driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s, log=log,
+    driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s,
                     clock=cfg.clock, record=record, effort_delay_s=cfg.effort_delay_s,
                     realtime=cfg.realtime, trajectory_dir=cfg.trajectory_dir, max_motion_s=cfg.max_motion_s,
                     metrics=cfg.metrics)
@@ -68,10 +58,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         while not stop.wait(0.5):
             if driver.cycle.error is not None:
-                log(f"the cycle failed: {driver.cycle.error}")
+                log.critical("the cycle failed: %s; stopping", driver.cycle.error)
                 break
     finally:
-        log("stopping: bringing the drives to rest and disabling them")
+        log.info("stopping: bringing the drives to rest and disabling them")
         driver.stop()
-        log("stopped")
+        log.info("stopped")
     return 1 if driver.cycle.error is not None else 0

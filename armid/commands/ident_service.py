@@ -41,35 +41,33 @@ def _effort_delay(text: str):
 
 
 def _run(args: argparse.Namespace) -> int:
+    import logging
     import signal
-    import sys
     import threading
-    import time
 
     from ident.model import load_model
     from ident.service import IdentService
 
-    def log(text: str) -> None:
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+    log = logging.getLogger(__name__)
 
     model = load_model(args.model)
     service = IdentService(model, state_endpoint=args.state, publish_endpoint=args.publish,
                            command_endpoint=args.commands, publish_hz=args.rate, estimate_file=args.estimate_file,
                            payload=args.payload, block=args.block, drain_s=args.drain,
-                           log=log, rate_hz=args.stream_rate, cutoff_hz=args.cutoff, forgetting=args.forgetting,
+                           rate_hz=args.stream_rate, cutoff_hz=args.cutoff, forgetting=args.forgetting,
                            effort_delay=_effort_delay(args.effort_delay))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
     service.start()
-    log(f"ident-service: {model.name}, {service.identifier.p} base parameters; listening to {args.state}, "
-        f"estimates on {service.bound['publish']}, commands on {service.bound['commands']}"
-        + (f"; tracking the payload ({args.payload}'s arm parameters)" if args.payload else ""))
+    log.info("%s, %d base parameters; listening to %s, estimates on %s, commands on %s%s", model.name,
+             service.identifier.p, args.state, service.bound["publish"], service.bound["commands"],
+             f"; tracking the payload ({args.payload}'s arm parameters)" if args.payload else "")
     while not stop.wait(0.5):
         if service.error is not None:
             break
     service.stop()
     if args.estimate_file:
         service.identifier.save(args.estimate_file)
-        log(f"ident-service: estimate saved to {args.estimate_file}")
+        log.info("estimate saved to %s", args.estimate_file)
     return 1 if service.error is not None else 0

@@ -43,6 +43,7 @@ def register(sub) -> None:
 
 
 def _record(args: argparse.Namespace) -> int:
+    import logging
     import signal
     import sys
     import threading
@@ -75,7 +76,8 @@ def _record(args: argparse.Namespace) -> int:
                                                          " until Ctrl-C or SIGTERM"))
     stats = record(args.output, args.state, joint_names=joint_names, rate_hz=rate or 1000.0,
                    chunk_seconds=args.chunk_seconds, stop=stop, duration_s=args.duration,
-                   progress=lambda s: say(s.line()), progress_interval_s=args.progress_interval, log=say,
+                   progress=lambda s: say(s.line()), progress_interval_s=args.progress_interval,
+                   log=logging.getLogger(__name__).warning,
                    metadata=meta, overwrite=args.force)
     for reason, count in stats.reasons.items():
         say(f"skipped {count} x {reason}")

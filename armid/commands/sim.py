@@ -38,14 +38,15 @@ def _value(text: str):
 
 
 def _run(args: argparse.Namespace) -> int:
+    import logging
     import signal
-    import sys
     import threading
 
     from ident.errors import InputError
     from sim import Simulator
     from sim.simulator import TRANSPORTS, effort_delay
 
+    log = logging.getLogger(__name__)
     if args.transport not in TRANSPORTS:
         raise InputError(f"--transport: unknown {args.transport!r} (available: {', '.join(sorted(TRANSPORTS))})")
     options = {}
@@ -81,14 +82,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"armid sim: {args.transport} ready: {where}", flush=True)
         if control is not None:
             print(f"armid sim: control ready: endpoint={control.bound}", flush=True)
-        print(f"armid sim: {sim.model.name}, {sim.n} joints, {args.rate:g} Hz, "
-              f"{'real time' if args.realtime else 'as fast as possible'}; Ctrl-C stops", file=sys.stderr, flush=True)
-        print(f"armid sim: a driver on it sets [driver] model = {sim.model.name!r} and effort_delay_ms = "
-              f"{1000.0 * effort_delay(args.rate):g} (its torque readings lag its positions by that)",
-              file=sys.stderr, flush=True)
+        log.info("%s, %d joints, %g Hz, %s; Ctrl-C stops", sim.model.name, sim.n, args.rate,
+                 "real time" if args.realtime else "as fast as possible")
+        log.info("a driver on it sets [driver] model = %r and effort_delay_ms = %g (its torque readings lag its "
+                 "positions by that)", sim.model.name, 1000.0 * effort_delay(args.rate))
         while not stop.wait(0.5):
             if sim.error is not None:
-                print(f"armid sim: the simulator failed: {sim.error}", file=sys.stderr)
+                log.critical("the simulator failed: %s", sim.error)
                 return 1
     finally:
         if control is not None:
@@ -97,7 +97,6 @@ def _run(args: argparse.Namespace) -> int:
         setpoints = getattr(sim.transport, "setpoints", None)
         if setpoints is not None:
             c = setpoints.counts
-            print(f"armid sim: setpoint buffer ({setpoints.depth} cycles): {c.received} targets received, "
-                  f"{c.consumed} consumed, {c.underruns} cycles without one, {c.skipped} dropped to bound the "
-                  f"latency", file=sys.stderr, flush=True)
+            log.info("setpoint buffer (%d cycles): %d targets received, %d consumed, %d cycles without one, %d "
+                     "dropped to bound the latency", setpoints.depth, c.received, c.consumed, c.underruns, c.skipped)
     return 0

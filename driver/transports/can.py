@@ -60,6 +60,7 @@ from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
+from firmware_bridge.log_throttle import Throttle
 from firmware_bridge.rt_timing import name_os_thread
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 
@@ -81,6 +82,8 @@ SAMPLE_RING = 1024                  # complete samples kept until read (4 s at 2
 RX_POLL_S = 0.01                    # the receive thread's longest wait in one recv (it sees a stop this soon)
 PUMP_STANDBY_S = 0.02               # the receive thread leaves the bus to the cycle this long after the cycle's pump
 _log = logging.getLogger(__name__)
+TROUBLE_LOG_INTERVAL_S = 10.0   # bad frames, EMCYs, send errors: the first logged, then one line per interval
+_BAD_FRAMES = frozenset({"extended_id", "bad_length", "bad_value"})     # counted and logged by _count
 
 
 EMCY_KEPT = 64     # EMCYs python-canopen keeps per node in its `log` and `active` lists (it never drops any)
@@ -171,6 +174,9 @@ class CanArm(Arm):
         # receive side -> cycle, under _lock; the bus is read by the receive thread, or by the cycle while it pumps
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        self._bad_frames = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._emcys = Throttle(_log, logging.ERROR, TROUBLE_LOG_INTERVAL_S)
+        self._send_errors = Throttle(_log, logging.ERROR, TROUBLE_LOG_INTERVAL_S)
         # who reads the bus: the cycle while it pumps, else the receive thread (driver/transports/link_pump.py)
         self._link = LinkPump(self._has_new, PUMP_STANDBY_S)
         self._receiver: threading.Thread | None = None
@@ -232,6 +238,8 @@ class CanArm(Arm):
         self._stop.clear()
         self._supervisor = threading.Thread(target=self._supervise, name="armid-can-supervisor", daemon=True)
         self._supervisor.start()
+        _log.info("can: %s opened: drives %s started", self._bus_options.get("channel", "bus"),
+                  ", ".join(str(n) for n in self.node_ids), extra={"node_ids": list(self.node_ids)})
 
     def _connect(self) -> None:
         """Open the python-can bus for the network (canopen's connect() without its notifier: this transport reads
@@ -300,6 +308,8 @@ class CanArm(Arm):
             except Exception:  # noqa: BLE001 - closing must go on
                 pass
         self.nodes = []
+        for throttle in (self._bad_frames, self._emcys, self._send_errors):
+            throttle.flush()
 
     # -- receive side: the receive thread, or the cycle thread while it pumps ---------------------------
     def _receive(self) -> None:
@@ -383,7 +393,7 @@ class CanArm(Arm):
                 self.network.notify(cob, msg.data, msg.timestamp)
             except Exception as exc:  # noqa: BLE001 - a callback's error must not stop the reading (canopen's rule)
                 self._count("canopen_errors")
-                _log.error("can: canopen callback for frame 0x%03X failed: %s", cob, exc)
+                self._bad_frames.hit("can: canopen callback for frame 0x%03X failed: %s", cob, exc, reason="canopen")
             return
         k, j, bit, layout, rows = slot
         data = msg.data
@@ -423,6 +433,8 @@ class CanArm(Arm):
     def _on_emcy(self, j: int, error) -> None:
         self._error_code[j] = error.code & 0xFFFF
         self._count("emcy")
+        self._emcys.hit("can: EMCY from drive %d: error code 0x%04X", j + 1, error.code & 0xFFFF, joint=j + 1,
+                        error_code=f"0x{error.code & 0xFFFF:04X}")
 
     def _on_heartbeat(self, j: int, state: int) -> None:
         self._heartbeat_at[j] = time.monotonic()
@@ -437,6 +449,8 @@ class CanArm(Arm):
     def _count(self, name: str) -> None:
         with self._lock:
             self._stats[name] += 1
+        if name in _BAD_FRAMES:
+            self._bad_frames.hit("can: frame dropped (%s)", name, reason=name)
 
     # -- supervisor thread ---------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -474,6 +488,7 @@ class CanArm(Arm):
         self._connect()
         self._broken = None
         self._count("reconnects")
+        _log.warning("can: bus reopened after a send failure")
         self._start_all()
 
     def _fill_error_codes(self) -> None:
@@ -503,6 +518,7 @@ class CanArm(Arm):
             self._own_sent += sent
             self._count("send_errors")
             self._broken = f"send failed: {exc}"
+            self._send_errors.hit("can: send failed: %s; reopening the bus", exc)
             raise LinkError(f"can: send failed: {exc}") from None
         self._own_sent += sent
 

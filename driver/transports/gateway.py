@@ -78,6 +78,7 @@ from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from firmware_bridge.errors import InputError
+from firmware_bridge.log_throttle import Throttle
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
 IDLE_EXCHANGE_S = 0.02          # without cycles (before the cycle starts), exchange at least this often
@@ -85,9 +86,12 @@ ANSWER_WAIT_S = 0.01            # the longest the cycle waits for a late answer;
 COMMAND_QUEUE = 8               # commands kept for the link, sent in order (a link further behind drops the oldest)
 SAMPLE_RING = 64                # decoded images kept for the cycle, read in order (64 ms at 1 kHz)
 _FAULT_RESET_BIT = 0x0080
-# pymodbus logs every lost response and refused connection at ERROR; our counters and the health topic
-# report them, so without a logging configuration of the application they do not go to stderr
+# pymodbus logs every lost response and refused connection at ERROR; our counters, the health topic and this
+# module's rate-limited lines report them, so without a logging configuration of the application they do not go
+# to stderr (armid.logs keeps pymodbus's records out unless the level is DEBUG)
 logging.getLogger("pymodbus").addHandler(logging.NullHandler())
+_log = logging.getLogger(__name__)
+TROUBLE_LOG_INTERVAL_S = 10.0   # bad images, lost connections, timeouts: one line per interval, with a count
 _U32 = 1 << 32
 
 
@@ -315,6 +319,9 @@ class GatewayArm(Arm):
                        "handovers": 0}
         self.last_error = ""
         self.gateway_refused_writes = 0
+        self._bad_images = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._link_trouble = Throttle(_log, logging.ERROR, TROUBLE_LOG_INTERVAL_S)
+        self._timeouts = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self._rtt = np.zeros(ROUND_TRIP_WINDOW)
         self._rate_mark = (time.monotonic(), 0)
 
@@ -345,6 +352,7 @@ class GatewayArm(Arm):
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="armid-gateway-link", daemon=True)
         self._thread.start()
+        _log.info("%s: connected, %d drives", self.where, self.n, extra={"endpoint": f"{opts.host}:{opts.port}"})
 
     def _warm_up(self) -> None:
         """Compile (or load from numba's cache) the link's kernels here, not in its first exchanges (a compile
@@ -371,6 +379,8 @@ class GatewayArm(Arm):
             if held:
                 self._io.release()
         self._up = False
+        for throttle in (self._bad_images, self._link_trouble, self._timeouts):
+            throttle.flush()
 
     def begin_cycle(self) -> None:
         """The cycle's start. With function 23 the cycle runs the exchanges itself, pipelined (module docstring):
@@ -541,11 +551,13 @@ class GatewayArm(Arm):
         except (ConnectionException, OSError) as exc:   # reset or closed by the gateway: the link is down
             self.counts["connections_lost"] += 1
             self._down(f"connection lost: {exc}")
+            self._link_trouble.hit("%s: connection lost: %s; reconnecting", self.where, exc)
             self._close_client()
             self._tick.set()
         except ModbusException as exc:      # no response in time, or one that does not pair with the request
             self.counts["timeouts"] += 1
             self.last_error = f"no response within {self.options.timeout_ms:g} ms: {exc}"
+            self._timeouts.hit("%s: %s", self.where, self.last_error)
             self._close_client()            # a late response must never answer a later request
             self._tick.set()
 
@@ -556,11 +568,13 @@ class GatewayArm(Arm):
         try:
             self._connect()
             self.counts["reconnects"] += 1
+            _log.info("%s: reconnected", self.where)
         except _NoAnswer as exc:
             self.counts["timeouts"] += 1
             self.last_error = f"no answer to the handshake: {exc}"
             self._close_client()
-        except LinkError:
+        except LinkError as exc:
+            self._link_trouble.hit("%s", exc)
             self._close_client()
 
     def _connect(self) -> None:
@@ -706,6 +720,7 @@ class GatewayArm(Arm):
         except gw.GatewayError as exc:
             c["bad_images"] += 1
             self.last_error = f"bad image dropped: {exc}"
+            self._bad_images.hit("%s: %s", self.where, self.last_error)
             return
         _, _, status, refused, counter, ts_us = self._in_header.tolist()   # INPUT_HEADER's order
         self.gateway_refused_writes = refused
@@ -714,6 +729,7 @@ class GatewayArm(Arm):
             # the first image of a connection may predate the handshake's watchdog write: not an alarm
             if not (self._watchdog_seen or first):
                 c["watchdog_expired"] += 1
+                _log.error("%s: the gateway's watchdog expired (no command within its watchdog time)", self.where)
                 with self._lock:
                     self._watchdog_alarm = True
             self._watchdog_seen = True
@@ -727,6 +743,7 @@ class GatewayArm(Arm):
         if bad >= 0:          # counted and dropped, never turned into numbers (each read of it, as a decode error)
             c["bad_images"] += 1
             self.last_error = f"bad image dropped: {bad_drive_text(bad, status_row, mode_row)}"
+            self._bad_images.hit("%s: %s", self.where, self.last_error)
             return
         if not first:
             step = (counter - self._last_counter) % _U32

@@ -19,6 +19,7 @@ Bad frames are dropped and counted by reason (link_stats); FAULT frames are coun
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import select
@@ -37,6 +38,7 @@ from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from firmware_bridge.errors import InputError
+from firmware_bridge.log_throttle import Throttle
 
 _READ_POLL_S = 0.05          # the link thread's longest block in read (it then looks at its stop flag)
 _JOIN_S = 2.0
@@ -46,6 +48,8 @@ _STATE_FIXED_AT = sp.HEADER.size
 _WRAP_HIGH, _WRAP_LOW = 0xF0000000, 0x10000000   # a cycle counter from above the first to below the second wrapped
 SAMPLE_RING = 32             # STATEs kept for the cycle: it reads each once, in order (32 ms at 1 kHz)
 _PUMP_HOLD_S = 0.1           # the link thread leaves the port to a cycle that pumped it this recently
+_log = logging.getLogger(__name__)
+TROUBLE_LOG_INTERVAL_S = 10.0   # bad frames, FAULT frames, failed handshakes: one line per interval, with a count
 _STANDBY_S = 0.01            # the link thread's wake-up period meanwhile (heartbeats, a device restart)
 
 
@@ -59,6 +63,11 @@ def _number(name: str, value, lo: float, hi: float, integer: bool = False) -> fl
         kind = "an integer" if integer else "a number"
         raise SerialOptionError(f"serial transport: {name}: expected {kind} in {lo:g}..{hi:g}, got {value!r}")
     return value
+
+
+def _reasons(counters: sp.DecoderCounters) -> str:
+    """The drop counters that are not zero, e.g. "crc 12, cobs 1" (for a log line)."""
+    return ", ".join(f"{r} {getattr(counters, r)}" for r in sp.DROP_REASONS if getattr(counters, r))
 
 
 class _Session:
@@ -78,6 +87,7 @@ class _Session:
         self.last_cycle: int | None = None      # the device's cycle counter in the newest STATE
         self.pending = b""                      # bytes that came with HELLO_ACK, after it (a first STATE)
         self.backwards = decoder.counters.backwards
+        self.dropped = decoder.counters.dropped  # frames dropped, as last logged
         self.restart: str | None = None         # why the device is seen to have restarted
         try:
             self._fd: int | None = port.fileno()
@@ -170,6 +180,9 @@ class SerialArm(Arm):
                       "bad_states": 0}
         self.last_fault: dict | None = None
         self.last_error: str | None = None
+        self._bad_frames = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._fault_frames = Throttle(_log, logging.ERROR, TROUBLE_LOG_INTERVAL_S)
+        self._handshakes = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
 
     # -- Arm -----------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -177,6 +190,8 @@ class SerialArm(Arm):
         if self._thread is not None:
             return
         self._install(self._connect())
+        _log.info("serial port %s opened: %d joints, device cycle %d us", self.port, self.n,
+                  self._session.ack.cycle_period_us, extra={"port": self.port})
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="armid-serial-link", daemon=True)
         self._thread.start()
@@ -188,6 +203,8 @@ class SerialArm(Arm):
             self._thread.join(_JOIN_S)
             self._thread = None
         self._drop_session("closed")
+        for throttle in (self._bad_frames, self._fault_frames, self._handshakes):
+            throttle.flush()
 
     @property
     def link_thread_id(self) -> int | None:
@@ -334,6 +351,7 @@ class SerialArm(Arm):
             return
         self.stats["link_losses"] += 1
         self.last_error = f"serial port {self.port} lost: {exc}"
+        _log.error("%s; reconnecting every %g s", self.last_error, self.reconnect_s, extra={"port": self.port})
         self._drop_session(f"{self.last_error}; reconnecting every {self.reconnect_s:g} s")
 
     def _send(self, s: _Session, msg: sp.Message | ArmCommand, counter: str) -> None:
@@ -407,6 +425,12 @@ class SerialArm(Arm):
                 self._store(s, host_ns)
             else:
                 self._handle(s, value, host_ns)
+        dropped = s.decoder.counters.dropped
+        if dropped != s.dropped:
+            self._bad_frames.hit("serial port %s: bad frames dropped (this connection, by reason: %s)", self.port,
+                                 _reasons(s.decoder.counters),
+                                 count=dropped - s.dropped, port=self.port)
+            s.dropped = dropped
         if s.decoder.counters.backwards != s.backwards and s.restart is None:
             s.restart = "its frame sequence numbers went backwards"
 
@@ -444,6 +468,7 @@ class SerialArm(Arm):
         host watchdog of HELLO; the new HELLO_ACK is checked against the model again)."""
         self.stats["device_restarts"] += 1
         self.last_error = f"serial port {self.port}: the device restarted ({s.restart})"
+        _log.warning("%s; handshaking again", self.last_error, extra={"port": self.port})
         self._pending = f"{self.last_error}; handshaking again"
         self._drop_session(self._pending, close=False)
         try:
@@ -467,9 +492,11 @@ class SerialArm(Arm):
         except LinkError as exc:
             self.stats["handshake_failures"] += 1
             self.last_error = str(exc)
+            self._handshakes.hit("serial port %s: reconnecting: %s", self.port, exc, port=self.port)
             return
         self.stats["reconnects"] += 1
         self._install(session)
+        _log.info("serial port %s: reconnected", self.port, extra={"port": self.port})
 
     def _handle(self, s: _Session, msg: sp.Message, host_ns: int) -> None:
         if isinstance(msg, sp.State):      # a well-formed STATE for n joints takes the splitter's fast path
@@ -480,6 +507,9 @@ class SerialArm(Arm):
             self.stats["fault_frames"] += 1
             self.last_fault = {"joint": msg.joint + 1, "error_code": f"0x{msg.error_code:04X}",
                                "statusword": f"0x{msg.statusword:04X}", "time": time.time()}
+            self._fault_frames.hit("serial port %s: FAULT frame: joint %d, error code %s", self.port, msg.joint + 1,
+                                   self.last_fault["error_code"], joint=msg.joint + 1,
+                                   error_code=self.last_fault["error_code"], port=self.port)
         elif isinstance(msg, sp.Hello):          # a device announcing itself after a reboot
             s.restart = "it sent HELLO"
         elif not isinstance(msg, sp.HelloAck):   # a late answer to our HELLO is harmless
@@ -498,6 +528,7 @@ class SerialArm(Arm):
         if bad >= 0:          # counted and dropped, never turned into numbers (as CAN and the gateway do)
             self.stats["bad_states"] += 1
             self.last_error = f"STATE dropped: {bad_drive_text(bad, sw, mode)}"
+            self._bad_frames.hit("serial port %s: %s", self.port, self.last_error, port=self.port)
             return
         with self._lock:
             new = self._ring.next_slot()
