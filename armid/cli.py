@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print("armid: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into head & co.
+        logs.shutdown()
         sys.stderr.close()
         return 0
     finally:

@@ -31,8 +31,6 @@ import queue
 import sys
 from datetime import datetime, timezone
 
-from pythonjsonlogger.json import JsonFormatter
-
 from firmware_bridge.errors import InputError
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -45,6 +43,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _listener: logging.handlers.QueueListener | None = None
 _handler: logging.Handler | None = None
+_levels_before: dict[str, int] = {}       # the levels configure() changed, for shutdown() to restore
 
 
 def syslog_priority(levelno: int) -> int:
@@ -104,17 +103,19 @@ def resolve_format(option: str | None, stream, environ: dict | None = None) -> s
     return "json" if env.get("JOURNAL_STREAM") and not tty else "text"
 
 
-class _Json(JsonFormatter):
-    """time (ISO 8601, UTC), level, logger, message, the record's extra fields, PRIORITY."""
+def _json_formatter() -> logging.Formatter:
+    """python-json-logger's formatter (imported only for JSON output): time (ISO 8601, UTC), level, logger,
+    message, the record's extra fields, PRIORITY."""
+    from pythonjsonlogger.json import JsonFormatter
 
-    def __init__(self):
-        super().__init__("{levelname}{name}{message}", style="{",
-                         rename_fields={"levelname": "level", "name": "logger"})
+    class Json(JsonFormatter):
+        def add_fields(self, log_data, record, message_dict):
+            log_data["time"] = datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(
+                timespec="milliseconds")
+            super().add_fields(log_data, record, message_dict)
+            log_data["PRIORITY"] = syslog_priority(record.levelno)
 
-    def add_fields(self, log_data, record, message_dict):
-        log_data["time"] = datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds")
-        super().add_fields(log_data, record, message_dict)
-        log_data["PRIORITY"] = syslog_priority(record.levelno)
+    return Json("{levelname}{name}{message}", style="{", rename_fields={"levelname": "level", "name": "logger"})
 
 
 class _Text(logging.Formatter):
@@ -144,13 +145,14 @@ def configure(level: str | None = None, fmt: str | None = None, stream=None,
     stream = sys.stderr if stream is None else stream
     levelno = resolve_level(level, environ)
     fmt = resolve_format(fmt, stream, environ)
-    formatter: logging.Formatter = _Json() if fmt == "json" else _Text()
+    formatter = _json_formatter() if fmt == "json" else _Text()
     if under_journald(stream, environ):
         formatter = _Prefixed(formatter)
     shutdown()
     out = logging.StreamHandler(stream)
     out.setFormatter(formatter)
-    global _listener, _handler
+    global _listener, _handler, _levels_before
+    _levels_before = {name: logging.getLogger(name or None).level for name in ("", *THIRD_PARTY)}
     records: queue.SimpleQueue = queue.SimpleQueue()
     _listener = logging.handlers.QueueListener(records, out)
     _handler = logging.handlers.QueueHandler(records)
@@ -166,11 +168,16 @@ def configure(level: str | None = None, fmt: str | None = None, stream=None,
 
 
 def shutdown() -> None:
-    """Write what is queued and remove the handler configure() installed (nothing when it did not run)."""
-    global _listener, _handler
+    """Write what is queued, remove the handler configure() installed and give the loggers back their levels
+    (nothing when it did not run)."""
+    global _listener, _handler, _levels_before
     if _listener is not None:
         _listener.stop()         # writes every record queued so far
         _listener = None
     if _handler is not None:
         logging.getLogger().removeHandler(_handler)
         _handler = None
+        logging.captureWarnings(False)
+    for name, level in _levels_before.items():
+        logging.getLogger(name or None).setLevel(level)
+    _levels_before = {}

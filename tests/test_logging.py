@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import signal
 import subprocess
@@ -36,14 +37,13 @@ PRIORITY = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}
 # -- in-process: the set-up and the throttle ------------------------------------------------------------
 @pytest.fixture
 def configured():
-    """configure() for one test; afterwards the handler goes and the levels it set are restored."""
-    root = logging.getLogger()
-    before = root.level, {name: logging.getLogger(name).level for name in logs.THIRD_PARTY}
+    """configure() for one test; then shutdown(), which must give every logger its level back."""
+    names = ("", *logs.THIRD_PARTY)
+    before = [logging.getLogger(name or None).level for name in names]
     yield logs.configure
     logs.shutdown()
-    root.setLevel(before[0])
-    for name, level in before[1].items():
-        logging.getLogger(name).setLevel(level)
+    assert [logging.getLogger(name or None).level for name in names] == before
+    assert not any(isinstance(h, logging.handlers.QueueHandler) for h in logging.getLogger().handlers)
 
 
 def _lines(path: Path) -> list[str]:
@@ -107,6 +107,12 @@ def test_the_armid_command_refuses_a_bad_level_in_one_line():
     run = subprocess.run([sys.executable, "-m", "armid.cli", "--log-level", "LOUD", "model", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "--log-level: invalid choice: 'LOUD'" in run.stderr
+    env = {**os.environ, "ARMID_LOG_LEVEL": "loud"}
+    run = subprocess.run([sys.executable, "-m", "armid.cli", "model", "show", "generic6"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == ["armid: ARMID_LOG_LEVEL='loud': expected one of DEBUG, INFO, WARNING, ERROR, "
+                                       "CRITICAL"]
 
 
 class _Clock:
