@@ -15,6 +15,7 @@ The stream comes at the cycle rate (1 kHz); the bridge publishes every `decimate
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -23,6 +24,7 @@ import zmq
 from scipy.spatial.transform import Rotation
 
 from firmware_bridge import stream
+from firmware_bridge.log_throttle import Throttle
 
 STATE_SCHEMA = {
     "type": "object", "title": "armid.State",
@@ -82,6 +84,7 @@ class Bridge:
         self.health = foxglove.Channel("/armid/health", schema=HEALTH_SCHEMA, message_encoding="json")
         self.model_channel = foxglove.Channel("/armid/model", schema=MODEL_SCHEMA, message_encoding="json")
         self.published = self.received = self.bad_messages = 0
+        self._bad_log = Throttle(logging.getLogger(__name__), logging.WARNING, 10.0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="armid-foxglove", daemon=True)
 
@@ -99,6 +102,11 @@ class Bridge:
         return {"name": m.name, "joints": list(m.joint_names), "flange_frame": m.flange_frame,
                 "q_min": m.q_min.tolist(), "q_max": m.q_max.tolist(), "qd_max": m.qd_max.tolist(),
                 "tau_max": m.tau_max.tolist()}
+
+    def _bad(self, why: str) -> None:
+        """An undecodable message: counted, logged rate-limited, dropped."""
+        self.bad_messages += 1
+        self._bad_log.hit("message dropped: %s", why)
 
     def _run(self) -> None:
         from foxglove.messages import (FrameTransform, FrameTransforms, JointState, JointStates, Quaternion,
@@ -120,19 +128,19 @@ class Bridge:
                     continue
                 frames = sub.recv_multipart()
                 if len(frames) != 2:
-                    self.bad_messages += 1
+                    self._bad(f"{len(frames)} frames, expected 2")
                     continue
                 topic, payload = frames
                 if topic == stream.TOPIC_HEALTH:
                     try:
                         self.health.log(json.loads(payload))
-                    except ValueError:
-                        self.bad_messages += 1
+                    except ValueError as exc:
+                        self._bad(f"health message: {exc}")
                     continue
                 try:
                     r = stream.decode_state(payload)
-                except stream.StreamDecodeError:
-                    self.bad_messages += 1
+                except stream.StreamDecodeError as exc:
+                    self._bad(str(exc))
                     continue
                 self.received += 1
                 if self.received % self.decimate:

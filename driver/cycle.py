@@ -65,7 +65,7 @@ from firmware_bridge.log_throttle import Throttle
 
 _S = State
 _log = logging.getLogger(__name__)
-TROUBLE_LOG_INTERVAL_S = 10.0   # stale cycles, held servo setpoints: one log line per interval, with a count
+TROUBLE_LOG_INTERVAL_S = 10.0   # stale cycles, overruns, held servo setpoints: one line per interval, with a count
 CLOCKS = ("host", "device")
 DEVICE_GRACE = 1.0            # clock "device": a stale cycle runs when no sample came for (1 + this) periods
 ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest wait for the answer, in periods
@@ -149,6 +149,7 @@ class Cycle:
         self.events: deque[tuple[float, str]] = deque(maxlen=100)
         self._stale_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self._hold_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._late_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self.lateness_ns = np.zeros(LATENESS_WINDOW, np.int64)
         self._requests: deque[tuple[Callable[[], object], Future]] = deque()
         self._last_fresh_ns = 0
@@ -172,8 +173,8 @@ class Cycle:
             self._thread.join(timeout)
             self._thread = None
         self._fail_requests(DriverFault("the driver stopped"))
-        self._stale_log.flush()
-        self._hold_log.flush()
+        for throttle in (self._stale_log, self._hold_log, self._late_log):
+            throttle.flush()
 
     @property
     def native_id(self) -> int | None:
@@ -220,6 +221,8 @@ class Cycle:
             lateness[self.cycles % LATENESS_WINDOW] = late
             if late > period:
                 self.overruns += 1
+                self._late_log.hit("overrun: a cycle woke %.2f ms late (period %.2f ms)", late / 1e6, period / 1e6,
+                                   overruns=self.overruns)
                 if late > 10 * period:   # far behind: resynchronise instead of bursting
                     next_ns = now
             if wait_new is None:
@@ -252,6 +255,8 @@ class Cycle:
             lateness[self.cycles % LATENESS_WINDOW] = late
             if time.perf_counter_ns() - last > period:
                 self.overruns += 1
+                self._late_log.hit("overrun: a cycle took longer than the period (%.2f ms)", period / 1e6,
+                                   overruns=self.overruns)
 
     # -- requests from other threads -----------------------------------------------------------------
     def submit(self, fn: Callable[[], object], timeout: float = 2.0) -> object:
