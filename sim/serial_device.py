@@ -167,6 +167,7 @@ class SerialDevice:
         self.counters = DeviceCounters()
         self._refused_log = Throttle(log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self._io_log = Throttle(log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._unsent_log = Throttle(log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self._decoder = sp.StreamDecoder()
         self._link: _PtyLink | _PortLink | None = None
         self._threads: list[threading.Thread] = []
@@ -232,8 +233,8 @@ class SerialDevice:
             self._link = None
         with self._tx_cond:
             self._tx.clear()
-        self._refused_log.flush()
-        self._io_log.flush()
+        for throttle in (self._refused_log, self._io_log, self._unsent_log):
+            throttle.flush()
 
     def restart(self, announce: bool = False) -> None:
         """Simulate the board rebooting behind a port that stays open: its frame numbering, cycle counter and
@@ -322,7 +323,7 @@ class SerialDevice:
                                  sc.current_to_raw(s.current))
             except WireValueError as exc:
                 self.counters.unencodable += 1
-                self._io_log.hit("serial device: state of cycle %d not sent: %s", s.cycle, exc)
+                self._unsent_log.hit("serial device: state of cycle %d not sent: %s", s.cycle, exc)
                 return
         self._queue(sp.State(timestamp_us=max(0, int(round((s.time - self._time_base) * 1e6))),
                              cycle=max(0, s.cycle - self._cycle_base) & 0xFFFFFFFF,

@@ -181,6 +181,7 @@ class SerialArm(Arm):
         self.last_fault: dict | None = None
         self.last_error: str | None = None
         self._bad_frames = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._bad_states = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self._fault_frames = Throttle(_log, logging.ERROR, TROUBLE_LOG_INTERVAL_S)
         self._handshakes = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
 
@@ -203,7 +204,7 @@ class SerialArm(Arm):
             self._thread.join(_JOIN_S)
             self._thread = None
         self._drop_session("closed")
-        for throttle in (self._bad_frames, self._fault_frames, self._handshakes):
+        for throttle in (self._bad_frames, self._bad_states, self._fault_frames, self._handshakes):
             throttle.flush()
 
     @property
@@ -528,7 +529,7 @@ class SerialArm(Arm):
         if bad >= 0:          # counted and dropped, never turned into numbers (as CAN and the gateway do)
             self.stats["bad_states"] += 1
             self.last_error = f"STATE dropped: {bad_drive_text(bad, sw, mode)}"
-            self._bad_frames.hit("serial port %s: %s", self.port, self.last_error, port=self.port)
+            self._bad_states.hit("serial port %s: %s", self.port, self.last_error, port=self.port)
             return
         with self._lock:
             new = self._ring.next_slot()
