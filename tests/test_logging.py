@@ -317,3 +317,48 @@ def test_the_level_filters_and_under_journald_lines_are_json_with_the_syslog_pre
     assert any(r["logger"] == "armid.commands.sim" and "effort_delay_ms = " in r["message"] for r in records)
     text = _run_sim(tmp_path, "text", env_extra={})            # no journal: text lines at INFO
     assert any(" INFO armid.commands.sim: generic6, 6 joints" in line for line in text), text
+
+
+# -- the CAN transport on a virtual bus: a flood of bad frames, an EMCY -------------------------------------
+def test_can_counts_a_bad_frame_flood_in_few_lines_and_logs_an_emcy_as_an_error_with_its_code(caplog):
+    import can
+
+    from driver.transports import can as can_transport
+    from driver.transports.can import CanArm
+    from firmware_bridge import canopen_map as cm
+    from sim.can_device import CanDevice
+
+    model = load_model("generic6")
+    channel = f"armid-test-logging-{time.monotonic_ns()}"
+    dev_bus = can.Bus(interface="virtual", channel=channel)
+    sim = Simulator(model, transport=CanDevice(bus=dev_bus, heartbeat_ms=50), seed=4)
+    sim.start()
+    arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0)
+    caplog.set_level(logging.INFO, logger="driver.transports.can")
+    arm.open()
+    spy = can.Bus(interface="virtual", channel=channel)
+    try:
+        before = arm.link_stats()["bad_length"]
+        started = time.monotonic()
+        for _ in range(500):
+            spy.send(can.Message(arbitration_id=cm.TPDO1.cob_id(1), data=bytes(3), is_extended_id=False))
+        assert wait_until(lambda: arm.link_stats()["bad_length"] - before == 500, 20)
+        flood_s = time.monotonic() - started
+        node = arm.node_ids[1]                                   # drive 2: EMCY 0x2310 (over-current)
+        spy.send(can.Message(arbitration_id=0x080 + node, data=bytes([0x10, 0x23, 0x01, 0, 0, 0, 0, 0]),
+                             is_extended_id=False))
+        assert wait_until(lambda: arm.link_stats()["emcy"] >= 1, 10)
+    finally:
+        spy.shutdown()
+        arm.close()                                              # logs what is still counted
+        sim.stop()
+        dev_bus.shutdown()
+    ours = [r for r in caplog.records if r.name == "driver.transports.can"]
+    assert any(r.levelno == logging.INFO and "opened" in r.getMessage() for r in ours)
+    bad = [r for r in ours if "frame dropped (bad_length)" in r.getMessage()]
+    assert all(r.levelno == logging.WARNING for r in bad)
+    assert 2 <= len(bad) <= 3 + flood_s / can_transport.TROUBLE_LOG_INTERVAL_S      # the first, then the count
+    assert bad[0].count == 1 and sum(r.count for r in bad) == bad[-1].total == 500
+    emcy = [r for r in ours if "EMCY" in r.getMessage()]
+    assert len(emcy) == 1 and emcy[0].levelno == logging.ERROR
+    assert (emcy[0].joint, emcy[0].error_code) == (2, "0x2310")
