@@ -47,8 +47,18 @@ _levels_before: dict[str, int] = {}       # the levels configure() changed, for 
 
 
 def syslog_priority(levelno: int) -> int:
-    """The syslog priority (journald's PRIORITY) of a logging level: 2 critical, 3 error, 4 warning, 6 info,
-    7 debug."""
+    """The syslog priority (journald's PRIORITY) of a logging level.
+
+    Parameters
+    ----------
+    levelno : int
+        A `logging` level number.
+
+    Returns
+    -------
+    int
+        2 critical, 3 error, 4 warning, 6 info, 7 debug.
+    """
     if levelno >= logging.CRITICAL:
         return 2
     if levelno >= logging.ERROR:
@@ -61,8 +71,16 @@ def syslog_priority(levelno: int) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser, defaults: bool = True) -> None:
-    """Add --log-level and --log-format to `parser`. With defaults=False (a subcommand's parser) an option
-    left out does not overwrite what the main parser read."""
+    """Add --log-level and --log-format to a parser.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The main parser, or a subcommand's.
+    defaults : bool
+        False for a subcommand's parser: an option left out there does not overwrite what the main parser
+        read.
+    """
     keep = {} if defaults else {"default": argparse.SUPPRESS}
     parser.add_argument("--log-level", type=str.upper, choices=LEVELS, metavar="LEVEL", **keep,
                         help=f"the lowest level logged: {', '.join(LEVELS)} (default: ${ENV_LEVEL}, else INFO)")
@@ -72,7 +90,25 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: bool = True) -> Non
 
 
 def resolve_level(option: str | None, environ: dict | None = None) -> int:
-    """The level from the option, else ARMID_LOG_LEVEL, else INFO; InputError naming a bad environment value."""
+    """The level to log at.
+
+    Parameters
+    ----------
+    option : str or None
+        --log-level's value (one of LEVELS), or None when it was not given.
+    environ : dict, optional
+        The environment to read ARMID_LOG_LEVEL from (default os.environ).
+
+    Returns
+    -------
+    int
+        The option's level, else ARMID_LOG_LEVEL's, else logging.INFO.
+
+    Raises
+    ------
+    InputError
+        ARMID_LOG_LEVEL names no level.
+    """
     env = os.environ if environ is None else environ
     name = option or env.get(ENV_LEVEL, "").strip().upper() or "INFO"
     if name not in LEVELS:
@@ -81,7 +117,20 @@ def resolve_level(option: str | None, environ: dict | None = None) -> int:
 
 
 def under_journald(stream, environ: dict | None = None) -> bool:
-    """True when `stream` is the journal's stream connection (JOURNAL_STREAM is "device:inode" of it)."""
+    """Whether `stream` is the journal's stream connection.
+
+    Parameters
+    ----------
+    stream : file object
+        Where the log lines go.
+    environ : dict, optional
+        The environment (default os.environ); JOURNAL_STREAM holds "device:inode" of the journal's stream.
+
+    Returns
+    -------
+    bool
+        True when the stream's file descriptor is that device and inode.
+    """
     env = os.environ if environ is None else environ
     dev, sep, ino = env.get("JOURNAL_STREAM", "").partition(":")
     try:
@@ -92,7 +141,22 @@ def under_journald(stream, environ: dict | None = None) -> bool:
 
 
 def resolve_format(option: str | None, stream, environ: dict | None = None) -> str:
-    """The format from the option, else json when `stream` is no terminal and JOURNAL_STREAM is set, else text."""
+    """The format of the log lines.
+
+    Parameters
+    ----------
+    option : str or None
+        --log-format's value ("text" or "json"), or None when it was not given.
+    stream : file object
+        Where the log lines go.
+    environ : dict, optional
+        The environment (default os.environ).
+
+    Returns
+    -------
+    str
+        The option, else "json" when `stream` is no terminal and JOURNAL_STREAM is set, else "text".
+    """
     if option:
         return option
     env = os.environ if environ is None else environ
@@ -140,8 +204,30 @@ class _Prefixed(logging.Formatter):
 
 def configure(level: str | None = None, fmt: str | None = None, stream=None,
               environ: dict | None = None) -> tuple[int, str]:
-    """Send every logger's records to `stream` (default sys.stderr) at `level` in `fmt` (module docstring);
-    returns the (level, format) chosen. Calling it again replaces the previous set-up."""
+    """Send every logger's records to one stream (module docstring). Calling it again replaces the previous
+    set-up; shutdown() undoes it.
+
+    Parameters
+    ----------
+    level : str or None
+        The lowest level written (LEVELS); None: ARMID_LOG_LEVEL, else INFO.
+    fmt : str or None
+        "text" or "json"; None: json under systemd (resolve_format), else text.
+    stream : file object, optional
+        Where the lines go (default sys.stderr).
+    environ : dict, optional
+        The environment (default os.environ).
+
+    Returns
+    -------
+    tuple of (int, str)
+        The level and the format chosen.
+
+    Raises
+    ------
+    InputError
+        ARMID_LOG_LEVEL names no level.
+    """
     stream = sys.stderr if stream is None else stream
     levelno = resolve_level(level, environ)
     fmt = resolve_format(fmt, stream, environ)

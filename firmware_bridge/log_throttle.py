@@ -19,8 +19,18 @@ import time
 
 
 class Throttle:
-    """One kind of recurring event on `logger` at `level`: the first logged at once, then one line per
-    `interval_s` (s) at most, with the count since the previous line."""
+    """One kind of recurring event: the first logged at once, then one line per interval at most, with the
+    count since the previous line.
+
+    Parameters
+    ----------
+    logger : logging.Logger
+        Where the lines go.
+    level : int
+        Their level.
+    interval_s : float
+        The shortest time between two lines (s).
+    """
 
     def __init__(self, logger: logging.Logger, level: int, interval_s: float = 5.0):
         self.logger = logger
@@ -32,8 +42,22 @@ class Throttle:
         self._last: tuple[str, tuple, dict] | None = None
 
     def hit(self, msg: str, *args, count: int = 1, **fields) -> bool:
-        """Count `count` occurrences; log `msg % args` (with `fields` as extra fields) when a line is due.
-        Returns True when a line went out."""
+        """Count occurrences of the event; log a line when one is due.
+
+        Parameters
+        ----------
+        msg, *args
+            The line's message and its arguments, as for Logger.log.
+        count : int
+            Occurrences this call reports (default 1).
+        **fields
+            Extra fields of the record (a JSON formatter prints them); `count` and `total` are added.
+
+        Returns
+        -------
+        bool
+            True when a line went out.
+        """
         self.total += count
         self.pending += count
         now = time.monotonic()
@@ -44,7 +68,13 @@ class Throttle:
         return self._emit(msg, args, fields)
 
     def flush(self) -> bool:
-        """Log the occurrences counted since the last line, if any (the last message seen names them)."""
+        """Log the occurrences counted since the last line, if any, with the last message seen.
+
+        Returns
+        -------
+        bool
+            True when a line went out.
+        """
         if not self.pending or self._last is None:
             self.pending = 0
             return False
