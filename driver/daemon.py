@@ -483,7 +483,7 @@ class Driver:
                                     log=lambda text: self.log(f"record: {text}"), overwrite=rec.overwrite,
                                     metadata={"model": self.model.name, "source": "armid driver",
                                               "effort_delay_s": repr(self.effort_delay_s)},
-                                    context=self._ctx)
+                                    context=self._ctx, model=self.model)
             self.log(f"record: {self.recording.line()}")
         except Exception as exc:  # noqa: BLE001 - a failed recording is reported, the driver goes on
             self.recording_error = f"{type(exc).__name__}: {exc}"

@@ -64,17 +64,41 @@ def _limits(model: Model, j: int) -> dict[str, str]:
             "effort": _f(tau if math.isfinite(tau) else 0.0)}
 
 
-def urdf_text(model: Model, link_names: list[str] | None = None) -> str:
+STICK_RADIUS = 0.03   # m, the stick figure's cylinders; its spheres are 1.5 times as wide
+
+
+def _stick(link: ET.Element, to: np.ndarray) -> None:
+    """A sphere at the link's origin and a cylinder from there to the point `to` (m, in the link's frame)."""
+    from scipy.spatial.transform import Rotation
+
+    sphere = ET.SubElement(link, "visual")
+    ET.SubElement(ET.SubElement(sphere, "geometry"), "sphere", radius=_f(1.5 * STICK_RADIUS))
+    length = float(np.linalg.norm(to))
+    if length < 1e-6:
+        return
+    R = Rotation.align_vectors([to / length], [[0.0, 0.0, 1.0]])[0].as_matrix()
+    rod = ET.SubElement(link, "visual")
+    ET.SubElement(rod, "origin", xyz=_fs(np.asarray(to) / 2), rpy=_fs(_rpy(R)))
+    ET.SubElement(ET.SubElement(rod, "geometry"), "cylinder", radius=_f(STICK_RADIUS), length=_f(length))
+
+
+def urdf_text(model: Model, link_names: list[str] | None = None, *, visuals: bool = False) -> str:
     """The URDF document of a model (a string). link_names: base link then one per joint (default base_link,
-    link1..linkn)."""
+    link1..linkn). visuals: give each link a stick figure (a sphere at its joint, a cylinder to the next), so that a
+    3D view shows the arm; the dynamics do not change."""
     n = model.n
     links = link_names or ["base_link"] + [f"link{j + 1}" for j in range(n)]
     if len(links) != n + 1 or len(set(links)) != n + 1 or model.flange_frame in links:
         raise ValueError(f"link names: expected {n + 1} distinct names other than {model.flange_frame!r}")
     robot = ET.Element("robot", name=model.name)
-    ET.SubElement(robot, "link", name=links[0])
+    ends = [*model.placement_p[1:], model.flange_p]     # the next joint's origin in each link
+    base = ET.SubElement(robot, "link", name=links[0])
+    if visuals:
+        _stick(base, model.placement_p[0])
     for j in range(n):
         link = ET.SubElement(robot, "link", name=links[j + 1])
+        if visuals:
+            _stick(link, ends[j])
         m, c, Jc = link_inertial(model.inertial[j])
         inertial = ET.SubElement(link, "inertial")
         ET.SubElement(inertial, "origin", xyz=_fs(c), rpy="0 0 0")

@@ -348,6 +348,14 @@ def test_sigint_and_sigterm_finish_a_complete_mcap_with_summary_and_footer(live,
     assert log.complete and by_topic[schema.TOPIC_STATE] == len(log.states) == int(meta["armid.summary"]["messages"])
     assert by_topic[schema.TOPIC_JOINT_STATES] == by_topic[schema.TOPIC_MOTOR_CURRENTS] == len(log.states)
     assert meta["armid"]["model"] == "generic6" and meta["armid"]["joints"] == ",".join(live.model.joint_names)
+    assert by_topic[schema.TOPIC_ROBOT_DESCRIPTION] == 1 and by_topic[schema.TOPIC_TF] >= len(log.states) // 20
+
+
+def test_a_model_whose_joints_are_not_the_drivers_is_refused_before_recording(live, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "armid.cli", "record", "--state", live.bound["state"], "--commands",
+                           live.bound["commands"], "--model", "puma560", "-o", str(tmp_path / "x.mcap"),
+                           "--duration", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--model puma560: joints waist" in done.stderr and "(j1, j2" in done.stderr
 
 
 def test_duration_stops_the_recording_with_a_complete_file(live, tmp_path):
@@ -405,7 +413,7 @@ def test_seq_gaps_are_counted_and_malformed_messages_are_skipped_and_named(tmp_p
     assert log.states["seq"].tolist() == [0, 1, 2, 5, 6, 0, 1]
     for k, p in enumerate(good):
         assert np.array_equal(log.states["q"][k], stream.decode_state(p)["q"])
-    assert len(decoded_by_mcap_ros2(tmp_path / "r.mcap")[schema.TOPIC_HEALTH]) == 1
+    assert len(decoded_by_mcap_ros2(tmp_path / "r.mcap")[schema.TOPIC_DIAGNOSTICS]) == 1
 
 
 def test_the_converter_leaves_out_stale_samples_and_reports_seq_gaps(tmp_path):
