@@ -276,15 +276,15 @@ def tf_layout(tree: list[tuple[str, str]]) -> CdrLayout:
     return cdr.layout()
 
 
-def tf_records(layout: CdrLayout, time_ns, translation: np.ndarray, rotation: np.ndarray) -> np.ndarray:
-    """Messages of a tf_layout for M samples: times (M,) ns, translations (M, K, 3), quaternions (M, K, 4)."""
-    time_ns = np.atleast_1d(np.asarray(time_ns, dtype=np.int64))
-    records = np.frombuffer(bytearray(layout.template * len(time_ns)), dtype=layout.dtype)
-    sec, nanosec = np.divmod(time_ns, 1_000_000_000)
-    for k in range(translation.shape[1]):
-        records[f"h{k}_sec"], records[f"h{k}_nanosec"] = sec, nanosec
-        records[f"t{k}"], records[f"r{k}"] = translation[:, k], rotation[:, k]
-    return records
+def encode_tf(layout: CdrLayout, time_ns: int, translation: np.ndarray, rotation: np.ndarray) -> bytes:
+    """One message of a tf_layout: the stamp time_ns, translations (K, 3) m, quaternions (K, 4) x y z w."""
+    buf = bytearray(layout.template)
+    sec, nanosec = split_stamp(time_ns)
+    values = np.concatenate([translation, rotation], axis=1).tolist()
+    for k, row in enumerate(values):
+        struct.pack_into("<iI", buf, layout.span(f"h{k}_sec")[0], sec, nanosec)
+        struct.pack_into("<7d", buf, layout.span(f"t{k}")[0], *row)
+    return bytes(buf)
 
 
 def encode_diagnostics(statuses: list[dict], time_ns: int) -> bytes:

@@ -38,7 +38,7 @@ from driver import mcap_schema as schema
 from firmware_bridge import stream
 from firmware_bridge.errors import InputError
 
-TF_RATE_HZ = 100.0         # /tf messages per second of stream (every rate/TF_RATE_HZ-th sample)
+TF_RATE_HZ = 50.0          # /tf messages per second of stream (every rate/TF_RATE_HZ-th sample)
 RCVHWM = 200_000          # messages the SUB may queue while the recorder compresses a chunk (200 s at 1 kHz)
 MCAP_RECORD_OVERHEAD = 31  # bytes of a Message record around its data (opcode, length, channel, seq, 2 times)
 MIN_CHUNK_BYTES = 4096
@@ -274,7 +274,7 @@ class McapStateWriter:
         q = np.frombuffer(payload, dtype="<f8", count=n, offset=stream.HEADER_SIZE)
         t, r = frames.frame_transforms(self.model, q[None])
         self._mcap.add_message(channel, log_time=time_ns, publish_time=time_ns,
-                               data=schema.tf_records(layout, time_ns, t, r).tobytes(), sequence=seq & 0xFFFFFFFF)
+                               data=schema.encode_tf(layout, time_ns, t[0], r[0]), sequence=seq & 0xFFFFFFFF)
 
     def write_health(self, health: dict, time_ns: int) -> None:
         """One health message (a dict, as the driver publishes it) as diagnostics, once the state messages have

@@ -25,6 +25,30 @@ def frame_tree(model: Model) -> list[tuple[str, str]]:
     return [*zip(links[:-1], links[1:]), (links[-1], model.flange_frame)]
 
 
+_PLACEMENTS: dict[int, tuple[Model, np.ndarray, np.ndarray]] = {}
+
+
+def _placements(model: Model) -> tuple[np.ndarray, np.ndarray]:
+    """The joints' and the flange's fixed rotations as quaternions (x, y, z, w), computed once per model."""
+    entry = _PLACEMENTS.get(id(model))
+    if entry is None or entry[0] is not model:
+        if len(_PLACEMENTS) > 64:
+            _PLACEMENTS.clear()
+        entry = _PLACEMENTS[id(model)] = (model, Rotation.from_matrix(model.placement_R).as_quat(),
+                                          Rotation.from_matrix(model.flange_R).as_quat())
+    return entry[1], entry[2]
+
+
+def _quat_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Hamilton product a b of quaternions (x, y, z, w), broadcast over the leading axes."""
+    ax, ay, az, aw = np.moveaxis(a, -1, 0)
+    bx, by, bz, bw = np.moveaxis(b, -1, 0)
+    return np.stack([aw * bx + ax * bw + ay * bz - az * by,
+                     aw * by - ax * bz + ay * bw + az * bx,
+                     aw * bz + ax * by - ay * bx + az * bw,
+                     aw * bw - ax * bx - ay * by - az * bz], axis=-1)
+
+
 def frame_transforms(model: Model, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each child frame's placement in its parent for joint positions q (n,) or (M, n).
 
@@ -35,14 +59,13 @@ def frame_transforms(model: Model, q: np.ndarray) -> tuple[np.ndarray, np.ndarra
     q = np.asarray(q, dtype=float)
     batch = q.reshape(-1, model.n)
     M, n = batch.shape
+    place, flange = _placements(model)
     revolute = model.joint_type == 0
-    place = Rotation.from_quat(np.tile(Rotation.from_matrix(model.placement_R).as_quat(), (M, 1)))   # (M n,)
-    angle = np.where(revolute, batch, 0.0)                                             # (M, n)
-    turn = Rotation.from_rotvec((angle[..., None] * model.axis).reshape(-1, 3))        # (M n,)
-    rot = np.concatenate([(place * turn).as_quat().reshape(M, n, 4),
-                          np.broadcast_to(Rotation.from_matrix(model.flange_R).as_quat(), (M, 1, 4))], axis=1)
+    half = np.where(revolute, batch, 0.0)[..., None] / 2                               # (M, n, 1)
+    turn = np.concatenate([np.sin(half) * model.axis, np.cos(half)], axis=-1)           # (M, n, 4)
+    rot = np.concatenate([_quat_product(place, turn), np.broadcast_to(flange, (M, 1, 4))], axis=1)
     slide = np.where(revolute, 0.0, batch)[..., None] * model.axis                     # (M, n, 3)
-    trans = np.concatenate([model.placement_p + np.einsum("jab,mjb->mja", model.placement_R, slide),
+    trans = np.concatenate([model.placement_p + (model.placement_R @ slide[..., None])[..., 0],
                             np.broadcast_to(model.flange_p, (M, 1, 3))], axis=1)
     shape = q.shape[:-1] + (n + 1,)
     return trans.reshape(shape + (3,)), rot.reshape(shape + (4,))

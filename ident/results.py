@@ -12,6 +12,7 @@ from ident.batch import Identification
 from ident.consistent import min_eigenvalues
 from ident.model import Model
 from ident.provenance import relative_path
+from ident.spatial import rpy as _rpy
 
 FORMAT = "armid-identification/1"
 BADLY_IDENTIFIED_PCT = 10.0   # relative standard deviation above which a parameter is flagged
@@ -127,14 +128,6 @@ def write_identification(ident: Identification, out: str | Path, source: str, *,
                    f"(base projection fitted by WLS; unidentifiable directions from {ident.model.source})")
         written["urdf"], written["urdf sidecar"] = write_urdf(model, out / "model.urdf")
     return written
-
-
-def _rpy(R: np.ndarray) -> list[float]:
-    """URDF roll-pitch-yaw of R = Rz(yaw) Ry(pitch) Rx(roll)."""
-    pitch = math.atan2(-R[2, 0], math.hypot(R[0, 0], R[1, 0]))
-    roll = math.atan2(R[2, 1], R[2, 2])
-    yaw = math.atan2(R[1, 0], R[0, 0])
-    return [roll, pitch, yaw]
 
 
 def _limit(x: float) -> float:

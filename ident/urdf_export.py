@@ -26,7 +26,6 @@ import numpy as np
 
 from ident import spatial
 from ident.model import Model
-from ident.results import _rpy
 
 SIDECAR_FORMAT = "armid-urdf-sidecar/1"
 NO_LIMIT = 1e300
@@ -78,7 +77,7 @@ def _stick(link: ET.Element, to: np.ndarray) -> None:
         return
     R = Rotation.align_vectors([to / length], [[0.0, 0.0, 1.0]])[0].as_matrix()
     rod = ET.SubElement(link, "visual")
-    ET.SubElement(rod, "origin", xyz=_fs(np.asarray(to) / 2), rpy=_fs(_rpy(R)))
+    ET.SubElement(rod, "origin", xyz=_fs(np.asarray(to) / 2), rpy=_fs(spatial.rpy(R)))
     ET.SubElement(ET.SubElement(rod, "geometry"), "cylinder", radius=_f(STICK_RADIUS), length=_f(length))
 
 
@@ -109,7 +108,7 @@ def urdf_text(model: Model, link_names: list[str] | None = None, *, visuals: boo
                               type="revolute" if model.joint_type[j] == 0 else "prismatic")
         ET.SubElement(joint, "parent", link=links[j])
         ET.SubElement(joint, "child", link=links[j + 1])
-        ET.SubElement(joint, "origin", xyz=_fs(model.placement_p[j]), rpy=_fs(_rpy(model.placement_R[j])))
+        ET.SubElement(joint, "origin", xyz=_fs(model.placement_p[j]), rpy=_fs(spatial.rpy(model.placement_R[j])))
         ET.SubElement(joint, "axis", xyz=_fs(model.axis[j]))
         ET.SubElement(joint, "limit", **_limits(model, j))
         Ia, fc, fv, offset = model.drive[j]
@@ -118,7 +117,7 @@ def urdf_text(model: Model, link_names: list[str] | None = None, *, visuals: boo
     flange = ET.SubElement(robot, "joint", name=f"{model.flange_frame}_joint", type="fixed")
     ET.SubElement(flange, "parent", link=links[n])
     ET.SubElement(flange, "child", link=model.flange_frame)
-    ET.SubElement(flange, "origin", xyz=_fs(model.flange_p), rpy=_fs(_rpy(model.flange_R)))
+    ET.SubElement(flange, "origin", xyz=_fs(model.flange_p), rpy=_fs(spatial.rpy(model.flange_R)))
     ET.indent(robot)
     return '<?xml version="1.0"?>\n' + ET.tostring(robot, encoding="unicode") + "\n"
 
