@@ -18,7 +18,7 @@ import numpy as np
 
 from ident.batch import Identification
 from ident.reference import REFERENCE_SIGMA, ReferenceComparison
-from ident.results import BADLY_IDENTIFIED_PCT
+from ident.results import BADLY_IDENTIFIED_PCT, losses_note
 
 PNG_DPI = 90
 
@@ -188,9 +188,11 @@ def write_html(ident: Identification, out: str | Path, plots: dict[str, Path],
     fit, rows, model = ident.fit, ident.rows, ident.model
     pct = fit.relative_std_pct
     bad = [not p <= BADLY_IDENTIFIED_PCT for p in pct]
+    losses = losses_note(rows)
     parts = [f"<h1>Identification of {html.escape(model.name)}</h1>",
              f"<p>Data <code>{html.escape(rows.source)}</code>: {rows.samples} samples at {rows.rate_hz:g} Hz "
-             f"({rows.kind}){', ' + html.escape(rows.gaps_note()) if rows.gaps_note() else ''}; cut-off {rows.cutoff_hz:.3g} Hz, decimation {rows.factor}, "
+             f"({rows.kind}){', ' + html.escape(rows.gaps_note()) if rows.gaps_note() else ''}"
+             f"{'; ' + html.escape(losses) if losses else ''}; cut-off {rows.cutoff_hz:.3g} Hz, decimation {rows.factor}, "
              f"{len(rows.t)} rows, "
              f"rows slower than {ident.slow_velocity:g} rad/s left out. Weighted least squares (Gautier's weights): "
              f"condition number {fit.cond:.4g}; {sum(bad)} of {len(bad)} base parameters above "

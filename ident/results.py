@@ -41,6 +41,18 @@ def dropped_samples(rows) -> int:
     return (0 if rows.mended is None else int(rows.mended.repeats)) + int(rows.unused_samples)
 
 
+def losses_note(rows) -> str:
+    """"the recording reports 6 device samples lost before it; 4 samples dropped (...)", or "" when it reports
+    none and none were dropped."""
+    parts = []
+    if rows.lost_device_samples:
+        parts.append(f"the recording reports {rows.lost_device_samples} device samples lost before it")
+    dropped = dropped_samples(rows)
+    if dropped:
+        parts.append(f"{dropped} of its samples dropped (stale repeats, segments too short)")
+    return "; ".join(parts)
+
+
 def result_document(ident: Identification, out_dir: str | Path | None = None,
                     provenance: dict | None = None, reference: ReferenceComparison | None = None) -> dict:
     """The content of result.json as plain Python values (SI units). Source files are named relative to

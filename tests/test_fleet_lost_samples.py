@@ -117,3 +117,18 @@ def test_a_bad_lost_count_is_refused_naming_the_field(tmp_path, motion, value):
     path.write_text(f"# lost_samples = {value}\n" + path.read_text())
     with pytest.raises(InputError, match="lost_samples"):
         load_recording(path)
+
+
+def test_identify_prints_and_reports_the_losses(fleet_out, tmp_path, capsys):
+    from armid import cli
+
+    d, _ = fleet_out
+    assert cli.main(["identify", str(d / "stale.csv"), "--model", "generic6", "-o", str(tmp_path / "o"),
+                     "--quiet"]) == 0
+    said = f"{len(REPEATS)} of its samples dropped (stale repeats, segments too short)"
+    assert f"data: {said}" in capsys.readouterr().out.splitlines()
+    assert said in (tmp_path / "o" / "report.html").read_text()
+    assert cli.main(["identify", str(d / "converted.csv"), "--model", "generic6", "-o", str(tmp_path / "c"),
+                     "--quiet", "--no-report"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"data: the recording reports {sum(LOST.values())} device samples lost before it" in lines

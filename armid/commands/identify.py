@@ -240,7 +240,7 @@ def print_summary(ident, truth=None, label: str = "true") -> None:
     the fit statistics."""
     import numpy as np
 
-    from ident.results import BADLY_IDENTIFIED_PCT
+    from ident.results import BADLY_IDENTIFIED_PCT, losses_note
 
     fit = ident.fit
     head = f"{'base parameter':>16} {'identified':>12} {'sigma %':>9}"
@@ -265,6 +265,9 @@ def print_summary(ident, truth=None, label: str = "true") -> None:
               + " ".join(f"{x:.4g}" for x in ident.residual_rms_measured))
     if rows.gaps_note():
         print(f"data: {rows.gaps_note()}")
+    losses = losses_note(rows)
+    if losses:
+        print(f"data: {losses}")
     if ident.validation is not None:
         v = ident.validation
         print("validation RMS per joint vs filtered rows (N m):  " + " ".join(f"{x:.4g}" for x in v.rms)
