@@ -164,8 +164,25 @@ def check_clock(value, source: str = "recording") -> float:
 
 
 def check_lost_samples(value, source: str = "recording") -> int:
-    """The stated count of lost device samples as an int; raises PreprocessError unless it is a whole number
-    >= 0."""
+    """The stated count of lost device samples, checked.
+
+    Parameters
+    ----------
+    value : int, float or str
+        The count as stated (a CSV comment field, an NPZ array).
+    source : str
+        The recording's name, for the message.
+
+    Returns
+    -------
+    int
+        The count.
+
+    Raises
+    ------
+    PreprocessError
+        Unless it is a whole number >= 0.
+    """
     try:
         count = float(value)
     except (TypeError, ValueError):

@@ -102,8 +102,19 @@ def provenance(out_dir: str | Path, inputs: dict[str, str | Path | None], model:
 
 
 def for_toml(doc):
-    """The provenance block (or any JSON-like value) without its null entries, which TOML cannot hold: a
-    missing key in calibration.toml's [provenance] means what null means in result.json."""
+    """The provenance block (or any JSON-like value) without its null entries, which TOML cannot hold.
+
+    Parameters
+    ----------
+    doc : dict, list or scalar
+        A provenance block of `provenance`.
+
+    Returns
+    -------
+    dict, list or scalar
+        The same without None values at any depth: a missing key in calibration.toml's [provenance] means
+        what null means in result.json.
+    """
     if isinstance(doc, dict):
         return {k: for_toml(v) for k, v in doc.items() if v is not None}
     if isinstance(doc, list):

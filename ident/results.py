@@ -36,14 +36,36 @@ def _source(source: str, out_dir: str | Path | None) -> str:
 
 
 def dropped_samples(rows) -> int:
-    """Samples of the recording (as read) that no fit row comes from: the stale repeats dropped
-    (ident.resample) and the samples in segments too short for the filters (ident.batch.Rows.unused_samples)."""
+    """Samples of the recording that no fit row comes from.
+
+    Parameters
+    ----------
+    rows : ident.batch.Rows
+        The recording's fit rows.
+
+    Returns
+    -------
+    int
+        The stale repeats dropped (ident.resample) plus the samples in segments too short for the filters
+        (Rows.unused_samples); samples bridged in are not counted.
+    """
     return (0 if rows.mended is None else int(rows.mended.repeats)) + int(rows.unused_samples)
 
 
 def losses_note(rows) -> str:
-    """"the recording reports 6 device samples lost before it; 4 samples dropped (...)", or "" when it reports
-    none and none were dropped."""
+    """What a recording lost, in words.
+
+    Parameters
+    ----------
+    rows : ident.batch.Rows
+        The recording's fit rows.
+
+    Returns
+    -------
+    str
+        "the recording reports 6 device samples lost before it; 4 of its samples dropped (...)", or "" when
+        it reports none and none were dropped.
+    """
     parts = []
     if rows.lost_device_samples:
         parts.append(f"the recording reports {rows.lost_device_samples} device samples lost before it")
