@@ -130,6 +130,7 @@ class Rows:
     W_motion: np.ndarray | None = None
     mended: Mended | None = None
     bandwidth_source: str = "estimated"
+    lost_device_samples: int | None = None   # device samples lost before the recording, as it says (None: silent)
 
     def gaps_note(self) -> str:
         """"in 3 uniformly sampled segments (...)" when the recording was cut at gaps, else ""."""
@@ -230,7 +231,7 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
                 bandwidth_hz=float(bandwidth_hz), cutoff_hz=prepared[0][1].cutoff_hz, rate_hz=rate, factor=factor,
                 samples=rec.N, effort_delay=rec.effort_delay, segments=len(parts), unused_samples=sum(short),
                 bridged_samples=bridged, y_measured=cat("y_measured"), W_motion=cat("W_motion"), mended=mended,
-                bandwidth_source=source)
+                bandwidth_source=source, lost_device_samples=rec.lost_samples)
 
 
 @dataclass(frozen=True, eq=False)

@@ -145,12 +145,17 @@ class Outcome:
 
 
 def _row(job: Job, ident, out: Path, root: Path) -> dict:
-    """The job's row of the fleet table: data quality, fit and validation figures, base parameters with std."""
+    """The job's row of the fleet table: data quality, fit and validation figures, base parameters with std.
+    lost_device_samples: the device samples the recording says were lost before it (None when it says nothing);
+    dropped_samples: the recording's samples no fit row comes from (ident.results.dropped_samples)."""
+    from ident.results import dropped_samples
+
     rows, fit = ident.rows, ident.fit
     row: dict = {"arm_id": job.arm_id, "run": job.run, "date": job.date, "status": "ok", "error": None,
                  "recording": os.path.relpath(job.recording, root), "model": job.model,
                  "result": os.path.relpath(out / "result.json", root),
-                 "samples": int(rows.samples),
+                 "samples": int(rows.samples), "lost_device_samples": rows.lost_device_samples,
+                 "dropped_samples": dropped_samples(rows),
                  "stale_repeats": 0 if rows.mended is None else int(rows.mended.repeats),
                  "bridged_samples": int(rows.bridged_samples), "unused_samples": int(rows.unused_samples),
                  "segments": int(rows.segments), "rows": int(len(rows.t)), "cond": float(fit.cond),

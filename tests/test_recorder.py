@@ -429,7 +429,8 @@ def test_the_converter_leaves_out_stale_samples_and_reports_seq_gaps(tmp_path):
     kept = [p for p in payloads if not stream.decode_state(p)["flags"] & stream.FLAG_STALE]
     np.testing.assert_array_equal(arrays["t"], [(int(stream.decode_state(p)["device_time_ns"]) - 5) / 1e9 for p in kept])
     np.testing.assert_array_equal(arrays["current"], [stream.decode_state(p)["current"] for p in kept])
-    assert set(arrays) == {"t", "q", "current", "qd", "effort_delay"}
+    assert set(arrays) == {"t", "q", "current", "qd", "effort_delay", "lost_samples"}
+    assert int(arrays["lost_samples"]) == 0                          # seq gaps are no device samples lost
     assert any("3 messages missing in 1 seq gaps" in note for note in notes)
     assert any("2 STALE samples" in note for note in notes)
     assert not any("device samples lost" in note for note in notes)
@@ -442,6 +443,7 @@ def test_the_converter_reports_device_samples_the_driver_lost(tmp_path):
     arrays, notes = identification_arrays(read_recording(tmp_path / "l.mcap"), "current")
     assert len(arrays["t"]) == 40                                      # nothing is filled in or left out
     assert any(note.startswith("5 device samples lost by the driver") for note in notes)
+    assert int(arrays["lost_samples"]) == 5
 
 
 def test_a_file_cut_at_any_byte_reads_as_a_prefix_of_the_recording_or_as_one_error(tmp_path):

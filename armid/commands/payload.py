@@ -166,12 +166,14 @@ def _identify(args: argparse.Namespace) -> int:
     print_table(estimates, frame_text(model))
     for f in failures:
         print(f"{f.method}: no estimate: {f.reason}", file=sys.stderr)
-    written = write_report(estimates, args.output, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}",
-                           failures=failures)
-    from ident.provenance import write_provenance
+    from ident.provenance import provenance
 
-    written["provenance"] = write_provenance(args.output, {"loaded": args.loaded, "unloaded": args.unloaded},
-                                             args.model, argv=getattr(args, "command_line", None))
+    prov = provenance(args.output, {"loaded": args.loaded, "unloaded": args.unloaded,
+                                    "trajectory": args.trajectory if args.trajectory and Path(args.trajectory).is_file()
+                                    else None},
+                      args.model, argv=getattr(args, "command_line", None))
+    written = write_report(estimates, args.output, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}",
+                           failures=failures, provenance=prov)
     for name, path in written.items():
         print(f"{name}: {path}")
     return SOME_FAILED if failures else 0

@@ -229,10 +229,12 @@ def calibrated_urdf(cm: CalibrationModel, values: np.ndarray, model: Model | Non
     return '<?xml version="1.0"?>\n' + ET.tostring(robot, encoding="unicode") + "\n"
 
 
-def calibration_toml(result: Identification, model: Model | None, tool: np.ndarray, initial: str = "nominal") -> str:
+def calibration_toml(result: Identification, model: Model | None, tool: np.ndarray, initial: str = "nominal",
+                     provenance: dict | None = None) -> str:
     """The calibrated model as TOML: the nominal modified-DH table (when the model has one) and every term
     with its nominal value, error, value, sigma and status (SI units). initial: where the chain's nominal
-    values came from ('nominal' model geometry or 'axis fit')."""
+    values came from ('nominal' model geometry or 'axis fit'). provenance: the provenance record
+    (ident.provenance.provenance), written as the table [provenance] without its null entries."""
     irr = result.irreducible
     cm = irr.model
     doc: dict = {"calibration": {
@@ -241,6 +243,10 @@ def calibration_toml(result: Identification, model: Model | None, tool: np.ndarr
         "initial": initial, "measure": irr.measure, "relative": irr.relative, "strategy": irr.strategy, "parameters": irr.count,
         "rms_before_m": result.rms_before, "rms_after_m": result.rms_after, "noise_m": result.noise,
         "outlier_threshold_m": result.threshold, "poses": int(len(result.residual_after)), "outliers": [int(i) for i in result.outliers]}}
+    if provenance is not None:
+        from ident.provenance import for_toml
+
+        doc["provenance"] = for_toml(provenance)
     if model is not None and model.dh is not None:
         doc["nominal_dh"] = [{"joint": nm, "alpha": float(a), "d": float(d), "theta": float(t), "r": float(r)}
                              for nm, (a, d, t, r) in zip(model.joint_names, model.dh)]
