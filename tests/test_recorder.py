@@ -231,14 +231,16 @@ def test_conversion_to_csv_and_npz_round_trips_the_recorded_values_exactly(live_
             out = tmp_path / f"run-{effort}{suffix}"
             arrays, notes = convert(path, out, effort)
             if suffix == ".csv":
-                header = out.read_text().splitlines()[0].split(",")
+                lines = out.read_text().splitlines()
+                assert lines[0] == "# lost_samples = 0"                # the header's comment, then the columns
+                header = lines[1].split(",")
                 assert header == (["t"] + [f"q{j}" for j in range(1, 7)] + [f"{column}{j}" for j in range(1, 7)]
                                   + [f"qd{j}" for j in range(1, 7)])
-                table = np.loadtxt(out, delimiter=",", skiprows=1)
+                table = np.loadtxt(out, delimiter=",", skiprows=2)
                 t, q, y, qd = table[:, 0], table[:, 1:7], table[:, 7:13], table[:, 13:19]
             else:
                 with np.load(out) as z:
-                    assert sorted(z.files) == sorted(["t", "q", array, "qd", "effort_delay"])
+                    assert sorted(z.files) == sorted(["t", "q", array, "qd", "effort_delay", "lost_samples"])
                     assert z["effort_delay"].shape == () and float(z["effort_delay"]) == 0.0   # not configured
                     t, q, y, qd = z["t"], z["q"], z[array], z["qd"]
             assert len(t) == len(fresh)
