@@ -44,6 +44,10 @@ FLAG_DOCS = {
 LOST_SHIFT = 16            # flags bits 16-31: how many (saturates at LOST_MAX)
 LOST_MAX = 0xFFFF
 
+class StreamDecodeError(ValueError):
+    """A message is not a STATE message of a version this code reads."""
+
+
 @dataclass(frozen=True)
 class StreamField:
     """One field of the STATE payload: name, numpy type (little-endian), C type, unit, meaning. A field of
