@@ -1,0 +1,132 @@
+"""docs/examples/stream_client.c, compiled with the system C compiler against libzmq (the system's, or the one
+pyzmq's wheel bundles with tests/c/zmq.h declaring the few functions it uses) and run against a live driver on
+the in-process simulator: every value it prints is what firmware_bridge.stream decodes from the same message,
+received by a Python subscriber. It refuses a message that is not a state message and gives up on silence."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from armid.client import ArmClient
+from firmware_bridge import c_header, stream
+from ident.model import load_model
+from local_driver import local_driver
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "docs" / "examples" / "stream_client.c"
+CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
+
+
+def _libzmq_flags() -> list[str]:
+    """Include and link flags: the system <zmq.h> if the compiler finds one, else tests/c/zmq.h; the libzmq
+    bundled with pyzmq's wheel if there is one (rpath set), else the system's -lzmq."""
+    probe = subprocess.run([CC, "-E", "-x", "c", "-"], input="#include <zmq.h>\n", capture_output=True, text=True,
+                           timeout=60)
+    flags = [] if probe.returncode == 0 else [f"-I{Path(__file__).parent / 'c'}"]
+    libs = Path(zmq.__file__).resolve().parent.parent / "pyzmq.libs"
+    bundled = sorted(libs.glob("libzmq*.so*")) if libs.is_dir() else []
+    if bundled:
+        return flags + [f"-L{libs}", f"-l:{bundled[0].name}", f"-Wl,-rpath,{libs}"]
+    return flags + ["-lzmq"]
+
+
+@pytest.fixture(scope="module")
+def client_exe(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("c_client") / "stream_client"
+    build = subprocess.run([CC, "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1",
+                            f"-I{c_header.HEADER_PATH.parent}", str(EXAMPLE), "-o", str(exe), *_libzmq_flags()],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    return exe
+
+
+def test_the_example_is_short_and_uses_the_headers_macros():
+    text = EXAMPLE.read_text()
+    assert 60 <= len(text.splitlines()) <= 120
+    for name in ("ARMID_STREAM_TOPIC_STATE", "armid_stream_check", "ARMID_STREAM_Q_OFFSET", "ARMID_STREAM_QD_OFFSET",
+                 "ARMID_STREAM_TORQUE_OFFSET", "ARMID_STREAM_LOST_SAMPLES", "memcpy", "ZMQ_RCVTIMEO"):
+        assert name in text
+    code = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    assert not re.search(r"\b(36|37|8 ?\* ?n)\b", code)                     # no hand-copied offsets
+
+
+def _run(exe, endpoint: str, count: int) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe), endpoint, str(count)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_c_client_prints_what_a_python_subscriber_decodes_from_the_same_messages(client_exe):
+    model = load_model("generic6")
+    n = model.n
+    with local_driver(model, seed=5) as (d, _):
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.connect(d.bound["state"])
+        sub.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
+        try:
+            assert sub.poll(10_000), "the driver publishes nothing"
+            with ArmClient(d.bound["state"], d.bound["commands"]) as arm:
+                arm.enable()                                   # the drives hold the arm: torques are not zero
+                arm.move_to([0.2, -0.1, 0.15, 0.05, -0.1, 0.2], speed=0.8)
+            out = _run(client_exe, d.bound["state"], 200)
+            assert out.returncode == 0, out.stderr
+            rows = [line.split() for line in out.stdout.splitlines()]
+            assert len(rows) == 200 and all(len(r) == 5 + 3 * n for r in rows)
+            seqs = [int(r[0]) for r in rows]
+            assert seqs == list(range(seqs[0], seqs[0] + 200))
+            decoded: dict[int, np.void] = {}
+            while seqs[-1] not in decoded and sub.poll(10_000):
+                r = stream.decode_state(sub.recv_multipart()[1])
+                decoded[int(r["seq"])] = r
+            assert set(seqs) <= set(decoded)
+        finally:
+            sub.close(0)
+    for row in rows:
+        r = decoded[int(row[0])]
+        flags = int(r["flags"])
+        assert [int(x) for x in row[1:5]] == [flags & 0xFFFF, stream.lost_samples(flags), int(r["device_time_ns"]),
+                                              int(r["host_time_ns"])]
+        values = np.array([float(x) for x in row[5:]])
+        np.testing.assert_array_equal(values, np.concatenate([r["q"], r["qd"], r["torque"]]))
+    assert all(int(row[1]) & stream.FLAG_ENABLED for row in rows)
+    assert np.abs(np.array([[float(x) for x in row[5 + 2 * n:]] for row in rows])).max() > 1.0   # N m
+
+
+def test_the_c_client_refuses_a_message_that_is_not_a_state_message_and_gives_up_on_silence(client_exe):
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    good = stream.StateMessage(6)
+    bad = bytes(good.buffer)[:-1]                           # one byte short of its size
+    stop = threading.Event()
+
+    def publish():
+        while not stop.wait(0.01):                          # until the client has subscribed and read one
+            pub.send_multipart([stream.TOPIC_STATE, bad])
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        out = _run(client_exe, f"tcp://127.0.0.1:{port}", 5)
+    finally:
+        stop.set()
+        thread.join(5)
+        pub.close(0)
+    assert out.returncode == 1 and out.stdout == ""
+    assert "not a state message of version 1-2 (257 bytes)" in out.stderr
+    silent = ctx.socket(zmq.PUB)
+    silent.setsockopt(zmq.LINGER, 0)
+    try:
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        out = _run(client_exe, f"tcp://127.0.0.1:{port}", 5)
+    finally:
+        silent.close(0)
+    assert out.returncode == 1 and "no state message within 5 s" in out.stderr
