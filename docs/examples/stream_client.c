@@ -1,6 +1,6 @@
 /* Print the armid driver's state stream from C (layout: docs/stream.md, macros: armid_wire.h).
  *
- *   cc -std=c99 -I firmware_bridge stream_client.c -lzmq -o stream_client
+ *   cc -std=c99 -I firmware_bridge docs/examples/stream_client.c -lzmq -o stream_client   (from armid's folder)
  *   ./stream_client [ENDPOINT] [COUNT]          (default tcp://127.0.0.1:5555, 10 samples)
  *
  * One line per sample: seq, driver flags, lost device samples, device and host time (ns), then q, qd and
