@@ -2,9 +2,11 @@
 pyzmq's wheel bundles with tests/c/zmq.h declaring the few functions it uses) and run against a live driver on
 the in-process simulator: every value it prints is what firmware_bridge.stream decodes from the same message,
 received by a Python subscriber. It refuses a message that is not a state message and gives up on silence. The
-memcpy snippet of docs/stream.md compiles and reads q at any alignment of the buffer."""
+memcpy snippet of docs/stream.md compiles and reads q at any alignment of the buffer; its CURVE snippet is
+answered by a secured driver with the client's keys and not with a fresh pair that is not authorised."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -15,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 
 from armid.client import ArmClient
+from driver.daemon import Curve, Endpoints
 from firmware_bridge import c_header, stream
 from ident.model import load_model
 from local_driver import local_driver
@@ -172,3 +176,61 @@ def test_the_documented_memcpy_snippet_reads_q_from_a_payload_at_an_odd_address(
     run = subprocess.run([str(exe)], input=bytes(m.buffer), capture_output=True, timeout=30)
     assert run.returncode == 0, run.stderr
     assert [float.fromhex(x) for x in run.stdout.decode().split()] == m.q.tolist()
+
+
+_CURVE_MAIN = r"""
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+int main(void)
+{
+    void *ctx = zmq_ctx_new();
+    int timeout = 2000, linger = 0;
+    char reply[65536];
+SNIPPET
+    zmq_setsockopt(req, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
+    int len = zmq_recv(req, reply, sizeof reply - 1, 0);
+    if (len >= 0) reply[len < (int)sizeof reply - 1 ? len : (int)sizeof reply - 1] = 0;
+    puts(len >= 0 ? reply : "NO REPLY");
+    zmq_close(req);
+    zmq_ctx_term(ctx);
+    return len < 0;
+}
+"""
+
+
+def _c_string(z85: bytes) -> str:
+    return '"' + z85.decode().replace("?", "\\?") + '"'
+
+
+def test_the_documented_c_curve_snippet_is_answered_with_the_clients_keys_only(tmp_path):
+    doc = (ROOT / "docs" / "stream.md").read_text().split("\n## A CURVE client\n")[1].split("\n## ")[0]
+    snippet = doc.split("```c\n")[1].split("```")[0]
+    keys, clients = tmp_path / "keys", tmp_path / "keys" / "clients"
+    clients.mkdir(parents=True)
+    server_public, server_secret = zmq.auth.create_certificates(keys, "server")
+    client_public, client_secret = zmq.auth.create_certificates(keys, "client")
+    Path(client_public).rename(clients / "client.key")
+    server_key = zmq.auth.load_certificate(server_public)[0]
+    public, secret = zmq.auth.load_certificate(client_secret)
+    keypair = "zmq_curve_keypair(public_key, secret_key);"
+    assert '"...";' in snippet and keypair in snippet and "tcp://arm-pc.local:5556" in snippet
+    endpoints = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", Curve(server_secret, str(clients)))
+    with local_driver(load_model("generic6"), seed=7, endpoints=endpoints) as (d, _):
+        as_written = snippet.replace('"..."', _c_string(server_key)).replace("tcp://arm-pc.local:5556",
+                                                                          d.bound["commands"])
+        with_keys = as_written.replace(keypair, f"strcpy(public_key, {_c_string(public)}); "
+                                                f"strcpy(secret_key, {_c_string(secret)});")
+        out = {}
+        for name, code in (("authorised", with_keys), ("fresh pair", as_written)):
+            src, exe = tmp_path / f"{name[0]}.c", tmp_path / name[0]
+            src.write_text(_CURVE_MAIN.replace("SNIPPET", textwrap.indent(code, "    ")))
+            build = subprocess.run([CC, "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", str(src), "-o",
+                                    str(exe), *_libzmq_flags()], capture_output=True, text=True, timeout=120)
+            assert build.returncode == 0, build.stderr
+            out[name] = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
+    reply = json.loads(out["authorised"].stdout)
+    assert out["authorised"].returncode == 0 and reply["ok"] and reply["joints"] == list(load_model("generic6").joint_names)
+    assert out["fresh pair"].returncode == 1 and out["fresh pair"].stdout == "NO REPLY\n"
