@@ -44,6 +44,7 @@ FLAG_DOCS = {
 LOST_SHIFT = 16            # flags bits 16-31: how many (saturates at LOST_MAX)
 LOST_MAX = 0xFFFF
 
+
 class StreamDecodeError(ValueError):
     """A message is not a STATE message of a version this code reads."""
 
@@ -94,9 +95,10 @@ def state_dtype(n: int) -> np.dtype:
 
 HEADER_SIZE = state_dtype(0).itemsize          # 36: the doubles that follow are not 8-byte aligned
 JOINT_SIZE = sum(f.size for f in JOINT_FIELDS)  # 37 bytes per joint
-HEADER_OFFSETS = {name: off for name, (_, off) in state_dtype(0).fields.items()}
+HEADER_OFFSETS = {f.name: state_dtype(0).fields[f.name][1] for f in HEADER_FIELDS}   # byte offset of each
 _HEADER_TAIL = struct.Struct("<IQqq")   # flags, seq, device_time_ns, host_time_ns at offset 8
-assert (HEADER_OFFSETS["flags"], _HEADER_TAIL.size) == (8, HEADER_SIZE - 8)
+if (HEADER_OFFSETS["flags"], _HEADER_TAIL.size) != (8, HEADER_SIZE - 8):
+    raise ImportError("firmware_bridge.stream: _HEADER_TAIL does not match HEADER_FIELDS")
 
 
 def joint_offset(name: str, n: int) -> int:
