@@ -14,7 +14,8 @@ socket, builds a new one and sends again (`retries` times), so a client outlives
 last try it raises NoReply. Only `status` is retried: a command that may move the arm is never sent twice, and
 NoReply then says so. An error reply raises CommandRefused with the driver's message. The stream's
 subscriber counts what was lost: `seq_gaps` (messages dropped between the driver and this client) and
-`lost_samples` (device samples the driver never received, the stream's flags). Every method may be called
+`lost_samples` (device samples the driver never received, the stream's flags); `last_sample` is the last one
+read, without reading another, and `health()` the driver's newest health message. Every method may be called
 from any thread (one lock per socket); a notebook can keep one client open and call it from cells.
 
 CurveZMQ: a driver whose command endpoint is beyond loopback requires it. Give the server's public
@@ -124,7 +125,9 @@ class ArmClient:
         self._curve = None if curve_server_public is None else _curve_keys(curve_server_public, curve_client_secret)
         self._req: zmq.Socket | None = None
         self._sub: zmq.Socket | None = None
-        self._req_lock, self._sub_lock = threading.Lock(), threading.Lock()
+        self._health_sub: zmq.Socket | None = None
+        self._req_lock, self._sub_lock, self._health_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        self._last_sample: Sample | None = None
         self._last_seq: int | None = None
         self.seq_gaps = 0           # messages dropped between the driver and this client
         self.lost_samples = 0       # device samples the driver reported lost
@@ -324,7 +327,63 @@ class ArmClient:
                 self.seq_gaps += sample.seq - self._last_seq - 1
             self._last_seq = sample.seq
             self.lost_samples += sample.lost
+            self._last_sample = sample
             return sample
+
+    @property
+    def last_sample(self) -> Sample | None:
+        """The sample that latest(), samples() or an on_sample thread read last (None before the first).
+
+        Reading it consumes nothing: while an on_sample thread reads the stream, other threads (an action
+        server's feedback, a notebook cell) look at the arm's state here instead of taking messages from it."""
+        return self._last_sample
+
+    def health(self, timeout_s: float | None = None) -> dict:
+        """The driver's newest health message (docs/stream.md), read on a subscriber of its own.
+
+        Parameters
+        ----------
+        timeout_s : float, optional
+            Seconds to wait when no health message has arrived since the last call (the driver publishes one
+            per second); default the client's timeout, at least 2 s.
+
+        Returns
+        -------
+        dict
+            The newest health message that arrived since the last call, or the next one.
+
+        Raises
+        ------
+        NoReply
+            When none comes within timeout_s. Messages that are not a JSON object are counted in
+            `bad_messages` and skipped.
+        """
+        wait = max(self.timeout_s, 2.0) if timeout_s is None else timeout_s
+        with self._health_lock:
+            if self._health_sub is None:
+                sock = self.ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(self.state_endpoint)
+                sock.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_HEALTH)
+                self._health_sub = sock
+            newest, deadline = None, time.monotonic() + wait
+            while True:
+                left = 0.0 if newest is not None else max(0.0, deadline - time.monotonic())
+                if not self._health_sub.poll(int(left * 1000)):
+                    break
+                frames = self._health_sub.recv_multipart()
+                try:
+                    message = json.loads(frames[1]) if len(frames) == 2 and frames[0] == stream.TOPIC_HEALTH else None
+                except (UnicodeDecodeError, ValueError):
+                    message = None
+                if isinstance(message, dict):
+                    newest = message
+                else:
+                    self.bad_messages += 1
+            if newest is None:
+                raise NoReply(f"{self.state_endpoint}: no health message within {wait:g} s "
+                              f"(is the driver running there?)")
+            return newest
 
     def _sub_socket(self) -> zmq.Socket:
         if self._sub is None:
@@ -348,6 +407,10 @@ class ArmClient:
             if self._sub is not None:
                 self._sub.close(0)
                 self._sub = None
+        with self._health_lock:
+            if self._health_sub is not None:
+                self._health_sub.close(0)
+                self._health_sub = None
 
     def __enter__(self) -> "ArmClient":
         return self

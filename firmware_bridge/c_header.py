@@ -2,7 +2,8 @@
 
 Every module of firmware_bridge may contribute:
     c_constants() -> list[(name, value, comment)]   emitted as `#define ARMID_<name> <value>  /* comment */`
-                                                      (names that already start with ARMID_ keep theirs)
+                                                      (names that already start with ARMID_ keep theirs;
+                                                      an int value is a number, a bytes value a string)
     c_code() -> str                                   C declarations (packed structs, static inline functions)
 The generator imports each module of the package (sorted by name) and includes what it defines: all
 constants first, then all code. A new format module (CAN, gateway) only has to define these functions.
@@ -36,9 +37,14 @@ def contributing_modules() -> list:
     return out
 
 
-def _literal(value: int) -> str:
+def _literal(value: int | bytes) -> str:
+    if isinstance(value, bytes):
+        text = value.decode("ascii", "replace")
+        if not value.isascii() or not text.isprintable() or '"' in text or "\\" in text or "?" in text:
+            raise ValueError(f"C string constant {value!r}: only printable ASCII without quotes, backslashes, '?'")
+        return f'"{text}"'
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"C constant value {value!r}: expected an int")
+        raise ValueError(f"C constant value {value!r}: expected an int or bytes")
     if value < 0:
         return f"({value})"
     text = f"0x{value:X}" if value >= 0x100 else str(value)
@@ -57,7 +63,7 @@ def generate() -> str:
         " * Structs are packed and their integers little-endian: they are the wire bytes on a little-endian CPU.",
         " * Units: see firmware_bridge/units.py and docs/wire-serial.md. */",
         "#ifndef ARMID_WIRE_H", "#define ARMID_WIRE_H", "",
-        "#include <stddef.h>", "#include <stdint.h>", "",
+        "#include <stddef.h>", "#include <stdint.h>", "#include <string.h>", "",
         "#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__",
         '#error "armid_wire.h: the structs are the wire layout on little-endian CPUs only"', "#endif", "",
         "#ifdef __cplusplus", 'extern "C" {', "#endif",
