@@ -1,8 +1,8 @@
-"""The driver's ZeroMQ state message: one documented, versioned binary layout (docs/stream.md), shared by
+"""The driver's ZeroMQ state message: one documented, versioned binary layout (docs/reference/stream.md), shared by
 the driver (producer), the identification service, the recorder and any client (consumers).
 
 Each message is a two-frame multipart: [topic, payload]. Topic b"state" carries STATE below; topic
-b"health" carries a UTF-8 JSON object (docs/stream.md lists its keys).
+b"health" carries a UTF-8 JSON object (docs/reference/stream.md lists its keys).
 
 STATE payload, little-endian, no padding, n = number of joints:
 
