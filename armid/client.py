@@ -1,4 +1,4 @@
-"""A Python client for a running armid driver: its state stream and its commands (docs/stream.md).
+"""A Python client for a running armid driver: its state stream and its commands (docs/reference/stream.md).
 
     from armid.client import ArmClient
 
@@ -65,7 +65,7 @@ class MotionFailed(ClientError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One state message, decoded (docs/stream.md): (n,) arrays in SI units, the flags as properties."""
+    """One state message, decoded (docs/reference/stream.md): (n,) arrays in SI units, the flags as properties."""
 
     seq: int
     flags: int
@@ -159,7 +159,7 @@ class ArmClient:
         return reply
 
     def status(self) -> dict:
-        """The driver's status (docs/stream.md)."""
+        """The driver's status (docs/reference/stream.md)."""
         return self.request("status")
 
     def enable(self, *, wait: bool = True, timeout_s: float = 10.0) -> None:
@@ -339,7 +339,7 @@ class ArmClient:
         return self._last_sample
 
     def health(self, timeout_s: float | None = None) -> dict:
-        """The driver's newest health message (docs/stream.md), read on a subscriber of its own.
+        """The driver's newest health message (docs/reference/stream.md), read on a subscriber of its own.
 
         Parameters
         ----------

@@ -1,5 +1,5 @@
 """The driver's live stream in Foxglove: a Foxglove WebSocket server (the `foxglove-sdk` package) fed from the
-state and health topics (docs/stream.md).
+state and health topics (docs/reference/stream.md).
 
 Channels (Foxglove's own message types where one fits, else JSON with a JSON schema):
   /joint_states   foxglove.JointStates: name, position (rad), velocity (rad/s), effort (N m) per joint

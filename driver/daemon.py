@@ -448,7 +448,7 @@ class Driver:
         self.command_server.run()
 
     def health(self, period_s: float, last: dict) -> dict:
-        """The health message (docs/stream.md): rates over the last period, drops, lateness, drive states."""
+        """The health message (docs/reference/stream.md): rates over the last period, drops, lateness, drive states."""
         c = self.cycle
         now = time.monotonic()
         dt = max(now - last.get("t", now - period_s), 1e-9)

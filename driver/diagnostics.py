@@ -1,4 +1,4 @@
-"""The driver's health message (docs/stream.md) as diagnostics: a list of statuses in the shape of ROS's
+"""The driver's health message (docs/reference/stream.md) as diagnostics: a list of statuses in the shape of ROS's
 diagnostic_msgs/DiagnosticStatus, each with a level, a name, a message, a hardware id and key-value pairs.
 
 One status for the cycle (ERROR on a fault, WARN when the drives deliver fewer samples than the cycle runs), one

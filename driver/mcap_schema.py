@@ -1,10 +1,10 @@
 """What the recorder writes into MCAP: the ROS 2 message definitions of its topics, and their CDR layouts.
 
-Topics (docs/recording.md):
+Topics (docs/reference/recording.md):
 
     /joint_states     sensor_msgs/msg/JointState   position q (rad), velocity qd (rad/s), effort torque (N m)
     /motor_currents   sensor_msgs/msg/JointState   effort = motor current (A); position, velocity empty
-    /armid/state      armid_msgs/msg/ArmState      every field of the version-1 state message (docs/stream.md)
+    /armid/state      armid_msgs/msg/ArmState      every field of the version-1 state message (docs/reference/stream.md)
     /diagnostics      diagnostic_msgs/msg/DiagnosticArray   the driver's health (driver.diagnostics), once a second
     /tf               tf2_msgs/msg/TFMessage       the links' transforms (ident.frames), when the model is known
     /robot_description  std_msgs/msg/String        the model's URDF (ident.frames), once at the start
@@ -62,7 +62,7 @@ float64[] effort
 """ + _HEADER_DEPS)
 
 ARM_STATE = ("armid_msgs/msg/ArmState", """\
-# One version-1 state message of the armid driver (docs/stream.md), every field kept. SI units.
+# One version-1 state message of the armid driver (docs/reference/stream.md), every field kept. SI units.
 std_msgs/Header header   # stamp = host_time_ns (UNIX time at which the driver read the sample)
 uint16 version           # stream version (1)
 uint32 flags             # bit 0 ENABLED, 1 MOVING, 2 FAULT, 3 STALE, 4 PAYLOAD

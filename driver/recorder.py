@@ -2,7 +2,7 @@
 
     stats = record("run.mcap", "tcp://127.0.0.1:5555", joint_names=status["joints"], stop=event)
 
-A SUB socket receives topic `state` (docs/stream.md) and topic `health`; every valid state message
+A SUB socket receives topic `state` (docs/reference/stream.md) and topic `health`; every valid state message
 becomes three ROS 2 messages (driver.mcap_schema: /joint_states, /motor_currents, /armid/state), every
 health message one /diagnostics (driver.diagnostics). Given the model, the recording also carries its URDF on
 /robot_description (once, at the start) and the links' transforms on /tf (`tf_rate_hz` of the samples), so that
@@ -51,7 +51,7 @@ class RecorderError(InputError):
 
 # -- the driver's command socket --------------------------------------------------------------------
 def query_status(endpoint: str, timeout_s: float = 5.0, context: zmq.Context | None = None) -> dict:
-    """The driver's `status` reply (docs/stream.md) over its command socket; RecorderError if there is no
+    """The driver's `status` reply (docs/reference/stream.md) over its command socket; RecorderError if there is no
     answer within timeout_s (s) or the answer is not a status."""
     ctx = context or zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
@@ -249,7 +249,7 @@ class McapStateWriter:
         return self._mcap is not None
 
     def write_state(self, payload: bytes, n: int, seq: int, host_time_ns: int) -> None:
-        """One state payload already checked (docs/stream.md, n joints, as the first one written)."""
+        """One state payload already checked (docs/reference/stream.md, n joints, as the first one written)."""
         if self._mcap is None:
             self._start(n)
         sec, nanosec = schema.split_stamp(host_time_ns)

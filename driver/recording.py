@@ -2,7 +2,7 @@
 
     log = read_recording("run.mcap")              # every /armid/state message, in file order
     arrays, notes = identification_arrays(log, effort="torque")
-    write_identification(arrays, "run.csv")       # or run.npz (docs/data-files.md)
+    write_identification(arrays, "run.csv")       # or run.npz (docs/reference/data-files.md)
 
 The file is read as a stream (mcap's StreamReader, chunk CRCs checked), never through its summary, so a
 file that a killed recorder left without summary and footer reads up to its last complete chunk; the
@@ -81,7 +81,7 @@ class RecordingError(InputError):
 class StateLog:
     """The state messages of one recording. `states` is a structured array (N,) with the fields of the
     version-1 state message (seq, flags, device_time_ns, host_time_ns, q, qd, current, torque (N, n),
-    statusword, error_code, mode); units as in docs/stream.md."""
+    statusword, error_code, mode); units as in docs/reference/stream.md."""
 
     path: str
     joint_names: tuple[str, ...]
@@ -209,7 +209,7 @@ EFFORTS = {"torque": ("tau", "tau"), "current": ("current", "i")}   # effort -> 
 
 
 def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[str, np.ndarray], list[str]]:
-    """The arrays of the identification layout (docs/data-files.md): t (s, from the device timestamps,
+    """The arrays of the identification layout (docs/reference/data-files.md): t (s, from the device timestamps,
     starting at 0), q (rad), tau (N m) or current (A), qd (rad/s), effort_delay (s, () array: the driver's
     configured lag of the effort behind the positions, from the recording's metadata, 0 if it says nothing),
     lost_samples (() array: the device samples the driver never received, the sum of the messages' lost-sample

@@ -1,8 +1,8 @@
-"""The driver's ZeroMQ state message: one documented, versioned binary layout (docs/stream.md), shared by
+"""The driver's ZeroMQ state message: one documented, versioned binary layout (docs/reference/stream.md), shared by
 the driver (producer), the identification service, the recorder and any client (consumers).
 
 Each message is a two-frame multipart: [topic, payload]. Topic b"state" carries STATE below; topic
-b"health" carries a UTF-8 JSON object (docs/stream.md lists its keys).
+b"health" carries a UTF-8 JSON object (docs/reference/stream.md lists its keys).
 
 STATE payload, little-endian, no padding, n = number of joints: the header (HEADER_FIELDS, 36 bytes: magic
 b"ARMS", version, n, flags, seq, device_time_ns, host_time_ns), then one array of n values per joint field
@@ -224,7 +224,7 @@ def c_code() -> str:
                f"{(joint_offset(f.name, 1) - HEADER_SIZE)}u * (size_t)(n))  /* {f.name}[n]: {f.c_type}, {f.unit} */"
                for f in JOINT_FIELDS]
     return "\n".join([
-        "/* The state stream (docs/stream.md): ZeroMQ multipart [ARMID_STREAM_TOPIC_STATE, payload]. The payload is",
+        "/* The state stream (docs/reference/stream.md): ZeroMQ multipart [ARMID_STREAM_TOPIC_STATE, payload]. The payload is",
         "   the header below, then one array of n values per joint field, unpadded: the doubles start at offset 36,",
         "   which is not 8-byte aligned. Copy values out with memcpy (never dereference a double * into it). */",
         "#pragma pack(push, 1)",

@@ -1,4 +1,4 @@
-"""Batch identification of a recording, end to end (docs/identification.md):
+"""Batch identification of a recording, end to end (docs/guides/identification.md):
 
     load_recording -> mend_sampling (stale repeats dropped, uneven intervals resampled) -> split_at_gaps ->
     per uniformly sampled segment: prepare (zero-phase filter, central differences) -> base regressor and

@@ -7,7 +7,7 @@
 `design` chooses the coefficients that minimise cond() of the base regressor stacked over one period
 (or maximise log det, D-optimal) with scipy's SLSQP, under the model's position, velocity, acceleration and
 torque limits, starting and ending at rest at a given pose, and optionally keeping the flange above a floor
-plane. The file format is documented in docs/trajectory-file.md.
+plane. The file format is documented in docs/reference/trajectory-file.md.
 """
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def _rest_constraints(f0: float, H: int) -> np.ndarray:
 # File format (TOML)
 
 def save(traj: FourierTrajectory, path: str | Path) -> None:
-    """Write the trajectory file (docs/trajectory-file.md)."""
+    """Write the trajectory file (docs/reference/trajectory-file.md)."""
     import tomli_w
 
     doc = {"trajectory": {"kind": "fourier", "base_frequency": float(traj.base_frequency),
@@ -186,7 +186,7 @@ def save(traj: FourierTrajectory, path: str | Path) -> None:
                           **{k: v for k, v in traj.info.items() if v is not None}},
            "joint": [{"name": name, "q0": float(traj.q0[j]), "a": traj.a[j].tolist(), "b": traj.b[j].tolist()}
                      for j, name in enumerate(traj.joint_names or [f"joint{j + 1}" for j in range(traj.n)])]}
-    header = ("# armid excitation trajectory: finite Fourier series per joint (docs/trajectory-file.md).\n"
+    header = ("# armid excitation trajectory: finite Fourier series per joint (docs/reference/trajectory-file.md).\n"
               "# q_j(t) = q0 + sum_l a_l/(wf l) sin(wf l t) - b_l/(wf l) cos(wf l t), wf = 2 pi base_frequency.\n"
               "# Units: Hz, s, rad, rad/s.\n")
     Path(path).write_text(header + tomli_w.dumps(doc))
@@ -201,7 +201,7 @@ def _is_number(x) -> bool:
 
 
 def load(path: str | Path) -> FourierTrajectory:
-    """Read a trajectory file (docs/trajectory-file.md), strictly: TrajectoryFileError names the file and the
+    """Read a trajectory file (docs/reference/trajectory-file.md), strictly: TrajectoryFileError names the file and the
     field at fault (a missing, mistyped, unknown or inconsistent field, a non-finite number)."""
     path = Path(path)
     try:

@@ -1,5 +1,5 @@
 """Identification for a fleet: many recordings (arms x runs) identified as Dask tasks, a fleet table with one row
-per arm and run, and drift between an arm's runs (docs/identification.md, "Many recordings: a fleet").
+per arm and run, and drift between an arm's runs (docs/guides/identification.md, "Many recordings: a fleet").
 
     read_manifest / jobs_from_glob -> identify_many (dask.distributed, or a plain loop) -> fleet table with drift
     -> fleet.parquet, fleet.csv, fleet.html (ident.fleet_report)

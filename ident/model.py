@@ -2,7 +2,7 @@
 
 A Model is numbers only (Pinocchio's Model/Data split): kinematic placements and axes, the standard
 parameters of every link and joint, drive constants and limits. Kernels in ident.kernels read its
-arrays; nothing here is evaluated per sample. The file format is documented in docs/model-file.md.
+arrays; nothing here is evaluated per sample. The file format is documented in docs/reference/model-file.md.
 """
 from __future__ import annotations
 
@@ -246,7 +246,7 @@ class _Fields:
         return v
 
 
-# the keys of each table (docs/model-file.md); anything else is refused by _Fields.only
+# the keys of each table (docs/reference/model-file.md); anything else is refused by _Fields.only
 _TOP_KEYS = ("robot", "joint")
 _ROBOT_KEYS = ("name", "gravity", "flange", "rated_payload")
 _URDF_ROBOT_KEYS = _ROBOT_KEYS + ("urdf", "base", "tip")

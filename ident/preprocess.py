@@ -1,6 +1,6 @@
 """From a recording to identification samples: loading, zero-phase filtering, differentiation, decimation.
 
-    rec = load_recording("run.csv")                 # CSV or NPZ, strictly checked (docs/data-files.md)
+    rec = load_recording("run.csv")                 # CSV or NPZ, strictly checked (docs/reference/data-files.md)
     s = prepare(rec, bandwidth_hz=traj_bandwidth)   # filtered q and y, central-difference qd, qdd
     Wd, yd = decimate_parallel(W, s.y, factor=10)   # the same low-pass + downsampling on W and y
     keep = ~slow_rows(qd_decimated, 0.05)           # rows where Coulomb friction is well modelled
@@ -257,7 +257,7 @@ def _check_arrays(source: str, fields: dict[str, np.ndarray | None],
 def load_recording(path: str | Path, *, n: int | None = None) -> Recording:
     """Read a recording: CSV (header t, q1..qn, tau1..taun or i1..in, optional qd1..qdn; comment lines before
     the header may state `effort_delay = S` and `clock_hz = HZ`) or NPZ (arrays t, q, tau or current, optional
-    qd, effort_delay, clock_hz). SI units: s, rad, N m, A. Layout: docs/data-files.md. A CSV's rows are read by
+    qd, effort_delay, clock_hz). SI units: s, rad, N m, A. Layout: docs/reference/data-files.md. A CSV's rows are read by
     pyarrow when it is installed (the `ident` extra), else by numpy.
 
     n: the number of joints expected (e.g. the model's). Raises PreprocessError naming the file and the

@@ -1,5 +1,5 @@
-"""What `armid identify` writes: result.json (docs/identification.md) and the identified model file (TOML,
-docs/model-file.md) that ident.model.load_model reads back to the same torques."""
+"""What `armid identify` writes: result.json (docs/guides/identification.md) and the identified model file (TOML,
+docs/reference/model-file.md) that ident.model.load_model reads back to the same torques."""
 from __future__ import annotations
 
 import json
@@ -186,7 +186,7 @@ def _limit(x: float) -> float:
 
 
 def model_document(model: Model) -> dict:
-    """A model as the TOML tables of docs/model-file.md (inertia about the link-frame origin, exact)."""
+    """A model as the TOML tables of docs/reference/model-file.md (inertia about the link-frame origin, exact)."""
     joints = []
     for j in range(model.n):
         inertial = model.inertial[j]

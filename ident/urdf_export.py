@@ -1,4 +1,4 @@
-"""An armid model as URDF, for Pinocchio, MoveIt or a simulator (docs/identification.md, "The identified model
+"""An armid model as URDF, for Pinocchio, MoveIt or a simulator (docs/guides/identification.md, "The identified model
 as URDF").
 
 Each movable joint j becomes a URDF joint from link j-1 to link j, its origin the model's placement of frame j in

@@ -2,7 +2,7 @@
 pyzmq's wheel bundles with tests/c/zmq.h declaring the few functions it uses) and run against a live driver on
 the in-process simulator: every value it prints is what firmware_bridge.stream decodes from the same message,
 received by a Python subscriber. It refuses a message that is not a state message and gives up on silence. The
-memcpy snippet of docs/stream.md compiles and reads q at any alignment of the buffer; its CURVE snippet is
+memcpy snippet of docs/reference/stream.md compiles and reads q at any alignment of the buffer; its CURVE snippet is
 answered by a secured driver with the client's keys and not with a fresh pair that is not authorised."""
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ int main(void)
 
 
 def test_the_documented_memcpy_snippet_reads_q_from_a_payload_at_an_odd_address(tmp_path):
-    doc = (ROOT / "docs" / "stream.md").read_text().split("\n## Reading the stream from C, C++ and MATLAB\n")[1]
+    doc = (ROOT / "docs" / "reference" / "stream.md").read_text().split("\n## Reading the stream from C, C++ and MATLAB\n")[1]
     code = doc.split("```c\n")[1].split("```")[0]
     src, exe = tmp_path / "snippet.c", tmp_path / "snippet"
     src.write_text(_SNIPPET_MAIN.replace("SNIPPET", textwrap.indent(code, "    ")))
@@ -206,7 +206,7 @@ def _c_string(z85: bytes) -> str:
 
 
 def test_the_documented_c_curve_snippet_is_answered_with_the_clients_keys_only(tmp_path):
-    doc = (ROOT / "docs" / "stream.md").read_text().split("\n## A CURVE client\n")[1].split("\n## ")[0]
+    doc = (ROOT / "docs" / "reference" / "stream.md").read_text().split("\n## A CURVE client\n")[1].split("\n## ")[0]
     snippet = doc.split("```c\n")[1].split("```")[0]
     keys, clients = tmp_path / "keys", tmp_path / "keys" / "clients"
     clients.mkdir(parents=True)

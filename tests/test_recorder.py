@@ -40,7 +40,7 @@ NAMES7 = ["base", "shoulder_pitch", "elbow", "w1", "wrist_2_long_name", "w3", "t
 
 # -- helpers -----------------------------------------------------------------------------------------
 def payload(n, seq, *, rng=None, flags=0, device_ns=None, host_ns=None):
-    """A version-1 state message with random values (docs/stream.md), built with firmware_bridge.stream."""
+    """A version-1 state message with random values (docs/reference/stream.md), built with firmware_bridge.stream."""
     rng = rng or np.random.default_rng(seq)
     m = stream.StateMessage(n)
     m.q[:], m.qd[:], m.current[:], m.torque[:] = rng.normal(size=(4, n))

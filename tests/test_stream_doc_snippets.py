@@ -1,4 +1,4 @@
-"""docs/stream.md's CURVE client, run as the page writes it: its key-making snippet in a fresh folder, a driver
+"""docs/reference/stream.md's CURVE client, run as the page writes it: its key-making snippet in a fresh folder, a driver
 (the in-process simulator) secured by the files its config snippet names, and its Python client against that
 driver, on loopback. A key that is not in the authorised folder gets no answer. The page's state table is the
 definition's layout."""
@@ -17,11 +17,11 @@ from firmware_bridge import stream
 from ident.model import load_model
 from local_driver import local_driver
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "stream.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "reference" / "stream.md"
 
 
 def _blocks(section: str) -> list[tuple[str, str]]:
-    """(language, code) of every fenced block in the section of docs/stream.md headed `section`."""
+    """(language, code) of every fenced block in the section of docs/reference/stream.md headed `section`."""
     text = DOC.read_text().split(f"\n## {section}\n")[1].split("\n## ")[0]
     return re.findall(r"```(\w+)\n(.*?)```", text, re.S)
 
@@ -32,7 +32,7 @@ def test_the_documented_curve_client_is_answered_by_a_driver_with_the_documented
     config = [code for lang, code in blocks if lang == "toml"]
     assert len(python) == 2 and len(config) == 1
     monkeypatch.chdir(tmp_path)
-    exec(compile(python[0], "docs/stream.md", "exec"), {})                     # the keys
+    exec(compile(python[0], "docs/reference/stream.md", "exec"), {})                     # the keys
     table = tomllib.loads(config[0])["zmq"]["curve"]
     curve = Curve(**{k: str(tmp_path / v) for k, v in table.items()})        # relative: next to the config
     with local_driver(load_model("generic6"), seed=6, endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
@@ -43,7 +43,7 @@ def test_the_documented_curve_client_is_answered_by_a_driver_with_the_documented
             assert host in client
             client = client.replace(host, bound)
         capsys.readouterr()
-        exec(compile(client, "docs/stream.md", "exec"), {})
+        exec(compile(client, "docs/reference/stream.md", "exec"), {})
         assert capsys.readouterr().out == "False\n"                          # status answered: not enabled
         zmq.auth.create_certificates(tmp_path, "stranger")
         with ArmClient(d.bound["state"], d.bound["commands"], timeout_s=0.5, retries=0,

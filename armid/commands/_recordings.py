@@ -1,4 +1,4 @@
-"""Reading the recordings that identification commands take: CSV/NPZ (docs/data-files.md) or an MCAP file
+"""Reading the recordings that identification commands take: CSV/NPZ (docs/reference/data-files.md) or an MCAP file
 of `armid record`, converted on the fly as `armid record convert` converts it (driver.recording)."""
 from __future__ import annotations
 

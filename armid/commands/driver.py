@@ -6,7 +6,7 @@ import argparse
 
 def register(sub) -> None:
     p = sub.add_parser("driver", help="run the driver daemon: drives -> 1 kHz ZeroMQ stream, checked commands")
-    p.add_argument("--config", required=True, help="driver configuration (TOML; see docs/driver.md and deploy/)")
+    p.add_argument("--config", required=True, help="driver configuration (TOML; see docs/reference/driver-config.md and deploy/)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="log lines as plain text or as one JSON object per line (default: text)")
     p.add_argument("--record", metavar="FILE.mcap", default=None,

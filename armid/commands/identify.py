@@ -1,5 +1,5 @@
 """`armid identify DATA --model M -o DIR`: batch identification of a recording (CSV, NPZ or the MCAP file of
-`armid record`; docs/identification.md)."""
+`armid record`; docs/guides/identification.md)."""
 from __future__ import annotations
 
 STRICT_EXIT = 3     # exit status of --strict when the checks after the fit warned

@@ -1,4 +1,4 @@
-"""`armid payload plan|identify|apply`: payload identification (docs/payload.md).
+"""`armid payload plan|identify|apply`: payload identification (docs/guides/payload.md).
 
 - plan: the motion a method needs (a Fourier excitation for the dynamic methods, the seed 001 sweeps for
   torque balance, D-optimal static poses for the static method), as a file the driver runs and, for the
@@ -47,7 +47,7 @@ def register(sub) -> None:
 
     ident = psub.add_parser("identify", help="identify a payload from a loaded and an unloaded run",
                             description="Runs are recordings in the layout of `armid identify` (CSV/NPZ, "
-                                        "docs/data-files.md) or MCAP files of `armid record`. Each method runs "
+                                        "docs/reference/data-files.md) or MCAP files of `armid record`. Each method runs "
                                         "on its own; one that cannot work on the runs is reported with its "
                                         "reason and the others are still printed and written. Exit status: 0 "
                                         "every method gave an estimate, 1 some did and others failed, 2 none "

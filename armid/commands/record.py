@@ -4,7 +4,7 @@
     armid record convert run.mcap -o run.csv|run.npz [--torque|--current]
     armid record info run.mcap
 
-docs/recording.md describes the topics, the timestamps, the crash guarantee and the conversion.
+docs/reference/recording.md describes the topics, the timestamps, the crash guarantee and the conversion.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Calibration files: pose lists and measurement CSVs in, calibrated model (TOML table, URDF) and tables out.
 
-Measurement CSV (docs/calibration.md): one pose per row, comma separated, SI units;
+Measurement CSV (docs/guides/calibration.md): one pose per row, comma separated, SI units;
   n joint values (rad or m), then the measured tool point x y z (m), then optionally the tool
   orientation as a quaternion qx qy qz qw (n + 7 columns) or a rotation vector rx ry rz in rad
   (n + 6 columns). An optional first header row (any non-numeric first cell) and lines starting with #

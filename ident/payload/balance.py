@@ -111,7 +111,7 @@ class MotionProgram:
     """What an identification method asks the arm to do: steps of `move_to` targets (n,) rad and
     constant-velocity `Sweep`s, run once unloaded and once loaded (`runs`).
 
-    write(path): a JSON motion file of driver requests (docs/payload.md), run by `run_program`.
+    write(path): a JSON motion file of driver requests (docs/guides/payload.md), run by `run_program`.
     targets_csv(path): the joint targets in degrees, in order, for a closed controller's pendant.
     """
 

@@ -1,5 +1,5 @@
 /* The few declarations of libzmq's stable C API (zmq.h of libzmq 4.x) that docs/examples/stream_client.c and
-   the C snippets of docs/stream.md use, for building them against the libzmq that pyzmq's wheel bundles where no system zmq.h is installed.
+   the C snippets of docs/reference/stream.md use, for building them against the libzmq that pyzmq's wheel bundles where no system zmq.h is installed.
    The values are libzmq's own; a system <zmq.h> is used instead whenever one exists. */
 #ifndef ARMID_TEST_MINIMAL_ZMQ_H
 #define ARMID_TEST_MINIMAL_ZMQ_H
