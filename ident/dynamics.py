@@ -263,7 +263,9 @@ def coriolis_torques(model: Model, q, qd, params: np.ndarray | None = None) -> n
     True
     >>> qd = np.linspace(-1, 1, 6)
     >>> h = 1e-6                                   # dM/dt along qd, by central differences
-    >>> dM = (dynamics.mass_matrix(model, q + h * qd, drive=False) - dynamics.mass_matrix(model, q - h * qd, drive=False)) / (2 * h)
+    >>> def M(q):
+    ...     return dynamics.mass_matrix(model, q, drive=False)
+    >>> dM = (M(q + h * qd) - M(q - h * qd)) / (2 * h)
     >>> bool(np.isclose(qd @ dynamics.coriolis_torques(model, q, qd), qd @ dM @ qd / 2))
     True
     """

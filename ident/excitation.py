@@ -295,7 +295,7 @@ def load(path: str | Path) -> FourierTrajectory:
     ...     excitation.load(path)
     Traceback (most recent call last):
     ...
-    ident.excitation.TrajectoryFileError: ...traj.toml: trajectory.base_frequency: expected a number of Hz in (0, 100], got 'fast'
+    ident.excitation.TrajectoryFileError: ...traj.toml: trajectory.base_frequency: expected a number of Hz ..., got 'fast'
     """
     path = Path(path)
     try:
