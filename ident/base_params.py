@@ -1,11 +1,11 @@
 """Minimal (base) parameters of a Model: the identifiable linear combinations of standard parameters.
 
 Two independent ways, which the tests hold against each other:
-  * "qr": numerically, from the regressor at random samples (seed 000 eqs. 6-9). The rank comes from
+  * "qr": numerically, from the regressor at random samples (Zhang, Qin and Zou 2017, eqs. 6-9). The rank comes from
     QR with column pivoting; the base columns are then chosen in standard-parameter order (the first
     columns independent of those before them), which reproduces the names of Gautier-Khalil's
     regrouping (XXR2 = XX2 - YY2 - ...). K_d = R_b^-1 R_d from the QR of [W_b W_d].
-  * "closed-form": the Gautier-Khalil rules for modified-DH chains (seed 004), in ident.gautier_khalil.
+  * "closed-form": the Gautier-Khalil rules for modified-DH chains (Gautier and Khalil 1990), in ident.gautier_khalil.
 
 Both return a BaseParameters: beta = P @ chi, and Y_base = Y[..., indices], so that Y @ chi == Y_base @ beta.
 """

@@ -7,8 +7,8 @@ loop), leaving a (p+1) x (p+1) triangle per joint with
     || y_j - W_j beta ||^2 = || z_j - R_j beta ||^2 + rho_j^2
 
 exactly, whatever beta. OLS, the per-joint residual variances, WLS (each row of joint j weighted by
-1/sigma_j, seed 000 eqs. 10-13 with Gautier's 1/sigma convention) and the covariance then only touch these
-small triangles, so nothing is refactorised for the second pass. The weighted triangle (R, z) is kept in
+1/sigma_j: Zhang, Qin and Zou 2017, eqs. 10-13, with Gautier's 1/sigma convention) and the covariance then
+only touch these small triangles, so nothing is refactorised for the second pass. The weighted triangle (R, z) is kept in
 the result: the physically consistent fit (ident.consistent) works on it instead of the N*n rows.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Excitation trajectories: finite Fourier series per joint (seed 000 eq. 14) and their optimal design.
+"""Excitation trajectories: finite Fourier series per joint (Zhang, Qin and Zou 2017, eq. 14) and their optimal design.
 
     q_j(t)   = q0_j + sum_l [ a_jl/(wf l) sin(wf l t) - b_jl/(wf l) cos(wf l t) ]
     qd_j(t)  = sum_l [ a_jl cos(wf l t) + b_jl sin(wf l t) ]

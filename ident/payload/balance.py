@@ -1,4 +1,4 @@
-"""Payload mass and centre of mass by joint-torque balance (seed 001, Gao, Zhao, Li 2025), for closed
+"""Payload mass and centre of mass by joint-torque balance (Gao, Zhao, Li 2025), for closed
 controllers that only move point to point at constant speed.
 
 At constant velocity (qdd = 0) the torque of the loaded arm minus that of the unloaded arm at the same

@@ -1,4 +1,4 @@
-"""The three dynamic payload methods of seed 000 (docs/payload.md, "Dynamic methods (seed 000)").
+"""The three dynamic payload methods of Zhang, Qin and Zou (2017) (docs/payload.md, "Dynamic methods").
 
 Two runs of the same excitation, without and with the payload (Recordings or CSV/NPZ files, torques in N m
 or motor currents in A), and the arm's model:

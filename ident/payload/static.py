@@ -1,13 +1,14 @@
-"""The general static method (our improvement on seed 001): payload mass and first moments from every
-joint's torque at any set of static or constant-velocity poses, with the full kinematic model.
+"""The general static method, armid's generalisation of the torque balance of Gao, Zhao and Li (2025):
+payload mass and first moments from every joint's torque at any set of static or constant-velocity poses,
+with the full kinematic model.
 
 At rest or at constant velocity, the loaded minus the unloaded torque at the same pose (and velocity) is
 the payload's gravity torque, linear in its mass and first moments:
 
     Delta_tau(q) = Y_g(q) [mX mY mZ m],    Y_g = columns 7-10 of ident.dynamics.load_regressor(q, 0, 0)
 
-(the payload's velocity-product torques, of order m |c| qd^2, are left out as in seed 001). Stacking every
-joint's rows over the poses gives one weighted least squares (ident.estimate.wls, Gautier's per-joint
+(the payload's velocity-product torques, of order m |c| qd^2, are left out as in the torque balance).
+Stacking every joint's rows over the poses gives one weighted least squares (ident.estimate.wls, Gautier's per-joint
 weights) for the four parameters: no parallel joints, no special wrist orientation, no three-step chain
 of errors. Any 6R arm whose flange can be turned identifies all four.
 
