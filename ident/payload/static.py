@@ -8,9 +8,9 @@ the payload's gravity torque, linear in its mass and first moments:
     Delta_tau(q) = Y_g(q) [mX mY mZ m],    Y_g = columns 7-10 of ident.dynamics.load_regressor(q, 0, 0)
 
 (the payload's velocity-product torques, of order m |c| qd^2, are left out as in the torque balance).
-Stacking every joint's rows over the poses gives one weighted least squares (ident.estimate.wls, Gautier's per-joint
-weights) for the four parameters: no parallel joints, no special wrist orientation, no three-step chain
-of errors. Any 6R arm whose flange can be turned identifies all four.
+Stacking every joint's rows over the poses gives one weighted least squares (ident.estimate.wls,
+Gautier's per-joint weights) for the four parameters: no parallel joints, no special wrist orientation, no
+three-step chain of errors. Any 6R arm whose flange can be turned identifies all four.
 
     program = plan(model, count=12)       # D-optimal poses, each crossed by a slow constant-velocity pass
     program.write("static.motion.json"); program.targets_csv("static.targets.csv")
