@@ -12,11 +12,12 @@ import pytest
 
 # Modules whose docstring examples run. armid.client's need a running driver: see the `driver_globals` fixture.
 MODULES = ["ident.dynamics", "ident.model", "ident.batch", "ident.excitation", "ident.estimate",
-           "ident.payload.body", "ident.payload.methods", "ident.calibration.synthesis", "ident.calibration.fit",
+           "ident.payload.body", "ident.payload.methods", "ident.payload.dynamic", "ident.payload.static",
+           "ident.payload.balance", "ident.calibration.synthesis", "ident.calibration.fit",
            "ident.calibration.model", "ident.calibration.planning", "ident.urdf_export", "ident.fleet"]
 
 # The public entry points that carry every numpydoc section (a function without arguments has no Parameters, a
-# class no Returns).
+# class no Returns, a generator Yields instead).
 ENTRY_POINTS = [
     "ident.dynamics:" + name for name in ("rnea", "regressor", "mass_matrix", "gravity_torques", "coriolis_torques",
                                         "forward_dynamics", "flange_pose", "jacobian", "flange_kinematics",
@@ -25,9 +26,12 @@ ENTRY_POINTS = [
     "ident.model:load_model", "ident.batch:identify", "ident.excitation:design", "ident.excitation:check",
     "ident.excitation:load", "ident.excitation:save", "ident.excitation:preset", "ident.estimate:ols",
     "ident.estimate:wls", "ident.payload.body:payload_parameters", "ident.payload.methods:identify_one",
+    "ident.payload.dynamic:identify", "ident.payload.static:identify", "ident.payload.balance:identify",
     "ident.calibration.model:from_model", "ident.calibration.synthesis:synthesize", "ident.calibration.fit:identify",
     "ident.calibration.planning:d_optimal", "ident.urdf_export:write_urdf", "ident.fleet:identify_many",
-    "armid.client:ArmClient",
+    "armid.client:ArmClient", "armid.client:ArmClient.request", "armid.client:ArmClient.enable",
+    "armid.client:ArmClient.move_to", "armid.client:ArmClient.run_trajectory", "armid.client:ArmClient.servo",
+    "armid.client:ArmClient.latest", "armid.client:ArmClient.samples", "armid.client:ArmClient.wait_motion",
 ]
 SECTIONS = ("Parameters", "Returns", "Raises", "Examples")
 
@@ -53,12 +57,16 @@ def test_docstring_examples_run_as_written(module_name):
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_public_entry_points_have_the_numpydoc_sections(entry):
     module_name, name = entry.split(":")
-    obj = getattr(importlib.import_module(module_name), name)
+    obj = importlib.import_module(module_name)
+    for part in name.split("."):
+        obj = getattr(obj, part)
     doc = inspect.getdoc(obj) or ""
-    takes_arguments = bool(inspect.signature(obj).parameters)
+    takes_arguments = bool([p for p in inspect.signature(obj).parameters if p != "self"])
     for section in SECTIONS:
         if (section == "Parameters" and not takes_arguments) or (section == "Returns" and inspect.isclass(obj)):
             continue
+        if section == "Returns" and inspect.isgeneratorfunction(obj):
+            section = "Yields"
         assert f"\n{section}\n{'-' * len(section)}\n" in doc, f"{entry}: no {section} section"
 
 
