@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 # Modules whose docstring examples run. armid.client's need a running driver: see the `driver_globals` fixture.
-MODULES = ["ident.dynamics", "ident.model", "ident.batch", "ident.excitation", "ident.estimate",
+MODULES = ["ident.dynamics", "ident.model", "ident.base_params", "ident.batch", "ident.excitation", "ident.estimate",
            "ident.payload.body", "ident.payload.methods", "ident.payload.dynamic", "ident.payload.static",
            "ident.payload.balance", "ident.calibration.synthesis", "ident.calibration.fit",
            "ident.calibration.model", "ident.calibration.planning", "ident.urdf_export", "ident.fleet"]
@@ -23,9 +23,9 @@ ENTRY_POINTS = [
                                         "forward_dynamics", "flange_pose", "jacobian", "flange_kinematics",
                                         "load_regressor")
 ] + [
-    "ident.model:load_model", "ident.batch:identify", "ident.excitation:design", "ident.excitation:check",
-    "ident.excitation:load", "ident.excitation:save", "ident.excitation:preset", "ident.estimate:ols",
-    "ident.estimate:wls", "ident.payload.body:payload_parameters", "ident.payload.methods:identify_one",
+    "ident.model:load_model", "ident.base_params:base_parameters", "ident.batch:identify", "ident.excitation:design",
+    "ident.excitation:check", "ident.excitation:load", "ident.excitation:save", "ident.excitation:preset",
+    "ident.estimate:ols", "ident.estimate:wls", "ident.payload.body:payload_parameters", "ident.payload.methods:identify_one",
     "ident.payload.dynamic:identify", "ident.payload.static:identify", "ident.payload.balance:identify",
     "ident.calibration.model:from_model", "ident.calibration.synthesis:synthesize", "ident.calibration.fit:identify",
     "ident.calibration.planning:d_optimal", "ident.urdf_export:write_urdf", "ident.fleet:identify_many",
