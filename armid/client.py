@@ -775,9 +775,28 @@ class ServoStream:
         self.dropped = 0
 
     def send(self, values, t_ns: int | None = None) -> bool:
-        """Send one setpoint ((n,) rad or N m) for the time t_ns (this client's UNIX time, ns; default now):
-        the driver judges velocity and acceleration between setpoints by these times, so a setpoint computed
-        for time t should carry t. False when it could not be queued."""
+        """Send one setpoint; never blocks.
+
+        The driver judges velocity and acceleration between setpoints by the times they carry, so a setpoint
+        computed for time t should carry t.
+
+        Parameters
+        ----------
+        values : array_like, shape (n,)
+            Joint positions (rad) or torques (N m), as the servo mode says.
+        t_ns : int, optional
+            The time the setpoint is for: this client's UNIX time in ns (default: now).
+
+        Returns
+        -------
+        bool
+            False when the socket could not queue it (the driver is gone or far behind; counted in
+            `dropped`).
+
+        Examples
+        --------
+        See `ArmClient.servo`.
+        """
         self.seq += 1
         stamp = time.time_ns() if t_ns is None else int(t_ns)
         try:
@@ -789,7 +808,27 @@ class ServoStream:
         return True
 
     def stop(self) -> dict:
-        """servo_stop: the drives hold where the last setpoint put them; the session's counters."""
+        """End servo mode (servo_stop): the drives hold where the last setpoint put them.
+
+        Returns
+        -------
+        dict
+            The driver's reply, with the session's counters (setpoints received, accepted, why it ended).
+
+        Raises
+        ------
+        CommandRefused, NoReply
+            As `ArmClient.request`.
+
+        Examples
+        --------
+        >>> arm.enable()
+        >>> stream = arm.servo("position")
+        >>> stream.send(arm.latest().q)
+        True
+        >>> stream.stop()["ok"]
+        True
+        """
         try:
             return self.client.request("servo_stop")
         finally:

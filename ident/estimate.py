@@ -259,13 +259,59 @@ def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
 
 
 def predict(W: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """Predicted measurements (N, n) = W (N, n, p) @ beta (p,)."""
+    """Predicted measurements W @ beta.
+
+    Parameters
+    ----------
+    W : ndarray, shape (N, n, p)
+        The regressor.
+    beta : ndarray, shape (p,)
+        The parameters.
+
+    Returns
+    -------
+    ndarray, shape (N, n)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident import estimate
+    >>> estimate.predict(np.ones((2, 1, 3)), np.array([1.0, 2.0, 3.0]))
+    array([[6.],
+           [6.]])
+    """
     return W @ beta
 
 
 def prediction_errors(W: np.ndarray, y: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per joint on a (validation) recording: RMS of y - W beta (units of y), and that RMS relative to the
-    RMS of y (dimensionless)."""
+    """How well parameters predict measurements, per joint (e.g. on a validation recording).
+
+    Parameters
+    ----------
+    W : ndarray, shape (N, n, p)
+        The regressor.
+    y : ndarray, shape (N, n)
+        The measurements.
+    beta : ndarray, shape (p,)
+        The parameters.
+
+    Returns
+    -------
+    rms : ndarray, shape (n,)
+        RMS of y - W beta, in the units of y.
+    relative : ndarray, shape (n,)
+        rms over the RMS of y (inf for a joint whose y is all zero).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident import estimate
+    >>> W = np.ones((4, 2, 1))
+    >>> y = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
+    >>> rms, relative = estimate.prediction_errors(W, y, np.array([1.5]))
+    >>> rms.tolist(), relative.tolist()
+    ([0.5, 0.5], [0.5, 0.25])
+    """
     e = y - predict(W, beta)
     rms = np.sqrt(np.mean(e * e, axis=0))
     scale = np.sqrt(np.mean(y * y, axis=0))

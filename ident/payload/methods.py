@@ -100,9 +100,52 @@ def identify_one(model: Model, method: str, loaded, unloaded, *, trajectory=None
 
 def identify_each(model: Model, method: str, loaded, unloaded, *, trajectory=None,
                   consistent: bool = False) -> tuple[list[PayloadEstimate], list[MethodFailure]]:
-    """Every method `method` stands for (expand), each on its own: (the estimates of those that worked,
-    a MethodFailure with the reason for each that did not). A method fails on an InputError (input it
-    cannot use) or a singular system (numpy LinAlgError); any other error is a fault and propagates."""
+    """Every method a name stands for, each on its own; one that cannot work on the runs is reported, not
+    raised.
+
+    Parameters
+    ----------
+    model : Model
+        The arm (without the payload).
+    method : str
+        A method (see `identify_one`) or the group "dynamic" (difference, torque and global).
+    loaded, unloaded : str, Path or Recording
+        The runs with and without the payload.
+    trajectory : FourierTrajectory, optional
+        The dynamic runs' excitation.
+    consistent : bool
+        The global method constrained to a body that can exist.
+
+    Returns
+    -------
+    estimates : list of PayloadEstimate
+        Of the methods that worked.
+    failures : list of MethodFailure
+        Of those that did not, each with its reason (an InputError or a singular system).
+
+    Raises
+    ------
+    InputError
+        An unknown method name. Any other error than bad input or a singular system is a fault and
+        propagates.
+
+    Examples
+    --------
+    >>> from ident import dynamics, excitation
+    >>> from ident.model import load_model
+    >>> from ident.payload import payload_parameters
+    >>> from ident.payload.methods import identify_each
+    >>> from ident.preprocess import Recording
+    >>> model = load_model("generic6")
+    >>> traj = excitation.preset("seed000")
+    >>> t, q, qd, qdd = traj.sample(rate_hz=100.0)
+    >>> def run(arm):
+    ...     return Recording(t=t, q=q, tau=dynamics.rnea(arm, q, qd, qdd), current=None, qd=None, source=arm.name)
+    >>> loaded = run(dynamics.merge_payload(model, payload_parameters(1.5, [0.0, 0.02, 0.08])))
+    >>> estimates, failures = identify_each(model, "dynamic", loaded, run(model), trajectory=traj)
+    >>> [(e.method, round(e.mass, 2)) for e in estimates], failures
+    ([('difference', 1.5), ('torque', 1.5), ('global', 1.5)], [])
+    """
     names = expand(method)
     base = None
     if sum(name in DYNAMIC for name in names) > 1:     # the model's base parameters, computed once for all
