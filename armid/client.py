@@ -121,7 +121,7 @@ class ArmClient:
 
     See Also
     --------
-    armid.testing : the `armid_hil` pytest fixture, a simulator and a driver with a connected client.
+    armid.testing : The `armid_hil` pytest fixture, a simulator and a driver with a connected client.
 
     Examples
     --------

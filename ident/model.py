@@ -54,6 +54,37 @@ class Model:
     of frame j, in its axes: [XX XY XZ YY YZ ZZ mX mY mZ m] (kg m^2, kg m, kg). Build one with
     `load_model`; `with_parameters` returns a copy with other standard parameters.
 
+    Parameters
+    ----------
+    name, source : str
+        The model's name and the file it came from (for messages).
+    joint_names : tuple of str
+        One per joint.
+    joint_type : ndarray of int, shape (n,)
+        0 revolute, 1 prismatic.
+    placement_R, placement_p : ndarray, shape (n, 3, 3) and (n, 3)
+        Frame j in frame j-1 before the joint moves (rotation; position in m).
+    axis : ndarray, shape (n, 3)
+        Unit joint axes in frame j.
+    inertial : ndarray, shape (n, 10)
+        Standard inertial parameters per link, [XX XY XZ YY YZ ZZ mX mY mZ m].
+    drive : ndarray, shape (n, 4)
+        Ia (kg m^2), fc (N m), fv (N m s/rad), offset (N m) per joint.
+    gear_ratio, torque_constant : ndarray, shape (n,)
+        Motor turns per joint turn; motor N m per A.
+    q_min, q_max, qd_max, qdd_max, tau_max : ndarray, shape (n,)
+        Limits: rad, rad/s, rad/s^2, N m (m, m/s, m/s^2, N for prismatic joints); inf where none.
+    gravity : ndarray, shape (3,)
+        m/s^2 in the base frame.
+    flange_R, flange_p : ndarray, shape (3, 3) and (3,)
+        The flange frame in frame n.
+    dh : ndarray, shape (n, 4), optional
+        alpha, d, theta, r when the model is modified DH.
+    rated_payload : float
+        kg: the heaviest payload the arm is rated for (inf when not stated).
+    flange_frame : str
+        The flange frame's name: a URDF chain's tip link, or "flange".
+
     Examples
     --------
     >>> from ident.model import load_model

@@ -72,8 +72,8 @@ def urdf_text(model: Model, link_names: list[str] | None = None) -> str:
     model : Model
         The arm.
     link_names : list of str, optional
-        n + 1 distinct link names, base first, none named as the flange frame (default: base_link, link1,
-    ..., linkn).
+        The n + 1 link names, base first, distinct and none named as the flange frame (default:
+        base_link, then link1 to linkn).
 
     Returns
     -------
