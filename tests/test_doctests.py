@@ -13,8 +13,8 @@ import pytest
 # Modules whose docstring examples run. armid.client's need a running driver: see the `driver_globals` fixture.
 MODULES = ["ident.dynamics", "ident.model", "ident.base_params", "ident.batch", "ident.excitation", "ident.estimate",
            "ident.payload.body", "ident.payload.methods", "ident.payload.dynamic", "ident.payload.static",
-           "ident.payload.balance", "ident.calibration.synthesis", "ident.calibration.fit",
-           "ident.calibration.model", "ident.calibration.planning", "ident.urdf_export", "ident.fleet"]
+           "ident.payload.balance", "ident.calibration.synthesis", "ident.calibration.fit", "ident.calibration.model",
+           "ident.calibration.planning", "ident.calibration.io", "ident.urdf_export", "ident.fleet"]
 
 # The public entry points that carry every numpydoc section (a function without arguments has no Parameters, a
 # class no Returns, a generator Yields instead).
@@ -25,10 +25,11 @@ ENTRY_POINTS = [
 ] + [
     "ident.model:load_model", "ident.base_params:base_parameters", "ident.batch:identify", "ident.excitation:design",
     "ident.excitation:check", "ident.excitation:load", "ident.excitation:save", "ident.excitation:preset",
-    "ident.estimate:ols", "ident.estimate:wls", "ident.payload.body:payload_parameters", "ident.payload.methods:identify_one",
-    "ident.payload.dynamic:identify", "ident.payload.static:identify", "ident.payload.balance:identify",
-    "ident.calibration.model:from_model", "ident.calibration.synthesis:synthesize", "ident.calibration.fit:identify",
-    "ident.calibration.planning:d_optimal", "ident.urdf_export:write_urdf", "ident.fleet:identify_many",
+    "ident.estimate:ols", "ident.estimate:wls", "ident.payload.body:payload_parameters",
+    "ident.payload.methods:identify_one", "ident.payload.dynamic:identify", "ident.payload.static:identify",
+    "ident.payload.balance:identify", "ident.calibration.model:from_model", "ident.calibration.synthesis:synthesize",
+    "ident.calibration.fit:identify", "ident.calibration.planning:d_optimal", "ident.calibration.io:read_measurements",
+    "ident.urdf_export:write_urdf", "ident.fleet:identify_many",
     "armid.client:ArmClient", "armid.client:ArmClient.request", "armid.client:ArmClient.enable",
     "armid.client:ArmClient.move_to", "armid.client:ArmClient.run_trajectory", "armid.client:ArmClient.servo",
     "armid.client:ArmClient.latest", "armid.client:ArmClient.samples", "armid.client:ArmClient.wait_motion",
