@@ -106,7 +106,9 @@ def test_read_recording_example_converts_the_drivers_recording_without_losing_a_
     assert n == 6 and "complete: True, 0 missing in 0 gaps" in out
     samples, _ = numbers(r"run.csv: (\d+) samples over ([\d.]+) s", out)
     assert 0 < samples <= messages
-    assert "same positions as the recording: True" in out
+    (first, last) = numbers(r"joint 1 from ([-\d.]+) to ([-\d.]+) rad", out)
+    assert abs(first) < 2e-3 and abs(last - 0.3) < 2e-3                 # from rest at 0 to the move's goal
+    assert "same positions: True" in out
     rec = load_recording(tmp_path / "run.csv", n=6)                   # the file the example wrote
     assert len(rec.t) == samples
-    np.testing.assert_allclose(rec.q[-1], [0.3, 0, 0, 0, 0, 0], atol=2e-3)   # it ends where the move went
+    np.testing.assert_allclose(rec.q[-1], [0.3, 0, 0, 0, 0, 0], atol=2e-3)

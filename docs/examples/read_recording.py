@@ -1,31 +1,28 @@
-"""Read a driver's MCAP recording and turn it into the identification data file (CSV), then load that.
+"""Read a driver's MCAP recording, turn it into the identification data file (CSV) and load that.
 
-The recording is made here by a driver on the simulated generic6 arm ([record] in a driver config, or
-`armid record`, write the same file); pass the path of your own .mcap to read that instead.
+Without an argument, a driver on the simulated generic6 arm records a short move into run.mcap first (a
+driver config's [record] section and `armid record` write the same file); give your own .mcap to read it.
 
 usage: python read_recording.py [RUN.mcap]
 """
 import sys
-from pathlib import Path
 
 import numpy as np
 
+from armid.client import ArmClient
+from driver.daemon import Driver, Endpoints, Record
 from driver.recording import identification_arrays, read_recording, write_identification
+from ident.model import load_model
 from ident.preprocess import load_recording
+from sim import Simulator
+from sim.local_transport import LocalSimArm
 
-path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("run.mcap")
-if len(sys.argv) == 1:                                              # record a short move
-    from armid.client import ArmClient
-    from driver.daemon import Driver, Endpoints, Record
-    from ident.model import load_model
-    from sim import Simulator
-    from sim.local_transport import LocalSimArm
-
-    path.unlink(missing_ok=True)
+path = sys.argv[1] if len(sys.argv) > 1 else "run.mcap"
+if len(sys.argv) == 1:
     model = load_model("generic6")
     sim = Simulator(model, seed=0, realtime=True)
-    driver = Driver(model, LocalSimArm(model, simulator=sim), record=Record(str(path)), watchdog_s=0.5,
-                    endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"))
+    driver = Driver(model, LocalSimArm(model, simulator=sim), record=Record(path, overwrite=True),
+                    endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"), watchdog_s=0.5)
     driver.start()
     try:
         with ArmClient(driver.bound["state"], driver.bound["commands"], timeout_s=30.0) as arm:
@@ -37,11 +34,10 @@ if len(sys.argv) == 1:                                              # record a s
 
 log = read_recording(path)                                          # every state message, in file order
 missing, gaps = log.seq_gaps()
-print(f"{path}: {len(log.states)} messages of {log.n} joints {log.joint_names}, complete: {log.complete}, "
+print(f"{path}: {len(log.states)} messages of {log.n} joints, complete: {log.complete}, "
       f"{missing} missing in {gaps} gaps")
 arrays, notes = identification_arrays(log, effort="torque")        # SI arrays, stale samples dropped
 write_identification(arrays, "run.csv")                            # or run.npz (docs/data-files.md)
 rec = load_recording("run.csv", n=log.n)                            # what `armid identify` reads
-print(f"run.csv: {len(rec.t)} samples over {rec.t[-1] - rec.t[0]:.3f} s, {rec.kind}, "
-      f"q range joint 1: {rec.q[:, 0].min():.3f} .. {rec.q[:, 0].max():.3f} rad")
-print("same positions as the recording:", bool(np.array_equal(rec.q, arrays["q"])), *notes)
+print(f"run.csv: {len(rec.t)} samples over {rec.t[-1]:.3f} s of {rec.kind}; joint 1 from "
+      f"{rec.q[0, 0]:.3f} to {rec.q[-1, 0]:.3f} rad; same positions: {np.array_equal(rec.q, arrays['q'])}", *notes)
