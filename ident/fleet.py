@@ -288,6 +288,37 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
     -------
     FleetResult
         The rows (manifest order) with drift, the failures and the files written.
+
+    Raises
+    ------
+    InputError
+        No jobs. A job whose recording is bad or whose identification fails does not raise: it is in
+        `failures` with the reason, and the other jobs go on.
+
+    Examples
+    --------
+    Two runs of one simulated arm, and a recording that is not there:
+
+    >>> import tempfile, pathlib
+    >>> import numpy as np
+    >>> from ident import dynamics, excitation
+    >>> from ident.fleet import Job, identify_many
+    >>> from ident.model import load_model
+    >>> model = load_model("generic6")
+    >>> t, q, qd, qdd = excitation.preset("seed000").sample(rate_hz=100.0)
+    >>> header = ",".join(["t"] + [f"q{j}" for j in range(1, 7)] + [f"tau{j}" for j in range(1, 7)])
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> for run in (1, 2):
+    ...     tau = dynamics.rnea(model, q, qd, qdd) + np.random.default_rng(run).normal(0, 0.01, q.shape)
+    ...     np.savetxt(folder / f"run{run}.csv", np.column_stack([t, q, tau]), delimiter=",", header=header,
+    ...                comments="")
+    >>> jobs = [Job("arm-7", "generic6", str(folder / f"run{run}.csv")) for run in (1, 2, 3)]
+    >>> fleet = identify_many(jobs, folder / "out", scheduler="serial", progress=False, report=False)
+    >>> [(row["run"], row["status"]) for row in fleet.rows]
+    [('run1', 'ok'), ('run2', 'ok'), ('run3', 'failed')]
+    >>> len(fleet.failures), (folder / "out" / "arm-7" / "run1" / "result.json").is_file()
+    (1, True)
+    >>> import shutil; shutil.rmtree(folder)
     """
     if not jobs:
         raise InputError("no recordings to identify")

@@ -82,9 +82,38 @@ def _stick(link: ET.Element, to: np.ndarray) -> None:
 
 
 def urdf_text(model: Model, link_names: list[str] | None = None, *, visuals: bool = False) -> str:
-    """The URDF document of a model (a string). link_names: base link then one per joint (default base_link,
-    link1..linkn). visuals: give each link a stick figure (a sphere at its joint, a cylinder to the next), so that a
-    3D view shows the arm; the dynamics do not change."""
+    """The model as URDF text (see the module docstring for what goes where).
+
+    Parameters
+    ----------
+    model : Model
+        The arm.
+    link_names : list of str, optional
+        The n + 1 link names, base first, distinct and none named as the flange frame (default:
+        base_link, then link1 to linkn).
+    visuals : bool, optional
+        Give each link a stick figure (a sphere at its joint, a cylinder to the next joint), so that a 3D
+        view shows the arm; the dynamics do not change (default False).
+
+    Returns
+    -------
+    str
+        The URDF document; the flange frame is a fixed joint to a link named after it.
+
+    Raises
+    ------
+    ValueError
+        Link names that are not as above, or a link whose inertial parameters URDF cannot carry (a
+        massless link with first moments).
+
+    Examples
+    --------
+    >>> from ident.model import load_model
+    >>> from ident.urdf_export import urdf_text
+    >>> text = urdf_text(load_model("generic6"))
+    >>> text.count("<joint "), text.count('type="revolute"')
+    (7, 6)
+    """
     n = model.n
     links = link_names or ["base_link"] + [f"link{j + 1}" for j in range(n)]
     if len(links) != n + 1 or len(set(links)) != n + 1 or model.flange_frame in links:
@@ -144,19 +173,48 @@ def sidecar_document(model: Model, urdf_name: str) -> dict:
 
 
 def write_urdf(model: Model, path: str | Path) -> tuple[Path, Path]:
-    """Write the model as URDF to path and its sidecar (path with suffix .sidecar.json) beside it.
+    """Write the model as URDF and, beside it, the JSON sidecar with what URDF cannot carry.
 
     Parameters
     ----------
     model : Model
         The model, e.g. the identified one (ident.batch.Identification.identified_model).
     path : str or Path
-        The URDF file to write.
+        The URDF file to write; the sidecar is path with the suffix .sidecar.json.
 
     Returns
     -------
-    (Path, Path)
-        The URDF file and the sidecar JSON file.
+    urdf : Path
+        The URDF file.
+    sidecar : Path
+        The sidecar JSON file.
+
+    Raises
+    ------
+    OSError
+        A file cannot be written.
+    ValueError
+        A link whose inertial parameters URDF cannot carry.
+
+    Examples
+    --------
+    The URDF read back gives the same rigid-body dynamics (the drive terms are in the sidecar):
+
+    >>> import tempfile, pathlib
+    >>> import numpy as np
+    >>> from ident import dynamics
+    >>> from ident.model import load_model
+    >>> from ident.urdf_export import write_urdf
+    >>> model = load_model("generic6")
+    >>> q, qd, qdd = np.random.default_rng(0).uniform(-1, 1, (3, 5, 6))
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     urdf, sidecar = write_urdf(model, pathlib.Path(folder) / "generic6.urdf")
+    ...     back = load_model(urdf)
+    ...     names = urdf.name, sidecar.name
+    >>> names
+    ('generic6.urdf', 'generic6.sidecar.json')
+    >>> bool(np.allclose(dynamics.rnea(back, q, qd, qdd, drive=False), dynamics.rnea(model, q, qd, qdd, drive=False)))
+    True
     """
     path = Path(path)
     side = path.with_suffix(".sidecar.json")
