@@ -47,7 +47,7 @@ class ChainError(InputError):
 class TransportPlan:
     """How the chain runs one transport: the driver's cycle rate (Hz), its watchdog (ms), the simulator's
     cycle rate (Hz), extra `armid sim` arguments and extra [transport] options of the driver, how many
-    times slower than designed an excitation should run through it (slowdown, see docs/demo.md), the
+    times slower than designed an excitation should run through it (slowdown, see docs/guides/demo.md), the
     driver's clock, and whether the simulator steps once per driver cycle (lockstep: its rate follows the
     driver's)."""
 
@@ -58,7 +58,7 @@ class TransportPlan:
     sim_args: tuple[str, ...] = ()
     driver_options: tuple[tuple[str, object], ...] = ()
     slowdown: float = 1.0
-    clock: str = "auto"          # the driver's [driver] clock (docs/driver.md)
+    clock: str = "auto"          # the driver's [driver] clock (docs/reference/driver-config.md)
     lockstep: bool = False
 
 
@@ -69,14 +69,14 @@ class TransportPlan:
 # gateway, each Modbus exchange (step_on_exchange: a real gateway's EtherCAT cycle follows the master's
 # process data). The driver's own timer sets the pace (clock "host" on serial and the gateway; CAN's "auto"
 # is host: the driver is the SYNC master). The rate is what each link carries one exchange per cycle of,
-# measured in docs/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 285 Hz at
+# measured in docs/guides/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 285 Hz at
 # most, and python-can's udp_multicast between processes loses samples above it on this machine); the
 # gateway 1 kHz (it ran at 250 Hz until 24 Nov 2026: its link sent only the newest command, and a command
 # replaced before an exchange took it was a skipped target, a torque kick, which failed the 3-sigma check at 400 Hz
 # and now and then at 250 Hz; now every command goes out once and in order, the driver's cycle runs the exchanges
 # pipelined and follows what the link carries, and at 1 kHz 8 of 8 fast demos passed, two at load 2.9). The
 # drives' loops run at 1 kHz whatever the cycle
-# (docs/simulator.md), so a slower cycle no longer leaves joint 3 in a limit cycle).
+# (docs/reference/simulator.md), so a slower cycle no longer leaves joint 3 in a limit cycle).
 # Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
 # of a fresh process loads compiled kernels (numba's cache) while holding the GIL.
 SERIAL_HZ, CAN_HZ, GATEWAY_HZ = 1000.0, 250.0, 1000.0
@@ -159,7 +159,7 @@ def transport_options(transport: str, line: str) -> dict[str, object]:
 def driver_config(transport: str, options: dict[str, object], *, rate_hz: float, watchdog_ms: float,
                   state: str, commands: str, model: str = "generic6", clock: str = "auto",
                   effort_delay_ms: float = 0.0) -> str:
-    """The text of a driver TOML file (docs/driver.md) for these transport options and endpoints."""
+    """The text of a driver TOML file (docs/reference/driver-config.md) for these transport options and endpoints."""
     def value(v: object) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -177,7 +177,7 @@ def driver_config(transport: str, options: dict[str, object], *, rate_hz: float,
 # with 1 kHz (the driver's PUB queues 10 s for it, then drops). Else NICE when allowed, else the default.
 # Equal priorities: the runs that completed on the loaded development machine used them. A pty's data
 # still passes through a kernel worker at normal priority, so on a saturated machine the serial link
-# stalls whatever the processes' priority (docs/demo.md).
+# stalls whatever the processes' priority (docs/guides/demo.md).
 RT_PRIORITY = {"sim": 10, "driver": 10, "recorder": 10}
 NICE = -10
 

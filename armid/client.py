@@ -1,4 +1,4 @@
-"""A Python client for a running armid driver: its state stream and its commands (docs/stream.md).
+"""A Python client for a running armid driver: its state stream and its commands (docs/reference/stream.md).
 
     from armid.client import ArmClient
 
@@ -14,8 +14,12 @@ socket, builds a new one and sends again (`retries` times), so a client outlives
 last try it raises NoReply. Only `status` is retried: a command that may move the arm is never sent twice, and
 NoReply then says so. An error reply raises CommandRefused with the driver's message. The stream's
 subscriber counts what was lost: `seq_gaps` (messages dropped between the driver and this client) and
-`lost_samples` (device samples the driver never received, the stream's flags). Every method may be called
+`lost_samples` (device samples the driver never received, the stream's flags); `last_sample` is the last one
+read, without reading another, and `health()` the driver's newest health message. Every method may be called
 from any thread (one lock per socket); a notebook can keep one client open and call it from cells.
+
+In the examples of the docstrings, `driver` is a driver.daemon.Driver running on the simulated generic6 arm,
+started in the same process as docs/examples/client_move.py starts one, and `arm` a client connected to it.
 
 CurveZMQ: a driver whose command endpoint is beyond loopback requires it. Give the server's public
 certificate and the client's secret certificate, as `zmq.auth.create_certificates` writes them
@@ -64,7 +68,7 @@ class MotionFailed(ClientError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One state message, decoded (docs/stream.md): (n,) arrays in SI units, the flags as properties."""
+    """One state message, decoded (docs/reference/stream.md): (n,) arrays in SI units, the flags as properties."""
 
     seq: int
     flags: int
@@ -93,22 +97,46 @@ class Sample:
 
 
 class ArmClient:
-    """The stream and the commands of one driver (see the module docstring).
+    """The state stream and the commands of one running driver.
 
     Parameters
     ----------
     state, commands : str
-        The driver's endpoints ([zmq] state and commands of its config).
+        The driver's endpoints (its config's [zmq] state and commands).
     timeout_s : float
-        Seconds to wait for each reply but a motion's, and, by default, for a sample.
-    plan_timeout_s : float
-        Seconds to wait for a motion's reply (move_to, run_trajectory): the driver plans it first.
+        Seconds to wait for each reply but a motion's, and, by default, for a sample (0 < s <= 3600).
     retries : int
         Times `status` is sent again on a new socket when no reply comes (lazy pirate).
+    plan_timeout_s : float
+        Seconds to wait for a motion's reply (move_to, run_trajectory): the driver plans it first.
     curve_server_public, curve_client_secret : str or Path, optional
         CurveZMQ certificate files (both or neither).
     context : zmq.Context, optional
         The ZeroMQ context (default: the process's shared one).
+
+    Raises
+    ------
+    ClientError
+        A timeout out of range, one CurveZMQ certificate without the other, or a certificate that
+        cannot be read.
+
+    See Also
+    --------
+    armid.testing : The `armid_hil` pytest fixture, a simulator and a driver with a connected client.
+
+    Examples
+    --------
+    In these examples `driver` is a driver.daemon.Driver running on the simulated generic6 arm, started
+    in this process as docs/examples/client_move.py starts one, and `arm` a client connected to it.
+
+    >>> from armid.client import ArmClient
+    >>> with ArmClient(driver.bound["state"], driver.bound["commands"]) as client:
+    ...     client.status()["ok"], client.latest().q.shape
+    (True, (6,))
+    >>> ArmClient(timeout_s=0)
+    Traceback (most recent call last):
+    ...
+    armid.client.ClientError: timeout_s: expected 0 < seconds <= 3600, got 0
     """
 
     def __init__(self, state: str = DEFAULT_STATE, commands: str = DEFAULT_COMMANDS, *, timeout_s: float = 5.0,
@@ -124,7 +152,9 @@ class ArmClient:
         self._curve = None if curve_server_public is None else _curve_keys(curve_server_public, curve_client_secret)
         self._req: zmq.Socket | None = None
         self._sub: zmq.Socket | None = None
-        self._req_lock, self._sub_lock = threading.Lock(), threading.Lock()
+        self._health_sub: zmq.Socket | None = None
+        self._req_lock, self._sub_lock, self._health_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        self._last_sample: Sample | None = None
         self._last_seq: int | None = None
         self.seq_gaps = 0           # messages dropped between the driver and this client
         self.lost_samples = 0       # device samples the driver reported lost
@@ -134,8 +164,39 @@ class ArmClient:
 
     # -- commands -----------------------------------------------------------------------------------------
     def request(self, cmd: str, **fields) -> dict:
-        """Send {"cmd": cmd, **fields} and return the reply; CommandRefused on an error reply, NoReply when
-        none comes (status is retried on a new socket `retries` times first)."""
+        """Send one command and return the driver's reply (docs/reference/stream.md lists the commands).
+
+        Only `status` is retried, on a new socket, when no reply comes: a command that may move the arm is
+        never sent twice.
+
+        Parameters
+        ----------
+        cmd : str
+            The command's name.
+        **fields
+            Its fields (JSON-serialisable).
+
+        Returns
+        -------
+        dict
+            The reply; "ok" is True.
+
+        Raises
+        ------
+        CommandRefused
+            The driver answered with an error (its message).
+        NoReply
+            No reply within the timeout (after the retries, for status).
+
+        Examples
+        --------
+        >>> arm.request("status")["ok"]
+        True
+        >>> arm.request("no_such_command")
+        Traceback (most recent call last):
+        ...
+        armid.client.CommandRefused: no_such_command: ...
+        """
         message = json.dumps({"cmd": cmd, **fields}).encode()
         tries = 1 + (self.retries if cmd == "status" else 0)
         timeout_s = self.plan_timeout_s if cmd in PLANNING else self.timeout_s
@@ -156,37 +217,217 @@ class ArmClient:
         return reply
 
     def status(self) -> dict:
-        """The driver's status (docs/stream.md)."""
+        """The driver's status (docs/reference/stream.md): enabled, moving, fault, counters.
+
+        Returns
+        -------
+        dict
+
+        Raises
+        ------
+        NoReply
+            No reply after the retries.
+
+        Examples
+        --------
+        >>> status = arm.status()
+        >>> status["ok"], sorted({"enabled", "moving", "fault"} - set(status))
+        (True, [])
+        """
         return self.request("status")
 
     def enable(self, *, wait: bool = True, timeout_s: float = 10.0) -> None:
-        """Enable every drive; with wait, until all are OPERATION ENABLED (MotionFailed otherwise)."""
+        """Enable every drive (CiA 402 OPERATION ENABLED).
+
+        Parameters
+        ----------
+        wait : bool
+            Block until every drive is enabled.
+        timeout_s : float
+            Seconds to wait for that.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        MotionFailed
+            With wait: the driver faulted, or the drives did not all enable within timeout_s.
+        CommandRefused
+            The driver refused the command.
+
+        Examples
+        --------
+        >>> arm.enable()
+        >>> arm.status()["enabled"], arm.latest().enabled
+        (True, True)
+        """
         self.request("enable")
         if wait:
             self.wait_enabled(timeout_s)
 
     def wait_enabled(self, timeout_s: float) -> dict:
-        """Block until every drive is enabled; the last status. MotionFailed on a fault or after timeout_s."""
+        """Block until every drive is enabled.
+
+        Parameters
+        ----------
+        timeout_s : float
+            Seconds to wait at most.
+
+        Returns
+        -------
+        dict
+            The last status.
+
+        Raises
+        ------
+        MotionFailed
+            The driver faulted, or timeout_s passed.
+
+        Examples
+        --------
+        >>> arm.enable(wait=False)
+        >>> arm.wait_enabled(10.0)["enabled"]
+        True
+        """
         return self._await(lambda s: s["enabled"], timeout_s, "the drives did not all enable")
 
     def disable(self) -> None:
+        """Disable every drive (the brakes hold the arm); a running motion stops.
+
+        Raises
+        ------
+        CommandRefused, NoReply
+            As `request`.
+
+        Examples
+        --------
+        >>> arm.enable()
+        >>> arm.disable()
+        >>> arm.enable()                                    # and on again
+        >>> arm.status()["enabled"]
+        True
+        """
         self.request("disable")
 
     def quick_stop(self) -> None:
+        """Quick-stop every drive (CiA 402 QUICK STOP ACTIVE): the arm decelerates to rest; `enable` resumes.
+
+        Raises
+        ------
+        CommandRefused, NoReply
+            As `request`.
+
+        Examples
+        --------
+        >>> arm.enable()
+        >>> arm.quick_stop()
+        >>> arm.enable()
+        >>> arm.status()["enabled"]
+        True
+        """
         self.request("quick_stop")
 
     def fault_reset(self) -> None:
+        """Reset the drives' faults and the driver's (the cause must be gone); `enable` afterwards.
+
+        Raises
+        ------
+        CommandRefused, NoReply
+            As `request`.
+
+        Examples
+        --------
+        >>> arm.fault_reset()
+        >>> arm.status()["fault"] is None
+        True
+        """
         self.request("fault_reset")
 
     def move_to(self, q, *, speed: float = 1.0, wait: bool = False) -> dict:
-        """A checked rest-to-rest move to q (rad); the reply (its duration); with wait, until it ends."""
+        """A rest-to-rest move to a joint position, checked against the limits before it starts.
+
+        Parameters
+        ----------
+        q : array_like, shape (n,)
+            The goal, rad (m for prismatic joints).
+        speed : float
+            Fraction of the limits the planner may use, (0, 1].
+        wait : bool
+            Block until the motion ends.
+
+        Returns
+        -------
+        dict
+            The driver's reply; "duration" is the planned motion's length (s).
+
+        Raises
+        ------
+        CommandRefused
+            A goal beyond the limits, drives not enabled, a motion already running (the driver's message).
+        MotionFailed
+            With wait: the driver faulted, or the motion outlasted its plan by far.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> arm.enable()
+        >>> reply = arm.move_to([0.2, -0.1, 0.1, 0.0, 0.0, 0.3], speed=0.5, wait=True)
+        >>> reply["duration"] > 0, bool(np.allclose(arm.latest().q, [0.2, -0.1, 0.1, 0.0, 0.0, 0.3], atol=2e-3))
+        (True, True)
+        >>> arm.move_to([0.0, 0.0, 9.0, 0.0, 0.0, 0.0])
+        Traceback (most recent call last):
+        ...
+        armid.client.CommandRefused: move_to: ...joint j3: goal 9...
+        """
         return self._motion(wait, "move_to", q=[float(x) for x in np.asarray(q, dtype=float).reshape(-1)],
                             speed=float(speed))
 
     def run_trajectory(self, *, file: str | None = None, preset: str | None = None, samples=None,
                        periods: float | None = None, blend_s: float | None = None, wait: bool = False) -> dict:
-        """Run a trajectory file in the driver's trajectory folder, a shipped preset, or samples (t (N,) s,
-        q (N, n) rad); the reply; with wait, until it ends."""
+        """Run a trajectory: a file in the driver's trajectory folder, a shipped preset, or samples.
+
+        The driver checks the whole motion against the limits and moves to its start first.
+
+        Parameters
+        ----------
+        file : str, optional
+            A trajectory file name in the driver's trajectory folder (docs/reference/trajectory-file.md).
+        preset : str, optional
+            A shipped trajectory (ident.excitation.presets()).
+        samples : tuple of array_like, optional
+            (t (N,) s, q (N, n) rad): a sampled motion.
+        periods : float, optional
+            Periods of a Fourier trajectory to run.
+        blend_s : float, optional
+            Seconds over which a preset is blended in from rest and out.
+        wait : bool
+            Block until the motion ends.
+
+        Returns
+        -------
+        dict
+            The driver's reply, with the motion's "duration" (s).
+
+        Raises
+        ------
+        CommandRefused
+            A motion beyond the limits or a trajectory the driver cannot read (its message).
+        MotionFailed
+            With wait: the driver faulted, or the motion outlasted its plan by far.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> arm.enable()
+        >>> t = np.linspace(0.0, 1.0, 101)
+        >>> q = np.outer(0.1 * np.sin(np.pi * t) ** 2, np.ones(6))     # out and back to rest at 0
+        >>> _ = arm.move_to(q[0], wait=True)
+        >>> reply = arm.run_trajectory(samples=(t, q), wait=True)
+        >>> reply["ok"], bool(np.allclose(arm.latest().q, q[-1], atol=2e-3))
+        (True, True)
+        """
         fields: dict = {}
         if file is not None:
             fields["file"] = str(file)
@@ -202,24 +443,106 @@ class ArmClient:
         return self._motion(wait, "run_trajectory", **fields)
 
     def set_payload(self, mass: float, com=(0.0, 0.0, 0.0), inertia=(0.0,) * 6) -> None:
-        """The payload (kg; CoM m in the flange frame; inertia XX XY XZ YY YZ ZZ kg m^2 about the CoM)."""
+        """Tell the driver the payload at the flange (its feed-forward and limit checks use it).
+
+        Parameters
+        ----------
+        mass : float
+            kg.
+        com : array_like, shape (3,)
+            Centre of mass in the flange frame, m.
+        inertia : array_like, shape (6,)
+            XX XY XZ YY YZ ZZ about the centre of mass, kg m^2.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        CommandRefused
+            A payload that is not a body or that the arm is not rated for (the driver's message).
+
+        Examples
+        --------
+        >>> arm.set_payload(1.0, com=(0.0, 0.0, 0.05))
+        >>> arm.set_payload(0.0)                            # no payload
+        """
         self.request("set_payload", mass=float(mass), com=[float(x) for x in com],
                      inertia=[float(x) for x in inertia])
 
     def servo(self, mode: str = "position", *, timeout_cycles: int | None = None,
               buffer_cycles: int | None = None) -> "ServoStream":
-        """Begin servo mode and return the stream to send setpoints on (a context manager whose exit sends
-        servo_stop): `with arm.servo() as s: s.send(q)` once per cycle at most. mode "position" (rad) or
-        "torque" (N m); timeout_cycles: cycles without a setpoint after which the drives quick-stop;
-        buffer_cycles: the driver's setpoint buffer (default 2; 0: the newest setpoint each cycle)."""
+        """Begin servo mode: stream position or torque setpoints, each checked against the limits on arrival.
+
+        Parameters
+        ----------
+        mode : {"position", "torque"}
+            Setpoints in rad or in N m.
+        timeout_cycles : int, optional
+            Cycles without a setpoint after which the drives quick-stop.
+        buffer_cycles : int, optional
+            The driver's setpoint buffer (default 2; 0: the newest setpoint each cycle).
+
+        Returns
+        -------
+        ServoStream
+            A context manager whose exit sends servo_stop; `send` one setpoint per cycle at most.
+
+        Raises
+        ------
+        CommandRefused
+            Drives not enabled, a motion running, or an unknown mode.
+
+        Examples
+        --------
+        A smooth 0.05 rad move of every joint over one second, each setpoint computed for the time it carries:
+
+        >>> import time
+        >>> import numpy as np
+        >>> from ident.excitation import smooth_ramp
+        >>> arm.enable()
+        >>> start, t0 = arm.latest().q, time.time_ns()
+        >>> with arm.servo("position", timeout_cycles=500) as stream:
+        ...     while (now := time.time_ns()) < t0 + 1_200_000_000:
+        ...         _ = stream.send(start + 0.05 * smooth_ramp((now - t0) / 1e9)[0], t_ns=now)
+        ...         time.sleep(0.001)
+        >>> ended = arm.status()["servo"]
+        >>> ended["accepted"] > 0, ended["last_error"], bool(np.allclose(arm.latest().q, start + 0.05, atol=2e-3))
+        (True, '', True)
+        """
         fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)}) \
             | ({} if buffer_cycles is None else {"buffer_cycles": int(buffer_cycles)})
         reply = self.request("servo", **fields)
         return ServoStream(self, reply["endpoint"], mode)
 
     def wait_motion(self, timeout_s: float, progress: Callable[[float], object] | None = None) -> dict:
-        """Block until no motion runs; the last status. MotionFailed on a fault or after timeout_s.
-        progress(seconds waited) is called between the status polls."""
+        """Block until no motion runs.
+
+        Parameters
+        ----------
+        timeout_s : float
+            Seconds to wait at most.
+        progress : callable, optional
+            progress(seconds waited), called between the status polls.
+
+        Returns
+        -------
+        dict
+            The last status.
+
+        Raises
+        ------
+        MotionFailed
+            The driver faulted, or timeout_s passed.
+
+        Examples
+        --------
+        >>> arm.enable()
+        >>> reply = arm.move_to([0.0] * 6)
+        >>> arm.wait_motion(reply["duration"] + 10.0)["moving"]
+        False
+        """
         return self._await(lambda s: not s["moving"], timeout_s, "the motion did not end", progress)
 
     def _motion(self, wait: bool, cmd: str, **fields) -> dict:
@@ -261,8 +584,29 @@ class ArmClient:
 
     # -- the stream ---------------------------------------------------------------------------------------
     def latest(self, timeout_s: float | None = None) -> Sample:
-        """The newest sample: what has arrived is read and the last one returned (waiting up to timeout_s
-        for one when none has). NoReply when nothing comes."""
+        """The newest sample: what has arrived is read and the last one returned.
+
+        Parameters
+        ----------
+        timeout_s : float, optional
+            Seconds to wait for a sample when none has arrived (default: the client's timeout).
+
+        Returns
+        -------
+        Sample
+            (n,) arrays in SI units (q rad, qd rad/s, current A, torque N m) and the flags.
+
+        Raises
+        ------
+        NoReply
+            No sample came within the timeout.
+
+        Examples
+        --------
+        >>> sample = arm.latest()
+        >>> sample.q.shape, sample.fault
+        ((6,), False)
+        """
         with self._sub_lock:
             newest = self._next(timeout_s)
             while True:
@@ -272,8 +616,30 @@ class ArmClient:
                 newest = more
 
     def samples(self, count: int | None = None, timeout_s: float | None = None) -> Iterator[Sample]:
-        """Every sample from now on, in order (count of them, or until the client closes). NoReply when none
-        comes within timeout_s."""
+        """Every sample from now on, in order.
+
+        Parameters
+        ----------
+        count : int, optional
+            How many (default: until the client closes).
+        timeout_s : float, optional
+            Seconds to wait for each (default: the client's timeout).
+
+        Yields
+        ------
+        Sample
+
+        Raises
+        ------
+        NoReply
+            A sample did not come within the timeout.
+
+        Examples
+        --------
+        >>> seqs = [s.seq for s in arm.samples(count=50)]
+        >>> seqs == list(range(seqs[0], seqs[0] + 50)) or arm.seq_gaps > 0
+        True
+        """
         k = 0
         while (count is None or k < count) and not self._closing.is_set():
             with self._sub_lock:
@@ -282,8 +648,32 @@ class ArmClient:
             yield sample
 
     def on_sample(self, callback: Callable[[Sample], object], timeout_s: float = 0.5) -> threading.Thread:
-        """Call callback(sample) for every sample, in a thread of its own, until close(); a callback that
-        raises stops it (the exception is kept in the thread's `error`)."""
+        """Call a function for every sample, in a thread of its own, until close().
+
+        Parameters
+        ----------
+        callback : callable
+            callback(sample); one that raises stops the thread (the exception is kept in its `error`).
+        timeout_s : float
+            Seconds between checks whether the client is closing.
+
+        Returns
+        -------
+        threading.Thread
+            The thread, started.
+
+        Examples
+        --------
+        >>> import threading, time
+        >>> from armid.client import ArmClient
+        >>> got = threading.Event()
+        >>> listener = ArmClient(driver.bound["state"], driver.bound["commands"])
+        >>> thread = listener.on_sample(lambda sample: got.set())
+        >>> got.wait(10.0)
+        True
+        >>> listener.close(); thread.is_alive()
+        False
+        """
         def run():
             while not self._closing.is_set():
                 with self._sub_lock:
@@ -324,7 +714,63 @@ class ArmClient:
                 self.seq_gaps += sample.seq - self._last_seq - 1
             self._last_seq = sample.seq
             self.lost_samples += sample.lost
+            self._last_sample = sample
             return sample
+
+    @property
+    def last_sample(self) -> Sample | None:
+        """The sample that latest(), samples() or an on_sample thread read last (None before the first).
+
+        Reading it consumes nothing: while an on_sample thread reads the stream, other threads (an action
+        server's feedback, a notebook cell) look at the arm's state here instead of taking messages from it."""
+        return self._last_sample
+
+    def health(self, timeout_s: float | None = None) -> dict:
+        """The driver's newest health message (docs/reference/stream.md), read on a subscriber of its own.
+
+        Parameters
+        ----------
+        timeout_s : float, optional
+            Seconds to wait when no health message has arrived since the last call (the driver publishes one
+            per second); default the client's timeout, at least 2 s.
+
+        Returns
+        -------
+        dict
+            The newest health message that arrived since the last call, or the next one.
+
+        Raises
+        ------
+        NoReply
+            When none comes within timeout_s. Messages that are not a JSON object are counted in
+            `bad_messages` and skipped.
+        """
+        wait = max(self.timeout_s, 2.0) if timeout_s is None else timeout_s
+        with self._health_lock:
+            if self._health_sub is None:
+                sock = self.ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(self.state_endpoint)
+                sock.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_HEALTH)
+                self._health_sub = sock
+            newest, deadline = None, time.monotonic() + wait
+            while True:
+                left = 0.0 if newest is not None else max(0.0, deadline - time.monotonic())
+                if not self._health_sub.poll(int(left * 1000)):
+                    break
+                frames = self._health_sub.recv_multipart()
+                try:
+                    message = json.loads(frames[1]) if len(frames) == 2 and frames[0] == stream.TOPIC_HEALTH else None
+                except (UnicodeDecodeError, ValueError):
+                    message = None
+                if isinstance(message, dict):
+                    newest = message
+                else:
+                    self.bad_messages += 1
+            if newest is None:
+                raise NoReply(f"{self.state_endpoint}: no health message within {wait:g} s "
+                              f"(is the driver running there?)")
+            return newest
 
     def _sub_socket(self) -> zmq.Socket:
         if self._sub is None:
@@ -338,7 +784,18 @@ class ArmClient:
 
     # -- life cycle ---------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the callbacks and close the sockets (idempotent)."""
+        """Stop the callbacks and close the sockets (idempotent; `with ArmClient(...)` does it on exit).
+
+        Returns
+        -------
+        None
+
+        Examples
+        --------
+        >>> from armid.client import ArmClient
+        >>> client = ArmClient(driver.bound["state"], driver.bound["commands"])
+        >>> client.close(); client.close()
+        """
         self._closing.set()
         for thread in self._callbacks:
             thread.join(5.0)
@@ -348,6 +805,10 @@ class ArmClient:
             if self._sub is not None:
                 self._sub.close(0)
                 self._sub = None
+        with self._health_lock:
+            if self._health_sub is not None:
+                self._health_sub.close(0)
+                self._health_sub = None
 
     def __enter__(self) -> "ArmClient":
         return self
@@ -377,9 +838,28 @@ class ServoStream:
         self.dropped = 0
 
     def send(self, values, t_ns: int | None = None) -> bool:
-        """Send one setpoint ((n,) rad or N m) for the time t_ns (this client's UNIX time, ns; default now):
-        the driver judges velocity and acceleration between setpoints by these times, so a setpoint computed
-        for time t should carry t. False when it could not be queued."""
+        """Send one setpoint; never blocks.
+
+        The driver judges velocity and acceleration between setpoints by the times they carry, so a setpoint
+        computed for time t should carry t.
+
+        Parameters
+        ----------
+        values : array_like, shape (n,)
+            Joint positions (rad) or torques (N m), as the servo mode says.
+        t_ns : int, optional
+            The time the setpoint is for: this client's UNIX time in ns (default: now).
+
+        Returns
+        -------
+        bool
+            False when the socket could not queue it (the driver is gone or far behind; counted in
+            `dropped`).
+
+        Examples
+        --------
+        See `ArmClient.servo`.
+        """
         self.seq += 1
         stamp = time.time_ns() if t_ns is None else int(t_ns)
         try:
@@ -391,7 +871,27 @@ class ServoStream:
         return True
 
     def stop(self) -> dict:
-        """servo_stop: the drives hold where the last setpoint put them; the session's counters."""
+        """End servo mode (servo_stop): the drives hold where the last setpoint put them.
+
+        Returns
+        -------
+        dict
+            The driver's reply, with the session's counters (setpoints received, accepted, why it ended).
+
+        Raises
+        ------
+        CommandRefused, NoReply
+            As `ArmClient.request`.
+
+        Examples
+        --------
+        >>> arm.enable()
+        >>> stream = arm.servo("position")
+        >>> stream.send(arm.latest().q)
+        True
+        >>> stream.stop()["ok"]
+        True
+        """
         try:
             return self.client.request("servo_stop")
         finally:

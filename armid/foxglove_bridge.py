@@ -1,13 +1,17 @@
 """The driver's live stream in Foxglove: a Foxglove WebSocket server (the `foxglove-sdk` package) fed from the
-state and health topics (docs/stream.md).
+state and health topics (docs/reference/stream.md).
 
 Channels (Foxglove's own message types where one fits, else JSON with a JSON schema):
   /joint_states   foxglove.JointStates: name, position (rad), velocity (rad/s), effort (N m) per joint
-  /tf             foxglove.FrameTransforms: base -> link 1 -> ... -> link n -> flange, from the model's joint
-                  placements and the measured angles, so the 3D panel shows the arm's frames moving
+  /tf             foxglove.FrameTransforms: base_link -> link1 -> ... -> linkn -> flange (ident.frames), from the
+                  model's joint placements and the measured angles
+  /robot_description  std_msgs/msg/String (ROS 2 CDR): the model's URDF with a stick figure, the same link names;
+                  with /tf, the 3D panel draws the arm moving. Sent when a client subscribes and every 10 s
+  /diagnostics    diagnostic_msgs/msg/DiagnosticArray (ROS 2 CDR): the health message as typed statuses
+                  (driver.diagnostics), for the Diagnostics panel
   /armid/state    JSON: the whole state message (flags decoded, currents, statuswords, error codes, seq, times)
   /armid/health   JSON: the health message as the driver publishes it once a second
-  /armid/model    JSON: the model's joints, limits and frame names, published on connect and every 10 s
+  /armid/model    JSON: the model's joints, limits and frame names, sent like /robot_description
 
 The stream comes at the cycle rate (1 kHz); the bridge publishes every `decimate`-th message (default: about
 100 Hz) so that a browser keeps up; the state channel and health carry every field.
@@ -21,10 +25,11 @@ import time
 
 import numpy as np
 import zmq
-from scipy.spatial.transform import Rotation
 
+from driver import diagnostics, mcap_schema
 from firmware_bridge import stream
 from firmware_bridge.log_throttle import Throttle
+from ident import frames
 
 STATE_SCHEMA = {
     "type": "object", "title": "armid.State",
@@ -40,19 +45,25 @@ MODEL_PERIOD_S = 10.0
 
 
 def link_transforms(model, q: np.ndarray) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
-    """(parent, child, translation (3,), quaternion xyzw (4,)) of each joint and of the flange: frame j's
-    placement in frame j-1, turned (revolute) or moved (prismatic) by q_j about its axis."""
-    names = ["base", *model.joint_names]
-    out = []
-    for j in range(model.n):
-        R, p = model.placement_R[j], model.placement_p[j]
-        if model.joint_type[j] == 0:
-            R = R @ Rotation.from_rotvec(model.axis[j] * q[j]).as_matrix()
-        else:
-            p = p + R @ (model.axis[j] * q[j])
-        out.append((names[j], names[j + 1], p, Rotation.from_matrix(R).as_quat()))
-    out.append((names[-1], model.flange_frame, model.flange_p, Rotation.from_matrix(model.flange_R).as_quat()))
-    return out
+    """(parent, child, translation (3,), quaternion xyzw (4,)) of each link and of the flange (ident.frames)."""
+    t, r = frames.frame_transforms(model, np.asarray(q, dtype=float))
+    return [(parent, child, t[k], r[k]) for k, (parent, child) in enumerate(frames.frame_tree(model))]
+
+
+def _ros2_channel(foxglove, topic: str, message: tuple[str, str]):
+    """A channel of ROS 2 CDR messages (driver.mcap_schema's definitions), which Foxglove decodes itself."""
+    schema = foxglove.Schema(name=message[0], encoding=mcap_schema.SCHEMA_ENCODING, data=message[1].encode())
+    return foxglove.Channel(topic, schema=schema, message_encoding=mcap_schema.MESSAGE_ENCODING)
+
+
+class _Subscriptions:
+    """Notes that a client subscribed (foxglove.ServerListener), so that the description goes out at once."""
+
+    def __init__(self):
+        self.new = threading.Event()
+
+    def on_subscribe(self, client, channel) -> None:
+        self.new.set()
 
 
 def state_json(r, n: int) -> dict:
@@ -75,7 +86,8 @@ class Bridge:
         self.model, self.decimate = model, max(1, int(decimate))
         self.ctx = context or zmq.Context.instance()
         self.state_endpoint = state_endpoint
-        self.server = foxglove.start_server(name="armid", host=host, port=port)
+        self._subscriptions = _Subscriptions()
+        self.server = foxglove.start_server(name="armid", host=host, port=port, server_listener=self._subscriptions)
         self.port = self.server.port
         self._fg = foxglove
         self.joints = JointStatesChannel("/joint_states")
@@ -83,6 +95,9 @@ class Bridge:
         self.state = foxglove.Channel("/armid/state", schema=STATE_SCHEMA, message_encoding="json")
         self.health = foxglove.Channel("/armid/health", schema=HEALTH_SCHEMA, message_encoding="json")
         self.model_channel = foxglove.Channel("/armid/model", schema=MODEL_SCHEMA, message_encoding="json")
+        self.description = _ros2_channel(foxglove, mcap_schema.TOPIC_ROBOT_DESCRIPTION, mcap_schema.STRING)
+        self.description_cdr = mcap_schema.encode_string(frames.robot_description(model))
+        self.diagnostics = _ros2_channel(foxglove, mcap_schema.TOPIC_DIAGNOSTICS, mcap_schema.DIAGNOSTIC_ARRAY)
         self.published = self.received = self.bad_messages = 0
         self._bad_log = Throttle(logging.getLogger(__name__), logging.WARNING, 10.0)
         self._stop = threading.Event()
@@ -121,8 +136,10 @@ class Bridge:
         next_model = 0.0
         try:
             while not self._stop.is_set():
-                if time.monotonic() >= next_model:
+                if time.monotonic() >= next_model or self._subscriptions.new.is_set():
+                    self._subscriptions.new.clear()
                     self.model_channel.log(self._model_message())
+                    self.description.log(self.description_cdr)
                     next_model = time.monotonic() + MODEL_PERIOD_S
                 if not sub.poll(100):
                     continue
@@ -133,9 +150,13 @@ class Bridge:
                 topic, payload = frames
                 if topic == stream.TOPIC_HEALTH:
                     try:
-                        self.health.log(json.loads(payload))
-                    except ValueError as exc:
+                        health = json.loads(payload)
+                        statuses = diagnostics.statuses(health, list(self.model.joint_names))
+                    except (ValueError, TypeError) as exc:
                         self._bad(f"health message: {exc}")
+                        continue
+                    self.health.log(health)
+                    self.diagnostics.log(mcap_schema.encode_diagnostics(statuses, time.time_ns()))
                     continue
                 try:
                     r = stream.decode_state(payload)

@@ -36,8 +36,7 @@ does this script's subscriber (its thread and its libzmq I/O thread): a consumer
 stream's latency (a controller on the same PC) runs real-time too, while a consumer at the default policy
 measures its own wake-ups under load, not the driver's. The simulator processes stay at the default policy
 in both runs: with their threads at SCHED_FIFO the host-clocked serial chain often never started, because the
-driver's handshake drops a STATE that arrives in the same read as the HELLO_ACK (docs/driver.md, "Real-time
-settings"), which a fast device makes likely. Without --realtime everything runs at the default policy. The script checks that the driver reports SCHED_FIFO for its
+driver's handshake drops a STATE that arrives in the same read as the HELLO_ACK (fixed since, tests/test_driver_serial.py), which a fast device makes likely. Without --realtime everything runs at the default policy. The script checks that the driver reports SCHED_FIFO for its
 cycle (status) and stops if it does not. The load average (`uptime`) is printed before and after.
 
 Two more measurements of the hot path, each beside its reference:
@@ -80,7 +79,7 @@ from driver import realtime as rt  # noqa: E402
 from driver.hal import Arm  # noqa: E402
 from firmware_bridge.stream import FLAG_STALE  # noqa: E402
 
-HEADER = struct.Struct("<IQqq")     # flags, seq, device_time_ns, host_time_ns at offset 8 (docs/stream.md)
+HEADER = struct.Struct("<IQqq")     # flags, seq, device_time_ns, host_time_ns at offset 8 (docs/reference/stream.md)
 
 BARE_PUBLISHER = textwrap.dedent("""
     import sys, threading, time, zmq
@@ -166,7 +165,7 @@ def cycle_figures(tmp: Path, steps: int = 20000, gap_us: float = 0.0) -> tuple[f
     """CPU per Cycle.step (us) publishing on a PUB socket the way the daemon does, and per bare send (us).
     gap_us > 0: each step (and each send) comes right after a sleep of gap_us (firmware_bridge.rt_timing's wait), as in the
     running driver, whose thread wakes for every cycle: on this VM the caches and predictors are cold then, and
-    the same code costs 2-3x what it costs in a tight loop (docs/driver.md, "Where the CPU goes")."""
+    the same code costs 2-3x what it costs in a tight loop (docs/design/decisions.md, "Where a Python driver's CPU goes")."""
     from driver.cycle import Cycle
     from driver.daemon import Driver
     from firmware_bridge.rt_timing import reduce_timer_slack, sleep_until
@@ -333,7 +332,7 @@ def realtime_config(priority: int, threads: tuple[str, ...] = rt.DEFAULT_THREADS
 
 
 CAN_BUS_MAX_HZ = 285.0      # six drives with the default PDO maps on one 1 Mbit/s bus, worst-case bit stuffing
-CAN_REALISTIC_HZ = 250.0    # what the chain and deploy/ run CAN at (docs/driver.md, "Transport can")
+CAN_REALISTIC_HZ = 250.0    # what the chain and deploy/ run CAN at (docs/reference/driver-config.md, "Transport can")
 LINK_REFERENCE_S = 5.0      # seconds of the bare library loops (gateway, CAN)
 
 

@@ -5,7 +5,8 @@ Prints `name: value unit (reference: value unit, ratio x)`; run from the checkou
     /motor_currents and /armid/state from fixed CDR layouts, add them to zstd chunks of 0.25 s, write
     through to the file), N messages (default 20000); reference: the same three messages encoded by
     mcap-ros2-support's generic encoder (mcap_ros2.writer.Writer.write_message) into the same container.
-    Also the CPU share of one core that the recorder needs at 1 kHz.
+    Also the CPU share of one core that the recorder needs at 1 kHz, and the same with the model given
+    (/robot_description once and /tf at 50 Hz added), against the same run without.
   * read: read_recording of that file (every /armid/state message decoded at once with numpy);
     reference: mcap-ros2-support's decoder on the same messages (iter_decoded_messages). Per message.
 Both sides run in this process, one after the other, on the same payloads.
@@ -49,9 +50,9 @@ def payloads(count: int) -> list[bytes]:
     return out
 
 
-def write_ours(path: str, data: list[bytes]) -> float:
+def write_ours(path: str, data: list[bytes], model=None) -> float:
     t0 = time.process_time()
-    writer = McapStateWriter(path, joint_names=NAMES, overwrite=True)
+    writer = McapStateWriter(path, joint_names=NAMES, overwrite=True, model=model)
     check = _StateCheck()
     for p in data:
         assert check.check(p) is None
@@ -111,6 +112,10 @@ def main() -> None:
                "mcap-ros2-support generic encoder", ref * 1e6)
         report("recorder CPU at 1 kHz", ours * 1000 * 100, "% of a core",
                "with the generic encoder", ref * 1000 * 100)
+        from ident.model import load_model
+
+        framed = write_ours(os.path.join(tmp, "framed.mcap"), data, model=load_model("generic6")) / n
+        report("record cost per state message with /tf at 50 Hz", framed * 1e6, "us", "without /tf", ours * 1e6)
         size = os.path.getsize(ours_path)
         print(f"file size: {size / n:.1f} bytes per state message (3 topics, zstd), {n} messages")
         t0 = time.process_time()

@@ -1,4 +1,4 @@
-"""The driver's command set: one JSON request in, one JSON reply out (docs/stream.md, "Commands").
+"""The driver's command set: one JSON request in, one JSON reply out (docs/reference/stream.md, "Commands").
 
 Request: {"cmd": NAME, ...arguments}. Reply: {"ok": true, ...} or {"ok": false, "error": "what was wrong"}.
 Every motion is planned and checked against the limits (driver/motion.py) as a whole before the cycle is

@@ -1,4 +1,4 @@
-"""The driver's TOML configuration (documented in docs/driver.md; examples in deploy/).
+"""The driver's TOML configuration (documented in docs/reference/driver-config.md; examples in deploy/).
 
     [driver]
     model = "generic6"          # shipped name, TOML or URDF path (relative paths: next to this file)

@@ -451,7 +451,7 @@ class Driver:
         self.command_server.run()
 
     def health(self, period_s: float, last: dict) -> dict:
-        """The health message (docs/stream.md): rates over the last period, drops, lateness, drive states."""
+        """The health message (docs/reference/stream.md): rates over the last period, drops, lateness, drive states."""
         c = self.cycle
         now = time.monotonic()
         dt = max(now - last.get("t", now - period_s), 1e-9)
@@ -487,7 +487,7 @@ class Driver:
                                     log=lambda text: _log.warning("record: %s", text), overwrite=rec.overwrite,
                                     metadata={"model": self.model.name, "source": "armid driver",
                                               "effort_delay_s": repr(self.effort_delay_s)},
-                                    context=self._ctx)
+                                    context=self._ctx, model=self.model)
             _log.info("record: %s closed: %s", rec.path, self.recording.line(), extra={"path": rec.path})
         except Exception as exc:  # noqa: BLE001 - a failed recording is reported, the driver goes on
             self.recording_error = f"{type(exc).__name__}: {exc}"

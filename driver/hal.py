@@ -74,7 +74,7 @@ def copy_sample(src, dst) -> None:
     """Copy the per-joint arrays of a sample (SAMPLE_FIELDS) from src into dst in place: between
     ArmStates, or from an ArmState into a stream message (firmware_bridge.stream.StateMessage); both keep
     them in three blocks (floats, words, mode), copied in one numba call (three numpy copies cost ~3x as
-    much right after the cycle thread wakes: docs/driver.md, "Where the CPU goes")."""
+    much right after the cycle thread wakes: docs/design/decisions.md, "Where a Python driver's CPU goes")."""
     if src.floats is not dst.floats:
         _copy_blocks(src.floats, src.words, src.mode, dst.floats, dst.words, dst.mode)
 

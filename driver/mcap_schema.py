@@ -1,11 +1,13 @@
 """What the recorder writes into MCAP: the ROS 2 message definitions of its topics, and their CDR layouts.
 
-Topics (docs/recording.md):
+Topics (docs/reference/recording.md):
 
     /joint_states     sensor_msgs/msg/JointState   position q (rad), velocity qd (rad/s), effort torque (N m)
     /motor_currents   sensor_msgs/msg/JointState   effort = motor current (A); position, velocity empty
-    /armid/state      armid_msgs/msg/ArmState      every field of the version-1 state message (docs/stream.md)
-    /armid/health     std_msgs/msg/String          the driver's health JSON, as published
+    /armid/state      armid_msgs/msg/ArmState      every field of the version-1 state message (docs/reference/stream.md)
+    /diagnostics      diagnostic_msgs/msg/DiagnosticArray   the driver's health (driver.diagnostics), once a second
+    /tf               tf2_msgs/msg/TFMessage       the links' transforms (ident.frames), when the model is known
+    /robot_description  std_msgs/msg/String        the model's URDF (ident.frames), once at the start
 
 Every message of one recording has the same size (the joint count and the names are fixed), so each
 message type has a fixed CDR layout: constant bytes (encapsulation header, sequence lengths, names,
@@ -36,7 +38,9 @@ CDR_LE = b"\x00\x01\x00\x00"
 TOPIC_JOINT_STATES = "/joint_states"
 TOPIC_MOTOR_CURRENTS = "/motor_currents"
 TOPIC_STATE = "/armid/state"
-TOPIC_HEALTH = "/armid/health"
+TOPIC_DIAGNOSTICS = "/diagnostics"
+TOPIC_TF = "/tf"
+TOPIC_ROBOT_DESCRIPTION = "/robot_description"
 
 _HEADER_DEPS = """
 ================================================================================
@@ -58,7 +62,7 @@ float64[] effort
 """ + _HEADER_DEPS)
 
 ARM_STATE = ("armid_msgs/msg/ArmState", """\
-# One version-1 state message of the armid driver (docs/stream.md), every field kept. SI units.
+# One version-1 state message of the armid driver (docs/reference/stream.md), every field kept. SI units.
 std_msgs/Header header   # stamp = host_time_ns (UNIX time at which the driver read the sample)
 uint16 version           # stream version (1)
 uint32 flags             # bit 0 ENABLED, 1 MOVING, 2 FAULT, 3 STALE, 4 PAYLOAD
@@ -75,6 +79,50 @@ int8[] mode              # CiA 402 modes of operation display (0x6061) per drive
 """ + _HEADER_DEPS)
 
 STRING = ("std_msgs/msg/String", "string data\n")
+
+TF_MESSAGE = ("tf2_msgs/msg/TFMessage", """\
+geometry_msgs/TransformStamped[] transforms
+================================================================================
+MSG: geometry_msgs/TransformStamped
+std_msgs/Header header
+string child_frame_id
+geometry_msgs/Transform transform
+================================================================================
+MSG: geometry_msgs/Transform
+geometry_msgs/Vector3 translation
+geometry_msgs/Quaternion rotation
+================================================================================
+MSG: geometry_msgs/Vector3
+float64 x
+float64 y
+float64 z
+================================================================================
+MSG: geometry_msgs/Quaternion
+float64 x
+float64 y
+float64 z
+float64 w
+""" + _HEADER_DEPS)
+
+DIAGNOSTIC_ARRAY = ("diagnostic_msgs/msg/DiagnosticArray", """\
+std_msgs/Header header
+diagnostic_msgs/DiagnosticStatus[] status
+================================================================================
+MSG: diagnostic_msgs/DiagnosticStatus
+byte OK=0
+byte WARN=1
+byte ERROR=2
+byte STALE=3
+byte level
+string name
+string message
+string hardware_id
+diagnostic_msgs/KeyValue[] values
+================================================================================
+MSG: diagnostic_msgs/KeyValue
+string key
+string value
+""" + _HEADER_DEPS)
 
 
 @dataclass(frozen=True)
@@ -143,6 +191,10 @@ class FixedCdr:
         self._buf += struct.pack("<I", value)
         return self
 
+    def uint8_constant(self, value: int) -> "FixedCdr":
+        self._buf.append(value)
+        return self
+
     def string_constant(self, text: str) -> "FixedCdr":
         data = text.encode()
         self.uint32_constant(len(data) + 1)
@@ -170,9 +222,23 @@ class FixedCdr:
             self._slot(name, (fmt, (count,)), size * count)
         return self
 
-    def header(self, frame_id: str = "") -> "FixedCdr":
-        """std_msgs/Header: stamp (slots `sec`, `nanosec`) and a constant frame_id."""
-        return self.scalar("sec", "<i4").scalar("nanosec", "<u4").string_constant(frame_id)
+    def array(self, name: str, fmt: str, count: int) -> "FixedCdr":
+        """A fixed-size array (no length in CDR) of `count` numbers of numpy format `fmt`."""
+        size = np.dtype(fmt).itemsize
+        self._align(size)
+        self._slot(name, (fmt, (count,)), size * count)
+        return self
+
+    def header(self, frame_id: str = "", prefix: str = "") -> "FixedCdr":
+        """std_msgs/Header: stamp (slots `{prefix}sec`, `{prefix}nanosec`) and a constant frame_id."""
+        return self.scalar(f"{prefix}sec", "<i4").scalar(f"{prefix}nanosec", "<u4").string_constant(frame_id)
+
+    def header_constant(self, time_ns: int, frame_id: str = "") -> "FixedCdr":
+        """std_msgs/Header with a constant stamp (a message encoded once, not a layout)."""
+        sec, nanosec = split_stamp(time_ns)
+        self._align(4)
+        self._buf += struct.pack("<iI", sec, nanosec)
+        return self.string_constant(frame_id)
 
     def layout(self) -> CdrLayout:
         dtype = np.dtype({"names": self._names, "formats": self._formats, "offsets": self._offsets,
@@ -198,6 +264,41 @@ def arm_state_layout(n: int, frame_id: str = "") -> CdrLayout:
     for name in ("q", "qd", "current", "torque"):
         cdr.sequence(name, "<f8", n)
     return cdr.sequence("statusword", "<u2", n).sequence("error_code", "<u2", n).sequence("mode", "i1", n).layout()
+
+
+def tf_layout(tree: list[tuple[str, str]]) -> CdrLayout:
+    """tf2_msgs/msg/TFMessage of one transform per (parent, child) in `tree`: slots `h{k}_sec`, `h{k}_nanosec`
+    (the stamp), `t{k}` (3 float64, translation m) and `r{k}` (4 float64, quaternion x y z w)."""
+    cdr = FixedCdr().uint32_constant(len(tree))
+    for k, (parent, child) in enumerate(tree):
+        cdr.header(parent, prefix=f"h{k}_").string_constant(child)
+        cdr.array(f"t{k}", "<f8", 3).array(f"r{k}", "<f8", 4)
+    return cdr.layout()
+
+
+def encode_tf(layout: CdrLayout, time_ns: int, translation: np.ndarray, rotation: np.ndarray) -> bytes:
+    """One message of a tf_layout: the stamp time_ns, translations (K, 3) m, quaternions (K, 4) x y z w."""
+    buf = bytearray(layout.template)
+    sec, nanosec = split_stamp(time_ns)
+    values = np.concatenate([translation, rotation], axis=1).tolist()
+    for k, row in enumerate(values):
+        struct.pack_into("<iI", buf, layout.span(f"h{k}_sec")[0], sec, nanosec)
+        struct.pack_into("<7d", buf, layout.span(f"t{k}")[0], *row)
+    return bytes(buf)
+
+
+def encode_diagnostics(statuses: list[dict], time_ns: int) -> bytes:
+    """diagnostic_msgs/msg/DiagnosticArray of statuses (driver.diagnostics: level, name, message, hardware_id,
+    values [(key, value)])."""
+    cdr = FixedCdr().header_constant(time_ns).uint32_constant(len(statuses))
+    for st in statuses:
+        cdr.uint8_constant(int(st["level"]))
+        for key in ("name", "message", "hardware_id"):
+            cdr.string_constant(st[key])
+        cdr.uint32_constant(len(st["values"]))
+        for key, value in st["values"]:
+            cdr.string_constant(key).string_constant(value)
+    return cdr.layout().template
 
 
 def encode_string(text: str) -> bytes:

@@ -2,9 +2,11 @@
 
     stats = record("run.mcap", "tcp://127.0.0.1:5555", joint_names=status["joints"], stop=event)
 
-A SUB socket receives topic `state` (docs/stream.md) and topic `health`; every valid state message
+A SUB socket receives topic `state` (docs/reference/stream.md) and topic `health`; every valid state message
 becomes three ROS 2 messages (driver.mcap_schema: /joint_states, /motor_currents, /armid/state), every
-health message one /armid/health. Timestamps: log_time, publish_time and header.stamp are the message's
+health message one /diagnostics (driver.diagnostics). Given the model, the recording also carries its URDF on
+/robot_description (once, at the start) and the links' transforms on /tf (`tf_rate_hz` of the samples), so that
+Foxglove's 3D panel replays the arm. Timestamps: log_time, publish_time and header.stamp are the message's
 host_time_ns (the driver's UNIX time at which it read the sample); the device timestamp is kept in
 /armid/state. The MCAP `sequence` of a message is the low 32 bits of the driver's seq.
 
@@ -36,6 +38,7 @@ from driver import mcap_schema as schema
 from firmware_bridge import stream
 from firmware_bridge.errors import InputError
 
+TF_RATE_HZ = 50.0          # /tf messages per second of stream (every rate/TF_RATE_HZ-th sample)
 RCVHWM = 200_000          # messages the SUB may queue while the recorder compresses a chunk (200 s at 1 kHz)
 MCAP_RECORD_OVERHEAD = 31  # bytes of a Message record around its data (opcode, length, channel, seq, 2 times)
 MIN_CHUNK_BYTES = 4096
@@ -48,7 +51,7 @@ class RecorderError(InputError):
 
 # -- the driver's command socket --------------------------------------------------------------------
 def query_status(endpoint: str, timeout_s: float = 5.0, context: zmq.Context | None = None) -> dict:
-    """The driver's `status` reply (docs/stream.md) over its command socket; RecorderError if there is no
+    """The driver's `status` reply (docs/reference/stream.md) over its command socket; RecorderError if there is no
     answer within timeout_s (s) or the answer is not a status."""
     ctx = context or zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
@@ -176,8 +179,14 @@ class McapStateWriter:
     footer; without it (a killed process) the file is still readable up to its last complete chunk."""
 
     def __init__(self, path: str | Path, *, joint_names: list[str] | None = None, rate_hz: float = 1000.0,
-                 chunk_seconds: float = 0.25, metadata: dict[str, str] | None = None, overwrite: bool = False):
+                 chunk_seconds: float = 0.25, metadata: dict[str, str] | None = None, overwrite: bool = False,
+                 model=None, tf_rate_hz: float = TF_RATE_HZ):
         check_sizing(rate_hz, chunk_seconds)
+        if model is not None and joint_names is None:
+            joint_names = list(model.joint_names)
+        self.model = model
+        self.tf_every = max(1, round(rate_hz / tf_rate_hz))
+        self._tf = None
         self.file = WriteThrough(path, overwrite=overwrite)
         self.path = self.file.path
         self.joint_names = list(joint_names) if joint_names else None
@@ -219,13 +228,28 @@ class McapStateWriter:
                 schema_ids[name] = self._mcap.register_schema(name, schema.SCHEMA_ENCODING, text.encode())
             channel = self._mcap.register_channel(topic, schema.MESSAGE_ENCODING, schema_ids[name])
             self._encoders.append((channel, _SliceEncoder(layout, n, fields)))
+        if n is not None and self.model is not None and self.model.n == n:
+            self._start_frames()
+
+    def _register(self, topic: str, message: tuple[str, str]) -> int:
+        sid = self._mcap.register_schema(message[0], schema.SCHEMA_ENCODING, message[1].encode())
+        channel = self._channels[topic] = self._mcap.register_channel(topic, schema.MESSAGE_ENCODING, sid)
+        return channel
+
+    def _start_frames(self) -> None:
+        """The robot description now and a /tf channel for the samples to come."""
+        from ident import frames
+
+        self._description = (self._register(schema.TOPIC_ROBOT_DESCRIPTION, schema.STRING),
+                             schema.encode_string(frames.robot_description(self.model)))
+        self._tf = (self._register(schema.TOPIC_TF, schema.TF_MESSAGE), schema.tf_layout(frames.frame_tree(self.model)))
 
     @property
     def started(self) -> bool:
         return self._mcap is not None
 
     def write_state(self, payload: bytes, n: int, seq: int, host_time_ns: int) -> None:
-        """One state payload already checked (docs/stream.md, n joints, as the first one written)."""
+        """One state payload already checked (docs/reference/stream.md, n joints, as the first one written)."""
         if self._mcap is None:
             self._start(n)
         sec, nanosec = schema.split_stamp(host_time_ns)
@@ -234,17 +258,36 @@ class McapStateWriter:
         for channel, encoder in self._encoders:
             self._mcap.add_message(channel, log_time=host_time_ns, publish_time=host_time_ns,
                                    data=encoder.encode(view, sec, nanosec), sequence=sequence)
+        if self._tf is not None:
+            self._write_frames(view, n, seq, host_time_ns)
 
-    def write_health(self, text: str, time_ns: int) -> None:
-        """One health JSON (only once the state messages have started the file)."""
+    def _write_frames(self, payload: memoryview, n: int, seq: int, time_ns: int) -> None:
+        from ident import frames
+
+        if self._description is not None:
+            channel, data = self._description
+            self._mcap.add_message(channel, log_time=time_ns, publish_time=time_ns, data=data)
+            self._description = None
+        if seq % self.tf_every:
+            return
+        channel, layout = self._tf
+        q = np.frombuffer(payload, dtype="<f8", count=n, offset=stream.HEADER_SIZE)
+        t, r = frames.frame_transforms(self.model, q[None])
+        self._mcap.add_message(channel, log_time=time_ns, publish_time=time_ns,
+                               data=schema.encode_tf(layout, time_ns, t[0], r[0]), sequence=seq & 0xFFFFFFFF)
+
+    def write_health(self, health: dict, time_ns: int) -> None:
+        """One health message (a dict, as the driver publishes it) as diagnostics, once the state messages have
+        started the file."""
+        from driver.diagnostics import statuses
+
         if self._mcap is None:
             return
-        channel = self._channels.get(schema.TOPIC_HEALTH)
+        channel = self._channels.get(schema.TOPIC_DIAGNOSTICS)
         if channel is None:
-            sid = self._mcap.register_schema(schema.STRING[0], schema.SCHEMA_ENCODING, schema.STRING[1].encode())
-            channel = self._channels[schema.TOPIC_HEALTH] = self._mcap.register_channel(
-                schema.TOPIC_HEALTH, schema.MESSAGE_ENCODING, sid)
-        self._mcap.add_message(channel, log_time=time_ns, publish_time=time_ns, data=schema.encode_string(text))
+            channel = self._register(schema.TOPIC_DIAGNOSTICS, schema.DIAGNOSTIC_ARRAY)
+        data = schema.encode_diagnostics(statuses(health, self.joint_names or []), time_ns)
+        self._mcap.add_message(channel, log_time=time_ns, publish_time=time_ns, data=data)
 
     def close(self, summary: dict[str, str] | None = None) -> None:
         """Write the summary and the footer (a complete MCAP), then close the file."""
@@ -333,14 +376,16 @@ def record(path: str | Path, state_endpoint: str, *, joint_names: list[str] | No
            duration_s: float | None = None, max_messages: int | None = None,
            progress: Callable[[RecordingStats], None] | None = None, progress_interval_s: float = 2.0,
            log: Callable[[str], None] | None = None, metadata: dict[str, str] | None = None,
-           overwrite: bool = False, context: zmq.Context | None = None) -> RecordingStats:
+           overwrite: bool = False, context: zmq.Context | None = None, model=None) -> RecordingStats:
     """Record the state stream at `state_endpoint` into the MCAP file `path` until `stop` is set,
     `duration_s` (s, from the call) has passed or `max_messages` state messages are written; then finish
     the file (summary and footer) and return what was recorded. `progress(stats)` is called every
-    `progress_interval_s` (s) and at the end; `log(text)` names each kind of malformed message once."""
+    `progress_interval_s` (s) and at the end; `log(text)` names each kind of malformed message once. Given the
+    model (ident.model.Model) of the arm, the recording carries /robot_description and /tf too."""
     log = log or (lambda text: None)
     writer = McapStateWriter(path, joint_names=joint_names, rate_hz=rate_hz, chunk_seconds=chunk_seconds,
-                             metadata={"state_endpoint": state_endpoint, **(metadata or {})}, overwrite=overwrite)
+                             metadata={"state_endpoint": state_endpoint, **(metadata or {})}, overwrite=overwrite,
+                             model=model)
     stats = RecordingStats(path=writer.path)
     checker = _StateCheck()
     ctx = context or zmq.Context.instance()
@@ -386,12 +431,13 @@ def record(path: str | Path, state_endpoint: str, *, joint_names: list[str] | No
             stats.messages += 1
         elif topic == stream.TOPIC_HEALTH:
             try:
-                text = payload.decode()
-                json.loads(text)
+                health = json.loads(payload.decode())
             except ValueError:
                 return bad("health message: not UTF-8 JSON")
+            if not isinstance(health, dict):
+                return bad("health message: not a JSON object")
             if writer.started:
-                writer.write_health(text, time.time_ns())
+                writer.write_health(health, time.time_ns())
                 stats.health += 1
 
     last = [t0, 0]   # time and message count of the previous report

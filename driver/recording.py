@@ -2,7 +2,7 @@
 
     log = read_recording("run.mcap")              # every /armid/state message, in file order
     arrays, notes = identification_arrays(log, effort="torque")
-    write_identification(arrays, "run.csv")       # or run.npz (docs/data-files.md)
+    write_identification(arrays, "run.csv")       # or run.npz (docs/reference/data-files.md)
 
 The file is read as a stream (mcap's StreamReader, chunk CRCs checked), never through its summary, so a
 file that a killed recorder left without summary and footer reads up to its last complete chunk; the
@@ -81,7 +81,7 @@ class RecordingError(InputError):
 class StateLog:
     """The state messages of one recording. `states` is a structured array (N,) with the fields of the
     version-1 state message (seq, flags, device_time_ns, host_time_ns, q, qd, current, torque (N, n),
-    statusword, error_code, mode); units as in docs/stream.md."""
+    statusword, error_code, mode); units as in docs/reference/stream.md."""
 
     path: str
     joint_names: tuple[str, ...]
@@ -209,10 +209,11 @@ EFFORTS = {"torque": ("tau", "tau"), "current": ("current", "i")}   # effort -> 
 
 
 def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[str, np.ndarray], list[str]]:
-    """The arrays of the identification layout (docs/data-files.md): t (s, from the device timestamps,
+    """The arrays of the identification layout (docs/reference/data-files.md): t (s, from the device timestamps,
     starting at 0), q (rad), tau (N m) or current (A), qd (rad/s), effort_delay (s, () array: the driver's
-    configured lag of the effort behind the positions, from the recording's metadata, 0 if it says nothing);
-    and notes on what was left out.
+    configured lag of the effort behind the positions, from the recording's metadata, 0 if it says nothing),
+    lost_samples (() array: the device samples the driver never received, the sum of the messages' lost-sample
+    counts); and notes on what was left out.
 
     STALE samples (no new device data: the values repeat) and samples whose device time does not
     increase are dropped; seq gaps are reported, never filled in."""
@@ -228,7 +229,7 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
     if gaps:
         notes.append(f"{missing} messages missing in {gaps} seq gaps (dropped before or while recording); "
                      f"the samples around them are kept as they are")
-    lost = int((s["flags"] >> stream.LOST_SHIFT).sum())
+    lost = int((s["flags"].astype(np.int64) >> stream.LOST_SHIFT).sum())
     if lost:
         notes.append(f"{lost} device samples lost by the driver (never published: flags >> 16 of the messages "
                      f"after them); the samples around them are kept as they are")
@@ -249,7 +250,7 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
            "q": np.ascontiguousarray(s["q"], dtype=np.float64),
            array: np.ascontiguousarray(s[effort], dtype=np.float64),
            "qd": np.ascontiguousarray(s["qd"], dtype=np.float64),
-           "effort_delay": np.array(_effort_delay(log))}
+           "effort_delay": np.array(_effort_delay(log)), "lost_samples": np.array(lost)}
     return out, notes
 
 
@@ -275,8 +276,9 @@ def csv_header(arrays: dict[str, np.ndarray]) -> list[str]:
 
 def write_identification(arrays: dict[str, np.ndarray], out: str | Path) -> None:
     """Write the arrays as CSV (every float with 17 significant digits: exact) or NPZ, by the suffix of
-    `out`; the file appears complete or not at all. NPZ keeps effort_delay when the arrays have it; CSV has
-    no place for it (give `armid identify --effort-delay`)."""
+    `out`; the file appears complete or not at all. NPZ keeps effort_delay and lost_samples when the arrays have
+    them; CSV states lost_samples in a comment line before its header and leaves effort_delay out (give
+    `armid identify --effort-delay`)."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in (".csv", ".npz"):
@@ -289,11 +291,13 @@ def write_identification(arrays: dict[str, np.ndarray], out: str | Path) -> None
     try:
         with os.fdopen(fd, "wb") as f:
             if suffix == ".npz":
-                extra = {"effort_delay": arrays["effort_delay"]} if "effort_delay" in arrays else {}
+                extra = {k: arrays[k] for k in ("effort_delay", "lost_samples") if k in arrays}
                 np.savez(f, t=arrays["t"], q=arrays["q"], qd=arrays["qd"], **{effort: arrays[effort]}, **extra)
             else:
                 table = np.column_stack([arrays["t"], arrays["q"], arrays[effort], arrays["qd"]])
-                np.savetxt(f, table, fmt="%.17g", delimiter=",", header=",".join(csv_header(arrays)), comments="")
+                lead = f"# lost_samples = {int(arrays['lost_samples'])}\n" if "lost_samples" in arrays else ""
+                np.savetxt(f, table, fmt="%.17g", delimiter=",", header=lead + ",".join(csv_header(arrays)),
+                           comments="")
         os.replace(tmp, out)
     except BaseException:
         if os.path.exists(tmp):

@@ -13,7 +13,7 @@ too coarse for identification (0.1 % of a 120 N m joint is 0.12 N m), so the PDO
 objects in int32: 0x2000 current actual (uA), 0x2001 torque actual (mN m), 0x2002 target torque (mN m).
 The standard objects stay readable and writable by SDO in per mille of 0x6075 / 0x6076.
 
-`python -m firmware_bridge.canopen_map eds` prints the EDS; `... doc` prints the tables of docs/wire-can.md.
+`python -m firmware_bridge.canopen_map eds` prints the EDS; `... doc` prints the tables of docs/reference/wire-can.md.
 """
 from __future__ import annotations
 
@@ -504,7 +504,7 @@ def _hex(v: int, width: int = 4) -> str:
 
 
 def pdo_table() -> str:
-    """Markdown tables of every PDO map (docs/wire-can.md includes this text verbatim)."""
+    """Markdown tables of every PDO map (docs/reference/wire-can.md includes this text verbatim)."""
     out = []
     for p in PDOS:
         state = "valid" if p.enabled else "not valid by default (set 0x%04X sub 1 bit 31 = 0)" % p.communication_index
@@ -522,7 +522,7 @@ def pdo_table() -> str:
 
 
 def object_table() -> str:
-    """Markdown table of the object dictionary (docs/wire-can.md includes this text verbatim)."""
+    """Markdown table of the object dictionary (docs/reference/wire-can.md includes this text verbatim)."""
     out = ["| index:sub | name | type | access | PDO | unit | default |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for o in OBJECTS:
         if 0x1400 <= o.index < 0x1C00:

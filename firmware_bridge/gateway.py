@@ -738,7 +738,7 @@ def _table(block: _Block, title: str) -> list[str]:
 
 
 def register_tables_markdown() -> str:
-    """The register tables of docs/wire-gateway.md (k = drive index, 0-based)."""
+    """The register tables of docs/reference/wire-gateway.md (k = drive index, 0-based)."""
     return "\n".join(_table(_INPUTS, "Input registers (function 4), read-only") + [""]
                      + _table(_OUTPUTS, "Holding registers (functions 3, 6, 16), read/write") + [""]
                      + _table(_SCALING, "Scaling input registers (function 4), read-only, constant")) + "\n"

@@ -14,7 +14,7 @@ Host side:
     enc = FrameEncoder();  port.write(enc.encode(Command(controlword=..., mode=..., target_position=...,
                                                          target_torque=...)))
     dec = StreamDecoder();  for msg in dec.feed(port.read(4096)): ...   # dec.counters: drops by reason
-Device side: the same, with State, Heartbeat, Fault, HelloAck. See docs/wire-serial.md.
+Device side: the same, with State, Heartbeat, Fault, HelloAck. See docs/reference/wire-serial.md.
 """
 from __future__ import annotations
 
@@ -612,7 +612,7 @@ static inline int armid_cobs_decode(const uint8_t *src, size_t len, uint8_t *dst
 
 
 def doc_tables() -> str:
-    """Markdown tables of the header, the trailer and every message (generated into docs/wire-serial.md)."""
+    """Markdown tables of the header, the trailer and every message (generated into docs/reference/wire-serial.md)."""
     out = ["### Header (6 bytes, offsets in the frame)", "", HEADER.markdown(), "",
            "### Trailer (after the payload)", "", CRC.markdown(offset_note="6 + length + "), ""]
     for spec in SPECS.values():

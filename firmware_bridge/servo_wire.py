@@ -1,5 +1,5 @@
 """The servo setpoint message: what a client streams to the driver's servo socket, one per cycle at most
-(docs/stream.md, "Servo"). Little-endian, n = number of joints:
+(docs/reference/stream.md, "Servo"). Little-endian, n = number of joints:
 
     offset  type        name         meaning
     0       char[4]     magic        b"ARSP"

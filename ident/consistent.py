@@ -10,7 +10,7 @@ Ia, fc, fv >= 0 and a free offset. The standard vector chi (14n) is linear in th
 
 With (R, z) the weighted triangle of a WLS fit (ident.estimate.Fit), ||W_w P chi - y_w||^2 = ||R P chi - z||^2
 + const, and ||R P chi - z||^2 is the chi^2 increase over WLS: the problem does not grow with the number of
-samples. Two stages (docs/identification.md):
+samples. Two stages (docs/guides/identification.md):
 
     1.  minimise  ||R P chi - z||^2  +  w || N^T ((chi - chi_0) / s) ||^2
     2.  minimise  || N^T ((chi - chi_0) / s) ||^2   s.t.  ||R P chi - z||^2 <= stage 1's + 1e-3

@@ -3,7 +3,7 @@
 With currents i (A) the model is g_j i_j = Yb_j beta: linear and homogeneous in (beta, g), so one run fixes
 beta and g only up to one common factor (the ratios g_j / g_k and beta / g_1 are identifiable, the scale is
 not). A second run with a payload of known mass m_w on the same arm adds the payload's torque, which is
-known in scale (seed 003 load-separated dynamics: tau_w = Yl chi_w):
+known in scale (the load-separated dynamics of Sun and Ma 1990: tau_w = Yl chi_w):
 
     unloaded run:   Yb beta - diag(i) g                       = 0
     loaded run:     Yb beta - diag(i) g + Yl[:, free] phi     = -Yl[:, m] m_w

@@ -7,8 +7,8 @@ loop), leaving a (p+1) x (p+1) triangle per joint with
     || y_j - W_j beta ||^2 = || z_j - R_j beta ||^2 + rho_j^2
 
 exactly, whatever beta. OLS, the per-joint residual variances, WLS (each row of joint j weighted by
-1/sigma_j, seed 000 eqs. 10-13 with Gautier's 1/sigma convention) and the covariance then only touch these
-small triangles, so nothing is refactorised for the second pass. The weighted triangle (R, z) is kept in
+1/sigma_j: Zhang, Qin and Zou 2017, eqs. 10-13, with Gautier's 1/sigma convention) and the covariance then
+only touch these small triangles, so nothing is refactorised for the second pass. The weighted triangle (R, z) is kept in
 the result: the physically consistent fit (ident.consistent) works on it instead of the N*n rows.
 """
 from __future__ import annotations
@@ -163,10 +163,45 @@ def _ols_sigma(f: _JointFactors, beta: np.ndarray) -> np.ndarray:
 
 
 def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None) -> Fit:
-    """Ordinary least squares of y (N, n) = W (N, n, p) beta over the rows where mask (N, n) is True.
+    """Ordinary least squares: the beta minimising the sum of squares of y - W beta over the rows in mask.
 
-    The covariance is sigma^2 (W^T W)^-1 with one sigma^2 for all rows; sigma_joint are the per-joint
-    residual standard deviations. names (p,) only serve messages.
+    The covariance is sigma^2 (W^T W)^-1 with one sigma^2 for all rows; `Fit.sigma_joint` holds the
+    per-joint residual standard deviations.
+
+    Parameters
+    ----------
+    W : ndarray, shape (N, n, p)
+        The regressor: N samples of n joints, p parameters.
+    y : ndarray, shape (N, n)
+        The measurements (N m, or the unit of the data).
+    mask : ndarray of bool, shape (N, n), optional
+        The rows to use (default: all).
+    names : list of str, optional
+        The p parameter names, for messages.
+
+    Returns
+    -------
+    Fit
+        beta (p,), covariance (p, p), std, the residuals per joint and the condition number.
+
+    Raises
+    ------
+    EstimationError
+        The rows cannot determine the parameters (too few rows, or a direction not excited; named when
+        `names` are given).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident import estimate
+    >>> rng = np.random.default_rng(0)
+    >>> W = rng.normal(size=(200, 2, 3))
+    >>> y = W @ np.array([1.0, -2.0, 0.5])
+    >>> fit = estimate.ols(W, y)
+    >>> np.round(fit.beta, 12)
+    array([ 1. , -2. ,  0.5])
+    >>> bool(np.allclose(fit.beta, np.linalg.lstsq(W.reshape(-1, 3), y.ravel(), rcond=None)[0]))
+    True
     """
     f = _factor(W, y, mask)
     ones = np.ones(W.shape[1])
@@ -175,9 +210,47 @@ def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
 
 
 def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None) -> Fit:
-    """Weighted least squares with Gautier's weights: OLS first, sigma_j from its residuals on joint j,
-    then every row of joint j weighted by 1/sigma_j. Covariance from the weighted residuals.
-    Raises EstimationError when the rows cannot determine the parameters."""
+    """Weighted least squares with Gautier's weights: OLS first, sigma_j from its residuals on joint j, then
+    every row of joint j weighted by 1/sigma_j; the covariance comes from the weighted residuals.
+
+    Parameters
+    ----------
+    W : ndarray, shape (N, n, p)
+        The regressor: N samples of n joints, p parameters.
+    y : ndarray, shape (N, n)
+        The measurements.
+    mask : ndarray of bool, shape (N, n), optional
+        The rows to use (default: all).
+    names : list of str, optional
+        The p parameter names, for messages.
+
+    Returns
+    -------
+    Fit
+        As `ols`, with method "wls" and `sigma_joint` the weights' sigma_j.
+
+    Raises
+    ------
+    EstimationError
+        The rows cannot determine the parameters.
+
+    Examples
+    --------
+    Joint 2 is ten times noisier than joint 1; WLS finds each joint's noise and trusts joint 1 more:
+
+    >>> import numpy as np
+    >>> from ident import estimate
+    >>> rng = np.random.default_rng(1)
+    >>> W = rng.normal(size=(5000, 2, 3))
+    >>> y = W @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=(5000, 2)) * [0.01, 0.1]
+    >>> fit = estimate.wls(W, y, names=["a", "b", "c"])
+    >>> np.round(fit.sigma_joint, 2)
+    array([0.01, 0.1 ])
+    >>> bool(np.all(np.abs(fit.beta - [1.0, -2.0, 0.5]) < 3 * fit.std))
+    True
+    >>> bool(np.all(fit.std < estimate.ols(W, y).std))
+    True
+    """
     f = _factor(W, y, mask)
     n = W.shape[1]
     beta_ols = _solve_stacked(f, np.ones(n), names)[0]
@@ -186,13 +259,59 @@ def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
 
 
 def predict(W: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """Predicted measurements (N, n) = W (N, n, p) @ beta (p,)."""
+    """Predicted measurements W @ beta.
+
+    Parameters
+    ----------
+    W : ndarray, shape (N, n, p)
+        The regressor.
+    beta : ndarray, shape (p,)
+        The parameters.
+
+    Returns
+    -------
+    ndarray, shape (N, n)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident import estimate
+    >>> estimate.predict(np.ones((2, 1, 3)), np.array([1.0, 2.0, 3.0]))
+    array([[6.],
+           [6.]])
+    """
     return W @ beta
 
 
 def prediction_errors(W: np.ndarray, y: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per joint on a (validation) recording: RMS of y - W beta (units of y), and that RMS relative to the
-    RMS of y (dimensionless)."""
+    """How well parameters predict measurements, per joint (e.g. on a validation recording).
+
+    Parameters
+    ----------
+    W : ndarray, shape (N, n, p)
+        The regressor.
+    y : ndarray, shape (N, n)
+        The measurements.
+    beta : ndarray, shape (p,)
+        The parameters.
+
+    Returns
+    -------
+    rms : ndarray, shape (n,)
+        RMS of y - W beta, in the units of y.
+    relative : ndarray, shape (n,)
+        rms over the RMS of y (inf for a joint whose y is all zero).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident import estimate
+    >>> W = np.ones((4, 2, 1))
+    >>> y = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
+    >>> rms, relative = estimate.prediction_errors(W, y, np.array([1.5]))
+    >>> rms.tolist(), relative.tolist()
+    ([0.5, 0.5], [0.5, 0.25])
+    """
     e = y - predict(W, beta)
     rms = np.sqrt(np.mean(e * e, axis=0))
     scale = np.sqrt(np.mean(y * y, axis=0))

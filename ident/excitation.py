@@ -1,4 +1,4 @@
-"""Excitation trajectories: finite Fourier series per joint (seed 000 eq. 14) and their optimal design.
+"""Excitation trajectories: finite Fourier series per joint (Zhang, Qin and Zou 2017, eq. 14) and their optimal design.
 
     q_j(t)   = q0_j + sum_l [ a_jl/(wf l) sin(wf l t) - b_jl/(wf l) cos(wf l t) ]
     qd_j(t)  = sum_l [ a_jl cos(wf l t) + b_jl sin(wf l t) ]
@@ -7,7 +7,7 @@
 `design` chooses the coefficients that minimise cond() of the base regressor stacked over one period
 (or maximise log det, D-optimal) with scipy's SLSQP, under the model's position, velocity, acceleration and
 torque limits, starting and ending at rest at a given pose, and optionally keeping the flange above a floor
-plane. The file format is documented in docs/trajectory-file.md.
+plane. The file format is documented in docs/reference/trajectory-file.md.
 """
 from __future__ import annotations
 
@@ -48,7 +48,44 @@ def smooth_ramp(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True, eq=False)
 class FourierTrajectory:
-    """A periodic joint motion. base_frequency f0 in Hz; q0 (n,) rad; a, b (n, H) rad/s."""
+    """A periodic joint motion: a finite Fourier series per joint.
+
+    q_j(t) = q0_j + sum over l = 1..H of a_jl / (wf l) sin(wf l t) - b_jl / (wf l) cos(wf l t), with
+    wf = 2 pi base_frequency.
+
+    Parameters
+    ----------
+    base_frequency : float
+        f0, Hz; the motion repeats every 1/f0 s.
+    q0 : array_like, shape (n,)
+        The offsets, rad.
+    a, b : array_like, shape (n, H)
+        The sine and cosine coefficients, rad/s.
+    joint_names : tuple of str, optional
+        One per joint.
+    info : dict, optional
+        How the trajectory was made (criterion, cond, seed, model, ...).
+    source : str, optional
+        The file it was read from, for messages.
+
+    Raises
+    ------
+    InputError
+        A base frequency out of range, or coefficients of mismatched shapes or not finite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident.excitation import FourierTrajectory
+    >>> traj = FourierTrajectory(0.5, q0=[0.1], a=[[1.0, 0.0]], b=[[0.0, 0.0]])
+    >>> traj.n, traj.harmonics, traj.period
+    (1, 2, 2.0)
+    >>> t, q, qd, qdd = traj.sample(rate_hz=100.0)        # one period, end point included
+    >>> t.shape, q.shape, bool(np.allclose(q[0], q[-1]))
+    ((201,), (201, 1), True)
+    >>> bool(np.allclose(qd[:, 0], np.cos(np.pi * t)))    # qd = a cos(wf t)
+    True
+    """
 
     base_frequency: float
     q0: np.ndarray
@@ -178,7 +215,36 @@ def _rest_constraints(f0: float, H: int) -> np.ndarray:
 # File format (TOML)
 
 def save(traj: FourierTrajectory, path: str | Path) -> None:
-    """Write the trajectory file (docs/trajectory-file.md)."""
+    """Write a trajectory file (TOML, docs/reference/trajectory-file.md).
+
+    Parameters
+    ----------
+    traj : FourierTrajectory
+        The trajectory; its `info` is written as provenance.
+    path : str or Path
+        The file to write (replaced if it exists).
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    OSError
+        The file cannot be written.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from ident import excitation
+    >>> traj = excitation.preset("seed000")
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = pathlib.Path(folder) / "traj.toml"
+    ...     excitation.save(traj, path)
+    ...     again = excitation.load(path)
+    >>> bool((again.a == traj.a).all() and (again.b == traj.b).all() and (again.q0 == traj.q0).all())
+    True
+    """
     import tomli_w
 
     doc = {"trajectory": {"kind": "fourier", "base_frequency": float(traj.base_frequency),
@@ -186,7 +252,7 @@ def save(traj: FourierTrajectory, path: str | Path) -> None:
                           **{k: v for k, v in traj.info.items() if v is not None}},
            "joint": [{"name": name, "q0": float(traj.q0[j]), "a": traj.a[j].tolist(), "b": traj.b[j].tolist()}
                      for j, name in enumerate(traj.joint_names or [f"joint{j + 1}" for j in range(traj.n)])]}
-    header = ("# armid excitation trajectory: finite Fourier series per joint (docs/trajectory-file.md).\n"
+    header = ("# armid excitation trajectory: finite Fourier series per joint (docs/reference/trajectory-file.md).\n"
               "# q_j(t) = q0 + sum_l a_l/(wf l) sin(wf l t) - b_l/(wf l) cos(wf l t), wf = 2 pi base_frequency.\n"
               "# Units: Hz, s, rad, rad/s.\n")
     Path(path).write_text(header + tomli_w.dumps(doc))
@@ -201,8 +267,36 @@ def _is_number(x) -> bool:
 
 
 def load(path: str | Path) -> FourierTrajectory:
-    """Read a trajectory file (docs/trajectory-file.md), strictly: TrajectoryFileError names the file and the
-    field at fault (a missing, mistyped, unknown or inconsistent field, a non-finite number)."""
+    """Read a trajectory file (docs/reference/trajectory-file.md), strictly.
+
+    Parameters
+    ----------
+    path : str or Path
+        The TOML file that `save` or `armid excite design` wrote.
+
+    Returns
+    -------
+    FourierTrajectory
+        With `source` set to the path.
+
+    Raises
+    ------
+    TrajectoryFileError
+        Names the file and the field at fault: a missing, mistyped, unknown or inconsistent field, a
+        non-finite number, a file that is not TOML or cannot be read (an InputError).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from ident import excitation
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = pathlib.Path(folder) / "traj.toml"
+    ...     _ = path.write_text('trajectory = {kind = "fourier", base_frequency = "fast"}')
+    ...     excitation.load(path)
+    Traceback (most recent call last):
+    ...
+    ident.excitation.TrajectoryFileError: ...traj.toml: trajectory.base_frequency: expected a number of Hz ..., got 'fast'
+    """
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text())
@@ -265,14 +359,49 @@ def load(path: str | Path) -> FourierTrajectory:
 
 
 def presets() -> list[str]:
-    """Names of the shipped trajectories."""
+    """Names of the trajectories shipped with armid.
+
+    Returns
+    -------
+    list of str
+        Names `preset` accepts.
+
+    Examples
+    --------
+    >>> from ident import excitation
+    >>> "seed000" in excitation.presets()
+    True
+    """
     from importlib import resources
 
     return sorted(p.name[:-5] for p in (resources.files("ident") / "presets").iterdir() if p.name.endswith(".toml"))
 
 
 def preset(name: str) -> FourierTrajectory:
-    """A shipped trajectory: 'seed000' is Table 1 of seed 000 (6 joints, 6 harmonics)."""
+    """A trajectory shipped with armid.
+
+    Parameters
+    ----------
+    name : str
+        One of `presets()`: "seed000" is the optimised excitation of Table 1 of Zhang, Qin and Zou (2017)
+        (6 joints, 6 harmonics).
+
+    Returns
+    -------
+    FourierTrajectory
+
+    Raises
+    ------
+    TrajectoryFileError
+        No preset of that name (the shipped ones are listed).
+
+    Examples
+    --------
+    >>> from ident import excitation
+    >>> traj = excitation.preset("seed000")
+    >>> traj.n, traj.harmonics, traj.base_frequency
+    (6, 6, 0.1)
+    """
     from importlib import resources
 
     if name not in presets():
@@ -533,21 +662,74 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
            restarts: int = 1, grid: int = GRID_PER_PERIOD, check_rate_hz: float = 1000.0,
            base: BaseParameters | None = None, exact_gradients: bool = True,
            progress: bool = False, target: Criterion | None = None, moving=None) -> FourierTrajectory:
-    """Optimal excitation (seed 000 eq. 15): minimise cond() (criterion="cond") or maximise log det
-    (criterion="logdet", D-optimal) of the base regressor over one period sampled at `grid` points, with
-    scipy's SLSQP from `restarts` random feasible starts drawn from `seed`. The motion starts and ends at
-    rest at start_pose (rad; default mid-range), keeps the model's position, velocity, acceleration and
-    torque limits (tightened by SAFETY on the grid, then checked exactly at check_rate_hz), and, with
-    floor_z (m), keeps the flange origin above that plane. base_frequency in Hz. base: the model's base
-    parameters if already computed. exact_gradients=False lets SLSQP take finite differences instead of
-    the chain-rule gradients (slower; kept for comparison in benchmarks/bench_excitation.py).
-    target: the regressor whose cond / log det is the criterion (default: the base regressor; e.g. the
-    payload regressor, ident.payload.excitation). moving: indices of the joints that move (default all);
-    the others stay at start_pose.
+    """Optimal excitation trajectory for identification, within the model's limits.
 
-    info of the result: model, criterion, cond and logdet of the result and of the best random start (both on
-    GRID_PER_PERIOD samples, whatever the search grid), seed, restarts, start_pose, floor_z.
-    Raises InputError for impossible settings, LimitError if the start pose itself breaks a limit.
+    Minimises cond() (criterion "cond") or maximises log det (criterion "logdet", D-optimal) of the base
+    regressor over one period sampled at `grid` points, with scipy's SLSQP from `restarts` random feasible
+    starts drawn from `seed`. The motion starts and ends at rest at start_pose and keeps the model's
+    position, velocity, acceleration and torque limits (tightened by SAFETY on the grid, then checked
+    exactly at check_rate_hz).
+
+    Parameters
+    ----------
+    model : Model
+        The arm.
+    harmonics : int
+        H, 2..MAX_HARMONICS (three coefficients per joint are spent on starting at rest).
+    base_frequency : float
+        Hz; the period is 1/base_frequency.
+    start_pose : array_like, shape (n,), optional
+        rad; default the middle of each joint's range.
+    criterion : {"cond", "logdet"}
+        What is optimised.
+    floor_z : float, optional
+        m: keep the flange origin above this plane of the base frame.
+    seed : int
+        Seed of the random starts.
+    max_iter : int
+        SLSQP iterations per start.
+    restarts : int
+        Random starts; the best feasible result is kept.
+    grid : int
+        Samples per period on which the criterion and the limits are evaluated.
+    check_rate_hz : float
+        The rate of the final exact limit check.
+    base : BaseParameters, optional
+        The model's base parameters, if already computed.
+    exact_gradients : bool
+        False lets SLSQP take finite differences (slower; kept for benchmarks/bench_excitation.py).
+    progress : bool
+        Show a progress bar.
+    target : Criterion, optional
+        The regressor whose cond / log det is the criterion (default: the base regressor; e.g. the payload
+        regressor, ident.payload.excitation).
+    moving : array_like of int, optional
+        Indices of the joints that move (default all); the others stay at start_pose.
+
+    Returns
+    -------
+    FourierTrajectory
+        Its `info` holds model, criterion, cond and logdet of the result and of the best random start
+        (both on GRID_PER_PERIOD samples), seed, restarts, start_pose and floor_z.
+
+    Raises
+    ------
+    InputError
+        Impossible settings (harmonics, frequency, grid, criterion, moving joints).
+    LimitError
+        The start pose itself breaks a limit.
+
+    Examples
+    --------
+    >>> from ident import excitation
+    >>> from ident.model import load_model
+    >>> model = load_model("generic6")
+    >>> traj = excitation.design(model, harmonics=2, base_frequency=0.25, max_iter=5, grid=24, seed=3)
+    >>> traj.n, traj.harmonics, traj.info["criterion"]
+    (6, 2, 'cond')
+    >>> traj.info["cond"] <= traj.info["start_cond"], excitation.at_rest(traj)
+    (True, True)
+    >>> excitation.check(model, traj)                      # within every limit: no error
     """
     if criterion not in ("cond", "logdet"):
         raise InputError(f"criterion: expected 'cond' or 'logdet', got {criterion!r}")
@@ -597,8 +779,44 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
 
 
 def check(model: Model, traj: FourierTrajectory, *, rate_hz: float = 1000.0, floor_z: float | None = None) -> None:
-    """Raise LimitError (joint, quantity, time) unless the trajectory, sampled at rate_hz over one period,
-    keeps every limit of the model."""
+    """Check a trajectory against every limit of a model.
+
+    Parameters
+    ----------
+    model : Model
+        The arm.
+    traj : FourierTrajectory
+        The motion, sampled over one period.
+    rate_hz : float
+        The sampling rate of the check.
+    floor_z : float, optional
+        m: the flange origin must stay above this plane of the base frame.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    LimitError
+        The first violation: joint, quantity and time (an InputError).
+    InputError
+        The trajectory has another number of joints than the model.
+
+    Examples
+    --------
+    >>> from ident import excitation
+    >>> from ident.excitation import FourierTrajectory
+    >>> from ident.model import load_model
+    >>> model = load_model("generic6")
+    >>> traj = excitation.preset("seed000")
+    >>> excitation.check(model, traj)
+    >>> fast = FourierTrajectory(traj.base_frequency, traj.q0, 4 * traj.a, 4 * traj.b)
+    >>> excitation.check(model, fast)
+    Traceback (most recent call last):
+    ...
+    ident.limits.LimitError: ...
+    """
     if traj.n != model.n:
         raise InputError(f"trajectory has {traj.n} joints, model {model.name} has {model.n}")
     t, q, qd, qdd = traj.sample(rate_hz)

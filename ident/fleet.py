@@ -1,5 +1,5 @@
 """Identification for a fleet: many recordings (arms x runs) identified as Dask tasks, a fleet table with one row
-per arm and run, and drift between an arm's runs (docs/identification.md, "Many recordings: a fleet").
+per arm and run, and drift between an arm's runs (docs/guides/identification.md, "Many recordings: a fleet").
 
     read_manifest / jobs_from_glob -> identify_many (dask.distributed, or a plain loop) -> fleet table with drift
     -> fleet.parquet, fleet.csv, fleet.html (ident.fleet_report)
@@ -145,12 +145,17 @@ class Outcome:
 
 
 def _row(job: Job, ident, out: Path, root: Path) -> dict:
-    """The job's row of the fleet table: data quality, fit and validation figures, base parameters with std."""
+    """The job's row of the fleet table: data quality, fit and validation figures, base parameters with std.
+    lost_device_samples: the device samples the recording says were lost before it (None when it says nothing);
+    dropped_samples: the recording's samples no fit row comes from (ident.results.dropped_samples)."""
+    from ident.results import dropped_samples
+
     rows, fit = ident.rows, ident.fit
     row: dict = {"arm_id": job.arm_id, "run": job.run, "date": job.date, "status": "ok", "error": None,
                  "recording": os.path.relpath(job.recording, root), "model": job.model,
                  "result": os.path.relpath(out / "result.json", root),
-                 "samples": int(rows.samples),
+                 "samples": int(rows.samples), "lost_device_samples": rows.lost_device_samples,
+                 "dropped_samples": dropped_samples(rows),
                  "stale_repeats": 0 if rows.mended is None else int(rows.mended.repeats),
                  "bridged_samples": int(rows.bridged_samples), "unused_samples": int(rows.unused_samples),
                  "segments": int(rows.segments), "rows": int(len(rows.t)), "cond": float(fit.cond),
@@ -283,6 +288,37 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
     -------
     FleetResult
         The rows (manifest order) with drift, the failures and the files written.
+
+    Raises
+    ------
+    InputError
+        No jobs. A job whose recording is bad or whose identification fails does not raise: it is in
+        `failures` with the reason, and the other jobs go on.
+
+    Examples
+    --------
+    Two runs of one simulated arm, and a recording that is not there:
+
+    >>> import tempfile, pathlib
+    >>> import numpy as np
+    >>> from ident import dynamics, excitation
+    >>> from ident.fleet import Job, identify_many
+    >>> from ident.model import load_model
+    >>> model = load_model("generic6")
+    >>> t, q, qd, qdd = excitation.preset("seed000").sample(rate_hz=100.0)
+    >>> header = ",".join(["t"] + [f"q{j}" for j in range(1, 7)] + [f"tau{j}" for j in range(1, 7)])
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> for run in (1, 2):
+    ...     tau = dynamics.rnea(model, q, qd, qdd) + np.random.default_rng(run).normal(0, 0.01, q.shape)
+    ...     np.savetxt(folder / f"run{run}.csv", np.column_stack([t, q, tau]), delimiter=",", header=header,
+    ...                comments="")
+    >>> jobs = [Job("arm-7", "generic6", str(folder / f"run{run}.csv")) for run in (1, 2, 3)]
+    >>> fleet = identify_many(jobs, folder / "out", scheduler="serial", progress=False, report=False)
+    >>> [(row["run"], row["status"]) for row in fleet.rows]
+    [('run1', 'ok'), ('run2', 'ok'), ('run3', 'failed')]
+    >>> len(fleet.failures), (folder / "out" / "arm-7" / "run1" / "result.json").is_file()
+    (1, True)
+    >>> import shutil; shutil.rmtree(folder)
     """
     if not jobs:
         raise InputError("no recordings to identify")

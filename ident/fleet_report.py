@@ -81,12 +81,18 @@ def write_fleet_report(rows: list[dict], out: str | Path) -> Path:
             [[html.escape(str(r["arm_id"])), html.escape(str(r["run"])), html.escape(str(r["recording"])),
               f'<span class="l">{html.escape(str(r["error"]))}</span>'] for r in failed])]
     quality = [[html.escape(str(r["arm_id"])), html.escape(str(r["run"])), str(r["samples"]),
-                str(r["stale_repeats"]), str(r["bridged_samples"]), str(r["unused_samples"]), _g(r["cond"]),
+                "&mdash;" if r.get("lost_device_samples") is None else str(r["lost_device_samples"]),
+                str(r["dropped_samples"]), str(r["stale_repeats"]), str(r["bridged_samples"]),
+                str(r["unused_samples"]), _g(r["cond"]),
                 _g(r["residual_rms_max"]),
                 "&mdash;" if r["validation_relative_max"] is None else f"{100 * r['validation_relative_max']:.2f} %"]
                for r in ok]
-    parts += ["<h2>Runs</h2>", _table(["arm", "run", "samples", "stale repeats", "bridged", "unused", "cond",
-                                       "max residual RMS (N m)", "max validation error"], quality)]
+    parts += ["<h2>Runs</h2>", _table(["arm", "run", "samples", "lost device samples", "dropped", "stale repeats",
+                                       "bridged", "unused", "cond", "max residual RMS (N m)",
+                                       "max validation error"], quality),
+              "<p>Lost device samples: what the recording says the driver never received (&mdash;: it does not "
+              "say). Dropped: samples of the recording no fit row comes from (stale repeats, and unused samples in "
+              "segments too short for the filters).</p>"]
     if ok:
         xs, xlabel = _x(ok)
         parts.append(f"<h2>Base parameters over the runs</h2><p>Bars: {DRIFT_SIGMA:g} sigma; red rings: drift "

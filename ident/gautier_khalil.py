@@ -1,4 +1,4 @@
-"""Closed-form base parameters of modified-DH chains: Gautier & Khalil (1990), seed 004.
+"""Closed-form base parameters of modified-DH chains: Gautier & Khalil (1990).
 
 The rules act on rows of P (beta = P chi), starting from the identity:
   1. no-effect rules (prismatic links before r1; r1 parallel to gravity, extended to the links that spin

@@ -1,4 +1,4 @@
-"""Load-separated dynamics (seed 003, Sun & Ma 1990): the payload's terms kept apart from the arm's.
+"""Load-separated dynamics (Sun & Ma 1990): the payload's terms kept apart from the arm's.
 
     tau = H(q) qdd + h(q, qd) + G(q) + friction(qd)            (arm, with rotor inertias in H)
         + H_w(q) qdd + h_w(q, qd) + G_w(q)                      (payload w, 10 parameters in the flange frame)

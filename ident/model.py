@@ -2,7 +2,7 @@
 
 A Model is numbers only (Pinocchio's Model/Data split): kinematic placements and axes, the standard
 parameters of every link and joint, drive constants and limits. Kernels in ident.kernels read its
-arrays; nothing here is evaluated per sample. The file format is documented in docs/model-file.md.
+arrays; nothing here is evaluated per sample. The file format is documented in docs/reference/model-file.md.
 """
 from __future__ import annotations
 
@@ -46,12 +46,57 @@ def _frozen(a, shape=None) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Model:
-    """A serial arm of n joints.
+    """A serial arm of n joints: kinematics, standard parameters, drive constants and limits (immutable).
 
     Joint j moves frame j relative to frame j-1: first the fixed placement (placement_R, placement_p),
     then a rotation about (revolute) or translation along (prismatic) the unit `axis`, both given in
     frame j. Link j is rigidly attached to frame j; its 10 inertial parameters are about the origin
-    of frame j, in its axes: [XX XY XZ YY YZ ZZ mX mY mZ m] (kg m^2, kg m, kg).
+    of frame j, in its axes: [XX XY XZ YY YZ ZZ mX mY mZ m] (kg m^2, kg m, kg). Build one with
+    `load_model`; `with_parameters` returns a copy with other standard parameters.
+
+    Parameters
+    ----------
+    name, source : str
+        The model's name and the file it came from (for messages).
+    joint_names : tuple of str
+        One per joint.
+    joint_type : ndarray of int, shape (n,)
+        0 revolute, 1 prismatic.
+    placement_R, placement_p : ndarray, shape (n, 3, 3) and (n, 3)
+        Frame j in frame j-1 before the joint moves (rotation; position in m).
+    axis : ndarray, shape (n, 3)
+        Unit joint axes in frame j.
+    inertial : ndarray, shape (n, 10)
+        Standard inertial parameters per link, [XX XY XZ YY YZ ZZ mX mY mZ m].
+    drive : ndarray, shape (n, 4)
+        Ia (kg m^2), fc (N m), fv (N m s/rad), offset (N m) per joint.
+    gear_ratio, torque_constant : ndarray, shape (n,)
+        Motor turns per joint turn; motor N m per A.
+    q_min, q_max, qd_max, qdd_max, tau_max : ndarray, shape (n,)
+        Limits: rad, rad/s, rad/s^2, N m (m, m/s, m/s^2, N for prismatic joints); inf where none.
+    gravity : ndarray, shape (3,)
+        m/s^2 in the base frame.
+    flange_R, flange_p : ndarray, shape (3, 3) and (3,)
+        The flange frame in frame n.
+    dh : ndarray, shape (n, 4), optional
+        alpha, d, theta, r when the model is modified DH.
+    rated_payload : float
+        kg: the heaviest payload the arm is rated for (inf when not stated).
+    flange_frame : str
+        The flange frame's name: a URDF chain's tip link, or "flange".
+
+    Examples
+    --------
+    >>> from ident.model import load_model
+    >>> model = load_model("generic6")
+    >>> model.n, model.joint_names[0], model.is_dh
+    (6, 'j1', True)
+    >>> chi = model.standard_parameters()
+    >>> chi.shape, model.parameter_names()[:3], model.parameter_names()[-1]
+    ((84,), ['XX1', 'XY1', 'XZ1'], 'offset6')
+    >>> heavier = model.with_parameters(chi * 2)
+    >>> float(heavier.standard_parameters()[9] / chi[9])             # m1 doubled; model unchanged
+    2.0
     """
 
     name: str
@@ -246,7 +291,7 @@ class _Fields:
         return v
 
 
-# the keys of each table (docs/model-file.md); anything else is refused by _Fields.only
+# the keys of each table (docs/reference/model-file.md); anything else is refused by _Fields.only
 _TOP_KEYS = ("robot", "joint")
 _ROBOT_KEYS = ("name", "gravity", "flange", "rated_payload")
 _URDF_ROBOT_KEYS = _ROBOT_KEYS + ("urdf", "base", "tip")
@@ -382,17 +427,54 @@ def _urdf_with_overrides(path: Path, robot: _Fields, raw_joints: list, gravity, 
 
 
 def shipped_models() -> list[str]:
-    """Names of the models that ship with armid (e.g. 'generic6', 'puma560')."""
+    """Names of the models that ship with armid.
+
+    Returns
+    -------
+    list of str
+        Names `load_model` accepts in place of a path.
+
+    Examples
+    --------
+    >>> from ident.model import shipped_models
+    >>> shipped_models()
+    ['generic6', 'puma560']
+    """
     folder = resources.files("ident") / SHIPPED_DIR
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
 def load_model(path: str | Path, tip: str = "") -> Model:
-    """Load a model from a TOML file, a URDF file, or a shipped name such as "generic6".
+    """Load a model from a TOML file, a URDF file, or a shipped model's name.
 
-    Raises ModelError (one line naming file, field and expectation) for any unusable input.
-    `tip` selects the last link of the chain (the flange frame) in a URDF, or in a model file that names
-    one (`[robot] urdf`); a model file without a URDF refuses it. `Model.flange_frame` names the frame.
+    Parameters
+    ----------
+    path : str or Path
+        A .toml model file (docs/reference/model-file.md), a .urdf file, or the name of a shipped model such as
+        "generic6" (`shipped_models`).
+    tip : str, optional
+        The last link of the chain (the flange frame) in a URDF, or in a model file that names one
+        (`[robot] urdf`); a model file without a URDF refuses it. `Model.flange_frame` names the frame.
+
+    Returns
+    -------
+    Model
+
+    Raises
+    ------
+    ModelError
+        An unusable input, in one line naming the file, the field and what was expected (an InputError).
+
+    Examples
+    --------
+    >>> from ident.model import load_model
+    >>> model = load_model("puma560")
+    >>> model.name, model.n
+    ('puma560', 6)
+    >>> load_model("no-such-arm")
+    Traceback (most recent call last):
+    ...
+    ident.model.ModelError: no-such-arm: (name): expected a .toml or .urdf path, or a shipped model: generic6, puma560
     """
     text = str(path)
     p = Path(text)

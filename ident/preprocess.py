@@ -1,6 +1,6 @@
 """From a recording to identification samples: loading, zero-phase filtering, differentiation, decimation.
 
-    rec = load_recording("run.csv")                 # CSV or NPZ, strictly checked (docs/data-files.md)
+    rec = load_recording("run.csv")                 # CSV or NPZ, strictly checked (docs/reference/data-files.md)
     s = prepare(rec, bandwidth_hz=traj_bandwidth)   # filtered q and y, central-difference qd, qdd
     Wd, yd = decimate_parallel(W, s.y, factor=10)   # the same low-pass + downsampling on W and y
     keep = ~slow_rows(qd_decimated, 0.05)           # rows where Coulomb friction is well modelled
@@ -93,8 +93,10 @@ class Recording(_JointSamples):
     positions, i.e. tau[k] or current[k] belongs to the motion at t[k] - effort_delay (a current averaged
     over the sampling period that ends at t[k] lags by half a period; a drive's current filter adds its
     group delay). `prepare` aligns the effort with the motion. clock_hz: the logger's nominal sample rate (Hz)
-    when the file states it (the rate `ident.resample` resamples uneven samples to), else None. Constructing
-    one checks shapes, finiteness, time order, the delay and the clock.
+    when the file states it (the rate `ident.resample` resamples uneven samples to), else None. lost_samples:
+    the device samples the recording says were lost before they reached it (the driver's count, stream v2's
+    lost-sample field), None when it says nothing. Constructing one checks shapes, finiteness, time order, the
+    delay, the clock and the lost count.
     """
 
     t: np.ndarray
@@ -105,6 +107,7 @@ class Recording(_JointSamples):
     source: str
     effort_delay: float = 0.0
     clock_hz: float | None = None
+    lost_samples: int | None = None
 
     def __post_init__(self) -> None:
         fields = {"t": self.t, "q": self.q, "tau": self.tau, "current": self.current, "qd": self.qd}
@@ -114,6 +117,8 @@ class Recording(_JointSamples):
         object.__setattr__(self, "effort_delay", check_effort_delay(self.effort_delay, self.source))
         if self.clock_hz is not None:
             object.__setattr__(self, "clock_hz", check_clock(self.clock_hz, self.source))
+        if self.lost_samples is not None:
+            object.__setattr__(self, "lost_samples", check_lost_samples(self.lost_samples, self.source))
 
     @property
     def kind(self) -> str:
@@ -156,6 +161,35 @@ def check_clock(value, source: str = "recording") -> float:
         raise PreprocessError(f"{source}: clock_hz: expected a sampling rate in (0, {MAX_CLOCK_HZ:g}] Hz, "
                               f"got {value!r}")
     return rate
+
+
+def check_lost_samples(value, source: str = "recording") -> int:
+    """The stated count of lost device samples, checked.
+
+    Parameters
+    ----------
+    value : int, float or str
+        The count as stated (a CSV comment field, an NPZ array).
+    source : str
+        The recording's name, for the message.
+
+    Returns
+    -------
+    int
+        The count.
+
+    Raises
+    ------
+    PreprocessError
+        Unless it is a whole number >= 0.
+    """
+    try:
+        count = float(value)
+    except (TypeError, ValueError):
+        raise PreprocessError(f"{source}: lost_samples: expected a count of samples, got {value!r}") from None
+    if not (math.isfinite(count) and count >= 0 and count == int(count)):
+        raise PreprocessError(f"{source}: lost_samples: expected a whole number >= 0, got {value!r}")
+    return int(count)
 
 
 _PREFIX = {"q": "q", "tau": "tau", "current": "i", "qd": "qd"}   # array name -> CSV column prefix
@@ -223,7 +257,7 @@ def _check_arrays(source: str, fields: dict[str, np.ndarray | None],
 def load_recording(path: str | Path, *, n: int | None = None) -> Recording:
     """Read a recording: CSV (header t, q1..qn, tau1..taun or i1..in, optional qd1..qdn; comment lines before
     the header may state `effort_delay = S` and `clock_hz = HZ`) or NPZ (arrays t, q, tau or current, optional
-    qd, effort_delay, clock_hz). SI units: s, rad, N m, A. Layout: docs/data-files.md. A CSV's rows are read by
+    qd, effort_delay, clock_hz). SI units: s, rad, N m, A. Layout: docs/reference/data-files.md. A CSV's rows are read by
     pyarrow when it is installed (the `ident` extra), else by numpy.
 
     n: the number of joints expected (e.g. the model's). Raises PreprocessError naming the file and the
@@ -289,11 +323,11 @@ def _load_npz(path: Path) -> Recording:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise PreprocessError(f"{path}: not a readable NPZ file: {exc}") from None
-    known = ("t", "q", "tau", "current", "qd", "effort_delay", "clock_hz")
+    known = ("t", "q", "tau", "current", "qd", "effort_delay", "clock_hz", "lost_samples")
     unknown = sorted(set(arrays) - set(known))
     if unknown:
         raise PreprocessError(f"{path}: unknown array(s) {', '.join(unknown)}: expected t, q, tau or current, qd, "
-                              "effort_delay, clock_hz")
+                              "effort_delay, clock_hz, lost_samples")
     for name in ("t", "q"):
         if name not in arrays:
             raise PreprocessError(f"{path}: missing array {name!r}")
@@ -301,14 +335,15 @@ def _load_npz(path: Path) -> Recording:
         if arr.dtype.kind not in "iuf":
             raise PreprocessError(f"{path}: array {name!r}: expected real numbers, got dtype {arr.dtype}")
     scalars = {}
-    for name, unit in (("effort_delay", "s"), ("clock_hz", "Hz")):
+    for name, unit in (("effort_delay", "s"), ("clock_hz", "Hz"), ("lost_samples", "samples")):
         value = arrays.pop(name, None)
         if value is not None and value.shape not in ((), (1,)):
             raise PreprocessError(f"{path}: array {name!r}: expected one number ({unit}), got shape {value.shape}")
         scalars[name] = None if value is None else value.reshape(()).item()
     clock = None if scalars["clock_hz"] is None else check_clock(scalars["clock_hz"], f"{path}")
+    lost = None if scalars["lost_samples"] is None else check_lost_samples(scalars["lost_samples"], f"{path}")
     return Recording(arrays["t"], arrays["q"], arrays.get("tau"), arrays.get("current"), arrays.get("qd"), str(path),
-                     check_effort_delay(scalars["effort_delay"] or 0.0, f"{path}"), clock)
+                     check_effort_delay(scalars["effort_delay"] or 0.0, f"{path}"), clock, lost)
 
 
 _HEADER = re.compile(r"^(t|q|tau|i|qd)(\d*)$")
@@ -356,9 +391,10 @@ def _data_lines(text: str) -> list[tuple[int, str]]:
     return [(i + 1, s) for i, s in enumerate(text.splitlines()) if s.strip() and not s.lstrip().startswith("#")]
 
 
-# a comment line before the header that states a field of the recording: "# effort_delay = 0.0005" (s) or
-# "# clock_hz = 1000" (Hz, the logger's nominal sample rate)
-_FIELD = re.compile(r"^#\s*(effort_delay|clock_hz)\s*[=:]\s*(\S+)\s*$")
+# a comment line before the header that states a field of the recording: "# effort_delay = 0.0005" (s),
+# "# clock_hz = 1000" (Hz, the logger's nominal sample rate) or "# lost_samples = 12" (device samples lost before
+# the recording)
+_FIELD = re.compile(r"^#\s*(effort_delay|clock_hz|lost_samples)\s*[=:]\s*(\S+)\s*$")
 
 
 def _csv_head(path: Path) -> tuple[int, str | None, dict[str, str]]:
@@ -430,6 +466,8 @@ def _load_csv(path: Path) -> Recording:
     width = len(header.split(","))
     delay = check_effort_delay(stated["effort_delay"], f"{path}: effort_delay") if "effort_delay" in stated else 0.0
     clock = check_clock(stated["clock_hz"], f"{path}: clock_hz") if "clock_hz" in stated else None
+    lost = (check_lost_samples(stated["lost_samples"], f"{path}: lost_samples") if "lost_samples" in stated
+            else None)
     data = _read_body(path, header_line, width)
     if data is None or len(data) == 0:
         lines = _data_lines(path.read_text(encoding="utf-8-sig"))
@@ -447,7 +485,7 @@ def _load_csv(path: Path) -> Recording:
               "qd": arrays.get("qd")}
     checked = _check_arrays(str(path), fields, locate)
     return Recording(checked["t"], checked["q"], checked.get("tau"), checked.get("current"), checked.get("qd"),
-                     str(path), delay, clock)
+                     str(path), delay, clock, lost)
 
 
 def _diagnose_csv(path: Path, rows: list[tuple[int, str]], header: list[str]) -> None:

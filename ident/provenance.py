@@ -1,6 +1,6 @@
 """Where a result came from: the armid version, the SHA-256 of every input file and of the model, the command
 line, the arm's id and the UTC time, with paths relative to the directory the result is written to, so that a
-result directory moved or copied elsewhere still names its inputs (docs/identification.md, "Provenance")."""
+result directory moved or copied elsewhere still names its inputs (docs/guides/identification.md, "Provenance")."""
 from __future__ import annotations
 
 import hashlib
@@ -101,13 +101,22 @@ def provenance(out_dir: str | Path, inputs: dict[str, str | Path | None], model:
             "command_line": [str(a) for a in argv], "arm_id": arm_id, "inputs": files, "model": model_doc}
 
 
-def write_provenance(out_dir: str | Path, inputs: dict[str, str | Path | None], model: str | Path | None = None, *,
-                     arm_id: str | None = None, argv: list[str] | None = None) -> Path:
-    """Write provenance.json (the block of `provenance`) into out_dir, for the commands whose results have no
-    JSON document of their own to hold it (payload, calibration); returns its path."""
-    import json
+def for_toml(doc):
+    """The provenance block (or any JSON-like value) without its null entries, which TOML cannot hold.
 
-    path = Path(out_dir) / "provenance.json"
-    doc = provenance(out_dir, inputs, model, arm_id=arm_id, argv=argv)
-    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    return path
+    Parameters
+    ----------
+    doc : dict, list or scalar
+        A provenance block of `provenance`.
+
+    Returns
+    -------
+    dict, list or scalar
+        The same without None values at any depth: a missing key in calibration.toml's [provenance] means
+        what null means in result.json.
+    """
+    if isinstance(doc, dict):
+        return {k: for_toml(v) for k, v in doc.items() if v is not None}
+    if isinstance(doc, list):
+        return [for_toml(v) for v in doc if v is not None]
+    return doc

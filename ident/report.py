@@ -1,19 +1,24 @@
 """The identification report: report.html with PNG plots (matplotlib, Agg, no pyplot state).
 
-Plots: measured vs predicted torque per joint, residuals, validation (when given), the excitation
-trajectory, and the relative standard deviation of every base parameter. Tables: the fit per joint, the
-base parameters with sigma % (badly identified ones flagged), drive gains, and the consistent standard
-parameters when computed.
+Plots: measured vs predicted torque per joint, residuals, validation (when given; with the reference model's
+prediction beside the identified model's when a reference is given), the excitation trajectory, the relative
+standard deviation of every base parameter and, with a reference model, each base parameter's difference from
+the reference in units of its std. Tables: the fit per joint, the base parameters with sigma % (badly identified
+ones flagged), the comparison with the reference model (flagged beyond 3 sigma), drive gains, the consistent
+standard parameters when computed, and the provenance (armid version, UTC time, command line, input files
+with their SHA-256) from the same record as result.json's.
 """
 from __future__ import annotations
 
 import html
+import shlex
 from pathlib import Path
 
 import numpy as np
 
 from ident.batch import Identification
-from ident.results import BADLY_IDENTIFIED_PCT
+from ident.reference import REFERENCE_SIGMA, ReferenceComparison
+from ident.results import BADLY_IDENTIFIED_PCT, losses_note
 
 PNG_DPI = 90
 
@@ -64,8 +69,35 @@ def _sigma_plot(path: Path, names: list[str], pct: np.ndarray) -> Path:
     return path
 
 
-def write_plots(ident: Identification, out: str | Path) -> dict[str, Path]:
-    """Write the PNG plots into out; returns {name: path}."""
+def _reference_plot(path: Path, c: ReferenceComparison) -> Path:
+    """Each base parameter's (identified - reference) / std, with its +-REFERENCE_SIGMA bar."""
+    from ident.extras import require
+
+    Figure = require("matplotlib.figure", "the report's plots").Figure
+
+    fig = Figure(figsize=(9.0, 3.4))
+    fig.subplots_adjust(left=0.08, right=0.99, top=0.9, bottom=0.25)
+    ax = fig.subplots()
+    x = np.arange(len(c.names))
+    limit = max(4 * REFERENCE_SIGMA, 1.0)
+    z = np.clip(np.nan_to_num(c.sigma_difference, nan=0.0, posinf=limit, neginf=-limit), -limit, limit)
+    for flagged, colour in ((False, "tab:blue"), (True, "tab:red")):
+        k = c.flagged == flagged
+        ax.errorbar(x[k], z[k], yerr=REFERENCE_SIGMA, fmt="o", ms=3, capsize=2, color=colour, lw=0.8)
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.set_xticks(x, c.names, rotation=90, fontsize=7)
+    ax.set_ylabel("(identified - reference) / std")
+    ax.set_title(f"identified vs reference {c.model_name}: bars +-{REFERENCE_SIGMA:g} std (red: reference "
+                 f"outside them; clipped at +-{limit:g})")
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=PNG_DPI)
+    return path
+
+
+def write_plots(ident: Identification, out: str | Path,
+                reference: ReferenceComparison | None = None) -> dict[str, Path]:
+    """Write the PNG plots into out; returns {name: path}. With a reference comparison, also reference.png and
+    the reference model's torque on the validation plot."""
     out = Path(out)
     names = list(ident.model.joint_names)
     rows, fit = ident.rows, ident.fit
@@ -83,23 +115,29 @@ def write_plots(ident: Identification, out: str | Path) -> dict[str, Path]:
                                   names, "", "excitation trajectory (recorded, filtered)"),
         "sigma": _sigma_plot(out / "sigma.png", ident.base.names, fit.relative_std_pct),
     }
+    if reference is not None:
+        plots["reference"] = _reference_plot(out / "reference.png", reference)
     if ident.validation is not None:
         v = ident.validation
-        plots["validation"] = _joint_plot(
-            out / "validation.png", v.rows.t, [(v.rows.in_torque(ident.gains) if ident.gains is not None else v.rows.y,
-                                                "measured", {"lw": 1.2}),
-                                               (v.predicted, "predicted", {"lw": 1.0, "ls": "--"})],
-            names, "N m", f"validation ({Path(v.rows.source).name}): torque")
+        series = [(v.rows.in_torque(ident.gains) if ident.gains is not None else v.rows.y, "measured", {"lw": 1.2}),
+                  (v.predicted, "predicted (identified)", {"lw": 1.0, "ls": "--"})]
+        if reference is not None:
+            series.append((v.rows.W @ reference.reference, f"predicted ({reference.model_name})",
+                           {"lw": 0.9, "ls": ":"}))
+        plots["validation"] = _joint_plot(out / "validation.png", v.rows.t, series, names, "N m",
+                                          f"validation ({Path(v.rows.source).name}): torque")
     return plots
 
 
-def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None,
+           table_id: str | None = None) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = []
     for i, r in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         body.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    attr = f' id="{table_id}"' if table_id else ""
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def _g(x: float, digits: int = 4) -> str:
@@ -113,15 +151,48 @@ th{background:#f0f0f0}tr.bad td{background:#fde8e8}td.l{text-align:left}img{max-
 .warn{background:#fde8e8;padding:.5em 1em;border-left:4px solid #c00000}"""
 
 
-def write_html(ident: Identification, out: str | Path, plots: dict[str, Path]) -> Path:
-    """Write report.html into out, referring to the PNG plots by file name."""
+def _reference_section(c: ReferenceComparison) -> list[str]:
+    rows = [[html.escape(n), _g(v, 6), _g(s, 3), _g(r, 6), _g(z, 4),
+             f"beyond {REFERENCE_SIGMA:g} sigma" if f else ""]
+            for n, v, s, r, z, f in zip(c.names, c.identified, c.std, c.reference, c.sigma_difference, c.flagged)]
+    return [f"<h2>Comparison with the reference model {html.escape(c.model_name)}</h2>",
+            f"<p>{c.within} of {len(c.names)} base parameters within {REFERENCE_SIGMA:g} identified standard "
+            f"deviations of the reference model's. Difference in sigma: (identified - reference) / std.</p>",
+            '<img src="reference.png" alt="identified vs reference">',
+            _table(["name", "identified", "std", "reference", "difference (sigma)", "flag"], rows,
+                   ["bad" if f else "" for f in c.flagged], table_id="reference-comparison")]
+
+
+def _provenance_section(p: dict) -> list[str]:
+    inputs = [[f'<span class="l">{html.escape(role)}</span>', f'<span class="l">{html.escape(e["path"])}</span>',
+               f'<code>{html.escape(e["sha256"])}</code>'] for role, e in p.get("inputs", {}).items()]
+    model = p.get("model")
+    if model is not None:
+        inputs.append(['<span class="l">model</span>', '<span class="l">'
+                       + html.escape(model.get("path") or f'{model.get("shipped")} (shipped with armid)') + "</span>",
+                       f'<code>{html.escape(model["sha256"])}</code>'])
+    facts = [("armid version", p.get("armid_version")), ("created (UTC)", p.get("created_utc")),
+             ("arm id", p.get("arm_id")), ("command line", shlex.join(p.get("command_line") or []))]
+    lines = "".join(f"<li>{name}: <code>{html.escape(str(value))}</code></li>" for name, value in facts
+                    if value is not None)
+    return ["<h2>Provenance</h2>", f'<ul id="provenance">{lines}</ul>',
+            "<p>Input files (paths relative to this folder) and the SHA-256 of their bytes:</p>",
+            _table(["input", "path", "SHA-256"], inputs, table_id="provenance-inputs")]
+
+
+def write_html(ident: Identification, out: str | Path, plots: dict[str, Path],
+               reference: ReferenceComparison | None = None, provenance: dict | None = None) -> Path:
+    """Write report.html into out, referring to the PNG plots by file name; with the comparison with a reference
+    model and the provenance record (ident.provenance.provenance) when given."""
     out = Path(out)
     fit, rows, model = ident.fit, ident.rows, ident.model
     pct = fit.relative_std_pct
     bad = [not p <= BADLY_IDENTIFIED_PCT for p in pct]
+    losses = losses_note(rows)
     parts = [f"<h1>Identification of {html.escape(model.name)}</h1>",
              f"<p>Data <code>{html.escape(rows.source)}</code>: {rows.samples} samples at {rows.rate_hz:g} Hz "
-             f"({rows.kind}){', ' + html.escape(rows.gaps_note()) if rows.gaps_note() else ''}; cut-off {rows.cutoff_hz:.3g} Hz, decimation {rows.factor}, "
+             f"({rows.kind}){', ' + html.escape(rows.gaps_note()) if rows.gaps_note() else ''}"
+             f"{'; ' + html.escape(losses) if losses else ''}; cut-off {rows.cutoff_hz:.3g} Hz, decimation {rows.factor}, "
              f"{len(rows.t)} rows, "
              f"rows slower than {ident.slow_velocity:g} rad/s left out. Weighted least squares (Gautier's weights): "
              f"condition number {fit.cond:.4g}; {sum(bad)} of {len(bad)} base parameters above "
@@ -166,6 +237,8 @@ def write_html(ident: Identification, out: str | Path, plots: dict[str, Path]) -
     parts += ["<h2>Base parameters</h2>", '<img src="sigma.png" alt="relative standard deviations">',
               _table(["name", "value (SI)", "std", "sigma %", "definition"], param_rows,
                      ["bad" if b else "" for b in bad])]
+    if reference is not None:
+        parts += _reference_section(reference)
     if ident.consistent is not None:
         c = ident.consistent
         P = c.chi.reshape(model.n, -1)
@@ -175,6 +248,8 @@ def write_html(ident: Identification, out: str | Path, plots: dict[str, Path]) -
                   _table(["joint", "XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m", "Ia", "fc", "fv",
                           "offset"], std_rows)]
     parts.append('<h2>Excitation trajectory</h2><img src="trajectory.png" alt="trajectory">')
+    if provenance is not None:
+        parts += _provenance_section(provenance)
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>armid identification: "
             f"{html.escape(model.name)}</title><style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
     path = out / "report.html"
@@ -182,8 +257,27 @@ def write_html(ident: Identification, out: str | Path, plots: dict[str, Path]) -
     return path
 
 
-def write_report(ident: Identification, out: str | Path) -> Path:
-    """Write report.html and its PNG plots into the directory out (created); returns the HTML path."""
+def write_report(ident: Identification, out: str | Path, *, reference: ReferenceComparison | None = None,
+                 provenance: dict | None = None) -> Path:
+    """Write report.html and its PNG plots into the directory out (created).
+
+    Parameters
+    ----------
+    ident : Identification
+        The identification to report.
+    out : str or Path
+        The output directory.
+    reference : ReferenceComparison, optional
+        The comparison with a reference model (ident.reference.compare_with_reference): a table, a plot and the
+        reference model's torque on the validation plot.
+    provenance : dict, optional
+        The provenance record (ident.provenance.provenance) that result.json holds too.
+
+    Returns
+    -------
+    Path
+        report.html.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return write_html(ident, out, write_plots(ident, out))
+    return write_html(ident, out, write_plots(ident, out, reference), reference, provenance)

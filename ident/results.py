@@ -1,5 +1,5 @@
-"""What `armid identify` writes: result.json (docs/identification.md) and the identified model file (TOML,
-docs/model-file.md) that ident.model.load_model reads back to the same torques."""
+"""What `armid identify` writes: result.json (docs/guides/identification.md) and the identified model file (TOML,
+docs/reference/model-file.md) that ident.model.load_model reads back to the same torques."""
 from __future__ import annotations
 
 import json
@@ -12,6 +12,8 @@ from ident.batch import Identification
 from ident.consistent import min_eigenvalues
 from ident.model import Model
 from ident.provenance import relative_path
+from ident.reference import ReferenceComparison, compare_with_reference
+from ident.spatial import rpy as _rpy
 
 FORMAT = "armid-identification/1"
 BADLY_IDENTIFIED_PCT = 10.0   # relative standard deviation above which a parameter is flagged
@@ -34,10 +36,51 @@ def _source(source: str, out_dir: str | Path | None) -> str:
     return relative_path(source, out_dir)
 
 
+def dropped_samples(rows) -> int:
+    """Samples of the recording that no fit row comes from.
+
+    Parameters
+    ----------
+    rows : ident.batch.Rows
+        The recording's fit rows.
+
+    Returns
+    -------
+    int
+        The stale repeats dropped (ident.resample) plus the samples in segments too short for the filters
+        (Rows.unused_samples); samples bridged in are not counted.
+    """
+    return (0 if rows.mended is None else int(rows.mended.repeats)) + int(rows.unused_samples)
+
+
+def losses_note(rows) -> str:
+    """What a recording lost, in words.
+
+    Parameters
+    ----------
+    rows : ident.batch.Rows
+        The recording's fit rows.
+
+    Returns
+    -------
+    str
+        "the recording reports 6 device samples lost before it; 4 of its samples dropped (...)", or "" when
+        it reports none and none were dropped.
+    """
+    parts = []
+    if rows.lost_device_samples:
+        parts.append(f"the recording reports {rows.lost_device_samples} device samples lost before it")
+    dropped = dropped_samples(rows)
+    if dropped:
+        parts.append(f"{dropped} of its samples dropped (stale repeats, segments too short)")
+    return "; ".join(parts)
+
+
 def result_document(ident: Identification, out_dir: str | Path | None = None,
-                    provenance: dict | None = None) -> dict:
+                    provenance: dict | None = None, reference: ReferenceComparison | None = None) -> dict:
     """The content of result.json as plain Python values (SI units). Source files are named relative to
-    out_dir when given; provenance (ident.provenance.provenance) is stored as it is."""
+    out_dir when given; provenance (ident.provenance.provenance) is stored as it is; a comparison with a
+    reference model (ident.reference.compare_with_reference) as the block "reference"."""
     fit, base, rows = ident.fit, ident.base, ident.rows
     rel = fit.relative_std_pct
     doc: dict = {
@@ -48,7 +91,8 @@ def result_document(ident: Identification, out_dir: str | Path | None = None,
                  "bandwidth_hz": rows.bandwidth_hz, "bandwidth_from": rows.bandwidth_source,
                  "resampling": None if rows.mended is None else rows.mended.as_dict(),
                  "cutoff_hz": rows.cutoff_hz, "effort_delay_s": rows.effort_delay, "segments": rows.segments,
-                 "unused_samples": rows.unused_samples, "bridged_samples": rows.bridged_samples, "decimation": rows.factor, "rows": int(len(rows.t)),
+                 "unused_samples": rows.unused_samples, "bridged_samples": rows.bridged_samples,
+                 "lost_device_samples": rows.lost_device_samples, "dropped_samples": dropped_samples(rows), "decimation": rows.factor, "rows": int(len(rows.t)),
                  "rows_used_per_joint": [int(r) for r in fit.rows], "slow_velocity_rad_s": ident.slow_velocity},
         "base_parameters": [
             {"name": name, "expression": expr, "value": _num(v), "std": _num(s), "relative_std_pct": _num(r),
@@ -79,27 +123,34 @@ def result_document(ident: Identification, out_dir: str | Path | None = None,
                              "rms_measured": None if v.rms_measured is None else _nums(v.rms_measured),
                              "relative_measured": None if v.relative_measured is None else _nums(v.relative_measured),
                              "units": "N m"}
+    if reference is not None:
+        doc["reference"] = {"model": reference.model_name, "values": _nums(reference.reference),
+                            "sigma_difference": _nums(reference.sigma_difference),
+                            "flagged": [bool(f) for f in reference.flagged], "within": reference.within}
     if ident.trajectory is not None:
         t = ident.trajectory
         doc["trajectory"] = {"base_frequency": t.base_frequency, "harmonics": t.harmonics}
     return doc
 
 
-def write_result(ident: Identification, path: str | Path, provenance: dict | None = None) -> Path:
-    """Write result.json (with its provenance block, ident.provenance.provenance, when given; source paths
-    relative to its directory); returns its path."""
+def write_result(ident: Identification, path: str | Path, provenance: dict | None = None,
+                 reference: ReferenceComparison | None = None) -> Path:
+    """Write result.json (with its provenance block, ident.provenance.provenance, and the comparison with a
+    reference model when given; source paths relative to its directory); returns its path."""
     path = Path(path)
-    doc = result_document(ident, path.parent, provenance)
+    doc = result_document(ident, path.parent, provenance, reference)
     path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
     return path
 
 
 def write_identification(ident: Identification, out: str | Path, source: str, *, with_report: bool = True,
-                         provenance: dict | None = None) -> dict[str, Path]:
+                         provenance: dict | None = None, reference: Model | None = None) -> dict[str, Path]:
     """Write what `armid identify` writes into the directory out (created): result.json (with provenance,
     ident.provenance.provenance, when given), report.html (+ PNGs) unless with_report is false and, with a
     consistent fit, model.toml, model.urdf and model.sidecar.json (ident.urdf_export). source names the
-    recording in model.toml's header. The report's writing is timed into result.json's seconds.
+    recording in model.toml's header. The report's writing is timed into result.json's seconds. With a reference
+    model, result.json and report.html compare the base parameters with its (ident.reference); the report
+    shows the provenance record too.
 
     Returns
     -------
@@ -113,12 +164,13 @@ def write_identification(ident: Identification, out: str | Path, source: str, *,
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    comparison = None if reference is None else compare_with_reference(ident, reference)
     written = {}
     if with_report:
         started = time.perf_counter()
-        written["report"] = report.write_report(ident, out)
+        written["report"] = report.write_report(ident, out, reference=comparison, provenance=provenance)
         ident.seconds["report"] = time.perf_counter() - started
-    written = {"result": write_result(ident, out / "result.json", provenance), **written}
+    written = {"result": write_result(ident, out / "result.json", provenance, comparison), **written}
     model = ident.identified_model()
     if model is not None:
         written["model"] = write_model(
@@ -129,20 +181,12 @@ def write_identification(ident: Identification, out: str | Path, source: str, *,
     return written
 
 
-def _rpy(R: np.ndarray) -> list[float]:
-    """URDF roll-pitch-yaw of R = Rz(yaw) Ry(pitch) Rx(roll)."""
-    pitch = math.atan2(-R[2, 0], math.hypot(R[0, 0], R[1, 0]))
-    roll = math.atan2(R[2, 1], R[2, 2])
-    yaw = math.atan2(R[1, 0], R[0, 0])
-    return [roll, pitch, yaw]
-
-
 def _limit(x: float) -> float:
     return float(x) if math.isfinite(x) else math.copysign(1e300, x)
 
 
 def model_document(model: Model) -> dict:
-    """A model as the TOML tables of docs/model-file.md (inertia about the link-frame origin, exact)."""
+    """A model as the TOML tables of docs/reference/model-file.md (inertia about the link-frame origin, exact)."""
     joints = []
     for j in range(model.n):
         inertial = model.inertial[j]

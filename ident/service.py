@@ -1,4 +1,4 @@
-"""The identification service: online RLS on the driver's live state stream (docs/ident-service.md).
+"""The identification service: online RLS on the driver's live state stream (docs/guides/ident-service.md).
 
 One thread polls two sockets:
   SUB  the driver's state stream (firmware_bridge.stream, version 1): read at most every drain_s seconds,
@@ -501,7 +501,7 @@ class IdentService:
 
     # -- commands ------------------------------------------------------------------------------------
     def handle(self, req) -> dict:
-        """One JSON command (docs/ident-service.md); never raises."""
+        """One JSON command (docs/guides/ident-service.md); never raises."""
         if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
             return {"ok": False, "error": 'request: expected a JSON object with a "cmd" string'}
         cmd = req["cmd"]

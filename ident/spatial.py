@@ -4,6 +4,8 @@ These run once per model load, never per sample; the per-sample versions live in
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -115,3 +117,11 @@ def is_physically_consistent(chi10: np.ndarray, tol: float = 1e-9) -> tuple[bool
     if a + b < c3 - tol * scale:
         return False, "principal moments break the triangle inequality"
     return True, ""
+
+
+def rpy(R: np.ndarray) -> list[float]:
+    """URDF roll-pitch-yaw (rad) of a rotation matrix R = Rz(yaw) Ry(pitch) Rx(roll)."""
+    pitch = math.atan2(-R[2, 0], math.hypot(R[0, 0], R[1, 0]))
+    roll = math.atan2(R[2, 1], R[2, 2])
+    yaw = math.atan2(R[1, 0], R[0, 0])
+    return [roll, pitch, yaw]

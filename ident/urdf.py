@@ -6,7 +6,7 @@ joints are folded into the next placement, and the links they carry are merged i
 they hang from. Movable joints off the chain (gripper fingers, say) are locked at zero and merged the
 same way. Links before the first movable joint belong to the fixed base and are ignored. URDF carries
 no drive constants or acceleration limits: those default to zero / unit / infinite (see
-docs/model-file.md for a TOML file that adds them).
+docs/reference/model-file.md for a TOML file that adds them).
 """
 from __future__ import annotations
 

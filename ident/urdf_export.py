@@ -1,4 +1,4 @@
-"""An armid model as URDF, for Pinocchio, MoveIt or a simulator (docs/identification.md, "The identified model
+"""An armid model as URDF, for Pinocchio, MoveIt or a simulator (docs/guides/identification.md, "The identified model
 as URDF").
 
 Each movable joint j becomes a URDF joint from link j-1 to link j, its origin the model's placement of frame j in
@@ -26,7 +26,6 @@ import numpy as np
 
 from ident import spatial
 from ident.model import Model
-from ident.results import _rpy
 
 SIDECAR_FORMAT = "armid-urdf-sidecar/1"
 NO_LIMIT = 1e300
@@ -64,17 +63,70 @@ def _limits(model: Model, j: int) -> dict[str, str]:
             "effort": _f(tau if math.isfinite(tau) else 0.0)}
 
 
-def urdf_text(model: Model, link_names: list[str] | None = None) -> str:
-    """The URDF document of a model (a string). link_names: base link then one per joint (default base_link,
-    link1..linkn)."""
+STICK_RADIUS = 0.03   # m, the stick figure's cylinders; its spheres are 1.5 times as wide
+
+
+def _stick(link: ET.Element, to: np.ndarray) -> None:
+    """A sphere at the link's origin and a cylinder from there to the point `to` (m, in the link's frame)."""
+    from scipy.spatial.transform import Rotation
+
+    sphere = ET.SubElement(link, "visual")
+    ET.SubElement(ET.SubElement(sphere, "geometry"), "sphere", radius=_f(1.5 * STICK_RADIUS))
+    length = float(np.linalg.norm(to))
+    if length < 1e-6:
+        return
+    R = Rotation.align_vectors([to / length], [[0.0, 0.0, 1.0]])[0].as_matrix()
+    rod = ET.SubElement(link, "visual")
+    ET.SubElement(rod, "origin", xyz=_fs(np.asarray(to) / 2), rpy=_fs(spatial.rpy(R)))
+    ET.SubElement(ET.SubElement(rod, "geometry"), "cylinder", radius=_f(STICK_RADIUS), length=_f(length))
+
+
+def urdf_text(model: Model, link_names: list[str] | None = None, *, visuals: bool = False) -> str:
+    """The model as URDF text (see the module docstring for what goes where).
+
+    Parameters
+    ----------
+    model : Model
+        The arm.
+    link_names : list of str, optional
+        The n + 1 link names, base first, distinct and none named as the flange frame (default:
+        base_link, then link1 to linkn).
+    visuals : bool, optional
+        Give each link a stick figure (a sphere at its joint, a cylinder to the next joint), so that a 3D
+        view shows the arm; the dynamics do not change (default False).
+
+    Returns
+    -------
+    str
+        The URDF document; the flange frame is a fixed joint to a link named after it.
+
+    Raises
+    ------
+    ValueError
+        Link names that are not as above, or a link whose inertial parameters URDF cannot carry (a
+        massless link with first moments).
+
+    Examples
+    --------
+    >>> from ident.model import load_model
+    >>> from ident.urdf_export import urdf_text
+    >>> text = urdf_text(load_model("generic6"))
+    >>> text.count("<joint "), text.count('type="revolute"')
+    (7, 6)
+    """
     n = model.n
     links = link_names or ["base_link"] + [f"link{j + 1}" for j in range(n)]
     if len(links) != n + 1 or len(set(links)) != n + 1 or model.flange_frame in links:
         raise ValueError(f"link names: expected {n + 1} distinct names other than {model.flange_frame!r}")
     robot = ET.Element("robot", name=model.name)
-    ET.SubElement(robot, "link", name=links[0])
+    ends = [*model.placement_p[1:], model.flange_p]     # the next joint's origin in each link
+    base = ET.SubElement(robot, "link", name=links[0])
+    if visuals:
+        _stick(base, model.placement_p[0])
     for j in range(n):
         link = ET.SubElement(robot, "link", name=links[j + 1])
+        if visuals:
+            _stick(link, ends[j])
         m, c, Jc = link_inertial(model.inertial[j])
         inertial = ET.SubElement(link, "inertial")
         ET.SubElement(inertial, "origin", xyz=_fs(c), rpy="0 0 0")
@@ -85,7 +137,7 @@ def urdf_text(model: Model, link_names: list[str] | None = None) -> str:
                               type="revolute" if model.joint_type[j] == 0 else "prismatic")
         ET.SubElement(joint, "parent", link=links[j])
         ET.SubElement(joint, "child", link=links[j + 1])
-        ET.SubElement(joint, "origin", xyz=_fs(model.placement_p[j]), rpy=_fs(_rpy(model.placement_R[j])))
+        ET.SubElement(joint, "origin", xyz=_fs(model.placement_p[j]), rpy=_fs(spatial.rpy(model.placement_R[j])))
         ET.SubElement(joint, "axis", xyz=_fs(model.axis[j]))
         ET.SubElement(joint, "limit", **_limits(model, j))
         Ia, fc, fv, offset = model.drive[j]
@@ -94,7 +146,7 @@ def urdf_text(model: Model, link_names: list[str] | None = None) -> str:
     flange = ET.SubElement(robot, "joint", name=f"{model.flange_frame}_joint", type="fixed")
     ET.SubElement(flange, "parent", link=links[n])
     ET.SubElement(flange, "child", link=model.flange_frame)
-    ET.SubElement(flange, "origin", xyz=_fs(model.flange_p), rpy=_fs(_rpy(model.flange_R)))
+    ET.SubElement(flange, "origin", xyz=_fs(model.flange_p), rpy=_fs(spatial.rpy(model.flange_R)))
     ET.indent(robot)
     return '<?xml version="1.0"?>\n' + ET.tostring(robot, encoding="unicode") + "\n"
 
@@ -121,19 +173,48 @@ def sidecar_document(model: Model, urdf_name: str) -> dict:
 
 
 def write_urdf(model: Model, path: str | Path) -> tuple[Path, Path]:
-    """Write the model as URDF to path and its sidecar (path with suffix .sidecar.json) beside it.
+    """Write the model as URDF and, beside it, the JSON sidecar with what URDF cannot carry.
 
     Parameters
     ----------
     model : Model
         The model, e.g. the identified one (ident.batch.Identification.identified_model).
     path : str or Path
-        The URDF file to write.
+        The URDF file to write; the sidecar is path with the suffix .sidecar.json.
 
     Returns
     -------
-    (Path, Path)
-        The URDF file and the sidecar JSON file.
+    urdf : Path
+        The URDF file.
+    sidecar : Path
+        The sidecar JSON file.
+
+    Raises
+    ------
+    OSError
+        A file cannot be written.
+    ValueError
+        A link whose inertial parameters URDF cannot carry.
+
+    Examples
+    --------
+    The URDF read back gives the same rigid-body dynamics (the drive terms are in the sidecar):
+
+    >>> import tempfile, pathlib
+    >>> import numpy as np
+    >>> from ident import dynamics
+    >>> from ident.model import load_model
+    >>> from ident.urdf_export import write_urdf
+    >>> model = load_model("generic6")
+    >>> q, qd, qdd = np.random.default_rng(0).uniform(-1, 1, (3, 5, 6))
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     urdf, sidecar = write_urdf(model, pathlib.Path(folder) / "generic6.urdf")
+    ...     back = load_model(urdf)
+    ...     names = urdf.name, sidecar.name
+    >>> names
+    ('generic6.urdf', 'generic6.sidecar.json')
+    >>> bool(np.allclose(dynamics.rnea(back, q, qd, qdd, drive=False), dynamics.rnea(model, q, qd, qdd, drive=False)))
+    True
     """
     path = Path(path)
     side = path.with_suffix(".sidecar.json")

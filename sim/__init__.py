@@ -3,7 +3,7 @@
     from sim import Simulator
     sim = Simulator("generic6")          # synchronous: sim.step(n); or sim.start() / sim.stop()
 
-See docs/simulator.md.
+See docs/reference/simulator.md.
 """
 from sim.clock import LatenessStats
 from sim.drive import DriveConfig

@@ -34,7 +34,7 @@ leaves to the application, the way a drive's firmware would:
 
 Usage: `Simulator(model, transport=CanDevice(bus=can.Bus(interface="virtual", channel="x")))`, or
 `CanDevice(interface="socketcan", channel="vcan0")` to open the bus at start(). Wire units and maps:
-firmware_bridge.canopen_map, docs/wire-can.md.
+firmware_bridge.canopen_map, docs/reference/wire-can.md.
 """
 from __future__ import annotations
 

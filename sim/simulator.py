@@ -21,7 +21,7 @@ The CSP reference between the cycles' targets is a drive's cubic interpolation w
 feed-forward are the interpolant's own, so the motion is `interpolation_delay(rate_hz)` = one cycle behind
 the targets. At 1 kHz and above a cycle is one tick, exactly as before, without delay. (Loops tuned for
 1 kHz and run at the bus cycle left joint 3 in a ~10 mrad limit cycle at 333 Hz and tripped a following
-error at 250 Hz; targets interpolated linearly biased identification at 250 Hz, docs/simulator.md.)
+error at 250 Hz; targets interpolated linearly biased identification at 250 Hz, docs/reference/simulator.md.)
 
 The current (and torque) of a sample is the one held over the period that ends at the sample's time: the
 mean effort of that period, which belongs to the motion half a period earlier than the sample's positions.

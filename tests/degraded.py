@@ -52,7 +52,7 @@ def degraded_log(model, traj: FourierTrajectory, seed: int, *, periods: float = 
 
 
 def write_csv(path, t, q, y, prefix: str = "tau", fields: dict[str, float] | None = None):
-    """A recording CSV (docs/data-files.md) with the stated fields as comment lines before the header."""
+    """A recording CSV (docs/reference/data-files.md) with the stated fields as comment lines before the header."""
     n = q.shape[1]
     header = ",".join(["t"] + [f"q{j + 1}" for j in range(n)] + [f"{prefix}{j + 1}" for j in range(n)])
     lead = "".join(f"# {k} = {v!r}\n" for k, v in (fields or {}).items())

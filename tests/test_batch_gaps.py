@@ -34,7 +34,7 @@ def exact(model):
 
 
 # samples lost: 3 and 1 (bridged by default), 40 (cut). Not at a velocity reversal: there the effort of generic6's
-# friction turns by 2 fc within a few samples, and a linear bridge of the effort misses it (docs/identification.md)
+# friction turns by 2 fc within a few samples, and a linear bridge of the effort misses it (docs/guides/identification.md)
 GAPS = [(1000, 1003), (1300, 1340), (1700, 1701)]
 
 

@@ -1,6 +1,7 @@
 """The generated C header: the committed file is the generator's output, every contributing module's constants
 are in it, and a C program compiled with the system compiler packs the golden-vector values into the header's
-structs, computes the CRC with the header's function and gets the golden bytes (and reads them back)."""
+structs, computes the CRC with the header's function and gets the golden bytes (and reads them back); another
+decodes state-stream messages made by firmware_bridge.stream with the header's struct and macros."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import pytest
 from firmware_bridge import c_header
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge import serial_vectors as sv
+from firmware_bridge import stream
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
@@ -24,7 +26,8 @@ def test_committed_header_is_the_generators_output():
 
 def test_header_holds_the_constants_of_every_module_that_defines_c_constants():
     names = [m.__name__ for m in c_header.contributing_modules()]
-    assert {"firmware_bridge.cia402", "firmware_bridge.units", "firmware_bridge.serial_protocol"} <= set(names)
+    assert {"firmware_bridge.cia402", "firmware_bridge.units", "firmware_bridge.serial_protocol",
+            "firmware_bridge.stream"} <= set(names)
     text = c_header.generate()
     for module in c_header.contributing_modules():
         for name, value, _ in module.c_constants():
@@ -34,6 +37,19 @@ def test_header_holds_the_constants_of_every_module_that_defines_c_constants():
     assert "#define ARMID_CIA402_CW_ENABLE_OPERATION 15 " in text
     assert "#define ARMID_CIA402_CONTROLWORD 0x6040 " in text
     assert "#define ARMID_SERIAL_CRC32_POLY 0xEDB88320u " in text
+    assert '#define ARMID_STREAM_TOPIC_STATE "state" ' in text
+    assert "#define ARMID_STREAM_HEADER_SIZE 36 " in text
+
+
+def test_string_constants_are_c_literals_and_unsafe_ones_are_refused(monkeypatch):
+    ok = types.SimpleNamespace(__name__="fb.ok", c_constants=lambda: [("S", b"state", "s")])
+    monkeypatch.setattr(c_header, "contributing_modules", lambda: [ok])
+    assert '#define ARMID_S "state"  /* s */' in c_header.generate()
+    for bad in (b'a"b', b"a\\b", b"a\nb", b"\xe9", b"??="):
+        m = types.SimpleNamespace(__name__="fb.bad", c_constants=lambda bad=bad: [("S", bad, "")])
+        monkeypatch.setattr(c_header, "contributing_modules", lambda m=m: [m])
+        with pytest.raises(ValueError, match="C string constant"):
+            c_header.generate()
 
 
 def test_generator_refuses_two_modules_defining_the_same_constant(monkeypatch):
@@ -209,3 +225,93 @@ def test_c_cobs_encodes_and_decodes_as_the_cobs_package_and_refuses_what_it_refu
     assert refused > 20                                                   # the refusals were exercised
     for frame, line in zip(frames, lines[len(plain):]):
         assert bytes.fromhex(line) == cobs.encode(frame)                  # the golden wire bytes, in C
+
+
+_STREAM_PROGRAM = r"""
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include "armid_wire.h"
+
+/* stdin: records of (uint32 length, payload); stdout: one line per record, the decoded values or BAD */
+int main(void)
+{
+    static uint8_t msg[1 << 16];
+    uint32_t len;
+    while (fread(&len, sizeof len, 1, stdin) == 1 && len <= sizeof msg && fread(msg, 1, len, stdin) == len) {
+        armid_stream_header_t h;
+        int n = armid_stream_check(msg, len, &h);
+        if (n < 0) { printf("BAD\n"); continue; }
+        printf("%u %d %" PRIu64 " %" PRIu32 " %" PRIu32 " %" PRId64 " %" PRId64, (unsigned)h.version, n, h.seq,
+               h.flags & ARMID_STREAM_DRIVER_FLAGS_MASK, ARMID_STREAM_LOST_SAMPLES(h.flags), h.device_time_ns,
+               h.host_time_ns);
+        const size_t doubles[4] = {ARMID_STREAM_Q_OFFSET(n), ARMID_STREAM_QD_OFFSET(n), ARMID_STREAM_CURRENT_OFFSET(n),
+                                   ARMID_STREAM_TORQUE_OFFSET(n)};
+        for (int f = 0; f < 4; f++)
+            for (int k = 0; k < n; k++) {
+                double v;
+                memcpy(&v, msg + doubles[f] + (size_t)k * ARMID_STREAM_Q_ELEM_SIZE, sizeof v);
+                printf(" %a", v);
+            }
+        for (int k = 0; k < n; k++) {
+            uint16_t sw, ec;
+            int8_t mode;
+            memcpy(&sw, msg + ARMID_STREAM_STATUSWORD_OFFSET(n) + 2u * (size_t)k, sizeof sw);
+            memcpy(&ec, msg + ARMID_STREAM_ERROR_CODE_OFFSET(n) + 2u * (size_t)k, sizeof ec);
+            memcpy(&mode, msg + ARMID_STREAM_MODE_OFFSET(n) + (size_t)k, sizeof mode);
+            printf(" %u %u %d", (unsigned)sw, (unsigned)ec, (int)mode);
+        }
+        printf(" %d\n", len == ARMID_STREAM_MESSAGE_SIZE(n));
+    }
+    return 0;
+}
+"""
+
+
+def _random_state(rng, n: int, version: int = stream.STREAM_VERSION) -> bytes:
+    m = stream.StateMessage(n)
+    m.record["version"] = version
+    m.set_header(int(rng.integers(0, 2**63)), int(rng.integers(0, 64)) | stream.lost_flags(int(rng.integers(0, 70000))),
+                 int(rng.integers(-2**62, 2**62)), int(rng.integers(0, 2**62)))
+    m.floats[:] = rng.normal(0, 10, (4, n)) * 10.0 ** rng.integers(-5, 5, (4, n))
+    m.words[:] = rng.integers(0, 2**16, (2, n))
+    m.mode[:] = rng.integers(-128, 128, n)
+    return bytes(m.buffer)
+
+
+def _parsed(line: str) -> list:
+    """A line of the C program's output as numbers (%a hex floats exactly)."""
+    return [float.fromhex(t) if "0x" in t else int(t) for t in line.split()]
+
+
+def _expected(payload: bytes) -> list:
+    r = stream.decode_state(payload)
+    n = int(r["n"])
+    head = [int(r["version"]), n, int(r["seq"]), int(r["flags"]) & 0xFFFF, stream.lost_samples(int(r["flags"])),
+            int(r["device_time_ns"]), int(r["host_time_ns"])]
+    doubles = [float(x) for f in ("q", "qd", "current", "torque") for x in r[f]]
+    words = [int(v) for k in range(n) for v in (r["statusword"][k], r["error_code"][k], r["mode"][k])]
+    return [*head, *doubles, *words, 1]
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
+def test_c_program_decodes_state_messages_with_the_headers_struct_and_macros_as_decode_state_does(tmp_path):
+    src, exe = tmp_path / "stream.c", tmp_path / "stream"
+    src.write_text(_STREAM_PROGRAM)
+    build = subprocess.run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1",
+                            f"-I{c_header.HEADER_PATH.parent}", str(src), "-o", str(exe)],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    rng = np.random.default_rng(22)
+    good = [_random_state(rng, n) for n in (1, 2, 6, 7, 64) for _ in range(3)] + [_random_state(rng, 6, version=1)]
+    six = good[6]
+    bad = [b"ARMX" + six[4:], six[:4] + (3).to_bytes(2, "little") + six[6:], six[:4] + bytes(2) + six[6:],
+           six[:-1], six + b"\0", six[:20], b""]
+    records = good + bad
+    run = subprocess.run([str(exe)], input=b"".join(len(r).to_bytes(4, "little") + r for r in records),
+                         capture_output=True, timeout=60)
+    lines = run.stdout.decode().splitlines()
+    assert run.returncode == 0 and len(lines) == len(records)
+    for payload, line in zip(good, lines):
+        assert _parsed(line) == _expected(payload)
+    assert lines[len(good):] == ["BAD"] * len(bad)

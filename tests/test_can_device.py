@@ -643,7 +643,7 @@ FOLLOWING_LIMIT = 2e-3              # rad: what a 3 degree move may lag under ji
 
 def enabled_basenode402(rig: Rig, period: float):
     """Node 1 as a BaseNode402, OPERATIONAL and OPERATION ENABLED in CSP at its position, with its RPDOs and the
-    SYNC sent periodically every `period` s (the recipe of docs/wire-can.md). Returns (drive, start counts, cpr)."""
+    SYNC sent periodically every `period` s (the recipe of docs/reference/wire-can.md). Returns (drive, start counts, cpr)."""
     drive = rig.node(1, BaseNode402)
     for name in ("TIMEOUT_SWITCH_STATE_FINAL", "TIMEOUT_SWITCH_STATE_SINGLE", "TIMEOUT_CHECK_TPDO",
                  "TIMEOUT_SWITCH_OP_MODE", "TIMEOUT_RESET_FAULT"):
@@ -716,7 +716,7 @@ def test_basenode402_csp_with_two_rpdos_before_one_sync_and_none_before_the_next
 @pytest.mark.e2e     # real-time: python-can's periodic tasks against the host's loop; on a loaded machine the
                      # host's late application took it to 3.8 mrad (the whole suite and a benchmark beside it)
 def test_basenode402_csp_on_the_docs_recipe_of_periodic_rpdos_and_sync_follows_within_2_mrad():
-    """The recipe of docs/wire-can.md: the host's RPDOs and the SYNC each on their own python-can periodic
+    """The recipe of docs/reference/wire-can.md: the host's RPDOs and the SYNC each on their own python-can periodic
     task (4 ms, 250 Hz drives), its application setting the next target of a 3 degree move from the drive's
     time (TPDO4) as each sample comes, a 3 degree move over 2 s. The periodic tasks drift against each other
     and the application, so some SYNCs find two new targets, or the last one again (counted). The drive's following error stays under

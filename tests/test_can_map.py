@@ -173,8 +173,8 @@ def test_six_joints_at_1khz_do_not_fit_one_classic_1mbit_bus():
 
 
 def test_docs_contain_the_generated_tables():
-    doc = (ROOT / "docs" / "wire-can.md").read_text()
-    assert cm.pdo_table() in doc, "docs/wire-can.md: paste `python -m firmware_bridge.canopen_map doc`"
+    doc = (ROOT / "docs" / "reference" / "wire-can.md").read_text()
+    assert cm.pdo_table() in doc, "docs/reference/wire-can.md: paste `python -m firmware_bridge.canopen_map doc`"
     assert cm.object_table() in doc
 
 

@@ -180,6 +180,53 @@ def test_silence_is_a_clear_error_and_a_restarted_server_is_reached_by_a_new_soc
         router.close(0)
 
 
+def test_last_sample_is_what_the_callback_thread_read_last_and_health_comes_on_its_own_socket(driver):
+    d, _ = driver
+    got = []
+    arm = _client(d)
+    try:
+        assert arm.last_sample is None
+        thread = arm.on_sample(lambda s: got.append(s.seq))
+        assert wait_until(lambda: len(got) > 50, 10)
+        first = arm.health()                                # the stream thread keeps every state message
+        second = arm.health()                               # waits for the next one (once per second)
+        assert second["cycles"] > first["cycles"] and second["samples_lost"] == 0
+    finally:
+        arm.close()
+    assert not thread.is_alive() and arm.last_sample.seq == got[-1]
+    assert got == list(range(got[0], got[0] + len(got)))
+
+
+def test_health_skips_what_is_not_a_json_object_and_raises_noreply_on_silence():
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def publish():
+        while not stop.wait(0.02):
+            for payload in (b"\xff not json", b"[1, 2]", b'{"cycles": 7}'):
+                pub.send_multipart([stream.TOPIC_HEALTH, payload])
+    t = threading.Thread(target=publish, daemon=True)
+    t.start()
+    arm = ArmClient(f"tcp://127.0.0.1:{port}", timeout_s=0.5)
+    try:
+        assert arm.health(timeout_s=5.0) == {"cycles": 7}
+        assert arm.bad_messages >= 2
+    finally:
+        stop.set()
+        t.join(5)
+        pub.close(0)
+    try:
+        arm.health(timeout_s=0.3)                           # what was published before the publisher stopped
+    except NoReply:
+        pass
+    with pytest.raises(NoReply, match="no health message within 0.3 s"):
+        arm.health(timeout_s=0.3)
+    arm.close()
+
+
 def test_a_client_with_the_right_curve_keys_is_answered_and_one_without_keys_is_not(model, tmp_path):
     keys, clients = tmp_path / "keys", tmp_path / "clients"
     keys.mkdir()

@@ -2,7 +2,7 @@
 LocalNodes, stepped by each SYNC) on one python-can `virtual` bus object, the driver (driver.daemon.Driver with
 driver.transports.can.CanArm, python-canopen RemoteNodes) on another bus object of the same channel, a zmq SUB
 reading the state stream. One process (the virtual bus does not cross processes), so the driver's cycle runs
-at 200 Hz (six Python drives need ~1 ms of CPU per SYNC, docs/wire-can.md; at 250 Hz they fall behind on this
+at 200 Hz (six Python drives need ~1 ms of CPU per SYNC, docs/reference/wire-can.md; at 250 Hz they fall behind on this
 machine) with a generous watchdog. The simulator keeps its 1 kHz step (its drive loops are tuned for 1 ms and
 oscillate at 5 ms): one SYNC = 1 ms of simulated time, so simulated time runs 5x faster than the driver plans,
 and motions are commanded at speed 0.2 (the drives see speed 1)."""

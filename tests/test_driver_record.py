@@ -66,6 +66,13 @@ def test_a_recording_driver_writes_its_stream_and_armid_record_convert_reads_it(
         for name in ("q", "qd", "current", "torque", "statusword", "flags", "host_time_ns", "device_time_ns"):
             np.testing.assert_array_equal(recorded[k][name], seen[k][name])
 
+    from mcap.reader import make_reader
+
+    from driver import mcap_schema
+    with open(path, "rb") as f:
+        topics = [channel.topic for _, channel, _ in make_reader(f).iter_messages(log_time_order=False)]
+    assert topics.count(mcap_schema.TOPIC_ROBOT_DESCRIPTION) == 1           # the driver's model, for a 3D view
+    assert 0.08 * len(recorded) <= topics.count(mcap_schema.TOPIC_TF) <= 0.12 * len(recorded) + 1   # 50 of 500 Hz
     out = tmp_path / "run.npz"
     done = subprocess.run([sys.executable, "-m", "armid.cli", "record", "convert", str(path), "-o", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

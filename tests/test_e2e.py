@@ -5,7 +5,7 @@ channel; converts the recording and identifies it. Once per transport (serial ov
 python-can's udp_multicast, the Modbus TCP gateway), shared by the tests below; the chain checks of all three
 run by default.
 
-Fast mode (FAST): a quarter period of the seed000 excitation (at the transport's plan, docs/demo.md),
+Fast mode (FAST): a quarter period of the seed000 excitation (at the transport's plan, docs/guides/demo.md),
 blended in from rest and out to rest over 2 s each, then the same motion time-reversed for validation.
 Nothing else is shortened: real processes, real links, the driver's real-time cycle, the real recorder.
 
@@ -52,7 +52,7 @@ PERIODS = 0.25
 MIN_MEANINGFUL = 3     # fewer well-identified parameters than this: the excitation reached nothing
 MIN_FRESH = 0.5        # fraction of the driver's cycles that must carry a new sample
 REST_TOLERANCE = 0.02  # rad: the simulated drives' loops, tuned for 1 kHz, hold joint 3 in a limit cycle up to
-                       # 13 mrad off its target at CAN's 250 Hz (docs/demo.md); their following-error window is 0.05
+                       # 13 mrad off its target at CAN's 250 Hz (docs/guides/demo.md); their following-error window is 0.05
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ class DemoRun:
 # (the kernel's default 212992-byte socket buffer holds 8 cycles), and a lost RPDO was a target held for a cycle,
 # then a jump: the simulated drive 6 tripped its following error (0x8611) in about one run of three at load 3.5.
 # Now both sides' sockets get 4 MiB and hear their own group only, the simulated drives extrapolate a lost target
-# as CiA 402 drives do, and the driver keeps every complete sample in order (docs/demo.md).
+# as CiA 402 drives do, and the driver keeps every complete sample in order (docs/guides/demo.md).
 E2E_ONLY: set[str] = set()
 # Each transport with its simulator in lockstep with the driver, and serial and the gateway also free-running
 # (their devices on their own drifting, jittering clocks, as hardware is: armid.chain.FREE_PLANS; CAN's drives
@@ -89,7 +89,7 @@ RUNS = [(t, "lockstep") for t in chain.TRANSPORTS] + [("serial", "free"), ("gate
 # free-running host falls behind the device's clock for stretches: the drives hold, then catch up (a torque kick
 # each). Serial: max |z| 1.7-3.0 in 6 quiet runs, but 4.1 (fc3/fv3) with a wheel build compiling beside it.
 # Gateway (its host on its own 250 Hz timer): 3 of 4 fast demos passed at load 2-6, and it failed once (max |z|
-# 5.8) with the whole suite and a Dask benchmark beside it (docs/demo.md).
+# 5.8) with the whole suite and a Dask benchmark beside it (docs/guides/demo.md).
 E2E_ONLY_RUNS = {("serial", "free"), ("gateway", "free")}
 
 
@@ -177,10 +177,10 @@ def z_scores(doc: dict, true_values: np.ndarray) -> tuple[np.ndarray, np.ndarray
 # only reads then, and the gateway ran at 250 Hz: 7 of 7 runs passed, max |z| 1.7-2.4, two of them with two busy
 # processes added. Its link still sent only the newest command, and a target skipped when the link fell behind
 # failed the check now and then (max |z| 5.0-6.3); since every command goes out once and in order it runs at 1 kHz:
-# 8 of 8 passed, max |z| 2.1-2.9, two at load 2.9 (docs/demo.md).
+# 8 of 8 passed, max |z| 2.1-2.9, two at load 2.9 (docs/guides/demo.md).
 # CAN's was opt-in for its drives' bias at 250 Hz (fv2/fv3 +2 to +5 sigma: the linear interpolation of the targets
-# between the drives' 1 kHz loop ticks, docs/simulator.md); with the drives' cubic interpolation it passed 12 of 12
-# runs at load 2.6-5.5, max |z| 1.7-2.7 (docs/demo.md).
+# between the drives' 1 kHz loop ticks, docs/reference/simulator.md); with the drives' cubic interpolation it passed 12 of 12
+# runs at load 2.6-5.5, max |z| 1.7-2.7 (docs/guides/demo.md).
 def test_the_well_identified_parameters_lie_within_3_reported_sigma_of_the_simulators_truth(demo_run, truth):
     """With honest sigmas each well-identified parameter falls outside 3 sigma with probability 0.27 %, so
     demanding that none of ~34 does would fail 9 % of correct runs. The test asks what honest sigmas give

@@ -1,7 +1,8 @@
 """The live view: `armid foxglove`'s bridge serves a running driver's stream over the Foxglove WebSocket protocol.
 A client written from the protocol (subprotocol foxglove.sdk.v1: advertise, subscribe, binary message data) connects
 on loopback, subscribes to every channel and decodes what comes: the JSON state equals the driver's stream,
-and the frame transforms follow the model."""
+the frame transforms follow the model, the robot description is the model's URDF and health comes as typed
+diagnostics (ROS 2 CDR, decoded by mcap-ros2-support's decoder)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,11 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect
 
+from mcap_ros2._dynamic import generate_dynamic
+
 from armid.foxglove_bridge import Bridge, link_transforms
+from driver import mcap_schema
+from ident import frames
 from ident.model import load_model
 from local_driver import local_driver
 from scipy.spatial.transform import Rotation
@@ -40,6 +45,10 @@ def _messages(ws, seconds: float):
             return
 
 
+TOPICS = {"/joint_states", "/tf", "/armid/state", "/armid/health", "/armid/model", "/robot_description",
+          "/diagnostics"}
+
+
 def test_a_foxglove_client_receives_the_joint_states_tf_state_and_health(live):
     model, driver, bridge = live
     with connect(f"ws://127.0.0.1:{bridge.port}", subprotocols=[PROTOCOL], open_timeout=10) as ws:
@@ -48,11 +57,15 @@ def test_a_foxglove_client_receives_the_joint_states_tf_state_and_health(live):
             msg = json.loads(raw)
             if msg["op"] == "advertise":
                 channels.update({c["topic"]: c for c in msg["channels"]})
-            if {"/joint_states", "/tf", "/armid/state", "/armid/health", "/armid/model"} <= set(channels):
+            if TOPICS <= set(channels):
                 break
-        assert {"/joint_states", "/tf", "/armid/state", "/armid/health", "/armid/model"} <= set(channels)
+        assert TOPICS <= set(channels)
         assert channels["/joint_states"]["schemaName"] == "foxglove.JointStates"
         assert channels["/tf"]["schemaName"] == "foxglove.FrameTransforms"
+        for topic, (name, _) in (("/robot_description", mcap_schema.STRING),
+                                 ("/diagnostics", mcap_schema.DIAGNOSTIC_ARRAY)):
+            assert (channels[topic]["schemaName"], channels[topic]["schemaEncoding"], channels[topic]["encoding"]) \
+                == (name, "ros2msg", "cdr")
         ids = {c["id"]: topic for topic, c in channels.items()}
         ws.send(json.dumps({"op": "subscribe", "subscriptions": [{"id": k, "channelId": c} for k, c in enumerate(ids)]}))
         by_sub = dict(enumerate(ids.values()))
@@ -61,10 +74,18 @@ def test_a_foxglove_client_receives_the_joint_states_tf_state_and_health(live):
             if isinstance(raw, bytes) and raw[0] == 0x01:
                 sub, log_time = struct.unpack_from("<IQ", raw, 1)
                 got.setdefault(by_sub[sub], []).append(raw[13:])
-            if all(len(got.get(t, ())) >= 3 for t in ("/joint_states", "/tf", "/armid/state")) and got.get("/armid/health"):
+            if all(len(got.get(t, ())) >= 3 for t in ("/joint_states", "/tf", "/armid/state")) and all(
+                    got.get(t) for t in ("/armid/health", "/diagnostics", "/robot_description")):
                 break
-    for topic in ("/joint_states", "/tf", "/armid/state", "/armid/health"):
+    for topic in ("/joint_states", "/tf", "/armid/state", "/armid/health", "/diagnostics", "/robot_description"):
         assert got.get(topic), f"nothing on {topic}"
+    decode = {**generate_dynamic(*mcap_schema.STRING), **generate_dynamic(*mcap_schema.DIAGNOSTIC_ARRAY)}
+    assert decode[mcap_schema.STRING[0]](got["/robot_description"][0]).data == frames.robot_description(model)
+    diag = decode[mcap_schema.DIAGNOSTIC_ARRAY[0]](got["/diagnostics"][-1])
+    names = [st.name for st in diag.status]
+    assert names[0] == "armid: cycle" and [f"armid: drive {j}" for j in model.joint_names] == names[1:1 + model.n]
+    cycles = {kv.key: kv.value for kv in diag.status[0].values}["cycles"]
+    assert int(cycles) > 0
     states = [json.loads(p) for p in got["/armid/state"]]
     assert all(b["seq"] > a["seq"] for a, b in zip(states, states[1:]))       # in order, decimated
     truth = driver.cycle.state.q
@@ -83,7 +104,8 @@ def test_the_frame_transforms_chain_to_the_flange_as_the_models_kinematics_do():
     q = np.array([0.3, -0.5, 0.8, 0.1, -0.4, 0.9])
     R, p = np.eye(3), np.zeros(3)
     chain = link_transforms(model, q)
-    assert [c[:2] for c in chain][:2] == [("base", "j1"), ("j1", "j2")] and chain[-1][1] == model.flange_frame
+    assert [c[:2] for c in chain][:2] == [("base_link", "link1"), ("link1", "link2")]
+    assert chain[-1][1] == model.flange_frame
     for _, _, t, quat in chain:
         p = p + R @ t
         R = R @ Rotation.from_quat(quat).as_matrix()

@@ -1,6 +1,6 @@
 """The gateway's register layout (firmware_bridge.gateway): sizes against the Modbus limits, word order against
 pymodbus's own register conversion, golden vectors, refusals with clear errors, hypothesis properties of the
-decoders, the C constants and the generated tables in docs/wire-gateway.md."""
+decoders, the C constants and the generated tables in docs/reference/wire-gateway.md."""
 import json
 import re
 import shutil
@@ -292,7 +292,7 @@ int main(void) {{
 
 
 def test_the_committed_doc_contains_the_generated_register_tables():
-    doc = (ROOT / "docs" / "wire-gateway.md").read_text()
+    doc = (ROOT / "docs" / "reference" / "wire-gateway.md").read_text()
     assert gw.register_tables_markdown() in doc
     # the hand-written address map agrees with the definitions
     for text in (f"| {gw.INPUT_HEADER_SIZE} + {gw.INPUT_DRIVE_STRIDE} n | {gw.input_count(6)} |",

@@ -1,6 +1,6 @@
 """The gateway codec's numba kernels (firmware_bridge.gateway): the words of random images of 1..64 drives over
 every field's whole range against an independent encoding with struct (">H", ">h", ">i", ">I", laid out from
-the register tables of docs/wire-gateway.md, not from the Field tables), words computed by hand for one image
+the register tables of docs/reference/wire-gateway.md, not from the Field tables), words computed by hand for one image
 of each block, and every kind of bad value refused with the same full GatewayError text through the public
 functions and the preallocated *_into path."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from firmware_bridge import gateway as gw
 
-# the layout as docs/wire-gateway.md writes it: (name, register offset in the block, struct code)
+# the layout as docs/reference/wire-gateway.md writes it: (name, register offset in the block, struct code)
 IN_HEADER = (("gateway_status", 2, "H"), ("refused_writes", 3, "H"), ("cycle_counter", 4, "I"),
              ("timestamp_us", 6, "I"))
 IN_DRIVE = (("statusword", 0, "H"), ("mode_display", 1, "h"), ("error_code", 2, "H"), ("position", 4, "i"),

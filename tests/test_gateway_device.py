@@ -363,10 +363,10 @@ def test_latency_spikes_delay_responses_beyond_a_short_client_timeout(rig):
 
 def test_the_documented_example_host_runs_against_the_simulated_gateway(rig):
     sim, gateway, host, _ = rig
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "wire-gateway.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "wire-gateway.md").read_text()
     code = doc.split("## Example host (pymodbus)")[1].split("```python")[1].split("```")[0]
     assert 10 <= len(code.strip().splitlines()) <= 25
-    exec(compile(code, "docs/wire-gateway.md", "exec"), {"PORT": gateway.port})
+    exec(compile(code, "docs/reference/wire-gateway.md", "exec"), {"PORT": gateway.port})
     host.wait_states(State.READY_TO_SWITCH_ON)          # its shutdown command reached every drive
 
 

@@ -1,4 +1,4 @@
-"""The payload workflow of docs/payload.md, run as the page writes it: `armid payload plan --method
+"""The payload workflow of docs/guides/payload.md, run as the page writes it: `armid payload plan --method
 dynamic` and `armid payload identify --method dynamic` on runs of that plan recorded from the simulator
 (sim.recording.simulate: CSP drives at 1 kHz, encoder quantisation, Stribeck friction, torque noise).
 Each method runs on its own: a wrist-only excitation, which the difference method cannot use, still gives
@@ -20,12 +20,12 @@ from ident.payload.excitation import plan as payload_plan
 from ident.preprocess import Recording
 from sim.recording import simulate
 
-DOCS = Path(__file__).parents[1] / "docs" / "payload.md"
+DOCS = Path(__file__).parents[1] / "docs" / "guides" / "payload.md"
 MASS, COM, INERTIA = 2.0, (0.03, -0.02, 0.08), (0.006, 0.0002, -0.0001, 0.007, 0.0003, 0.004)
 
 
 def _documented(prefix: str) -> list[str]:
-    """The one command line of docs/payload.md that starts with `prefix`, as argv for `python -m armid.cli`."""
+    """The one command line of docs/guides/payload.md that starts with `prefix`, as argv for `python -m armid.cli`."""
     lines = [ln.strip() for ln in DOCS.read_text().splitlines() if ln.strip().startswith(prefix)]
     assert len(lines) == 1, (prefix, lines)
     argv = shlex.split(lines[0], comments=True)
@@ -34,7 +34,7 @@ def _documented(prefix: str) -> list[str]:
 
 
 def _write_csv(path: Path, rec: Recording) -> None:
-    """A recording in the CSV layout of docs/data-files.md (t, q1..qn, tau1..taun)."""
+    """A recording in the CSV layout of docs/reference/data-files.md (t, q1..qn, tau1..taun)."""
     n = rec.n
     header = ",".join(["t"] + [f"q{j + 1}" for j in range(n)] + [f"tau{j + 1}" for j in range(n)])
     np.savetxt(path, np.column_stack([rec.t, rec.q, rec.tau]), delimiter=",", header=header, comments="",

@@ -95,7 +95,11 @@ def test_relative_path_survives_moving_the_tree(tmp_path):
     assert (tmp_path / "b" / "out" / rel).resolve().read_text() == "x"
 
 
-def test_payload_and_calibration_results_carry_provenance_json(tmp_path):
+def test_payload_json_and_calibration_toml_carry_their_provenance(tmp_path):
+    """payload.json's "provenance" and calibration.toml's [provenance]: the inputs' SHA-256 equal hashlib's of
+    the files, paths relative to the output folder lead back to them, the model's hash, command line, version."""
+    import tomllib
+
     from ident.calibration.model import from_model, tool_pose
     from ident.calibration.synthesis import random_configurations
     from sim.plant import payload_parameters
@@ -107,22 +111,35 @@ def test_payload_and_calibration_results_carry_provenance_json(tmp_path):
     t = np.arange(len(q)) / 100.0
     loaded = dynamics.merge_payload(model, payload_parameters(1.5, (0.0, 0.0, 0.05), (0.01, 0, 0, 0.01, 0, 0.005)))
     zero = np.zeros_like(q)
-    write_csv(tmp_path / "U.csv", t, q, dynamics.rnea(model, q, zero, zero))
-    write_csv(tmp_path / "L.csv", t, q, dynamics.rnea(loaded, q, zero, zero))
-    argv = ["payload", "identify", "--method", "static", "--loaded", str(tmp_path / "L.csv"), "--unloaded",
-            str(tmp_path / "U.csv"), "--model", "generic6", "-o", str(tmp_path / "payload"), "--quiet"]
+    (tmp_path / "runs").mkdir()
+    write_csv(tmp_path / "runs" / "U.csv", t, q, dynamics.rnea(model, q, zero, zero))
+    write_csv(tmp_path / "runs" / "L.csv", t, q, dynamics.rnea(loaded, q, zero, zero))
+    out = tmp_path / "results" / "payload"
+    argv = ["payload", "identify", "--method", "static", "--loaded", str(tmp_path / "runs" / "L.csv"), "--unloaded",
+            str(tmp_path / "runs" / "U.csv"), "--model", "generic6", "-o", str(out), "--quiet"]
     assert cli.main(argv) == 0
-    prov = json.loads((tmp_path / "payload" / "provenance.json").read_text())
-    assert prov["inputs"] == {"loaded": {"path": "../L.csv", "sha256": digest(tmp_path / "L.csv")},
-                              "unloaded": {"path": "../U.csv", "sha256": digest(tmp_path / "U.csv")}}
+    prov = json.loads((out / "payload.json").read_text())["provenance"]
+    assert prov["inputs"] == {"loaded": {"path": "../../runs/L.csv", "sha256": digest(tmp_path / "runs" / "L.csv")},
+                              "unloaded": {"path": "../../runs/U.csv", "sha256": digest(tmp_path / "runs" / "U.csv")}}
+    assert (out / prov["inputs"]["loaded"]["path"]).resolve() == (tmp_path / "runs" / "L.csv").resolve()
     assert prov["command_line"] == ["armid", *argv] and prov["model"]["shipped"] == "generic6"
+    assert prov["armid_version"] == metadata.version("armid") and prov["created_utc"].endswith("Z")
+    assert not (out / "provenance.json").exists()
 
     cm = from_model(model, (0.1, 0.0, 0.0))
     qc = random_configurations(cm, 30, seed=0)
     points = tool_pose(cm, qc, cm.nominal)[:, :3, 3]
-    meas = tmp_path / "meas.csv"
+    meas = tmp_path / "runs" / "meas.csv"
     np.savetxt(meas, np.hstack([qc, points]), delimiter=",", header="j1,j2,j3,j4,j5,j6,x,y,z", comments="")
-    assert cli.main(["calibrate", "identify", str(meas), "--model", "generic6", "--tool", "0.1", "0", "0",
-                     "-o", str(tmp_path / "cal")]) == 0
-    prov = json.loads((tmp_path / "cal" / "provenance.json").read_text())
-    assert prov["inputs"] == {"measurements": {"path": "../meas.csv", "sha256": digest(meas)}}
+    model_file = tmp_path / "arm.toml"
+    from ident.results import write_model
+    write_model(model, model_file)
+    argv = ["calibrate", "identify", str(meas), "--model", str(model_file), "--tool", "0.1", "0", "0",
+            "-o", str(tmp_path / "cal")]
+    assert cli.main(argv) == 0
+    prov = tomllib.loads((tmp_path / "cal" / "calibration.toml").read_text())["provenance"]
+    assert prov["inputs"] == {"measurements": {"path": "../runs/meas.csv", "sha256": digest(meas)}}
+    assert prov["model"] == {"path": "../arm.toml", "sha256": digest(model_file)}
+    assert prov["command_line"] == ["armid", *argv] and "arm_id" not in prov     # TOML has no null: left out
+    assert prov["armid_version"] == metadata.version("armid")
+    assert not (tmp_path / "cal" / "provenance.json").exists()

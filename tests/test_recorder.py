@@ -40,7 +40,7 @@ NAMES7 = ["base", "shoulder_pitch", "elbow", "w1", "wrist_2_long_name", "w3", "t
 
 # -- helpers -----------------------------------------------------------------------------------------
 def payload(n, seq, *, rng=None, flags=0, device_ns=None, host_ns=None):
-    """A version-1 state message with random values (docs/stream.md), built with firmware_bridge.stream."""
+    """A version-1 state message with random values (docs/reference/stream.md), built with firmware_bridge.stream."""
     rng = rng or np.random.default_rng(seq)
     m = stream.StateMessage(n)
     m.q[:], m.qd[:], m.current[:], m.torque[:] = rng.normal(size=(4, n))
@@ -231,14 +231,16 @@ def test_conversion_to_csv_and_npz_round_trips_the_recorded_values_exactly(live_
             out = tmp_path / f"run-{effort}{suffix}"
             arrays, notes = convert(path, out, effort)
             if suffix == ".csv":
-                header = out.read_text().splitlines()[0].split(",")
+                lines = out.read_text().splitlines()
+                assert lines[0] == "# lost_samples = 0"                # the header's comment, then the columns
+                header = lines[1].split(",")
                 assert header == (["t"] + [f"q{j}" for j in range(1, 7)] + [f"{column}{j}" for j in range(1, 7)]
                                   + [f"qd{j}" for j in range(1, 7)])
-                table = np.loadtxt(out, delimiter=",", skiprows=1)
+                table = np.loadtxt(out, delimiter=",", skiprows=2)
                 t, q, y, qd = table[:, 0], table[:, 1:7], table[:, 7:13], table[:, 13:19]
             else:
                 with np.load(out) as z:
-                    assert sorted(z.files) == sorted(["t", "q", array, "qd", "effort_delay"])
+                    assert sorted(z.files) == sorted(["t", "q", array, "qd", "effort_delay", "lost_samples"])
                     assert z["effort_delay"].shape == () and float(z["effort_delay"]) == 0.0   # not configured
                     t, q, y, qd = z["t"], z["q"], z[array], z["qd"]
             assert len(t) == len(fresh)
@@ -348,6 +350,14 @@ def test_sigint_and_sigterm_finish_a_complete_mcap_with_summary_and_footer(live,
     assert log.complete and by_topic[schema.TOPIC_STATE] == len(log.states) == int(meta["armid.summary"]["messages"])
     assert by_topic[schema.TOPIC_JOINT_STATES] == by_topic[schema.TOPIC_MOTOR_CURRENTS] == len(log.states)
     assert meta["armid"]["model"] == "generic6" and meta["armid"]["joints"] == ",".join(live.model.joint_names)
+    assert by_topic[schema.TOPIC_ROBOT_DESCRIPTION] == 1 and by_topic[schema.TOPIC_TF] >= len(log.states) // 40
+
+
+def test_a_model_whose_joints_are_not_the_drivers_is_refused_before_recording(live, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "armid.cli", "record", "--state", live.bound["state"], "--commands",
+                           live.bound["commands"], "--model", "puma560", "-o", str(tmp_path / "x.mcap"),
+                           "--duration", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--model puma560: joints waist" in done.stderr and "(j1, j2" in done.stderr
 
 
 def test_duration_stops_the_recording_with_a_complete_file(live, tmp_path):
@@ -405,7 +415,7 @@ def test_seq_gaps_are_counted_and_malformed_messages_are_skipped_and_named(tmp_p
     assert log.states["seq"].tolist() == [0, 1, 2, 5, 6, 0, 1]
     for k, p in enumerate(good):
         assert np.array_equal(log.states["q"][k], stream.decode_state(p)["q"])
-    assert len(decoded_by_mcap_ros2(tmp_path / "r.mcap")[schema.TOPIC_HEALTH]) == 1
+    assert len(decoded_by_mcap_ros2(tmp_path / "r.mcap")[schema.TOPIC_DIAGNOSTICS]) == 1
 
 
 def test_the_converter_leaves_out_stale_samples_and_reports_seq_gaps(tmp_path):
@@ -421,7 +431,8 @@ def test_the_converter_leaves_out_stale_samples_and_reports_seq_gaps(tmp_path):
     kept = [p for p in payloads if not stream.decode_state(p)["flags"] & stream.FLAG_STALE]
     np.testing.assert_array_equal(arrays["t"], [(int(stream.decode_state(p)["device_time_ns"]) - 5) / 1e9 for p in kept])
     np.testing.assert_array_equal(arrays["current"], [stream.decode_state(p)["current"] for p in kept])
-    assert set(arrays) == {"t", "q", "current", "qd", "effort_delay"}
+    assert set(arrays) == {"t", "q", "current", "qd", "effort_delay", "lost_samples"}
+    assert int(arrays["lost_samples"]) == 0                          # seq gaps are no device samples lost
     assert any("3 messages missing in 1 seq gaps" in note for note in notes)
     assert any("2 STALE samples" in note for note in notes)
     assert not any("device samples lost" in note for note in notes)
@@ -434,6 +445,7 @@ def test_the_converter_reports_device_samples_the_driver_lost(tmp_path):
     arrays, notes = identification_arrays(read_recording(tmp_path / "l.mcap"), "current")
     assert len(arrays["t"]) == 40                                      # nothing is filled in or left out
     assert any(note.startswith("5 device samples lost by the driver") for note in notes)
+    assert int(arrays["lost_samples"]) == 5
 
 
 def test_a_file_cut_at_any_byte_reads_as_a_prefix_of_the_recording_or_as_one_error(tmp_path):

@@ -168,6 +168,6 @@ def test_a_noise_free_250_hz_recording_identifies_viscous_friction_without_bias(
     """8 s of seed000 at 250 Hz, perfect sensors: fv1..fv6 within 0.06 % of the truth (1 kHz gives 0.00-0.03 %
     over 40 s). With the targets interpolated linearly, as the drives did before, the same run gave
     +0.12, +0.20, +0.28, +0.09, +0.09, +0.07 %: the velocity kinks every cycle and the acceleration
-    feed-forward's spike at each cycle's first tick, averaged into the cycle's current (docs/simulator.md)."""
+    feed-forward's spike at each cycle's first tick, averaged into the cycle's current (docs/reference/simulator.md)."""
     err = _identify_friction(250.0, 8.0)
     assert np.abs(err).max() < 0.06, err

@@ -1,4 +1,4 @@
-"""`armid calibrate plan|identify`: kinematic calibration (seed 002). File formats: docs/calibration.md."""
+"""`armid calibrate plan|identify`: kinematic calibration (seed 002). File formats: docs/guides/calibration.md."""
 from __future__ import annotations
 
 import argparse
@@ -127,14 +127,15 @@ def _identify(args: argparse.Namespace) -> int:
     result = identify(irr, meas.q, meas.positions, meas.orientations, noise=args.noise)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "calibration.toml").write_text(calibration_toml(result, model, args.tool, "axis fit" if args.axes else "nominal"), encoding="utf-8")
+    from ident.provenance import provenance
+
+    prov = provenance(out, {"measurements": args.measurements, "axes": args.axes or None}, args.model,
+                      argv=getattr(args, "command_line", None))
+    (out / "calibration.toml").write_text(calibration_toml(result, model, args.tool, "axis fit" if args.axes else "nominal",
+                                                           provenance=prov), encoding="utf-8")
     (out / "calibrated.urdf").write_text(calibrated_urdf(cm, result.values, model), encoding="utf-8")
     write_parameter_table(out / "parameters.csv", result)
     write_residuals(out / "residuals.csv", result, meas.lines)
-    from ident.provenance import write_provenance
-
-    write_provenance(out, {"measurements": args.measurements, "axes": args.axes or None}, args.model,
-                     argv=getattr(args, "command_line", None))
     accuracy = predicted_accuracy(result, random_configurations(cm, 500, seed=1))
     report = write_report(out, result, accuracy, f"Kinematic calibration of {model.name}")
     print(f"{len(meas.q)} poses ({measure}{', relative' if args.relative else ''}), {irr.count} parameters: "

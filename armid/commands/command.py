@@ -1,4 +1,4 @@
-"""`armid command`: send one command to a running driver (docs/stream.md) and print its reply; with --wait,
+"""`armid command`: send one command to a running driver (docs/reference/stream.md) and print its reply; with --wait,
 wait until it has taken effect (enable: every drive enabled; a motion: it ended) and show its progress."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def register(sub) -> None:
                                    "read as JSON when it parses (numbers, lists), else as a string. Exit status 1 "
                                    "when the driver refuses the command or faults while waiting.")
     p.add_argument("cmd", help="the command: status, enable, disable, quick_stop, fault_reset, move_to, "
-                               "run_trajectory, set_payload, ... (docs/stream.md)")
+                               "run_trajectory, set_payload, ... (docs/reference/stream.md)")
     p.add_argument("fields", nargs="*", metavar="KEY=VALUE", help="the command's fields")
     p.add_argument("--commands", default=DEFAULT_COMMANDS, metavar="ENDPOINT",
                    help=f"the driver's command endpoint (default {DEFAULT_COMMANDS})")

@@ -45,17 +45,17 @@ def register(sub) -> None:
                    help="how the driver reaches the simulator (default: serial over a pty)")
     p.add_argument("--rate", type=float, default=None, metavar="HZ",
                    help="the driver's cycle rate, and the simulator's (it steps once per driver cycle); default: "
-                        "serial 1000, can 250, gateway 1000 Hz (docs/demo.md)")
+                        "serial 1000, can 250, gateway 1000 Hz (docs/guides/demo.md)")
     p.add_argument("--clocking", default="lockstep", choices=("lockstep", "free"),
                    help="lockstep: the simulator steps once per driver cycle (default); free: it runs on its own "
-                        "drifting, jittering clock, as real drives do (docs/demo.md)")
+                        "drifting, jittering clock, as real drives do (docs/guides/demo.md)")
     p.add_argument("--in-process", action="store_true",
                    help="no processes: step the simulator in this process (synchronous, 1 kHz)")
     p.add_argument("--trajectory", default="seed000", metavar="T",
                    help="excitation: a trajectory file (armid excite design) or a preset (default: seed000)")
     p.add_argument("--periods", type=float, default=1.0, help="periods of the excitation to record (default 1)")
     p.add_argument("--slowdown", type=float, default=None, metavar="K",
-                   help="play the excitation K times slower (default 1, the designed speed; see docs/demo.md)")
+                   help="play the excitation K times slower (default 1, the designed speed; see docs/guides/demo.md)")
     p.add_argument("--current-noise", type=float, default=DEFAULT_CURRENT_NOISE,
                    help=f"--in-process: current sensor noise, A (default {DEFAULT_CURRENT_NOISE})")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sensors")

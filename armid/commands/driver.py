@@ -6,7 +6,7 @@ import argparse
 
 def register(sub) -> None:
     p = sub.add_parser("driver", help="run the driver daemon: drives -> 1 kHz ZeroMQ stream, checked commands")
-    p.add_argument("--config", required=True, help="driver configuration (TOML; see docs/driver.md and deploy/)")
+    p.add_argument("--config", required=True, help="driver configuration (TOML; see docs/reference/driver-config.md and deploy/)")
     p.add_argument("--record", metavar="FILE.mcap", default=None,
                    help="record the driver's own stream into this MCAP file while it runs ([record] in the config)")
     p.set_defaults(run=_run)

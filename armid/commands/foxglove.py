@@ -7,8 +7,8 @@ import argparse
 def register(sub) -> None:
     p = sub.add_parser("foxglove", help="serve the driver's live stream to Foxglove (WebSocket, loopback)",
                        description="Subscribe to the driver's state and health topics and serve them through the "
-                                   "Foxglove SDK's WebSocket server: /joint_states, /tf, /armid/state, "
-                                   "/armid/health, /armid/model. Open Foxglove, 'Open connection', "
+                                   "Foxglove SDK's WebSocket server: /joint_states, /tf, /robot_description, "
+                                   "/diagnostics, /armid/state, /armid/health, /armid/model. Open Foxglove, 'Open connection', "
                                    "Foxglove WebSocket, ws://HOST:PORT.")
     p.add_argument("--state", default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
                    help="the driver's state endpoint (default tcp://127.0.0.1:5555)")

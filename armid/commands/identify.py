@@ -1,5 +1,5 @@
 """`armid identify DATA --model M -o DIR`: batch identification of a recording (CSV, NPZ or the MCAP file of
-`armid record`; docs/identification.md)."""
+`armid record`; docs/guides/identification.md)."""
 from __future__ import annotations
 
 STRICT_EXIT = 3     # exit status of --strict when the checks after the fit warned
@@ -37,9 +37,10 @@ def register(sub) -> None:
                         "identify its segments together (default 3; 0 cuts at every gap)")
     p.add_argument("--slow", metavar="RAD_S", type=float, default=None,
                    help="leave out rows of joints slower than this (default 0.2 rad/s)")
-    p.add_argument("--compare", metavar="MODEL", default=None,
-                   help="print each base parameter beside its value in MODEL (e.g. the model a simulator runs, or "
-                        "the CAD model) and count those within 3 sigma of it")
+    p.add_argument("--reference", "--compare", dest="compare", metavar="MODEL", default=None,
+                   help="compare each base parameter with its value in MODEL (e.g. the CAD model, or the model a "
+                        "simulator runs): printed, in result.json and in report.html (a table, a plot, MODEL's "
+                        "torque on the validation plot), flagged beyond 3 sigma")
     p.add_argument("--current", action="store_true",
                    help=".mcap recordings: identify from the motor currents (default: the joint torques)")
     p.add_argument("--resample", metavar="HZ", type=float, default=None,
@@ -67,13 +68,14 @@ def load_trajectory(spec: str):
     return excitation.load(spec) if Path(spec).suffix or Path(spec).exists() else excitation.preset(spec)
 
 
-def write_outputs(ident, out: Path, source: str, *, with_report: bool = True,
-                  provenance: dict | None = None) -> dict[str, Path]:
-    """result.json, report.html and, with a consistent fit, the model files in out:
-    ident.results.write_identification."""
+def write_outputs(ident, out: Path, source: str, *, with_report: bool = True, provenance: dict | None = None,
+                  reference=None) -> dict[str, Path]:
+    """result.json, report.html and, with a consistent fit, the model files in out (with the comparison with the
+    reference model when given): ident.results.write_identification."""
     from ident.results import write_identification
 
-    return write_identification(ident, out, source, with_report=with_report, provenance=provenance)
+    return write_identification(ident, out, source, with_report=with_report, provenance=provenance,
+                                reference=reference)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     traj = load_trajectory(args.trajectory) if args.trajectory else None
     reference = None if args.compare is None else load_model(args.compare)
     if reference is not None and reference.n != model.n:
-        raise InputError(f"--compare {args.compare}: {reference.n} joints, the model {model.name} has {model.n}")
+        raise InputError(f"--reference {args.compare}: {reference.n} joints, the model {model.name} has {model.n}")
     if verbose:
         print(f"identifying {model.name} from {args.data}", file=sys.stderr)
     warm_kernels(model)
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                                max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge,
                                resample_hz=args.resample)
     written = write_outputs(ident, Path(args.output), args.data, with_report=not args.no_report,
-                            provenance=run_provenance(args))
+                            provenance=run_provenance(args), reference=reference)
     if reference is None:
         print_summary(ident)
     else:
@@ -196,7 +198,7 @@ def run_provenance(args: argparse.Namespace) -> dict:
 
     inputs = {"recording": args.data, "validation": args.validate, "payload_run": args.payload_run,
               "trajectory": args.trajectory if args.trajectory and Path(args.trajectory).is_file() else None,
-              "compare": args.compare if args.compare and Path(args.compare).is_file() else None}
+              "reference": args.compare if args.compare and Path(args.compare).is_file() else None}
     return provenance(args.output, inputs, args.model, arm_id=args.arm_id, argv=getattr(args, "command_line", None))
 
 
@@ -226,12 +228,11 @@ def warm_kernels(model) -> None:
 def print_comparison(ident, reference) -> None:
     """print_summary beside the base parameters of the model `reference` (same structure), and how many
     identified values lie within 3 reported sigma of them."""
-    import numpy as np
+    from ident.reference import REFERENCE_SIGMA, compare_with_reference
 
-    values = ident.base.from_standard(reference.standard_parameters())
-    print_summary(ident, values, reference.name)
-    within = np.abs(ident.fit.beta - values) <= 3 * ident.fit.std
-    print(f"{int(within.sum())} of {len(values)} base parameters within 3 sigma of {reference.name}")
+    c = compare_with_reference(ident, reference)
+    print_summary(ident, c.reference, reference.name)
+    print(f"{c.within} of {len(c.names)} base parameters within {REFERENCE_SIGMA:g} sigma of {reference.name}")
 
 
 def print_summary(ident, truth=None, label: str = "true") -> None:
@@ -239,7 +240,7 @@ def print_summary(ident, truth=None, label: str = "true") -> None:
     the fit statistics."""
     import numpy as np
 
-    from ident.results import BADLY_IDENTIFIED_PCT
+    from ident.results import BADLY_IDENTIFIED_PCT, losses_note
 
     fit = ident.fit
     head = f"{'base parameter':>16} {'identified':>12} {'sigma %':>9}"
@@ -264,6 +265,9 @@ def print_summary(ident, truth=None, label: str = "true") -> None:
               + " ".join(f"{x:.4g}" for x in ident.residual_rms_measured))
     if rows.gaps_note():
         print(f"data: {rows.gaps_note()}")
+    losses = losses_note(rows)
+    if losses:
+        print(f"data: {losses}")
     if ident.validation is not None:
         v = ident.validation
         print("validation RMS per joint vs filtered rows (N m):  " + " ".join(f"{x:.4g}" for x in v.rms)

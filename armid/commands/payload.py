@@ -1,4 +1,4 @@
-"""`armid payload plan|identify|apply`: payload identification (docs/payload.md).
+"""`armid payload plan|identify|apply`: payload identification (docs/guides/payload.md).
 
 - plan: the motion a method needs (a Fourier excitation for the dynamic methods, the seed 001 sweeps for
   torque balance, D-optimal static poses for the static method), as a file the driver runs and, for the
@@ -47,7 +47,7 @@ def register(sub) -> None:
 
     ident = psub.add_parser("identify", help="identify a payload from a loaded and an unloaded run",
                             description="Runs are recordings in the layout of `armid identify` (CSV/NPZ, "
-                                        "docs/data-files.md) or MCAP files of `armid record`. Each method runs "
+                                        "docs/reference/data-files.md) or MCAP files of `armid record`. Each method runs "
                                         "on its own; one that cannot work on the runs is reported with its "
                                         "reason and the others are still printed and written. Exit status: 0 "
                                         "every method gave an estimate, 1 some did and others failed, 2 none "
@@ -166,12 +166,14 @@ def _identify(args: argparse.Namespace) -> int:
     print_table(estimates, frame_text(model))
     for f in failures:
         print(f"{f.method}: no estimate: {f.reason}", file=sys.stderr)
-    written = write_report(estimates, args.output, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}",
-                           failures=failures)
-    from ident.provenance import write_provenance
+    from ident.provenance import provenance
 
-    written["provenance"] = write_provenance(args.output, {"loaded": args.loaded, "unloaded": args.unloaded},
-                                             args.model, argv=getattr(args, "command_line", None))
+    prov = provenance(args.output, {"loaded": args.loaded, "unloaded": args.unloaded,
+                                    "trajectory": args.trajectory if args.trajectory and Path(args.trajectory).is_file()
+                                    else None},
+                      args.model, argv=getattr(args, "command_line", None))
+    written = write_report(estimates, args.output, title=f"payload on {model.name}: {args.loaded} vs {args.unloaded}",
+                           failures=failures, provenance=prov)
     for name, path in written.items():
         print(f"{name}: {path}")
     return SOME_FAILED if failures else 0

@@ -4,7 +4,7 @@
     armid record convert run.mcap -o run.csv|run.npz [--torque|--current]
     armid record info run.mcap
 
-docs/recording.md describes the topics, the timestamps, the crash guarantee and the conversion.
+docs/reference/recording.md describes the topics, the timestamps, the crash guarantee and the conversion.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ def register(sub) -> None:
     p.add_argument("--chunk-seconds", type=float, default=0.25, metavar="S",
                    help="seconds of data per MCAP chunk, at most what a killed recorder loses (default 0.25)")
     p.add_argument("--progress-interval", type=float, default=2.0, metavar="S", help="seconds between progress lines on stderr")
+    p.add_argument("--model", metavar="MODEL",
+                   help="the arm's model (a file or a shipped name), for /robot_description and /tf in the recording "
+                        "(default: the model the driver's status names, when it is a shipped one)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.set_defaults(run=_record, action=None)
     actions = p.add_subparsers(dest="action", required=False, metavar="{convert,info}")
@@ -69,6 +72,8 @@ def _record(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(f"armid record: {text}", file=sys.stderr, flush=True)
 
+    model = _model(args.model, meta.get("model"), joint_names, say)
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
@@ -78,7 +83,7 @@ def _record(args: argparse.Namespace) -> int:
                    chunk_seconds=args.chunk_seconds, stop=stop, duration_s=args.duration,
                    progress=lambda s: say(s.line()), progress_interval_s=args.progress_interval,
                    log=logging.getLogger(__name__).warning,
-                   metadata=meta, overwrite=args.force)
+                   metadata=meta, overwrite=args.force, model=model)
     for reason, count in stats.reasons.items():
         say(f"skipped {count} x {reason}")
     if stats.messages == 0:
@@ -87,6 +92,23 @@ def _record(args: argparse.Namespace) -> int:
     say(f"done: {stats.messages} state messages, {stats.dropped} dropped in {stats.gaps} seq gaps, "
         f"{stats.malformed} malformed skipped; {args.output} is complete")
     return 0
+
+
+def _model(given: str | None, named: str | None, joint_names: list[str] | None, say):
+    """The model for /robot_description and /tf: --model, else the driver's if it is a shipped model; None (and
+    say so) when there is none. A model whose joints differ from the driver's is refused."""
+    from ident.model import load_model, shipped_models
+
+    if given is None and named not in shipped_models():
+        say("no model (--model): the recording has no /robot_description and no /tf")
+        return None
+    model = load_model(given or named)
+    if joint_names is not None and list(model.joint_names) != list(joint_names):
+        from driver.recorder import RecorderError
+
+        raise RecorderError(f"--model {given or named}: joints {', '.join(model.joint_names)} are not the driver's "
+                            f"({', '.join(joint_names)})")
+    return model
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -22,9 +22,9 @@ def register(sub) -> None:
                    help="standard deviation of each device tick's wake-up jitter, us (default 0)")
     p.add_argument("--control", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
                    help="ZeroMQ endpoint of the control socket that attaches, swaps and detaches payloads at "
-                        "run time (docs/simulator.md; default: a free loopback port, printed; 'off': none)")
+                        "run time (docs/reference/simulator.md; default: a free loopback port, printed; 'off': none)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a transport option, e.g. --option port=5020 (see docs/simulator.md); repeatable")
+                   help="a transport option, e.g. --option port=5020 (see docs/reference/simulator.md); repeatable")
     p.set_defaults(run=_run)
 
 

@@ -1,4 +1,4 @@
-"""Print the armid driver's state stream (layout: docs/stream.md). Needs only pyzmq.
+"""Print the armid driver's state stream (layout: docs/reference/stream.md). Needs only pyzmq.
 usage: python stream_client.py [ENDPOINT] [COUNT]"""
 import itertools
 import struct

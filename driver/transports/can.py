@@ -9,7 +9,7 @@ every drive and then SYNC, so the drives latch the command at once and answer wi
 mode display), TPDO2 (velocity, current)
 and TPDO4 (0x1013, their time stamp at the SYNC); the cycle waits for that answer (pump_new) and publishes it
 at once. begin_cycle() sends a SYNC of its own only when no write() sent one since its last call (before the
-first sample, after a command that could not be sent). Wire format: docs/wire-can.md.
+first sample, after a command that could not be sent). Wire format: docs/reference/wire-can.md.
 
 python-canopen does what it is good at (SDO, NMT, EMCY, heartbeat, the EDS); the cyclic PDOs of all drives
 take a leaner path, since canopen's per-PDO maps cost tens of microseconds a frame: _on_frame decodes every

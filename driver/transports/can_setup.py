@@ -1,7 +1,7 @@
 """Setting up the `can` transport's drives (driver/transports/can.py): its options, and at open() each drive over
 SDO: device type (0x1000), counts per joint radian (0x608F encoder resolution, 0x6091 gear ratio: checked against
 the model), producer heartbeat time (0x1017) and PDO configuration (read back and compared with
-firmware_bridge.canopen_map). Wire format: docs/wire-can.md.
+firmware_bridge.canopen_map). Wire format: docs/reference/wire-can.md.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def check_pdos(j: int, node, pdos: Sequence, clock_tpdo, bus_options: dict) -> N
         elif pdef.transmit and m.trans_type != 1:
             problem = f"transmission type {m.trans_type}, expected 1 (every SYNC)"
         if problem:
-            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): {pdef.name}: {problem} (docs/wire-can.md)")
+            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): {pdef.name}: {problem} (docs/reference/wire-can.md)")
     # reading the maps subscribed canopen's PdoMaps to their COB-IDs: the PDOs are ours (_on_frame, write)
     for maps in (node.tpdo, node.rpdo):
         for m in maps.map.values():

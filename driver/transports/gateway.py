@@ -1,4 +1,4 @@
-"""The `gateway` transport: EtherCAT drives behind a Modbus TCP gateway (docs/wire-gateway.md), spoken with
+"""The `gateway` transport: EtherCAT drives behind a Modbus TCP gateway (docs/reference/wire-gateway.md), spoken with
 pymodbus's sync client.
 
     arm = GatewayArm(model, host="192.168.10.20", port=502, watchdog_ms=100)
@@ -31,8 +31,8 @@ registers: the write is applied first), which halves the requests and the round 
 costs less CPU per request than its asyncio client (benchmarks/bench_gateway.py measures both). The function-23
 request and response are pymodbus PDU subclasses that pack and unpack the words in one call each
 (_ExchangeRequest, _ExchangeResponse, registered with the client's decoder), and the images go through the
-codec's numba kernels into preallocated buffers (gw.encode_outputs_into, gw.decode_inputs_into): docs/driver.md,
-"The gateway's codec".
+codec's numba kernels into preallocated buffers (gw.encode_outputs_into, gw.decode_inputs_into): docs/design/decisions.md,
+"The gateway: a pipelined exchange through pymodbus".
 
 The cycle waits for the network at most ANSWER_WAIT_S. Each new image (a cycle counter not seen before) is converted into the
 next slot of a ring (SAMPLE_RING); read() returns the oldest not read yet, and backlog() says how many wait, so
@@ -596,7 +596,7 @@ class GatewayArm(Arm):
                                  f"registers, not {gw.INPUT_HEADER_SIZE}")
             if header[0] != gw.LAYOUT_VERSION:
                 raise self._down(f"layout_version (input register {gw.INPUT_BASE:#06x}) = {header[0]}, this host "
-                                 f"speaks version {gw.LAYOUT_VERSION} (docs/wire-gateway.md)")
+                                 f"speaks version {gw.LAYOUT_VERSION} (docs/reference/wire-gateway.md)")
             if header[1] != self.n:
                 raise self._down(f"the gateway serves {header[1]} drives, the model {self.model.name} has "
                                  f"{self.n} joints")

@@ -1,2 +1,2 @@
-"""Kinematic calibration (seed 002): elementary-transform models, identifiability and minimal model
+"""Kinematic calibration after Pashkevich (2004): elementary-transform models, identifiability and minimal model
 synthesis, the per-axis SVD fit and Gauss-Newton identification, pose planning, files and reports."""

@@ -1,4 +1,4 @@
-"""Identification (seed 002): the per-axis SVD fit as an initial estimate without nominal values, then
+"""Identification (after Pashkevich 2004): the per-axis SVD fit as an initial estimate without nominal values, then
 Gauss-Newton / Levenberg-Marquardt on the irreducible model with the analytic Jacobian.
 
 Measurements are tool-point positions (N, 3) in m, optionally with tool orientations (N, 3, 3). The
@@ -19,7 +19,7 @@ from firmware_bridge.errors import InputError
 from ident.model import PRISMATIC
 
 # ---------------------------------------------------------------------------------------------------
-# Stage 1: one joint at a time (seed eqs. 9-16)
+# Stage 1: one joint at a time (Pashkevich's eqs. 9-16)
 
 
 @dataclass(frozen=True)
@@ -198,14 +198,63 @@ def _stack(e, w, scale_rows):
 
 def identify(irr: IrreducibleModel, q, positions, orientations=None, *, initial: np.ndarray | None = None,
              max_evaluations: int = 200, noise: float | None = None) -> Identification:
-    """Fit the identified terms of irr to measured tool points (N, 3) m (and orientations (N, 3, 3)) at
-    joint values q (N, n); initial (m,) term values to start from (default: nominal). Levenberg-Marquardt
-    (scipy MINPACK) with the analytic Jacobian; cov = sigma^2 (J^T J)^-1.
+    """Identify the geometric errors of an arm from measured tool points (and orientations).
 
-    noise: the stated measurement noise (m per coordinate, e.g. the sensor's), the floor of the outlier
-    test: a pose is an outlier when its residual exceeds 3 max(s, noise), s the residual standard
-    deviation, so that a fit better than the sensor (noise-free data) flags none (default: a round-off
-    floor of 1e-9 of the arm's reach)."""
+    Levenberg-Marquardt (scipy MINPACK) with the analytic Jacobian over the identified terms of irr;
+    covariance sigma^2 (J^T J)^-1, sigma the residual standard deviation.
+
+    Parameters
+    ----------
+    irr : IrreducibleModel
+        What is identified (`ident.calibration.synthesis.synthesize`, for "position" or "pose").
+    q : array_like, shape (N, n)
+        Joint positions of the measured poses, rad (m for prismatic joints).
+    positions : array_like, shape (N, 3)
+        Measured tool points, m, in the sensor's (base) frame.
+    orientations : array_like, shape (N, 3, 3), optional
+        Measured tool orientations, for a model synthesised for "pose".
+    initial : ndarray, shape (m,), optional
+        Term values to start from (default: nominal).
+    max_evaluations : int
+        Function evaluations at most.
+    noise : float, optional
+        The stated measurement noise, m per coordinate: the floor of the outlier test. A pose is an
+        outlier when its residual exceeds 3 max(s, noise), s the residual standard deviation (default: a
+        round-off floor of 1e-9 of the arm's reach).
+
+    Returns
+    -------
+    Identification
+        values (m,) of every term, errors (values - nominal), sigma of the identified terms, the
+        residuals before and after (rms_before, rms_after), outliers.
+
+    Raises
+    ------
+    IdentificationError
+        Measurements that do not fit the model or cannot identify it: wrong shapes, orientations missing
+        or not expected, too few poses, terms these poses cannot identify (named), no convergence
+        (an InputError).
+
+    Examples
+    --------
+    Simulated measurements of an arm whose geometry is off by about a millimetre, noise-free:
+
+    >>> import numpy as np
+    >>> from ident.calibration.fit import identify
+    >>> from ident.calibration.model import from_model, tool_pose
+    >>> from ident.calibration.synthesis import random_configurations, synthesize
+    >>> from ident.model import load_model
+    >>> cm = from_model(load_model("generic6"), tool=(0.0, 0.0, 0.1))
+    >>> irr = synthesize(cm, "position")
+    >>> true = cm.nominal.copy()
+    >>> true[irr.identified] += np.random.default_rng(1).normal(0.0, 1e-3, irr.count)
+    >>> q = random_configurations(cm, 30, seed=2)
+    >>> result = identify(irr, q, tool_pose(cm, q, true)[:, :3, 3])
+    >>> bool(result.rms_before > 1e-3), bool(result.rms_after < 1e-9)
+    (True, True)
+    >>> bool(np.allclose(result.values[irr.identified], true[irr.identified], atol=1e-9))
+    True
+    """
     cm = irr.model
     if (orientations is None) != (irr.measure == "position"):
         raise IdentificationError(f"the model was synthesised for {irr.measure} measurements, "

@@ -1,6 +1,6 @@
 """Calibration files: pose lists and measurement CSVs in, calibrated model (TOML table, URDF) and tables out.
 
-Measurement CSV (docs/calibration.md): one pose per row, comma separated, SI units;
+Measurement CSV (docs/guides/calibration.md): one pose per row, comma separated, SI units;
   n joint values (rad or m), then the measured tool point x y z (m), then optionally the tool
   orientation as a quaternion qx qy qz qw (n + 7 columns) or a rotation vector rx ry rz in rad
   (n + 6 columns). An optional first header row (any non-numeric first cell) and lines starting with #
@@ -110,7 +110,37 @@ def read_poses(path: str | Path, n: int) -> np.ndarray:
 
 
 def read_measurements(path: str | Path, n: int) -> Measurements:
-    """Joint values and measured tool poses from a measurement CSV (see the module docstring)."""
+    """Joint values and measured tool points (and orientations) from a measurement CSV.
+
+    Parameters
+    ----------
+    path : str or Path
+        The CSV (see the module docstring and docs/guides/calibration.md).
+    n : int
+        The arm's number of joints.
+
+    Returns
+    -------
+    Measurements
+        q (N, n), positions (N, 3) m, orientations (N, 3, 3) or None, and each pose's file line.
+
+    Raises
+    ------
+    CalibrationFileError
+        A file that cannot be read, or a cell that is not a number of the expected count and range, or a
+        quaternion that is not of unit norm; the file, line and column are named (an InputError).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from ident.calibration.io import read_measurements
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = pathlib.Path(folder) / "meas.csv"
+    ...     _ = path.write_text("q1,q2,x,y,z" + chr(10) + "0.1,0.2,0.5,0.0,0.3" + chr(10) + "0.3,-0.1,0.4,0.1,0.3")
+    ...     meas = read_measurements(path, n=2)
+    ...     meas.q.tolist(), meas.positions[1].tolist(), meas.orientations, meas.lines.tolist()
+    ([[0.1, 0.2], [0.3, -0.1]], [0.4, 0.1, 0.3], None, [2, 3])
+    """
     path = Path(path)
     data, lines = _numbers(path, _rows(path), (n + 3, n + 6, n + 7),
                            f"{n} joint values, x y z, optionally qx qy qz qw or rx ry rz", n)
@@ -130,7 +160,37 @@ def read_measurements(path: str | Path, n: int) -> Measurements:
 
 
 def write_poses(path: str | Path, q: np.ndarray, joint_names: tuple[str, ...]) -> None:
-    """Write a pose list CSV: a header of joint names, then one row of joint values (rad or m) per pose."""
+    """Write a pose list CSV: a header of joint names, then one row of joint values per pose.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file to write.
+    q : ndarray, shape (N, n)
+        The poses, rad (m for prismatic joints).
+    joint_names : tuple of str
+        The n joint names for the header.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    OSError
+        The file cannot be written.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> import numpy as np
+    >>> from ident.calibration.io import read_poses, write_poses
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = pathlib.Path(folder) / "poses.csv"
+    ...     write_poses(path, np.array([[0.1, 0.2], [0.3, 0.4]]), ("j1", "j2"))
+    ...     read_poses(path, 2).tolist()
+    [[0.1, 0.2], [0.3, 0.4]]
+    """
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow([f"{nm} [rad or m]" for nm in joint_names])
@@ -229,10 +289,12 @@ def calibrated_urdf(cm: CalibrationModel, values: np.ndarray, model: Model | Non
     return '<?xml version="1.0"?>\n' + ET.tostring(robot, encoding="unicode") + "\n"
 
 
-def calibration_toml(result: Identification, model: Model | None, tool: np.ndarray, initial: str = "nominal") -> str:
+def calibration_toml(result: Identification, model: Model | None, tool: np.ndarray, initial: str = "nominal",
+                     provenance: dict | None = None) -> str:
     """The calibrated model as TOML: the nominal modified-DH table (when the model has one) and every term
     with its nominal value, error, value, sigma and status (SI units). initial: where the chain's nominal
-    values came from ('nominal' model geometry or 'axis fit')."""
+    values came from ('nominal' model geometry or 'axis fit'). provenance: the provenance record
+    (ident.provenance.provenance), written as the table [provenance] without its null entries."""
     irr = result.irreducible
     cm = irr.model
     doc: dict = {"calibration": {
@@ -241,6 +303,10 @@ def calibration_toml(result: Identification, model: Model | None, tool: np.ndarr
         "initial": initial, "measure": irr.measure, "relative": irr.relative, "strategy": irr.strategy, "parameters": irr.count,
         "rms_before_m": result.rms_before, "rms_after_m": result.rms_after, "noise_m": result.noise,
         "outlier_threshold_m": result.threshold, "poses": int(len(result.residual_after)), "outliers": [int(i) for i in result.outliers]}}
+    if provenance is not None:
+        from ident.provenance import for_toml
+
+        doc["provenance"] = for_toml(provenance)
     if model is not None and model.dh is not None:
         doc["nominal_dh"] = [{"joint": nm, "alpha": float(a), "d": float(d), "theta": float(t), "r": float(r)}
                              for nm, (a, d, t, r) in zip(model.joint_names, model.dh)]

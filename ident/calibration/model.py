@@ -1,4 +1,4 @@
-"""Kinematic models as products of elementary transforms (seed 002), and their batched kinematics.
+"""Kinematic models as products of elementary transforms (after Pashkevich 2004), and their batched kinematics.
 
 A calibration model is the chain
 
@@ -165,7 +165,37 @@ def _values(cm: CalibrationModel, values) -> np.ndarray:
 
 
 def tool_pose(cm: CalibrationModel, q, values: np.ndarray | None = None) -> np.ndarray:
-    """Tool frame (N, 4, 4) in the base frame at joint positions q (N, n) rad/m; values (m,) default nominal."""
+    """Tool frame in the base frame at joint positions q.
+
+    Parameters
+    ----------
+    cm : CalibrationModel
+        The chain.
+    q : array_like, shape (N, n)
+        Joint positions, rad (m for prismatic joints).
+    values : ndarray, shape (m,), optional
+        The term values (default: nominal), e.g. `Identification.values` of a calibration.
+
+    Returns
+    -------
+    ndarray, shape (N, 4, 4)
+        Homogeneous transforms; the origin is the tool point (m).
+
+    Raises
+    ------
+    ValueError
+        q or values of the wrong shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident.calibration.model import from_model, tool_pose
+    >>> from ident.model import load_model
+    >>> cm = from_model(load_model("generic6"))
+    >>> T = tool_pose(cm, np.zeros((1, 6)))
+    >>> T.shape, bool(np.allclose(T[0, :3, :3] @ T[0, :3, :3].T, np.eye(3)))
+    ((1, 4, 4), True)
+    """
     Q = _poses(cm, q)
     pose = np.empty((Q.shape[0], 4, 4))
     _chain_kinematics(cm.kind, cm.joint, _values(cm, values), Q, pose, np.empty((1, 6, 1)), False)
@@ -322,8 +352,44 @@ def home_geometry(model: Model) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 
 def from_model(model: Model, tool=(0.0, 0.0, 0.0)) -> CalibrationModel:
-    """The complete redundant model of an ident Model (modified DH or URDF); tool (3,) m: the measured
-    point in the flange frame."""
+    """The complete redundant calibration model of an arm: its nominal geometry as elementary transforms.
+
+    Parameters
+    ----------
+    model : Model
+        The arm (modified DH or URDF).
+    tool : array_like, shape (3,)
+        The measured point in the flange frame, m.
+
+    Returns
+    -------
+    CalibrationModel
+        6(n+1) + n terms whose nominal values reproduce the model's kinematics.
+
+    Raises
+    ------
+    InputError
+        A tool point that is not 3 finite numbers.
+    CalibrationModelError
+        A geometry the elementary-transform model cannot represent (naming the joint).
+
+    Examples
+    --------
+    At nominal values the tool point is where the model's flange kinematics put it:
+
+    >>> import numpy as np
+    >>> from ident import dynamics
+    >>> from ident.calibration.model import from_model, tool_pose
+    >>> from ident.model import load_model
+    >>> model = load_model("generic6")
+    >>> cm = from_model(model, tool=(0.0, 0.0, 0.1))
+    >>> cm.n, cm.m
+    (6, 48)
+    >>> q = np.random.default_rng(0).uniform(-1, 1, (5, 6))
+    >>> T = dynamics.flange_pose(model, q)
+    >>> bool(np.allclose(tool_pose(cm, q)[:, :3, 3], T[:, :3, 3] + 0.1 * T[:, :3, 2]))
+    True
+    """
     tool = np.asarray(tool, dtype=np.float64)
     if tool.shape != (3,) or not np.all(np.isfinite(tool)):
         raise InputError(f"tool point: expected 3 finite numbers (m, flange frame), got {tool.tolist()}")

@@ -1,4 +1,4 @@
-"""Pose planning (seed 002): per-joint optimal angle sets and their Cartesian product, and D-optimal
+"""Pose planning (after Pashkevich 2004): per-joint optimal angle sets and their Cartesian product, and D-optimal
 selection (greedy forward choice, then exchange) from candidates that respect the joint limits.
 
 The information of a plan is J^T J of the identified columns of the scaled aggregated Jacobian (angle
@@ -21,7 +21,7 @@ from ident.model import PRISMATIC
 
 
 def axis_angles(count: int, q_min: float, q_max: float, prismatic: bool = False) -> np.ndarray:
-    """The seed's A-optimal values for one joint: count angles 2 pi / count apart (their unit vectors sum
+    """Pashkevich's A-optimal values for one joint: count angles 2 pi / count apart (their unit vectors sum
     to zero), centred in [q_min, q_max]; where the range is too short (and for a prismatic joint) half
     the values at each limit. rad or m."""
     if count < 2:
@@ -37,7 +37,7 @@ def axis_angles(count: int, q_min: float, q_max: float, prismatic: bool = False)
 
 
 def product_plan(sets: list[np.ndarray]) -> np.ndarray:
-    """Cartesian product (K, n) of per-joint value sets (the seed's rule for the full identification)."""
+    """Cartesian product (K, n) of per-joint value sets (Pashkevich's rule for the full identification)."""
     return np.array(list(itertools.product(*[np.asarray(s, dtype=np.float64) for s in sets])))
 
 
@@ -45,7 +45,7 @@ MAX_CANDIDATES = 100_000   # candidate poses of a plan: their Jacobian blocks ar
 
 
 def seed_plan(irr: IrreducibleModel, per_joint: int | list[int] = 2) -> np.ndarray:
-    """The seed's plan: per-joint optimal sets (per_joint values each) within the limits, all combinations."""
+    """Pashkevich's plan: per-joint optimal sets (per_joint values each) within the limits, all combinations."""
     cm = irr.model
     counts = [per_joint] * cm.n if np.isscalar(per_joint) else list(per_joint)
     total = math.prod(int(c) for c in counts)
@@ -177,10 +177,53 @@ def select_d_optimal(F: np.ndarray, count: int, *, max_passes: int = 10) -> np.n
 
 def d_optimal(irr: IrreducibleModel, count: int, candidates=None, *, n_candidates: int = 500, seed: int = 0,
               max_passes: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """D-optimal plan of `count` poses from candidates (M, n) (default: n_candidates random poses within
-    the limits). Greedy forward selection, then exchange passes (Fedorov): each pass tries to swap the
-    quarter of the plan that adds least to det(J^T J) for the best candidate, until no swap raises it.
-    Returns (plan (count, n), indices into the candidates)."""
+    """A D-optimal plan of measurement poses, chosen from candidate poses.
+
+    Greedy forward selection, then exchange passes (Fedorov): each pass tries to swap the quarter of the
+    plan that adds least to det(J^T J) for the best candidate, until no swap raises it.
+
+    Parameters
+    ----------
+    irr : IrreducibleModel
+        What is identified (`ident.calibration.synthesis.synthesize`).
+    count : int
+        Poses in the plan.
+    candidates : array_like, shape (M, n), optional
+        Poses to choose from, within the joint limits (default: n_candidates random poses within them).
+    n_candidates : int
+        Random candidates when none are given.
+    seed : int
+        Seed of the random candidates.
+    max_passes : int
+        Exchange passes at most.
+
+    Returns
+    -------
+    plan : ndarray, shape (count, n)
+        The poses (rad, m for prismatic joints).
+    indices : ndarray, shape (count,)
+        Their rows in the candidates.
+
+    Raises
+    ------
+    InputError
+        Candidates outside the limits, not finite or of the wrong shape, or fewer than count.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident.calibration.model import from_model
+    >>> from ident.calibration.planning import d_optimal, plan_quality
+    >>> from ident.calibration.synthesis import random_configurations, synthesize
+    >>> from ident.model import load_model
+    >>> irr = synthesize(from_model(load_model("generic6"), tool=(0.0, 0.0, 0.1)), "position")
+    >>> candidates = random_configurations(irr.model, 300, seed=0)
+    >>> plan, rows = d_optimal(irr, 20, candidates)
+    >>> plan.shape, bool(np.array_equal(plan, candidates[rows]))
+    ((20, 6), True)
+    >>> bool(plan_quality(irr, plan).log10_det > plan_quality(irr, candidates[:20]).log10_det)   # vs. 20 at random
+    True
+    """
     cm = irr.model
     if candidates is None and not 1 <= n_candidates <= MAX_CANDIDATES:
         raise InputError(f"candidates: expected 1..{MAX_CANDIDATES} random poses, got {n_candidates}")

@@ -1,4 +1,4 @@
-"""Identifiability and minimal model synthesis (seed 002): complete redundant -> complete irreducible.
+"""Identifiability and minimal model synthesis (after Pashkevich 2004): complete redundant -> complete irreducible.
 
 The aggregated Jacobian J_a stacks the identification Jacobian of every pose (rows [dp; L dω] for a
 full pose, [dp] for a position), its angle columns scaled by the arm's reach L so that lengths and
@@ -66,7 +66,7 @@ class Identifiability:
 
 
 def classify(Ja: np.ndarray, tol: float = RANK_TOL) -> Identifiability:
-    """Classify the columns of an aggregated Jacobian by its SVD (seed 002)."""
+    """Classify the columns of an aggregated Jacobian by its SVD (Pashkevich 2004)."""
     if Ja.shape[0] < Ja.shape[1]:       # thin SVD needs rows >= columns to return the whole V
         Ja = np.vstack([Ja, np.zeros((Ja.shape[1] - Ja.shape[0], Ja.shape[1]))])
     _, s, Vt = np.linalg.svd(Ja, full_matrices=False)
@@ -169,10 +169,55 @@ class IrreducibleModel:
 
 def synthesize(cm: CalibrationModel, measure: str = "position", *, relative: bool = False, strategy: str = "JL",
                count: int = 60, seed: int = 0, q: np.ndarray | None = None) -> IrreducibleModel:
-    """The complete irreducible model of cm for a measurement ('pose' or 'position'), absolute or relative.
+    """The complete irreducible model: which terms of the redundant chain a measurement can identify.
 
-    The aggregated Jacobian is evaluated at the nominal values at `count` random configurations (or at
-    q (N, n) when given).
+    Columns of the aggregated identification Jacobian (at the nominal values, over `count` random
+    configurations or at q) are taken in the order of `strategy` and kept when they raise its rank;
+    the others are fixed at their nominal values or deleted.
+
+    Parameters
+    ----------
+    cm : CalibrationModel
+        The complete redundant model (`ident.calibration.model.from_model`).
+    measure : {"position", "pose"}
+        What the sensor measures: the tool point, or its position and orientation.
+    relative : bool
+        The sensor frame is unknown: its base terms are identified too, and not counted as robot
+        parameters.
+    strategy : str
+        Column order: the letters J, B, T, then L or R (default "JL").
+    count : int
+        Random configurations for the Jacobian.
+    seed : int
+        Seed of the random configurations.
+    q : ndarray, shape (N, n), optional
+        Configurations to use instead.
+
+    Returns
+    -------
+    IrreducibleModel
+        identified, fixed and sensor masks over the terms; `count` identified robot parameters;
+        `names()` the identified terms.
+
+    Raises
+    ------
+    InputError
+        An unknown measure or strategy letter.
+
+    Examples
+    --------
+    A 6R arm measured at a tool point has 3 + 4R - 2s identifiable parameters (R = 6 revolute joints; s the
+    trailing joints whose axes pass through the point: here the last one, the point lies on its axis);
+    measured in full pose, 6 + 4R:
+
+    >>> from ident.calibration.model import from_model
+    >>> from ident.calibration.synthesis import expected_count, synthesize
+    >>> from ident.model import load_model
+    >>> cm = from_model(load_model("generic6"), tool=(0.0, 0.0, 0.1))
+    >>> synthesize(cm, "position").count, expected_count(cm, "position")
+    (25, 25)
+    >>> synthesize(cm, "pose").count
+    30
     """
     if q is None:
         q = random_configurations(cm, count, seed)
@@ -192,7 +237,7 @@ def synthesize(cm: CalibrationModel, measure: str = "position", *, relative: boo
 
 
 def describe(irr: IrreducibleModel) -> str:
-    """The model in the seed's notation, e.g. '[Tx Ty Tz Rx Ry]_0 Rz(q1) [Tx Rx Ry]_1 Rz(q2)^o [...]_2';
+    """The model in Pashkevich's notation, e.g. '[Tx Ty Tz Rx Ry]_0 Rz(q1) [Tx Rx Ry]_1 Rz(q2)^o [...]_2';
     ^o marks a term kept fixed at its nominal value."""
     cm = irr.model
     names = cm.names()
@@ -220,7 +265,7 @@ def describe(irr: IrreducibleModel) -> str:
 
 
 def trailing_tool_axes(cm: CalibrationModel, tol: float = 1e-9) -> int:
-    """s of the seed's formulas: the trailing revolute joints whose axes pass through the tool point
+    """s of Pashkevich's formulas: the trailing revolute joints whose axes pass through the tool point
     (their offsets cannot move it; 1 for a tool on the last axis, 2 for a tool where the last two meet)."""
     _, jac = tool_kinematics(cm, np.zeros((1, cm.n)))
     s = 0
@@ -241,7 +286,7 @@ def expected_count(cm: CalibrationModel, measure: str, relative: bool = False) -
 
 def with_terms(cm: CalibrationModel, names: list[str], measure: str = "position", *, relative: bool = False,
                count: int = 60, seed: int = 0) -> IrreducibleModel:
-    """An irreducible model that identifies exactly the named terms (e.g. the seed's planar experiment:
+    """An irreducible model that identifies exactly the named terms (e.g. Pashkevich's planar experiment:
     Tx0 Ty0 Rz(q1) Tx1 Rz(q2) Tx2); raises InputError naming terms that are unknown or not independent."""
     all_names = cm.names()
     unknown = [nm for nm in names if nm not in all_names]

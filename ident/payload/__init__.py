@@ -3,8 +3,8 @@
 - `body`: `payload_parameters(mass, com, inertia)`, the 10 standard parameters about the flange origin
   that `ident.dynamics.load_regressor` and `merge_payload` use.
 - `result`: `PayloadEstimate`, what every identification method returns.
-- The methods: the three dynamic methods of seed 000 (`dynamic`), the torque balance of seed 001
-  (`balance`), the general static method (`static`), and online tracking (`online`).
+- The methods: the three dynamic methods of Zhang, Qin and Zou (2017) (`dynamic`), the torque balance of
+  Gao, Zhao and Li (2025) (`balance`), the general static method (`static`), and online tracking (`online`).
 """
 from ident.payload.body import payload_parameters
 from ident.payload.result import PARAMETER_NAMES, PayloadEstimate

@@ -1,4 +1,4 @@
-"""Payload mass and centre of mass by joint-torque balance (seed 001, Gao, Zhao, Li 2025), for closed
+"""Payload mass and centre of mass by joint-torque balance (Gao, Zhao, Li 2025), for closed
 controllers that only move point to point at constant speed.
 
 At constant velocity (qdd = 0) the torque of the loaded arm minus that of the unloaded arm at the same
@@ -111,7 +111,7 @@ class MotionProgram:
     """What an identification method asks the arm to do: steps of `move_to` targets (n,) rad and
     constant-velocity `Sweep`s, run once unloaded and once loaded (`runs`).
 
-    write(path): a JSON motion file of driver requests (docs/payload.md), run by `run_program`.
+    write(path): a JSON motion file of driver requests (docs/guides/payload.md), run by `run_program`.
     targets_csv(path): the joint targets in degrees, in order, for a closed controller's pendant.
     """
 
@@ -590,10 +590,62 @@ def _ls(phi: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarr
 def identify(model: Model, loaded: Recording, unloaded: Recording, *, min_samples: int = MIN_SAMPLES,
              rest_speed: float = REST_SPEED, tolerance: float = SPEED_TOLERANCE, window: float = WINDOW,
              pose_tolerance: float = POSE_TOLERANCE) -> PayloadEstimate:
-    """Payload mass and centre of mass by the seed's three-step least squares, from recordings of `plan`'s
-    program unloaded and loaded (t, q, tau or current). Only constant-velocity samples are used, loaded
-    paired with unloaded at the same angle. BalanceError (one line) when the arm or the recordings do not
-    allow it, in particular when a sweep keeps fewer than min_samples paired constant-velocity samples."""
+    """Payload mass and centre of mass by the joint-torque balance of Gao, Zhao and Li (2025).
+
+    Their three-step least squares, from recordings of `plan`'s program run unloaded and loaded. Only
+    constant-velocity samples are used, loaded paired with unloaded at the same angle, so that friction
+    cancels.
+
+    Parameters
+    ----------
+    model : Model
+        The arm (without the payload); joints 2 and 3 must be parallel.
+    loaded, unloaded : Recording
+        The program's runs with and without the payload (t, q, tau or current).
+    min_samples : int
+        Paired constant-velocity samples each sweep must keep.
+    rest_speed : float
+        rad/s: a joint slower than this is at rest.
+    tolerance : float
+        A constant-velocity sample is within this fraction of its segment's plateau velocity.
+    window : float
+        s: velocities are differences over this window; segments lose it at each end.
+    pose_tolerance : float
+        rad: loaded and unloaded samples closer than this are at the same pose.
+
+    Returns
+    -------
+    PayloadEstimate
+        Mass and first moments (NaN for the inertia) with their sigmas.
+
+    Raises
+    ------
+    BalanceError
+        The arm or the recordings do not allow the method, in particular a sweep that keeps fewer than
+        min_samples paired constant-velocity samples (one line, an InputError).
+
+    Examples
+    --------
+    The program's sweeps, simulated with and without a 1.5 kg payload:
+
+    >>> import numpy as np
+    >>> from ident import dynamics
+    >>> from ident.model import load_model
+    >>> from ident.payload import balance, payload_parameters
+    >>> from ident.preprocess import Recording
+    >>> model = load_model("generic6")
+    >>> sweeps = [sweep.samples() for sweep in balance.plan(model).sweeps]
+    >>> t = np.concatenate([ts + 100.0 * k for k, (ts, _) in enumerate(sweeps)])   # 100 s apart
+    >>> q = np.concatenate([qs for _, qs in sweeps])
+    >>> qd = np.gradient(q, t, axis=0)
+    >>> qdd = np.gradient(qd, t, axis=0)
+    >>> def run(arm):
+    ...     return Recording(t=t, q=q, tau=dynamics.rnea(arm, q, qd, qdd), current=None, qd=None, source=arm.name)
+    >>> load = payload_parameters(1.5, [0.0, 0.02, 0.08])
+    >>> est = balance.identify(model, run(dynamics.merge_payload(model, load)), run(model))
+    >>> round(est.mass, 6), bool(np.allclose(est.com, [0.0, 0.02, 0.08], atol=1e-6))
+    (1.5, True)
+    """
     t0 = time.perf_counter()
     g = geometry(model)
     pairs = paired_differences(model, loaded, unloaded, rest_speed=rest_speed, tolerance=tolerance,

@@ -15,10 +15,40 @@ from firmware_bridge.errors import InputError
 
 
 def payload_parameters(mass: float, com, inertia=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)) -> np.ndarray:
-    """The 10 standard parameters of a payload about the flange origin, flange axes.
+    """The 10 standard parameters of a payload about the flange origin, in flange axes.
 
-    mass (kg), com (3,) m in the flange frame, inertia [XX XY XZ YY YZ ZZ] about the centre of mass in
-    flange axes (kg m^2). Raises InputError for a body that cannot exist.
+    Parameters
+    ----------
+    mass : float
+        kg, >= 0.
+    com : array_like, shape (3,)
+        The centre of mass in the flange frame, m.
+    inertia : array_like, shape (6,)
+        [XX XY XZ YY YZ ZZ] about the centre of mass, in flange axes, kg m^2 (default: a point mass).
+
+    Returns
+    -------
+    ndarray, shape (10,)
+        [XX XY XZ YY YZ ZZ mX mY mZ m] about the flange origin (kg m^2, kg m, kg), the layout of
+        ident.dynamics.load_regressor and merge_payload.
+
+    Raises
+    ------
+    InputError
+        A mass, centre of mass or inertia that is not a number of the right shape, or a body that cannot
+        exist (an inertia that breaks the triangle inequalities, a negative mass).
+
+    Examples
+    --------
+    A 2 kg point mass 0.1 m along the flange's z axis (the parallel-axis theorem: XX = YY = m z^2):
+
+    >>> from ident.payload import payload_parameters
+    >>> payload_parameters(2.0, [0.0, 0.0, 0.1]).round(12).tolist()
+    [0.02, 0.0, 0.0, 0.02, 0.0, 0.0, 0.0, 0.0, 0.2, 2.0]
+    >>> payload_parameters(1.0, [0, 0, 0], [0.1, 0, 0, 0.01, 0, 0.01])
+    Traceback (most recent call last):
+    ...
+    firmware_bridge.errors.InputError: payload: not a physical body: ...
     """
     com = np.asarray(com, dtype=float)
     six = np.asarray(inertia, dtype=float)

@@ -1,4 +1,4 @@
-"""The three dynamic payload methods of seed 000 (docs/payload.md, "Dynamic methods (seed 000)").
+"""The three dynamic payload methods of Zhang, Qin and Zou (2017) (docs/guides/payload.md, "Dynamic methods").
 
 Two runs of the same excitation, without and with the payload (Recordings or CSV/NPZ files, torques in N m
 or motor currents in A), and the arm's model:
@@ -273,7 +273,8 @@ def _time_series(method: str, A: np.ndarray, y: np.ndarray, mask: np.ndarray, sa
 
 
 def torque_method(runs: Runs) -> PayloadEstimate:
-    """Seed 000 eqs. 20-21: (tau_loaded - tau_unloaded) = Y_load chi_load at the same instants, by WLS."""
+    """Zhang, Qin and Zou (2017) eqs. 20-21: (tau_loaded - tau_unloaded) = Y_load chi_load at the same
+    instants, by WLS."""
     u, l = runs.unloaded, runs.loaded
     if u.t.shape != l.t.shape:
         raise PayloadError(f"{l.source}: {len(l.t)} rows, the unloaded run {len(u.t)}: the runs do not pair up")
@@ -293,7 +294,7 @@ def _global_system(runs: Runs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def global_method(runs: Runs, *, consistent: bool = False) -> PayloadEstimate:
-    """Seed 000 eqs. 22-23: one WLS over both runs for [beta; chi_load]. consistent: the payload part
+    """Zhang, Qin and Zou (2017) eqs. 22-23: one WLS over both runs for [beta; chi_load]. consistent: the payload part
     constrained to a real body (pseudo-inertia PSD, mass >= 0), the arm's base parameters free."""
     A, y, mask = _global_system(runs)
     est, ident, fit = _time_series("global", A, y, mask, len(y), list(runs.notes))
@@ -303,9 +304,9 @@ def global_method(runs: Runs, *, consistent: bool = False) -> PayloadEstimate:
 
 
 def difference_method(runs: Runs, model: Model) -> PayloadEstimate:
-    """Seed 000 eqs. 16-19: WLS of each run's base parameters, delta beta = beta_l - beta_u = M chi_load
-    over the base parameters the payload enters (those of the last link(s), regrouped), by generalised
-    least squares with covariance cov_l + cov_u."""
+    """Zhang, Qin and Zou (2017) eqs. 16-19: WLS of each run's base parameters, delta beta = beta_l - beta_u
+    = M chi_load over the base parameters the payload enters (those of the last link(s), regrouped), by
+    generalised least squares with covariance cov_l + cov_u."""
     fits = []
     for rows, tau, role in ((runs.unloaded, runs.tau_unloaded, "unloaded"), (runs.loaded, runs.tau_loaded, "loaded")):
         try:
@@ -378,10 +379,61 @@ def plan(model: Model, joints: str = "wrist", **options) -> FourierTrajectory:
 
 def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path | Recording,
              method: str = "global", *, consistent: bool = False, **options) -> PayloadEstimate:
-    """The payload (in the model's flange frame, `Model.flange_frame`) from a loaded and an unloaded run of the same excitation, by `method`
-    ("difference", "torque" or "global"). options: those of prepare_runs (trajectory, cutoff_hz, decimate,
-    slow_velocity, gains, base). consistent: the physically consistent global fit (method "global" only).
-    Raises InputError (one line naming the run, file or field) for unusable input."""
+    """A payload from a loaded and an unloaded run of the same excitation, by one of the dynamic methods of
+    Zhang, Qin and Zou (2017).
+
+    "difference": each run's base parameters identified, the payload from what changed in them;
+    "torque": the loaded minus the unloaded torques at the same instants; "global": one fit of the arm's
+    base parameters and the payload's over both runs (see the module docstring).
+
+    Parameters
+    ----------
+    model : Model
+        The arm (without the payload).
+    loaded, unloaded : str, Path or Recording
+        The runs with and without the payload (a CSV or NPZ file, or an ident.preprocess.Recording).
+    method : {"global", "torque", "difference"}
+        The method.
+    consistent : bool
+        The physically consistent global fit (method "global" only).
+    **options
+        Of `prepare_runs`: trajectory (sets the filter bandwidth), cutoff_hz, decimate, slow_velocity,
+        gains (n,) N m/A for currents, base.
+
+    Returns
+    -------
+    PayloadEstimate
+        In the model's flange frame (`Model.flange_frame`); NaN for what the method cannot identify.
+
+    Raises
+    ------
+    PayloadError
+        An unknown method or option, consistent with another method than "global" (an InputError).
+    InputError
+        Unusable runs, in one line naming the run, file or field.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ident import dynamics, excitation
+    >>> from ident.model import load_model
+    >>> from ident.payload import payload_parameters
+    >>> from ident.payload.dynamic import identify
+    >>> from ident.preprocess import Recording
+    >>> model = load_model("generic6")
+    >>> traj = excitation.preset("seed000")
+    >>> t, q, qd, qdd = traj.sample(rate_hz=100.0)
+    >>> def run(arm):
+    ...     return Recording(t=t, q=q, tau=dynamics.rnea(arm, q, qd, qdd), current=None, qd=None, source=arm.name)
+    >>> load = payload_parameters(1.5, [0.0, 0.02, 0.08])
+    >>> est = identify(model, run(dynamics.merge_payload(model, load)), run(model), method="torque", trajectory=traj)
+    >>> est.method, round(est.mass, 3)
+    ('torque', 1.5)
+    >>> identify(model, "loaded.csv", "unloaded.csv", method="static")
+    Traceback (most recent call last):
+    ...
+    ident.payload.dynamic.PayloadError: method: expected one of difference, torque, global, got 'static'
+    """
     if method not in METHODS:
         raise PayloadError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
     if consistent and method != "global":

@@ -4,8 +4,8 @@
 
 A method that cannot work on the recordings (the difference method on a wrist-only excitation, the torque
 method on runs sampled at other instants, the torque balance without its sweeps) ends in a MethodFailure
-naming why; the other methods' estimates are kept. The names: "difference", "torque", "global" (seed 000),
-"torque-balance" (seed 001), "static", and the group "dynamic" for the three of seed 000.
+naming why; the other methods' estimates are kept. The names: "difference", "torque", "global" (Zhang, Qin
+and Zou 2017), "torque-balance" (Gao, Zhao and Li 2025), "static", and the group "dynamic" for the first three.
 """
 from __future__ import annotations
 
@@ -31,10 +31,56 @@ def expand(method: str) -> tuple[str, ...]:
 
 def identify_one(model: Model, method: str, loaded, unloaded, *, trajectory=None, consistent: bool = False,
                  base=None) -> PayloadEstimate:
-    """One method's estimate from the loaded and unloaded recordings (ident.preprocess.Recording).
-    trajectory: the dynamic runs' FourierTrajectory (sets the filter bandwidth); consistent: the global
-    method constrained to a real body; base: the model's BaseParameters for the dynamic methods (default:
-    computed). Raises InputError when the method cannot work on them."""
+    """One payload method's estimate from a loaded and an unloaded run.
+
+    Parameters
+    ----------
+    model : Model
+        The arm (without the payload).
+    method : str
+        "difference", "torque" or "global" (the dynamic methods of Zhang, Qin and Zou (2017): the same
+        excitation run with and without the payload), "torque-balance" (the sweeps of Gao, Zhao and Li
+        (2025)) or "static" (poses at rest).
+    loaded, unloaded : str, Path or Recording
+        The runs with and without the payload (ident.preprocess.Recording or a file it reads).
+    trajectory : FourierTrajectory, optional
+        The dynamic runs' excitation (sets the filter bandwidth).
+    consistent : bool
+        The global method constrained to a body that can exist.
+    base : BaseParameters, optional
+        The model's base parameters for the dynamic methods (default: computed).
+
+    Returns
+    -------
+    PayloadEstimate
+        chi and sigma (10,) in the model's flange frame (NaN where not identified), mass, com, the
+        driver's set_payload request.
+
+    Raises
+    ------
+    InputError
+        An unknown method, or runs the method cannot work on (named, with the reason).
+
+    Examples
+    --------
+    Two simulated runs of a shipped excitation, with and without a 1.5 kg payload:
+
+    >>> import numpy as np
+    >>> from ident import dynamics, excitation
+    >>> from ident.model import load_model
+    >>> from ident.payload import payload_parameters
+    >>> from ident.payload.methods import identify_one
+    >>> from ident.preprocess import Recording
+    >>> model = load_model("generic6")
+    >>> traj = excitation.preset("seed000")
+    >>> t, q, qd, qdd = traj.sample(rate_hz=100.0)
+    >>> load = payload_parameters(1.5, [0.0, 0.02, 0.08])
+    >>> def run(arm):
+    ...     return Recording(t=t, q=q, tau=dynamics.rnea(arm, q, qd, qdd), current=None, qd=None, source=arm.name)
+    >>> est = identify_one(model, "global", run(dynamics.merge_payload(model, load)), run(model), trajectory=traj)
+    >>> round(est.mass, 3), bool(np.allclose(est.com, [0.0, 0.02, 0.08], atol=1e-4))
+    (1.5, True)
+    """
     if method in DYNAMIC:
         from ident.payload import dynamic
 
@@ -54,9 +100,52 @@ def identify_one(model: Model, method: str, loaded, unloaded, *, trajectory=None
 
 def identify_each(model: Model, method: str, loaded, unloaded, *, trajectory=None,
                   consistent: bool = False) -> tuple[list[PayloadEstimate], list[MethodFailure]]:
-    """Every method `method` stands for (expand), each on its own: (the estimates of those that worked,
-    a MethodFailure with the reason for each that did not). A method fails on an InputError (input it
-    cannot use) or a singular system (numpy LinAlgError); any other error is a fault and propagates."""
+    """Every method a name stands for, each on its own; one that cannot work on the runs is reported, not
+    raised.
+
+    Parameters
+    ----------
+    model : Model
+        The arm (without the payload).
+    method : str
+        A method (see `identify_one`) or the group "dynamic" (difference, torque and global).
+    loaded, unloaded : str, Path or Recording
+        The runs with and without the payload.
+    trajectory : FourierTrajectory, optional
+        The dynamic runs' excitation.
+    consistent : bool
+        The global method constrained to a body that can exist.
+
+    Returns
+    -------
+    estimates : list of PayloadEstimate
+        Of the methods that worked.
+    failures : list of MethodFailure
+        Of those that did not, each with its reason (an InputError or a singular system).
+
+    Raises
+    ------
+    InputError
+        An unknown method name. Any other error than bad input or a singular system is a fault and
+        propagates.
+
+    Examples
+    --------
+    >>> from ident import dynamics, excitation
+    >>> from ident.model import load_model
+    >>> from ident.payload import payload_parameters
+    >>> from ident.payload.methods import identify_each
+    >>> from ident.preprocess import Recording
+    >>> model = load_model("generic6")
+    >>> traj = excitation.preset("seed000")
+    >>> t, q, qd, qdd = traj.sample(rate_hz=100.0)
+    >>> def run(arm):
+    ...     return Recording(t=t, q=q, tau=dynamics.rnea(arm, q, qd, qdd), current=None, qd=None, source=arm.name)
+    >>> loaded = run(dynamics.merge_payload(model, payload_parameters(1.5, [0.0, 0.02, 0.08])))
+    >>> estimates, failures = identify_each(model, "dynamic", loaded, run(model), trajectory=traj)
+    >>> [(e.method, round(e.mass, 2)) for e in estimates], failures
+    ([('difference', 1.5), ('torque', 1.5), ('global', 1.5)], [])
+    """
     names = expand(method)
     base = None
     if sum(name in DYNAMIC for name in names) > 1:     # the model's base parameters, computed once for all

@@ -80,12 +80,31 @@ def _failures(failures: list[MethodFailure]) -> str:
 
 
 def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str = "payload identification",
-                 failures: list[MethodFailure] = ()) -> dict[str, Path]:
-    """payload.json, payload.png and report.html in the directory out (created). failures: the methods that
-    gave no estimate, with their reasons (payload.json "failed", a section of the page)."""
+                 failures: list[MethodFailure] = (), provenance: dict | None = None) -> dict[str, Path]:
+    """payload.json, payload.png and report.html in the directory out (created).
+
+    Parameters
+    ----------
+    estimates : list of PayloadEstimate
+        The estimates to write, side by side.
+    out : str or Path
+        The output directory.
+    title : str
+        The report's title.
+    failures : list of MethodFailure
+        The methods that gave no estimate, with their reasons (payload.json "failed", a section of the page).
+    provenance : dict, optional
+        The provenance record (ident.provenance.provenance, paths relative to out), stored as payload.json's
+        "provenance".
+
+    Returns
+    -------
+    dict
+        "json", "plot", "report": the paths written.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"frame": ", ".join(sorted({e.frame for e in estimates})),
+    doc = {"provenance": provenance, "frame": ", ".join(sorted({e.frame for e in estimates})),
            "estimates": [e.to_json() for e in estimates], "failed": [f.to_json() for f in failures]}
     for d, e in zip(doc["estimates"], estimates):
         try:

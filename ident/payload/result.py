@@ -101,7 +101,7 @@ class PayloadEstimate:
         }
 
     def set_payload_command(self) -> dict:
-        """The driver's set_payload request for this estimate (docs/stream.md): mass, CoM and the inertia
+        """The driver's set_payload request for this estimate (docs/reference/stream.md): mass, CoM and the inertia
         about the CoM. Raises ValueError when the mass or the centre of mass was not identified; an
         inertia that was not identified is sent as zero (a point mass), which the notes say."""
         com = self.com

@@ -1,15 +1,16 @@
-"""The general static method (our improvement on seed 001): payload mass and first moments from every
-joint's torque at any set of static or constant-velocity poses, with the full kinematic model.
+"""The general static method, armid's generalisation of the torque balance of Gao, Zhao and Li (2025):
+payload mass and first moments from every joint's torque at any set of static or constant-velocity poses,
+with the full kinematic model.
 
 At rest or at constant velocity, the loaded minus the unloaded torque at the same pose (and velocity) is
 the payload's gravity torque, linear in its mass and first moments:
 
     Delta_tau(q) = Y_g(q) [mX mY mZ m],    Y_g = columns 7-10 of ident.dynamics.load_regressor(q, 0, 0)
 
-(the payload's velocity-product torques, of order m |c| qd^2, are left out as in seed 001). Stacking every
-joint's rows over the poses gives one weighted least squares (ident.estimate.wls, Gautier's per-joint
-weights) for the four parameters: no parallel joints, no special wrist orientation, no three-step chain
-of errors. Any 6R arm whose flange can be turned identifies all four.
+(the payload's velocity-product torques, of order m |c| qd^2, are left out as in the torque balance).
+Stacking every joint's rows over the poses gives one weighted least squares (ident.estimate.wls,
+Gautier's per-joint weights) for the four parameters: no parallel joints, no special wrist orientation, no
+three-step chain of errors. Any 6R arm whose flange can be turned identifies all four.
 
     program = plan(model, count=12)       # D-optimal poses, each crossed by a slow constant-velocity pass
     program.write("static.motion.json"); program.targets_csv("static.targets.csv")
@@ -112,10 +113,61 @@ def plan(model: Model, count: int = 12, *, speed: float = PASS_SPEED, half_width
 def identify(model: Model, loaded, unloaded, *, min_samples: int = MIN_SAMPLES, rest_speed: float = REST_SPEED,
              tolerance: float = SPEED_TOLERANCE, window: float = WINDOW,
              pose_tolerance: float = POSE_TOLERANCE) -> PayloadEstimate:
-    """Payload mass and first moments (mX, mY, mZ, m) from recordings (ident.preprocess.Recording) of the
-    same motion unloaded and loaded: every rest or constant-velocity sample of the loaded run paired with
-    the unloaded run at the same pose, every joint's torque difference, one weighted least squares.
-    StaticError when too few samples pair up or the poses do not determine the four parameters."""
+    """Payload mass and first moments (mX, mY, mZ, m) from the same motion recorded unloaded and loaded.
+
+    Every rest or constant-velocity sample of the loaded run is paired with the unloaded run at the same
+    pose; every joint's torque difference is the payload's gravity torque, and one weighted least squares
+    gives the four parameters.
+
+    Parameters
+    ----------
+    model : Model
+        The arm (without the payload).
+    loaded, unloaded : Recording
+        The runs with and without the payload (ident.preprocess.Recording: t, q, tau or current).
+    min_samples : int
+        Paired samples needed at least.
+    rest_speed : float
+        rad/s: a joint slower than this is at rest.
+    tolerance : float
+        A constant-velocity sample is within this fraction of its segment's plateau velocity.
+    window : float
+        s: velocities are differences over this window; segments lose it at each end.
+    pose_tolerance : float
+        rad: loaded and unloaded samples closer than this are at the same pose.
+
+    Returns
+    -------
+    PayloadEstimate
+        chi with mX, mY, mZ, m (NaN for the inertia, which gravity does not show), their sigmas, and
+        whether the mass is positive.
+
+    Raises
+    ------
+    StaticError
+        Too few samples pair up, or the poses do not determine the four parameters (an InputError).
+
+    Examples
+    --------
+    Recordings that hold each of 8 poses for half a second, torques from the model with and without a
+    1.5 kg payload:
+
+    >>> import numpy as np
+    >>> from ident import dynamics
+    >>> from ident.model import load_model
+    >>> from ident.payload import payload_parameters
+    >>> from ident.payload.static import identify
+    >>> from ident.preprocess import Recording
+    >>> model = load_model("generic6")
+    >>> q = np.repeat(np.random.default_rng(0).uniform(-1, 1, (8, 6)), 50, axis=0)
+    >>> t = np.arange(len(q)) / 100.0
+    >>> def run(arm):
+    ...     return Recording(t=t, q=q, tau=dynamics.gravity_torques(arm, q), current=None, qd=None, source=arm.name)
+    >>> load = payload_parameters(1.5, [0.0, 0.02, 0.08])
+    >>> est = identify(model, run(dynamics.merge_payload(model, load)), run(model))
+    >>> round(est.mass, 6), bool(np.allclose(est.com, [0.0, 0.02, 0.08])), est.identified
+    (1.5, True, ('mX', 'mY', 'mZ', 'm'))
+    """
     t0 = time.perf_counter()
     pairs = paired_differences(model, loaded, unloaded, rest_speed=rest_speed, tolerance=tolerance,
                                window=window, pose_tolerance=pose_tolerance)
