@@ -71,10 +71,8 @@ class TransportPlan:
 # is host: the driver is the SYNC master). The rate is what each link carries one exchange per cycle of,
 # measured in docs/guides/demo.md: serial 1 kHz; CAN 250 Hz (a real 1 Mbit/s bus carries six drives at 285 Hz at
 # most, and python-can's udp_multicast between processes loses samples above it on this machine); the
-# gateway 1 kHz (it ran at 250 Hz until 24 Nov 2026: its link sent only the newest command, and a command
-# replaced before an exchange took it was a skipped target, a torque kick, which failed the 3-sigma check at 400 Hz
-# and now and then at 250 Hz; now every command goes out once and in order, the driver's cycle runs the exchanges
-# pipelined and follows what the link carries, and at 1 kHz 8 of 8 fast demos passed, two at load 2.9). The
+# gateway 1 kHz (every command goes out once and in order and the driver's cycle runs the exchanges pipelined; a
+# link that sent only the newest command turned a replaced command into a skipped target, a torque kick). The
 # drives' loops run at 1 kHz whatever the cycle
 # (docs/reference/simulator.md), so a slower cycle no longer leaves joint 3 in a limit cycle).
 # Watchdogs of 2 s on both sides: the processes share the machine with other work, and the first command
