@@ -27,7 +27,8 @@ The effort delay (how late the drives' torques are against their positions, iden
 a number of seconds given, or "driver": the service reads it from the driver's own health messages
 (`effort_delay_s`, topic health on the same endpoint, once per second). Until the first one arrives the
 samples are buffered for identify_now but not fed to the filter (counted `waiting`); with no health message
-within DELAY_WAIT_S of the first state message, the delay is taken as 0 and the service says so in its log.
+within DELAY_WAIT_S of the first state message, the delay is taken as 0, the service says so in its log and
+its status names the source "none"; a health message that comes later still sets the delay (source "driver").
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ TOPIC_PAYLOAD = b"payload"
 TOPIC_EVENT = b"event"
 PAYLOAD_ARMS = ("model", "estimate")
 DELAY_FROM_DRIVER = "driver"
-DELAY_WAIT_S = 3.0       # s after the first state message: no driver health with the effort delay -> 0
+DELAY_WAIT_S = 10.0      # s after the first state message: no driver health with the effort delay -> 0
+#                          (the driver sends health once a second; a loaded machine delays its first one)
 
 
 @dataclass
@@ -115,6 +117,7 @@ class IdentService:
         self.delay_source = DELAY_FROM_DRIVER if effort_delay == DELAY_FROM_DRIVER else "given"
         delay = 0.0 if self.delay_source == DELAY_FROM_DRIVER else check_effort_delay(effort_delay, "effort_delay")
         self._delay_known = self.delay_source == "given"
+        self._delay_origin = self.delay_source     # what the status reports: given, driver, or none (timed out)
         self._first_state_at: float | None = None
         self.waiting = 0                    # samples not fed while the driver's effort delay was unknown
         self.identifier = OnlineIdentifier(model, effort_delay=delay, **identifier_options)
@@ -330,6 +333,7 @@ class IdentService:
         self._flush()                        # what came before goes through with the delay it came with
         self.identifier.set_effort_delay(delay)
         self._delay_known = True
+        self._delay_origin = DELAY_FROM_DRIVER
         _log.info("effort delay %g ms, from the driver's health message", 1e3 * delay)
 
     def _flush(self) -> None:
@@ -338,6 +342,7 @@ class IdentService:
             c0, w0 = time.process_time(), time.perf_counter()
             if not self._delay_known and time.monotonic() - (self._first_state_at or time.monotonic()) > DELAY_WAIT_S:
                 self._delay_known = True
+                self._delay_origin = "none"
                 _log.warning("no health message with the effort delay from the driver within %g s: torques taken "
                              "as simultaneous with the positions (give --effort-delay)", DELAY_WAIT_S)
             if not self._delay_known:
@@ -513,7 +518,7 @@ class IdentService:
                         "repeated": self.repeated,
                         "parameters": self.identifier.p, "delay_samples": self.identifier.delay,
                         "effort_delay_s": self.identifier.effort_delay if self._delay_known else None,
-                        "effort_delay_source": self.delay_source, "waiting": self.waiting,
+                        "effort_delay_source": self._delay_origin, "waiting": self.waiting,
                         "cutoff_hz": self.identifier.samples.cutoff_hz, "timing": asdict(self.timing),
                         "payload": None if self.payload is None else {"arm": self.payload_arm, "rows": self.payload.rows,
                                                                        "changes": len(self.payload.changes)}}

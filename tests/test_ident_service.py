@@ -84,7 +84,9 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
         path = tmp_path / "traj.toml"
         excitation.save(FourierTrajectory(0.5, np.zeros(6), a, b), path)
         assert _wait(lambda: svc.identifier.counters.samples > 100, 60)      # the driver is up and streaming
-        status = _req(svc.bound["commands"], cmd="status")           # the delay came with the driver's health
+        # the delay comes with the driver's health (on a loaded machine perhaps after the service's wait ran out)
+        assert _wait(lambda: _req(svc.bound["commands"], cmd="status")["effort_delay_s"] == 0.0005, 60)
+        status = _req(svc.bound["commands"], cmd="status")
         assert (status["effort_delay_s"], status["effort_delay_source"]) == (0.0005, "driver")
         enabled = _req(commands, cmd="enable")
         assert enabled["ok"], enabled
@@ -204,6 +206,11 @@ def test_without_the_drivers_health_the_effort_delay_is_taken_as_zero_after_a_wa
         assert _wait(lambda: svc.identifier.counters.samples == 20, 5)
         assert svc.identifier.effort_delay == 0.0 and any(
             "taken as simultaneous" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+        status = _req(svc.bound["commands"], cmd="status")
+        assert (status["effort_delay_s"], status["effort_delay_source"]) == (0.0, "none")   # not claimed as the driver's
+        pub.send_multipart((stream.TOPIC_HEALTH, json.dumps({"effort_delay_s": 0.0005}).encode()))   # late: adopted
+        assert _wait(lambda: _req(svc.bound["commands"], cmd="status")["effort_delay_source"] == "driver", 5)
+        assert svc.identifier.effort_delay == 0.0005
     finally:
         svc.stop()
         pub.close(0)
