@@ -11,13 +11,14 @@ with their SHA-256) from the same record as result.json's.
 from __future__ import annotations
 
 import html
-import shlex
 from pathlib import Path
 
 import numpy as np
 
 from ident.batch import Identification
 from ident.reference import REFERENCE_SIGMA, ReferenceComparison
+from ident.report_html import provenance_section
+from ident.report_html import table as _table
 from ident.results import BADLY_IDENTIFIED_PCT, losses_note
 
 PNG_DPI = 90
@@ -129,17 +130,6 @@ def write_plots(ident: Identification, out: str | Path,
     return plots
 
 
-def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None,
-           table_id: str | None = None) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = []
-    for i, r in enumerate(rows):
-        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>")
-    attr = f' id="{table_id}"' if table_id else ""
-    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
 def _g(x: float, digits: int = 4) -> str:
     return "&mdash;" if x is None or not np.isfinite(x) else f"{x:.{digits}g}"
 
@@ -161,23 +151,6 @@ def _reference_section(c: ReferenceComparison) -> list[str]:
             '<img src="reference.png" alt="identified vs reference">',
             _table(["name", "identified", "std", "reference", "difference (sigma)", "flag"], rows,
                    ["bad" if f else "" for f in c.flagged], table_id="reference-comparison")]
-
-
-def _provenance_section(p: dict) -> list[str]:
-    inputs = [[f'<span class="l">{html.escape(role)}</span>', f'<span class="l">{html.escape(e["path"])}</span>',
-               f'<code>{html.escape(e["sha256"])}</code>'] for role, e in p.get("inputs", {}).items()]
-    model = p.get("model")
-    if model is not None:
-        inputs.append(['<span class="l">model</span>', '<span class="l">'
-                       + html.escape(model.get("path") or f'{model.get("shipped")} (shipped with armid)') + "</span>",
-                       f'<code>{html.escape(model["sha256"])}</code>'])
-    facts = [("armid version", p.get("armid_version")), ("created (UTC)", p.get("created_utc")),
-             ("arm id", p.get("arm_id")), ("command line", shlex.join(p.get("command_line") or []))]
-    lines = "".join(f"<li>{name}: <code>{html.escape(str(value))}</code></li>" for name, value in facts
-                    if value is not None)
-    return ["<h2>Provenance</h2>", f'<ul id="provenance">{lines}</ul>',
-            "<p>Input files (paths relative to this folder) and the SHA-256 of their bytes:</p>",
-            _table(["input", "path", "SHA-256"], inputs, table_id="provenance-inputs")]
 
 
 def write_html(ident: Identification, out: str | Path, plots: dict[str, Path],
@@ -249,7 +222,7 @@ def write_html(ident: Identification, out: str | Path, plots: dict[str, Path],
                           "offset"], std_rows)]
     parts.append('<h2>Excitation trajectory</h2><img src="trajectory.png" alt="trajectory">')
     if provenance is not None:
-        parts += _provenance_section(provenance)
+        parts.append(provenance_section(provenance))
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>armid identification: "
             f"{html.escape(model.name)}</title><style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
     path = out / "report.html"

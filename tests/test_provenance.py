@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from datetime import datetime, timezone
 from importlib import metadata
@@ -125,6 +126,7 @@ def test_payload_json_and_calibration_toml_carry_their_provenance(tmp_path):
     assert prov["command_line"] == ["armid", *argv] and prov["model"]["shipped"] == "generic6"
     assert prov["armid_version"] == metadata.version("armid") and prov["created_utc"].endswith("Z")
     assert not (out / "provenance.json").exists()
+    _report_names(out / "report.html", prov)
 
     cm = from_model(model, (0.1, 0.0, 0.0))
     qc = random_configurations(cm, 30, seed=0)
@@ -141,5 +143,23 @@ def test_payload_json_and_calibration_toml_carry_their_provenance(tmp_path):
     assert prov["inputs"] == {"measurements": {"path": "../runs/meas.csv", "sha256": digest(meas)}}
     assert prov["model"] == {"path": "../arm.toml", "sha256": digest(model_file)}
     assert prov["command_line"] == ["armid", *argv] and "arm_id" not in prov     # TOML has no null: left out
+    _report_names(tmp_path / "cal" / "report.html", prov)
     assert prov["armid_version"] == metadata.version("armid")
     assert not (tmp_path / "cal" / "provenance.json").exists()
+
+
+def _report_names(page_path, prov: dict) -> None:
+    """The report's provenance section lists every input of the record, its relative path and its hash, the
+    model's hash and the command line."""
+    import html as html_module
+    import shlex
+
+    page = page_path.read_text()
+    assert page.count('id="provenance-inputs"') == 1
+    section = page[page.index("<h2>Provenance</h2>"):]
+    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td><code>([0-9a-f]{64})</code></td></tr>", section)
+    got = {re.sub("<[^>]+>", "", role): (re.sub("<[^>]+>", "", path), sha) for role, path, sha in rows}
+    want = {role: (e["path"], e["sha256"]) for role, e in prov["inputs"].items()}
+    assert {k: got[k] for k in want} == want
+    assert got["model"][1] == prov["model"]["sha256"]
+    assert html_module.escape(shlex.join(prov["command_line"])) in section

@@ -137,7 +137,7 @@ def _identify(args: argparse.Namespace) -> int:
     write_parameter_table(out / "parameters.csv", result)
     write_residuals(out / "residuals.csv", result, meas.lines)
     accuracy = predicted_accuracy(result, random_configurations(cm, 500, seed=1))
-    report = write_report(out, result, accuracy, f"Kinematic calibration of {model.name}")
+    report = write_report(out, result, accuracy, f"Kinematic calibration of {model.name}", provenance=prov)
     print(f"{len(meas.q)} poses ({measure}{', relative' if args.relative else ''}), {irr.count} parameters: "
           f"{describe(irr)}; {_tool_text(args, model)}")
     print(f"RMS position error {result.rms_before * 1e3:.4f} mm before, {result.rms_after * 1e3:.4f} mm after; "

@@ -8,6 +8,7 @@ import numpy as np
 
 from ident.calibration.fit import Identification
 from ident.calibration.io import term_status
+from ident.report_html import provenance_section
 
 
 def _figures(result: Identification, accuracy: np.ndarray, folder: Path) -> list[str]:
@@ -57,9 +58,11 @@ def _figures(result: Identification, accuracy: np.ndarray, folder: Path) -> list
     return names
 
 
-def write_report(folder: str | Path, result: Identification, accuracy: np.ndarray, title: str) -> Path:
+def write_report(folder: str | Path, result: Identification, accuracy: np.ndarray, title: str,
+                 provenance: dict | None = None) -> Path:
     """Write report.html and its PNG figures into folder; accuracy (N,) m: predicted position sigma at
-    random workspace poses. Returns the HTML path."""
+    random workspace poses; provenance: the record of ident.provenance (shown at the end). Returns the HTML
+    path."""
     folder = Path(folder)
     figs = _figures(result, accuracy, folder)
     irr = result.irreducible
@@ -89,7 +92,7 @@ the stated measurement noise): {outl}</li></ul>
 {''.join(f'<p><img src="{f}" alt="{f}"></p>' for f in figs)}
 <h2>Parameters</h2>
 <table><tr><th>term</th><th>status</th><th>nominal</th><th>error</th><th>sigma</th></tr>
-{''.join(rows)}</table></body></html>
+{''.join(rows)}</table>{'' if provenance is None else provenance_section(provenance)}</body></html>
 """
     out = folder / "report.html"
     out.write_text(page, encoding="utf-8")

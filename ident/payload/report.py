@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ident.payload.result import PARAMETER_NAMES, MethodFailure, PayloadEstimate
+from ident.report_html import provenance_section
 
 PNG_DPI = 90
 
@@ -95,7 +96,7 @@ def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str =
         The methods that gave no estimate, with their reasons (payload.json "failed", a section of the page).
     provenance : dict, optional
         The provenance record (ident.provenance.provenance, paths relative to out), stored as payload.json's
-        "provenance".
+        "provenance" and shown at the end of report.html.
 
     Returns
     -------
@@ -117,7 +118,8 @@ def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str =
             "<style>body{font-family:sans-serif;max-width:60em;margin:auto} table{border-collapse:collapse}"
             " td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style></head><body>"
             f"<h1>{html.escape(title)}</h1><img src='{png.name}' alt='mass and centre of mass'>"
-            + "".join(_section(e) for e in estimates) + _failures(failures) + "</body></html>")
+            + "".join(_section(e) for e in estimates) + _failures(failures)
+            + ("" if provenance is None else provenance_section(provenance)) + "</body></html>")
     (out / "report.html").write_text(page)
     return {"json": out / "payload.json", "plot": png, "report": out / "report.html"}
 
