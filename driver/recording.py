@@ -213,7 +213,8 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
     starting at 0), q (rad), tau (N m) or current (A), qd (rad/s), effort_delay (s, () array: the driver's
     configured lag of the effort behind the positions, from the recording's metadata, 0 if it says nothing),
     lost_samples (() array: the device samples the driver never received, the sum of the messages' lost-sample
-    counts); and notes on what was left out.
+    counts; absent when a message of stream version 1, which has no such count, is among them); and notes on
+    what was left out.
 
     STALE samples (no new device data: the values repeat) and samples whose device time does not
     increase are dropped; seq gaps are reported, never filled in."""
@@ -229,7 +230,12 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
     if gaps:
         notes.append(f"{missing} messages missing in {gaps} seq gaps (dropped before or while recording); "
                      f"the samples around them are kept as they are")
-    lost = int((s["flags"].astype(np.int64) >> stream.LOST_SHIFT).sum())
+    if (s["version"] < 2).any():          # version 1 has no lost-sample count: unknown, not zero
+        lost = None
+        notes.append(f"{int((s['version'] < 2).sum())} messages of stream version 1, which carries no lost-sample "
+                     f"count: the device samples the driver lost are unknown")
+    else:
+        lost = int((s["flags"].astype(np.int64) >> stream.LOST_SHIFT).sum())
     if lost:
         notes.append(f"{lost} device samples lost by the driver (never published: flags >> 16 of the messages "
                      f"after them); the samples around them are kept as they are")
@@ -250,7 +256,9 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
            "q": np.ascontiguousarray(s["q"], dtype=np.float64),
            array: np.ascontiguousarray(s[effort], dtype=np.float64),
            "qd": np.ascontiguousarray(s["qd"], dtype=np.float64),
-           "effort_delay": np.array(_effort_delay(log)), "lost_samples": np.array(lost)}
+           "effort_delay": np.array(_effort_delay(log))}
+    if lost is not None:
+        out["lost_samples"] = np.array(lost)
     return out, notes
 
 

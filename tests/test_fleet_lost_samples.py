@@ -35,9 +35,10 @@ def motion():
     return t, q, qd, tau
 
 
-def write_mcap(path, t, q, qd, tau):
+def write_mcap(path, t, q, qd, tau, version=stream.STREAM_VERSION):
     """A recording as the recorder writes it: the device samples in LOST's gaps never reached the driver (its
-    next message reports how many), STALE_MESSAGES are published twice (flagged STALE)."""
+    next message reports how many), STALE_MESSAGES are published twice (flagged STALE). version 1: as an older
+    driver wrote it, without the lost-sample counts."""
     n = q.shape[1]
     gone = {k - 1 - i for k, count in LOST.items() for i in range(count)}
     writer = McapStateWriter(path, rate_hz=RATE)
@@ -50,8 +51,9 @@ def write_mcap(path, t, q, qd, tau):
             m = stream.StateMessage(n)
             m.q[:], m.qd[:], m.torque[:] = q[k], qd[k], tau[k]
             device_ns = round(t[k] * 1e9) + 1_000
-            m.set_header(seq, flags | (stream.lost_flags(LOST.get(k, 0)) if flags == 0 else 0), device_ns,
-                         1_700_000_000_000_000_000 + device_ns + 50_000 * (flags != 0))
+            lost = stream.lost_flags(LOST.get(k, 0)) if flags == 0 and version >= 2 else 0
+            m.set_header(seq, flags | lost, device_ns, 1_700_000_000_000_000_000 + device_ns + 50_000 * (flags != 0))
+            m.record["version"] = version
             writer.write_state(bytes(m.buffer), n, seq, 1_700_000_000_000_000_000 + device_ns)
             seq += 1
     writer.close({"messages": str(seq)})
@@ -63,6 +65,8 @@ def fleet_out(tmp_path_factory, motion):
     d = tmp_path_factory.mktemp("lost")
     t, q, qd, tau = motion
     write_mcap(d / "run.mcap", t, q, qd, tau)
+    write_mcap(d / "old.mcap", t, q, qd, tau, version=1)
+    convert(d / "old.mcap", d / "oldconverted.csv")
     convert(d / "run.mcap", d / "converted.csv")
     convert(d / "run.mcap", d / "npzrun.npz")
     write_csv(d / "plain.csv", t, q, tau)
@@ -71,7 +75,7 @@ def fleet_out(tmp_path_factory, motion):
         qs[k], taus[k] = qs[k - 1], taus[k - 1]
     write_csv(d / "stale.csv", t, qs, taus, fields={"lost_samples": 0})
     jobs = [fleet.Job("A", "generic6", str(d / name)) for name in
-            ("run.mcap", "converted.csv", "npzrun.npz", "plain.csv", "stale.csv")]
+            ("run.mcap", "converted.csv", "npzrun.npz", "plain.csv", "stale.csv", "old.mcap", "oldconverted.csv")]
     result = fleet.identify_many(jobs, d / "out", scheduler="serial", progress=False, report=False,
                                  loader=functools.partial(load_run, effort="torque"))
     assert not result.failures
@@ -92,6 +96,13 @@ def test_conversions_keep_the_lost_count_and_a_silent_recording_gives_null(fleet
     assert "# lost_samples = 6" in (d / "converted.csv").read_text().splitlines()[0]
     assert rows["npzrun"]["lost_device_samples"] == load_recording(d / "npzrun.npz").lost_samples == sum(LOST.values())
     assert rows["plain"]["lost_device_samples"] is None and rows["plain"]["dropped_samples"] == 0
+
+
+def test_a_version_1_recording_says_nothing_of_lost_samples_and_gives_null_not_zero(fleet_out):
+    d, rows = fleet_out
+    assert rows["old"]["lost_device_samples"] is None and rows["oldconverted"]["lost_device_samples"] is None
+    assert not (d / "oldconverted.csv").read_text().startswith("# lost_samples")
+    assert rows["old"]["bridged_samples"] == sum(LOST.values())        # the gaps in device time are still seen
 
 
 def test_dropped_samples_count_the_stale_repeats(fleet_out):

@@ -24,7 +24,7 @@ def load_run(path: str | Path, n: int | None = None, effort: str = "torque"):
     arrays, _ = recording.identification_arrays(recording.read_recording(path), effort)
     rec = Recording(t=arrays["t"], q=arrays["q"], tau=arrays.get("tau"), current=arrays.get("current"),
                     qd=arrays["qd"], source=str(path), effort_delay=float(arrays["effort_delay"]),
-                    lost_samples=int(arrays["lost_samples"]))
+                    lost_samples=int(arrays["lost_samples"]) if "lost_samples" in arrays else None)
     if n is not None and rec.n != n:
         raise InputError(f"{path}: {rec.n} joints recorded, expected {n}")
     return rec
