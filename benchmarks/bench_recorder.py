@@ -112,6 +112,8 @@ def main() -> None:
                "mcap-ros2-support generic encoder", ref * 1e6)
         report("recorder CPU at 1 kHz", ours * 1000 * 100, "% of a core",
                "with the generic encoder", ref * 1000 * 100)
+        import ident.frames  # noqa: F401  (imported once per process, as the daemon does before recording)
+        import ident.urdf_export  # noqa: F401
         from ident.model import load_model
 
         framed = write_ours(os.path.join(tmp, "framed.mcap"), data, model=load_model("generic6")) / n

@@ -148,7 +148,7 @@ class Cycle:
         self._backlog: Callable[[], int] | None = arm.backlog if arm.keeps_every_sample else None
         self.events: deque[tuple[float, str]] = deque(maxlen=100)
         self._stale_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
-        self._hold_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
+        self._hold_log = Throttle(_log, logging.DEBUG, TROUBLE_LOG_INTERVAL_S)   # a slower client is allowed
         self._late_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self.lateness_ns = np.zeros(LATENESS_WINDOW, np.int64)
         self._requests: deque[tuple[Callable[[], object], Future]] = deque()
@@ -253,9 +253,10 @@ class Cycle:
             self.step()
             late = time.time_ns() - st.host_time_ns if self._bits & _FRESH else 0
             lateness[self.cycles % LATENESS_WINDOW] = late
-            if time.perf_counter_ns() - last > period:
+            took = time.perf_counter_ns() - last
+            if took > period:
                 self.overruns += 1
-                self._late_log.hit("overrun: a cycle took longer than the period (%.2f ms)", period / 1e6,
+                self._late_log.hit("overrun: a cycle took %.2f ms (period %.2f ms)", took / 1e6, period / 1e6,
                                    overruns=self.overruns)
 
     # -- requests from other threads -----------------------------------------------------------------

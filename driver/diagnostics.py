@@ -4,8 +4,10 @@ diagnostic_msgs/DiagnosticStatus, each with a level, a name, a message, a hardwa
 One status for the cycle (ERROR on a fault, WARN when the drives deliver fewer samples than the cycle runs), one
 per drive (its CiA 402 state: ERROR in a fault state), and one each for the link, the command server, the
 real-time settings, servo and the recording when the health message has them (WARN when a counter of bad,
-refused or malformed input has counted something, ERROR when the recording failed). Every field of the health
-message is kept as a key-value pair (nested fields as dotted keys), so nothing the JSON had is lost.
+refused or malformed input has counted something, ERROR when the recording failed or the link is down). Every
+field of the health message is kept as a key-value pair of one of the statuses (nested fields as dotted keys; the
+drives' states in their own statuses), so nothing the JSON had is lost. A JSON object of unexpected shape gives
+fewer statuses, never an exception.
 """
 from __future__ import annotations
 
@@ -35,26 +37,32 @@ def flatten(value, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, _text(value))]
 
 
-def _troubled(pairs: list[tuple[str, str]]) -> list[str]:
-    """Keys of counters of bad input that counted something."""
-    out = []
-    for key, text in pairs:
-        leaf = key.rsplit(".", 1)[-1].lower()
-        if any(word in leaf for word in TROUBLE_WORDS):
-            try:
-                if float(text) > 0:
-                    out.append(key)
-            except ValueError:
-                if text not in ("null", "", "None"):
-                    out.append(key)
-    return out
+SETTING_SUFFIXES = ("_cycles", "_s", "_ms", "_us", "_hz")   # durations and settings, not counters
+
+
+def _troubled(value, prefix: str = "") -> list[str]:
+    """Dotted keys of the counters of bad input that counted something: a key naming trouble (TROUBLE_WORDS)
+    whose value is a positive count, a non-empty list or a text (a last error); settings such as
+    timeout_cycles are not counters."""
+    if isinstance(value, dict):
+        return [k for key, item in value.items() for k in _troubled(item, f"{prefix}.{key}" if prefix else str(key))]
+    leaf = prefix.rsplit(".", 1)[-1].lower()
+    if not any(word in leaf for word in TROUBLE_WORDS) or leaf.endswith(SETTING_SUFFIXES):
+        return []
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, (int, float)):
+        return [prefix] if value > 0 else []
+    return [prefix] if len(value) else []      # a text or a list
 
 
 def _section(name: str, body, hardware_id: str = "driver") -> dict:
-    pairs = flatten(body)
-    bad = _troubled(pairs)
-    return {"level": WARN if bad else OK, "name": f"armid: {name}",
-            "message": ("counted: " + ", ".join(bad)) if bad else "ok", "hardware_id": hardware_id, "values": pairs}
+    bad = _troubled(body)
+    level, message = (WARN, "counted: " + ", ".join(bad)) if bad else (OK, "ok")
+    if isinstance(body, dict) and body.get("connected") is False:
+        level, message = ERROR, f"down: {body.get('down_reason') or 'not connected'}"
+    return {"level": level, "name": f"armid: {name}", "message": message, "hardware_id": hardware_id,
+            "values": flatten(body)}
 
 
 def statuses(health: dict, joint_names: list[str]) -> list[dict]:
@@ -62,11 +70,12 @@ def statuses(health: dict, joint_names: list[str]) -> list[dict]:
     if not isinstance(health, dict):
         raise TypeError(f"health: expected a JSON object, got {type(health).__name__}")
     fault = health.get("fault")
-    cycle_keys = ("uptime_s", "cycle_rate_hz", "sample_rate_hz", "cycles", "fresh_samples", "stale_cycles",
+    cycle_keys = ("time", "uptime_s", "cycle_rate_hz", "sample_rate_hz", "cycles", "fresh_samples", "stale_cycles",
                   "overruns", "caught_up", "lateness", "samples_lost", "effort_delay_s", "enabled", "moving", "fault")
     cycle = {k: health[k] for k in cycle_keys if k in health}
+    events = health.get("events")
     pairs = flatten(cycle) + [(f"event.{k}", _text(e.get("text") if isinstance(e, dict) else e))
-                              for k, e in enumerate(health.get("events") or [])]
+                              for k, e in enumerate(events if isinstance(events, list) else [])]
     rate, samples = health.get("cycle_rate_hz"), health.get("sample_rate_hz")
     if fault:
         level, message = ERROR, f"fault: {fault}"
@@ -79,7 +88,8 @@ def statuses(health: dict, joint_names: list[str]) -> list[dict]:
         if health.get("moving"):
             message += ", moving"
     out = [{"level": level, "name": "armid: cycle", "message": message, "hardware_id": "driver", "values": pairs}]
-    for j, state in enumerate(health.get("drive_states") or []):
+    drive_states = health.get("drive_states")
+    for j, state in enumerate(drive_states if isinstance(drive_states, list) else []):
         name = joint_names[j] if j < len(joint_names) else f"j{j + 1}"
         state = str(state)
         level = ERROR if "FAULT" in state.upper() else WARN if state.upper() == "UNKNOWN" else OK

@@ -39,6 +39,7 @@ from firmware_bridge import stream
 from firmware_bridge.errors import InputError
 
 TF_RATE_HZ = 50.0          # /tf messages per second of stream (every rate/TF_RATE_HZ-th sample)
+TF_BATCH = 25              # /tf samples computed together (numpy's cost per call, not per sample): 0.5 s at 50 Hz
 RCVHWM = 200_000          # messages the SUB may queue while the recorder compresses a chunk (200 s at 1 kHz)
 MCAP_RECORD_OVERHEAD = 31  # bytes of a Message record around its data (opcode, length, channel, seq, 2 times)
 MIN_CHUNK_BYTES = 4096
@@ -187,6 +188,7 @@ class McapStateWriter:
         self.model = model
         self.tf_every = max(1, round(rate_hz / tf_rate_hz))
         self._tf = None
+        self._tf_pending: list[tuple[int, int, np.ndarray]] = []   # (seq, time ns, q) waiting for their /tf
         self.file = WriteThrough(path, overwrite=overwrite)
         self.path = self.file.path
         self.joint_names = list(joint_names) if joint_names else None
@@ -240,6 +242,7 @@ class McapStateWriter:
         """The robot description now and a /tf channel for the samples to come."""
         from ident import frames
 
+        self._frames = frames
         self._description = (self._register(schema.TOPIC_ROBOT_DESCRIPTION, schema.STRING),
                              schema.encode_string(frames.robot_description(self.model)))
         self._tf = (self._register(schema.TOPIC_TF, schema.TF_MESSAGE), schema.tf_layout(frames.frame_tree(self.model)))
@@ -262,19 +265,28 @@ class McapStateWriter:
             self._write_frames(view, n, seq, host_time_ns)
 
     def _write_frames(self, payload: memoryview, n: int, seq: int, time_ns: int) -> None:
-        from ident import frames
-
+        """The description with the first sample; every tf_every-th sample's q kept for /tf, written TF_BATCH at a
+        time (a killed recorder loses at most those, as it loses its last chunk)."""
         if self._description is not None:
             channel, data = self._description
             self._mcap.add_message(channel, log_time=time_ns, publish_time=time_ns, data=data)
             self._description = None
         if seq % self.tf_every:
             return
+        q = np.frombuffer(payload, dtype="<f8", count=n, offset=stream.HEADER_SIZE).copy()
+        self._tf_pending.append((seq, time_ns, q))
+        if len(self._tf_pending) >= TF_BATCH:
+            self._flush_frames()
+
+    def _flush_frames(self) -> None:
+        if not self._tf_pending:
+            return
         channel, layout = self._tf
-        q = np.frombuffer(payload, dtype="<f8", count=n, offset=stream.HEADER_SIZE)
-        t, r = frames.frame_transforms(self.model, q[None])
-        self._mcap.add_message(channel, log_time=time_ns, publish_time=time_ns,
-                               data=schema.encode_tf(layout, time_ns, t[0], r[0]), sequence=seq & 0xFFFFFFFF)
+        t, r = self._frames.frame_transforms(self.model, np.array([q for _, _, q in self._tf_pending]))
+        for k, (seq, time_ns, _) in enumerate(self._tf_pending):
+            self._mcap.add_message(channel, log_time=time_ns, publish_time=time_ns,
+                                   data=schema.encode_tf(layout, time_ns, t[k], r[k]), sequence=seq & 0xFFFFFFFF)
+        self._tf_pending.clear()
 
     def write_health(self, health: dict, time_ns: int) -> None:
         """One health message (a dict, as the driver publishes it) as diagnostics, once the state messages have
@@ -294,6 +306,8 @@ class McapStateWriter:
         try:
             if self._mcap is None:
                 self._start(None)
+            if self._tf is not None:
+                self._flush_frames()
             if summary:
                 self._mcap.add_metadata("armid.summary", summary)
             self._mcap.finish()
@@ -437,7 +451,10 @@ def record(path: str | Path, state_endpoint: str, *, joint_names: list[str] | No
             if not isinstance(health, dict):
                 return bad("health message: not a JSON object")
             if writer.started:
-                writer.write_health(health, time.time_ns())
+                try:
+                    writer.write_health(health, time.time_ns())
+                except (TypeError, ValueError) as exc:     # a field of an unexpected type: not data
+                    return bad(f"health message: {exc}")
                 stats.health += 1
 
     last = [t0, 0]   # time and message count of the previous report

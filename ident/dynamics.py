@@ -251,8 +251,8 @@ def coriolis_torques(model: Model, q, qd, params: np.ndarray | None = None) -> n
 
     Examples
     --------
-    The kinetic energy's rate of change is qd' (tau - G) when no friction acts, so the Coriolis
-    torques do no work: qd' (C qd) = qd' M' qd / 2; at rest they vanish.
+    The skew symmetry of M' - 2 C gives qd' (C qd) = qd' M' qd / 2, with M' the time derivative of the
+    mass matrix along qd; at rest the Coriolis and centrifugal torques vanish.
 
     >>> import numpy as np
     >>> from ident import dynamics

@@ -69,7 +69,7 @@ def closed_form_base(model: Model) -> BaseParameters:
     between = [j + 1 for j in range(r1 + 1, r2) if sigma[j] == PRISMATIC]
     if between:
         raise ClosedFormError(f"{model.source}: prismatic joint(s) {between} lie between r1 = {r1 + 1} and r2 = {r2 + 1}; "
-                              "seed 004 (section IV-C) leaves their first moments and masses to a case-by-case study, "
+                              "Gautier and Khalil (1990, section IV-C) leave their first moments and masses to a case-by-case study, "
                               "which this closed form does not do: use method='qr'")
 
     # 1. parameters with no effect

@@ -136,3 +136,39 @@ def test_fewer_fresh_samples_than_cycles_is_a_warning():
     assert got[0]["level"] == diagnostics.WARN and "800 fresh samples/s" in got[0]["message"]
     with pytest.raises(TypeError):
         diagnostics.statuses(["not", "a", "dict"], [])
+
+
+def test_a_healthy_drivers_real_health_gives_no_warning_outside_the_cycle(model):
+    """The health message of a real driver (the simulator in its process), with a servo session ended: its
+    settings (timeout_cycles, an empty list of refused real-time settings) are no trouble counters."""
+    import time
+
+    from local_driver import local_driver
+    from waiting import wait_until
+
+    with local_driver(model, seed=1) as (d, _):
+        d.cycle.submit(d.cycle.enable)
+        assert wait_until(lambda: d.cycle.enabled(), 20)
+        d.start_servo("position", 50, 2)
+        d.cycle.submit(lambda: d.cycle.end_servo("servo_stop requested"))
+        time.sleep(0.2)
+        health = d.health(1.0, {})
+    assert health["servo"]["timeout_cycles"] == 50 and health["realtime"]["refused"] == []
+    got = {st["name"]: st for st in diagnostics.statuses(health, list(model.joint_names))}
+    for name in ("armid: link", "armid: commands", "armid: realtime", "armid: servo"):
+        assert (got[name]["level"], got[name]["message"]) == (diagnostics.OK, "ok"), got[name]
+    assert all(got[f"armid: drive {j}"]["level"] == diagnostics.OK for j in model.joint_names)
+    # the same sections with trouble counted: a refused real-time setting, a malformed setpoint, a link down
+    health["realtime"]["refused"] = ["SCHED_FIFO: Operation not permitted"]
+    health["servo"]["malformed"] = 3
+    health["link"].update(connected=False, down_reason="pty closed")
+    got = {st["name"]: st for st in diagnostics.statuses(health, list(model.joint_names))}
+    assert (got["armid: realtime"]["level"], got["armid: realtime"]["message"]) == (diagnostics.WARN, "counted: refused")
+    assert (got["armid: servo"]["level"], got["armid: servo"]["message"]) == (diagnostics.WARN, "counted: malformed")
+    assert (got["armid: link"]["level"], got["armid: link"]["message"]) == (diagnostics.ERROR, "down: pty closed")
+
+
+def test_a_health_message_of_odd_shape_gives_fewer_statuses_and_the_recorder_goes_on():
+    odd = {**HEALTH, "drive_states": 5, "events": 3, "link": "not a dict"}
+    names = [st["name"] for st in diagnostics.statuses(odd, ["a"] * 6)]
+    assert names[0] == "armid: cycle" and not any(n.startswith("armid: drive") for n in names)

@@ -1,4 +1,4 @@
-"""`armid calibrate plan|identify`: kinematic calibration (seed 002). File formats: docs/guides/calibration.md."""
+"""`armid calibrate plan|identify`: kinematic calibration (Pashkevich 2004). File formats: docs/guides/calibration.md."""
 from __future__ import annotations
 
 import argparse

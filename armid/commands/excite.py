@@ -107,7 +107,7 @@ def _design(args: argparse.Namespace) -> int:
             keeps = "keeps the limits"
         except LimitError as exc:
             keeps = f"breaks a limit: {exc}"
-        print(f"preset seed000 (seed 000 Table 1, {preset.harmonics} harmonics of {preset.base_frequency:g} Hz) on "
+        print(f"preset seed000 (Zhang, Qin, Zou 2017, Table 1, {preset.harmonics} harmonics of {preset.base_frequency:g} Hz) on "
               f"{model.name}: cond {scores['cond']:.1f}   log det {scores['logdet']:.1f}; it {keeps}")
     _print_usage(model, traj, 1000.0)
     excitation.save(traj, args.output)

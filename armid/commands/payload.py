@@ -1,6 +1,6 @@
 """`armid payload plan|identify|apply`: payload identification (docs/guides/payload.md).
 
-- plan: the motion a method needs (a Fourier excitation for the dynamic methods, the seed 001 sweeps for
+- plan: the motion a method needs (a Fourier excitation for the dynamic methods, the torque-balance sweeps (Gao, Zhao, Li 2025) for
   torque balance, D-optimal static poses for the static method), as a file the driver runs and, for the
   static methods, a CSV of joint targets for a closed controller's pendant.
 - identify: the payload from a loaded and an unloaded run, with sigmas, in the model's flange frame
@@ -53,8 +53,8 @@ def register(sub) -> None:
                                         "every method gave an estimate, 1 some did and others failed, 2 none "
                                         "did or the input is unusable.")
     ident.add_argument("--method", required=True, choices=IDENTIFY_METHODS,
-                       help="difference, torque, global (seed 000; 'dynamic' = all three side by side), "
-                            "torque-balance (seed 001), static (every joint, any poses)")
+                       help="difference, torque, global (Zhang, Qin, Zou 2017; 'dynamic' = all three side by side), "
+                            "torque-balance (Gao, Zhao, Li 2025), static (every joint, any poses)")
     ident.add_argument("--loaded", required=True, metavar="A", help="the run with the payload")
     ident.add_argument("--unloaded", required=True, metavar="B", help="the same motion without it")
     add_model_arguments(ident)

@@ -103,6 +103,8 @@ def _model(given: str | None, named: str | None, joint_names: list[str] | None, 
         say("no model (--model): the recording has no /robot_description and no /tf")
         return None
     model = load_model(given or named)
+    say(f"/robot_description and /tf from the model {model.source}" + ("" if given else
+        " (the shipped model the driver's status names; give --model if the driver runs an edited copy)"))
     if joint_names is not None and list(model.joint_names) != list(joint_names):
         from driver.recorder import RecorderError
 

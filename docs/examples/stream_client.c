@@ -1,4 +1,4 @@
-/* Print the armid driver's state stream from C (layout: docs/stream.md, macros: armid_wire.h).
+/* Print the armid driver's state stream from C (layout: docs/reference/stream.md, macros: armid_wire.h).
  *
  *   cc -std=c99 -I firmware_bridge docs/examples/stream_client.c -lzmq -o stream_client   (from armid's folder)
  *   ./stream_client [ENDPOINT] [COUNT]          (default tcp://127.0.0.1:5555, 10 samples)
