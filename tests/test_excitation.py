@@ -376,7 +376,7 @@ def test_cli_design_prints_the_preset_cond_next_to_the_optimum(generic6, tmp_pat
     text = capsys.readouterr().out
     preset_cond = np.linalg.cond(excitation.stacked_base_regressor(generic6, base_parameters(generic6),
                                                                    excitation.preset("seed000")))
-    assert f"preset seed000 (seed 000 Table 1, 6 harmonics of 0.1 Hz) on generic6: cond {preset_cond:.1f}" in text
+    assert f"preset seed000 (Zhang, Qin, Zou 2017, Table 1, 6 harmonics of 0.1 Hz) on generic6: cond {preset_cond:.1f}" in text
     assert "it keeps the limits" in text
 
 
