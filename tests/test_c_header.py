@@ -126,17 +126,22 @@ def _c_program(cases: list[dict]) -> str:
         '  printf("checked %d fails %d\\n", checked, fails);', "  return fails != 0;", "}", ""])
 
 
-@pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
-@pytest.mark.parametrize("std", ["c99", "c11"])
-def test_c_program_packs_the_golden_vectors_into_the_header_structs_byte_for_byte(tmp_path, std):
-    cases = json.loads(sv.VECTORS_PATH.read_text())["cases"]
-    src = tmp_path / "vectors.c"
-    src.write_text(_c_program(cases))
-    exe = tmp_path / "vectors"
+def _build(folder, name: str, program: str, std: str):
+    """Compile a C program against the generated header, warnings as errors; the executable's path."""
+    src, exe = folder / f"{name}.c", folder / name
+    src.write_text(program)
     build = subprocess.run([CC, f"-std={std}", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1",
                             f"-I{c_header.HEADER_PATH.parent}", str(src), "-o", str(exe)],
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr
+    return exe
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
+@pytest.mark.parametrize("std", ["c99", "c11"])
+def test_c_program_packs_the_golden_vectors_into_the_header_structs_byte_for_byte(tmp_path, std):
+    cases = json.loads(sv.VECTORS_PATH.read_text())["cases"]
+    exe = _build(tmp_path, "vectors", _c_program(cases), std)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
     assert run.stdout.strip().endswith(f"checked {len(cases)} fails 0"), run.stdout
     assert run.returncode == 0
@@ -193,12 +198,7 @@ def _cobs_inputs() -> list[bytes]:
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
 def test_c_cobs_encodes_and_decodes_as_the_cobs_package_and_refuses_what_it_refuses(tmp_path):
     from cobs import cobs
-    src, exe = tmp_path / "cobs.c", tmp_path / "cobs"
-    src.write_text(_COBS_PROGRAM)
-    build = subprocess.run([CC, "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1",
-                            f"-I{c_header.HEADER_PATH.parent}", str(src), "-o", str(exe)],
-                           capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr
+    exe = _build(tmp_path, "cobs", _COBS_PROGRAM, "c99")
     plain = _cobs_inputs()
     vectors = json.loads(sv.VECTORS_PATH.read_text())["cases"]
     frames = [bytes.fromhex(c["frame_hex"]) for c in vectors]
@@ -296,12 +296,7 @@ def _expected(payload: bytes) -> list:
 
 @pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
 def test_c_program_decodes_state_messages_with_the_headers_struct_and_macros_as_decode_state_does(tmp_path):
-    src, exe = tmp_path / "stream.c", tmp_path / "stream"
-    src.write_text(_STREAM_PROGRAM)
-    build = subprocess.run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1",
-                            f"-I{c_header.HEADER_PATH.parent}", str(src), "-o", str(exe)],
-                           capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr
+    exe = _build(tmp_path, "stream", _STREAM_PROGRAM, "c11")
     rng = np.random.default_rng(22)
     good = [_random_state(rng, n) for n in (1, 2, 6, 7, 64) for _ in range(3)] + [_random_state(rng, 6, version=1)]
     six = good[6]
