@@ -617,7 +617,7 @@ class StreamFigures:
 
 
 def stream_figures(log) -> StreamFigures:
-    """StreamFigures of a driver.recording.StateLog."""
+    """StreamFigures of a firmware_bridge.recording.StateLog."""
     from firmware_bridge import stream
 
     s = log.states

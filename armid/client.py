@@ -39,7 +39,7 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 
 DEFAULT_STATE = "tcp://127.0.0.1:5555"
 DEFAULT_COMMANDS = "tcp://127.0.0.1:5556"
@@ -395,7 +395,7 @@ class ArmClient:
         file : str, optional
             A trajectory file name in the driver's trajectory folder (docs/reference/trajectory-file.md).
         preset : str, optional
-            A shipped trajectory (ident.excitation.presets()).
+            A shipped trajectory (ident.fit.excitation.presets()).
         samples : tuple of array_like, optional
             (t (N,) s, q (N, n) rad): a sampled motion.
         periods : float, optional
@@ -500,7 +500,7 @@ class ArmClient:
 
         >>> import time
         >>> import numpy as np
-        >>> from ident.excitation import smooth_ramp
+        >>> from ident.fit.excitation import smooth_ramp
         >>> arm.enable()
         >>> start, t0 = arm.latest().q, time.time_ns()
         >>> with arm.servo("position", timeout_cycles=500) as stream:

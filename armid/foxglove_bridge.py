@@ -3,7 +3,7 @@ state and health topics (docs/reference/stream.md).
 
 Channels (Foxglove's own message types where one fits, else JSON with a JSON schema):
   /joint_states   foxglove.JointStates: name, position (rad), velocity (rad/s), effort (N m) per joint
-  /tf             foxglove.FrameTransforms: base_link -> link1 -> ... -> linkn -> flange (ident.frames), from the
+  /tf             foxglove.FrameTransforms: base_link -> link1 -> ... -> linkn -> flange (ident.model.frames), from the
                   model's joint placements and the measured angles
   /robot_description  std_msgs/msg/String (ROS 2 CDR): the model's URDF with a stick figure, the same link names;
                   with /tf, the 3D panel draws the arm moving. Sent when a client subscribes and every 10 s
@@ -26,10 +26,11 @@ import time
 import numpy as np
 import zmq
 
-from driver import diagnostics, mcap_schema
+from driver import diagnostics
+from firmware_bridge import mcap_schema
 from firmware_bridge import stream
-from firmware_bridge.log_throttle import Throttle
-from ident import frames
+from firmware_bridge.runtime.log_throttle import Throttle
+from ident.model import frames
 
 STATE_SCHEMA = {
     "type": "object", "title": "armid.State",
@@ -45,13 +46,13 @@ MODEL_PERIOD_S = 10.0
 
 
 def link_transforms(model, q: np.ndarray) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
-    """(parent, child, translation (3,), quaternion xyzw (4,)) of each link and of the flange (ident.frames)."""
+    """(parent, child, translation (3,), quaternion xyzw (4,)) of each link and of the flange (ident.model.frames)."""
     t, r = frames.frame_transforms(model, np.asarray(q, dtype=float))
     return [(parent, child, t[k], r[k]) for k, (parent, child) in enumerate(frames.frame_tree(model))]
 
 
 def _ros2_channel(foxglove, topic: str, message: tuple[str, str]):
-    """A channel of ROS 2 CDR messages (driver.mcap_schema's definitions), which Foxglove decodes itself."""
+    """A channel of ROS 2 CDR messages (firmware_bridge.mcap_schema's definitions), which Foxglove decodes itself."""
     schema = foxglove.Schema(name=message[0], encoding=mcap_schema.SCHEMA_ENCODING, data=message[1].encode())
     return foxglove.Channel(topic, schema=schema, message_encoding=mcap_schema.MESSAGE_ENCODING)
 

@@ -31,7 +31,7 @@ import queue
 import sys
 from datetime import datetime, timezone
 
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS = ("text", "json")

@@ -16,7 +16,7 @@ Transports: sim, can, gateway, serial (as armid.chain runs it: the simulated boa
 the driver's host clock sets the pace) and serial-device (the boards on their own real-time clock, the
 driver on the device clock, as a deployed driver with `clock = "auto"` runs a real board).
 Reference, measured in the same run: a bare pyzmq PUB loop at the same rate in its own process, waiting
-with the driver's own timer (firmware_bridge.rt_timing: absolute clock_nanosleep, 1 ns slack, no spin): the floor any
+with the driver's own timer (firmware_bridge.runtime.rt_timing: absolute clock_nanosleep, 1 ns slack, no spin): the floor any
 Python publisher pays, timer wake-ups and the socket.
 Two more references bound the links, each measured in the same run: for the gateway a bare pymodbus FC23
 client loop against the same simulated gateway before the driver connects (benchmarks/bench_gateway.py's
@@ -43,7 +43,7 @@ Two more measurements of the hot path, each beside its reference:
   --cycle  the CPU one cycle costs in the driver (driver.cycle.Cycle.step over an arm that hands it a new
            sample every time, publishing on a real PUB socket), beside a bare pyzmq send of the same message,
            in a tight loop and each after a sleep of one period (as the running driver wakes for each cycle);
-  --timer  the cycle's wait for its deadline (firmware_bridge.rt_timing: absolute clock_nanosleep, timer slack 1 ns, no
+  --timer  the cycle's wait for its deadline (firmware_bridge.runtime.rt_timing: absolute clock_nanosleep, timer slack 1 ns, no
            spin) beside the previous one (slack 1 ns, sleep then a 50 us spin) and the one before (default
            slack, 200 us spin): CPU as % of a core and wake-up lateness, each in its own process at --rate.
 
@@ -84,7 +84,7 @@ HEADER = struct.Struct("<IQqq")     # flags, seq, device_time_ns, host_time_ns a
 BARE_PUBLISHER = textwrap.dedent("""
     import sys, threading, time, zmq
     sys.path.insert(0, sys.argv[3])
-    from firmware_bridge.rt_timing import reduce_timer_slack, sleep_until
+    from firmware_bridge.runtime.rt_timing import reduce_timer_slack, sleep_until
     from driver import realtime as rt
     endpoint, rate, prio = sys.argv[1], float(sys.argv[2]), int(sys.argv[4])
     pub = zmq.Context().socket(zmq.PUB); pub.bind(endpoint)
@@ -107,7 +107,7 @@ TIMER_LOOP = textwrap.dedent("""
     import resource, sys, time
     import numpy as np
     sys.path.insert(0, sys.argv[1])
-    from firmware_bridge.rt_timing import reduce_timer_slack, sleep_until
+    from firmware_bridge.runtime.rt_timing import reduce_timer_slack, sleep_until
     rate, seconds, spin_us, slack = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
     if slack:
         reduce_timer_slack()
@@ -126,7 +126,7 @@ TIMER_LOOP = textwrap.dedent("""
 
 
 def timer_figures(rate: float, seconds: float, spin_us: float, slack: bool) -> list[float]:
-    """CPU % and lateness p50/p99/max (us) of firmware_bridge.rt_timing's wait loop, in its own process."""
+    """CPU % and lateness p50/p99/max (us) of firmware_bridge.runtime.rt_timing's wait loop, in its own process."""
     out = subprocess.run([sys.executable, "-c", TIMER_LOOP, str(ROOT), str(rate), str(seconds), str(spin_us),
                           "1" if slack else "0"], capture_output=True, text=True, check=True, timeout=seconds + 60)
     return [float(x) for x in out.stdout.split()]
@@ -163,12 +163,12 @@ class _ReplayArm(Arm):
 
 def cycle_figures(tmp: Path, steps: int = 20000, gap_us: float = 0.0) -> tuple[float, float]:
     """CPU per Cycle.step (us) publishing on a PUB socket the way the daemon does, and per bare send (us).
-    gap_us > 0: each step (and each send) comes right after a sleep of gap_us (firmware_bridge.rt_timing's wait), as in the
+    gap_us > 0: each step (and each send) comes right after a sleep of gap_us (firmware_bridge.runtime.rt_timing's wait), as in the
     running driver, whose thread wakes for every cycle: on this VM the caches and predictors are cold then, and
     the same code costs 2-3x what it costs in a tight loop (docs/design/decisions.md, "Where a Python driver's CPU goes")."""
     from driver.cycle import Cycle
     from driver.daemon import Driver
-    from firmware_bridge.rt_timing import reduce_timer_slack, sleep_until
+    from firmware_bridge.runtime.rt_timing import reduce_timer_slack, sleep_until
 
     reduce_timer_slack()
     sock = zmq.Context.instance().socket(zmq.PUB)

@@ -15,8 +15,9 @@ import time
 import numpy as np
 import scipy.signal
 
-from ident import dynamics, excitation, preprocess
-from ident.base_params import base_parameters
+from ident.model import dynamics
+from ident.fit import excitation, preprocess
+from ident.model.base_params import base_parameters
 from ident.model import load_model
 
 

@@ -3,7 +3,7 @@
 Prints `name: value unit (reference: value unit, ratio x)`; run with `python benchmarks/bench_fleet.py
 [--count 50] [--seconds 30] [--workers N]`. The recordings: generic6 on seed 000's excitation at 1 kHz, torques
 from the model's inverse dynamics with noise, written as NPZ; --count recordings of --seconds each, as arms x 5
-nightly runs. Both paths run ident.fleet.identify_many (result.json per recording and the fleet table; the fleet
+nightly runs. Both paths run ident.outputs.fleet.identify_many (result.json per recording and the fleet table; the fleet
 report, the same work after either path, is timed apart): the reference is its plain loop (scheduler "serial") in this process, the figure a
 dask.distributed LocalCluster with one single-threaded worker process per core. The cluster's start-up (worker
 processes importing armid and loading the numba kernels) is printed apart. Peak memory: the largest peak RSS of
@@ -24,8 +24,10 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ident import dynamics, excitation, fleet  # noqa: E402
-from ident.fleet_report import write_fleet_report  # noqa: E402
+from ident.model import dynamics  # noqa: E402
+from ident.fit import excitation
+from ident.outputs import fleet
+from ident.outputs.fleet_report import write_fleet_report  # noqa: E402
 from ident.model import load_model  # noqa: E402
 
 RATE = 1000.0

@@ -25,8 +25,9 @@ import numpy as np  # noqa: E402
 import pinocchio as pin  # noqa: E402
 
 from bench_regressor import best_of  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from ident import batch, dynamics, excitation  # noqa: E402
-from ident.base_params import base_parameters  # noqa: E402
+from ident.fit import batch, excitation  # noqa: E402
+from ident.model import dynamics
+from ident.model.base_params import base_parameters  # noqa: E402
 from ident.model import load_model  # noqa: E402
 
 N = 30_000

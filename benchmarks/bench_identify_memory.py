@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ident import dynamics, excitation, preprocess
+from ident.model import dynamics
+from ident.fit import excitation, preprocess
 from ident.model import load_model
 
 RATE = 1000.0

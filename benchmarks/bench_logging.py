@@ -16,7 +16,7 @@ import os
 import time
 
 from armid import logs
-from firmware_bridge.log_throttle import Throttle
+from firmware_bridge.runtime.log_throttle import Throttle
 
 
 def _per_event_ns(fn, n: int) -> float:

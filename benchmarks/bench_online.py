@@ -5,7 +5,7 @@ Prints `name: value unit (reference: value unit, ratio x)`:
     and for the UR5's (example-robot-data's URDF with rotor inertia and friction, 58 too) when Pinocchio's
     data are installed, on the rows the service feeds (the arm's base regressor on an exciting motion: joint k's row is 0 in the
     columns of the links before k, which the kernel skips) and on dense random rows (the worst case), and for
-    the payload's 10 parameters, numba kernel (ident.rls, P = U D U' factored) beside a plain numpy
+    the payload's 10 parameters, numba kernel (ident.online.rls, P = U D U' factored) beside a plain numpy
     implementation of the same update in covariance form (numpy matrix operations per sample), and beside
     the covariance-form block kernel it replaced (kept below, same run), issue 6 target <= 10 us;
   - the service's CPU (% of one core, from /proc/PID/stat) on a 1 kHz state stream, `armid ident-service`
@@ -38,12 +38,12 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ident import dynamics  # noqa: E402
-from ident.base_params import base_parameters  # noqa: E402
-from ident.excitation import FourierTrajectory  # noqa: E402
+from ident.model import dynamics  # noqa: E402
+from ident.model.base_params import base_parameters  # noqa: E402
+from ident.fit.excitation import FourierTrajectory  # noqa: E402
 from ident.model import load_model  # noqa: E402
 from ident.online import SampleWindow  # noqa: E402
-from ident.rls import FAST, RecursiveLS, _dot  # noqa: E402
+from ident.online.rls import FAST, RecursiveLS, _dot  # noqa: E402
 from numba import njit  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -52,8 +52,8 @@ PUBLISHER = textwrap.dedent("""
     import sys, time
     import numpy as np, zmq
     from firmware_bridge import stream
-    from ident import dynamics
-    from ident.excitation import FourierTrajectory
+    from ident.model import dynamics
+    from ident.fit.excitation import FourierTrajectory
     from ident.model import load_model
     endpoint, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
     model = load_model("generic6")
@@ -98,7 +98,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-# -- the reference kernel: the covariance-form block update that ident.rls's factored (U D U') filter replaced
+# -- the reference kernel: the covariance-form block update that ident.online.rls's factored (U D U') filter replaced
 # (commit 4f4d7f8), kept here only to be timed beside it in the same run.
 CHUNK = 6               # rows per unrolled pass over P (a sample's rows, padded with zero rows)
 
@@ -184,7 +184,7 @@ def _innovation_matrix(H, PHt, mu, S) -> None:
 
 @njit(cache=True, nogil=True)
 def block_rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
-    """The kernel ident.rls replaced (4f4d7f8): covariance form, one block update per sample (P H' in one pass
+    """The kernel ident.online.rls replaced (4f4d7f8): covariance form, one block update per sample (P H' in one pass
     over P, S = L D L', a symmetric rank-m downdate with forgetting folded in). Process N samples: Phi
     (N, m, p), y (N, m), w (N, m) row weights. Updates theta (p,) and P (p, p, symmetric) in place; writes the a-priori prediction errors (unweighted, units of y, against
     the sample's prior theta) into err_out (N, m); stats (4,) accumulates [sum of e' S^-1 e (weighted
@@ -275,7 +275,7 @@ def block_rls_update(theta, P, Phi, y, w, lam, trace_max, err_out, stats):
 
 
 def numpy_rls(theta, P, Phi, y, w, lam):
-    """The numpy reference: the same RLS update (the same theta and P, to rounding) as ident.rls.rls_update,
+    """The numpy reference: the same RLS update (the same theta and P, to rounding) as ident.online.rls.rls_update,
     in covariance form, one block per sample with numpy matrix operations (P H', S, a solve with S, the
     rank-m downdate, forgetting)."""
     I = np.eye(Phi.shape[1])
@@ -310,7 +310,7 @@ def arm_rows(model, N: int = 4000, rate: float = 1000.0) -> np.ndarray:
 
 
 def time_rls(Phi: np.ndarray, N_ref: int = 400) -> tuple[float, float, float]:
-    """CPU us per sample (6 rows) on the rows Phi (N, 6, p): the numba kernel (ident.rls, factored), the old
+    """CPU us per sample (6 rows) on the rows Phi (N, 6, p): the numba kernel (ident.online.rls, factored), the old
     block kernel (covariance form), the numpy reference (best of 3, interleaved; all single-threaded, timed
     by time.process_time, which other processes on a shared machine disturb less than the wall clock). The
     two kernels are fed alike: batches of 100 samples, as the service's flushes, the same forgetting and

@@ -23,10 +23,10 @@ from mcap.reader import make_reader
 from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer as Ros2Writer
 
-from driver import mcap_schema as schema
+from firmware_bridge import mcap_schema as schema
 from firmware_bridge import stream
 from driver.recorder import MCAP_RECORD_OVERHEAD, McapStateWriter, _StateCheck
-from driver.recording import read_recording
+from firmware_bridge.recording import read_recording
 
 N_JOINTS = 6
 NAMES = [f"j{k + 1}" for k in range(N_JOINTS)]
@@ -112,8 +112,8 @@ def main() -> None:
                "mcap-ros2-support generic encoder", ref * 1e6)
         report("recorder CPU at 1 kHz", ours * 1000 * 100, "% of a core",
                "with the generic encoder", ref * 1000 * 100)
-        import ident.frames  # noqa: F401  (imported once per process, as the daemon does before recording)
-        import ident.urdf_export  # noqa: F401
+        import ident.model.frames  # noqa: F401  (imported once per process, as the daemon does before recording)
+        import ident.model.urdf_export  # noqa: F401
         from ident.model import load_model
 
         framed = write_ours(os.path.join(tmp, "framed.mcap"), data, model=load_model("generic6")) / n

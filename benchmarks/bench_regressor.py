@@ -18,7 +18,7 @@ import numba
 import numpy as np
 import pinocchio as pin
 
-from ident import dynamics
+from ident.model import dynamics
 from ident.model import load_model
 
 N = 100_000

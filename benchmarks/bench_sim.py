@@ -6,7 +6,7 @@ Prints `name: value unit (reference: value unit, ratio x)`; run with `python ben
     body. ratio = ours / reference (1.0 means the simulation adds nothing to the lateness).
   * fast mode: simulated seconds per wall second of the free-running cycle thread (whole simulator: drives,
     plant with RK4 substeps, sensors, publication); reference: a plain Python loop of
-    ident.dynamics.forward_dynamics on one sample, counted as one 1 ms step per call. ratio = ours / reference.
+    ident.model.dynamics.forward_dynamics on one sample, counted as one 1 ms step per call. ratio = ours / reference.
   * the plant alone (one 1 ms period, RK4 with the default substeps), per cycle.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode
-from ident import dynamics
+from ident.model import dynamics
 from ident.model import load_model
 from sim import Simulator
 from sim.clock import RealtimeClock

@@ -36,7 +36,7 @@ def line(name: str, value: float, unit: str, ref_name: str, ref: float) -> str:
 def make_data(folder: Path) -> tuple[Path, Path]:
     """excitation.npz and validation.npz as the demo writes them (simulated in this process)."""
     from armid.commands.demo import LEAD_IN, time_reversed
-    from ident import excitation
+    from ident.fit import excitation
     from ident.model import load_model
     from sim.recording import simulate
 

@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))       # payload_table w
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's ident and sim
 from payload_table import Row  # noqa: E402
 
-from ident import spatial  # noqa: E402
-from ident.excitation import FourierTrajectory, preset  # noqa: E402
+from ident.model import spatial  # noqa: E402
+from ident.fit.excitation import FourierTrajectory, preset  # noqa: E402
 from ident.model import Model, load_model  # noqa: E402
 from ident.payload import dynamic  # noqa: E402
-from ident.preprocess import Recording  # noqa: E402
+from ident.fit.preprocess import Recording  # noqa: E402
 
 # Table 4's CAD values about the flange origin [XX XY XZ YY YZ ZZ mX mY mZ m]; XX from XX - YY = 0
 CAD = {"1.5 kg": np.array([0.01420, 0, 0, 0.01420, 0, 0.001, 0, 0, 0.09397, 1.5]),

@@ -27,10 +27,10 @@ import numpy as np
 
 from benchmarks.payload_table import Row
 from driver import motion
-from ident import dynamics
+from ident.model import dynamics
 from ident.model import Model, load_model
 from ident.payload import balance, payload_parameters, static
-from ident.preprocess import Recording
+from ident.fit.preprocess import Recording
 
 MASSES = (0.744, 1.238, 1.489, 2.468, 2.963)                 # kg, the seed's mass blocks
 MASS_COM = (0.060, 0.115, 0.150)                             # m, the seed's near-rated CoM, for the blocks

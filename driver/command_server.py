@@ -23,7 +23,7 @@ import zmq
 from driver.commands import PLANNING, SMALL_REQUEST_BYTES, URGENT, Commands, encode
 from driver.planner import Planner, PlannerError
 from driver.requests import RequestError, decode_request
-from firmware_bridge.log_throttle import Throttle
+from firmware_bridge.runtime.log_throttle import Throttle
 
 POLL_MS = 50
 READ_BATCH = 256

@@ -48,10 +48,10 @@ from driver.cycle import CLOCKS
 from driver.daemon import Curve, Endpoints, Metrics, Record
 from driver.motion import MAX_MOTION_S
 from driver.realtime import PRIORITY_RANGE, THREADS, Realtime
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 
 
-MAX_EFFORT_DELAY_MS = 100.0   # the bound ident.preprocess.MAX_EFFORT_DELAY puts on a recording's effort delay
+MAX_EFFORT_DELAY_MS = 100.0   # the bound ident.fit.preprocess.MAX_EFFORT_DELAY puts on a recording's effort delay
 MAX_MOTION_LIMIT_S = 3600.0   # max_motion_s may not exceed this (an hour at 1 kHz: 3.6 M setpoints per joint)
 RATE_RANGE_HZ = (1.0, 10_000.0)        # the cycle's rate: below 1 Hz nothing is controlled, above 10 kHz no link keeps up
 MIN_WATCHDOG_PERIODS = 2               # a watchdog shorter than two periods fires on one late sample

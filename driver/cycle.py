@@ -16,7 +16,7 @@ struct.pack_into for the header); planning happens in the requesting thread (dri
 
 Two clocks (`clock`):
   "host"    the cycle keeps its own schedule at rate_hz: an absolute clock_nanosleep to each deadline, no spin
-            (firmware_bridge/rt_timing.py; the thread's timer slack is reduced to 1 ns so the wake-up is precise).
+            (firmware_bridge/runtime/rt_timing.py; the thread's timer slack is reduced to 1 ns so the wake-up is precise).
             With an arm that answers (driver.hal.Arm's streams_on_own_clock or cycle_reads_link: serial joint
             boards stepping on each COMMAND, CAN drives on each SYNC), each
             deadline sends the command the previous cycle computed, then the cycle waits (at most
@@ -58,10 +58,10 @@ from driver.hal import Arm, ArmCommand, ArmState, LinkError
 from driver.servo import END, HOLD, STOP, TRACK, ServoSession
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE
 from driver.motion import PlannedMotion
-from firmware_bridge.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
+from firmware_bridge.runtime.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
-from firmware_bridge.log_throttle import Throttle
+from firmware_bridge.runtime.log_throttle import Throttle
 
 _S = State
 _log = logging.getLogger(__name__)

@@ -51,9 +51,9 @@ from driver.systemd import Supervision
 from driver.hal import Arm
 from driver import realtime as rt
 from driver.realtime import Applied, Realtime, RealtimeError
-from firmware_bridge.rt_timing import name_os_thread
-from ident import dynamics
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.rt_timing import name_os_thread
+from ident.model import dynamics
+from firmware_bridge.runtime.errors import InputError
 from ident.model import Model
 from ident.payload import payload_parameters
 

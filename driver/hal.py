@@ -3,7 +3,7 @@
 A transport module (driver/transports/) turns its wire format into an ArmState and an ArmCommand into its
 wire format, with the firmware_bridge codecs and the model's gear ratios and torque constants. The cycle
 (driver/cycle.py) only sees this interface. The contract itself (Arm, ArmState, ArmCommand, LinkError) is
-defined in firmware_bridge.transport, below the driver and the simulator, and re-exported here; this module
+defined in firmware_bridge.runtime.transport_contract, below the driver and the simulator, and re-exported here; this module
 adds the conversion kernels the driver's transports share.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from firmware_bridge.transport import SAMPLE_FIELDS, Arm, ArmCommand, ArmState, LinkError
+from firmware_bridge.runtime.transport_contract import SAMPLE_FIELDS, Arm, ArmCommand, ArmState, LinkError
 from firmware_bridge import cia402
 from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 
 DEFAULT_ADDRESS = "127.0.0.1:9464"
 # (health key, metric name, help) of the driver's counters

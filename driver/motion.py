@@ -2,14 +2,14 @@
 
 A `PlannedMotion` is sampled once, at the cycle rate, when the command arrives: position setpoints and a
 torque feed-forward per cycle. The cycle then only indexes arrays (no planning, no allocation at 1 kHz).
-Every plan goes through `ident.limits.check_motion` (position, velocity, acceleration, the inverse-dynamics
+Every plan goes through `ident.model.limits.check_motion` (position, velocity, acceleration, the inverse-dynamics
 torque of the model with its payload) and refuses the whole motion with the joint, quantity and time of
 the first violation. Nothing non-finite is ever planned.
 
   plan_move(model, q_from, q_to, rate_hz)      a synchronised quintic (rest to rest) whose duration is the
                                                shortest that keeps velocity, acceleration and torque limits
   plan_trajectory(model, q_now, traj, ...)     a Fourier excitation (a file or a shipped preset,
-                                               ident.excitation), blended in from rest at its mean pose and
+                                               ident.fit.excitation), blended in from rest at its mean pose and
                                                out to rest there when it does not start and end at rest,
                                                preceded by a checked move to its start pose
   plan_samples(model, q_now, t, q, ...)        a sampled joint trajectory (spline through the samples),
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.interpolate
 
-from ident import dynamics
+from ident.model import dynamics
 from ident.errors import InputError
-from ident.limits import LimitError, check_motion
+from ident.model.limits import LimitError, check_motion
 from ident.model import Model
 
 # Peak |velocity| and |acceleration| of the rest-to-rest quintic s(u) = 10u^3 - 15u^4 + 6u^5 over a
@@ -193,7 +193,7 @@ def _with_approach(model: Model, name: str, q_now, t, q, qd, qdd, rate_hz: float
 
 def plan_trajectory(model: Model, q_now, traj, rate_hz: float, *, periods: float = 1.0,
                     max_s: float = MAX_MOTION_S, blend_s: float | None = None) -> PlannedMotion:
-    """A Fourier trajectory (ident.excitation.FourierTrajectory) over `periods` periods, preceded by a move
+    """A Fourier trajectory (ident.fit.excitation.FourierTrajectory) over `periods` periods, preceded by a move
     from q_now to its start pose; checked as a whole; refused beyond max_s (s).
 
     blend_s: seconds of a smooth blend from rest at the trajectory's mean pose into the motion and, after

@@ -85,7 +85,7 @@ def _run_trajectory(req: dict, model, q_now, rate_hz: float, bounds) -> motion.P
         raise CommandError('run_trajectory: expected exactly one of "file", "preset" or "samples"')
     if sources[0] in ("file", "preset"):
         only_keys(req, (sources[0], "periods", "blend_s"))
-        from ident import excitation
+        from ident.fit import excitation
 
         periods = number(req, "periods", 1.0)
         if not 0 < periods <= MAX_PERIODS:
@@ -113,7 +113,7 @@ def _run_trajectory(req: dict, model, q_now, rate_hz: float, bounds) -> motion.P
 
 def shipped_trajectory(name):
     """The shipped trajectory `name` (ident/presets), CommandError naming the shipped ones otherwise."""
-    from ident import excitation
+    from ident.fit import excitation
 
     shipped = excitation.presets()
     if not isinstance(name, str) or name not in shipped:

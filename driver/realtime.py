@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 
 THREADS = ("cycle", "zmq-io", "serial-link")   # the threads [realtime] may make real-time
 DEFAULT_THREADS = ("cycle", "zmq-io")

@@ -3,7 +3,7 @@
     stats = record("run.mcap", "tcp://127.0.0.1:5555", joint_names=status["joints"], stop=event)
 
 A SUB socket receives topic `state` (docs/reference/stream.md) and topic `health`; every valid state message
-becomes three ROS 2 messages (driver.mcap_schema: /joint_states, /motor_currents, /armid/state), every
+becomes three ROS 2 messages (firmware_bridge.mcap_schema: /joint_states, /motor_currents, /armid/state), every
 health message one /diagnostics (driver.diagnostics). Given the model, the recording also carries its URDF on
 /robot_description (once, at the start) and the links' transforms on /tf (`tf_rate_hz` of the samples), so that
 Foxglove's 3D panel replays the arm. Timestamps: log_time, publish_time and header.stamp are the message's
@@ -16,7 +16,7 @@ non-finite numbers) are counted, named once on the log, and skipped.
 Crash safety: the file is written through to the operating system without a user-space buffer, and a
 chunk holds about `chunk_seconds` of data at the nominal rate, so a SIGKILLed recorder loses at most the
 chunk it was filling, and the file it leaves is a valid MCAP prefix (no summary, no footer) that a
-streaming reader reads up to its last complete chunk (driver.recording does). A clean stop (the stop
+streaming reader reads up to its last complete chunk (firmware_bridge.recording does). A clean stop (the stop
 event, the duration, the message limit) writes the summary and the footer.
 """
 from __future__ import annotations
@@ -34,9 +34,9 @@ import numpy as np
 import zmq
 from mcap.writer import CompressionType, Writer
 
-from driver import mcap_schema as schema
+from firmware_bridge import mcap_schema as schema
 from firmware_bridge import stream
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 
 TF_RATE_HZ = 50.0          # /tf messages per second of stream (every rate/TF_RATE_HZ-th sample)
 TF_BATCH = 25              # /tf samples computed together (numpy's cost per call, not per sample): 0.5 s at 50 Hz
@@ -173,7 +173,7 @@ class _SliceEncoder:
 
 
 class McapStateWriter:
-    """Writes one n-joint state stream into an MCAP file (topics and schemas: driver.mcap_schema).
+    """Writes one n-joint state stream into an MCAP file (topics and schemas: firmware_bridge.mcap_schema).
 
     The file is created at once; the MCAP writer starts with the first state message (when n is known,
     which sizes the chunks: `chunk_seconds` of messages at `rate_hz`). `close()` writes the summary and the
@@ -240,7 +240,7 @@ class McapStateWriter:
 
     def _start_frames(self) -> None:
         """The robot description now and a /tf channel for the samples to come."""
-        from ident import frames
+        from ident.model import frames
 
         self._frames = frames
         self._description = (self._register(schema.TOPIC_ROBOT_DESCRIPTION, schema.STRING),

@@ -1,11 +1,11 @@
-"""Bounded decoding of one command request to the driver (firmware_bridge.json_requests): at most
+"""Bounded decoding of one command request to the driver (firmware_bridge.runtime.json_requests): at most
 MAX_REQUEST_BYTES of UTF-8 JSON, nested at most MAX_DEPTH deep, integers of at most MAX_INT_DIGITS digits, every
 number finite. `decode_request` returns the object or raises RequestError naming what was wrong; it never raises
 anything else for any input bytes.
 """
 from __future__ import annotations
 
-from firmware_bridge.json_requests import MAX_DEPTH, MAX_INT_DIGITS, decode_bounded, nesting_depth
+from firmware_bridge.runtime.json_requests import MAX_DEPTH, MAX_INT_DIGITS, decode_bounded, nesting_depth
 from ident.errors import InputError
 
 __all__ = ["MAX_REQUEST_BYTES", "MAX_DEPTH", "MAX_INT_DIGITS", "RequestError", "decode_request", "nesting_depth",

@@ -3,7 +3,7 @@ driver's servo socket (a ZeroMQ PULL; the message: firmware_bridge.servo_wire), 
 to the drives after checking it.
 
 Each cycle (`ServoSession.next`, in the cycle thread) reads every setpoint that has arrived into a setpoint
-buffer (firmware_bridge.setpoint_buffer, `buffer_cycles` deep, default 2) and takes the oldest: one setpoint per
+buffer (firmware_bridge.runtime.setpoint_buffer, `buffer_cycles` deep, default 2) and takes the oldest: one setpoint per
 cycle, in order, so that a client whose setpoints cross the machine with jitter gets each one carried out, not
 the newest of a burst and then a repeat (0: no buffer, the newest each cycle). Before it is used it is checked
 against the model's limits. The motion a client commands is judged
@@ -32,8 +32,8 @@ import zmq
 
 from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError
-from firmware_bridge.log_throttle import Throttle
-from firmware_bridge.setpoint_buffer import MAX_DEPTH, TargetBuffer
+from firmware_bridge.runtime.log_throttle import Throttle
+from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH, TargetBuffer
 
 LATENCY_WINDOW = 4096
 DEFAULT_TIMEOUT_CYCLES = 50

@@ -1,8 +1,8 @@
-"""ident's name for armid's input-error base (defined in firmware_bridge.errors, the bottom layer, so that every
+"""ident's name for armid's input-error base (defined in firmware_bridge.runtime.errors, the bottom layer, so that every
 package may derive from it): `from ident.errors import InputError` keeps working for ident's users."""
 from __future__ import annotations
 
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 
 __all__ = ["InputError", "check_output_file", "check_output_dir"]
 

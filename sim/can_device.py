@@ -55,10 +55,10 @@ from canopen.sdo import SdoAbortedError
 
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 from firmware_bridge import canopen_map as cm
-from firmware_bridge.log_throttle import Throttle
+from firmware_bridge.runtime.log_throttle import Throttle
 from firmware_bridge import cia402
 from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError, wire_gear_ratio
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from sim.drive_targets import streams_for, target_limits, target_refusal
 from sim.can_objects import ABORT_VALUE_RANGE, MODES, fit_type, read_object, write_object
 from sim.faults import Fate, FaultInjection

@@ -15,7 +15,7 @@ from canopen.sdo import SdoAbortedError
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.units import WireValueError
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from sim.drive import SUPPORTED_MODES
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Time for the simulator: a real-time tick source with lateness statistics, or none at all (fast mode).
 
 RealtimeClock keeps an absolute schedule t0 + k / rate on time.perf_counter. Each wait blocks until the
-deadline with the driver's timer (firmware_bridge/rt_timing.py: an absolute clock_nanosleep, the thread's timer slack set
+deadline with the driver's timer (firmware_bridge/runtime/rt_timing.py: an absolute clock_nanosleep, the thread's timer slack set
 to 1 ns by start(), so the wake-up comes within the scheduler's latency) and, only when `spin` > 0, busy-waits
 the last `spin` seconds (holding the GIL and a core: the simulator shares the machine with the driver in every
 test and demo, so by default it does not). Lateness is the wake-up time minus the deadline. A tick missed
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from firmware_bridge.rt_timing import name_os_thread, reduce_timer_slack, sleep_until
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.rt_timing import name_os_thread, reduce_timer_slack, sleep_until
+from firmware_bridge.runtime.errors import InputError
 
 
 @dataclass(frozen=True)

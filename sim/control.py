@@ -27,8 +27,8 @@ import threading
 import numpy as np
 import zmq
 
-from firmware_bridge.errors import InputError
-from firmware_bridge.json_requests import decode_bounded
+from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.json_requests import decode_bounded
 from ident.payload import payload_parameters
 
 MAX_REQUEST_BYTES = 4096

@@ -44,7 +44,7 @@ import numpy as np
 
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import Model
 from sim import drive_control as dc
 from sim.plant import largest_generalised_eigenvalue, workspace_mass_matrices

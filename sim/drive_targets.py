@@ -35,8 +35,8 @@ import numpy as np
 
 from firmware_bridge import cia402
 from firmware_bridge.units import TORQUE_LSB
-from firmware_bridge.errors import InputError
-from firmware_bridge.setpoint_buffer import MAX_DEPTH, TargetBuffer
+from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH, TargetBuffer
 from sim.drive_control import EXACT_DEGREE, extrapolate
 
 KEPT = EXACT_DEGREE + 1          # received targets the continuation goes through, at most
@@ -214,7 +214,7 @@ class DeviceTargets:
     """The targets of a free-running or host-clocked device side (serial, gateway), from arrival to the drives.
 
     arrived(): a host frame's commands. The controlword and mode act at once; the targets go to the drives at
-    once (host-clocked device, or no buffer) or into the setpoint buffer (firmware_bridge.setpoint_buffer, a free-running
+    once (host-clocked device, or no buffer) or into the setpoint buffer (firmware_bridge.runtime.setpoint_buffer, a free-running
     device: one consumed per drive cycle, in order, so that arrival jitter costs nothing).
     after_cycle(): before the next cycle, the buffer's next target (if any) becomes the simulator's and is
     received by the drives' target streams (TargetStreams); then, where a drive streaming CSP got no new target,

@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from sim.drive import ERR_INJECTED, joint_index
 
 

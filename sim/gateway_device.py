@@ -61,7 +61,7 @@ from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import (CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, TORQUE_CONSTANT_LSB, TORQUE_LSB,
                                    JointScaling, wire_gear_ratio)
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
 
@@ -145,7 +145,7 @@ class GatewayDevice:
         if not isinstance(step_on_exchange, bool):
             raise InputError(f"gateway: step_on_exchange: expected true or false, got {step_on_exchange!r}")
         self.external_clock = step_on_exchange
-        self.setpoints = setpoints_for_device(target_buffer, step_on_exchange, "gateway")   # firmware_bridge.setpoint_buffer (free-running)
+        self.setpoints = setpoints_for_device(target_buffer, step_on_exchange, "gateway")   # firmware_bridge.runtime.setpoint_buffer (free-running)
         self.exchanges = 0
         self.host, self.port = host, port
         self._timeout_ms = 0 if watchdog_s is None else int(round(watchdog_s * 1000))

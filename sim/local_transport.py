@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from firmware_bridge.transport import Arm, ArmCommand, ArmState, LinkError
+from firmware_bridge.runtime.transport_contract import Arm, ArmCommand, ArmState, LinkError
 from sim.simulator import SimState, Simulator
 
 

@@ -6,9 +6,9 @@ What the plant integrates (per joint j, SI units, joint side):
     (M(q) + diag Ia) qdd = tau_motor - C(q, qd) qd - G(q) - f(qd)
     f_j(v) = (fc_j + fs_j exp(-(v/vs)^2)) tanh(v/veps) + fv_j v + offset_j
 
-M, C, G and Ia are ident's (ident.kernels with the model's inertial parameters and Ia; `drive=True`
+M, C, G and Ia are ident's (ident.model.kernels with the model's inertial parameters and Ia; `drive=True`
 with fc = fv = offset zeroed, so that with friction off the plant is exactly
-ident.dynamics.forward_dynamics of the model without friction). f replaces ident's
+ident.model.dynamics.forward_dynamics of the model without friction). f replaces ident's
 fc sign(v) + fv v + offset by a smooth curve: tanh smoothing of width veps and a Stribeck excess fs
 decaying over vs. For |v| >> veps, vs it is ident's friction model exactly. The offset is a constant load
 torque (as in the identification model tau = ... + offset). Locked joints (brake engaged or stalled)
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ident import dynamics
+from ident.model import dynamics
 from ident.payload import payload_parameters  # noqa: F401  (re-exported: sim users attach payloads)
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import Model
 from sim import plant_kernels as pk
 

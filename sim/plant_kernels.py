@@ -1,11 +1,11 @@
 """Numba kernels of the simulated arm: forward dynamics with locked joints and the sim's own friction, and
 the integrator of one control period (zero-order-hold torque, RK4 or semi-implicit Euler substeps).
 
-They reuse ident.kernels' per-sample passes (forward_pass, the RNEA backward pass, CRBA, Cholesky) on a
+They reuse ident.model.kernels' per-sample passes (forward_pass, the RNEA backward pass, CRBA, Cholesky) on a
 workspace allocated once per call of `advance`, never per substep. All of them release the GIL.
 
 Arguments shared by the kernels:
-  jtype, Rpl, ppl, axis, grav   the Model's chain arrays (see ident.kernels)
+  jtype, Rpl, ppl, axis, grav   the Model's chain arrays (see ident.model.kernels)
   P (n, 14)   standard parameters with fc = fv = offset = 0: the rigid body plus the rotor inertia Ia
   fr (n, 6)   friction per joint: fc, fs, vs, veps, fv, offset (see friction_torques)
   locked (n,) bool: joints held by a brake or stalled (qd = qdd = 0)
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ident import kernels as K
+from ident.model import kernels as K
 
 FC, FS, VS, VEPS, FV, OFFSET = range(6)
 RK4, SEMI_IMPLICIT = 0, 1

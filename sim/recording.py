@@ -37,7 +37,7 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
     of them faults."""
     from firmware_bridge import cia402
     from firmware_bridge.cia402 import Mode, State
-    from ident.preprocess import Recording
+    from ident.fit.preprocess import Recording
     from sim import NoiseConfig, Simulator
     from sim.simulator import effort_delay
 

@@ -29,12 +29,12 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from firmware_bridge.rt_timing import name_os_thread
+from firmware_bridge.runtime.rt_timing import name_os_thread
 from firmware_bridge import cia402
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
-from firmware_bridge.errors import InputError
-from firmware_bridge.log_throttle import Throttle
+from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.log_throttle import Throttle
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
 
@@ -156,7 +156,7 @@ class SerialDevice:
         if not isinstance(step_on_command, bool):
             raise InputError(f"serial device: step_on_command: expected true or false, got {step_on_command!r}")
         self.external_clock = step_on_command
-        self.setpoints = setpoints_for_device(target_buffer, step_on_command, "serial device")   # firmware_bridge.setpoint_buffer (free-running)
+        self.setpoints = setpoints_for_device(target_buffer, step_on_command, "serial device")   # firmware_bridge.runtime.setpoint_buffer (free-running)
         self.port, self.baudrate = port, int(baudrate)
         self.watchdog_s, self.heartbeat_s, self.state_queue = float(watchdog_s), float(heartbeat_s), state_queue
         self.default_watchdog_s = self.watchdog_s

@@ -26,7 +26,7 @@ error at 250 Hz; targets interpolated linearly biased identification at 250 Hz, 
 The current (and torque) of a sample is the one held over the period that ends at the sample's time: the
 mean effort of that period, which belongs to the motion half a period earlier than the sample's positions.
 `effort_delay(rate_hz)` (s) says so; a driver config on the simulator sets `effort_delay_ms` to it, and
-identification aligns the effort with the motion by it (ident.preprocess.Recording.effort_delay). The
+identification aligns the effort with the motion by it (ident.fit.preprocess.Recording.effort_delay). The
 interpolation delay moves positions and effort alike, so it does not enter effort_delay.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from firmware_bridge.cia402 import State, state_of
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import Model, load_model
 from sim.clock import FastClock, LatenessStats, RealtimeClock
 from sim import drive_control as dc

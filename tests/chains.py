@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ident import spatial
+from ident.model import spatial
 from ident.model import PRISMATIC, REVOLUTE, JointSpec, build_model
 
 H = np.pi / 2

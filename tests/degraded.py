@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ident import dynamics
-from ident.excitation import FourierTrajectory
+from ident.model import dynamics
+from ident.fit.excitation import FourierTrajectory
 
 RATE = 1000.0
 TORQUE_NOISE = 0.05      # N m

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ident import excitation
+from ident.fit import excitation
 
 H = 1e-4
 

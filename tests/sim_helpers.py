@@ -68,8 +68,8 @@ def fourier(q0: np.ndarray, a: np.ndarray, b: np.ndarray, wf: float, t: float):
 def noise_free_seed000(model, rate: float, seconds: float, name: str = "sim"):
     """seed000's excitation run by the simulator in CSP at `rate` with perfect sensors, after sim.recording's
     lead-in (not recorded): a Recording of `seconds` (positions, joint torques, the simulator's effort delay)."""
-    from ident import excitation
-    from ident.preprocess import Recording
+    from ident.fit import excitation
+    from ident.fit.preprocess import Recording
     from sim import Simulator
     from sim.plant import NoiseConfig
     from sim.recording import LEAD_IN, reference

@@ -59,7 +59,7 @@ def _urdf(d: Path, old: str, new: str) -> Path:
 def _trajectory(d: Path, **lines: str) -> Path:
     """seed000 as a trajectory file, each line starting with a key of `lines` replaced by its value (the first
     such line; "" drops it)."""
-    from ident import excitation
+    from ident.fit import excitation
 
     path = d / "traj.toml"
     excitation.save(excitation.preset("seed000"), path)

@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chains import CHAINS, mdh_chain
-from ident import dynamics as dyn
-from ident import spatial
-from ident.base_params import base_parameters, random_states
-from ident.gautier_khalil import ClosedFormError
+from ident.model import dynamics as dyn
+from ident.model import spatial
+from ident.model.base_params import base_parameters, random_states
+from ident.model.gautier_khalil import ClosedFormError
 from ident.model import REVOLUTE, JointSpec, build_model, load_model
 
 # Seed 004, PUMA 560: the 36 minimum inertial parameters

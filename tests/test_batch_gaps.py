@@ -1,7 +1,7 @@
-"""Recordings that lost samples: ident.preprocess.bridge_short_gaps and split_at_gaps, and batch identification
+"""Recordings that lost samples: ident.fit.preprocess.bridge_short_gaps and split_at_gaps, and batch identification
 that bridges short gaps and identifies the segments between long ones together.
 
-The exact oracle: torques from inverse dynamics (ident.dynamics.rnea) of an excitation satisfy
+The exact oracle: torques from inverse dynamics (ident.model.dynamics.rnea) of an excitation satisfy
 y = W(q, qd, qdd) beta_true for the base regressor W and the model's true base parameters. Rows that hold only
 measured motion keep that identity to the filters' accuracy; rows that interpolated over a gap do not.
 """
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from armid import cli
-from ident import batch, dynamics, excitation
-from ident.base_params import base_parameters
+from ident.fit import batch, excitation
+from ident.model import dynamics
+from ident.model.base_params import base_parameters
 from ident.model import load_model
-from ident.preprocess import PreprocessError, Recording, bridge_short_gaps, sampling_rate, split_at_gaps
+from ident.fit.preprocess import PreprocessError, Recording, bridge_short_gaps, sampling_rate, split_at_gaps
 
 RATE = 500.0
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from chains import CHAINS, mdh_chain
-from ident import dynamics, spatial
+from ident.model import dynamics, spatial
 from ident.calibration.model import from_axes, from_model, home_geometry, tool_kinematics, tool_pose
 from ident.model import REVOLUTE, JointSpec, build_model, load_model
 

@@ -15,7 +15,7 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from armid.cli import main
-from ident import dynamics
+from ident.model import dynamics
 from ident.calibration.io import read_measurements, read_poses
 from ident.calibration.model import from_model, tool_pose
 from ident.calibration.synthesis import random_configurations

@@ -9,7 +9,7 @@ from ident.calibration.fit import identify
 from ident.calibration.model import from_model, tool_pose
 from ident.calibration.planning import _gains, axis_angles, d_optimal, plan_quality, product_plan, seed_plan
 from ident.calibration.synthesis import random_configurations, synthesize, with_terms
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from test_calibration_arms import arm
 
 PLANAR_TERMS = ["Tx1", "Tx2", "Rz(q1)", "Rz(q2)", "Tx0", "Ty0"]     # da1 da2 dq1 dq2 dx0 dy0

@@ -8,7 +8,7 @@ import pytest
 from ident.calibration.model import from_model
 from ident.calibration.synthesis import (classify, describe, expected_count, random_configurations,
                                          scaled_jacobian, strategy_order, synthesize)
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from test_calibration_arms import arm
 
 # seed 002, 2R results (14 parameters each); TJR is printed as identical to TJL

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from sim import Simulator
 from sim.can_device import EDS_PATH, CanDevice, rpdo_commands
 

@@ -25,7 +25,7 @@ from driver.requests import MAX_DEPTH, RequestError, decode_request, nesting_dep
 from sim.local_transport import LocalSimArm
 from firmware_bridge import stream
 from hostile_requests import CASES, hostile_requests
-from ident import excitation
+from ident.fit import excitation
 from ident.model import load_model
 from sim import Simulator
 

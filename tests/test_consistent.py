@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ident import consistent, dynamics, estimate, excitation, spatial
-from ident.base_params import base_parameters
+from ident.fit import consistent, estimate, excitation
+from ident.model import dynamics, spatial
+from ident.model.base_params import base_parameters
 from ident.model import load_model
 
 RATE = 50.0
@@ -44,7 +45,7 @@ def test_link_map_inverts_the_pseudo_inertia(values):
 @given(st.floats(0.01, 5), st.lists(st.floats(-0.3, 0.3), min_size=3, max_size=3),
        st.lists(st.floats(-1, 1), min_size=9, max_size=9))
 def test_psd_pseudo_inertia_is_the_models_physical_consistency(mass, com, raw):
-    """Oracle: ident.spatial.is_physically_consistent (mass, inertia at the CoM, triangle inequalities)."""
+    """Oracle: ident.model.spatial.is_physically_consistent (mass, inertia at the CoM, triangle inequalities)."""
     A = np.array(raw).reshape(3, 3) * 0.1
     second_moments = A @ A.T + np.diag([1e-4, 2e-4, 3e-4])        # of a real mass distribution
     I_c = np.trace(second_moments) * np.eye(3) - second_moments

@@ -16,8 +16,8 @@ import pytest
 
 from armid import cli
 from armid.commands import demo
-from ident import excitation
-from ident.base_params import base_parameters
+from ident.fit import excitation
+from ident.model.base_params import base_parameters
 from ident.model import load_model
 
 

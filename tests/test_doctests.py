@@ -11,25 +11,25 @@ import numpy as np
 import pytest
 
 # Modules whose docstring examples run. armid.client's need a running driver: see the `driver_globals` fixture.
-MODULES = ["ident.dynamics", "ident.model", "ident.base_params", "ident.batch", "ident.excitation", "ident.estimate",
+MODULES = ["ident.model.dynamics", "ident.model.model_file", "ident.model.robot", "ident.model.base_params", "ident.fit.batch", "ident.fit.excitation", "ident.fit.estimate",
            "ident.payload.body", "ident.payload.methods", "ident.payload.dynamic", "ident.payload.static",
            "ident.payload.balance", "ident.calibration.synthesis", "ident.calibration.fit", "ident.calibration.model",
-           "ident.calibration.planning", "ident.calibration.io", "ident.urdf_export", "ident.fleet"]
+           "ident.calibration.planning", "ident.calibration.io", "ident.model.urdf_export", "ident.outputs.fleet"]
 
 # The public entry points that carry every numpydoc section (a function without arguments has no Parameters, a
 # class no Returns, a generator Yields instead).
 ENTRY_POINTS = [
-    "ident.dynamics:" + name for name in ("rnea", "regressor", "mass_matrix", "gravity_torques", "coriolis_torques",
+    "ident.model.dynamics:" + name for name in ("rnea", "regressor", "mass_matrix", "gravity_torques", "coriolis_torques",
                                         "forward_dynamics", "flange_pose", "jacobian", "flange_kinematics",
                                         "load_regressor")
 ] + [
-    "ident.model:load_model", "ident.base_params:base_parameters", "ident.batch:identify", "ident.excitation:design",
-    "ident.excitation:check", "ident.excitation:load", "ident.excitation:save", "ident.excitation:preset",
-    "ident.estimate:ols", "ident.estimate:wls", "ident.payload.body:payload_parameters",
+    "ident.model:load_model", "ident.model.base_params:base_parameters", "ident.fit.batch:identify", "ident.fit.excitation:design",
+    "ident.fit.excitation:check", "ident.fit.excitation:load", "ident.fit.excitation:save", "ident.fit.excitation:preset",
+    "ident.fit.estimate:ols", "ident.fit.estimate:wls", "ident.payload.body:payload_parameters",
     "ident.payload.methods:identify_one", "ident.payload.dynamic:identify", "ident.payload.static:identify",
     "ident.payload.balance:identify", "ident.calibration.model:from_model", "ident.calibration.synthesis:synthesize",
     "ident.calibration.fit:identify", "ident.calibration.planning:d_optimal", "ident.calibration.io:read_measurements",
-    "ident.urdf_export:write_urdf", "ident.fleet:identify_many",
+    "ident.model.urdf_export:write_urdf", "ident.outputs.fleet:identify_many",
     "armid.client:ArmClient", "armid.client:ArmClient.request", "armid.client:ArmClient.enable",
     "armid.client:ArmClient.move_to", "armid.client:ArmClient.run_trajectory", "armid.client:ArmClient.servo",
     "armid.client:ArmClient.latest", "armid.client:ArmClient.samples", "armid.client:ArmClient.wait_motion",

@@ -27,8 +27,8 @@ from driver.transports.can import CanArm, CanOptionError
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import stream
 from firmware_bridge.cia402 import State, state_of
-from ident import dynamics
-from firmware_bridge.errors import InputError
+from ident.model import dynamics
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from sim.can_device import CanDevice

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from driver import cycle_kernels as ck
 from driver.cycle import Cycle
 from driver.hal import Arm, ArmState, copy_sample
-from firmware_bridge.rt_timing import reduce_timer_slack, sleep_until
+from firmware_bridge.runtime.rt_timing import reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import State
 from waiting import wait_until

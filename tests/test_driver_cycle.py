@@ -10,7 +10,7 @@ from driver import motion
 from driver.cycle import Cycle, DriverFault
 from driver.hal import LinkError
 from sim.local_transport import LocalSimArm
-from ident import dynamics
+from ident.model import dynamics
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import State
 from ident.model import load_model

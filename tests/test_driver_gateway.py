@@ -37,8 +37,8 @@ from driver.transports.gateway import GatewayArm, _ExchangeRequest, _ExchangeRes
 from firmware_bridge import cia402, stream
 from firmware_bridge import gateway as gw
 from firmware_bridge.cia402 import State, state_of
-from ident import dynamics
-from firmware_bridge.errors import InputError
+from ident.model import dynamics
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim.gateway_device import ModbusServerThread, register_device
 from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)

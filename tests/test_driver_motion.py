@@ -7,8 +7,8 @@ import pytest
 
 from driver import motion
 from driver.motion import MotionError
-from ident import dynamics
-from ident.excitation import FourierTrajectory, preset
+from ident.model import dynamics
+from ident.fit.excitation import FourierTrajectory, preset
 from ident.model import load_model
 
 RATE = 1000.0

@@ -21,7 +21,7 @@ from driver.daemon import Driver, Endpoints
 from driver.realtime import Realtime, RealtimeError
 from sim.local_transport import LocalSimArm
 from firmware_bridge import stream
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from waiting import wait_until

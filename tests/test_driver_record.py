@@ -14,10 +14,10 @@ import zmq
 
 from driver.config import load_config
 from driver.daemon import Driver, Endpoints, Record
-from driver.recording import read_recording
+from firmware_bridge.recording import read_recording
 from sim.local_transport import LocalSimArm
 from firmware_bridge import stream
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 
@@ -68,7 +68,7 @@ def test_a_recording_driver_writes_its_stream_and_armid_record_convert_reads_it(
 
     from mcap.reader import make_reader
 
-    from driver import mcap_schema
+    from firmware_bridge import mcap_schema
     with open(path, "rb") as f:
         topics = [channel.topic for _, channel, _ in make_reader(f).iter_messages(log_time_order=False)]
     assert topics.count(mcap_schema.TOPIC_ROBOT_DESCRIPTION) == 1           # the driver's model, for a 3D view

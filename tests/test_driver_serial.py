@@ -33,7 +33,7 @@ from driver.transports.serial_link import SAMPLE_RING, SerialArm, SerialOptionEr
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge import stream
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling
-from ident import dynamics
+from ident.model import dynamics
 from ident.model import load_model
 from sim import Simulator
 from sim.serial_device import SerialDevice

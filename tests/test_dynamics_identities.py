@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from chains import mdh_chain
-from ident import dynamics as dyn
-from ident.base_params import random_states
+from ident.model import dynamics as dyn
+from ident.model.base_params import random_states
 from ident.model import load_model
 
 MODELS = [load_model("generic6"), load_model("puma560"), mdh_chain("stanford_RRPRRR"), mdh_chain("cartesian_PPPRRR"),
@@ -112,7 +112,7 @@ def test_generic6_flange_pose_at_zero():
     flange (alpha5 = alpha6 = -90 deg as printed) faces back along -x: flange at (0.25 - 0.08, 0, 0.25)."""
     m = load_model("generic6")
     T = dyn.flange_pose(m, np.zeros(6))
-    from ident import spatial
+    from ident.model import spatial
 
     A = np.eye(4)
     for alpha, d, theta, r in m.dh:

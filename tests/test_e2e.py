@@ -22,7 +22,7 @@ The chain checks, per transport:
 And the statistics, on all three in the default run (see the comment above the test for what kept CAN's and
 the gateway's opt-in until 23 Nov 2026): the base
 parameters whose reported relative standard deviation is at most the product's "well identified" bound
-(ident.results.BADLY_IDENTIFIED_PCT, 10 %) lie within 3 reported sigma of the simulator's truth (the
+(ident.outputs.results.BADLY_IDENTIFIED_PCT, 10 %) lie within 3 reported sigma of the simulator's truth (the
 generic6 model it runs), at most one of them beyond and none beyond 4; the assertion message lists every
 z-score.
 """
@@ -39,13 +39,13 @@ import pytest
 
 from armid import chain, cli
 from armid.commands import demo
-from driver.recording import StateLog, read_recording
+from firmware_bridge.recording import StateLog, read_recording
 from firmware_bridge import stream
-from ident import excitation
-from ident.base_params import base_parameters
-from firmware_bridge.errors import InputError
+from ident.fit import excitation
+from ident.model.base_params import base_parameters
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
-from ident.results import BADLY_IDENTIFIED_PCT
+from ident.outputs.results import BADLY_IDENTIFIED_PCT
 
 FAST = ["--periods", "0.25"]
 FRICTION_SIGMA = 5.0     # the bound on the friction terms' |z| (see the 3-sigma test)
@@ -254,7 +254,7 @@ def test_free_running_plans_leave_the_devices_on_their_own_drifting_clocks():
 
 
 def _log(seq, flags, host_ns):
-    from driver.recording import StateLog
+    from firmware_bridge.recording import StateLog
     from firmware_bridge import stream
 
     s = np.zeros(len(seq), dtype=stream.state_dtype(6))

@@ -1,15 +1,16 @@
 """OLS/WLS, uncertainty, validation and drive gains on exact synthetic data (q, qd, qdd from Fourier
-trajectories, torques from ident.dynamics.rnea): the estimates must reproduce the truth, the noise floor
+trajectories, torques from ident.model.dynamics.rnea): the estimates must reproduce the truth, the noise floor
 and the Monte-Carlo spread, or these tests fail."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ident import dynamics, estimate, excitation
-from ident.base_params import base_parameters
-from ident.drive_gains import gains_with_payload
-from ident.excitation import FourierTrajectory
+from ident.model import dynamics
+from ident.fit import estimate, excitation
+from ident.model.base_params import base_parameters
+from ident.fit.drive_gains import gains_with_payload
+from ident.fit.excitation import FourierTrajectory
 from ident.model import load_model
 from sim.plant import payload_parameters
 

@@ -48,7 +48,7 @@ def test_rnea_regressor_example_prints_identities_that_hold_to_round_off(tmp_pat
 
 
 def test_design_excitation_example_improves_the_condition_number_and_saves_a_trajectory_within_limits(tmp_path):
-    from ident import excitation
+    from ident.fit import excitation
     from ident.model import load_model
 
     out = run_example("design_excitation.py", tmp_path, "designed.toml")
@@ -61,7 +61,7 @@ def test_design_excitation_example_improves_the_condition_number_and_saves_a_tra
 
 
 def test_identify_example_finds_every_base_parameter_within_3_sigma_of_the_simulated_truth(tmp_path):
-    from ident.base_params import base_parameters
+    from ident.model.base_params import base_parameters
     from ident.model import load_model
 
     out = run_example("identify_simulated.py", tmp_path)
@@ -99,7 +99,7 @@ def test_client_example_moves_the_simulated_arm_to_its_target_and_is_refused_bey
 
 
 def test_read_recording_example_converts_the_drivers_recording_without_losing_a_sample(tmp_path):
-    from ident.preprocess import load_recording
+    from ident.fit.preprocess import load_recording
 
     out = run_example("read_recording.py", tmp_path)
     messages, n = numbers(r"run.mcap: (\d+) messages of (\d+) joints", out)

@@ -1,4 +1,4 @@
-"""ident.excitation and `armid excite`: the seed-000 preset, Fourier series, optimal design, limits, files."""
+"""ident.fit.excitation and `armid excite`: the seed-000 preset, Fourier series, optimal design, limits, files."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from armid.cli import main as armid_main
-from ident import dynamics, excitation
-from ident.base_params import base_parameters
-from firmware_bridge.errors import InputError
-from ident.excitation import FourierTrajectory, TrajectoryFileError
-from ident.limits import LimitError
+from ident.model import dynamics
+from ident.fit import excitation
+from ident.model.base_params import base_parameters
+from firmware_bridge.runtime.errors import InputError
+from ident.fit.excitation import FourierTrajectory, TrajectoryFileError
+from ident.model.limits import LimitError
 from ident.model import load_model
 from design_gradients import assert_design_gradients_exact  # noqa: E402  (tests/ is on sys.path)
 

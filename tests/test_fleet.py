@@ -15,7 +15,9 @@ import pytest
 
 from armid import cli
 from degraded import write_csv
-from ident import dynamics, excitation, fleet
+from ident.model import dynamics
+from ident.fit import excitation
+from ident.outputs import fleet
 from ident.errors import InputError
 from ident.model import load_model
 

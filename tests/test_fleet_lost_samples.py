@@ -4,21 +4,21 @@ known device-sample losses (stream v2's lost-sample count) gives their sum, so d
 their count as dropped samples; result.json holds the same counts."""
 from __future__ import annotations
 
-import functools
 import json
 
 import numpy as np
 import pytest
 
-from armid.commands._recordings import load_run
 from degraded import write_csv
 from driver.recorder import McapStateWriter
-from driver.recording import convert
+from firmware_bridge.recording import convert
 from firmware_bridge import stream
-from ident import dynamics, excitation, fleet
+from ident.model import dynamics
+from ident.fit import excitation
+from ident.outputs import fleet
 from ident.errors import InputError
 from ident.model import load_model
-from ident.preprocess import load_recording
+from ident.fit.preprocess import load_recording
 
 RATE = 200.0
 NOISE = 0.02
@@ -76,8 +76,7 @@ def fleet_out(tmp_path_factory, motion):
     write_csv(d / "stale.csv", t, qs, taus, fields={"lost_samples": 0})
     jobs = [fleet.Job("A", "generic6", str(d / name)) for name in
             ("run.mcap", "converted.csv", "npzrun.npz", "plain.csv", "stale.csv", "old.mcap", "oldconverted.csv")]
-    result = fleet.identify_many(jobs, d / "out", scheduler="serial", progress=False, report=False,
-                                 loader=functools.partial(load_run, effort="torque"))
+    result = fleet.identify_many(jobs, d / "out", scheduler="serial", progress=False, report=False)
     assert not result.failures
     return d, {r["run"]: r for r in result.rows}
 

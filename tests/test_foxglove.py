@@ -16,8 +16,8 @@ from websockets.sync.client import connect
 from mcap_ros2._dynamic import generate_dynamic
 
 from armid.foxglove_bridge import Bridge, link_transforms
-from driver import mcap_schema
-from ident import frames
+from firmware_bridge import mcap_schema
+from ident.model import frames
 from ident.model import load_model
 from local_driver import local_driver
 from scipy.spatial.transform import Rotation
@@ -98,7 +98,7 @@ def test_a_foxglove_client_receives_the_joint_states_tf_state_and_health(live):
 
 def test_the_frame_transforms_chain_to_the_flange_as_the_models_kinematics_do():
     """Composing the published transforms base -> ... -> flange gives the flange pose of ident's kinematics."""
-    from ident import dynamics
+    from ident.model import dynamics
 
     model = load_model("generic6")
     q = np.array([0.3, -0.5, 0.8, 0.1, -0.4, 0.9])

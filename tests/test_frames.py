@@ -1,4 +1,4 @@
-"""The frame tree ROS tools see (ident.frames): the transforms compose to armid's own flange kinematics, batch and
+"""The frame tree ROS tools see (ident.model.frames): the transforms compose to armid's own flange kinematics, batch and
 single agree, and the robot description is a URDF that Pinocchio (the independent oracle) reads to the same
 link placements."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from ident import dynamics, frames
+from ident.model import dynamics, frames
 from ident.model import load_model
 
 PRISMATIC_URDF = """<?xml version="1.0"?>

@@ -17,13 +17,13 @@ from driver.daemon import Driver, Endpoints
 from driver.transports.serial_link import SerialArm
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim import Simulator, clock
 from sim.drive_targets import DeviceTargets
 from sim.gateway_device import GatewayDevice
 from sim.serial_device import SerialDevice
-from firmware_bridge.setpoint_buffer import TargetBuffer
+from firmware_bridge.runtime.setpoint_buffer import TargetBuffer
 from waiting import wait_until
 
 LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")

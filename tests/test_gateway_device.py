@@ -22,7 +22,7 @@ from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.cia402 import Mode, State
 from firmware_bridge.units import JointScaling
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from sim.gateway_device import GatewayDevice

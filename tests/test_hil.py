@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ident.excitation import preset
+from ident.fit.excitation import preset
 
 GOAL = [0.2, -0.15, 0.25, 0.1, -0.2, 0.3]
 

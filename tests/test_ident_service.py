@@ -13,10 +13,11 @@ import pytest
 import zmq
 
 from firmware_bridge import stream
-from ident import dynamics, excitation
-from ident.excitation import FourierTrajectory
+from ident.model import dynamics
+from ident.fit import excitation
+from ident.fit.excitation import FourierTrajectory
 from ident.model import load_model
-from ident.service import IdentService
+from ident.online.service import IdentService
 from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,11 +190,11 @@ def test_the_effort_delay_comes_from_the_drivers_health_and_samples_wait_for_it(
 
 
 def test_without_the_drivers_health_the_effort_delay_is_taken_as_zero_after_a_wait(model, monkeypatch, caplog):
-    from ident import service
+    from ident.online import service
 
     monkeypatch.setattr(service, "DELAY_WAIT_S", 0.2)
     pub, port = _publisher()
-    caplog.set_level(logging.WARNING, logger="ident.service")
+    caplog.set_level(logging.WARNING, logger="ident.online.service")
     svc = IdentService(model, state_endpoint=f"tcp://127.0.0.1:{port}", publish_endpoint="tcp://127.0.0.1:*",
                        command_endpoint="tcp://127.0.0.1:*", block=10, effort_delay="driver")
     svc.start()

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from armid import cli
-from ident import batch, dynamics, excitation, results
-from ident.base_params import base_parameters, random_states
-from ident.excitation import FourierTrajectory
+from ident.fit import batch, excitation
+from ident.model import dynamics
+from ident.outputs import results
+from ident.model.base_params import base_parameters, random_states
+from ident.fit.excitation import FourierTrajectory
 from ident.model import load_model
 from sim.plant import payload_parameters
 
@@ -215,7 +217,7 @@ def test_console_command_runs_in_a_subprocess(tmp_path):
 def test_a_short_recording_is_decimated_less(model):
     """2 s at 1 kHz: the default decimation (33 for seed 000's bandwidth) would leave too few rows; it is
     capped so that at least about two samples per base parameter remain."""
-    from ident.preprocess import Recording
+    from ident.fit.preprocess import Recording
 
     t, q, qd, qdd = excitation.preset("seed000").sample(1000.0, periods=0.2)
     tau = dynamics.rnea(model, q, qd, qdd) + np.random.default_rng(7).normal(0, NOISE, q.shape)

@@ -115,7 +115,7 @@ def _write_mcap(path: Path, seconds: float = 4.0) -> None:
     """A recording of seed 000's excitation on the simulated generic6, written as `armid record` writes one."""
     from driver.recorder import McapStateWriter
     from firmware_bridge import stream
-    from ident import excitation
+    from ident.fit import excitation
     from ident.model import load_model
     from sim.recording import simulate
 
@@ -172,7 +172,7 @@ def _python(code: str, cwd: Path, timeout: float = 300.0) -> subprocess.Complete
 def test_the_daemons_modules_import_without_the_ident_extra(tmp_path):
     done = _python("""
         import driver.daemon, sim, driver.transports.serial_link, driver.transports.can, driver.transports.gateway
-        import driver.recorder, driver.recording, armid.chain
+        import driver.recorder, firmware_bridge.recording, armid.chain
         from armid import cli
         cli._parser()
         loaded = sorted(m for m in sys.modules if m.partition(".")[0] in Block.BLOCKED)
@@ -250,7 +250,7 @@ def test_on_a_fresh_cache_warmup_compiles_the_regressor_once_and_then_finds_it_c
     assert cached() == "0"
     first = armid("warmup", "--part", "identify", cwd=tmp_path, timeout=900, env=env)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert NOTICE in first.stderr and "armid: compiled ident.kernels.regressor in " in first.stderr
+    assert NOTICE in first.stderr and "armid: compiled ident.model.kernels.regressor in " in first.stderr
     assert cached() == "1"
     again = armid("warmup", "--part", "identify", cwd=tmp_path, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-2000:]

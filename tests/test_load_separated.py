@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from ident import dynamics as dyn
-from ident import spatial
-from ident.base_params import random_states
-from ident.load_separated import payload_inertia_at_com, payload_terms, separated_dynamics
+from ident.model import dynamics as dyn
+from ident.model import spatial
+from ident.model.base_params import random_states
+from ident.model.load_separated import payload_inertia_at_com, payload_terms, separated_dynamics
 from ident.model import load_model
 
 PAYLOAD = spatial.body_parameters(1.5, [0.01, -0.02, 0.06], np.array([[4e-3, 2e-4, -1e-4], [2e-4, 5e-3, 3e-4],

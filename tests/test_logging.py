@@ -1,5 +1,5 @@
 """Logging: `armid --log-level/--log-format` (armid/logs.py), JSON lines for journald with PRIORITY, the
-third-party loggers at WARNING, and rate-limited lines for floods (firmware_bridge/log_throttle.py), checked
+third-party loggers at WARNING, and rate-limited lines for floods (firmware_bridge/runtime/log_throttle.py), checked
 in-process and on `armid driver` / `armid sim` running as processes."""
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ import zmq
 from armid import logs
 from driver import command_server
 from driver.transports import serial_link
-from firmware_bridge import log_throttle, stream
-from firmware_bridge.errors import InputError
-from firmware_bridge.log_throttle import Throttle
+from firmware_bridge.runtime import log_throttle
+from firmware_bridge import stream
+from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.log_throttle import Throttle
 from ident.model import load_model
 from sim import Simulator
 from sim.serial_device import SerialDevice

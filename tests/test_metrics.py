@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from driver.config import load_config
 from driver.daemon import Metrics
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from local_driver import local_driver
 from waiting import wait_until

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ident import spatial
+from ident.model import spatial
 from ident.model import ModelError, load_model, shipped_models
 
 GOOD = """

@@ -14,13 +14,15 @@ SCRIPT = textwrap.dedent("""
     import matplotlib
     matplotlib.use("svg")                       # a backend the user chose (a notebook: the inline one)
     import numpy as np
-    from ident import batch, dynamics, excitation, fleet, fleet_report, report
+    from ident.fit import batch, excitation
+    from ident.model import dynamics
+    from ident.outputs import fleet, fleet_report, report
     from ident.calibration.fit import identify, predicted_accuracy
     from ident.calibration.model import from_model, tool_pose
     from ident.calibration.report import write_report
     from ident.calibration.synthesis import random_configurations, synthesize
     from ident.model import load_model
-    from ident.preprocess import Recording
+    from ident.fit.preprocess import Recording
 
     out = sys.argv[1]
     model = load_model("generic6")

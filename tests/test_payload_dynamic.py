@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from ident import dynamics, excitation, spatial
-from firmware_bridge.errors import InputError
+from ident.model import dynamics, spatial
+from ident.fit import excitation
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from design_gradients import assert_design_gradients_exact  # noqa: E402  (tests/ is on sys.path)
 from ident.payload import PARAMETER_NAMES, dynamic, payload_parameters
 from ident.payload.result import Combination
-from ident.base_params import base_parameters
+from ident.model.base_params import base_parameters
 from ident.payload.excitation import moving_joints, payload_columns, payload_criterion, plan
-from ident.preprocess import Recording
+from ident.fit.preprocess import Recording
 
 pin = pytest.importorskip("pinocchio")
 

@@ -1,4 +1,4 @@
-"""Online payload tracking (ident.payload.online) and its service integration: the payload is tracked on
+"""Online payload tracking (ident.online.payload_tracking) and its service integration: the payload is tracked on
 the live stream, a payload attached mid-stream is detected once and the estimate re-converges, no change
 raises no event, non-finite samples never reach the filter, unexcited directions become combinations."""
 import json
@@ -10,12 +10,13 @@ import zmq
 
 from driver.daemon import Driver, Endpoints
 from sim.local_transport import LocalSimArm
-from ident import dynamics, excitation
-from ident.excitation import FourierTrajectory
+from ident.model import dynamics
+from ident.fit import excitation
+from ident.fit.excitation import FourierTrajectory
 from ident.model import load_model
 from ident.payload import payload_parameters
-from ident.payload.online import OnlinePayload, cusum
-from ident.service import IdentService
+from ident.online.payload_tracking import OnlinePayload, cusum
+from ident.online.service import IdentService
 from sim.simulator import effort_delay
 
 RATE = 1000.0

@@ -21,10 +21,10 @@ from driver import motion
 from driver.daemon import Driver, Endpoints
 from sim.local_transport import LocalSimArm
 from firmware_bridge.cia402 import Mode
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from ident.payload import balance, payload_parameters, static
-from ident.preprocess import Recording
+from ident.fit.preprocess import Recording
 from sim import Simulator
 from sim_helpers import enable, pinocchio_twin
 

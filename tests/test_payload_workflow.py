@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ident import excitation
+from ident.fit import excitation
 from ident.model import load_model
 from ident.payload import payload_parameters
 from ident.payload.excitation import plan as payload_plan
-from ident.preprocess import Recording
+from ident.fit.preprocess import Recording
 from sim.recording import simulate
 
 DOCS = Path(__file__).parents[1] / "docs" / "guides" / "payload.md"

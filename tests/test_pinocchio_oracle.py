@@ -7,7 +7,7 @@ import pytest
 
 pin = pytest.importorskip("pinocchio")
 
-from ident import dynamics as dyn  # noqa: E402
+from ident.model import dynamics as dyn  # noqa: E402
 from ident.model import load_model  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""ident.preprocess: strict loading, zero-phase filtering, central differences, parallel decimation."""
+"""ident.fit.preprocess: strict loading, zero-phase filtering, central differences, parallel decimation."""
 from __future__ import annotations
 
 import math
@@ -8,9 +8,9 @@ import pytest
 import scipy.signal
 from hypothesis import given, settings, strategies as st
 
-from ident import preprocess as pp
-from firmware_bridge.errors import InputError
-from ident.preprocess import PreprocessError, Recording
+from ident.fit import preprocess as pp
+from firmware_bridge.runtime.errors import InputError
+from ident.fit.preprocess import PreprocessError, Recording
 
 RATE = 1000.0
 

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from armid import cli
-from ident import dynamics, excitation
+from ident.model import dynamics
+from ident.fit import excitation
 from ident.model import load_model
-from ident.provenance import provenance, relative_path, sha256_file
+from ident.outputs.provenance import provenance, relative_path, sha256_file
 from degraded import write_csv
 
 
@@ -134,7 +135,7 @@ def test_payload_json_and_calibration_toml_carry_their_provenance(tmp_path):
     meas = tmp_path / "runs" / "meas.csv"
     np.savetxt(meas, np.hstack([qc, points]), delimiter=",", header="j1,j2,j3,j4,j5,j6,x,y,z", comments="")
     model_file = tmp_path / "arm.toml"
-    from ident.results import write_model
+    from ident.outputs.results import write_model
     write_model(model, model_file)
     argv = ["calibrate", "identify", str(meas), "--model", str(model_file), "--tool", "0.1", "0", "0",
             "-o", str(tmp_path / "cal")]

@@ -1,5 +1,5 @@
 """Identification on recordings as real loggers write them: stale repeats, jittered and bursty time stamps,
-dropped samples and a stall, a slow excitation at 1 kHz. The defaults must mend them (ident.resample), pick a
+dropped samples and a stall, a slow excitation at 1 kHz. The defaults must mend them (ident.fit.resample), pick a
 cut-off and decimation that fit the motion (the spectrum of q), identify within 3 reported sigma of the truth,
 report error figures against the measured torque, and warn (exit 3 with --strict) on a fit that is no result."""
 from __future__ import annotations
@@ -12,13 +12,14 @@ import pytest
 from armid import cli
 from armid.commands.identify import STRICT_EXIT
 from degraded import TORQUE_NOISE, degraded_log, write_csv
-from ident import batch, dynamics, excitation, preprocess, resample
-from ident.base_params import base_parameters
-from ident.excitation import FourierTrajectory
-from ident.fit_checks import COND_WARN, fit_warnings
+from ident.fit import batch, excitation, preprocess, resample
+from ident.model import dynamics
+from ident.model.base_params import base_parameters
+from ident.fit.excitation import FourierTrajectory
+from ident.fit.checks import COND_WARN, fit_warnings
 from ident.model import load_model
-from ident.preprocess import PreprocessError, Recording
-from ident.results import BADLY_IDENTIFIED_PCT
+from ident.fit.preprocess import PreprocessError, Recording
+from ident.outputs.results import BADLY_IDENTIFIED_PCT
 
 
 @pytest.fixture(scope="module")

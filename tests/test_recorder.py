@@ -22,11 +22,11 @@ from mcap.stream_reader import StreamReader, breakup_chunk
 from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer as Ros2Writer
 
-from driver import mcap_schema as schema
+from firmware_bridge import mcap_schema as schema
 from firmware_bridge import stream
 from driver.daemon import Driver, Endpoints
 from driver.recorder import McapStateWriter, RecorderError, query_status, record
-from driver.recording import RecordingError, convert, identification_arrays, read_recording
+from firmware_bridge.recording import RecordingError, convert, identification_arrays, read_recording
 from sim.local_transport import LocalSimArm
 from ident.model import load_model
 from sim import Simulator
@@ -532,9 +532,9 @@ def test_a_silent_endpoint_gives_an_empty_complete_recording_and_a_status_timeou
 
 
 def test_the_identification_loader_reads_the_converted_files(tmp_path):
-    preprocess = pytest.importorskip("ident.preprocess")
+    preprocess = pytest.importorskip("ident.fit.preprocess")
     if not hasattr(preprocess, "load_recording"):
-        pytest.skip("ident.preprocess.load_recording is not on this branch")
+        pytest.skip("ident.fit.preprocess.load_recording is not on this branch")
     payloads = [payload(6, seq) for seq in range(64)]
     write_synthetic(tmp_path / "u.mcap", payloads)
     for effort, suffix in (("torque", ".csv"), ("current", ".npz")):
@@ -565,7 +565,7 @@ def test_record_info_says_whether_a_file_is_complete_and_counts_gaps_and_flags(t
 def test_the_drivers_effort_delay_travels_from_the_recording_to_identification(tmp_path):
     """The driver's configured effort delay (status -> recorder metadata) reaches the NPZ that identify reads,
     and a recording whose metadata says something else than seconds is refused by name."""
-    from ident.preprocess import load_recording
+    from ident.fit.preprocess import load_recording
 
     payloads = [payload(2, seq, device_ns=seq * 1_000_000) for seq in range(40)]
     write_synthetic(tmp_path / "d.mcap", payloads, metadata={"effort_delay_s": repr(0.5e-3)})

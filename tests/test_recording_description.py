@@ -12,10 +12,10 @@ from mcap_ros2.writer import Writer as Ros2Writer
 from scipy.spatial.transform import Rotation
 
 from driver import diagnostics
-from driver import mcap_schema as schema
+from firmware_bridge import mcap_schema as schema
 from driver.recorder import McapStateWriter
 from firmware_bridge import stream
-from ident import dynamics, frames
+from ident.model import dynamics, frames
 from ident.model import load_model
 from test_recorder import decoded_by_mcap_ros2, payload
 

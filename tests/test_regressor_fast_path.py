@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from chains import mdh_chain
-from ident import dynamics as dyn
-from ident import kernels
-from ident.base_params import random_states
+from ident.model import dynamics as dyn
+from ident.model import kernels
+from ident.model.base_params import random_states
 from ident.model import load_model
 
 MODELS = [load_model("generic6"), mdh_chain("stanford_RRPRRR"), mdh_chain("scara_RRPR")]

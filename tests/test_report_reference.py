@@ -16,8 +16,10 @@ import pytest
 import tomli_w
 
 from armid import cli
-from ident import dynamics, excitation, results
-from ident.base_params import base_parameters, random_states
+from ident.model import dynamics
+from ident.fit import excitation
+from ident.outputs import results
+from ident.model.base_params import base_parameters, random_states
 from ident.model import load_model
 from degraded import write_csv
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ident.rls import RecursiveLS
+from ident.online.rls import RecursiveLS
 
 
 def _data(rng, N=400, m=6, p=12, noise=0.01):
@@ -182,9 +182,9 @@ def test_at_a_huge_prior_with_gautiers_weights_p_stays_positive_definite_and_equ
     parameters): U D U' stays positive definite and ends at the ridge-WLS covariance (A'A + I/p0)^-1 and
     estimate, computed by a QR. (The covariance-form block kernel this replaced ended with a negative
     eigenvalue, -8.5e-11 where the true smallest is +1.7e-10, its diagonal 9 % off and theta 0.06 sd off.)"""
-    from ident import dynamics
-    from ident.base_params import base_parameters
-    from ident.excitation import FourierTrajectory
+    from ident.model import dynamics
+    from ident.model.base_params import base_parameters
+    from ident.fit.excitation import FourierTrajectory
     from ident.model import load_model
     model = load_model("generic6")
     base = base_parameters(model)

@@ -19,7 +19,7 @@ from firmware_bridge import cia402
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.cia402 import Mode, State
 from firmware_bridge.units import JointScaling
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from sim import Simulator
 from sim.serial_device import SerialDevice
 

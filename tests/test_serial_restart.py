@@ -10,7 +10,7 @@ import pytest
 
 from driver.cycle import Cycle
 from driver.transports.serial_link import SerialArm
-from ident import dynamics
+from ident.model import dynamics
 from ident.model import load_model
 from sim import Simulator
 from sim.serial_device import SerialDevice

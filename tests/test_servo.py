@@ -15,7 +15,7 @@ from armid.client import ArmClient, CommandRefused
 from driver.servo import END, HOLD, STOP, TRACK, ServoLimits, ServoSession
 from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError
-from ident import dynamics
+from ident.model import dynamics
 from ident.model import load_model
 from local_driver import local_driver
 from waiting import wait_until

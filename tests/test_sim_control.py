@@ -18,7 +18,7 @@ import zmq
 from driver.daemon import Driver, Endpoints
 from driver.transports.serial_link import SerialArm
 from firmware_bridge import stream
-from ident import dynamics
+from ident.model import dynamics
 from ident.model import load_model
 from ident.payload import payload_parameters
 from sim import Simulator

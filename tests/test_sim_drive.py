@@ -7,8 +7,8 @@ from sim_helpers import enable, fourier, fourier_at_rest
 
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State, state_of
-from ident import dynamics as dyn
-from firmware_bridge.errors import InputError
+from ident.model import dynamics as dyn
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from sim.drive import DriveConfig

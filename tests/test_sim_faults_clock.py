@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from firmware_bridge.cia402 import State
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from sim import Simulator
 from sim.clock import FastClock, RealtimeClock
 from sim.faults import FaultInjection, Fate

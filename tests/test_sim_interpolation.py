@@ -150,8 +150,8 @@ def test_at_250_hz_the_drives_reference_at_each_cycles_end_is_the_previous_cycle
 
 def _identify_friction(rate: float, seconds: float) -> np.ndarray:
     """fv1..fv6 identified from a noise-free recording of seed000 at rate, relative errors (%)."""
-    from ident import batch, excitation
-    from ident.base_params import base_parameters
+    from ident.fit import batch, excitation
+    from ident.model.base_params import base_parameters
     from ident.model import load_model
 
     model = load_model("generic6")

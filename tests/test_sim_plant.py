@@ -8,8 +8,8 @@ import pytest
 from scipy.integrate import solve_ivp
 from sim_helpers import pinocchio_twin, total_energy
 
-from ident import dynamics as dyn
-from firmware_bridge.errors import InputError
+from ident.model import dynamics as dyn
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from ident.payload import payload_parameters
 from sim.plant import FrictionConfig, NoiseConfig, Plant

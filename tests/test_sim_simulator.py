@@ -9,8 +9,8 @@ from sim_helpers import enable, noise_free_seed000
 
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
-from ident import dynamics as dyn
-from firmware_bridge.errors import InputError
+from ident.model import dynamics as dyn
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim import SimState, Simulator
 from ident.payload import payload_parameters
@@ -232,8 +232,8 @@ def test_the_simulators_effort_lags_its_positions_by_half_a_period():
     Stribeck zone) on the filtered motion far better than unaligned or aligned by other delays."""
     import dataclasses
 
-    from ident import batch, excitation
-    from ident.base_params import base_parameters
+    from ident.fit import batch, excitation
+    from ident.model.base_params import base_parameters
     from sim.recording import simulate
     from sim.simulator import effort_delay
 
@@ -258,7 +258,7 @@ def _track_seed000(rate_hz: float, seconds: float = 3.0):
     """Enable CSP at rate_hz, blend into seed000's excitation and run it for `seconds`, then hold its last
     target for 1.5 s: (the simulator, the per-joint max |position - target| during the motion, the target the
     drives' interpolation delay earlier, the per-joint peak-to-peak position over the last 0.5 s of the hold)."""
-    from ident import excitation
+    from ident.fit import excitation
     from sim.recording import LEAD_IN, reference
     from sim.simulator import interpolation_delay
 
@@ -298,9 +298,9 @@ def test_at_a_slow_cycle_the_effort_is_the_cycles_mean_half_a_cycle_late():
     quarter or three quarters of a cycle, or 0.5 ms either side."""
     import dataclasses
 
-    from ident import batch
+    from ident.fit import batch
     from sim.simulator import effort_delay
-    from ident.base_params import base_parameters
+    from ident.model.base_params import base_parameters
 
     model = load_model("generic6")
     base = base_parameters(model)

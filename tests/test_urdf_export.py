@@ -13,9 +13,10 @@ pin = pytest.importorskip("pinocchio")
 
 from armid import cli  # noqa: E402
 from degraded import write_csv  # noqa: E402
-from ident import dynamics, excitation  # noqa: E402
+from ident.model import dynamics  # noqa: E402
+from ident.fit import excitation
 from ident.model import load_model  # noqa: E402
-from ident.urdf_export import link_inertial, write_urdf  # noqa: E402
+from ident.model.urdf_export import link_inertial, write_urdf  # noqa: E402
 
 TOL = 1e-10
 
@@ -90,7 +91,7 @@ def test_shipped_models_through_urdf_match_in_pinocchio_and_read_back(tmp_path, 
 
 
 def test_link_inertial_recovers_the_parameters_about_the_origin():
-    from ident import spatial
+    from ident.model import spatial
 
     rng = np.random.default_rng(4)
     A = rng.normal(size=(3, 3))

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ident.base_params import base_parameters
+from ident.model.base_params import base_parameters
 from ident.model import load_model
 from test_e2e import z_scores
 

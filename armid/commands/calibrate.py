@@ -127,7 +127,7 @@ def _identify(args: argparse.Namespace) -> int:
     result = identify(irr, meas.q, meas.positions, meas.orientations, noise=args.noise)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    from ident.provenance import provenance
+    from ident.outputs.provenance import provenance
 
     prov = provenance(out, {"measurements": args.measurements, "axes": args.axes or None}, args.model,
                       argv=getattr(args, "command_line", None))

@@ -98,7 +98,7 @@ def _bar(total: int, enabled: bool, desc: str, unit: str = "cycle"):
 def time_scaled(traj, factor: float):
     """The same path played `factor` times slower, q(t / factor): base frequency / factor and the Fourier
     coefficients / factor, so the positions are the same, speeds / factor, accelerations / factor^2."""
-    from ident.excitation import FourierTrajectory
+    from ident.fit.excitation import FourierTrajectory
 
     if factor == 1.0:
         return traj
@@ -109,7 +109,7 @@ def time_scaled(traj, factor: float):
 def time_reversed(traj):
     """The same motion played backwards, q(-t): a -> -a, b -> b. Same positions, speeds and accelerations
     in magnitude (so the same kinematic limits), different torques: the validation run."""
-    from ident.excitation import FourierTrajectory
+    from ident.fit.excitation import FourierTrajectory
 
     return FourierTrajectory(traj.base_frequency, traj.q0.copy(), -traj.a, traj.b.copy(), traj.joint_names,
                              {"made_from": "time-reversed excitation"})
@@ -169,8 +169,8 @@ def excitation_samples(traj, periods: float, rate_hz: float = SAMPLE_RATE_HZ) ->
 def _run_chain(args: argparse.Namespace) -> int:
     from armid import chain
     from armid.commands.identify import load_trajectory
-    from driver.recording import identification_arrays, write_identification
-    from ident import excitation
+    from firmware_bridge.recording import identification_arrays, write_identification
+    from ident.fit import excitation
     from ident.model import load_model
 
     verbose = not args.quiet
@@ -264,7 +264,7 @@ def _compile_ahead(folder: Path, verbose: bool):
 
     from armid import chain
     from armid.jit import cached_signatures
-    from ident import kernels
+    from ident.model import kernels
 
     if cached_signatures(kernels.regressor) != 0:
         return None
@@ -321,7 +321,7 @@ def _run_with_bar(c, name: str, t: np.ndarray, q: np.ndarray, verbose: bool) -> 
 
 
 def _finish(c, recording: Path, last_seq: int):
-    from driver.recording import read_recording
+    from firmware_bridge.recording import read_recording
 
     c.finish_recording(until_seq=last_seq)
     c.stop()
@@ -340,7 +340,7 @@ def _summary(model, ident, written: dict, started: float) -> None:
 
 def _run_in_process(args: argparse.Namespace) -> int:
     from armid.commands.identify import load_trajectory, write_outputs
-    from ident import batch
+    from ident.fit import batch
     from ident.model import load_model
 
     verbose = not args.quiet
@@ -390,7 +390,7 @@ def _run_in_process(args: argparse.Namespace) -> int:
 
 
 def _checked(model, traj):
-    from ident import excitation
+    from ident.fit import excitation
 
     excitation.check(model, traj)
     excitation.check(model, time_reversed(traj))

@@ -45,7 +45,7 @@ def _trajectory(arg: str):
     """A trajectory file, or a shipped preset by name."""
     from pathlib import Path
 
-    from ident import excitation
+    from ident.fit import excitation
 
     if Path(arg).suffix == ".toml" or Path(arg).exists():
         return excitation.load(arg)
@@ -70,7 +70,7 @@ def _pose(text: str | None, n: int):
 
 
 def _print_usage(model, traj, rate: float) -> None:
-    from ident.limits import limit_usage
+    from ident.model.limits import limit_usage
 
     _, q, qd, qdd = traj.sample(rate)
     usage = limit_usage(model, q, qd, qdd)
@@ -78,9 +78,9 @@ def _print_usage(model, traj, rate: float) -> None:
 
 
 def _design(args: argparse.Namespace) -> int:
-    from ident import excitation
-    from ident.base_params import base_parameters
-    from ident.limits import LimitError
+    from ident.fit import excitation
+    from ident.model.base_params import base_parameters
+    from ident.model.limits import LimitError
     from ident.model import load_model
 
     from ident.errors import check_output_file
@@ -116,7 +116,7 @@ def _design(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ident import excitation
+    from ident.fit import excitation
     from ident.model import load_model
 
     model = load_model(args.model)

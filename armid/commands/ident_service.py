@@ -1,4 +1,4 @@
-"""`armid ident-service`: online identification on the driver's live stream (ident/service.py)."""
+"""`armid ident-service`: online identification on the driver's live stream (ident/online/service.py)."""
 from __future__ import annotations
 
 import argparse
@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     import threading
 
     from ident.model import load_model
-    from ident.service import IdentService
+    from ident.online.service import IdentService
 
     log = logging.getLogger(__name__)
 

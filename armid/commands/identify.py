@@ -63,7 +63,7 @@ def register(sub) -> None:
 
 def load_trajectory(spec: str):
     """A trajectory file, or a shipped preset name."""
-    from ident import excitation
+    from ident.fit import excitation
 
     return excitation.load(spec) if Path(spec).suffix or Path(spec).exists() else excitation.preset(spec)
 
@@ -71,16 +71,15 @@ def load_trajectory(spec: str):
 def write_outputs(ident, out: Path, source: str, *, with_report: bool = True, provenance: dict | None = None,
                   reference=None) -> dict[str, Path]:
     """result.json, report.html and, with a consistent fit, the model files in out (with the comparison with the
-    reference model when given): ident.results.write_identification."""
-    from ident.results import write_identification
+    reference model when given): ident.outputs.output_folder.write_identification."""
+    from ident.outputs.output_folder import write_identification
 
     return write_identification(ident, out, source, with_report=with_report, provenance=provenance,
                                 reference=reference)
 
 
 def run(args: argparse.Namespace) -> int:
-    from armid.commands._recordings import is_mcap, load_run
-    from ident import batch
+    from ident.fit import batch
     from ident.errors import InputError, check_output_dir
     from ident.extras import require
     from ident.model import load_model
@@ -88,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.output)
     if args.slow is not None and not args.slow >= 0:
         raise InputError(f"--slow: expected a velocity >= 0 rad/s, got {args.slow}")
-    from ident import fleet
+    from ident.outputs import fleet
 
     if fleet.is_manifest(args.data) or (fleet.is_glob(args.data) and not Path(args.data).exists()):
         return run_fleet(args)
@@ -102,10 +101,6 @@ def run(args: argparse.Namespace) -> int:
     if args.consistent:
         require("cvxpy", "the physically consistent fit (--consistent)")
     model = load_model(args.model)
-    effort = "current" if args.current else "torque"
-
-    def data(path):
-        return load_run(path, model.n, effort) if path is not None and is_mcap(path) else path
     traj = load_trajectory(args.trajectory) if args.trajectory else None
     reference = None if args.compare is None else load_model(args.compare)
     if reference is not None and reference.n != model.n:
@@ -114,13 +109,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"identifying {model.name} from {args.data}", file=sys.stderr)
     warm_kernels(model)
     with blas_threads(1):   # numba's kernels use the cores; the fit's small matrices gain nothing from BLAS threads
-        ident = batch.identify(model, data(args.data), validate=data(args.validate), trajectory=traj,
+        ident = batch.identify(model, args.data, validate=args.validate, trajectory=traj,
                                cutoff_hz=args.cutoff, decimate=args.decimate, consistent=args.consistent,
                                slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
-                               payload_run=data(args.payload_run), payload_mass=args.payload_mass,
+                               payload_run=args.payload_run, payload_mass=args.payload_mass,
                                effort_delay=args.effort_delay, verbose=verbose,
                                max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge,
-                               resample_hz=args.resample)
+                               resample_hz=args.resample, effort="current" if args.current else "torque")
     written = write_outputs(ident, Path(args.output), args.data, with_report=not args.no_report,
                             provenance=run_provenance(args), reference=reference)
     if reference is None:
@@ -141,12 +136,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_fleet(args: argparse.Namespace) -> int:
-    """Many recordings (a manifest or a glob) as Dask tasks: ident.fleet.identify_many. Exit status 1 when a
+    """Many recordings (a manifest or a glob) as Dask tasks: ident.outputs.fleet.identify_many. Exit status 1 when a
     recording failed (the others are identified and in the fleet table)."""
-    import functools
-
-    from armid.commands._recordings import load_run
-    from ident import batch, fleet
+    from ident.fit import batch
+    from ident.outputs import fleet
     from ident.errors import InputError
     from ident.extras import require
 
@@ -172,12 +165,11 @@ def run_fleet(args: argparse.Namespace) -> int:
                    slow_velocity=batch.DEFAULT_SLOW_VELOCITY if args.slow is None else args.slow,
                    effort_delay=args.effort_delay,
                    max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge,
-                   resample_hz=args.resample)
+                   resample_hz=args.resample, effort="current" if args.current else "torque")
     if not args.quiet:
         print(f"identifying {len(jobs)} recordings of {len({j.arm_id for j in jobs})} arms", file=sys.stderr)
     result = fleet.identify_many(jobs, args.output, options, scheduler=args.scheduler, workers=args.workers,
                                  with_report=not args.no_report, progress=not args.quiet,
-                                 loader=functools.partial(load_run, effort="current" if args.current else "torque"),
                                  argv=getattr(args, "command_line", None))
     ok = [r for r in result.rows if r["status"] == "ok"]
     for r in ok:
@@ -194,7 +186,7 @@ def run_fleet(args: argparse.Namespace) -> int:
 
 def run_provenance(args: argparse.Namespace) -> dict:
     """The provenance block of this run's result.json: its input files, model, command line and arm id."""
-    from ident.provenance import provenance
+    from ident.outputs.provenance import provenance
 
     inputs = {"recording": args.data, "validation": args.validate, "payload_run": args.payload_run,
               "trajectory": args.trajectory if args.trajectory and Path(args.trajectory).is_file() else None,
@@ -219,7 +211,7 @@ def warm_kernels(model) -> None:
     pipeline's progress lines start, so that compile messages do not cut them."""
     import numpy as np
 
-    from ident import dynamics
+    from ident.model import dynamics
 
     z = np.zeros((1, model.n))
     dynamics.regressor(model, z, z.copy(), z.copy())
@@ -228,7 +220,7 @@ def warm_kernels(model) -> None:
 def print_comparison(ident, reference) -> None:
     """print_summary beside the base parameters of the model `reference` (same structure), and how many
     identified values lie within 3 reported sigma of them."""
-    from ident.reference import REFERENCE_SIGMA, compare_with_reference
+    from ident.outputs.reference import REFERENCE_SIGMA, compare_with_reference
 
     c = compare_with_reference(ident, reference)
     print_summary(ident, c.reference, reference.name)
@@ -240,7 +232,7 @@ def print_summary(ident, truth=None, label: str = "true") -> None:
     the fit statistics."""
     import numpy as np
 
-    from ident.results import BADLY_IDENTIFIED_PCT, losses_note
+    from ident.outputs.results import BADLY_IDENTIFIED_PCT, losses_note
 
     fit = ident.fit
     head = f"{'base parameter':>16} {'identified':>12} {'sigma %':>9}"

@@ -20,7 +20,7 @@ def register(sub) -> None:
 def _show(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ident.base_params import base_parameters
+    from ident.model.base_params import base_parameters
     from ident.model import load_model
 
     model = load_model(args.model, tip=args.tip)

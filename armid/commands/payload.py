@@ -91,7 +91,7 @@ def _plan(args: argparse.Namespace) -> int:
     model = load_model_argument(args)
     out = Path(args.output)
     if args.method == "dynamic":
-        from ident import excitation
+        from ident.fit import excitation
         from ident.payload import dynamic
 
         traj = dynamic.plan(model, joints=args.joints, seed=args.seed)
@@ -117,10 +117,10 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def load_run(path: str, n: int):
-    """A recording (CSV/NPZ, or MCAP converted on the fly) with n joints, as ident.preprocess.Recording."""
-    from armid.commands._recordings import load_run as load
+    """A recording (CSV, NPZ or MCAP) with n joints, as ident.fit.preprocess.Recording."""
+    from ident.fit.preprocess import load_recording
 
-    return load(path, n)
+    return load_recording(path, n=n)
 
 
 def print_table(estimates, frame: str) -> None:
@@ -166,7 +166,7 @@ def _identify(args: argparse.Namespace) -> int:
     print_table(estimates, frame_text(model))
     for f in failures:
         print(f"{f.method}: no estimate: {f.reason}", file=sys.stderr)
-    from ident.provenance import provenance
+    from ident.outputs.provenance import provenance
 
     prov = provenance(args.output, {"loaded": args.loaded, "unloaded": args.unloaded,
                                     "trajectory": args.trajectory if args.trajectory and Path(args.trajectory).is_file()

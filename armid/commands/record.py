@@ -116,7 +116,7 @@ def _model(given: str | None, named: str | None, joint_names: list[str] | None, 
 def _convert(args: argparse.Namespace) -> int:
     import sys
 
-    from driver.recording import convert
+    from firmware_bridge.recording import convert
 
     arrays, notes = convert(args.recording, args.output, args.effort)
     for note in notes:
@@ -131,7 +131,7 @@ def _info(args: argparse.Namespace) -> int:
     import numpy as np
 
     from firmware_bridge import stream
-    from driver.recording import read_recording
+    from firmware_bridge.recording import read_recording
 
     log = read_recording(args.recording)
     s = log.states

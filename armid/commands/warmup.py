@@ -38,10 +38,10 @@ def warm_ident() -> None:
     regressor), the base parameters and the RLS update, on generic6."""
     import numpy as np
 
-    from ident import dynamics
-    from ident.base_params import base_parameters
+    from ident.model import dynamics
+    from ident.model.base_params import base_parameters
     from ident.model import load_model
-    from ident.rls import RecursiveLS
+    from ident.online.rls import RecursiveLS
 
     model = load_model("generic6")
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ usage: python design_excitation.py [OUT.toml]
 """
 import sys
 
-from ident import excitation
+from ident.fit import excitation
 from ident.model import load_model
 
 out = sys.argv[1] if len(sys.argv) > 1 else "traj.toml"

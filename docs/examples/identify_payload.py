@@ -8,11 +8,12 @@ usage: python identify_payload.py
 """
 import numpy as np
 
-from ident import dynamics, excitation
+from ident.model import dynamics
+from ident.fit import excitation
 from ident.model import load_model
 from ident.payload import payload_parameters
 from ident.payload.dynamic import identify
-from ident.preprocess import Recording
+from ident.fit.preprocess import Recording
 
 model = load_model("generic6")
 traj = excitation.preset("seed000")

@@ -7,11 +7,12 @@ usage: python identify_simulated.py
 """
 import numpy as np
 
-from ident import dynamics, excitation
-from ident.base_params import base_parameters
-from ident.batch import identify
+from ident.model import dynamics
+from ident.fit import excitation
+from ident.model.base_params import base_parameters
+from ident.fit.batch import identify
 from ident.model import load_model
-from ident.preprocess import Recording
+from ident.fit.preprocess import Recording
 
 model = load_model("generic6")
 traj = excitation.preset("seed000")                       # an optimised excitation shipped with armid

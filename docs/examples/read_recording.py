@@ -11,9 +11,9 @@ import numpy as np
 
 from armid.client import ArmClient
 from driver.daemon import Driver, Endpoints, Record
-from driver.recording import identification_arrays, read_recording, write_identification
+from firmware_bridge.recording import identification_arrays, read_recording, write_identification
 from ident.model import load_model
-from ident.preprocess import load_recording
+from ident.fit.preprocess import load_recording
 from sim import Simulator
 from sim.local_transport import LocalSimArm
 

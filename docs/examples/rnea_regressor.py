@@ -5,8 +5,9 @@ usage: python rnea_regressor.py
 """
 import numpy as np
 
-from ident import dynamics, excitation
-from ident.base_params import base_parameters
+from ident.model import dynamics
+from ident.fit import excitation
+from ident.model.base_params import base_parameters
 from ident.model import load_model
 
 model = load_model("generic6")                     # or a TOML or URDF file (docs/reference/model-file.md)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 
 GROUP = "armid.transports"
 

@@ -60,8 +60,8 @@ from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
-from firmware_bridge.log_throttle import Throttle
-from firmware_bridge.rt_timing import name_os_thread
+from firmware_bridge.runtime.log_throttle import Throttle
+from firmware_bridge.runtime.rt_timing import name_os_thread
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 
 EDS_PATH = Path(str(resources.files("firmware_bridge") / "armid_drive.eds"))   # package data

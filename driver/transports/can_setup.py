@@ -13,8 +13,8 @@ from canopen.sdo import SdoAbortedError, SdoCommunicationError
 
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
-from firmware_bridge.errors import InputError
-from firmware_bridge.transport import LinkError
+from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.transport_contract import LinkError
 
 GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
 

@@ -72,13 +72,13 @@ from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, Rea
 
 from driver.hal import (Arm, ArmCommand, ArmState, LinkError, bad_drive_text, command_to_wire, first_bad_drive,
                         raw_to_si)
-from firmware_bridge.rt_timing import name_os_thread
+from firmware_bridge.runtime.rt_timing import name_os_thread
 from driver.transports.sample_ring import StateRing
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
-from firmware_bridge.errors import InputError
-from firmware_bridge.log_throttle import Throttle
+from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.log_throttle import Throttle
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
 IDLE_EXCHANGE_S = 0.02          # without cycles (before the cycle starts), exchange at least this often

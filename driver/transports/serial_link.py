@@ -31,14 +31,14 @@ import numpy as np
 import serial
 
 from driver.hal import Arm, ArmCommand, ArmState, LinkError, bad_drive_text, first_bad_drive, raw_to_si
-from firmware_bridge.rt_timing import name_os_thread
+from firmware_bridge.runtime.rt_timing import name_os_thread
 from driver.transports.link_pump import LinkPump
 from driver.transports.sample_ring import StateRing
 from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
-from firmware_bridge.errors import InputError
-from firmware_bridge.log_throttle import Throttle
+from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.log_throttle import Throttle
 
 _READ_POLL_S = 0.05          # the link thread's longest block in read (it then looks at its stop flag)
 _JOIN_S = 2.0

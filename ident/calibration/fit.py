@@ -15,7 +15,7 @@ from scipy.spatial.transform import Rotation
 
 from ident.calibration.model import CalibrationModel, from_axes, tool_kinematics, tool_pose
 from ident.calibration.synthesis import IrreducibleModel, classify
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import PRISMATIC
 
 # ---------------------------------------------------------------------------------------------------

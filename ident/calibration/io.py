@@ -20,7 +20,7 @@ from scipy.spatial.transform import Rotation
 
 from ident.calibration.fit import Identification
 from ident.calibration.model import KINDS, CalibrationModel
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import PRISMATIC, Model
 
 
@@ -294,7 +294,7 @@ def calibration_toml(result: Identification, model: Model | None, tool: np.ndarr
     """The calibrated model as TOML: the nominal modified-DH table (when the model has one) and every term
     with its nominal value, error, value, sigma and status (SI units). initial: where the chain's nominal
     values came from ('nominal' model geometry or 'axis fit'). provenance: the provenance record
-    (ident.provenance.provenance), written as the table [provenance] without its null entries."""
+    (ident.outputs.provenance.provenance), written as the table [provenance] without its null entries."""
     irr = result.irreducible
     cm = irr.model
     doc: dict = {"calibration": {
@@ -304,7 +304,7 @@ def calibration_toml(result: Identification, model: Model | None, tool: np.ndarr
         "rms_before_m": result.rms_before, "rms_after_m": result.rms_after, "noise_m": result.noise,
         "outlier_threshold_m": result.threshold, "poses": int(len(result.residual_after)), "outliers": [int(i) for i in result.outliers]}}
     if provenance is not None:
-        from ident.provenance import for_toml
+        from ident.outputs.provenance import for_toml
 
         doc["provenance"] = for_toml(provenance)
     if model is not None and model.dh is not None:

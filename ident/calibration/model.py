@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import PRISMATIC, REVOLUTE, Model
-from ident.spatial import rot_x, rot_y
+from ident.model.spatial import rot_x, rot_y
 
 KINDS = ("Tx", "Ty", "Tz", "Rx", "Ry", "Rz")
 TX, TY, TZ, RX, RY, RZ = range(6)

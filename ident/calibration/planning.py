@@ -16,7 +16,7 @@ from numba import njit
 
 from ident.calibration.model import tool_kinematics
 from ident.calibration.synthesis import IrreducibleModel, measurement_rows, random_configurations
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import PRISMATIC
 
 

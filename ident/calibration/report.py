@@ -8,7 +8,7 @@ import numpy as np
 
 from ident.calibration.fit import Identification
 from ident.calibration.io import term_status
-from ident.report_html import provenance_section
+from ident.outputs.report_html import provenance_section
 
 
 def _figures(result: Identification, accuracy: np.ndarray, folder: Path) -> list[str]:
@@ -61,7 +61,7 @@ def _figures(result: Identification, accuracy: np.ndarray, folder: Path) -> list
 def write_report(folder: str | Path, result: Identification, accuracy: np.ndarray, title: str,
                  provenance: dict | None = None) -> Path:
     """Write report.html and its PNG figures into folder; accuracy (N,) m: predicted position sigma at
-    random workspace poses; provenance: the record of ident.provenance (shown at the end). Returns the HTML
+    random workspace poses; provenance: the record of ident.outputs.provenance (shown at the end). Returns the HTML
     path."""
     folder = Path(folder)
     figs = _figures(result, accuracy, folder)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ident.calibration.model import RZ, CalibrationModel, tool_kinematics
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import REVOLUTE
 
 MEASURES = ("pose", "position")

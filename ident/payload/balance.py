@@ -13,7 +13,7 @@ link 3, three small least-squares steps give the payload:
   3. with m and x known, z from joint 3's torque with z6 along link 3 and y6 along the axis (pose 5d).
 
 Every regressor here comes from the arm's kinematic model (the gravity load regressor of
-ident.dynamics), not from the seed's planar formulas: g a2 cos(theta) is the mass column of joint 2 minus
+ident.model.dynamics), not from the seed's planar formulas: g a2 cos(theta) is the mass column of joint 2 minus
 that of joint 3, and the seed's offsets (a3, d5, d6) are in the first-moment columns. So the same code
 serves any arm with two parallel joints 2 and 3, and noise-free data give the payload exactly.
 
@@ -43,11 +43,12 @@ import numpy as np
 import scipy.ndimage
 import scipy.optimize
 
-from ident import dynamics, estimate
-from firmware_bridge.errors import InputError
+from ident.model import dynamics
+from ident.fit import estimate
+from firmware_bridge.runtime.errors import InputError
 from ident.model import REVOLUTE, Model
 from ident.payload.result import PayloadEstimate
-from ident.preprocess import Recording
+from ident.fit.preprocess import Recording
 
 SEED_SPEED = math.radians(1.0)                        # rad/s: the seed's simulated sweeps, 1 deg/s
 SEED_RANGE = (0.0, math.radians(55.0))                # rad: link angle above the horizontal, 0-55 deg
@@ -213,7 +214,7 @@ def run_program(steps: list[dict], send: Callable[[dict], dict], *, poll: float 
 def check_program(model: Model, program: MotionProgram) -> None:
     """BalanceError unless every sweep keeps the model's position, velocity, acceleration and (unloaded)
     torque limits, as the driver will check them."""
-    from ident.limits import LimitError, check_motion
+    from ident.model.limits import LimitError, check_motion
 
     for sweep in program.sweeps:
         t, q = sweep.samples(step=0.005)
@@ -632,7 +633,7 @@ def identify(model: Model, loaded: Recording, unloaded: Recording, *, min_sample
     >>> from ident import dynamics
     >>> from ident.model import load_model
     >>> from ident.payload import balance, payload_parameters
-    >>> from ident.preprocess import Recording
+    >>> from ident.fit.preprocess import Recording
     >>> model = load_model("generic6")
     >>> sweeps = [sweep.samples() for sweep in balance.plan(model).sweeps]
     >>> t = np.concatenate([ts + 100.0 * k for k, (ts, _) in enumerate(sweeps)])   # 100 s apart

@@ -1,7 +1,7 @@
 """Payloads: the body a tool, gripper or workpiece adds at the flange.
 
 `payload_parameters(mass, com, inertia)` turns the engineer's description (kg, CoM in m, inertia about the
-CoM) into the 10 standard parameters about the flange origin that `ident.dynamics.load_regressor` and
+CoM) into the 10 standard parameters about the flange origin that `ident.model.dynamics.load_regressor` and
 `merge_payload` use. The identification methods live beside this module in ident/payload/.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from ident import spatial
-from firmware_bridge.errors import InputError
+from ident.model import spatial
+from firmware_bridge.runtime.errors import InputError
 
 
 def payload_parameters(mass: float, com, inertia=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)) -> np.ndarray:
@@ -30,7 +30,7 @@ def payload_parameters(mass: float, com, inertia=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
     -------
     ndarray, shape (10,)
         [XX XY XZ YY YZ ZZ mX mY mZ m] about the flange origin (kg m^2, kg m, kg), the layout of
-        ident.dynamics.load_regressor and merge_payload.
+        ident.model.dynamics.load_regressor and merge_payload.
 
     Raises
     ------
@@ -48,7 +48,7 @@ def payload_parameters(mass: float, com, inertia=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
     >>> payload_parameters(1.0, [0, 0, 0], [0.1, 0, 0, 0.01, 0, 0.01])
     Traceback (most recent call last):
     ...
-    firmware_bridge.errors.InputError: payload: not a physical body: ...
+    firmware_bridge.runtime.errors.InputError: payload: not a physical body: ...
     """
     com = np.asarray(com, dtype=float)
     six = np.asarray(inertia, dtype=float)

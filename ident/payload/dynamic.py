@@ -13,7 +13,7 @@ or motor currents in A), and the arm's model:
   Gautier's per-joint weights; it assumes both runs tracked the trajectory identically.
 - "global" (eqs. 22-23): one WLS over both runs, [tau_u; tau_l] = [W_u 0; W_l Y_load] [beta; chi_load].
   consistent=True adds the physically consistent variant: the payload's pseudo-inertia constrained PSD
-  (cvxpy + Clarabel, as ident.consistent), the arm's base parameters free.
+  (cvxpy + Clarabel, as ident.fit.consistent), the arm's base parameters free.
 
 What the data can tell is found numerically, never listed by hand: the identifiable directions are the
 row space of the stacked (column-normalised) regressor; a payload combination c . chi is identifiable when
@@ -31,19 +31,21 @@ from pathlib import Path
 import numpy as np
 import scipy.linalg
 
-from ident import batch, dynamics, estimate, spatial
-from ident.base_params import BaseParameters, _linear_text, base_parameters, clean_coefficients
-from ident.consistent import _link_map
-from firmware_bridge.errors import InputError
-from ident.excitation import FourierTrajectory, excitation_bandwidth
+from ident.fit import batch, estimate
+from ident.model import dynamics, spatial
+from ident.model.base_params import BaseParameters, base_parameters
+from ident.model.base_set import _linear_text, clean_coefficients
+from ident.fit.consistent import _link_map
+from firmware_bridge.runtime.errors import InputError
+from ident.fit.excitation import FourierTrajectory, excitation_bandwidth
 from ident.model import PARAMS_PER_JOINT, Model
-from ident.preprocess import Recording, estimate_bandwidth, load_recording, nominal_rate
+from ident.fit.preprocess import Recording, estimate_bandwidth, load_recording, nominal_rate
+from ident.payload.identifiability import Identifiable, PayloadError, identifiable
 from ident.payload.result import PARAMETER_NAMES, Combination, PayloadEstimate
+from ident.payload import excitation as payload_excitation
 
 METHODS = ("difference", "torque", "global")
 OPTIONS = ("trajectory", "cutoff_hz", "decimate", "slow_velocity", "gains", "base")   # identify(**options)
-RANK_TOL = 1e-7          # singular values of the column-normalised stacked regressor below this (relative to the
-                         # largest) are directions the data do not determine
 COEFFICIENT_TOL = 1e-6   # combination coefficients below this are zeros (the basis is orthonormal: entries O(1))
 SAME_TIME_TOL = 1e-6     # s: the torque method pairs samples whose times agree within this
 CONSISTENT_LAMBDA = 1e-6  # weight of the pull of unidentified directions toward the least-squares estimate
@@ -51,16 +53,12 @@ SCALE_NOTE = ("currents converted into torques with the model's nominal drive ga
               "an error in a gain scales that joint's torques, and so biases the payload")
 
 
-class PayloadError(InputError):
-    """The runs cannot give a payload estimate; the message says which run and why."""
-
-
 # ---------------------------------------------------------------------------------------------------
 # The two runs as fit rows
 
 @dataclass(frozen=True, eq=False)
 class Runs:
-    """Both runs reduced to fit rows (ident.batch.Rows, with the payload regressor), their torques (N', n)
+    """Both runs reduced to fit rows (ident.fit.batch.Rows, with the payload regressor), their torques (N', n)
     N m, and the arm's base parameters. gains (n,) N m/A turned currents into torques (None for torques);
     notes: what the estimates should say about the data (e.g. nominal drive gains)."""
 
@@ -125,47 +123,6 @@ def _load(data, model: Model, role: str) -> Recording:
     if rec.n != model.n:
         raise PayloadError(f"{rec.source} ({role}): {rec.n} joints recorded, the model {model.name} has {model.n}")
     return rec
-
-
-# ---------------------------------------------------------------------------------------------------
-# Identifiable directions
-
-@dataclass(frozen=True, eq=False)
-class Identifiable:
-    """The directions a stacked regressor A (rows, p) determines. T (p, r): every x = T theta with A T of
-    full rank r (theta in column-normalised units); null (p, p - r): the directions A does not see, in
-    normalised units (x = scale^-1 u); scale (p,) the column norms; payload (k, 10): an orthonormal basis
-    of the identifiable payload combinations c (c . chi determined by the data)."""
-
-    T: np.ndarray
-    null: np.ndarray
-    scale: np.ndarray
-    payload: np.ndarray
-
-
-def identifiable(A: np.ndarray, payload: slice) -> Identifiable:
-    """The identifiable directions of x from rows A (rows, p) with A x = y; `payload` selects the payload's
-    10 columns. Raises PayloadError when A determines nothing (no joint moves)."""
-    scale = np.linalg.norm(A, axis=0)
-    scale = np.where(scale > 0, scale, 1.0)
-    _, s, Vt = np.linalg.svd(A / scale, full_matrices=A.shape[0] < A.shape[1])
-    r = int(np.sum(s > RANK_TOL * s[0])) if s[0] > 0 else 0
-    if r == 0:
-        raise PayloadError("the runs do not move the joints the payload acts on")
-    V = Vt.T
-    null = V[:, r:]
-    # c . chi is identifiable iff c is orthogonal to the payload part of every null direction (original
-    # units: scale^-1 null); with g orthogonal to null[payload], c = scale[payload] g.
-    Np = null[payload]
-    if Np.shape[1]:
-        u, sv, _ = np.linalg.svd(Np, full_matrices=True)
-        k = int(np.sum(sv > RANK_TOL * max(1.0, sv[0]))) if sv.size else 0
-        g = u[:, k:]
-    else:
-        g = np.eye(10)
-    basis = (scale[payload][:, None] * g) if g.shape[1] else np.zeros((10, 0))
-    payload_basis = np.linalg.qr(basis)[0].T if basis.shape[1] else np.zeros((0, 10))
-    return Identifiable(V[:, :r] / scale[:, None], null, scale, payload_basis)
 
 
 def canonical_combinations(basis: np.ndarray) -> np.ndarray:
@@ -336,7 +293,7 @@ def _consistent_global(est: PayloadEstimate, ident: Identifiable, fit: estimate.
     ||R theta(x) - z||^2 (the WLS triangle, theta(x) = V_r^T diag(scale) x) over x = [beta; chi_load(J)],
     J the payload's 4x4 pseudo-inertia, PSD. Directions the data do not determine are pulled (weight
     CONSISTENT_LAMBDA of the weakest identified one) toward the least-squares estimate."""
-    from ident.consistent import _project_consistent, _solve
+    from ident.fit.consistent import _project_consistent, _solve
     from ident.extras import require
 
     cp = require("cvxpy", "the physically consistent payload fit")
@@ -372,9 +329,7 @@ def _consistent_global(est: PayloadEstimate, ident: Identifiable, fit: estimate.
 def plan(model: Model, joints: str = "wrist", **options) -> FourierTrajectory:
     """The payload excitation, ident.payload.excitation.plan: the Fourier design with the payload
     regressor's condition number as its criterion, moving the "wrist" joints only or "all" joints."""
-    from ident.payload.excitation import plan as payload_plan   # it uses `identifiable` of this module
-
-    return payload_plan(model, joints, **options)
+    return payload_excitation.plan(model, joints, **options)
 
 
 def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path | Recording,
@@ -391,7 +346,7 @@ def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path 
     model : Model
         The arm (without the payload).
     loaded, unloaded : str, Path or Recording
-        The runs with and without the payload (a CSV or NPZ file, or an ident.preprocess.Recording).
+        The runs with and without the payload (a CSV or NPZ file, or an ident.fit.preprocess.Recording).
     method : {"global", "torque", "difference"}
         The method.
     consistent : bool
@@ -419,7 +374,7 @@ def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path 
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.dynamic import identify
-    >>> from ident.preprocess import Recording
+    >>> from ident.fit.preprocess import Recording
     >>> model = load_model("generic6")
     >>> traj = excitation.preset("seed000")
     >>> t, q, qd, qdd = traj.sample(rate_hz=100.0)
@@ -432,7 +387,7 @@ def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path 
     >>> identify(model, "loaded.csv", "unloaded.csv", method="static")
     Traceback (most recent call last):
     ...
-    ident.payload.dynamic.PayloadError: method: expected one of difference, torque, global, got 'static'
+    ident.payload.identifiability.PayloadError: method: expected one of difference, torque, global, got 'static'
     """
     if method not in METHODS:
         raise PayloadError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")

@@ -1,4 +1,4 @@
-"""An excitation for payload identification: the Fourier design of ident.excitation with the payload
+"""An excitation for payload identification: the Fourier design of ident.fit.excitation with the payload
 regressor's condition number as its criterion.
 
     traj = plan(model, joints="wrist")      # joints 4-6 move, the others hold the start pose
@@ -16,13 +16,13 @@ import dataclasses
 
 import numpy as np
 
-from ident import dynamics
-from ident.base_params import random_states
-from firmware_bridge.errors import InputError
-from ident.excitation import Criterion, FourierTrajectory, design, start_pose_or_mid_range
+from ident.model import dynamics
+from ident.model.base_params import random_states
+from firmware_bridge.runtime.errors import InputError
+from ident.fit.excitation import Criterion, FourierTrajectory, design, start_pose_or_mid_range
 from ident.model import PARAMS_PER_JOINT, Model
 from ident.payload.body import payload_parameters
-from ident.payload.dynamic import identifiable
+from ident.payload.identifiability import identifiable
 
 WRIST_JOINTS = 3          # "wrist": the last three joints
 CRITERION_SAMPLES = 200   # random wrist states that decide which payload combinations the wrist determines
@@ -67,7 +67,7 @@ def plan(model: Model, joints: str = "wrist", *, payload: tuple | None = None, s
     regressor over one period, moving the wrist joints only or all joints, within the model's limits.
     payload: (mass kg, com (3,) m, inertia (6,) kg m^2 about the CoM) of the heaviest payload expected,
     merged into the model for the torque limits (default: none). start_pose (rad): default mid-range.
-    harmonics, base_frequency (Hz), floor_z (m), seed, max_iter, restarts: as ident.excitation.design."""
+    harmonics, base_frequency (Hz), floor_z (m), seed, max_iter, restarts: as ident.fit.excitation.design."""
     moving = moving_joints(model, joints)
     limits_model = model if payload is None else dynamics.merge_payload(model, payload_parameters(*payload))
     pose = start_pose_or_mid_range(model, start_pose)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import Model
 from ident.payload.result import MethodFailure, PayloadEstimate
 
@@ -42,7 +42,7 @@ def identify_one(model: Model, method: str, loaded, unloaded, *, trajectory=None
         excitation run with and without the payload), "torque-balance" (the sweeps of Gao, Zhao and Li
         (2025)) or "static" (poses at rest).
     loaded, unloaded : str, Path or Recording
-        The runs with and without the payload (ident.preprocess.Recording or a file it reads).
+        The runs with and without the payload (ident.fit.preprocess.Recording or a file it reads).
     trajectory : FourierTrajectory, optional
         The dynamic runs' excitation (sets the filter bandwidth).
     consistent : bool
@@ -70,7 +70,7 @@ def identify_one(model: Model, method: str, loaded, unloaded, *, trajectory=None
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.methods import identify_one
-    >>> from ident.preprocess import Recording
+    >>> from ident.fit.preprocess import Recording
     >>> model = load_model("generic6")
     >>> traj = excitation.preset("seed000")
     >>> t, q, qd, qdd = traj.sample(rate_hz=100.0)
@@ -135,7 +135,7 @@ def identify_each(model: Model, method: str, loaded, unloaded, *, trajectory=Non
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.methods import identify_each
-    >>> from ident.preprocess import Recording
+    >>> from ident.fit.preprocess import Recording
     >>> model = load_model("generic6")
     >>> traj = excitation.preset("seed000")
     >>> t, q, qd, qdd = traj.sample(rate_hz=100.0)
@@ -149,7 +149,7 @@ def identify_each(model: Model, method: str, loaded, unloaded, *, trajectory=Non
     names = expand(method)
     base = None
     if sum(name in DYNAMIC for name in names) > 1:     # the model's base parameters, computed once for all
-        from ident.base_params import base_parameters
+        from ident.model.base_params import base_parameters
 
         base = base_parameters(model)
     estimates, failures = [], []

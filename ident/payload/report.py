@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ident.payload.result import PARAMETER_NAMES, MethodFailure, PayloadEstimate
-from ident.report_html import provenance_section
+from ident.outputs.report_html import provenance_section
 
 PNG_DPI = 90
 
@@ -95,7 +95,7 @@ def write_report(estimates: list[PayloadEstimate], out: str | Path, title: str =
     failures : list of MethodFailure
         The methods that gave no estimate, with their reasons (payload.json "failed", a section of the page).
     provenance : dict, optional
-        The provenance record (ident.provenance.provenance, paths relative to out), stored as payload.json's
+        The provenance record (ident.outputs.provenance.provenance, paths relative to out), stored as payload.json's
         "provenance" and shown at the end of report.html.
 
     Returns

@@ -1,7 +1,7 @@
 """`PayloadEstimate`: what every payload identification method returns.
 
 The payload's 10 standard parameters chi = [XX XY XZ YY YZ ZZ mX mY mZ m] are about the flange origin in
-flange axes (kg m^2, kg m, kg), as `ident.dynamics.load_regressor` uses them. A method may identify only
+flange axes (kg m^2, kg m, kg), as `ident.model.dynamics.load_regressor` uses them. A method may identify only
 some of them, or only combinations of them (through the last joints, e.g. XX - YY): `identified` names
 the parameters that were identified individually, and `combinations` lists the identifiable
 combinations with their values and sigmas. Parameters not identified are NaN in `chi` and `sigma`.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ident import spatial
+from ident.model import spatial
 
 PARAMETER_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m")
 

@@ -5,10 +5,10 @@ with the full kinematic model.
 At rest or at constant velocity, the loaded minus the unloaded torque at the same pose (and velocity) is
 the payload's gravity torque, linear in its mass and first moments:
 
-    Delta_tau(q) = Y_g(q) [mX mY mZ m],    Y_g = columns 7-10 of ident.dynamics.load_regressor(q, 0, 0)
+    Delta_tau(q) = Y_g(q) [mX mY mZ m],    Y_g = columns 7-10 of ident.model.dynamics.load_regressor(q, 0, 0)
 
 (the payload's velocity-product torques, of order m |c| qd^2, are left out as in the torque balance).
-Stacking every joint's rows over the poses gives one weighted least squares (ident.estimate.wls,
+Stacking every joint's rows over the poses gives one weighted least squares (ident.fit.estimate.wls,
 Gautier's per-joint weights) for the four parameters: no parallel joints, no special wrist orientation, no
 three-step chain of errors. Any 6R arm whose flange can be turned identifies all four.
 
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ident import dynamics, estimate
+from ident.model import dynamics
+from ident.fit import estimate
 from ident.calibration.planning import select_d_optimal
-from firmware_bridge.errors import InputError
+from firmware_bridge.runtime.errors import InputError
 from ident.model import Model
 from ident.payload.balance import (MOVE_SPEED, POSE_TOLERANCE, RAMP, REST_SPEED, SPEED_TOLERANCE, WINDOW,
                                    MotionProgram, Sweep, check_program, gravity_load_regressor,
@@ -124,7 +125,7 @@ def identify(model: Model, loaded, unloaded, *, min_samples: int = MIN_SAMPLES, 
     model : Model
         The arm (without the payload).
     loaded, unloaded : Recording
-        The runs with and without the payload (ident.preprocess.Recording: t, q, tau or current).
+        The runs with and without the payload (ident.fit.preprocess.Recording: t, q, tau or current).
     min_samples : int
         Paired samples needed at least.
     rest_speed : float
@@ -157,7 +158,7 @@ def identify(model: Model, loaded, unloaded, *, min_samples: int = MIN_SAMPLES, 
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.static import identify
-    >>> from ident.preprocess import Recording
+    >>> from ident.fit.preprocess import Recording
     >>> model = load_model("generic6")
     >>> q = np.repeat(np.random.default_rng(0).uniform(-1, 1, (8, 6)), 50, axis=0)
     >>> t = np.arange(len(q)) / 100.0
