@@ -1,0 +1,83 @@
+"""The free-running serial chain as processes (`armid sim` on its own drifting clock behind a pty, `armid driver`
+on the device's clock), as a real arm runs: the command-to-motion lag stays within the simulated drives'
+setpoint buffer plus the link, also after the driver stalled; `wait=True` returns with the arm at its goal.
+
+Every figure is counted in cycles from the stream's own messages (tests/stream_tap.py), never read off a wall
+clock.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from armid import chain
+from armid.client import ArmClient
+from driver import motion
+from ident.model import load_model
+from sim.drive_targets import FREE_RUNNING_DEPTH
+from stream_tap import StreamTap, motion_lag_cycles
+
+# cycles beyond the buffer's depth that the chain adds to the lag: the target's way to the device (the driver
+# answers each sample within its cycle), the drives' interpolation (a cycle at 1 kHz) and their tracking of a
+# moving reference, and the state's way back
+LINK_AND_DRIVE_CYCLES = 3
+LAG_BOUND = FREE_RUNNING_DEPTH + LINK_AND_DRIVE_CYCLES
+STALL_S = 0.15          # the driver process is stopped this long (SIGSTOP): a late burst of 150 targets follows
+A = np.array([0.25, -0.15, 0.2, 0.1, -0.2, 0.3])
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    plan = chain.plan_for("serial", clocking="free")
+    run = chain.Chain(tmp_path_factory.mktemp("rt-chain"), plan).__enter__()
+    client = None
+    try:
+        run.start_sim(seed=3)
+        run.start_driver()
+        client = ArmClient(run.state, run.commands, timeout_s=30.0)
+        yield run, client
+    finally:
+        if client is not None:
+            client.close()
+        run.stop()
+
+
+def _move(client: ArmClient, tap: StreamTap, goal: np.ndarray, speed: float) -> np.ndarray:
+    """move_to goal and wait; the lags (cycles) of the motion's middle part."""
+    start = tap.count()
+    q_from = client.latest().q.copy()
+    reply = client.move_to(goal, speed=speed, wait=True)
+    time.sleep(0.2)                                   # the stream of the motion's end reaches the tap
+    _, flags, _, q = tap.arrays(start)
+    model = motion.rigid_body_model(load_model("generic6"))
+    planned = motion.plan_move(model, q_from, goal, 1000.0, speed=speed).q
+    assert planned.shape[0] == pytest.approx(reply["duration"] * 1000.0, abs=2)
+    return motion_lag_cycles(flags, q, planned)
+
+
+def test_command_to_motion_lag_stays_within_the_buffer_depth_also_after_the_driver_stalled(rig):
+    """A driver that is not scheduled for STALL_S (stopped, then continued) answers the samples it missed in a
+    burst; the simulated drives keep the newest `depth` of it, so the next motion runs as close behind its
+    targets as the first one did (a buffer that kept the burst ran 150 cycles behind from then on)."""
+    run, client = rig
+    client.enable()
+    with StreamTap(run.state) as tap:
+        before = _move(client, tap, A, 0.5)
+        home = A * 0.2
+        os.kill(run.driver.pid, signal.SIGSTOP)
+        try:
+            time.sleep(STALL_S)
+        finally:
+            os.kill(run.driver.pid, signal.SIGCONT)
+        time.sleep(0.3)
+        after = _move(client, tap, home, 0.5)
+    status = client.status()
+    assert not status.get("fault"), status.get("fault")
+    print(f"lag before the stall: median {np.median(before):.2f}, max {before.max():.2f} cycles; after: median "
+          f"{np.median(after):.2f}, max {after.max():.2f} (bound {LAG_BOUND})")
+    assert before.max() <= LAG_BOUND, before
+    assert after.max() <= LAG_BOUND, after
