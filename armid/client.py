@@ -48,6 +48,9 @@ PLANNING = ("move_to", "run_trajectory")
 PLAN_REPLY_S = 90.0         # s to wait for a motion's reply: the driver plans it first (its planner's bound is
                             # 60 s; the first plan of a fresh install also compiles the planner's kernels)
 POLL_S = 0.05               # s between status polls while waiting
+ARRIVED_TOLERANCE = 2e-3    # rad (m for prismatic joints): a waited-for motion has arrived when every measured
+                            # joint is this close to the motion's goal
+SETTLE_S = 2.0              # s after the last target a waited-for motion has to arrive, else MotionFailed
 
 
 class ClientError(InputError):
@@ -63,7 +66,8 @@ class CommandRefused(ClientError):
 
 
 class MotionFailed(ClientError):
-    """A waited-for motion or enable did not complete: the driver faulted, or it took too long."""
+    """A waited-for motion or enable did not complete: the driver faulted, it took too long, or the arm did not
+    arrive at the motion's goal (the message names the joint and its error)."""
 
 
 @dataclass(frozen=True)
@@ -355,12 +359,13 @@ class ArmClient:
         speed : float
             Fraction of the limits the planner may use, (0, 1].
         wait : bool
-            Block until the motion ends.
+            Block until the arm has arrived: every measured joint within ARRIVED_TOLERANCE (2 mrad) of the
+            goal, at most SETTLE_S (2 s) after the motion's last target (`wait_arrived`).
 
         Returns
         -------
         dict
-            The driver's reply; "duration" is the planned motion's length (s).
+            The driver's reply; "duration" is the planned motion's length (s), "goal" its last sample.
 
         Raises
         ------
@@ -403,7 +408,7 @@ class ArmClient:
         blend_s : float, optional
             Seconds over which a preset is blended in from rest and out.
         wait : bool
-            Block until the motion ends.
+            Block until the arm has arrived at the trajectory's last sample (as move_to's wait).
 
         Returns
         -------
@@ -549,7 +554,49 @@ class ArmClient:
         reply = self.request(cmd, **fields)
         if wait:
             self.wait_motion(float(reply.get("duration", 0.0)) + MOTION_MARGIN_S)
+            if "goal" in reply:
+                self.wait_arrived(reply["goal"])
         return reply
+
+    def wait_arrived(self, goal, *, tolerance: float = ARRIVED_TOLERANCE, settle_s: float = SETTLE_S) -> Sample:
+        """Block until every measured joint is within `tolerance` of `goal` (the arm has arrived, not only its
+        targets: the drives' setpoint buffer and tracking run a few cycles behind them).
+
+        Parameters
+        ----------
+        goal : array_like, shape (n,)
+            rad (m for prismatic joints), e.g. a motion reply's "goal".
+        tolerance : float
+            rad (m), per joint.
+        settle_s : float
+            Seconds to wait at most.
+
+        Returns
+        -------
+        Sample
+            The first sample within the tolerance.
+
+        Raises
+        ------
+        MotionFailed
+            The driver faulted, or after settle_s a joint is still farther away (named, with its error).
+        """
+        goal = np.asarray(goal, dtype=float)
+        deadline = time.monotonic() + settle_s
+        while True:
+            sample = self.latest()
+            error = sample.q - goal
+            far = np.abs(error) > tolerance
+            if not far.any():
+                return sample
+            if sample.flags & stream.FLAG_FAULT:
+                raise MotionFailed(f"the driver faulted: {self.status().get('fault')}")
+            if time.monotonic() > deadline:
+                j = int(np.argmax(np.abs(error)))
+                raise MotionFailed(f"the arm did not arrive within {settle_s:g} s of the motion's end: joint "
+                                   f"{j + 1} is {error[j]:+.4g} from its goal {goal[j]:.6g} (tolerance "
+                                   f"{tolerance:g})")
+            time.sleep(0.002)
 
     def _await(self, done: Callable[[dict], bool], timeout_s: float, what: str,
                progress: Callable[[float], object] | None = None) -> dict:

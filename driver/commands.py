@@ -111,7 +111,8 @@ class Commands:
     def start(self, plan) -> dict:
         """Hand a planned motion to the cycle; the reply's fields."""
         self.driver.cycle.submit(lambda: self.driver.cycle.start_motion(plan))
-        return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments]}
+        return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments],
+                "goal": plan.q[-1].tolist()}
 
     # -- commands ------------------------------------------------------------------------------------
     def status(self, req: dict) -> dict:
