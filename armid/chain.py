@@ -340,9 +340,9 @@ def request(endpoint: str, timeout_s: float = 10.0, **req) -> dict:
         sock.close(0)
 
 
-def command(endpoint: str, step: str, driver: Child | None = None, **req) -> dict:
+def command(endpoint: str, step: str, driver: Child | None = None, *, timeout_s: float = 10.0, **req) -> dict:
     """request() that must succeed: ChainError naming the step, the driver's error and its stderr tail."""
-    reply = request(endpoint, **req)
+    reply = request(endpoint, timeout_s, **req)
     if not reply.get("ok"):
         tail = f"; driver stderr ends: {driver.tail()}" if driver is not None else ""
         raise ChainError(f"{step}: the driver refused {req.get('cmd')!r}: {reply.get('error')}{tail}")

@@ -159,6 +159,30 @@ class Cycle:
         self.error: BaseException | None = None
         self._health_payload: bytes | None = None
 
+    def warm_up(self) -> None:
+        """Compile (or load from numba's cache) every kernel the cycle calls, for each argument type it passes,
+        before the cycle thread runs (a compile in a running cycle stalls it for seconds: the watchdog trips):
+        the drive logic on this cycle's message layout, with the hold pose, a planned motion's rows (read-only
+        maps of the planner's file), a servo setpoint (read-only, as decoded from its message) and the measured
+        pose as the plan; a sample copied into the message. On scratch arrays: nothing of this cycle changes."""
+        from driver.hal import copy_sample
+        from firmware_bridge import servo_wire
+
+        n = self.n
+        st = ArmState.inside(stream.StateMessage(n))
+        cmd = ArmCommand(n)
+        hold, hold_torque = np.zeros(n), np.zeros(n)
+        rows = np.zeros((2, n))
+        rows.setflags(write=False)                       # a plan: np.load(mmap_mode="r") rows
+        servo = servo_wire.decode(servo_wire.encode(servo_wire.MODE_POSITION, 0, 0, np.zeros(n)), n)[3]
+        for plan_q, plan_tau in ((hold, hold_torque), (rows[0], rows[1]), (servo, hold_torque), (st.q, servo),
+                                 (st.q, hold_torque)):
+            ck.command(st.statusword, ck.OFF, plan_q, plan_tau, st.q, ck.FOLLOW, hold, cmd.target_position,
+                       cmd.target_torque, cmd.controlword)
+        ck.drive_logic(st.statusword, ck.OFF, cmd.target_position, cmd.target_torque, cmd.controlword)
+        copy_sample(ArmState(n), st)                     # a link's sample ring into the message
+        copy_sample(st, ArmState(n))
+
     # -- thread --------------------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:

@@ -235,6 +235,7 @@ class Driver:
         self.started_at = time.time()
         self._stop.clear()
         self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
+        self.cycle.warm_up()                    # and every kernel of the cycle, before it runs (and before READY)
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         gc.collect()
