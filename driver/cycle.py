@@ -72,6 +72,8 @@ ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest 
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
+REQUEST_SHARE = 0.1           # of the period, the most a cycle spends running queued requests (one at least): a
+                              # flood of commands waits for the next cycles instead of stretching this one
 RESET_PHASE_S = 0.005         # each phase (0, then bit 7) of the fault-reset pulse: several device cycles,
                               # since devices latch only their newest command per cycle
 
@@ -107,6 +109,7 @@ class Cycle:
         self.arm, self.n = arm, arm.n
         self.rate_hz, self.period_ns = float(rate_hz), int(round(1e9 / rate_hz))
         self.watchdog_ns = int(watchdog_s * 1e9)
+        self._request_ns = int(REQUEST_SHARE * self.period_ns)    # a cycle's time for other threads' requests
         self.spin_ns = int(spin_s * 1e9)
         self.publish = publish or (lambda topic, payload: None)
         self.on_event = on_event or (lambda text: None)
@@ -290,7 +293,10 @@ class Cycle:
         if not self.running:
             return fn()
         fut: Future = Future()
-        self._requests.append((fn, fut))
+        if fn == self.request_quick_stop or fn == self.disable:    # ahead of anything queued (a flood)
+            self._requests.appendleft((fn, fut))
+        else:
+            self._requests.append((fn, fut))
         try:
             return fut.result(timeout)
         except FutureTimeout:
@@ -451,7 +457,8 @@ class Cycle:
             self.stale += 1
             self._stale_log.hit("stale cycle: no new sample from the drives", stale_cycles=self.stale)
         self._supervise(fresh, now_mono)
-        while self._requests:
+        stop_ns = time.perf_counter_ns() + self._request_ns
+        while self._requests and time.perf_counter_ns() <= stop_ns:     # the rest at the next cycle
             fn, fut = self._requests.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue                # the requester gave up waiting: never act on it late

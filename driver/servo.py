@@ -2,7 +2,8 @@
 driver's servo socket (a ZeroMQ PULL; the message: firmware_bridge.servo_wire), and the cycle sends each one
 to the drives after checking it.
 
-Each cycle (`ServoSession.next`, in the cycle thread) reads every setpoint that has arrived into a setpoint
+Each cycle (`ServoSession.next`, in the cycle thread) reads the setpoints that have arrived (for at most
+INTAKE_SHARE of the period: a flood waits in the socket) into a setpoint
 buffer (firmware_bridge.runtime.setpoint_buffer, `buffer_cycles` deep, default 2) and takes the oldest: one setpoint per
 cycle, in order, so that a client whose setpoints cross the machine with jitter gets each one carried out, not
 the newest of a burst and then a repeat (0: no buffer, the newest each cycle). Before it is used it is checked
@@ -42,7 +43,9 @@ MAX_BUFFER_EXTRA = 3            # cycles the buffer's latency may grow beyond it
                                 # oldest setpoints go (a client stream paced in Python grew it to 13 ms)
 MAX_TIMEOUT_CYCLES = 10_000
 JUMP_FACTOR = 3.0                   # a setpoint may move at most this times the velocity limit per cycle
-MAX_DRAIN = 1000                    # messages read per cycle at most (a flooding client cannot stall the cycle)
+INTAKE_SHARE = 0.1                  # of the cycle's period, the most a cycle spends reading setpoints: a client
+                                    # flooding the socket cannot stall the cycle (1000 messages a cycle took 4.45 ms);
+                                    # what it leaves waits in the socket (bounded by its high-water mark)
 
 TRACK, HOLD, END, STOP = "track", "hold", "end", "stop"
 MALFORMED_LOG_INTERVAL_S = 5.0      # undecodable setpoints: the first logged, then one line per interval
@@ -76,6 +79,7 @@ class ServoSession:
                  timeout_cycles: int = DEFAULT_TIMEOUT_CYCLES, buffer_cycles: int = DEFAULT_BUFFER_CYCLES):
         self.mode, self.sock, self.limits, self.dt = mode, sock, limits, dt
         self.timeout_cycles = int(timeout_cycles)
+        self.intake_ns = int(INTAKE_SHARE * dt * 1e9)     # the cycle's time for reading setpoints
         n = q_start.shape[0]
         self.n = n
         self.last = np.array(q_start, dtype=float) if mode == MODE_POSITION else np.zeros(n)
@@ -106,7 +110,10 @@ class ServoSession:
     def _next_setpoint(self) -> tuple[int, int, np.ndarray] | None:
         """The setpoint of this cycle: the buffer's oldest (every arrival queued), or the newest that arrived."""
         newest = None
-        for _ in range(MAX_DRAIN):
+        stop_ns = time.perf_counter_ns() + self.intake_ns
+        while True:                         # until the socket is empty or the budget spent (one at least)
+            if time.perf_counter_ns() > stop_ns:
+                break
             try:
                 raw = self.sock.recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:

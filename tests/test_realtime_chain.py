@@ -19,6 +19,7 @@ from armid.client import ArmClient
 from driver import motion
 from ident.model import load_model
 from sim.drive_targets import FREE_RUNNING_DEPTH
+from firmware_bridge.runtime.rt_timing import rt_permission
 from stream_tap import StreamTap, motion_lag_cycles
 
 # cycles beyond the buffer's depth that the chain adds to the lag: the target's way to the device (the driver
@@ -103,3 +104,37 @@ def test_wait_true_returns_with_every_joint_within_its_tolerance_of_the_goal(rig
         assert np.abs(q - goal).max() <= ARRIVED_TOLERANCE, (q, goal)
     with pytest.raises(MotionFailed, match="joint 3 is"):
         client.wait_arrived(A * 0.1 + np.array([0, 0, 0.05, 0, 0, 0]), settle_s=0.2)
+
+
+def _policies(pid: int) -> dict[str, int]:
+    """Thread name -> scheduling policy of every thread of a process."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+            out[name] = os.sched_getscheduler(int(tid))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.skipif(rt_permission(1) is None, reason="this process may not take real-time scheduling")
+def test_where_permitted_the_driver_cycle_and_the_simulators_device_loop_run_sched_fifo_and_say_so(rig):
+    run, _ = rig
+    driver, sim = _policies(run.driver.pid), _policies(run.sim.pid)
+    assert driver.get("cycle") == os.SCHED_FIFO, driver
+    assert sim.get("sim") == os.SCHED_FIFO, sim
+    assert driver.get("commands") != os.SCHED_FIFO, driver     # the command server does not hold a core
+    assert "realtime: SCHED_FIFO" in run.driver.stderr.read_text() + run.driver.stdout.read_text()
+    assert "realtime: SCHED_FIFO" in run.sim.stderr.read_text() + run.sim.stdout.read_text()
+    with open(f"/proc/{run.driver.pid}/status") as f:
+        assert int(next(x for x in f if x.startswith("VmLck:")).split()[1]) > 0      # memory locked
+
+
+def test_real_time_scheduling_is_off_where_the_environment_says_so(monkeypatch):
+    monkeypatch.setenv("ARMID_REALTIME", "0")
+    assert rt_permission(1) is None
+    from driver.realtime import by_default
+
+    said = []
+    assert by_default(said.append) is None and said and "not permitted" in said[0]
