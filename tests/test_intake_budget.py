@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import zmq
 
+from driver.realtime import Realtime
+from firmware_bridge.runtime.rt_timing import DEFAULT_RT_PRIORITY, rt_permission
 from ident.model import load_model
 from local_driver import local_driver
 from waiting import wait_until
@@ -50,10 +52,15 @@ def _rate_ratio(driver, seconds: float) -> float:
     return (driver.cycle.cycles - c0) / ((time.perf_counter() - t0) * driver.cycle.rate_hz)
 
 
+@pytest.mark.skipif(rt_permission(DEFAULT_RT_PRIORITY) is None, reason="the flooding process would take the cycle's "
+                    "core on a 2-core machine without real-time scheduling (ratio 0.47 measured, time bound or not)")
 def test_a_flood_of_valid_servo_setpoints_keeps_the_cycle_at_its_rate():
     model = load_model("generic6")
     ctx = zmq.Context.instance()
-    with local_driver(model, watchdog_s=2.0) as (driver, sim):
+    # the cycle thread real-time where permitted, as the driver runs by default (not the memory lock: this is
+    # the test process); the flooding process is at the default priority, as a normal client is
+    realtime = Realtime(priority=DEFAULT_RT_PRIORITY) if rt_permission(DEFAULT_RT_PRIORITY) else None
+    with local_driver(model, watchdog_s=2.0, realtime=realtime) as (driver, sim):
         cmd = ctx.socket(zmq.REQ)
         cmd.setsockopt(zmq.LINGER, 0)
         cmd.connect(driver.bound["commands"])
@@ -89,5 +96,5 @@ def test_a_flood_of_valid_servo_setpoints_keeps_the_cycle_at_its_rate():
             cmd.close(0)
     print(f"cycle rate ratio quiet {quiet:.3f}, flooded {flooded:.3f}; {sent} setpoints sent, {stats['received']} "
           f"received, {stats['accepted']} accepted")
-    assert sent > 20 * stats["accepted"] / 2 or sent > 10_000           # it was a flood: many per cycle
-    assert flooded >= 0.8 * quiet, (flooded, quiet)
+    assert sent > 10 * stats["accepted"]            # it was a flood: many setpoints per cycle
+    assert flooded >= 0.95 * quiet, (flooded, quiet)   # before the time bound: 0.83 (0.03 without real time)
