@@ -91,7 +91,7 @@ RUNS = [(t, "lockstep") for t in chain.TRANSPORTS] + [("serial", "free"), ("gate
 # each). Serial: max |z| 1.7-3.0 in 6 quiet runs, but 4.1 (fc3/fv3) with a wheel build compiling beside it.
 # Gateway (its host on its own 250 Hz timer): 3 of 4 fast demos passed at load 2-6, and it failed once (max |z|
 # 5.8) with the whole suite and a Dask benchmark beside it (docs/guides/demo.md).
-E2E_ONLY_RUNS = {("serial", "free"), ("gateway", "free")}
+E2E_ONLY_RUNS: set[tuple[str, str]] = set()
 
 
 @pytest.fixture(scope="module", params=[pytest.param(r, marks=pytest.mark.e2e, id=f"{r[0]}-{r[1]}")

@@ -87,6 +87,31 @@ def test_arrival_jitter_within_the_depth_costs_nothing_and_a_burst_keeps_the_lat
     assert buf.take() is None                       # a reset primes again
 
 
+def test_a_burst_in_motion_is_carried_out_in_full_and_its_excess_drops_once_at_rest():
+    """With `still` (the simulated drives'): a 5-target burst while the targets move is consumed one per cycle,
+    none skipped (dropping would step the target by the backlog); once they stand still the excess drops and
+    the latency is back at the depth."""
+    buf = TargetBuffer(2, still=np.full(2, 1e-6))
+    k, taken = 0, []
+
+    def cycle(arrivals: int, moving: bool) -> None:
+        nonlocal k
+        for _ in range(arrivals):
+            k += 1 if moving else 0
+            buf.push(*_target(k))
+        got = buf.take()
+        taken.append(None if got is None else int(got[0][0]))
+
+    for arrivals in [1, 1, 1, 0, 0, 0, 0, 0, 6, 1, 1, 1]:      # moving: a late burst
+        cycle(arrivals, True)
+    consumed = [x for x in taken if x is not None]
+    assert consumed == list(range(1, len(consumed) + 1)) and buf.counts.skipped == 0    # no target skipped
+    assert len(buf) > buf.depth                                 # the latency is still the burst's
+    for _ in range(6):                                          # at rest: the same target again and again
+        cycle(1, False)
+    assert len(buf) == buf.depth - 1 and buf.counts.skipped > 0
+
+
 def test_a_latency_bound_below_the_depth_is_refused():
     with pytest.raises(InputError, match="max_queued"):
         TargetBuffer(3, max_queued=2)

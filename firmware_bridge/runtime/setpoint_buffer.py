@@ -13,10 +13,16 @@ Rules, per drive cycle (`take`):
   * priming: until `depth` targets are queued, the drive keeps its last target (nothing is consumed);
   * running: the oldest queued target is consumed; an empty queue is an underrun (counted): the drive has no
     new target this cycle (`take` returns None) and the stream goes on with the next arrival;
-  * the latency is bounded by the depth, as in a drive's interpolation buffer of fixed size: a target that
-    arrives while `max_queued` (default: `depth`) are queued pushes out the oldest (counted as skipped). A host
-    that was late sends its backlog in a burst; the drive keeps the newest `depth` of it and goes on a fixed
-    `depth` cycles behind the host, never more, instead of carrying the burst as lasting latency;
+  * the latency is bounded by the depth, as in a drive's interpolation buffer of fixed size: beyond
+    `max_queued` (default: `depth`) queued targets the oldest are dropped (counted as skipped). A host that was
+    late sends its backlog in a burst; the drive keeps the newest `depth` of it and goes on a fixed `depth`
+    cycles behind the host instead of carrying the burst as lasting latency;
+  * never a jump: with `still` (per joint, position units; the simulated drives set it) a target is dropped
+    only where it lies within `still` of the next one (the arm is at rest there: dropping it moves nothing).
+    A burst in the middle of a motion is then carried out in full, one target per cycle, as the host sent it
+    (dropping it would step the target by the whole backlog: 73 mrad for 150 ms at 0.5 rad/s, a following-
+    error fault), and its excess goes as soon as the motion comes to rest. HARD_LIMIT queued targets (a
+    loop stalled for seconds) drop the oldest regardless;
   * `reset` empties the queue (a drive leaving CSP, a restart): the next targets prime it again.
 """
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np
 from firmware_bridge.runtime.errors import InputError
 
 MAX_DEPTH = 16
+HARD_LIMIT = 4096         # targets: seconds of a stalled loop at 1 kHz; beyond, the oldest go whatever they are
 
 
 @dataclass
@@ -47,15 +54,17 @@ class TargetBuffer:
     stamp), consumed one per cycle. Not thread-safe: its owner calls it under its own lock or from one thread.
 
     max_queued: targets kept at most (default `depth`: the latency is at most `depth` cycles); more push out
-    the oldest."""
+    the oldest. still (per joint, the first array's units; None: drop whatever the targets are): drop a target
+    only where the next one lies within it."""
 
-    def __init__(self, depth: int, max_queued: int | None = None):
+    def __init__(self, depth: int, max_queued: int | None = None, still: np.ndarray | None = None):
         if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise InputError(f"target_buffer: expected a number of cycles 1..{MAX_DEPTH}, got {depth!r}")
         self.depth = depth
         self.max_queued = depth if max_queued is None else int(max_queued)
         if self.max_queued < depth:
             raise InputError(f"target_buffer: max_queued {max_queued!r} is below the depth {depth}")
+        self.still = None if still is None else np.asarray(still, dtype=float)
         self._queue: deque[tuple] = deque()
         self._running = False
         self.counts = BufferCounts()
@@ -67,7 +76,7 @@ class TargetBuffer:
         """A setpoint arrived (its arrays copied)."""
         self._queue.append(tuple(np.array(x) for x in items))
         self.counts.received += 1
-        if len(self._queue) > self.max_queued:          # a burst from a late host: keep the newest
+        if len(self._queue) > (self.max_queued if self.still is None else HARD_LIMIT):   # keep the newest
             self.counts.skipped += 1
             self._queue.popleft()
 
@@ -81,6 +90,10 @@ class TargetBuffer:
         if not queue:
             self.counts.underruns += 1
             return None
+        if self.still is not None:                   # the excess of a burst, where dropping it moves nothing
+            while len(queue) > self.max_queued and np.all(np.abs(queue[1][0] - queue[0][0]) <= self.still):
+                queue.popleft()
+                self.counts.skipped += 1
         self.counts.consumed += 1
         return queue.popleft()
 
