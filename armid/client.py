@@ -654,13 +654,15 @@ class ArmClient:
         >>> sample.q.shape, sample.fault
         ((6,), False)
         """
+        called_ns = time.time_ns()
         with self._sub_lock:
             newest = self._next(timeout_s)
-            while True:
-                more = self._next(0.0, raise_on_timeout=False)
+            while newest.host_time_ns < called_ns:       # a sample read after the call is new enough: a
+                more = self._next(0.0, raise_on_timeout=False)   # reader slower than the stream returns too
                 if more is None:
                     return newest
                 newest = more
+            return newest
 
     def samples(self, count: int | None = None, timeout_s: float | None = None) -> Iterator[Sample]:
         """Every sample from now on, in order.

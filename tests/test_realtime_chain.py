@@ -20,13 +20,16 @@ from driver import motion
 from ident.model import load_model
 from sim.drive_targets import FREE_RUNNING_DEPTH
 from firmware_bridge.runtime.rt_timing import rt_permission
-from stream_tap import StreamTap, motion_lag_cycles
+from armid.neighbours import Neighbours
+from armid.stream_tap import StreamTap, motion_lag_cycles
 
 # cycles beyond the buffer's depth that the chain adds to the lag: the target's way to the device (the driver
 # answers each sample within its cycle), the drives' interpolation (a cycle at 1 kHz) and their tracking of a
 # moving reference, and the state's way back
 LINK_AND_DRIVE_CYCLES = 3
 LAG_BOUND = FREE_RUNNING_DEPTH + LINK_AND_DRIVE_CYCLES
+LOAD_LINK_CYCLES = 3    # beside other real-time work on 2 cores the link and the driver's answer take up to this
+                        # many cycles more (5-8 measured with another engineer's two chains running as well)
 STALL_S = 0.15          # the driver process is stopped this long (SIGSTOP): a late burst of 150 targets follows
 A = np.array([0.25, -0.15, 0.2, 0.1, -0.2, 0.3])
 
@@ -138,3 +141,34 @@ def test_real_time_scheduling_is_off_where_the_environment_says_so(monkeypatch):
 
     said = []
     assert by_default(said.append) is None and said and "not permitted" in said[0]
+
+
+# -- with other real-time work beside it ---------------------------------------------------------------------------
+def test_beside_another_chain_and_millisecond_tickers_the_chain_runs_without_fault_and_starts_within_its_lag(
+        rig, tmp_path):
+    """Another free-running chain (moving) and two processes ticking every millisecond beside the chain: moves
+    there and back, a stall of the driver at rest between them. No fault, no state message lost, and each move
+    starts within the lag bound of the chain alone plus the link's extra latency under load (the first fifth of
+    its middle part): whatever a late burst
+    in the middle of a motion added (carried out in full, never dropped as a jump) is gone once the arm rests."""
+    run, client = rig
+    client.enable()
+    neighbours = Neighbours(tmp_path, chains=1, tickers=2, goal=A * 0.5)
+    try:
+        with StreamTap(run.state) as tap:
+            lags = [_move(client, tap, A * 0.8, 0.8)]
+            _stall(run.driver.pid)
+            lags.append(_move(client, tap, -A * 0.4, 0.8))
+            seq, flags, _, _ = tap.arrays()
+        status = client.status()
+        neighbour_faults = [chain.request(r.commands, cmd="status").get("fault") for r in neighbours.runs]
+    finally:
+        neighbours.stop()
+    print(f"beside neighbours: lag median {[round(float(np.median(x)), 2) for x in lags]}, max "
+          f"{[round(float(x.max()), 2) for x in lags]} cycles (bound {LAG_BOUND + LOAD_LINK_CYCLES} at the start); neighbours' faults: "
+          f"{neighbour_faults}")
+    assert not status.get("fault"), status.get("fault")
+    assert np.all(np.diff(seq) == 1), "state messages lost"
+    for lag in lags:
+        start = lag[: max(1, lag.size // 5)]
+        assert start.max() <= LAG_BOUND + LOAD_LINK_CYCLES, start

@@ -1,4 +1,4 @@
-"""A subscriber to a driver's state stream that keeps every message it hears (seq, flags, device time, q), and
+"""A subscriber to a driver's state stream that keeps every message it hears (seq, flags, device and host time, q),
 the command-to-motion lag measured from it in cycles (no wall clock).
 
 The lag: a motion advances one planned sample per fresh device sample (the driver on the device's clock, and
@@ -25,6 +25,7 @@ class StreamTap:
         self.seq: list[int] = []
         self.flags: list[int] = []
         self.device_ns: list[int] = []
+        self.host_ns: list[int] = []
         self.q: list[np.ndarray] = []
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -67,6 +68,7 @@ class StreamTap:
                         self.seq.append(int(m["seq"]))
                         self.flags.append(int(m["flags"]))
                         self.device_ns.append(int(m["device_time_ns"]))
+                        self.host_ns.append(int(m["host_time_ns"]))
                         self.q.append(np.array(m["q"], dtype=float))
         finally:
             sock.close(0)
@@ -81,6 +83,11 @@ class StreamTap:
             return (np.array(self.seq[start:], dtype=np.int64), np.array(self.flags[start:], dtype=np.int64),
                     np.array(self.device_ns[start:], dtype=np.int64),
                     np.array(self.q[start:]).reshape(-1, self.n))
+
+    def host_times(self, start: int = 0) -> np.ndarray:
+        """host_time_ns of the messages from index `start` on."""
+        with self._lock:
+            return np.array(self.host_ns[start:], dtype=np.int64)
 
 
 def motion_lag_cycles(flags: np.ndarray, q: np.ndarray, planned: np.ndarray, fraction: tuple[float, float] = (0.1, 0.9)
