@@ -46,6 +46,7 @@ JUMP_FACTOR = 3.0                   # a setpoint may move at most this times the
 INTAKE_SHARE = 0.1                  # of the cycle's period, the most a cycle spends reading setpoints: a client
                                     # flooding the socket cannot stall the cycle (1000 messages a cycle took 4.45 ms);
                                     # what it leaves waits in the socket (bounded by its high-water mark)
+MIN_INTAKE = 8                      # messages a cycle reads whatever the clock says (~40 us): a burst of a few
 
 TRACK, HOLD, END, STOP = "track", "hold", "end", "stop"
 MALFORMED_LOG_INTERVAL_S = 5.0      # undecodable setpoints: the first logged, then one line per interval
@@ -111,9 +112,11 @@ class ServoSession:
         """The setpoint of this cycle: the buffer's oldest (every arrival queued), or the newest that arrived."""
         newest = None
         stop_ns = time.perf_counter_ns() + self.intake_ns
-        while True:                         # until the socket is empty or the budget spent (one at least)
-            if time.perf_counter_ns() > stop_ns:
+        read = 0
+        while True:                         # until the socket is empty or the budget spent (MIN_INTAKE at least)
+            if read >= MIN_INTAKE and time.perf_counter_ns() > stop_ns:
                 break
+            read += 1
             try:
                 raw = self.sock.recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:
