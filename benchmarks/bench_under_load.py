@@ -138,7 +138,7 @@ def run_config(name: str, seconds: float, workdir: Path) -> dict:
                 k += 1
             out["driver_cpu"] = (chain.cpu_seconds(run.driver.pid) - cpu0) / (time.monotonic() - t0)
             seq, flags, device_ns, _ = tap.arrays()
-            host_ns = tap.host_times()
+            host_ns = tap.host_times()[: seq.size]          # the same messages as arrays() gave
             out["servo_held"] = _servo_held(client)
             out["quick_stop_cycles"] = _quick_stop_cycles(client, run, tap, model)
         fresh = (flags & stream.FLAG_STALE) == 0
