@@ -48,7 +48,6 @@ PLANNING = ("move_to", "run_trajectory")
 PLAN_REPLY_S = 90.0         # s to wait for a motion's reply: the driver plans it first (its planner's bound is
                             # 60 s; the first plan of a fresh install also compiles the planner's kernels)
 POLL_S = 0.05               # s between status polls while waiting
-LATEST_DRAIN_S = 0.1        # s latest() reads what has arrived at most (a reader slower than the stream)
 ARRIVED_TOLERANCE = 2e-3    # rad (m for prismatic joints): a waited-for motion has arrived when every measured
                             # joint is this close to the motion's goal
 SETTLE_S = 2.0              # s after the last target a waited-for motion has to arrive, else MotionFailed
@@ -655,10 +654,13 @@ class ArmClient:
         >>> sample.q.shape, sample.fault
         ((6,), False)
         """
+        called_ns = time.time_ns()
         with self._sub_lock:
             newest = self._next(timeout_s)
-            stop = time.monotonic() + LATEST_DRAIN_S
-            while time.monotonic() < stop:      # a reader slower than the stream returns too (bounded drain)
+            stop = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+            # what has arrived, up to a sample the driver read after this call (new enough: a reader slower than
+            # the stream returns too), within the timeout
+            while newest.host_time_ns < called_ns and time.monotonic() < stop:
                 more = self._next(0.0, raise_on_timeout=False)
                 if more is None:
                     return newest
