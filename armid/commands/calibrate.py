@@ -29,7 +29,7 @@ def register(sub) -> None:
                       help="what the sensor measures (default: position)")
     plan.add_argument("--candidates", type=int, default=500, help="random candidate poses (default 500)")
     plan.add_argument("--per-joint", type=int, default=0,
-                      help="use the seed's per-joint optimal sets (this many values per joint) and their product "
+                      help="use Pashkevich's per-joint optimal sets (this many values per joint) and their product "
                            "as the candidates instead of random poses")
     plan.add_argument("--noise", type=float, default=NOISE, help=NOISE_HELP)
     plan.add_argument("--seed", type=int, default=0, help="random seed of the candidates")

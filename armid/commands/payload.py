@@ -40,7 +40,7 @@ def register(sub) -> None:
                            "wrist joints only (the difference method then cannot work)")
     plan.add_argument("--speed", type=float, default=None, metavar="DEG_S",
                       help="torque-balance and static: constant sweep speed, deg/s (default: the method's; "
-                           "torque balance: the seed's 1 deg/s)")
+                           "torque balance: Gao, Zhao and Li's 1 deg/s)")
     plan.add_argument("--count", type=int, default=12, help="static: number of poses (default 12)")
     plan.add_argument("--seed", type=int, default=0, help="random seed of the optimisers")
     plan.set_defaults(run=_plan)
