@@ -427,7 +427,8 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
     A simulated recording of the generic6 arm along a shipped excitation, torques from RNEA with noise:
 
     >>> import numpy as np
-    >>> from ident import dynamics, excitation
+    >>> from ident.model import dynamics
+    >>> from ident.fit import excitation
     >>> from ident.fit.batch import identify
     >>> from ident.model import load_model
     >>> from ident.fit.preprocess import Recording

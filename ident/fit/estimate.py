@@ -193,7 +193,7 @@ def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import estimate
+    >>> from ident.fit import estimate
     >>> rng = np.random.default_rng(0)
     >>> W = rng.normal(size=(200, 2, 3))
     >>> y = W @ np.array([1.0, -2.0, 0.5])
@@ -239,7 +239,7 @@ def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
     Joint 2 is ten times noisier than joint 1; WLS finds each joint's noise and trusts joint 1 more:
 
     >>> import numpy as np
-    >>> from ident import estimate
+    >>> from ident.fit import estimate
     >>> rng = np.random.default_rng(1)
     >>> W = rng.normal(size=(5000, 2, 3))
     >>> y = W @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=(5000, 2)) * [0.01, 0.1]
@@ -275,7 +275,7 @@ def predict(W: np.ndarray, beta: np.ndarray) -> np.ndarray:
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import estimate
+    >>> from ident.fit import estimate
     >>> estimate.predict(np.ones((2, 1, 3)), np.array([1.0, 2.0, 3.0]))
     array([[6.],
            [6.]])
@@ -305,7 +305,7 @@ def prediction_errors(W: np.ndarray, y: np.ndarray, beta: np.ndarray) -> tuple[n
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import estimate
+    >>> from ident.fit import estimate
     >>> W = np.ones((4, 2, 1))
     >>> y = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
     >>> rms, relative = estimate.prediction_errors(W, y, np.array([1.5]))

@@ -290,7 +290,8 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
 
     >>> import tempfile, pathlib
     >>> import numpy as np
-    >>> from ident import dynamics, excitation
+    >>> from ident.model import dynamics
+    >>> from ident.fit import excitation
     >>> from ident.outputs.fleet import Job, identify_many
     >>> from ident.model import load_model
     >>> model = load_model("generic6")

@@ -370,7 +370,8 @@ def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path 
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics, excitation
+    >>> from ident.model import dynamics
+    >>> from ident.fit import excitation
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.dynamic import identify
