@@ -183,6 +183,7 @@ class Driver:
         self.metrics = metrics
         self.last_health: dict | None = None
         self._metrics_server = None
+        self._lateness = None            # driver.metrics.LatenessHistogram while metrics are served
         self.started_at = 0.0
         self.bound: dict[str, str] = {}
         self._recorder: threading.Thread | None = None
@@ -273,8 +274,10 @@ class Driver:
             from driver import metrics as prometheus
 
             try:
+                self._lateness = prometheus.LatenessHistogram()
                 self._metrics_server = prometheus.serve(self.metrics.address, lambda: self.last_health,
-                                                        tuple(self.model.joint_names), self.metrics.allow_remote)
+                                                        tuple(self.model.joint_names), self.metrics.allow_remote,
+                                                        self._lateness)
             except InputError:
                 self.stop()
                 raise
@@ -287,8 +290,7 @@ class Driver:
         if self.supervision is not None:
             self.supervision.stopping()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.close()
             self._metrics_server = None
         if self.cycle.running:
             try:
@@ -469,6 +471,8 @@ class Driver:
                "servo": self.servo_status(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
+        if self._lateness is not None:
+            self._lateness.update(c.lateness_ns, cycles)
         return msg
 
     def _record(self, endpoint: str) -> None:
