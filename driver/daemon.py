@@ -148,6 +148,8 @@ class Driver:
             if not is_local(endpoint) and endpoints.curve is None:
                 raise EndpointError(f"{label} endpoint {endpoint}: binding beyond loopback/ipc requires "
                                     f"CurveZMQ keys ([zmq.curve] server_secret_file and authorized_clients_dir)")
+        # read the keys now: a missing file stops the driver before it starts anything (the planner process)
+        self._curve_keys = None if endpoints.curve is None else load_curve_keys(endpoints.curve)
         self.model = model
         self.planning_model = model
         self.payload = np.zeros(10)
@@ -357,19 +359,9 @@ class Driver:
             self._auth = None
 
     def _secure(self, sock: zmq.Socket, curve: Curve) -> None:
-        import zmq.auth
         from zmq.auth.thread import ThreadAuthenticator
 
-        for label, path in (("server_secret_file", curve.server_secret_file),
-                            ("authorized_clients_dir", curve.authorized_clients_dir)):
-            if not os.path.exists(path):
-                raise EndpointError(f"zmq.curve.{label}: {path} does not exist")
-        try:
-            public, secret = zmq.auth.load_certificate(curve.server_secret_file)
-        except (OSError, ValueError) as exc:
-            raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file}: {exc}") from None
-        if secret is None:
-            raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file} holds no secret key")
+        public, secret = self._curve_keys
         if self._auth is None:          # one authenticator for every secured socket of this context
             self._auth = ThreadAuthenticator(self._ctx)
             self._auth.start()
@@ -514,6 +506,24 @@ class Driver:
                 self.cycle.set_health_payload(json.dumps(self.last_health, default=str).encode())
             except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
                 _log.error("health: %s: %s", type(exc).__name__, exc)
+
+
+def load_curve_keys(curve: Curve) -> tuple[bytes, bytes]:
+    """The server's (public, secret) CurveZMQ keys; EndpointError naming the file or folder that is missing or
+    holds no secret key."""
+    import zmq.auth
+
+    for label, path in (("server_secret_file", curve.server_secret_file),
+                        ("authorized_clients_dir", curve.authorized_clients_dir)):
+        if not os.path.exists(path):
+            raise EndpointError(f"zmq.curve.{label}: {path} does not exist")
+    try:
+        public, secret = zmq.auth.load_certificate(curve.server_secret_file)
+    except (OSError, ValueError) as exc:
+        raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file}: {exc}") from None
+    if secret is None:
+        raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file} holds no secret key")
+    return public, secret
 
 
 def check_payload(model: Model, mass: float, com) -> None:
