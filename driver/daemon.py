@@ -60,6 +60,8 @@ from ident.payload import payload_parameters
 HEALTH_PERIOD_S = 1.0
 _log = logging.getLogger(__name__)
 PLANNER_START_S = 60.0        # the longest start() waits for the planner process to load its kernels
+THREAD_STACK_BYTES = 4 << 20  # the driver's own threads' stacks while lock_memory is set (8 MiB each by default,
+                              # all of it resident once locked)
 SWITCH_INTERVAL_S = 0.0005    # the longest another Python thread holds the interpreter while the cycle waits
 _SEND = int(zmq.NOBLOCK)                    # plain ints: no enum arithmetic per message
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
@@ -194,7 +196,17 @@ class Driver:
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the planner process, open the link, bind the sockets, start the cycle, wait (at most
-        PLANNER_START_S) until the planner has loaded its kernels, start the command server."""
+        PLANNER_START_S) until the planner has loaded its kernels, start the command server. With lock_memory
+        the driver's threads start with THREAD_STACK_BYTES stacks."""
+        locking = self.realtime is not None and self.realtime.lock_memory
+        stack = threading.stack_size(THREAD_STACK_BYTES) if locking else None
+        try:
+            self._start()
+        finally:
+            if stack is not None:
+                threading.stack_size(stack)
+
+    def _start(self) -> None:
         self.planner.start()        # it loads its kernels meanwhile, at a lower priority than the cycle's
         try:
             self.arm.open()
