@@ -195,7 +195,7 @@ class ArmClient:
         >>> arm.request("no_such_command")
         Traceback (most recent call last):
         ...
-        armid.client.CommandRefused: no_such_command: ...
+        armid.client.CommandRefused: unknown command 'no_such_command' ...
         """
         message = json.dumps({"cmd": cmd, **fields}).encode()
         tries = 1 + (self.retries if cmd == "status" else 0)
@@ -213,7 +213,7 @@ class ArmClient:
                 raise NoReply(f"{self.commands_endpoint}: no reply to {cmd} within {timeout_s:g} s"
                               f"{f' x {tries}' if tries > 1 else ''}{again} (is the driver running there?)")
         if not reply.get("ok"):
-            raise CommandRefused(f"{cmd}: {reply.get('error', reply)}")
+            raise CommandRefused(str(reply.get("error", reply)))     # the driver's words name the command
         return reply
 
     def status(self) -> dict:
@@ -379,7 +379,7 @@ class ArmClient:
         >>> arm.move_to([0.0, 0.0, 9.0, 0.0, 0.0, 0.0])
         Traceback (most recent call last):
         ...
-        armid.client.CommandRefused: move_to: ...joint j3: goal 9...
+        armid.client.CommandRefused: move_to refused: joint j3: goal 9...
         """
         return self._motion(wait, "move_to", q=[float(x) for x in np.asarray(q, dtype=float).reshape(-1)],
                             speed=float(speed))

@@ -97,10 +97,8 @@ class Commands:
 
         try:
             return {"ok": True, **(fn() or {})}
-        except InputError as exc:
-            return {"ok": False, "error": str(exc)}
-        except (DriverFault, TimeoutError) as exc:
-            return {"ok": False, "error": f"{cmd}: {exc}"}
+        except (InputError, DriverFault, TimeoutError) as exc:
+            return {"ok": False, "error": named(cmd, str(exc))}
 
     def plan_job(self, raw: bytes) -> PlanJob:
         """What the planner needs for the motion request `raw`: the planning model (with the payload), the
@@ -161,6 +159,11 @@ class Commands:
         inertia = number_list(req, "inertia", 6) if "inertia" in req else [0.0] * 6
         self.driver.set_payload(mass, com, inertia)
         return {"payload": {"mass": mass, "com": com, "inertia": inertia}}
+
+
+def named(cmd: str, text: str) -> str:
+    """An error text that begins with the command it refuses: as it is when it does, else "cmd: text"."""
+    return text if text.startswith((f"{cmd}:", f"{cmd} ")) else f"{cmd}: {text}"
 
 
 def encode(obj: dict) -> bytes:

@@ -60,6 +60,8 @@ from ident.payload import payload_parameters
 HEALTH_PERIOD_S = 1.0
 _log = logging.getLogger(__name__)
 PLANNER_START_S = 60.0        # the longest start() waits for the planner process to load its kernels
+THREAD_STACK_BYTES = 4 << 20  # the driver's own threads' stacks while lock_memory is set (8 MiB each by default,
+                              # all of it resident once locked)
 SWITCH_INTERVAL_S = 0.0005    # the longest another Python thread holds the interpreter while the cycle waits
 _SEND = int(zmq.NOBLOCK)                    # plain ints: no enum arithmetic per message
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
@@ -148,6 +150,8 @@ class Driver:
             if not is_local(endpoint) and endpoints.curve is None:
                 raise EndpointError(f"{label} endpoint {endpoint}: binding beyond loopback/ipc requires "
                                     f"CurveZMQ keys ([zmq.curve] server_secret_file and authorized_clients_dir)")
+        # read the keys now: a missing file stops the driver before it starts anything (the planner process)
+        self._curve_keys = None if endpoints.curve is None else load_curve_keys(endpoints.curve)
         self.model = model
         self.planning_model = model
         self.payload = np.zeros(10)
@@ -183,6 +187,7 @@ class Driver:
         self.metrics = metrics
         self.last_health: dict | None = None
         self._metrics_server = None
+        self._lateness = None            # driver.metrics.LatenessHistogram while metrics are served
         self.started_at = 0.0
         self.bound: dict[str, str] = {}
         self._recorder: threading.Thread | None = None
@@ -191,7 +196,17 @@ class Driver:
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the planner process, open the link, bind the sockets, start the cycle, wait (at most
-        PLANNER_START_S) until the planner has loaded its kernels, start the command server."""
+        PLANNER_START_S) until the planner has loaded its kernels, start the command server. With lock_memory
+        the driver's threads start with THREAD_STACK_BYTES stacks."""
+        locking = self.realtime is not None and self.realtime.lock_memory
+        stack = threading.stack_size(THREAD_STACK_BYTES) if locking else None
+        try:
+            self._start()
+        finally:
+            if stack is not None:
+                threading.stack_size(stack)
+
+    def _start(self) -> None:
         self.planner.start()        # it loads its kernels meanwhile, at a lower priority than the cycle's
         try:
             self.arm.open()
@@ -273,8 +288,10 @@ class Driver:
             from driver import metrics as prometheus
 
             try:
+                self._lateness = prometheus.LatenessHistogram()
                 self._metrics_server = prometheus.serve(self.metrics.address, lambda: self.last_health,
-                                                        tuple(self.model.joint_names), self.metrics.allow_remote)
+                                                        tuple(self.model.joint_names), self.metrics.allow_remote,
+                                                        self._lateness)
             except InputError:
                 self.stop()
                 raise
@@ -287,8 +304,7 @@ class Driver:
         if self.supervision is not None:
             self.supervision.stopping()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.close()
             self._metrics_server = None
         if self.cycle.running:
             try:
@@ -355,19 +371,9 @@ class Driver:
             self._auth = None
 
     def _secure(self, sock: zmq.Socket, curve: Curve) -> None:
-        import zmq.auth
         from zmq.auth.thread import ThreadAuthenticator
 
-        for label, path in (("server_secret_file", curve.server_secret_file),
-                            ("authorized_clients_dir", curve.authorized_clients_dir)):
-            if not os.path.exists(path):
-                raise EndpointError(f"zmq.curve.{label}: {path} does not exist")
-        try:
-            public, secret = zmq.auth.load_certificate(curve.server_secret_file)
-        except (OSError, ValueError) as exc:
-            raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file}: {exc}") from None
-        if secret is None:
-            raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file} holds no secret key")
+        public, secret = self._curve_keys
         if self._auth is None:          # one authenticator for every secured socket of this context
             self._auth = ThreadAuthenticator(self._ctx)
             self._auth.start()
@@ -469,6 +475,8 @@ class Driver:
                "servo": self.servo_status(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
+        if self._lateness is not None:
+            self._lateness.update(c.lateness_ns, cycles)
         return msg
 
     def _record(self, endpoint: str) -> None:
@@ -510,6 +518,24 @@ class Driver:
                 self.cycle.set_health_payload(json.dumps(self.last_health, default=str).encode())
             except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
                 _log.error("health: %s: %s", type(exc).__name__, exc)
+
+
+def load_curve_keys(curve: Curve) -> tuple[bytes, bytes]:
+    """The server's (public, secret) CurveZMQ keys; EndpointError naming the file or folder that is missing or
+    holds no secret key."""
+    import zmq.auth
+
+    for label, path in (("server_secret_file", curve.server_secret_file),
+                        ("authorized_clients_dir", curve.authorized_clients_dir)):
+        if not os.path.exists(path):
+            raise EndpointError(f"zmq.curve.{label}: {path} does not exist")
+    try:
+        public, secret = zmq.auth.load_certificate(curve.server_secret_file)
+    except (OSError, ValueError) as exc:
+        raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file}: {exc}") from None
+    if secret is None:
+        raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file} holds no secret key")
+    return public, secret
 
 
 def check_payload(model: Model, mass: float, com) -> None:

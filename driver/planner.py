@@ -232,7 +232,10 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
     from driver.plan_requests import plan_request
 
     _warm_up(motion)
-    answers.send(("ready",))
+    try:
+        answers.send(("ready",))
+    except (OSError, ValueError):        # the daemon stopped while this process started: nothing to serve
+        return
     count = 0
     while True:
         try:

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import select
+import shutil
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from driver.config import load_config
 from driver.daemon import Driver, Endpoints
 from driver.hal import ArmCommand, ArmState, LinkError
 from driver.transports import open_arm
+from firmware_bridge.runtime.errors import InputError
 from driver.transports.serial_link import SAMPLE_RING, SerialArm, SerialOptionError
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge import stream
@@ -434,6 +436,18 @@ def test_deploy_example_config_builds_the_serial_arm(model):
     assert cfg.transport == "serial"
     arm = open_arm(cfg.transport, model, **cfg.transport_options)
     assert isinstance(arm, SerialArm) and arm.port == cfg.transport_options["port"]
+
+
+def test_the_deploy_config_copied_alone_says_to_create_its_trajectory_folder(tmp_path):
+    shutil.copy(ROOT / "deploy" / "driver-serial.toml", tmp_path / "driver.toml")
+    with pytest.raises(InputError) as refused:
+        load_config(tmp_path / "driver.toml")
+    folder = tmp_path / "trajectories"
+    text = str(refused.value)
+    assert text.startswith(f"{tmp_path / 'driver.toml'}: driver.trajectory_dir: the folder {folder} does not exist")
+    assert f"mkdir {folder}" in text and "\n" not in text
+    folder.mkdir()                                 # the step the running-the-daemon guide gives
+    assert load_config(tmp_path / "driver.toml").trajectory_dir == str(folder)
 
 
 # -- the simulator's device side in this process ---------------------------------------------------
