@@ -453,16 +453,38 @@ def flag_drift(rows: list[dict], sigma: float = DRIFT_SIGMA) -> list[dict]:
     return rows
 
 
+# The fleet table's columns before the base parameters, with their Arrow types: the same in every run whatever its
+# data says (a column no row fills is null of its type, never of Arrow's null type), so that the tables of nightly
+# runs concatenate. Then per base parameter NAME: NAME, NAME_std (float64) and NAME_drift (bool).
+TABLE_COLUMNS = (("arm_id", "string"), ("run", "string"), ("date", "string"), ("status", "string"),
+                 ("error", "string"), ("recording", "string"), ("model", "string"), ("result", "string"),
+                 ("samples", "int64"), ("lost_device_samples", "int64"), ("dropped_samples", "int64"),
+                 ("stale_repeats", "int64"), ("bridged_samples", "int64"), ("unused_samples", "int64"),
+                 ("segments", "int64"), ("rows", "int64"), ("cond", "float64"), ("residual_rms_max", "float64"),
+                 ("validation_relative_max", "float64"), ("warnings", "int64"), ("previous_run", "string"),
+                 ("drifted", "string"))
+
+
+def table_schema(rows: list[dict]):
+    """The fleet table's pyarrow schema: TABLE_COLUMNS, then NAME, NAME_std, NAME_drift per base parameter of the
+    rows (ident.fleet.parameter_names' order)."""
+    import pyarrow as pa
+
+    fields = [pa.field(name, getattr(pa, kind)()) for name, kind in TABLE_COLUMNS]
+    for name in parameter_names(rows):
+        fields += [pa.field(name, pa.float64()), pa.field(f"{name}_std", pa.float64()),
+                   pa.field(f"{name}_drift", pa.bool_())]
+    return pa.schema(fields)
+
+
 def write_table(rows: list[dict], out: str | Path) -> dict[str, Path]:
-    """fleet.parquet and fleet.csv (pyarrow) in out: one row per arm and run, the columns of every row."""
+    """fleet.parquet and fleet.csv (pyarrow) in out: one row per arm and run, the columns of table_schema."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    columns: dict[str, None] = {}
-    for r in rows:
-        columns.update(dict.fromkeys(r))
-    table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows])
+    schema = table_schema(rows)
+    table = pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows], schema=schema)
     out = Path(out)
     pq.write_table(table, out / "fleet.parquet")
     pacsv.write_csv(table, out / "fleet.csv")

@@ -152,6 +152,56 @@ def test_fleet_report_names_the_drift_and_the_failure(serial):
     assert (plots / "fc2.png").stat().st_size > 1000 and len(list(plots.glob("*.png"))) == 58
 
 
+def _overlapping_tick_labels(fig) -> list[tuple[str, str]]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    return [(labels[i].get_text(), labels[k].get_text()) for i in range(len(boxes)) for k in range(i + 1, len(boxes))
+            if boxes[i].overlaps(boxes[k])]
+
+
+@pytest.mark.parametrize("nights", [3, 30])
+def test_fleet_plots_date_ticks_do_not_overlap(serial, nights):
+    from datetime import datetime, timedelta
+
+    from ident import fleet_report
+
+    ok = [r for r in serial.rows if r["status"] == "ok"]
+    if nights != len(DATES):         # the same runs spread over a month of nights
+        start = datetime.fromisoformat(DATES[0])
+        ok = [dict(r, date=(start + timedelta(days=(nights - 1) * DATES.index(r["date"]) // 2)).isoformat())
+              for r in ok]
+    xs, xlabel = fleet_report._x(ok)
+    assert xlabel == "date"
+    fig = fleet_report._figure("fc2", ok, xs, xlabel, legend=True)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert len(labels) >= 2 and _overlapping_tick_labels(fig) == []
+
+
+def test_tables_of_two_fleet_runs_concatenate_without_promotion(fleet_dir, serial, tmp_path):
+    """A later night whose recording states its lost samples, on an arm with no previous run in that table: its
+    columns have the types of the first table's, though none of its values says which."""
+    import pyarrow as pa
+
+    model = load_model("generic6")
+    t, q, qd, qdd = excitation.preset("seed000").sample(RATE)
+    tau = dynamics.rnea(model, q, qd, qdd) + np.random.default_rng(9).normal(0, NOISE, q.shape)
+    write_csv(tmp_path / "night9.csv", t, q, tau, fields={"lost_samples": 0})
+    later = fleet.identify_many([fleet.Job("A", "generic6", str(tmp_path / "night9.csv"), date="2026-03-09")],
+                                tmp_path / "out", {"trajectory": excitation.preset("seed000")}, scheduler="serial",
+                                progress=False, report=False)
+    first, second = pq.read_table(serial.written["table"]), pq.read_table(later.written["table"])
+    assert second.column("lost_device_samples").to_pylist() == [0]
+    both = pa.concat_tables([first, second])          # no promotion: the schemas must be equal
+    assert both.num_rows == len(serial.rows) + 1
+    assert both.schema.field("lost_device_samples").type == pa.int64()
+    assert both.schema.field("drifted").type == pa.string()
+    assert both.schema.field("fc2_drift").type == pa.bool_()
+
+
 def test_cli_manifest_on_a_scheduler_address(fleet_dir, serial, capsys):
     with fleet.local_cluster(2, processes=False) as cluster:
         code = cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "cli"), "--trajectory",
