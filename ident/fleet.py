@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from firmware_bridge.errors import quoted
 from ident.errors import InputError
 
 DRIFT_SIGMA = 3.0
@@ -56,15 +57,29 @@ class Job:
         return Path(root) / _SAFE.sub("_", self.arm_id) / self.run
 
 
+SNIFF_BYTES = 4096    # what is_manifest reads of a file: a manifest's first line is shorter
+
+
 def is_manifest(path: str | Path) -> bool:
-    """Whether path is a fleet manifest: a CSV file whose first line names the columns arm_id, model and
-    recording (a recording's first line names t, q1, ...)."""
+    """Whether path is a fleet manifest: a CSV file whose first line (within its first SNIFF_BYTES) names the
+    columns arm_id, model and recording (a recording's first line names t, q1, ...). Reads at most SNIFF_BYTES:
+    anything else (a binary file, a first line too long) is no manifest, and the recording's reader judges it."""
     p = Path(path)
     if p.suffix.lower() != ".csv" or not p.is_file():
         return False
-    with open(p, newline="", encoding="utf-8", errors="replace") as f:
-        head = next(csv.reader(f), [])
-    return set(REQUIRED_COLUMNS) <= {h.strip() for h in head}
+    try:
+        with open(p, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    first, newline, _ = head.partition(b"\n")
+    if b"\0" in first or not (newline or len(head) < SNIFF_BYTES):
+        return False
+    try:
+        names = next(csv.reader([first.decode("utf-8-sig", errors="replace")]), [])
+    except csv.Error:
+        return False
+    return set(REQUIRED_COLUMNS) <= {h.strip() for h in names}
 
 
 def is_glob(text: str) -> bool:
@@ -80,12 +95,22 @@ def read_manifest(path: str | Path) -> list[Job]:
     date that is not ISO 8601, the same arm and run twice.
     """
     path = Path(path)
-    base = path.parent
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read the manifest: {exc}") from None
+    if "\0" in text:
+        raise InputError(f"{path}: line {text.count(chr(10), 0, text.index(chr(0))) + 1}: a NUL byte: not a text "
+                         "CSV manifest")
     reader = csv.DictReader(text.splitlines())
+    try:
+        return _manifest_jobs(path, reader)
+    except csv.Error as exc:       # a field over csv's size limit, a stray quote
+        raise InputError(f"{path}: line {reader.reader.line_num}: {exc}") from None
+
+
+def _manifest_jobs(path: Path, reader: csv.DictReader) -> list[Job]:
+    base = path.parent
     columns = [c.strip() for c in reader.fieldnames or []]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     unknown = [c for c in columns if c not in MANIFEST_COLUMNS]
@@ -108,7 +133,7 @@ def read_manifest(path: str | Path) -> list[Job]:
                 datetime.fromisoformat(date)
             except ValueError:
                 raise InputError(f"{path}: line {line}: column date: expected an ISO 8601 date or time, "
-                                 f"got {date!r}") from None
+                                 f"got {quoted(date)}") from None
 
         def local(p: str) -> str:
             return str(base / p) if not Path(p).is_absolute() else p

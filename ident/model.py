@@ -23,6 +23,8 @@ INERTIAL_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m")
 DRIVE_NAMES = ("Ia", "fc", "fv", "offset")
 PARAMS_PER_JOINT = len(INERTIAL_NAMES) + len(DRIVE_NAMES)  # 14
 SHIPPED_DIR = "models"
+MAX_JOINTS = 32  # movable joints a model may have: a serial arm has 6 or 7 (a chain's base parameters take time
+#                  growing with the cube of the count: `armid model show` took 40 s at 32 joints, 3 min at 64)
 MAX_ABS = 1e9    # no number of an arm's model in SI units comes near (1e300 is a slip, and overflows the kernels);
 #                  limits excepted: 1e16 is how many files say "none"
 
@@ -187,6 +189,8 @@ def build_model(name: str, source: str, joints: list[JointSpec], gravity, flange
     """Freeze a list of JointSpec into a Model; flange_frame names the frame (flange_R, flange_p)."""
     if not joints:
         raise ModelError(source, "joint", "at least one movable joint")
+    if len(joints) > MAX_JOINTS:
+        raise ModelError(source, "joint", f"at most {MAX_JOINTS} movable joints", len(joints))
     dh = None
     if all(j.dh is not None for j in joints):
         dh = _frozen([j.dh for j in joints])

@@ -25,6 +25,7 @@ from armid.jit import is_compile_line
 from armid.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_LINE_CHARS = 400         # the error line (the case's folder aside): a file's text is quoted in short
 CASE_TIMEOUT_S = 60          # any case: exit long before this (a hang or a huge allocation would not)
 GENERIC6 = (ROOT / "ident" / "models" / "generic6.toml").read_text()
 
@@ -47,6 +48,24 @@ URDF = """<robot name="mini">
   <joint name="j2" type="revolute"><parent link="l1"/><child link="l2"/><origin xyz="0 0 0.2"/><axis xyz="0 1 0"/>
     <limit lower="-2" upper="2" velocity="3" effort="40"/></joint>
 </robot>"""
+
+
+def _long_model(d: Path, joints: int) -> Path:
+    """generic6 with its second joint repeated: `joints` [[joint]] tables."""
+    head, _, rest = GENERIC6.partition("[[joint]]")
+    second = "[[joint]]" + rest.split("[[joint]]")[1]
+    (d / "arm.toml").write_text(head + second * joints)
+    return d / "arm.toml"
+
+
+def _long_urdf(d: Path, joints: int) -> Path:
+    """A chain of `joints` revolute joints."""
+    links = "".join(f'<link name="l{k}"><inertial><mass value="1"/><inertia ixx="0.01" ixy="0" ixz="0" iyy="0.01" '
+                    f'iyz="0" izz="0.01"/></inertial></link>' for k in range(1, joints + 1))
+    chain = "".join(f'<joint name="j{k}" type="continuous"><parent link="l{k - 1}"/><child link="l{k}"/>'
+                    f'<origin xyz="0 0 0.1"/><axis xyz="0 0 1"/></joint>' for k in range(1, joints + 1))
+    (d / "arm.urdf").write_text(f'<robot name="snake"><link name="l0"/>{links}{chain}</robot>')
+    return d / "arm.urdf"
 
 
 def _urdf(d: Path, old: str, new: str) -> Path:
@@ -162,6 +181,21 @@ def _first_chunk(data: bytearray) -> int:
     return next(at for op, at in _records(data) if op == 0x06)
 
 
+def _sparse(d: Path, name: str, size: int, lead: bytes = b"") -> Path:
+    """A file of `size` bytes that starts with lead, the rest NUL bytes, made sparse (truncate): cheap however
+    large, and read back as NULs."""
+    path = d / name
+    path.write_bytes(lead)
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    return path
+
+
+def _manifest(d: Path, first_line: str, *lines: str) -> Path:
+    (d / "manifest.csv").write_text("\n".join([first_line, *lines]) + "\n")
+    return d / "manifest.csv"
+
+
 def _config(d: Path, body: str, name: str = "driver.toml") -> Path:
     """A driver config on ipc endpoints in d (nothing binds a TCP port), with `body` appended."""
     text = f'[zmq]\nstate = "ipc://{d}/state"\ncommands = "ipc://{d}/commands"\n' + body
@@ -212,6 +246,10 @@ CASES = [
          ("arm.urdf", "link[l2].inertial.inertia", "triangle")),
     Case("urdf-negative-inertia", lambda d: ["model", "show", str(_urdf(d, 'izz="0.005"', 'izz="-0.005"'))],
          ("arm.urdf", "link[l1].inertial.inertia", "negative eigenvalue")),
+    Case("model-300-joints", lambda d: ["model", "show", str(_long_model(d, 300))],
+         ("arm.toml", "joint", "at most 32 movable joints", "got 300")),
+    Case("urdf-40-joints", lambda d: ["model", "show", str(_long_urdf(d, 40))],
+         ("arm.urdf", "joint", "at most 32 movable joints", "got 40")),
     # trajectories
     Case("trajectory-base-frequency-1e-9", lambda d: ["excite", "check", str(_trajectory(
         d, base_frequency="base_frequency = 1e-9", period="")), "--model", "generic6"],
@@ -247,6 +285,32 @@ CASES = [
     Case("csv-header-only", lambda d: ["identify", str(_csv(d, lambda ls: ls.__delitem__(slice(1, None)))),
                                        "--model", "generic6", "-o", str(d / "out"), "--quiet"],
          ("run.csv", "no data rows")),
+    Case("csv-1-gib-of-nul-bytes", lambda d: ["identify", str(_sparse(d, "run.csv", 2 ** 30)), "--model", "generic6",
+                                              "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 1", "NUL byte")),
+    Case("csv-nul-bytes-after-a-header", lambda d: ["identify", str(_sparse(d, "run.csv", 2 ** 30, b"# lost_samples = 0\n"
+                                                    + _recording_rows()[0].encode() + b"\n")), "--model", "generic6",
+                                                    "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 3", "NUL byte")),
+    Case("csv-first-field-over-128-kib", lambda d: ["identify", str(_write(d, "run.csv", "x" * 200_000 + ",q1\n0,1\n")),
+                                                    "--model", "generic6", "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 1", "longer than 64 KiB")),
+    Case("csv-column-name-of-60-kib", lambda d: ["identify", str(_write(d, "run.csv", "t,q1," + "y" * 60_000 + "\n0,1,2\n")),
+                                                 "--model", "generic6", "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 1", "column 3", "60000 characters")),
+    Case("csv-not-utf8", lambda d: ["identify", str(_sparse(d, "run.csv", 7, b"# caf\xe9\n")), "--model",
+                                    "generic6", "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 1", "UTF-8")),
+    Case("manifest-first-field-over-128-kib", lambda d: ["identify", str(_manifest(d, "a" * 200_000 + ",model,recording")),
+                                                         "-o", str(d / "out"), "--quiet"],
+         ("manifest.csv", "--model", "no manifest", "arm_id, model, recording")),
+    Case("manifest-field-over-128-kib", lambda d: ["identify", str(_manifest(
+        d, "arm_id,model,recording", "a,generic6,run.csv", "b,generic6," + "r" * 200_000)), "-o", str(d / "out"),
+        "--quiet"],
+         ("manifest.csv", "line 3", "field larger than field limit")),
+    Case("manifest-nul-bytes", lambda d: ["identify", str(_manifest(d, "arm_id,model,recording", "a,generic6,\0\0")),
+                                          "-o", str(d / "out"), "--quiet"],
+         ("manifest.csv", "line 2", "NUL byte")),
     Case("npz-1e300", lambda d: ["identify", str(_npz(d, tau=np.full((120, 6), 1e300))), "--model", "generic6",
                                  "-o", str(d / "out"), "--quiet"],
          ("run.npz", "sample 0", "column tau1", "out of range")),
@@ -404,6 +468,8 @@ def _check_line(err: str, case: Case, code: int, folder: Path) -> None:
     assert code == 2, f"exit status {code}, stderr: {err}"
     lines = [line for line in err.splitlines() if not is_compile_line(line)]   # a cold cache's compile notices
     assert len(lines) == 1 and lines[0].startswith("armid: "), err
+    quoted_text = lines[0].replace(str(folder), "")     # what is left: the message and what it quotes of the file
+    assert len(quoted_text) < MAX_LINE_CHARS, f"{len(quoted_text)} characters: {lines[0][:300]}..."
     for name in (n.format(dir=folder) for n in case.names):
         assert name in lines[0], f"{name!r} not named in: {lines[0]}"
 

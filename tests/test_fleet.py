@@ -214,6 +214,23 @@ def test_cli_manifest_on_a_scheduler_address(fleet_dir, serial, capsys):
         assert rows[key].get("fc2") == want.get("fc2")
 
 
+def test_a_gib_of_nul_bytes_in_a_manifest_fails_that_recording_briefly_and_the_table_is_written(fleet_dir, tmp_path,
+                                                                                                 capsys):
+    nul = tmp_path / "nul.csv"
+    with open(nul, "wb") as f:
+        f.truncate(2 ** 30)                 # sparse: cheap to make, read back as NUL bytes
+    (tmp_path / "manifest.csv").write_text(f"arm_id,model,recording\nA,generic6,{fleet_dir / 'A' / 'night0.csv'}\n"
+                                           f"Z,generic6,{nul}\n")
+    code = cli.main(["identify", str(tmp_path / "manifest.csv"), "-o", str(tmp_path / "out"), "--trajectory",
+                     "seed000", "--scheduler", "serial", "--no-report", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    failed = [line for line in out.splitlines() if line.startswith("failed:")]
+    assert len(failed) == 1 and "nul.csv: line 1: a NUL byte" in failed[0] and len(failed[0]) < 400, failed
+    rows = by_key(pq.read_table(tmp_path / "out" / "fleet.parquet").to_pylist())
+    assert rows[("A", "night0")]["status"] == "ok" and rows[("Z", "nul")]["status"] == "failed"
+
+
 def test_glob_takes_the_arm_from_the_folder(fleet_dir):
     jobs = fleet.jobs_from_glob(str(fleet_dir / "[ABC]" / "night*.csv"), "generic6")
     assert [(j.arm_id, j.run) for j in jobs] == [(a, f"night{r}") for a in ARMS for r in range(3)]

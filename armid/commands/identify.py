@@ -94,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     if fleet.is_manifest(args.data) or (fleet.is_glob(args.data) and not Path(args.data).exists()):
         return run_fleet(args)
     if args.model is None:
+        if Path(args.data).suffix.lower() == ".csv":
+            raise InputError(f"--model: required for a recording ({args.data} is no manifest: its first line does "
+                             f"not name the columns {', '.join(fleet.REQUIRED_COLUMNS)} within "
+                             f"{fleet.SNIFF_BYTES} bytes)")
         raise InputError("--model: required for a recording (only a manifest names the models itself)")
     verbose = not args.quiet
     if args.resample is not None and not (args.resample > 0 and args.resample < float("inf")):
