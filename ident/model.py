@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ident import spatial
-from firmware_bridge.errors import InputError
+from firmware_bridge.errors import QUOTE_CHARS, InputError
 
 REVOLUTE, PRISMATIC = 0, 1
 INERTIAL_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m")
@@ -34,7 +34,9 @@ class ModelError(InputError):
 
     def __init__(self, source: str, field: str, expected: str, got: object = None):
         self.source, self.field, self.expected = source, field, expected
-        tail = "" if got is None else f", got {got!r}"
+        got_text = repr(got)      # a file's value: quoted at most QUOTE_CHARS long, however long it is
+        tail = "" if got is None else f", got {got_text[:QUOTE_CHARS]}" + (
+            f"... ({len(got_text)} characters)" if len(got_text) > QUOTE_CHARS else "")
         super().__init__(f"{source}: {field}: expected {expected}{tail}")
 
 

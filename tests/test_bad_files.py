@@ -8,6 +8,7 @@ them as `python -m armid.cli` to prove that nothing else reaches stderr.
 """
 from __future__ import annotations
 
+import re
 import signal
 import struct
 import subprocess
@@ -196,6 +197,19 @@ def _manifest(d: Path, first_line: str, *lines: str) -> Path:
     return d / "manifest.csv"
 
 
+def _measurements_in_mm(d: Path) -> Path:
+    """generic6's tool points at 30 random poses, written in mm instead of metres (all within the range check)."""
+    from ident.calibration.model import from_model, tool_pose
+    from ident.model import load_model
+
+    cm = from_model(load_model("generic6"))
+    q = np.random.default_rng(2).uniform(-1.5, 1.5, (30, 6))
+    points = tool_pose(cm, q)[:, :3, 3] * 1000.0
+    assert np.abs(points).max() < 1e3
+    (d / "meas.csv").write_text("\n".join(",".join(repr(float(v)) for v in row) for row in np.hstack([q, points])))
+    return d / "meas.csv"
+
+
 def _config(d: Path, body: str, name: str = "driver.toml") -> Path:
     """A driver config on ipc endpoints in d (nothing binds a TCP port), with `body` appended."""
     text = f'[zmq]\nstate = "ipc://{d}/state"\ncommands = "ipc://{d}/commands"\n' + body
@@ -333,6 +347,9 @@ CASES = [
     Case("calibration-inf", lambda d: ["calibrate", "identify", str(_measurements(d, 5, 0, "inf")),
                                        "--model", "generic6", "-o", str(d / "out")],
          ("meas.csv", "line 5", "column 1", "not finite")),
+    Case("calibration-positions-in-mm", lambda d: ["calibrate", "identify", str(_measurements_in_mm(d)),
+                                                   "--model", "generic6", "-o", str(d / "out")],
+         ("meas.csv", "column", "in mm?", "metres")),
     Case("calibration-plan-1e9-candidates", lambda d: ["calibrate", "plan", "--model", "generic6", "--count", "40",
                                                        "--candidates", "1000000000", "-o", str(d / "p.csv")],
          ("candidates", "1..100000")),
@@ -504,3 +521,105 @@ def test_a_bad_file_gives_the_armid_process_one_line_on_stderr_and_no_traceback(
     run = subprocess.run([sys.executable, "-m", "armid.cli", *argv], cwd=tmp_path, capture_output=True, text=True,
                          timeout=CASE_TIMEOUT_S + 60)
     _check_line(run.stderr, case, run.returncode, tmp_path)
+
+
+# -- mutated files: seeded, a bounded number of each kind ------------------------------------------------------
+# Each mutation makes a file bad in a way that must be refused wherever it lands; the command must exit 2 with one
+# line naming the file (and, where the mutation fixes it, the line or field), no traceback, in bounded time.
+FUZZ_SEED = 20260301
+BAD_CELLS = ("nan", "inf", "-inf", "", "abc", "1.2.3", "1e999", "\0", "1,2", "--1", "0x1F", "1e300")
+BAD_TOML_NUMBERS = ("nan", '"text"', "true", "{}", "[]", "1e300", "-nan")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])")
+
+
+def _mutated_csv(d: Path, rng: np.random.Generator) -> tuple[list[str], tuple[str, ...]]:
+    """A recording with one data cell replaced by a token that is no finite number in range."""
+    line, column = int(rng.integers(2, 122)), int(rng.integers(0, 13))
+    tokens = [t for t in BAD_CELLS if not (column == 0 and t == "1e300")]  # a huge time is a later line's fault
+    path = _csv(d, lambda ls: _cell(ls, line, column, str(rng.choice(tokens))))
+    return ["identify", str(path), "--model", "generic6", "-o", str(d / "out"), "--quiet"], ("run.csv", f"line {line}")
+
+
+def _mutated_toml(d: Path, rng: np.random.Generator) -> tuple[list[str], tuple[str, ...]]:
+    """generic6 with one number of a joint's tables replaced by a value no field takes."""
+    lines = GENERIC6.splitlines()
+    joint, spots = -1, []
+    for k, text in enumerate(lines):
+        joint += text.startswith("[[joint]]")
+        table = text.split("=", 1)[0].strip()
+        if joint >= 0 and table in ("dh", "link", "drive", "limits"):
+            spots += [(k, m.span(), f"joint[{joint}].{table}") for m in _NUMBER.finditer(text.split("=", 1)[1])]
+    k, (a, b), field = spots[int(rng.integers(len(spots)))]
+    head, value = lines[k].split("=", 1)
+    lines[k] = f"{head}={value[:a]}{rng.choice(BAD_TOML_NUMBERS)}{value[b:]}"
+    (d / "arm.toml").write_text("\n".join(lines) + "\n")
+    return ["model", "show", str(d / "arm.toml")], ("arm.toml", field)
+
+
+def _mutated_manifest(d: Path, rng: np.random.Generator) -> tuple[list[str], tuple[str, ...]]:
+    """A manifest of 8 runs with one defect on a random line."""
+    rows = [["arm_id", "model", "recording", "date"]] + [
+        [f"arm{k % 3}", "generic6", f"r{k}.csv", f"2026-03-{k + 1:02d}T02:00"] for k in range(8)]
+    line = int(rng.integers(2, len(rows) + 1))
+    row = rows[line - 1]
+    kind = int(rng.integers(6))
+    if kind == 0:
+        row[int(rng.integers(3))] = ""                               # a required value missing
+    elif kind == 1:
+        row[3] = str(rng.choice(["2026-13-01", "yesterday", "1e9", "2026-03-01T25:00"]))
+    elif kind == 2:
+        row.append("extra")                                          # more fields than columns
+    elif kind == 3:
+        row[0] = row[0][:1] + "\0" + row[0][1:]
+    elif kind == 4:
+        rows[line - 1] = list(rows[1 if line != 2 else 2])           # the same arm and run twice
+        line = max(line, 3)
+    else:
+        column = int(rng.integers(4))
+        rows[0][column] += "x"                                       # an unknown column
+        line = 1
+    (d / "manifest.csv").write_text("\n".join(",".join(r) for r in rows) + "\n")
+    names = ("manifest.csv", f"line {line}")
+    if kind == 5 and column < 3:       # without its required columns the file is no manifest: a recording needs --model
+        names = ("manifest.csv", "--model", "no manifest", "arm_id, model, recording")
+    return ["identify", str(d / "manifest.csv"), "-o", str(d / "out"), "--quiet"], names
+
+
+@pytest.fixture(scope="module")
+def good_mcap(tmp_path_factory) -> bytes:
+    return _mcap(tmp_path_factory.mktemp("mcap")).read_bytes()
+
+
+FUZZ = {"csv": (_mutated_csv, 24), "toml": (_mutated_toml, 24), "manifest": (_mutated_manifest, 24), "mcap": (None, 40)}
+
+
+@pytest.mark.parametrize("kind", list(FUZZ))
+def test_every_mutated_file_exits_2_with_one_line_naming_it(kind, good_mcap, tmp_path, capsys, monkeypatch):
+    make, count = FUZZ[kind]
+    rng = np.random.default_rng([FUZZ_SEED, list(FUZZ).index(kind)])
+    monkeypatch.chdir(tmp_path)
+    failures = []
+    for k in range(count):
+        d = tmp_path / str(k)
+        d.mkdir()
+        if kind == "mcap":       # one byte changed anywhere: every record is under a CRC, or is the magic
+            data = bytearray(good_mcap)
+            at = int(rng.integers(len(data)))
+            data[at] ^= int(rng.integers(1, 256))
+            (d / "run.mcap").write_bytes(bytes(data))
+            argv, names = ["record", "convert", str(d / "run.mcap"), "-o", str(d / "run.npz")], ("run.mcap",)
+        else:
+            argv, names = make(d, rng)
+        capsys.readouterr()
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(CASE_TIMEOUT_S)
+        try:
+            code = main(argv)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        try:
+            _check_line(capsys.readouterr().err, Case(f"{kind}-{k}", lambda _: argv, names), code, d)
+        except AssertionError as exc:
+            failures.append(f"{kind} mutation {k} ({' '.join(argv[:2])}): {str(exc).splitlines()[0][:300]}")
+    assert not failures, "\n".join(failures)
