@@ -293,7 +293,8 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
     scheduler : str, optional
         None: a dask.distributed LocalCluster of `workers` processes (default: one per core), one thread each;
         an address ("tcp://host:8786"): that Dask scheduler (its workers must see the files and `out` at the same
-        paths); "serial": a plain loop in this process, no Dask.
+        paths, and should run one thread each with NUMBA_NUM_THREADS=1 in their environment: the tasks are the
+        parallelism); "serial": a plain loop in this process, no Dask.
     client : distributed.Client, optional
         An existing client to submit to (scheduler is then ignored); it is not closed.
     workers : int, optional
