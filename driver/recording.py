@@ -7,8 +7,8 @@
 The file is read as a stream (mcap's StreamReader), never through its summary, so a file that a killed
 recorder left without summary and footer reads up to its last complete chunk; the rest is reported, not
 guessed. Every CRC the file carries is checked: each chunk's, the data section's (DataEnd: the metadata and
-everything else before it) and, in a complete file, the summary section's (Footer). A file that is not MCAP, is corrupt before its end, or holds no
-/armid/state messages gives one RecordingError naming the file.
+everything else before it) and, in a complete file, the summary section's (Footer). A file that is not MCAP,
+is corrupt before its end, or holds no /armid/state messages gives one RecordingError naming the file.
 """
 from __future__ import annotations
 
