@@ -202,6 +202,14 @@ def test_tables_of_two_fleet_runs_concatenate_without_promotion(fleet_dir, seria
     assert both.schema.field("fc2_drift").type == pa.bool_()
 
 
+def test_drifted_is_null_exactly_when_the_run_was_compared_with_none(serial):
+    for r in serial.rows:
+        compared = r["status"] == "ok" and r.get("previous_run") is not None
+        assert (r.get("drifted") is not None) == compared, r["arm_id"]
+        if compared and not any(r.get(f"{n}_drift") for n in fleet.parameter_names([r])):
+            assert r["drifted"] == ""
+
+
 def test_cli_manifest_on_a_scheduler_address(fleet_dir, serial, capsys):
     with fleet.local_cluster(2, processes=False) as cluster:
         code = cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "cli"), "--trajectory",
