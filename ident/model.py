@@ -25,6 +25,7 @@ PARAMS_PER_JOINT = len(INERTIAL_NAMES) + len(DRIVE_NAMES)  # 14
 SHIPPED_DIR = "models"
 MAX_JOINTS = 32  # movable joints a model may have: a serial arm has 6 or 7 (a chain's base parameters take time
 #                  growing with the cube of the count: `armid model show` took 40 s at 32 joints, 3 min at 64)
+MAX_MODEL_BYTES = 16 << 20   # a model file (TOML or URDF) is judged from its size first: 32 joints take kilobytes
 MAX_ABS = 1e9    # no number of an arm's model in SI units comes near (1e300 is a slip, and overflows the kernels);
 #                  limits excepted: 1e16 is how many files say "none"
 
@@ -491,6 +492,9 @@ def load_model(path: str | Path, tip: str = "") -> Model:
         raise ModelError(text, "(name)", "a .toml or .urdf path, or a shipped model: " + ", ".join(shipped_models()))
     if not p.is_file():
         raise ModelError(text, "(file)", "an existing file")
+    size = p.stat().st_size
+    if size > MAX_MODEL_BYTES:
+        raise ModelError(text, "(file)", f"a model file of at most {MAX_MODEL_BYTES >> 20} MiB", f"{size} bytes")
     if p.suffix.lower() == ".toml":
         return _load_toml(p, tip)
     from ident import urdf
