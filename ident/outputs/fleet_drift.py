@@ -34,7 +34,8 @@ def parameter_names(rows: list[dict]) -> list[str]:
 def flag_drift(rows: list[dict], sigma: float = DRIFT_SIGMA) -> list[dict]:
     """The rows with drift columns: previous_run (the arm's previous successful run, None for its first),
     NAME_drift per base parameter (True when it moved by more than sigma combined standard deviations from
-    previous_run, None without a previous run) and drifted (the flagged names, ";"-separated)."""
+    previous_run, None without a previous run) and drifted (the flagged names, ";"-separated: "" when none
+    moved, None when the run was compared with none: an arm's first run, or a failed run)."""
     rows = [dict(r) for r in rows]
     names = parameter_names(rows)
     by_arm: dict[str, list[tuple[int, dict]]] = {}
@@ -57,6 +58,6 @@ def flag_drift(rows: list[dict], sigma: float = DRIFT_SIGMA) -> list[dict]:
                 r[f"{name}_drift"] = bool(moved > bound)
                 if moved > bound:
                     flagged.append(name)
-            r["drifted"] = ";".join(flagged)
+            r["drifted"] = None if previous is None else ";".join(flagged)
             previous = r
     return rows
