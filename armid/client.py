@@ -514,7 +514,7 @@ class ArmClient:
         fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)}) \
             | ({} if buffer_cycles is None else {"buffer_cycles": int(buffer_cycles)})
         reply = self.request("servo", **fields)
-        return ServoStream(self, reply["endpoint"], mode)
+        return ServoStream(self, reply["endpoint"], mode, int(reply["token"]))
 
     def wait_motion(self, timeout_s: float, progress: Callable[[float], object] | None = None) -> dict:
         """Block until no motion runs.
@@ -818,18 +818,21 @@ class ArmClient:
 
 
 class ServoStream:
-    """Setpoints to the driver's servo socket (firmware_bridge.servo_wire), from ArmClient.servo. send() never
-    blocks: a setpoint the socket cannot queue (the driver is gone or far behind) is counted in `dropped`."""
+    """Setpoints to the driver's servo socket (firmware_bridge.servo_wire), from ArmClient.servo, each carrying the
+    session's token. send() never blocks: at most QUEUE setpoints wait in this client; one the socket cannot
+    queue (the driver is gone or far behind) is counted in `dropped` and never sent later."""
 
-    def __init__(self, client: ArmClient, endpoint: str, mode: str):
+    QUEUE = 16                  # setpoints this client holds for the driver at most
+
+    def __init__(self, client: ArmClient, endpoint: str, mode: str, token: int):
         from firmware_bridge import servo_wire
 
-        self.client, self.endpoint, self.mode_name = client, endpoint, mode
+        self.client, self.endpoint, self.mode_name, self.token = client, endpoint, mode, token
         self._mode = servo_wire.MODES[mode]
         self._encode = servo_wire.encode
         self._push = client.ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 0)
-        self._push.setsockopt(zmq.SNDHWM, 16)
+        self._push.setsockopt(zmq.SNDHWM, self.QUEUE)
         if client._curve is not None:
             self._push.curve_serverkey, self._push.curve_publickey, self._push.curve_secretkey = client._curve
         self._push.connect(endpoint)
@@ -840,8 +843,10 @@ class ServoStream:
     def send(self, values, t_ns: int | None = None) -> bool:
         """Send one setpoint; never blocks.
 
-        The driver judges velocity and acceleration between setpoints by the times they carry, so a setpoint
-        computed for time t should carry t.
+        The driver judges velocity and acceleration between setpoints by the times they carry (held to its own
+        clock), so a setpoint computed for time t should carry t. After a pause, send the setpoint for now,
+        not the ones missed: the driver keeps a few cycles of setpoints at most, and its drives cross a gap on
+        a straight line at no more than the velocity limit.
 
         Parameters
         ----------
@@ -863,7 +868,7 @@ class ServoStream:
         self.seq += 1
         stamp = time.time_ns() if t_ns is None else int(t_ns)
         try:
-            self._push.send(self._encode(self._mode, self.seq, stamp, values), zmq.NOBLOCK)
+            self._push.send(self._encode(self._mode, self.token, self.seq, stamp, values), zmq.NOBLOCK)
         except zmq.Again:
             self.dropped += 1
             return False

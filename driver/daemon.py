@@ -433,17 +433,21 @@ class Driver:
         return {**session.stats(), "endpoint": self.bound["servo"]} if session is not None else self.cycle.servo_ended
 
     def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
-        """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket."""
+        """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket and carry the
+        session token of the reply (only this reply names it)."""
+        import secrets
+
         from driver.servo import ServoLimits, ServoSession
         from firmware_bridge.servo_wire import MODES
 
         m = self.model
         limits = ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
+        token = secrets.randbits(64) or 1
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
-                               timeout_cycles, buffer_cycles)
+                               timeout_cycles, buffer_cycles, token=token)
         self.cycle.submit(lambda: self.cycle.start_servo(session))
         return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles,
-                "buffer_cycles": buffer_cycles}
+                "buffer_cycles": buffer_cycles, "token": token}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
