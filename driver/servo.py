@@ -109,7 +109,7 @@ class ServoSession:
         self._first: tuple[int, int] | None = None   # (sent_ns, arrival ns on the driver's clock) of the first
         self._last_seq: int | None = None         # seq of the last setpoint of this session that arrived
         self.received = self.accepted = self.malformed = self.missed_cycles = 0
-        self.old_version = self.wrong_token = 0   # refused: a version-1 client; another client's setpoints
+        self.refused_version = self.refused_token = 0   # refused: a version-1 client; another client's setpoints
         self.lost = self.superseded = self.bridged_cycles = 0
         self.last_error = ""
         self._malformed_log = Throttle(_log, logging.WARNING, MALFORMED_LOG_INTERVAL_S)
@@ -148,7 +148,7 @@ class ServoSession:
             try:
                 sp = servo_wire.decode(raw, self.n)
             except ServoVersionError as exc:
-                self.old_version += 1
+                self.refused_version += 1
                 self._refuse(str(exc))
                 continue
             except ServoDecodeError as exc:
@@ -156,7 +156,7 @@ class ServoSession:
                 self._refuse(str(exc))
                 continue
             if sp.token != self.token:
-                self.wrong_token += 1
+                self.refused_token += 1
                 self._refuse(f"servo setpoint seq {sp.seq}: not this session's token (the session that started "
                              f"servo mode streams; another client's setpoints are never used)")
                 continue
@@ -168,11 +168,11 @@ class ServoSession:
             if self._last_seq is not None and sp.seq > self._last_seq + 1:
                 self.lost += sp.seq - self._last_seq - 1
             self._last_seq = sp.seq
-            if newest is not None:
-                self.superseded += 1
-            newest = (sp.seq, sp.sent_ns, arrival, sp.values)
             if self.buffer is not None:
                 self.buffer.push(np.int64(sp.seq), np.int64(sp.sent_ns), np.int64(arrival), sp.values)
+            elif newest is not None:
+                self.superseded += 1            # newest only: the one before it in this cycle is never used
+            newest = (sp.seq, sp.sent_ns, arrival, sp.values)
         if self.buffer is None:
             return newest
         got = self.buffer.take()
@@ -309,7 +309,7 @@ class ServoSession:
         buffered = None if self.buffer is None else {"depth": self.buffer.depth, **vars(self.buffer.counts)}
         skipped = 0 if self.buffer is None else self.buffer.counts.skipped
         return {"mode": self.mode_name, "received": self.received, "accepted": self.accepted, "buffer": buffered,
-                "malformed": self.malformed, "old_version": self.old_version, "wrong_token": self.wrong_token,
+                "malformed": self.malformed, "refused_version": self.refused_version, "refused_token": self.refused_token,
                 "dropped": skipped + self.superseded, "lost": self.lost, "bridged_cycles": self.bridged_cycles,
                 "missed_cycles": self.missed_cycles,
                 "timeout_cycles": self.timeout_cycles, "last_error": self.last_error,

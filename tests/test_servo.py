@@ -69,7 +69,7 @@ def _version_1(seq: int, sent_ns: int, values) -> bytes:
     return struct.pack("<4sHHB7xqQ", b"ARSP", 1, N, MODE_POSITION, sent_ns, seq) + np.asarray(values, "<f8").tobytes()
 
 
-def test_a_version_1_setpoint_is_refused_as_an_old_version():
+def test_a_version_1_setpoint_is_refused_as_an_refused_version():
     with pytest.raises(ServoVersionError, match="version 1, this driver reads 2 only .*session token"):
         servo_wire.decode(_version_1(1, 0, np.zeros(N)), N)
 
@@ -206,7 +206,7 @@ def test_setpoints_of_another_session_and_of_version_1_are_counted_and_never_use
     step = s.next(*_idle())
     assert step.kind == HOLD and np.array_equal(step.values, np.zeros(N))
     stats = s.stats()
-    assert (stats["wrong_token"], stats["old_version"], stats["malformed"], stats["accepted"]) == (2, 1, 0, 1)
+    assert (stats["refused_token"], stats["refused_version"], stats["malformed"], stats["accepted"]) == (2, 1, 0, 1)
     assert "version 1" in stats["last_error"]
     assert "token" not in stats                                    # status and health never show it
 
