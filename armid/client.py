@@ -475,6 +475,9 @@ class ArmClient:
               buffer_cycles: int | None = None) -> "ServoStream":
         """Begin servo mode: stream position or torque setpoints, each checked against the limits on arrival.
 
+        The driver's reply carries this session's token; the returned stream puts it in every setpoint, and the
+        driver uses no setpoint without it.
+
         Parameters
         ----------
         mode : {"position", "torque"}
@@ -487,7 +490,8 @@ class ArmClient:
         Returns
         -------
         ServoStream
-            A context manager whose exit sends servo_stop; `send` one setpoint per cycle at most.
+            A context manager whose exit sends servo_stop; `send` one setpoint per cycle at most (after a
+            pause, the one for now rather than the missed ones).
 
         Raises
         ------
