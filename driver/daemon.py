@@ -432,6 +432,12 @@ class Driver:
         session = self.cycle.servo
         return {**session.stats(), "endpoint": self.bound["servo"]} if session is not None else self.cycle.servo_ended
 
+    def servo_totals(self) -> dict[str, int]:
+        """The servo sessions' counters summed over the driver's life (setpoints received, accepted, refused,
+        dropped, lost), the running session's included."""
+        session = self.cycle.servo
+        return session.totals(self.cycle.servo_totals) if session is not None else dict(self.cycle.servo_totals)
+
     def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
         """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket and carry the
         session token of the reply (only this reply names it)."""
@@ -470,7 +476,7 @@ class Driver:
                "drive_states": self.status(realtime)["drive_states"], "recording": self._recording_health(),
                "realtime": realtime, "effort_delay_s": self.effort_delay_s, "samples_lost": c.samples_lost,
                "commands": None if self.command_server is None else self.command_server.stats(),
-               "servo": self.servo_status(),
+               "servo": self.servo_status(), "servo_totals": self.servo_totals(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         return msg

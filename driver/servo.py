@@ -65,6 +65,8 @@ FIRST_STEP_MAX = 2e-3           # rad: the first setpoint starts where the drive
 MAX_DRAIN = 1000                    # messages read per cycle at most (a flooding client cannot stall the cycle)
 
 TRACK, HOLD, END, STOP = "track", "hold", "end", "stop"
+# the session counters the driver also totals over its life (health's servo_totals, the metrics)
+TOTALLED = ("received", "accepted", "malformed", "refused_token", "refused_version", "dropped", "lost")
 MALFORMED_LOG_INTERVAL_S = 5.0      # undecodable setpoints: the first logged, then one line per interval
 _log = logging.getLogger(__name__)
 
@@ -301,6 +303,11 @@ class ServoSession:
         horizon = sent_ns - int(2 * WINDOW_S * 1e9)
         while len(history) > 2 and history[1][0] <= horizon:
             history.popleft()
+
+    def totals(self, before: dict[str, int]) -> dict[str, int]:
+        """The TOTALLED counters of this session added to `before` (the totals of the sessions before it)."""
+        stats = self.stats()
+        return {key: before.get(key, 0) + stats[key] for key in TOTALLED}
 
     def stats(self) -> dict:
         """Counters and the setpoint-to-cycle latency (client send to the cycle that used it), us."""

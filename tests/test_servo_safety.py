@@ -255,3 +255,51 @@ def test_a_dangerous_stream_is_still_refused_by_the_documented_example_shape(dri
             ended = arm.status()["servo"].get("ended") or ""
     assert re.search(r"joint j2: acceleration [\d.]+ rad/s\^2 beyond its limit 15", ended), ended
     assert arm.status()["enabled"]
+
+
+def test_refused_setpoints_are_totalled_over_sessions_in_health_and_the_metrics(model):
+    """Two servo sessions, each sent three setpoints with a wrong token and two of version 1 by another
+    client: health's servo_totals and the scraped counters hold all ten, the running session's included."""
+    import socket
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from driver.daemon import Metrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        return {f.name: f.samples[0].value for f in text_string_to_metric_families(text) if f.samples}
+
+    ctx = zmq.Context.instance()
+    with local_driver(model, seed=4, metrics=Metrics(address)) as (d, _), \
+            ArmClient(d.bound["state"], d.bound["commands"]) as arm:
+        arm.enable()
+        q0 = arm.latest().q
+        foreign = ctx.socket(zmq.PUSH)
+        foreign.setsockopt(zmq.LINGER, 0)
+        try:
+            for session in range(2):
+                servo = arm.servo("position", timeout_cycles=2000)
+                foreign.connect(servo.endpoint)
+                for k in range(3):
+                    foreign.send(servo_wire.encode(servo_wire.MODE_POSITION, servo.token ^ 1, k + 1, time.time_ns(), q0))
+                for k in range(2):
+                    foreign.send(_version_1(k + 1, time.time_ns(), q0))
+                servo.send(q0)
+                assert wait_until(lambda: arm.status()["servo"]["received"] == 6, 5)
+                if session == 0:
+                    servo.stop()
+            assert wait_until(lambda: d.last_health is not None and d.last_health["servo_totals"]["received"] == 12, 5)
+            totals = d.last_health["servo_totals"]
+            metrics = scrape()
+            servo.stop()
+        finally:
+            foreign.close(0)
+    assert (totals["refused_token"], totals["refused_version"], totals["malformed"]) == (6, 4, 0), totals
+    assert (metrics["armid_servo_refused_token"], metrics["armid_servo_refused_version"]) == (6.0, 4.0), metrics
