@@ -120,8 +120,8 @@ def c_code() -> str:
         "typedef struct {", members, "} armid_servo_header_t;",
         "#pragma pack(pop)",
         "#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L",
-        f'_Static_assert(sizeof(armid_servo_header_t) == ARMID_SERVO_HEADER_SIZE, '
-        f'"armid_servo_header_t: {HEADER_SIZE} bytes on the wire");',
+        (f'_Static_assert(sizeof(armid_servo_header_t) == ARMID_SERVO_HEADER_SIZE, '
+         f'"armid_servo_header_t: {HEADER_SIZE} bytes on the wire");'),
         "#endif",
         "",
         "#define ARMID_SERVO_MESSAGE_SIZE(n) (ARMID_SERVO_HEADER_SIZE + 8u * (size_t)(n))",

@@ -188,7 +188,7 @@ def test_after_a_22_ms_pause_every_setpoint_is_accounted_for_on_both_sides(drive
     """ServoStream after a 22 ms pause: sending every missed setpoint at once (catch_up) or only the one for
     now, as the docs advise. Either way servo goes on, the client's `dropped` are the driver's `lost`, every
     setpoint sent arrives, and the driver counts what it dropped; skipping the missed ones loses none."""
-    d, sim = driver
+    d, _ = driver
     with ArmClient(d.bound["state"], d.bound["commands"]) as arm:
         arm.enable()
         q0 = np.array(arm.status()["q"])
@@ -240,7 +240,7 @@ def test_a_dangerous_stream_is_still_refused_by_the_documented_example_shape(dri
     """The same loop as the example, but each setpoint 2 mrad further on joint 2 than the last (2 rad/s from
     rest in one step, far past the acceleration limit): servo ends naming the joint and acceleration, and the
     arm holds."""
-    d, sim = driver
+    d, _ = driver
     with ArmClient(d.bound["state"], d.bound["commands"]) as arm:
         arm.enable()
         with arm.servo("position", timeout_cycles=500) as servo:
