@@ -221,19 +221,21 @@ def _servo_snippet() -> str:
     return blocks[0]
 
 
-def test_the_documented_servo_example_runs_as_written(driver, capsys):
-    """The servo section's example, with the driver's endpoints for the documented ones: it holds the arm with
-    its own measured positions for two seconds and ends by its own servo_stop."""
-    d, _ = driver
+def test_the_documented_servo_example_runs_as_written(armid_hil, capsys):
+    """The servo section's example, with a driver's endpoints (its own process, on the serial transport) for the
+    documented ones: its two-second move ends by its own servo_stop, back where it started."""
+    rig = armid_hil("serial")
     code = _servo_snippet()
-    for documented, bound in (("tcp://127.0.0.1:5555", d.bound["state"]), ("tcp://127.0.0.1:5556",
-                                                                             d.bound["commands"])):
+    for documented, bound in (("tcp://127.0.0.1:5555", rig.chain.state), ("tcp://127.0.0.1:5556", rig.chain.commands)):
         assert documented in code
         code = code.replace(documented, bound)
-    assert "servo.send(arm.latest().q)" in code
+    assert "servo.send(q, now)" in code
+    start = rig.client.latest().q
     capsys.readouterr()
     exec(compile(code, str(DOC), "exec"), {})
-    assert capsys.readouterr().out == "servo_stop requested\n"
+    assert capsys.readouterr().out == "servo_stop requested\n", rig.client.status()["servo"]
+    time.sleep(0.2)
+    np.testing.assert_allclose(rig.client.latest().q, start, atol=2e-3)
 
 
 def test_a_dangerous_stream_is_still_refused_by_the_documented_example_shape(driver, model):
