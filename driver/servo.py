@@ -10,23 +10,22 @@ buffer (firmware_bridge.setpoint_buffer, `buffer_cycles` deep, default 2) and ta
 cycle, in order, so that a client whose setpoints cross the machine with jitter gets each one carried out, not
 the newest of a burst and then a repeat (0: no buffer, the newest each cycle). Before it is used it is checked
 against the model's limits:
-  position  finite, within the position limits. The motion between setpoints is judged on the client's clock
-            (each setpoint's sent_ns, which must increase), so that jitter in when setpoints arrive is not taken
-            for the client's velocity or acceleration. Both are judged over WINDOW_S of that clock, so that
-            the noise of a measured position sent back (or a stamp a little off the time its value is for) is
-            not taken for a huge acceleration: the velocity from the setpoint WINDOW_S before to this one within
-            the velocity limits, and its change from the WINDOW_S before that (between the windows' midpoints)
+  position  finite, within the position limits; the first setpoint within FIRST_STEP_MAX of where the drives
+            hold. The motion between setpoints is judged on the client's clock (each setpoint's sent_ns, which
+            must increase), so that jitter in when setpoints arrive is not taken for motion, and over WINDOW_S
+            of it, so that noise in the values (or a stamp a little off the time its value is for) is not
+            taken for a huge acceleration: the velocity from the setpoint WINDOW_S before to this one within the
+            velocity limits, and its change from the WINDOW_S before that (between the windows' midpoints)
             within the acceleration limits (a window not yet filled counts as WINDOW_S; before the first
-            setpoint the arm is at rest). A sudden change of velocity of up to qdd_max * WINDOW_S can pass;
-            a longer one cannot. That clock is held to the driver's own: since the session's first setpoint, sent_ns may run
-            ahead of the driver's clock (the setpoints' arrival) by CLOCK_LEAD_S plus CLOCK_RATE of the time
-            at most, so a client whose clock lies cannot make a fast motion look slow. The first setpoint must
-            be within FIRST_STEP_MAX of where the drives hold.
-            What the drives get is bounded on the driver's clock: their target moves towards the newest
-            setpoint by at most the velocity limit times the cycle period per cycle, so a gap in the
-            setpoints (dropped old ones, setpoints lost on the way) is crossed on a straight line at no more
-            than the velocity limit, not in a jump; if the drives trail the newest setpoint by more than the
-            velocity limit covers in LAG_S, the setpoints outrun the limits and servo ends.
+            setpoint the arm is at rest). A sudden change of velocity of up to qdd_max * WINDOW_S can pass; a
+            longer one cannot. That clock is held to the driver's own: since the session's first setpoint,
+            sent_ns may run ahead of the setpoints' arrival on the driver's clock by CLOCK_LEAD_S plus
+            CLOCK_RATE of the time at most, so a client whose clock lies cannot make a fast motion look slow.
+            What the drives get is bounded on the driver's clock: each cycle their target moves towards the
+            newest setpoint by at most the velocity limit times the cycle period, so a gap in the setpoints
+            (dropped old ones, ones lost on the way) is crossed on a straight line within the velocity limit,
+            not in a jump; if the drives trail the newest setpoint by more than the velocity limit covers in
+            LAG_S, the setpoints outrun the limits and servo ends.
   torque    finite, within the torque limits; and the arm's measured velocity within its limits and its
             position within its limits (a torque loop runs away otherwise).
 A setpoint that fails ends servo mode: the drives hold their last target (torque: the measured position), and
@@ -316,7 +315,8 @@ class ServoSession:
         buffered = None if self.buffer is None else {"depth": self.buffer.depth, **vars(self.buffer.counts)}
         skipped = 0 if self.buffer is None else self.buffer.counts.skipped
         return {"mode": self.mode_name, "received": self.received, "accepted": self.accepted, "buffer": buffered,
-                "malformed": self.malformed, "refused_version": self.refused_version, "refused_token": self.refused_token,
+                "malformed": self.malformed, "refused_version": self.refused_version,
+                "refused_token": self.refused_token,
                 "dropped": skipped + self.superseded, "lost": self.lost, "bridged_cycles": self.bridged_cycles,
                 "missed_cycles": self.missed_cycles,
                 "timeout_cycles": self.timeout_cycles, "last_error": self.last_error,

@@ -453,8 +453,8 @@ _Static_assert(sizeof(armid_servo_header_t) == ARMID_SERVO_HEADER_SIZE, "armid_s
 #define ARMID_SERVO_MESSAGE_SIZE(n) (ARMID_SERVO_HEADER_SIZE + 8u * (size_t)(n))
 
 /* Write one setpoint of n values into out (ARMID_SERVO_MESSAGE_SIZE(n) bytes); returns its size. */
-static inline size_t armid_servo_encode(void *out, uint8_t mode, uint64_t token, uint64_t seq, int64_t sent_ns,
-                                        const double *values, uint16_t n)
+static inline size_t armid_servo_encode(void *out, uint8_t mode, uint64_t token, uint64_t seq,
+                                        int64_t sent_ns, const double *values, uint16_t n)
 {
     armid_servo_header_t h;
     memset(&h, 0, sizeof h);

@@ -290,7 +290,8 @@ def test_refused_setpoints_are_totalled_over_sessions_in_health_and_the_metrics(
                 servo = arm.servo("position", timeout_cycles=2000)
                 foreign.connect(servo.endpoint)
                 for k in range(3):
-                    foreign.send(servo_wire.encode(servo_wire.MODE_POSITION, servo.token ^ 1, k + 1, time.time_ns(), q0))
+                    foreign.send(servo_wire.encode(servo_wire.MODE_POSITION, servo.token ^ 1, k + 1, time.time_ns(),
+                                                   q0))
                 for k in range(2):
                     foreign.send(_version_1(k + 1, time.time_ns(), q0))
                 servo.send(q0)
