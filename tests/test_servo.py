@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from armid.client import ArmClient, CommandRefused
-from driver.servo import CLOCK_LEAD_S, WINDOW_S, END, HOLD, STOP, TRACK, ServoLimits, ServoSession
+from driver.servo import CLOCK_LEAD_S, LAG_S, WINDOW_S, END, HOLD, STOP, TRACK, ServoLimits, ServoSession
 from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError, ServoVersionError
 from ident import dynamics
@@ -190,6 +190,24 @@ def test_the_drives_cross_a_gap_at_no_more_than_the_velocity_limit(model, pair):
     assert np.array_equal(targets[-1], s.target)
     stats = s.stats()
     assert stats["lost"] == 299 and stats["bridged_cycles"] >= 2 and stats["accepted"] == 4
+
+
+def test_a_setpoint_further_than_the_drives_may_trail_ends_servo(model, pair):
+    """0.3 s after the first setpoint, one 0.2 rad away on joint 1: slow on the client's clock (0.67 rad/s, within
+    every limit), but the drives would trail it by more than the velocity limit covers in LAG_S: servo ends
+    rather than crossing 0.2 rad at full speed."""
+    push, pull = pair
+    s = _session(model, pull, buffer_cycles=0)
+    t0 = time.time_ns()
+    push.send(_msg(MODE_POSITION, 1, t0, np.zeros(N)))
+    _settle()
+    assert s.next(*_idle()).kind == TRACK
+    time.sleep(0.3)
+    push.send(_msg(MODE_POSITION, 2, t0 + 300_000_000, np.where(np.arange(N) == 0, 0.2, 0.0)))
+    _settle()
+    step = s.next(*_idle())
+    assert step.kind == END and "joint j1: the drives trail the setpoints by 0.2 rad" in step.reason
+    assert f"covers in {LAG_S * 1e3:g} ms" in step.reason and np.array_equal(s.last, np.zeros(N))
 
 
 def test_setpoints_of_another_session_and_of_version_1_are_counted_and_never_used(model, pair):
