@@ -497,6 +497,8 @@ class ArmClient:
         ------
         CommandRefused
             Drives not enabled, a motion running, or an unknown mode.
+        ClientError
+            The driver gave no session token (a driver older than this client); servo mode is stopped again.
 
         Examples
         --------
@@ -518,7 +520,12 @@ class ArmClient:
         fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)}) \
             | ({} if buffer_cycles is None else {"buffer_cycles": int(buffer_cycles)})
         reply = self.request("servo", **fields)
-        return ServoStream(self, reply["endpoint"], mode, int(reply["token"]))
+        token = reply.get("token")
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 < token < 2 ** 64:
+            self.request("servo_stop")
+            raise ClientError(f"servo: the driver's reply has no session token ({str(token)[:40]!r}): it is older "
+                              f"than this client, which streams servo setpoints of version 2")
+        return ServoStream(self, reply["endpoint"], mode, token)
 
     def wait_motion(self, timeout_s: float, progress: Callable[[float], object] | None = None) -> dict:
         """Block until no motion runs.

@@ -306,3 +306,25 @@ def test_refused_setpoints_are_totalled_over_sessions_in_health_and_the_metrics(
             foreign.close(0)
     assert (totals["refused_token"], totals["refused_version"], totals["malformed"]) == (6, 4, 0), totals
     assert (metrics["armid_servo_refused_token"], metrics["armid_servo_refused_version"]) == (6.0, 4.0), metrics
+
+
+def test_a_driver_reply_without_a_session_token_is_refused_clearly_and_servo_stopped(model, monkeypatch):
+    """A driver older than the client (its servo reply, as such a driver made it, has no token): ArmClient.servo
+    says so in one line and sends servo_stop, instead of streaming setpoints the driver cannot read."""
+    from armid.client import ClientError
+    from driver.daemon import Driver
+
+    start = Driver.start_servo
+
+    def old_reply(self, *args, **kw):
+        reply = start(self, *args, **kw)
+        reply.pop("token")
+        return reply
+
+    monkeypatch.setattr(Driver, "start_servo", old_reply)
+    with local_driver(model, seed=5) as (d, _), ArmClient(d.bound["state"], d.bound["commands"]) as arm:
+        arm.enable()
+        with pytest.raises(ClientError, match=r"servo: the driver's reply has no session token \('None'\): it is "
+                                              r"older than this client"):
+            arm.servo("position")
+        assert arm.status()["servo"]["ended"] == "servo_stop requested"
