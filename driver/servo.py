@@ -107,7 +107,8 @@ class ServoSession:
         self.history: deque[tuple[int, np.ndarray]] = deque()   # (sent_ns, values) of the last accepted ones
         self.since = 0                   # cycles since the last accepted setpoint
         self.last_sent_ns: int | None = None      # the client's clock at the last accepted setpoint
-        self._first: tuple[int, int] | None = None   # (sent_ns, arrival ns on the driver's clock) of the first
+        self._first: tuple[int, int, int, np.ndarray] | None = None   # the first setpoint that arrived: (seq,
+        # sent_ns, arrival ns on the driver's clock, values); the session's clock and motion start from it
         self._last_seq: int | None = None         # seq of the last setpoint of this session that arrived
         self.received = self.accepted = self.malformed = self.missed_cycles = 0
         self.refused_version = self.refused_token = 0   # refused: a version-1 client; another client's setpoints
@@ -169,6 +170,8 @@ class ServoSession:
             if self._last_seq is not None and sp.seq > self._last_seq + 1:
                 self.lost += sp.seq - self._last_seq - 1
             self._last_seq = sp.seq
+            if self._first is None:
+                self._first = (sp.seq, sp.sent_ns, arrival, sp.values.copy())
             if self.buffer is not None:
                 self.buffer.push(np.int64(sp.seq), np.int64(sp.sent_ns), np.int64(arrival), sp.values)
             elif newest is not None:
@@ -201,12 +204,11 @@ class ServoSession:
                 return ServoStep(TRACK, self._toward_target())          # still crossing a gap
             return ServoStep(HOLD, self.last)
         seq, sent_ns, arrival_ns, values = got
-        refusal = self._check(values, sent_ns, arrival_ns)
+        refusal = self._start(seq) if self.mode == MODE_POSITION and self.last_sent_ns is None else ""
+        refusal = refusal or self._check(values, sent_ns, arrival_ns)
         if refusal:
             return ServoStep(END, reason=f"servo setpoint seq {seq} refused: {refusal}; holding")
         if self.mode == MODE_POSITION:
-            if self.last_sent_ns is None:
-                self._first = (sent_ns, arrival_ns)
             self.target = values.copy()
             self._remember(sent_ns, self.target)
         else:
@@ -229,6 +231,20 @@ class ServoSession:
             self.last = self.target.copy()
         return self.last.copy()
 
+    def _start(self, used_seq: int) -> str:
+        """Before the session's first setpoint is used: the first that arrived (this one, or one the buffer
+        dropped before it) must start where the drives hold; the session's motion starts from it, at rest."""
+        seq, sent_ns, _, values = self._first
+        off = np.abs(values - self.last)
+        if off.max() > FIRST_STEP_MAX:
+            j = int(np.argmax(off))
+            return (f"joint {self.limits.joint_names[j]}: the first setpoint (seq {seq}) is {off[j]:.4g} rad from "
+                    f"where the drives hold, more than {FIRST_STEP_MAX:g} rad (start the stream where the arm is)")
+        if used_seq != seq:                 # judge the one used against it
+            self.history.append((sent_ns, values))
+            self.last_sent_ns = sent_ns
+        return ""
+
     def _check(self, values: np.ndarray, sent_ns: int, arrival_ns: int) -> str:
         lim, names = self.limits, self.limits.joint_names
         if self.mode == MODE_TORQUE:
@@ -242,15 +258,10 @@ class ServoSession:
             j = int(np.argmax(outside))
             return f"joint {names[j]}: position {values[j]:.4g} outside [{lim.q_min[j]:.4g}, {lim.q_max[j]:.4g}]"
         if self.last_sent_ns is None:
-            off = np.abs(values - self.last)
-            if off.max() > FIRST_STEP_MAX:
-                j = int(np.argmax(off))
-                return (f"joint {names[j]}: the first setpoint is {off[j]:.4g} rad from where the drives hold, more "
-                        f"than {FIRST_STEP_MAX:g} rad (start the stream where the arm is)")
-            return ""
+            return ""                       # the session's first setpoint, checked by _start
         if not sent_ns > self.last_sent_ns:
             return f"its sent_ns does not increase ({sent_ns - self.last_sent_ns} ns after the last accepted one)"
-        first_sent, first_arrival = self._first
+        _, first_sent, first_arrival, _ = self._first
         elapsed = arrival_ns - first_arrival
         lead = (sent_ns - first_sent) - elapsed
         allowed = CLOCK_LEAD_S * 1e9 + CLOCK_RATE * elapsed

@@ -142,7 +142,28 @@ def test_the_first_setpoint_starts_where_the_drives_hold(model, pair):
     push.send(_msg(MODE_POSITION, 1, time.time_ns(), np.where(np.arange(N) == 3, 0.01, 0.0)))
     _settle()
     step = s.next(*_idle())
-    assert step.kind == END and "joint j4: the first setpoint is 0.01 rad from where the drives hold" in step.reason
+    assert step.kind == END and "joint j4: the first setpoint (seq 1) is 0.01 rad from where the drives hold" in step.reason
+
+
+def test_when_the_buffer_drops_the_first_setpoints_the_stream_starts_from_the_first_that_arrived(model, pair):
+    """30 setpoints of a start from rest (10 rad/s^2 on every joint) arrive before the cycle takes one: the
+    buffer keeps the newest and drops the first, so the first one used is 3.1 mrad from where the drives hold.
+    The stream started there (its first setpoint did), so it is judged from that one and the drives cross the
+    gap within the velocity limit, instead of servo ending."""
+    push, pull = pair
+    s = _session(model, pull, buffer_cycles=2)
+    t0 = time.time_ns()
+    for k in range(1, 31):
+        t = (k - 1) * 1e-3
+        push.send(_msg(MODE_POSITION, k, t0 + int(t * 1e9), np.full(N, 5.0 * t * t)))
+    _settle()
+    targets = [np.zeros(N)]
+    for _ in range(8):
+        step = s.next(*_idle())
+        assert step.kind in (TRACK, HOLD), step.reason
+        targets.append(step.values)
+    assert s.stats()["buffer"]["skipped"] > 0 and s.stats()["accepted"] >= 5
+    assert (np.abs(np.diff(np.array(targets), axis=0)) <= model.qd_max * DT * (1 + 1e-12)).all()
 
 
 def test_a_client_clock_that_runs_ahead_of_the_drivers_is_refused(model, pair):

@@ -187,7 +187,7 @@ def test_a_smooth_stream_goes_on_when_its_old_setpoints_are_dropped(armid_hil, m
 def test_after_a_22_ms_pause_every_setpoint_is_accounted_for_on_both_sides(driver, model, catch_up):
     """ServoStream after a 22 ms pause: sending every missed setpoint at once (catch_up) or only the one for
     now, as the docs advise. Either way servo goes on, the client's `dropped` are the driver's `lost`, every
-    setpoint sent arrives, and the driver counts what it dropped; skipping the missed ones loses none."""
+    setpoint sent arrives, and the driver counts what it dropped; skipping the missed ones sends no backlog."""
     d, _ = driver
     with ArmClient(d.bound["state"], d.bound["commands"]) as arm:
         arm.enable()
@@ -211,7 +211,7 @@ def test_after_a_22_ms_pause_every_setpoint_is_accounted_for_on_both_sides(drive
     assert stats["lost"] == servo.dropped and servo.sent + servo.dropped == servo.seq
     assert stats["received"] == servo.sent and stats["accepted"] + stats["dropped"] <= servo.sent
     if not catch_up:
-        assert servo.dropped == 0 and stats["lost"] == 0 and servo.seq < 1200 - 15
+        assert servo.seq < 1200 - 15
 
 
 def _servo_snippet() -> str:
