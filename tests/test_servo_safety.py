@@ -62,16 +62,37 @@ class DriveReference:
         self.sim.remove_cycle_callback(self._record)
 
 
+class CommandedSteps:
+    """The driver's own record: the largest change of the position target it writes to the drives from one of
+    its cycles to the next, joint by joint (rad), while installed."""
+
+    def __init__(self, cycle):
+        self.arm, self.write = cycle.arm, cycle.arm.write
+        self.step, self._last = None, None
+        self.arm.write = self._record
+
+    def _record(self, command) -> None:
+        target = np.array(command.target_position, dtype=float)
+        if self._last is not None:
+            change = np.abs(target - self._last)
+            self.step = change if self.step is None else np.maximum(self.step, change)
+        self._last = target
+        self.write(command)
+
+    def close(self) -> None:
+        self.arm.write = self.write
+
+
 def test_a_client_stamping_2_4_ms_per_1_ms_setpoint_cannot_drive_joint_1_past_its_velocity_limit(driver, model):
     """On its own clock the client accelerates joint 1 at 90 % of its limit towards 90 % of its velocity limit;
     it stamps each setpoint 2.4 ms after the last while sending one per millisecond, so on the driver's clock
-    the motion runs 2.4 times faster. Neither the drives' reference nor their velocity passes the limit, and
-    servo ends naming the clock."""
+    the motion runs 2.4 times faster. Neither the target the driver writes cycle to cycle nor the drives'
+    velocity passes the limit, and servo ends naming the clock."""
     d, sim = driver
     with ArmClient(d.bound["state"], d.bound["commands"]) as arm:
         arm.enable()
         q0 = np.array(arm.status()["q"])
-        record = DriveReference(sim, model.n)
+        record, commanded = DriveReference(sim, model.n), CommandedSteps(d.cycle)
         try:
             servo = arm.servo("position", timeout_cycles=1000)
             a, v_top, stamp = 0.9 * model.qdd_max[0], 0.9 * model.qd_max[0], 2.4e-3
@@ -90,8 +111,9 @@ def test_a_client_stamping_2_4_ms_per_1_ms_setpoint_cannot_drive_joint_1_past_it
             ended = arm.status()["servo"].get("ended") or ""
             servo.stop()
         finally:
+            commanded.close()
             record.close()
-        assert record.step[0] <= model.qd_max[0] / d.cycle.rate_hz * (1 + 1e-9), (record.step, ended)
+        assert commanded.step[0] <= model.qd_max[0] / d.cycle.rate_hz * (1 + 1e-9), (commanded.step, ended)
         assert record.velocity[0] <= model.qd_max[0], (record.velocity, ended)
         assert re.search(r"ahead of the driver's clock|trail the setpoints", ended), ended
 
