@@ -142,7 +142,8 @@ def test_the_first_setpoint_starts_where_the_drives_hold(model, pair):
     push.send(_msg(MODE_POSITION, 1, time.time_ns(), np.where(np.arange(N) == 3, 0.01, 0.0)))
     _settle()
     step = s.next(*_idle())
-    assert step.kind == END and "joint j4: the first setpoint (seq 1) is 0.01 rad from where the drives hold" in step.reason
+    assert step.kind == END
+    assert "joint j4: the first setpoint (seq 1) is 0.01 rad from where the drives hold" in step.reason
 
 
 def test_when_the_buffer_drops_the_first_setpoints_the_stream_starts_from_the_first_that_arrived(model, pair):
