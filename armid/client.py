@@ -475,6 +475,9 @@ class ArmClient:
               buffer_cycles: int | None = None) -> "ServoStream":
         """Begin servo mode: stream position or torque setpoints, each checked against the limits on arrival.
 
+        The driver's reply carries this session's token; the returned stream puts it in every setpoint, and the
+        driver uses no setpoint without it.
+
         Parameters
         ----------
         mode : {"position", "torque"}
@@ -487,12 +490,15 @@ class ArmClient:
         Returns
         -------
         ServoStream
-            A context manager whose exit sends servo_stop; `send` one setpoint per cycle at most.
+            A context manager whose exit sends servo_stop; `send` one setpoint per cycle at most (after a
+            pause, the one for now rather than the missed ones).
 
         Raises
         ------
         CommandRefused
             Drives not enabled, a motion running, or an unknown mode.
+        ClientError
+            The driver gave no session token (a driver older than this client); servo mode is stopped again.
 
         Examples
         --------
@@ -514,7 +520,12 @@ class ArmClient:
         fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)}) \
             | ({} if buffer_cycles is None else {"buffer_cycles": int(buffer_cycles)})
         reply = self.request("servo", **fields)
-        return ServoStream(self, reply["endpoint"], mode)
+        token = reply.get("token")
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 < token < 2 ** 64:
+            self.request("servo_stop")
+            raise ClientError(f"servo: the driver's reply has no session token ({str(token)[:40]!r}): it is older "
+                              f"than this client, which streams servo setpoints of version 2")
+        return ServoStream(self, reply["endpoint"], mode, token)
 
     def wait_motion(self, timeout_s: float, progress: Callable[[float], object] | None = None) -> dict:
         """Block until no motion runs.
@@ -818,18 +829,21 @@ class ArmClient:
 
 
 class ServoStream:
-    """Setpoints to the driver's servo socket (firmware_bridge.servo_wire), from ArmClient.servo. send() never
-    blocks: a setpoint the socket cannot queue (the driver is gone or far behind) is counted in `dropped`."""
+    """Setpoints to the driver's servo socket (firmware_bridge.servo_wire), from ArmClient.servo, each carrying the
+    session's token. send() never blocks: at most QUEUE setpoints wait in this client; one the socket cannot
+    queue (the driver is gone or far behind) is counted in `dropped` and never sent later."""
 
-    def __init__(self, client: ArmClient, endpoint: str, mode: str):
+    QUEUE = 16                  # setpoints this client holds for the driver at most
+
+    def __init__(self, client: ArmClient, endpoint: str, mode: str, token: int):
         from firmware_bridge import servo_wire
 
-        self.client, self.endpoint, self.mode_name = client, endpoint, mode
+        self.client, self.endpoint, self.mode_name, self.token = client, endpoint, mode, token
         self._mode = servo_wire.MODES[mode]
         self._encode = servo_wire.encode
         self._push = client.ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 0)
-        self._push.setsockopt(zmq.SNDHWM, 16)
+        self._push.setsockopt(zmq.SNDHWM, self.QUEUE)
         if client._curve is not None:
             self._push.curve_serverkey, self._push.curve_publickey, self._push.curve_secretkey = client._curve
         self._push.connect(endpoint)
@@ -840,8 +854,10 @@ class ServoStream:
     def send(self, values, t_ns: int | None = None) -> bool:
         """Send one setpoint; never blocks.
 
-        The driver judges velocity and acceleration between setpoints by the times they carry, so a setpoint
-        computed for time t should carry t.
+        The driver judges velocity and acceleration between setpoints by the times they carry (held to its own
+        clock), so a setpoint computed for time t should carry t. After a pause, send the setpoint for now,
+        not the ones missed: the driver keeps a few cycles of setpoints at most, and its drives cross a gap on
+        a straight line at no more than the velocity limit.
 
         Parameters
         ----------
@@ -863,7 +879,7 @@ class ServoStream:
         self.seq += 1
         stamp = time.time_ns() if t_ns is None else int(t_ns)
         try:
-            self._push.send(self._encode(self._mode, self.seq, stamp, values), zmq.NOBLOCK)
+            self._push.send(self._encode(self._mode, self.token, self.seq, stamp, values), zmq.NOBLOCK)
         except zmq.Again:
             self.dropped += 1
             return False

@@ -10,7 +10,7 @@ asked to start it; the reply says so or names the joint, quantity and time.
   run_trajectory file: a trajectory file in the trajectory folder, periods (default 1)
                  | samples: {"t": [N] s, "q": [[n] x N] rad}
   servo          mode: "position" | "torque", timeout_cycles (default 50): take streamed setpoints from the
-                 servo socket (driver.servo); servo_stop ends it
+                 servo socket (driver.servo); the reply's token goes in every setpoint; servo_stop ends it
   set_payload    mass kg, com [3] m (flange frame), inertia [XX XY XZ YY YZ ZZ] kg m^2 about the CoM;
                  mass 0 clears it. Checked against the model's rated payload and reach, and the holding
                  torque it needs against the torque limits; planning checks and the feed-forward include it.

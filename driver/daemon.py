@@ -438,18 +438,28 @@ class Driver:
         session = self.cycle.servo
         return {**session.stats(), "endpoint": self.bound["servo"]} if session is not None else self.cycle.servo_ended
 
+    def servo_totals(self) -> dict[str, int]:
+        """The servo sessions' counters summed over the driver's life (setpoints received, accepted, refused,
+        dropped, lost), the running session's included."""
+        session = self.cycle.servo
+        return session.totals(self.cycle.servo_totals) if session is not None else dict(self.cycle.servo_totals)
+
     def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
-        """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket."""
+        """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket and carry the
+        session token of the reply (only this reply names it)."""
+        import secrets
+
         from driver.servo import ServoLimits, ServoSession
         from firmware_bridge.servo_wire import MODES
 
         m = self.model
         limits = ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
+        token = secrets.randbits(64) or 1
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
-                               timeout_cycles, buffer_cycles)
+                               timeout_cycles, buffer_cycles, token=token)
         self.cycle.submit(lambda: self.cycle.start_servo(session))
         return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles,
-                "buffer_cycles": buffer_cycles}
+                "buffer_cycles": buffer_cycles, "token": token}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
@@ -472,7 +482,7 @@ class Driver:
                "drive_states": self.status(realtime)["drive_states"], "recording": self._recording_health(),
                "realtime": realtime, "effort_delay_s": self.effort_delay_s, "samples_lost": c.samples_lost,
                "commands": None if self.command_server is None else self.command_server.stats(),
-               "servo": self.servo_status(),
+               "servo": self.servo_status(), "servo_totals": self.servo_totals(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         if self._lateness is not None:

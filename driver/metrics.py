@@ -88,6 +88,9 @@ class HealthCollector(Collector):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 family = GaugeMetricFamily if key == "waiting" else CounterMetricFamily
                 yield family(f"armid_commands_{key}", f"command server: {key}", value=float(value))
+        for key, value in (h.get("servo_totals") or {}).items():
+            yield CounterMetricFamily(f"armid_servo_{key}", f"servo setpoints {key.replace('_', ' ')}, all sessions",
+                                      value=float(value))
         for key, value in (h.get("link") or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 yield link_metric(key, float(value))
