@@ -115,14 +115,20 @@ def _sequential_rows(theta, P, Phi, y, w, lam):
         P /= lam
 
 
-def _one_row_fewer(Phi, y, w, lam, p0):
-    """theta and P of the scalar row updates without the last row that counts: what a test's tolerance must
-    stay far below, or it could not see a lost update."""
-    w = w.copy()
-    w[-1, np.nonzero(w[-1] * np.abs(Phi[-1]).sum(axis=1))[0][-1]] = 0.0
-    theta, P = np.zeros(Phi.shape[2]), np.eye(Phi.shape[2]) * p0
+def _assert_ends_where_the_scalar_rows_end(rls, Phi, y, use, sigma, lam=0.995, p0=10.0):
+    """rls's theta and P equal those of the textbook scalar row updates to rounding (tests/rounding.py), and
+    that bound stays far below what one lost update moves P by (the last row that counts, left out)."""
+    p = Phi.shape[2]
+    w = np.where(use, 1 / sigma, 0.0)
+    theta, P = np.zeros(p), np.eye(p) * p0
     _sequential_rows(theta, P, Phi, y, w, lam)
-    return theta, P
+    bound = recursion_bound(np.eye(p) * p0, P, use.sum())
+    assert_equal_up_to_rounding(rls.theta, theta, bound)
+    assert_equal_up_to_rounding(rls.P, P, bound)
+    w[-1, np.nonzero(w[-1] * np.abs(Phi[-1]).sum(axis=1))[0][-1]] = 0.0
+    fewer = np.eye(p) * p0
+    _sequential_rows(np.zeros(p), fewer, Phi, y, w, lam)
+    assert relative_difference(fewer, P) > 100 * bound
 
 
 def test_block_update_ends_where_the_scalar_row_updates_end_with_forgetting_and_rows_left_out():
@@ -137,14 +143,7 @@ def test_block_update_ends_where_the_scalar_row_updates_end_with_forgetting_and_
     err = rls.update(Phi[:1], y[:1], use=use[:1]).copy()
     np.testing.assert_allclose(err, y[:1] - Phi[:1] @ theta_prior, rtol=1e-15)
     rls.update(Phi[1:], y[1:], use=use[1:])
-    theta, P = np.zeros(12), np.eye(12) * 10.0
-    w = np.where(use, 1 / sigma, 0.0)
-    _sequential_rows(theta, P, Phi, y, w, 0.995)
-    bound = recursion_bound(np.eye(12) * 10.0, P, use.sum())
-    assert_equal_up_to_rounding(rls.theta, theta, bound)
-    assert_equal_up_to_rounding(rls.P, P, bound)
-    P_fewer = _one_row_fewer(Phi, y, w, 0.995, 10.0)[1]
-    assert relative_difference(P_fewer, P) > 100 * bound
+    _assert_ends_where_the_scalar_rows_end(rls, Phi, y, use, sigma)
 
 
 def test_rows_with_leading_zeros_in_any_order_end_where_the_scalar_row_updates_end():
@@ -159,14 +158,7 @@ def test_rows_with_leading_zeros_in_any_order_end_where_the_scalar_row_updates_e
     use = rng.random(size=y.shape) > 0.2
     rls = RecursiveLS(12, 6, forgetting=0.995, weights=1 / sigma, p0=10.0, trace_max=np.inf)
     err = rls.update(Phi, y, use=use).copy()
-    theta, P = np.zeros(12), np.eye(12) * 10.0
-    w = np.where(use, 1 / sigma, 0.0)
-    _sequential_rows(theta, P, Phi, y, w, 0.995)
-    bound = recursion_bound(np.eye(12) * 10.0, P, use.sum())
-    assert_equal_up_to_rounding(rls.theta, theta, bound)
-    assert_equal_up_to_rounding(rls.P, P, bound)
-    P_fewer = _one_row_fewer(Phi, y, w, 0.995, 10.0)[1]
-    assert relative_difference(P_fewer, P) > 100 * bound
+    _assert_ends_where_the_scalar_rows_end(rls, Phi, y, use, sigma)
     np.testing.assert_array_equal(err[:, 4], y[:, 4])           # the zero row: its error is its value
     assert rls.rows == use.sum()
 
