@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from ident.rls import RecursiveLS
-from rounding import assert_equal_up_to_rounding, recursion_bound, relative_difference
+from rounding import assert_equal_up_to_rounding, factorization_bound, recursion_bound, relative_difference
 
 
 def _data(rng, N=400, m=6, p=12, noise=0.01):
@@ -228,7 +228,7 @@ def test_reset_factors_a_given_covariance_and_refuses_one_that_is_not_positive_d
     P0 = np.linalg.inv(A.T @ A)
     rls = RecursiveLS(12, 6)
     rls.reset(np.ones(12), P0)
-    np.testing.assert_allclose(rls.P, P0, rtol=1e-10, atol=1e-12 * np.abs(P0).max())
+    assert_equal_up_to_rounding(rls.P, P0, factorization_bound(12))        # factored and multiplied back
     assert np.all(rls.D > 0) and np.array_equal(rls.theta, np.ones(12))
     again = RecursiveLS(12, 6)
     again.reset(factors=(rls.U, rls.D))                # the factors themselves: the same state, bit for bit
