@@ -42,7 +42,7 @@ def report(name: str, ours_us: float, ref_name: str, ref_us: float, unit: str = 
 
 def subprocess_seconds(code: str) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
     return time.perf_counter() - t
 
 

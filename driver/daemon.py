@@ -41,6 +41,7 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
+from driver import authenticator
 from driver.command_server import CommandServer
 from driver.commands import Commands
 from driver.cycle import Cycle, DriverFault
@@ -233,11 +234,13 @@ class Driver:
             if self.endpoints.curve is not None:
                 self._secure(self._servo, self.endpoints.curve)
             self._servo.bind(self.endpoints.servo_endpoint)
-        except zmq.ZMQError as exc:
+        except (zmq.ZMQError, EndpointError, authenticator.AuthenticatorError) as exc:
             self._close_sockets()
             self.planner.close()
             self.arm.close()
-            raise EndpointError(f"cannot bind: {exc}") from None
+            if isinstance(exc, EndpointError):
+                raise
+            raise EndpointError(f"cannot bind: {exc}" if isinstance(exc, zmq.ZMQError) else str(exc)) from None
         self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
                       "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT),
                       "servo": self._servo.getsockopt_string(zmq.LAST_ENDPOINT)}
@@ -367,17 +370,13 @@ class Driver:
                 sock.close(0)
         self._pub = self._rep = self._servo = None
         if self._auth is not None:
-            self._auth.stop()
+            authenticator.stop(self._auth)
             self._auth = None
 
     def _secure(self, sock: zmq.Socket, curve: Curve) -> None:
-        from zmq.auth.thread import ThreadAuthenticator
-
         public, secret = self._curve_keys
-        if self._auth is None:          # one authenticator for every secured socket of this context
-            self._auth = ThreadAuthenticator(self._ctx)
-            self._auth.start()
-            self._auth.configure_curve(domain="*", location=curve.authorized_clients_dir)
+        if self._auth is None:          # one authenticator for every secured socket of this context; it
+            self._auth = authenticator.start(self._ctx, curve.authorized_clients_dir, public)   # serves before bind
         sock.curve_secretkey = secret
         sock.curve_publickey = public
         sock.curve_server = True

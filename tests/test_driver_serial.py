@@ -340,7 +340,8 @@ def test_pump_new_reads_the_port_in_the_calling_thread_and_sees_the_port_vanish(
             try:
                 assert arm.pump_new(5.0) is True             # woken by the STATE itself, within the bound
             finally:
-                timer.join()
+                timer.join(10.0)
+            assert not timer.is_alive(), "the device's send did not return within 10 s"
             assert arm.read(st) is True and st.device_time_ns == c * 1_000_000
             _within_one_count(st.q, q, ENCODER_COUNTS_PER_REV * model.gear_ratio / (2 * np.pi))
         assert arm.link_stats()["states"] == 3

@@ -81,6 +81,7 @@ def pair():
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     name = f"inproc://servo-{next(_NAMES)}"
     pull.bind(name)
+    push.setsockopt(zmq.SNDTIMEO, 5000)     # a send the reader never takes fails (zmq.Again) instead of waiting
     push.connect(name)
     yield push, pull
     push.close(0)

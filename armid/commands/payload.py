@@ -189,11 +189,16 @@ def driver_link(endpoint: str, timeout_s: float):
     sock = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+    sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))    # a request that cannot be queued ends in the same error
     sock.connect(endpoint)
 
     def send(request: dict) -> dict:
         try:
             sock.send_json(request)
+        except zmq.Again:
+            raise InputError(f"{endpoint}: the request could not be sent within {timeout_s} s "
+                             f"(is the driver running there?)") from None
+        try:
             return sock.recv_json()
         except zmq.Again:
             raise InputError(f"{endpoint}: no reply from the driver within {timeout_s} s") from None
