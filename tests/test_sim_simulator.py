@@ -11,6 +11,7 @@ from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
 from ident.model import dynamics as dyn
 from firmware_bridge.runtime.errors import InputError
+from sim.device_contract import DeviceSide
 from ident.model import load_model
 from sim import SimState, Simulator
 from ident.payload import payload_parameters
@@ -87,9 +88,15 @@ def test_samples_read_from_another_thread_are_consistent(model):
 
 
 def test_external_clock_lets_the_transport_step_the_simulator(model):
-    class SyncTransport:
+    class SyncTransport(DeviceSide):
         """A device side whose cycles are triggered from its own thread (as CAN SYNC frames will)."""
-        external_clock = True
+        may_clock_simulator = True
+
+        def clocks_simulator(self):
+            return True
+
+        def connection(self):
+            return {}
 
         def __init__(self):
             self.sim, self.stop_flag, self.thread, self.calls = None, threading.Event(), None, []
