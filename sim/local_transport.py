@@ -14,6 +14,7 @@ import time
 
 from firmware_bridge.runtime.options import Option, OptionSet
 from firmware_bridge.runtime.transport_contract import Arm, ArmCommand, ArmState, LinkError
+from sim.plant import INTEGRATORS
 from sim.simulator import SimState, Simulator
 
 
@@ -21,10 +22,10 @@ from sim.simulator import SimState, Simulator
 SIM_OPTIONS = OptionSet(
     "sim",
     Option("realtime", "any", what="true or false", doc="accepted and ignored: the driver's cycle steps the simulator"),
-    Option("seed", "any", 0, what="an integer or none", doc="the sensors' and fault injection's random generators"),
-    Option("substeps", "any", what="an integer or none",
-           doc="integrator substeps per cycle (none: the fewest that keep the friction model stable)"),
-    Option("integrator", "any", "rk4", what="rk4 or another of the simulator's integrators", doc="the plant's integrator"),
+    Option("seed", "any", 0, what="an integer", doc="the sensors' and fault injection's random generators"),
+    Option("substeps", "any", what="an integer",
+           doc="integrator substeps per cycle (left out: the fewest that keep the friction model stable)"),
+    Option("integrator", "any", "rk4", what=f"one of {', '.join(INTEGRATORS)}", doc="the plant's integrator"),
     Option("q0", "any", what="one angle per joint (rad)", doc="the initial position"),
     Option("brakes", "any", True, what="true or false",
            doc="a drive that is not powered holds its joint (false: the joint is free and falls)"),

@@ -35,7 +35,7 @@ CAN_OPTIONS = OptionSet(
     Option("bitrate", "integer", None, low=10_000, high=1_000_000, unit="bit/s", nullable=True,
            doc="for interfaces that set it themselves (pcan, kvaser); socketcan: `ip link`"),
     Option("node_ids", "integers", None, low=cm.MIN_NODE_ID, high=cm.MAX_NODE_ID, nullable=True,
-           doc="one distinct node id per joint, in joint order (none: 1..n)"),
+           doc="one distinct node id per joint, in joint order (left out: 1..n)"),
     Option("counts_per_rev", "integer", ENCODER_COUNTS_PER_REV, low=1,
            doc="motor encoder counts per motor revolution"),
     Option("sdo_timeout_s", "number", 0.5, low=0, above=True, unit="s", doc="per SDO request at open"),

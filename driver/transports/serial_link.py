@@ -69,7 +69,7 @@ SERIAL_OPTIONS = OptionSet(
     Option("device_watchdog_ms", "number", sp.DEFAULT_WATCHDOG_US / 1000, low=1, high=10_000, unit="ms",
            doc="asked for in HELLO: host silence after which the board quick-stops the drives"),
     Option("heartbeat_ms", "number", None, low=0.1, high=5_000, unit="ms", nullable=True,
-           doc="a HEARTBEAT goes out when no COMMAND did for this long (none: device_watchdog_ms / 4; at most "
+           doc="a HEARTBEAT goes out when no COMMAND did for this long (left out: device_watchdog_ms / 4; at most "
                "half of it)"),
     Option("handshake_timeout_s", "number", 1.0, low=0.01, high=60, unit="s",
            doc="how long opening (and each reconnection) waits for HELLO_ACK"),
