@@ -81,3 +81,22 @@ def device_class(name: str) -> type[DeviceSide]:
         raise InputError(f"transport: unknown {name!r} (available: {available})")
     (ep,) = found
     return ep.load()
+
+
+class StepOrFreeRun(DeviceSide):
+    """A device side that runs on the simulator's clock or, as configured, steps it once per command of the host
+    (serial: step_on_command, gateway: step_on_exchange), with a setpoint buffer while it runs free. It sets
+    `host_clocked` and `setpoints` (sim.drive_targets.setpoints_for_device) in its __init__."""
+
+    may_clock_simulator = True
+    buffers_setpoints = True
+    host_clocked: bool = False
+    setpoints: TargetBuffer | None = None
+
+    def clocks_simulator(self) -> bool:
+        """True when host-clocked."""
+        return self.host_clocked
+
+    def setpoint_buffer(self) -> TargetBuffer | None:
+        """The setpoint buffer in front of the drives (free-running), None without one."""
+        return self.setpoints

@@ -64,7 +64,7 @@ from firmware_bridge.units import (CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MA
 from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.options import Option, OptionSet
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH
-from sim.device_contract import DeviceSide
+from sim.device_contract import StepOrFreeRun
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
 
@@ -136,20 +136,18 @@ GATEWAY_DEVICE_OPTIONS = OptionSet(
            doc="depth of the drives' setpoint buffer (none: 3 when free-running, 0 when host-clocked)"))
 
 
-class GatewayDevice(DeviceSide):
+class GatewayDevice(StepOrFreeRun):
     """Modbus TCP gateway in front of the simulated drives: GatewayDevice(**options) (GATEWAY_DEVICE_OPTIONS).
     Counters: refused_writes, dropped_responses, watchdog_trips, exchanges (cycles run by writes when
     host-clocked); last_refusal is the last refused write's reason.
     """
 
-    may_clock_simulator = True
-    buffers_setpoints = True
     OPTION_SPEC = GATEWAY_DEVICE_OPTIONS
 
     def __init__(self, **options):
         opts = GATEWAY_DEVICE_OPTIONS.parse(options)
         host, port, watchdog_s = opts.host, opts.port, opts.watchdog_s
-        self.step_on_exchange = opts.step_on_exchange
+        self.step_on_exchange = self.host_clocked = opts.step_on_exchange
         self.setpoints = setpoints_for_device(opts.target_buffer, self.step_on_exchange, "gateway device")
         self.exchanges = 0
         self.host, self.port = host, port
@@ -167,14 +165,6 @@ class GatewayDevice(DeviceSide):
         self._server: ModbusServerThread | None = None
 
     # -- DeviceSide --------------------------------------------------------------------------------
-    def clocks_simulator(self) -> bool:
-        """True when host-clocked (step_on_exchange)."""
-        return self.step_on_exchange
-
-    def setpoint_buffer(self):
-        """The setpoint buffer in front of the drives (free-running), None without one."""
-        return self.setpoints
-
     def attach(self, sim) -> None:
         """Bind to the simulator (called by Simulator.__init__): scaling, limits, cycle callback."""
         n, model = sim.n, sim.model

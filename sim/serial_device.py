@@ -37,7 +37,7 @@ from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.log_throttle import Throttle
 from firmware_bridge.runtime.options import Option, OptionSet
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH
-from sim.device_contract import DeviceSide
+from sim.device_contract import StepOrFreeRun
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
 
@@ -151,17 +151,15 @@ SERIAL_DEVICE_OPTIONS = OptionSet(
            doc="depth of the drives' setpoint buffer (none: 3 when free-running, 0 when host-clocked)"))
 
 
-class SerialDevice(DeviceSide):
+class SerialDevice(StepOrFreeRun):
     """The device side of the serial link for a Simulator: SerialDevice(**options) (SERIAL_DEVICE_OPTIONS). It
     runs on the simulator's clock, or, with step_on_command, steps it once per COMMAND."""
 
-    may_clock_simulator = True
-    buffers_setpoints = True
     OPTION_SPEC = SERIAL_DEVICE_OPTIONS
 
     def __init__(self, **options):
         opts = SERIAL_DEVICE_OPTIONS.parse(options)
-        self.step_on_command = opts.step_on_command
+        self.step_on_command = self.host_clocked = opts.step_on_command
         self.setpoints = setpoints_for_device(opts.target_buffer, self.step_on_command, "serial device")
         self.port, self.baudrate = opts.port, opts.baudrate
         self.watchdog_s, self.heartbeat_s = float(opts.watchdog_s), float(opts.heartbeat_s)
@@ -193,14 +191,6 @@ class SerialDevice(DeviceSide):
         self.restarts = 0
 
     # -- DeviceSide -------------------------------------------------------------------------------------------
-    def clocks_simulator(self) -> bool:
-        """True when host-clocked (step_on_command)."""
-        return self.step_on_command
-
-    def setpoint_buffer(self):
-        """The setpoint buffer in front of the drives (free-running), None without one."""
-        return self.setpoints
-
     def attach(self, sim) -> None:
         """Called by Simulator.__init__: the scaling from the model's gears and the simulated encoder."""
         self.sim = sim
