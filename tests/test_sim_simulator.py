@@ -328,3 +328,18 @@ def test_at_a_slow_cycle_the_effort_is_the_cycles_mean_half_a_cycle_late():
     # there, between its neighbours 0.5 ms either side, and the alignment removes 3/4 of the unaligned error
     assert half < min(near) and half < 0.65 * min(quarter, three_quarters) and half < 0.3 * none, \
         (half, none, quarter, three_quarters, near)
+
+
+def test_a_device_side_is_a_DeviceSide_or_a_registered_name(model):
+    class Duck:
+        external_clock = True
+
+        def attach(self, sim):
+            pass
+
+    with pytest.raises(InputError, match="expected a name or a sim.device_contract.DeviceSide"):
+        Simulator(model, transport=Duck())
+    with pytest.raises(InputError, match=r"transport: unknown 'ethercat' \(available: can, gateway, serial\)"):
+        Simulator(model, "ethercat")
+    with pytest.raises(InputError, match="serial device: unknown option 'speed'"):
+        Simulator(model, "serial", speed=3)
