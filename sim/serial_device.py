@@ -18,14 +18,13 @@ reason), counters (frames not sent, commands refused, watchdog trips).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import select
 import threading
 import time
 import tty
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,6 +34,7 @@ from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
 from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.log_throttle import Throttle
+from firmware_bridge.runtime.counters import Counters
 from firmware_bridge.runtime.options import Option, OptionSet
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH
 from sim.device_contract import StepOrFreeRun
@@ -54,7 +54,7 @@ _OE_MASK, _OE_VALUE = cia402.STATE_PATTERNS[cia402.State.OPERATION_ENABLED]
 
 
 @dataclass
-class DeviceCounters:
+class DeviceCounters(Counters):
     """What the device side did. frames_sent: frames written (after fault injection); tx_skipped: frames
     not queued because the line was busy (states in fast mode) ; unencodable: states a value of which did not
     fit the wire; rejected: COMMANDs the drives refused (wrong n_joints, bad mode, a target outside the limits);
@@ -69,9 +69,6 @@ class DeviceCounters:
     hellos: int = 0
     watchdog_trips: int = 0
     write_errors: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class _PtyLink:

@@ -254,10 +254,11 @@ class SerialArm(Arm):
     def link_stats(self) -> dict:
         """Frames and drops by reason (all sessions), handshakes, reconnections, the last FAULT frame."""
         s = self._session
-        dec = self._past.as_dict()
+        total = sp.DecoderCounters()
+        total.add(self._past)
         if s is not None:
-            for k, v in s.decoder.counters.as_dict().items():
-                dec[k] += v
+            total.add(s.decoder.counters)
+        dec = total.as_dict()
         return {"transport": "serial", "port": self.port, "connected": self._down is None,
                 "down_reason": self._down, **self.stats,
                 "samples_overwritten": self._ring.overwritten, "rx": dec,
@@ -341,8 +342,7 @@ class SerialArm(Arm):
             s, self._session = self._session, None
             self._down = reason
         if s is not None:
-            for k, v in s.decoder.counters.as_dict().items():
-                setattr(self._past, k, getattr(self._past, k) + v)
+            self._past.add(s.decoder.counters)
         if s is not None and close:
             try:
                 s.port.close()
