@@ -323,7 +323,7 @@ class ServoSession:
         """Counters and the setpoint-to-cycle latency (client send to the cycle that used it), us."""
         k = min(self.accepted, LATENCY_WINDOW)
         lat = self.latency_ns[:k] / 1e3
-        buffered = None if self.buffer is None else {"depth": self.buffer.depth, **vars(self.buffer.counts)}
+        buffered = None if self.buffer is None else {"depth": self.buffer.depth, **self.buffer.counts.as_dict()}
         skipped = 0 if self.buffer is None else self.buffer.counts.skipped
         return {"mode": self.mode_name, "received": self.received, "accepted": self.accepted, "buffer": buffered,
                 "malformed": self.malformed, "refused_version": self.refused_version,

@@ -421,7 +421,7 @@ CASES = [
          ("driver.toml", "transport.interface/transport.channel", "armid-nocan9")),
     # the simulator's options
     Case("sim-unknown-option", lambda d: ["sim", "--transport", "serial", "--option", "bogus=3"],
-         ("transport serial", "'bogus'", "baudrate")),
+         ("serial device", "'bogus'", "baudrate")),
     Case("sim-rate-1e12", lambda d: ["sim", "--transport", "serial", "--rate", "1e12"],
          ("rate_hz", "1..10000")),
     # the online identification's options

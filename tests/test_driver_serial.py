@@ -227,13 +227,16 @@ def test_a_device_of_another_protocol_version_is_named(model, scripted):
 
 
 @pytest.mark.parametrize("options, error", [
-    ({"port": ""}, "port: expected a device path"),
-    ({"port": "/dev/x", "baudrate": 0}, "baudrate: expected an integer"),
-    ({"port": "/dev/x", "baudrate": 115200.5}, "baudrate: expected an integer"),
-    ({"port": "/dev/x", "counts_per_rev": -1}, "counts_per_rev: expected an integer"),
-    ({"port": "/dev/x", "device_watchdog_ms": float("nan")}, "device_watchdog_ms: expected a number"),
-    ({"port": "/dev/x", "device_watchdog_ms": 100, "heartbeat_ms": 80}, "heartbeat_ms: expected a number in 0.1..50"),
-    ({"port": "/dev/x", "reconnect_s": True}, "reconnect_s: expected a number"),
+    ({"port": ""}, "serial: option 'port': expected a device path"),
+    ({"port": "/dev/x", "baudrate": 0}, "serial: option 'baudrate': expected an integer of bit/s in 50..100000000, got 0"),
+    ({"port": "/dev/x", "baudrate": "fast"}, "serial: option 'baudrate': expected an integer of bit/s in 50..100000000, "
+                                             "got 'fast'"),
+    ({"port": "/dev/x", "baudrate": 115200.5}, "option 'baudrate': expected an integer"),
+    ({"port": "/dev/x", "counts_per_rev": -1}, "option 'counts_per_rev': expected an integer"),
+    ({"port": "/dev/x", "device_watchdog_ms": float("nan")}, "option 'device_watchdog_ms': expected a number"),
+    ({"port": "/dev/x", "device_watchdog_ms": 100, "heartbeat_ms": 80}, "option 'heartbeat_ms': expected a number of "
+                                                                        "ms in 0.1..50"),
+    ({"port": "/dev/x", "reconnect_s": True}, "option 'reconnect_s': expected a number"),
 ])
 def test_bad_options_are_refused_naming_the_option(model, options, error):
     with pytest.raises(SerialOptionError, match=re.escape(error)):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.counters import Counters
 
 MAX_DEPTH = 16
 MAX_QUEUED = 4096         # targets: seconds of a stalled drive loop at 1 kHz
@@ -38,7 +39,7 @@ WINDOW = 1000             # cycles over which the queue's shortest length is wat
 
 
 @dataclass
-class BufferCounts:
+class BufferCounts(Counters):
     """What the buffer did so far: targets received, consumed, underruns (cycles with none queued while
     running) and targets skipped to bound the latency."""
 
