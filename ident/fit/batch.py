@@ -394,7 +394,8 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
              payload_run: str | Path | Recording | None = None, payload_mass: float | None = None,
              base: BaseParameters | None = None, effort_delay: float | None = None,
              verbose: bool = False, max_bridged: int = MAX_BRIDGED_SAMPLES,
-             resample_hz: float | None = None, effort: str = "torque") -> Identification:
+             resample_hz: float | None = None, effort: str = "torque",
+             covariance: str = "correlated") -> Identification:
     """Identify the base parameters of a model from a recording: the pipeline behind `armid identify`.
 
     The recording is read, stale repeats dropped and uneven sampling resampled (ident.fit.resample); gaps of at
@@ -439,6 +440,9 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
         The rate uneven samples are resampled to (default: the recording's nominal clock).
     effort : {"torque", "current"}
         From an MCAP recording, the joint torques or the motor currents (ident.fit.preprocess.load_recording).
+    covariance : {"correlated", "hac", "textbook"}
+        The parameters' covariance (ident.fit.estimate.wls): for the rows' noise as the filters correlate it
+        (the default), Newey-West, or the textbook s^2 (W'W)^-1 for comparison.
 
     Returns
     -------
@@ -504,7 +508,8 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
             gains, gains_std, note = g.gains, g.gains_std, SCALE_NOTE_PAYLOAD
     torque = rows.in_torque(gains) if gains is not None else rows.y
     with steps("least squares (OLS, WLS)"):
-        same = dict(names=base.names, segments=rows.segment_id, row_correlation=rows.noise_correlation())
+        same = dict(names=base.names, segments=rows.segment_id, row_correlation=rows.noise_correlation(),
+                    covariance=covariance)
         ols = estimate.ols(rows.W, torque, rows.mask, **same)
         fit = estimate.wls(rows.W, torque, rows.mask, **same)
     cons = None
