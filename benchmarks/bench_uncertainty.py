@@ -8,7 +8,10 @@ Then the fleet's drift flag on unchanged arms (recordings k and k + sim.ensemble
 configuration, new noise) at 3 sigma against the nominal 0.27 %, and the time of `armid identify` at
 N = 100 000 samples with each covariance.
 
-    python benchmarks/bench_uncertainty.py [--count 200] [--seconds 6] [--workers 2]
+    python benchmarks/bench_uncertainty.py [--count 200] [--seconds 6] [--workers 2] [--cache DIR]
+
+With --cache, each recording's outcome is kept in DIR as it arrives, and a second run reuses them (a run cut
+short on a loaded machine goes on where it stopped).
 """
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import multiprocessing as mp  # noqa: E402
+import pickle  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from scipy.stats import norm  # noqa: E402
 
 from sim import ensemble  # noqa: E402
 
@@ -33,7 +37,25 @@ def parameter_class(name: str) -> str:
 
 
 def _run(args):
-    return ensemble.run(*args)
+    k, seconds = args
+    return k, ensemble.run(k, seconds)
+
+
+def outcomes_of(count: int, seconds: float, workers: int, cache: Path | None) -> list:
+    found = {}
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        for k in range(count):
+            f = cache / f"{k}-{seconds:g}s.pkl"
+            if f.is_file():
+                found[k] = pickle.loads(f.read_bytes())
+    todo = [(k, seconds) for k in range(count) if k not in found]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        for k, o in pool.imap_unordered(_run, todo):
+            found[k] = o
+            if cache is not None:
+                (cache / f"{k}-{seconds:g}s.pkl").write_bytes(pickle.dumps(o))
+    return [found[k] for k in range(count)]
 
 
 def calibration(outcomes, names) -> None:
@@ -104,11 +126,11 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cache", type=Path, default=None)
     a = ap.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     started = time.perf_counter()
-    with mp.get_context("spawn").Pool(a.workers) as pool:
-        outcomes = pool.map(_run, [(k, a.seconds) for k in range(a.count)], chunksize=4)
+    outcomes = outcomes_of(a.count, a.seconds, a.workers, a.cache)
     print(f"{a.count} recordings of {a.seconds:g} s simulated and identified in {time.perf_counter() - started:.0f} s")
     names = ensemble._setup("generic6")[1].names
     calibration(outcomes, names)
