@@ -37,7 +37,8 @@ from ident.fit.consistent import DEFAULT_LAMBDA, ConsistentFit, consistent_fit
 from ident.fit.drive_gains import SCALE_NOTE_NOMINAL, SCALE_NOTE_PAYLOAD, gains_with_payload
 from firmware_bridge.runtime.errors import InputError
 from ident.fit.excitation import FourierTrajectory, excitation_bandwidth
-from ident.fit.checks import fit_warnings
+from ident.fit.checks import fit_warnings, outlier_joint_warnings
+from ident.fit.choices import automatic_choices
 from ident.model import Model
 from ident.fit.preprocess import (DECIMATION_TAPS_PER_FACTOR, MAX_BRIDGED_SAMPLES, Recording, TooFewSamples,
                               bridge_short_gaps, check_effort_delay, decimation_filter, decimation_index,
@@ -368,6 +369,7 @@ class Identification:
     seconds: dict[str, float]
     residual_rms_measured: np.ndarray | None = None
     warnings: list[str] = field(default_factory=list)
+    choices: list[str] = field(default_factory=list)     # the automatic choices and why (ident.fit.choices)
 
     @property
     def torque(self) -> np.ndarray:
@@ -529,10 +531,20 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
         found = fit_warnings(base.names, fit.beta, fit.std, fit.cond, model.tau_max,
                              _velocity_bound(model, rows), None if val is None else val.relative,
                              list(model.joint_names))
+        if val is not None:
+            found += outlier_joint_warnings(val.relative, fit.rows / max(len(rows.t), 1),
+                                            measured_errors(rows.W, torque, fit.beta, rows.mask)[1],
+                                            list(model.joint_names))
+    chosen = automatic_choices(rows, cutoff_given=cutoff_hz is not None, decimate_given=decimate is not None,
+                               slow_velocity=slow_velocity, delay_given=effort_delay is not None,
+                               used=fit.rows, covariance=covariance)
+    if verbose:
+        for line in chosen:
+            print(f"  choice: {line}", file=sys.stderr)
     return Identification(model=model, base=base, rows=rows, fit=fit, ols=ols, gains=gains, gains_std=gains_std,
                           scale_note=note, consistent=cons, validation=val, trajectory=trajectory,
                           slow_velocity=slow_velocity, seconds=steps.seconds, residual_rms_measured=residual_measured,
-                          warnings=found)
+                          warnings=found, choices=chosen)
 
 
 def measured_errors(W: np.ndarray, y: np.ndarray, beta: np.ndarray,
