@@ -26,6 +26,16 @@ def test_the_moving_sum_bartlett_equals_the_lag_by_lag_definition_per_segment():
     np.testing.assert_allclose(whole, parts, rtol=1e-12)
 
 
+def test_the_convolved_gram_equals_the_lag_by_lag_sum_per_segment():
+    rng = np.random.default_rng(3)
+    A = rng.normal(size=(60, 3, 4))
+    A[10:14, 1] = 0.0                                      # left-out rows
+    K = np.array([1.0, 0.4, -0.2, 0.05])
+    bounds = hac.segment_bounds(np.repeat([0, 1], [35, 25]), 60)
+    np.testing.assert_allclose(hac.correlated_gram(A, K, bounds), hac.correlated_gram_direct(A, K, bounds),
+                               rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("factor, cutoff", [(1, 40.0), (5, 40.0), (12, 30.0)])
 def test_row_noise_correlation_is_that_of_the_filter_chain_applied_to_white_noise(factor, cutoff):
     """Oracle: the chain as a matrix D (rows x samples), built by running prepare's low-pass and

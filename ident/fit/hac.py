@@ -31,6 +31,7 @@ scores over every window that overlaps the segment (the scores padded with zeros
 from __future__ import annotations
 
 import numpy as np
+import scipy.ndimage
 import scipy.signal
 
 MAX_RHO = 0.97        # AR(1) coefficients of the scores are clipped here: the plug-in rule diverges at 1
@@ -186,17 +187,27 @@ def row_noise_correlation(rate_hz: float, cutoff_hz: float | None, factor: int, 
 
 
 def correlated_gram(A: np.ndarray, K: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
-    """(p, p) sum_j A_j' K A_j for weighted rows A (N, n, p) (left-out rows zero), each segment apart."""
+    """(p, p) sum_j A_j' K A_j for weighted rows A (N, n, p) (left-out rows zero), each segment apart: the rows
+    convolved along time with the symmetric kernel [K_L-1 .. K_1 K_0 K_1 .. K_L-1] (zeros beyond the segment),
+    then one product A' (K * A); the same as the lag-by-lag sum (`correlated_gram_direct`)."""
+    N, n, p = A.shape
+    kernel = np.concatenate([K[:0:-1], K])
+    out = np.zeros((p, p))
+    for a, b in bounds:
+        seg = A[a:b].reshape(b - a, n * p)
+        smooth = scipy.ndimage.convolve1d(seg, kernel, axis=0, mode="constant", cval=0.0)
+        out += seg.reshape(-1, p).T @ smooth.reshape(-1, p)
+    return 0.5 * (out + out.T)
+
+
+def correlated_gram_direct(A: np.ndarray, K: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
+    """correlated_gram by its definition, lag by lag (the oracle of the fast one)."""
     N, n, p = A.shape
     out = np.zeros((p, p))
     for a, b in bounds:
-        flat = A[a:b].reshape(b - a, n * p)
         for lag in range(min(len(K), b - a)):
-            if K[lag] == 0.0:
-                continue
-            # every joint's lag-l cross products at once: the (n p, n p) product's diagonal joint blocks
-            X, Y = flat[lag:].reshape(-1, n, p), flat[:b - a - lag].reshape(-1, n, p)
-            G = np.einsum("tja,tjb->ab", X, Y, optimize=True)
+            X, Y = A[a + lag:b], A[a:b - lag]
+            G = np.einsum("tja,tjb->ab", X, Y)
             out += K[lag] * (G if lag == 0 else G + G.T)
     return out
 
