@@ -35,8 +35,10 @@ def test_demo_runs_end_to_end_and_recovers_the_well_excited_parameters(tmp_path,
     truth = base.from_standard(model.standard_parameters())
     values = np.array([p["value"] for p in doc["base_parameters"]])
     pct = np.array([p["relative_std_pct"] or np.inf for p in doc["base_parameters"]])
-    good = pct < 2.0                                   # the well-identified ones (friction, gravity, Ia)
-    assert good.sum() >= 20
+    # the well-identified ones (friction, gravity, Ia): 15 of 58 at half a period, with the std that accounts for
+    # the filters' correlation and without the rows whose filter window reaches rest (docs/design/science.md)
+    good = pct < 2.0
+    assert good.sum() >= 12
     np.testing.assert_allclose(values[good], truth[good], rtol=0.05)
     assert max(doc["validation"]["relative"]) < 0.05
     reloaded = load_model(out / "model.toml")          # the identified model is a loadable, consistent model
