@@ -478,7 +478,8 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
     >>> result.base.count, len(result.fit.beta)
     (58, 58)
     >>> truth = result.base.from_standard(model.standard_parameters())
-    >>> bool(np.all(np.abs(result.fit.beta - truth) < 3 * result.fit.std))    # every one within 3 sigma
+    >>> beyond = int(np.sum(np.abs(result.fit.beta - truth) >= 3 * result.fit.std))
+    >>> beyond <= 1    # of 58 honest sigmas, 0.16 lie beyond 3 on average; two or more in 1 % of runs
     True
     """
     steps = Steps(verbose)
