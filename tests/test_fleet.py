@@ -118,7 +118,11 @@ def test_dask_gives_the_serial_results_exactly(serial, on_dask):
     for key in s:
         assert s[key].keys() == d[key].keys()
         for col, value in s[key].items():
-            if col != "error":
+            if col == "error":
+                continue
+            if isinstance(value, float):    # the covariance's sums may round differently in another process
+                assert d[key][col] == pytest.approx(value, rel=16 * np.finfo(float).eps, abs=0.0), (key, col)
+            else:
                 assert d[key][col] == value, (key, col)
     assert [j.recording for j, _ in on_dask.failures] == [j.recording for j, _ in serial.failures]
 
