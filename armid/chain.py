@@ -367,6 +367,7 @@ class Chain:
     workdir: Path
     plan: TransportPlan
     realtime: bool = True
+    model: str = "generic6"          # the arm the simulator and the driver run: a shipped name or an absolute path
     children: list[Child] = field(default_factory=list)
     sim: Child | None = None
     driver: Child | None = None
@@ -403,7 +404,7 @@ class Chain:
         (the driver's transport options)."""
         p = self.plan
         self.sim = self._start("sim", ["sim", "--transport", p.name, "--realtime", "--rate", f"{p.sim_rate_hz:g}",
-                                       "--seed", str(seed), *sim_options(p.name), *p.sim_args])
+                                       "--seed", str(seed), "--model", self.model, *sim_options(p.name), *p.sim_args])
 
         def ready():
             for line in self.sim.stdout.read_text(errors="replace").splitlines():
@@ -427,7 +428,7 @@ class Chain:
         options = {**self.connection, **dict(p.driver_options)}
         cfg = self.workdir / "driver.toml"
         cfg.write_text(driver_config(p.name, options, rate_hz=p.rate_hz, watchdog_ms=p.watchdog_ms,
-                                     state=self.state, commands=self.commands, clock=p.clock,
+                                     state=self.state, commands=self.commands, model=self.model, clock=p.clock,
                                      effort_delay_ms=1000.0 * effort_delay(p.sim_rate_hz)))
         self.driver = self._start("driver", ["driver", "--config", str(cfg)])
 

@@ -9,6 +9,12 @@
         for sample in arm.samples(count=1000):              # every sample, in order
             ...
 
+Every call is bounded in time; none waits forever. A command is sent only on a connection whose handshake
+has completed, within `timeout_s` (a refused or unfinished handshake gets a new socket within that limit);
+its reply then comes within `timeout_s` (`plan_timeout_s` for a motion); a sample or a health message within
+the timeout given; close() discards what is unsent (LINGER 0). Running out raises NoReply naming the endpoint
+and what was waited for. ServoStream.send never blocks.
+
 Commands follow ZeroMQ's "lazy pirate" pattern: a request without a reply within `timeout_s` closes the REQ
 socket, builds a new one and sends again (`retries` times), so a client outlives a daemon restart; after the
 last try it raises NoReply. Only `status` is retried: a command that may move the arm is never sent twice, and
@@ -51,6 +57,8 @@ POLL_S = 0.05               # s between status polls while waiting
 ARRIVED_TOLERANCE = 2e-3    # rad (m for prismatic joints): a waited-for motion has arrived when every measured
                             # joint is this close to the motion's goal
 SETTLE_S = 2.0              # s after the last target a waited-for motion has to arrive, else MotionFailed
+FIRST_HANDSHAKE_WAIT_S = 0.25   # s a new command socket may take to complete its handshake before it is replaced
+MAX_HANDSHAKE_WAIT_S = 2.0      # (the wait doubles with each new socket, up to this, within the client's timeout)
 
 
 class ClientError(InputError):
@@ -108,11 +116,13 @@ class ArmClient:
     state, commands : str
         The driver's endpoints (its config's [zmq] state and commands).
     timeout_s : float
-        Seconds to wait for each reply but a motion's, and, by default, for a sample (0 < s <= 3600).
+        Seconds to wait for a connection to the driver to complete its handshake before a command is sent,
+        for each reply but a motion's, and, by default, for a sample (0 < s <= 3600).
     retries : int
-        Times `status` is sent again on a new socket when no reply comes (lazy pirate).
+        Times `status` is sent again on a new socket when no reply comes (lazy pirate), >= 0.
     plan_timeout_s : float
-        Seconds to wait for a motion's reply (move_to, run_trajectory): the driver plans it first.
+        Seconds to wait for a motion's reply (move_to, run_trajectory): the driver plans it first
+        (0 < s <= 3600).
     curve_server_public, curve_client_secret : str or Path, optional
         CurveZMQ certificate files (both or neither).
     context : zmq.Context, optional
@@ -121,8 +131,8 @@ class ArmClient:
     Raises
     ------
     ClientError
-        A timeout out of range, one CurveZMQ certificate without the other, or a certificate that
-        cannot be read.
+        A timeout or retries out of range, one CurveZMQ certificate without the other, or a certificate
+        that cannot be read.
 
     See Also
     --------
@@ -146,8 +156,11 @@ class ArmClient:
     def __init__(self, state: str = DEFAULT_STATE, commands: str = DEFAULT_COMMANDS, *, timeout_s: float = 5.0,
                  retries: int = 3, plan_timeout_s: float = PLAN_REPLY_S, curve_server_public: str | Path | None = None,
                  curve_client_secret: str | Path | None = None, context: zmq.Context | None = None):
-        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 3600):
-            raise ClientError(f"timeout_s: expected 0 < seconds <= 3600, got {timeout_s!r}")
+        for name, value in (("timeout_s", timeout_s), ("plan_timeout_s", plan_timeout_s)):
+            if not (isinstance(value, (int, float)) and 0 < value <= 3600):
+                raise ClientError(f"{name}: expected 0 < seconds <= 3600, got {value!r}")
+        if not (isinstance(retries, int) and retries >= 0):
+            raise ClientError(f"retries: expected an integer >= 0, got {retries!r}")
         if (curve_server_public is None) != (curve_client_secret is None):
             raise ClientError("curve: give both curve_server_public and curve_client_secret, or neither")
         self.state_endpoint, self.commands_endpoint = state, commands
@@ -170,8 +183,10 @@ class ArmClient:
     def request(self, cmd: str, **fields) -> dict:
         """Send one command and return the driver's reply (docs/reference/stream.md lists the commands).
 
-        Only `status` is retried, on a new socket, when no reply comes: a command that may move the arm is
-        never sent twice.
+        The command is sent once a connection's handshake completes (within the client's timeout_s; a
+        socket whose handshake was refused is replaced within that limit), and its reply awaited for timeout_s
+        (plan_timeout_s for a motion). Only `status` is retried, on a new socket, when no reply comes: a
+        command that may move the arm is never sent twice.
 
         Parameters
         ----------
@@ -190,7 +205,10 @@ class ArmClient:
         CommandRefused
             The driver answered with an error (its message).
         NoReply
-            No reply within the timeout (after the retries, for status).
+            Not sent within the timeout (no driver there, or its handshake refused), or no reply within the
+            timeout (after the retries, for status); the message names the endpoint and what was waited for.
+        ClientError
+            An endpoint ZeroMQ cannot connect to.
 
         Examples
         --------
@@ -199,17 +217,16 @@ class ArmClient:
         >>> arm.request("no_such_command")
         Traceback (most recent call last):
         ...
-        armid.client.CommandRefused: no_such_command: ...
+        armid.client.CommandRefused: unknown command 'no_such_command' ...
         """
         message = json.dumps({"cmd": cmd, **fields}).encode()
         tries = 1 + (self.retries if cmd == "status" else 0)
         timeout_s = self.plan_timeout_s if cmd in PLANNING else self.timeout_s
         with self._req_lock:
             for attempt in range(tries):
-                sock = self._req_socket()
-                sock.send(message)
-                if sock.poll(int(timeout_s * 1000)):
-                    reply = json.loads(sock.recv())
+                self._send_request(cmd, message)
+                if self._req.poll(int(timeout_s * 1000)):
+                    reply = json.loads(self._req.recv(zmq.NOBLOCK))
                     break
                 self._drop_req()                    # lazy pirate: a REQ socket without its reply is stuck
             else:
@@ -217,7 +234,7 @@ class ArmClient:
                 raise NoReply(f"{self.commands_endpoint}: no reply to {cmd} within {timeout_s:g} s"
                               f"{f' x {tries}' if tries > 1 else ''}{again} (is the driver running there?)")
         if not reply.get("ok"):
-            raise CommandRefused(f"{cmd}: {reply.get('error', reply)}")
+            raise CommandRefused(str(reply.get("error", reply)))     # the driver's words name the command
         return reply
 
     def status(self) -> dict:
@@ -384,7 +401,7 @@ class ArmClient:
         >>> arm.move_to([0.0, 0.0, 9.0, 0.0, 0.0, 0.0])
         Traceback (most recent call last):
         ...
-        armid.client.CommandRefused: move_to: ...joint j3: goal 9...
+        armid.client.CommandRefused: move_to refused: joint j3: goal 9...
         """
         return self._motion(wait, "move_to", q=[float(x) for x in np.asarray(q, dtype=float).reshape(-1)],
                             speed=float(speed))
@@ -480,6 +497,9 @@ class ArmClient:
               buffer_cycles: int | None = None) -> "ServoStream":
         """Begin servo mode: stream position or torque setpoints, each checked against the limits on arrival.
 
+        The driver's reply carries this session's token; the returned stream puts it in every setpoint, and the
+        driver uses no setpoint without it.
+
         Parameters
         ----------
         mode : {"position", "torque"}
@@ -492,12 +512,15 @@ class ArmClient:
         Returns
         -------
         ServoStream
-            A context manager whose exit sends servo_stop; `send` one setpoint per cycle at most.
+            A context manager whose exit sends servo_stop; `send` one setpoint per cycle at most (after a
+            pause, the one for now rather than the missed ones).
 
         Raises
         ------
         CommandRefused
             Drives not enabled, a motion running, or an unknown mode.
+        ClientError
+            The driver gave no session token (a driver older than this client); servo mode is stopped again.
 
         Examples
         --------
@@ -519,7 +542,12 @@ class ArmClient:
         fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)}) \
             | ({} if buffer_cycles is None else {"buffer_cycles": int(buffer_cycles)})
         reply = self.request("servo", **fields)
-        return ServoStream(self, reply["endpoint"], mode)
+        token = reply.get("token")
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 < token < 2 ** 64:
+            self.request("servo_stop")
+            raise ClientError(f"servo: the driver's reply has no session token ({str(token)[:40]!r}): it is older "
+                              f"than this client, which streams servo setpoints of version 2")
+        return ServoStream(self, reply["endpoint"], mode, token)
 
     def wait_motion(self, timeout_s: float, progress: Callable[[float], object] | None = None) -> dict:
         """Block until no motion runs.
@@ -614,13 +642,40 @@ class ArmClient:
                 progress(time.monotonic() - started)
             time.sleep(POLL_S)
 
+    def _send_request(self, cmd: str, message: bytes) -> None:
+        """Hand `message` to a connection whose handshake has completed, within the client's timeout.
+
+        The REQ socket queues only on completed connections (IMMEDIATE): until one is ready, nothing is sent.
+        A handshake the driver refused (CURVE keys, an authenticator not yet serving) ends that connection for
+        good, so a socket that stays unwritable is replaced by a new one, within the same time limit. Nothing
+        has left this client when this runs out, so it is safe for any command."""
+        deadline = time.monotonic() + self.timeout_s
+        wait_s = FIRST_HANDSHAKE_WAIT_S
+        while True:
+            sock = self._req_socket()
+            left = deadline - time.monotonic()
+            if sock.poll(int(max(0.0, min(wait_s, left)) * 1000), zmq.POLLOUT):
+                try:
+                    sock.send(message, zmq.NOBLOCK)
+                    return
+                except zmq.Again:
+                    pass
+            self._drop_req()
+            if time.monotonic() >= deadline:
+                keys = "this client's CURVE keys" if self._curve is not None else "a client without CURVE keys"
+                raise NoReply(f"{self.commands_endpoint}: {cmd} not sent: no connection to a driver completed its "
+                              f"handshake within {self.timeout_s:g} s (is the driver running there, and does it "
+                              f"accept {keys}?)")
+            wait_s = min(2.0 * wait_s, MAX_HANDSHAKE_WAIT_S)
+
     def _req_socket(self) -> zmq.Socket:
         if self._req is None:
             sock = self.ctx.socket(zmq.REQ)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)       # writable only once a connection's handshake completed
             if self._curve is not None:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
-            sock.connect(self.commands_endpoint)
+            _connect(sock, self.commands_endpoint)
             self._req = sock
         return self._req
 
@@ -754,7 +809,7 @@ class ArmClient:
                     raise NoReply(f"{self.state_endpoint}: no state message within {wait:g} s "
                                   f"(is the driver running there?)")
                 return None
-            frames = sub.recv_multipart()
+            frames = sub.recv_multipart(zmq.NOBLOCK)
             try:
                 sample = Sample.decode(frames[1]) if len(frames) == 2 else None
             except stream.StreamDecodeError:
@@ -802,7 +857,7 @@ class ArmClient:
             if self._health_sub is None:
                 sock = self.ctx.socket(zmq.SUB)
                 sock.setsockopt(zmq.LINGER, 0)
-                sock.connect(self.state_endpoint)
+                _connect(sock, self.state_endpoint)
                 sock.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_HEALTH)
                 self._health_sub = sock
             newest, deadline = None, time.monotonic() + wait
@@ -810,7 +865,7 @@ class ArmClient:
                 left = 0.0 if newest is not None else max(0.0, deadline - time.monotonic())
                 if not self._health_sub.poll(int(left * 1000)):
                     break
-                frames = self._health_sub.recv_multipart()
+                frames = self._health_sub.recv_multipart(zmq.NOBLOCK)
                 try:
                     message = json.loads(frames[1]) if len(frames) == 2 and frames[0] == stream.TOPIC_HEALTH else None
                 except (UnicodeDecodeError, ValueError):
@@ -829,7 +884,7 @@ class ArmClient:
             sock = self.ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 100_000)
-            sock.connect(self.state_endpoint)
+            _connect(sock, self.state_endpoint)
             sock.setsockopt(zmq.SUBSCRIBE, stream.TOPIC_STATE)
             self._sub = sock
         return self._sub
@@ -870,21 +925,25 @@ class ArmClient:
 
 
 class ServoStream:
-    """Setpoints to the driver's servo socket (firmware_bridge.servo_wire), from ArmClient.servo. send() never
-    blocks: a setpoint the socket cannot queue (the driver is gone or far behind) is counted in `dropped`."""
+    """Setpoints to the driver's servo socket (firmware_bridge.servo_wire), from ArmClient.servo, each carrying the
+    session's token. send() never blocks: at most QUEUE setpoints wait in this client; one the socket cannot
+    queue (the driver is gone or far behind) is counted in `dropped` and never sent later. stop() is bounded as
+    ArmClient.request is, and closes the socket without waiting (LINGER 0)."""
 
-    def __init__(self, client: ArmClient, endpoint: str, mode: str):
+    QUEUE = 16                  # setpoints this client holds for the driver at most
+
+    def __init__(self, client: ArmClient, endpoint: str, mode: str, token: int):
         from firmware_bridge import servo_wire
 
-        self.client, self.endpoint, self.mode_name = client, endpoint, mode
+        self.client, self.endpoint, self.mode_name, self.token = client, endpoint, mode, token
         self._mode = servo_wire.MODES[mode]
         self._encode = servo_wire.encode
         self._push = client.ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 0)
-        self._push.setsockopt(zmq.SNDHWM, 16)
+        self._push.setsockopt(zmq.SNDHWM, self.QUEUE)
         if client._curve is not None:
             self._push.curve_serverkey, self._push.curve_publickey, self._push.curve_secretkey = client._curve
-        self._push.connect(endpoint)
+        _connect(self._push, endpoint)
         self.seq = 0
         self.sent = 0
         self.dropped = 0
@@ -892,8 +951,10 @@ class ServoStream:
     def send(self, values, t_ns: int | None = None) -> bool:
         """Send one setpoint; never blocks.
 
-        The driver judges velocity and acceleration between setpoints by the times they carry, so a setpoint
-        computed for time t should carry t.
+        The driver judges velocity and acceleration between setpoints by the times they carry (held to its own
+        clock), so a setpoint computed for time t should carry t. After a pause, send the setpoint for now,
+        not the ones missed: the driver keeps a few cycles of setpoints at most, and its drives cross a gap on
+        a straight line at no more than the velocity limit.
 
         Parameters
         ----------
@@ -915,7 +976,7 @@ class ServoStream:
         self.seq += 1
         stamp = time.time_ns() if t_ns is None else int(t_ns)
         try:
-            self._push.send(self._encode(self._mode, self.seq, stamp, values), zmq.NOBLOCK)
+            self._push.send(self._encode(self._mode, self.token, self.seq, stamp, values), zmq.NOBLOCK)
         except zmq.Again:
             self.dropped += 1
             return False
@@ -955,6 +1016,15 @@ class ServoStream:
     def __exit__(self, *exc) -> None:
         if not self._push.closed:
             self.stop()
+
+
+def _connect(sock: zmq.Socket, endpoint: str) -> None:
+    """sock.connect(endpoint), ClientError naming an endpoint ZeroMQ cannot connect to (the socket closed)."""
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise ClientError(f"{endpoint}: cannot connect: {exc}") from None
 
 
 def _curve_keys(server_public: str | Path, client_secret: str | Path) -> tuple[bytes, bytes, bytes]:

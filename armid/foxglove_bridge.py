@@ -14,7 +14,12 @@ Channels (Foxglove's own message types where one fits, else JSON with a JSON sch
   /armid/model    JSON: the model's joints, limits and frame names, sent like /robot_description
 
 The stream comes at the cycle rate (1 kHz); the bridge publishes every `decimate`-th message (default: about
-100 Hz) so that a browser keeps up; the state channel and health carry every field.
+100 Hz) so that a browser keeps up; the state channel and health carry every field. Stamps and log times are
+each sample's own time (SampleClock: its device_time_ns on the host's clock), unique per sample even when the
+driver publishes several samples in one cycle to catch up.
+
+The server is the SDK's: WebSocket subprotocol `foxglove.sdk.v1`; clients that offer only the older
+`foxglove.websocket.v1` are refused (HTTP 400) by the SDK.
 """
 from __future__ import annotations
 
@@ -55,6 +60,30 @@ def _ros2_channel(foxglove, topic: str, message: tuple[str, str]):
     """A channel of ROS 2 CDR messages (firmware_bridge.mcap_schema's definitions), which Foxglove decodes itself."""
     schema = foxglove.Schema(name=message[0], encoding=mcap_schema.SCHEMA_ENCODING, data=message[1].encode())
     return foxglove.Channel(topic, schema=schema, message_encoding=mcap_schema.MESSAGE_ENCODING)
+
+
+class SampleClock:
+    """Per-sample stamps on the host's UNIX clock (ns): the sample's device_time_ns plus the smallest
+    host_time_ns - device_time_ns seen (the sample read with the least delay), taken again every window_ns so that
+    it follows a device clock that drifts, and at once when the device clock jumps (a restart). Stamps strictly
+    increase: samples read together (host_time_ns shared) keep their own times and order."""
+
+    def __init__(self, window_ns: int = 10_000_000_000, jump_ns: int = 1_000_000_000):
+        self.window_ns, self.jump_ns = int(window_ns), int(jump_ns)
+        self._offset: int | None = None
+        self._window_min = self._window_start = self._last = 0
+
+    def stamp(self, device_ns: int, host_ns: int) -> int:
+        offset = host_ns - device_ns
+        if self._offset is None or abs(offset - self._offset) > self.jump_ns:
+            self._offset, self._window_min, self._window_start = offset, offset, host_ns
+        self._offset = min(self._offset, offset)
+        self._window_min = min(self._window_min, offset)
+        if host_ns - self._window_start >= self.window_ns:
+            self._offset, self._window_min, self._window_start = self._window_min, offset, host_ns
+        t = max(device_ns + self._offset, self._last + 1)
+        self._last = t
+        return t
 
 
 class _Subscriptions:
@@ -99,6 +128,7 @@ class Bridge:
         self.description = _ros2_channel(foxglove, mcap_schema.TOPIC_ROBOT_DESCRIPTION, mcap_schema.STRING)
         self.description_cdr = mcap_schema.encode_string(frames.robot_description(model))
         self.diagnostics = _ros2_channel(foxglove, mcap_schema.TOPIC_DIAGNOSTICS, mcap_schema.DIAGNOSTIC_ARRAY)
+        self.clock = SampleClock()
         self.published = self.received = self.bad_messages = 0
         self._bad_log = Throttle(logging.getLogger(__name__), logging.WARNING, 10.0)
         self._stop = threading.Event()
@@ -167,7 +197,7 @@ class Bridge:
                 self.received += 1
                 if self.received % self.decimate:
                     continue
-                ns = int(r["host_time_ns"])
+                ns = self.clock.stamp(int(r["device_time_ns"]), int(r["host_time_ns"]))
                 stamp = Timestamp(sec=ns // 1_000_000_000, nsec=ns % 1_000_000_000)
                 q, qd, tau = (np.asarray(r[k], dtype=float) for k in ("q", "qd", "torque"))
                 self.joints.log(JointStates(timestamp=stamp, joints=[

@@ -7,9 +7,10 @@ sends all of it, python-can's logger ("can"), canopen's and pymodbus's included,
 handler:
 
 - level: `--log-level` (DEBUG, INFO, WARNING, ERROR, CRITICAL), else the environment's ARMID_LOG_LEVEL, else
-  INFO. Unless it is DEBUG, python-can's and canopen's loggers pass WARNING and above only, and pymodbus's
-  only CRITICAL (it logs every lost response at ERROR; the gateway transport counts them and logs them
-  rate-limited).
+  INFO. Unless it is DEBUG, python-can's, canopen's and Dask's (distributed) loggers pass WARNING and above
+  only, and pymodbus's only CRITICAL (it logs every lost response at ERROR; the gateway transport counts them
+  and logs them rate-limited). The floor holds even for a library that sets its own loggers' levels when it is
+  imported (distributed does): the handler filters by logger name.
 - format: `--log-format text` (one line: time, level, logger, message) or `json` (one JSON object per line:
   time, level, logger, message, PRIORITY and the record's extra fields such as joint or error_code). By
   default json when stderr is not a terminal and JOURNAL_STREAM is set (a systemd service), else text.
@@ -37,8 +38,10 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS = ("text", "json")
 ENV_LEVEL = "ARMID_LOG_LEVEL"
 # third-party loggers' lowest level unless --log-level DEBUG: python-can's and canopen's warnings pass;
-# pymodbus logs each lost response at ERROR, which driver.transports.gateway counts and logs rate-limited
-THIRD_PARTY = {"can": logging.WARNING, "canopen": logging.WARNING, "pymodbus": logging.CRITICAL}
+# pymodbus logs each lost response at ERROR, which driver.transports.gateway counts and logs rate-limited;
+# Dask's distributed logs a cluster's start and stop at INFO (dozens of lines through a progress bar)
+THIRD_PARTY = {"can": logging.WARNING, "canopen": logging.WARNING, "pymodbus": logging.CRITICAL,
+               "distributed": logging.WARNING}
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _listener: logging.handlers.QueueListener | None = None
@@ -190,6 +193,18 @@ class _Text(logging.Formatter):
         return datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
 
 
+class _ThirdPartyFloor(logging.Filter):
+    """Drops a third-party logger's records below its THIRD_PARTY floor, whatever level the library gave its
+    loggers itself (distributed sets "distributed" to INFO when it is imported)."""
+
+    def filter(self, record):
+        name = record.name
+        for prefix, floor in THIRD_PARTY.items():
+            if (name == prefix or name.startswith(prefix + ".")) and record.levelno < floor:
+                return False
+        return True
+
+
 class _Prefixed(logging.Formatter):
     """Each line of another formatter's output prefixed with the record's syslog priority (journald)."""
 
@@ -242,6 +257,8 @@ def configure(level: str | None = None, fmt: str | None = None, stream=None,
     records: queue.SimpleQueue = queue.SimpleQueue()
     _listener = logging.handlers.QueueListener(records, out)
     _handler = logging.handlers.QueueHandler(records)
+    if levelno > logging.DEBUG:
+        _handler.addFilter(_ThirdPartyFloor())
     root = logging.getLogger()
     root.addHandler(_handler)
     root.setLevel(levelno)

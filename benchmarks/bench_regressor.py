@@ -42,7 +42,7 @@ def report(name: str, ours_us: float, ref_name: str, ref_us: float, unit: str = 
 
 def subprocess_seconds(code: str) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=600)
     return time.perf_counter() - t
 
 
@@ -91,7 +91,7 @@ def main() -> None:
     t_pin_rnea = best_of(pin_rnea, 1) / N_PIN * 1e6
     report("rnea UR5 N=100000", t_rnea, "pinocchio.rnea loop", t_pin_rnea)
 
-    warm = "import numpy as np; from ident.model import load_model; from ident import dynamics; " \
+    warm = "import numpy as np; from ident.model import load_model, dynamics; " \
            "m = load_model('generic6'); q = np.zeros((10, 6)); dynamics.regressor(m, q, q, q); dynamics.rnea(m, q, q, q)"
     subprocess_seconds(warm)  # fills numba's disk cache if this install has not yet
     t_warm = min(subprocess_seconds(warm) for _ in range(3))

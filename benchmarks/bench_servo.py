@@ -9,7 +9,8 @@ streams a smooth position setpoint (a 0.1 rad raised cosine on joint 1) at the d
     driver's host_time_ns to this process receiving the message (reference: the same machine, ZeroMQ and
     processes, the opposite direction);
   - missed setpoints: the cycles in which the driver found no new setpoint (it held the last), as a share of
-    the setpoints sent; and the setpoints this client could not queue.
+    the setpoints sent; the setpoints this client could not queue (and the gaps in seq the driver saw), the
+    setpoints the driver dropped to bound its buffer's latency, and the cycles its drives spent crossing a gap.
 The driver's setpoint buffer (--buffer-cycles, default 2 as the servo command's) trades latency for carrying
 out every setpoint: with 0 the newest setpoint of each cycle is taken.
 
@@ -73,7 +74,9 @@ def main() -> int:
           f"(reference: the state stream to this client, p50 {ref50:.0f} us, p99 {ref99:.0f} us; "
           f"p99 ratio {lat['p99'] / ref99:.2f})")
     print(f"missed setpoints: {stats['missed_cycles']} cycles held of {sent} sent ({100 * stats['missed_cycles'] / max(sent, 1):.2f} %), "
-          f"{stats['accepted']} taken, {dropped} not queued by the client; ended: {stats.get('ended')}; fault: {fault}")
+          f"{stats['accepted']} taken, {dropped} not queued by the client ({stats['lost']} lost seen by the driver), "
+          f"{stats['dropped']} dropped by the driver, {stats['bridged_cycles']} cycles crossing a gap; "
+          f"ended: {stats.get('ended')}; fault: {fault}")
     return 0
 
 

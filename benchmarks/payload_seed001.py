@@ -129,7 +129,7 @@ def sim_rows(model: Model | None = None, realisations: int = 5) -> list[Row]:
     near-rated CoM, over `realisations` independent noise draws."""
     model = model or load_model("generic6")
     return _scenario(model, [(SIM_MASS, MASS_COM)] * realisations, "seed001 sim 0.3 N m noise",
-                     {"torque-balance": "max 0.047 kg / 0.373 mm (seed, simulated)"},
+                     {"torque-balance": "max 0.047 kg / 0.373 mm (Gao et al. 2025, simulated)"},
                      rate_hz=1000.0, noise_std=0.3, load_friction=0.0, seed=1)
 
 
@@ -138,7 +138,7 @@ def experiment_rows(model: Model | None = None) -> list[Row]:
     model = model or load_model("generic6")
     cases = [(m, MASS_COM) for m in MASSES] + [(SLIDER, c) for c in slider_coms()]
     return _scenario(model, cases, "seed001 experiment",
-                     {"torque-balance": "mean 0.032 kg / 4.14 mm, max 0.052 kg / 6.65 mm (seed, EC66)"},
+                     {"torque-balance": "mean 0.032 kg / 4.14 mm, max 0.052 kg / 6.65 mm (Gao et al. 2025, EC66)"},
                      rate_hz=100.0, noise_std=0.3, load_friction=0.01, seed=100)
 
 

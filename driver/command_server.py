@@ -9,7 +9,9 @@ client that asked, in any order). Each turn of the loop:
   3. collects the planner's answer when it is ready and starts the motion.
 Whatever a request raises becomes an error reply naming the request, counted in `stats` (the health topic's
 `commands`), and the loop goes on. At most PER_CLIENT requests of one client wait (and BACKLOG of all);
-beyond that a request is refused unread, so that a client flooding the socket delays only itself.
+beyond that a request is refused unread. Waiting requests are answered one client after the other (round
+robin over the clients' ROUTER identities), so that a client flooding the socket delays only itself: another
+client's request waits for at most one request of each other waiting client.
 """
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ class CommandServer:
     def __init__(self, sock: zmq.Socket, commands: Commands, planner: Planner, stop: threading.Event):
         self.sock, self.commands, self.planner, self._stop = sock, commands, planner, stop
         self._refusals = Throttle(_log, logging.WARNING, REFUSAL_LOG_INTERVAL_S)
-        self._waiting: deque[tuple[list, bytes]] = deque()
-        self._per_client: dict[bytes, int] = {}     # requests waiting, by the client's ROUTER identity
+        # requests waiting, by the client's ROUTER identity, in the order the clients are served (round robin)
+        self._waiting: dict[bytes, deque[tuple[list, bytes]]] = {}
+        self._queued = 0
         self._planning: list | None = None          # the envelope of the motion request being planned
         self.received = 0
         self.answered = 0
@@ -57,7 +60,7 @@ class CommandServer:
         return {"received": self.received, "answered": self.answered, "errors": self.errors,
                 "internal_errors": self.internal_errors, "refused_busy": self.refused_busy,
                 "unsent_replies": self.unsent, "malformed_envelopes": self.malformed_envelopes,
-                "urgent": self.urgent, "waiting": len(self._waiting), "last_internal_error": self.last_internal_error,
+                "urgent": self.urgent, "waiting": self._queued, "last_internal_error": self.last_internal_error,
                 "planner": self.planner.stats()}
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -89,11 +92,7 @@ class CommandServer:
                 continue
             self._guard("read", self._read)
             if self._waiting:
-                envelope, body = self._waiting.popleft()
-                left = self._per_client.pop(envelope[0], 1) - 1
-                if left:
-                    self._per_client[envelope[0]] = left
-                self._guard_request(envelope, body, self._answer)
+                self._guard_request(*self._next_waiting(), self._answer)
             self._guard("planner", self._planner_turn)
             fd = self.planner.fileno()
             if fd != planner_fd:               # the planner was restarted: a new pipe
@@ -137,13 +136,23 @@ class CommandServer:
             envelope, body = split
             if len(body) < 256 and any(mark in body for mark in _URGENT_MARKS):
                 self._guard_request(envelope, body, self._answer)   # before anything that waits
-            elif len(self._waiting) >= BACKLOG or self._per_client.get(envelope[0], 0) >= PER_CLIENT:
+            elif self._queued >= BACKLOG or len(self._waiting.get(envelope[0], ())) >= PER_CLIENT:
                 self.refused_busy += 1
                 self._reply(envelope, {"ok": False, "error": "request refused unread: too many requests are "
                                                              "waiting; wait for the replies before sending more"})
             else:
-                self._waiting.append((envelope, body))
-                self._per_client[envelope[0]] = self._per_client.get(envelope[0], 0) + 1
+                self._waiting.setdefault(envelope[0], deque()).append((envelope, body))
+                self._queued += 1
+
+    def _next_waiting(self) -> tuple[list, bytes]:
+        """The next waiting request: the oldest of the client served longest ago, which then goes last."""
+        client = next(iter(self._waiting))
+        queue = self._waiting.pop(client)
+        request = queue.popleft()
+        if queue:
+            self._waiting[client] = queue
+        self._queued -= 1
+        return request
 
     # -- answering -----------------------------------------------------------------------------------
     def _answer(self, envelope: list, body: bytes) -> None:

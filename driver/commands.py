@@ -10,7 +10,7 @@ asked to start it; the reply says so or names the joint, quantity and time.
   run_trajectory file: a trajectory file in the trajectory folder, periods (default 1)
                  | samples: {"t": [N] s, "q": [[n] x N] rad}
   servo          mode: "position" | "torque", timeout_cycles (default 50): take streamed setpoints from the
-                 servo socket (driver.servo); servo_stop ends it
+                 servo socket (driver.servo); the reply's token goes in every setpoint; servo_stop ends it
   set_payload    mass kg, com [3] m (flange frame), inertia [XX XY XZ YY YZ ZZ] kg m^2 about the CoM;
                  mass 0 clears it. Checked against the model's rated payload and reach, and the holding
                  torque it needs against the torque limits; planning checks and the feed-forward include it.
@@ -97,10 +97,8 @@ class Commands:
 
         try:
             return {"ok": True, **(fn() or {})}
-        except InputError as exc:
-            return {"ok": False, "error": str(exc)}
-        except (DriverFault, TimeoutError) as exc:
-            return {"ok": False, "error": f"{cmd}: {exc}"}
+        except (InputError, DriverFault, TimeoutError) as exc:
+            return {"ok": False, "error": named(cmd, str(exc))}
 
     def plan_job(self, raw: bytes) -> PlanJob:
         """What the planner needs for the motion request `raw`: the planning model (with the payload), the
@@ -162,6 +160,11 @@ class Commands:
         inertia = number_list(req, "inertia", 6) if "inertia" in req else [0.0] * 6
         self.driver.set_payload(mass, com, inertia)
         return {"payload": {"mass": mass, "com": com, "inertia": inertia}}
+
+
+def named(cmd: str, text: str) -> str:
+    """An error text that begins with the command it refuses: as it is when it does, else "cmd: text"."""
+    return text if text.startswith((f"{cmd}:", f"{cmd} ")) else f"{cmd}: {text}"
 
 
 def encode(obj: dict) -> bytes:

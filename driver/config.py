@@ -151,7 +151,9 @@ def load_config(path: str | Path) -> DriverConfig:
     if "trajectory_dir" in drv:
         folder = (path.parent / _text(src, "driver.trajectory_dir", drv["trajectory_dir"])).resolve()
         if not folder.is_dir():
-            raise ConfigError(src, "driver.trajectory_dir", "an existing folder", str(folder))
+            raise InputError(f"{src}: driver.trajectory_dir: the folder {folder} does not exist; create it "
+                             f"(mkdir {folder}) and put the trajectory files there, or remove the key (then "
+                             f"run_trajectory takes presets and inline setpoints only)")
         trajectory_dir = str(folder)
     max_motion = _positive(src, "driver.max_motion_s", drv.get("max_motion_s", MAX_MOTION_S))
     if max_motion > MAX_MOTION_LIMIT_S:

@@ -137,6 +137,7 @@ class Cycle:
         self._k = 0
         self.servo: ServoSession | None = None     # a client's streamed setpoints (driver.servo)
         self.servo_ended: dict | None = None       # the last session's counters and why it ended
+        self.servo_totals: dict[str, int] = {}     # the ended sessions' counters, summed (ServoSession.totals)
         self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
         # bookkeeping
         self.seq = 0
@@ -390,6 +391,7 @@ class Cycle:
             return
         self.servo = None
         self.servo_ended = {**session.stats(), "ended": reason}
+        self.servo_totals = session.totals(self.servo_totals)
         self.hold[:] = session.last if session.mode == MODE_POSITION else self.state.q
         self.command.mode[:] = int(Mode.CSP)
         try:

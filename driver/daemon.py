@@ -41,6 +41,7 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
+from driver import authenticator
 from driver.command_server import CommandServer
 from driver.commands import Commands
 from driver.cycle import Cycle, DriverFault
@@ -60,6 +61,8 @@ from ident.payload import payload_parameters
 HEALTH_PERIOD_S = 1.0
 _log = logging.getLogger(__name__)
 PLANNER_START_S = 60.0        # the longest start() waits for the planner process to load its kernels
+THREAD_STACK_BYTES = 4 << 20  # the driver's own threads' stacks while lock_memory is set (8 MiB each by default,
+                              # all of it resident once locked)
 SWITCH_INTERVAL_S = 0.0005    # the longest another Python thread holds the interpreter while the cycle waits
 _SEND = int(zmq.NOBLOCK)                    # plain ints: no enum arithmetic per message
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
@@ -148,6 +151,8 @@ class Driver:
             if not is_local(endpoint) and endpoints.curve is None:
                 raise EndpointError(f"{label} endpoint {endpoint}: binding beyond loopback/ipc requires "
                                     f"CurveZMQ keys ([zmq.curve] server_secret_file and authorized_clients_dir)")
+        # read the keys now: a missing file stops the driver before it starts anything (the planner process)
+        self._curve_keys = None if endpoints.curve is None else load_curve_keys(endpoints.curve)
         self.model = model
         self.planning_model = model
         self.payload = np.zeros(10)
@@ -183,6 +188,7 @@ class Driver:
         self.metrics = metrics
         self.last_health: dict | None = None
         self._metrics_server = None
+        self._lateness = None            # driver.metrics.LatenessHistogram while metrics are served
         self.started_at = 0.0
         self.bound: dict[str, str] = {}
         self._recorder: threading.Thread | None = None
@@ -191,7 +197,17 @@ class Driver:
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the planner process, open the link, bind the sockets, start the cycle, wait (at most
-        PLANNER_START_S) until the planner has loaded its kernels, start the command server."""
+        PLANNER_START_S) until the planner has loaded its kernels, start the command server. With lock_memory
+        the driver's threads start with THREAD_STACK_BYTES stacks."""
+        locking = self.realtime is not None and self.realtime.lock_memory
+        stack = threading.stack_size(THREAD_STACK_BYTES) if locking else None
+        try:
+            self._start()
+        finally:
+            if stack is not None:
+                threading.stack_size(stack)
+
+    def _start(self) -> None:
         self.planner.start()        # it loads its kernels meanwhile, at a lower priority than the cycle's
         try:
             self.arm.open()
@@ -218,11 +234,13 @@ class Driver:
             if self.endpoints.curve is not None:
                 self._secure(self._servo, self.endpoints.curve)
             self._servo.bind(self.endpoints.servo_endpoint)
-        except zmq.ZMQError as exc:
+        except (zmq.ZMQError, EndpointError, authenticator.AuthenticatorError) as exc:
             self._close_sockets()
             self.planner.close()
             self.arm.close()
-            raise EndpointError(f"cannot bind: {exc}") from None
+            if isinstance(exc, EndpointError):
+                raise
+            raise EndpointError(f"cannot bind: {exc}" if isinstance(exc, zmq.ZMQError) else str(exc)) from None
         self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
                       "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT),
                       "servo": self._servo.getsockopt_string(zmq.LAST_ENDPOINT)}
@@ -274,8 +292,10 @@ class Driver:
             from driver import metrics as prometheus
 
             try:
+                self._lateness = prometheus.LatenessHistogram()
                 self._metrics_server = prometheus.serve(self.metrics.address, lambda: self.last_health,
-                                                        tuple(self.model.joint_names), self.metrics.allow_remote)
+                                                        tuple(self.model.joint_names), self.metrics.allow_remote,
+                                                        self._lateness)
             except InputError:
                 self.stop()
                 raise
@@ -288,8 +308,7 @@ class Driver:
         if self.supervision is not None:
             self.supervision.stopping()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.close()
             self._metrics_server = None
         if self.cycle.running:
             try:
@@ -352,27 +371,13 @@ class Driver:
                 sock.close(0)
         self._pub = self._rep = self._servo = None
         if self._auth is not None:
-            self._auth.stop()
+            authenticator.stop(self._auth)
             self._auth = None
 
     def _secure(self, sock: zmq.Socket, curve: Curve) -> None:
-        import zmq.auth
-        from zmq.auth.thread import ThreadAuthenticator
-
-        for label, path in (("server_secret_file", curve.server_secret_file),
-                            ("authorized_clients_dir", curve.authorized_clients_dir)):
-            if not os.path.exists(path):
-                raise EndpointError(f"zmq.curve.{label}: {path} does not exist")
-        try:
-            public, secret = zmq.auth.load_certificate(curve.server_secret_file)
-        except (OSError, ValueError) as exc:
-            raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file}: {exc}") from None
-        if secret is None:
-            raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file} holds no secret key")
-        if self._auth is None:          # one authenticator for every secured socket of this context
-            self._auth = ThreadAuthenticator(self._ctx)
-            self._auth.start()
-            self._auth.configure_curve(domain="*", location=curve.authorized_clients_dir)
+        public, secret = self._curve_keys
+        if self._auth is None:          # one authenticator for every secured socket of this context; it
+            self._auth = authenticator.start(self._ctx, curve.authorized_clients_dir, public)   # serves before bind
         sock.curve_secretkey = secret
         sock.curve_publickey = public
         sock.curve_server = True
@@ -433,18 +438,28 @@ class Driver:
         session = self.cycle.servo
         return {**session.stats(), "endpoint": self.bound["servo"]} if session is not None else self.cycle.servo_ended
 
+    def servo_totals(self) -> dict[str, int]:
+        """The servo sessions' counters summed over the driver's life (setpoints received, accepted, refused,
+        dropped, lost), the running session's included."""
+        session = self.cycle.servo
+        return session.totals(self.cycle.servo_totals) if session is not None else dict(self.cycle.servo_totals)
+
     def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
-        """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket."""
+        """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket and carry the
+        session token of the reply (only this reply names it)."""
+        import secrets
+
         from driver.servo import ServoLimits, ServoSession
         from firmware_bridge.servo_wire import MODES
 
         m = self.model
         limits = ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
+        token = secrets.randbits(64) or 1
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
-                               timeout_cycles, buffer_cycles)
+                               timeout_cycles, buffer_cycles, token=token)
         self.cycle.submit(lambda: self.cycle.start_servo(session))
         return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles,
-                "buffer_cycles": buffer_cycles}
+                "buffer_cycles": buffer_cycles, "token": token}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:
@@ -467,9 +482,11 @@ class Driver:
                "drive_states": self.status(realtime)["drive_states"], "recording": self._recording_health(),
                "realtime": realtime, "effort_delay_s": self.effort_delay_s, "samples_lost": c.samples_lost,
                "commands": None if self.command_server is None else self.command_server.stats(),
-               "servo": self.servo_status(),
+               "servo": self.servo_status(), "servo_totals": self.servo_totals(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
+        if self._lateness is not None:
+            self._lateness.update(c.lateness_ns, cycles)
         return msg
 
     def _record(self, endpoint: str) -> None:
@@ -511,6 +528,24 @@ class Driver:
                 self.cycle.set_health_payload(json.dumps(self.last_health, default=str).encode())
             except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
                 _log.error("health: %s: %s", type(exc).__name__, exc)
+
+
+def load_curve_keys(curve: Curve) -> tuple[bytes, bytes]:
+    """The server's (public, secret) CurveZMQ keys; EndpointError naming the file or folder that is missing or
+    holds no secret key."""
+    import zmq.auth
+
+    for label, path in (("server_secret_file", curve.server_secret_file),
+                        ("authorized_clients_dir", curve.authorized_clients_dir)):
+        if not os.path.exists(path):
+            raise EndpointError(f"zmq.curve.{label}: {path} does not exist")
+    try:
+        public, secret = zmq.auth.load_certificate(curve.server_secret_file)
+    except (OSError, ValueError) as exc:
+        raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file}: {exc}") from None
+    if secret is None:
+        raise EndpointError(f"zmq.curve.server_secret_file: {curve.server_secret_file} holds no secret key")
+    return public, secret
 
 
 def check_payload(model: Model, mass: float, com) -> None:

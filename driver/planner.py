@@ -9,6 +9,11 @@ stdout with multiprocessing.connection) takes one job at a time: the raw request
 (driver.motion), and writes the setpoints into a file in a private folder (in /dev/shm when there is one);
 the daemon maps that file (numpy memmap), so a plan of any allowed size crosses without a copy.
 
+Jobs cross the same way: the daemon writes the pickled job into the folder and sends only its short name.
+A message that small is written whole or not at all (POSIX PIPE_BUF), and the daemon's end of the pipe is
+non-blocking, so no write can wait on a planner that is still starting, busy or hung: a full pipe is a
+planner that cannot be reached, and it is restarted.
+
 The daemon's command server owns the Planner and polls `fileno()` with its socket: `submit` sends a job and
 returns at once, `collect` takes the answer when it is ready. A job that runs past `timeout_s`, or a
 process that dies, costs that job only: the process is killed and started again.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -90,6 +96,7 @@ class Planner:
         self._proc = subprocess.Popen([sys.executable, "-m", "driver.planner", self._dir], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
         self._send = Connection(os.dup(self._proc.stdin.fileno()), readable=False)
+        os.set_blocking(self._send.fileno(), False)      # a write never waits (module docstring)
         self._conn = Connection(os.dup(self._proc.stdout.fileno()), writable=False)
         self._proc.stdin.close()
         self._proc.stdout.close()
@@ -159,9 +166,13 @@ class Planner:
                                f"one has been answered")
         if self._conn is None or self._proc is None or self._proc.poll() is not None:
             self._restart("its process is not running")
+        path = os.path.join(self._dir, f"job-{self._jobs + 1}.pkl")
         try:
-            self._send.send(job)
+            with open(path, "wb") as f:
+                pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+            self._send.send(("job", path))
         except (OSError, ValueError) as exc:
+            _unlink(path)
             self._restart(f"cannot send it a job ({exc})")
             raise PlannerError(f"{cmd}: the planner was not reachable; send it again") from None
         self._pending = (cmd, time.monotonic() + self.timeout_s)
@@ -207,12 +218,28 @@ def _load_plan(path: str, name: str, rate_hz: float, segments):
     try:
         arr = np.asarray(np.load(path, mmap_mode="r"))
     finally:
-        try:
-            os.unlink(path)         # the mapping stays valid; nothing is left behind
-        except OSError:
-            pass
+        _unlink(path)           # the mapping stays valid; nothing is left behind
     q, qd, qdd, tau = arr
     return PlannedMotion(name, rate_hz, q, qd, qdd, tau, tuple((str(n), int(k)) for n, k in segments))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _read_job(message) -> PlanJob:
+    """The job a ("job", path) message names; the file is removed once read."""
+    kind, path = message
+    if kind != "job":
+        raise RuntimeError(f"planner: unexpected message {kind!r}")
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    finally:
+        _unlink(path)
 
 
 # -- the planner process -----------------------------------------------------------------------------
@@ -232,14 +259,18 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
     from driver.plan_requests import plan_request
 
     _warm_up(motion)
-    answers.send(("ready",))
+    try:
+        answers.send(("ready",))
+    except (OSError, ValueError):        # the daemon stopped while this process started: nothing to serve
+        return
     count = 0
     while True:
         try:
-            job = jobs.recv()
+            message = jobs.recv()
         except (EOFError, OSError):
             return
         try:
+            job = _read_job(message)
             plan = plan_request(job.raw, job.model, job.q_now, job.rate_hz, job.bounds)
             count += 1
             path = os.path.join(folder, f"plan-{count}.npy")

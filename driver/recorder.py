@@ -217,7 +217,8 @@ class McapStateWriter:
             per_sample = sum(MCAP_RECORD_OVERHEAD + layout.size for _, _, layout, _ in layouts)
         chunk_bytes = max(MIN_CHUNK_BYTES, int(self.chunk_seconds * self.rate_hz * per_sample))
         self.samples_per_chunk = chunk_bytes // per_sample + 1 if per_sample else 0
-        self._mcap = Writer(self.file, chunk_size=chunk_bytes, compression=CompressionType.ZSTD)
+        # chunk CRCs (mcap's default) cover the messages; the data section's CRC covers the rest, metadata included
+        self._mcap = Writer(self.file, chunk_size=chunk_bytes, compression=CompressionType.ZSTD, enable_data_crcs=True)
         self._mcap.start(profile=schema.PROFILE, library="armid record (mcap-python)")
         self.n = n
         self.joint_names = names

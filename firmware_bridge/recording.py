@@ -4,10 +4,11 @@
     arrays, notes = identification_arrays(log, effort="torque")
     write_identification(arrays, "run.csv")       # or run.npz (docs/reference/data-files.md)
 
-The file is read as a stream (mcap's StreamReader, chunk CRCs checked), never through its summary, so a
-file that a killed recorder left without summary and footer reads up to its last complete chunk; the
-rest is reported, not guessed. A file that is not MCAP, is corrupt before its end, or holds no
-/armid/state messages gives one RecordingError naming the file.
+The file is read as a stream (mcap's StreamReader), never through its summary, so a file that a killed
+recorder left without summary and footer reads up to its last complete chunk; the rest is reported, not
+guessed. Every CRC the file carries is checked: each chunk's, the data section's (DataEnd: the metadata and
+everything else before it) and, in a complete file, the summary section's (Footer). A file that is not MCAP,
+is corrupt before its end, or holds no /armid/state messages gives one RecordingError naming the file.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import math
 import os
 import struct
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +134,7 @@ def read_recording(path: str | Path) -> StateLog:
         topics: dict[str, int] = {}
         metadata: dict[str, dict[str, str]] = {}
         complete = False
+        footer: Footer | None = None
         cut_note = ""
         reader = StreamReader(_Bounded(f, size), validate_crcs=True, emit_chunks=True,
                               record_size_limit=min(size, 1 << 30))
@@ -156,14 +159,25 @@ def read_recording(path: str | Path) -> StateLog:
                 elif isinstance(record, Metadata):
                     metadata[record.name] = dict(record.metadata)
                 elif isinstance(record, Footer):
-                    complete = True
+                    complete, footer = True, record
         except RecordingError:
             raise
         except _READ_ERRORS as exc:
-            if f.seek(-len(MCAP0_MAGIC), os.SEEK_END) >= 0 and f.read() == MCAP0_MAGIC and size > 2 * len(MCAP0_MAGIC):
+            if footer is not None or (f.seek(-len(MCAP0_MAGIC), os.SEEK_END) >= 0 and f.read() == MCAP0_MAGIC
+                                      and size > 2 * len(MCAP0_MAGIC)):
                 raise _fail(path, f"corrupt MCAP ({type(exc).__name__}: {exc}) after {len(blobs)} state messages") from None
             cut_note = (f"the file ends without its footer ({type(exc).__name__}: {exc or 'end of file'}): it was cut short "
                         f"(a killed recorder?); read {len(blobs)} state messages from its complete chunks")
+        if footer is not None and footer.summary_crc != 0 and footer.summary_start != 0:
+            # the summary section's CRC: its bytes through the footer's summary_offset_start field
+            end = size - len(MCAP0_MAGIC) - 4
+            if not 2 * len(MCAP0_MAGIC) <= footer.summary_start < end:
+                raise _fail(path, f"corrupt MCAP (Footer summary_start {footer.summary_start} is not within the file)")
+            f.seek(footer.summary_start)
+            crc = zlib.crc32(f.read(end - footer.summary_start))
+            if crc != footer.summary_crc:
+                raise _fail(path, f"corrupt MCAP (Footer summary_crc {footer.summary_crc:#010x}, the summary section's "
+                                  f"is {crc:#010x})")
     if not blobs:
         found_topics = ", ".join(f"{t} ({k})" for t, k in sorted(topics.items())) or "none"
         raise _fail(path, f"no {schema.TOPIC_STATE} messages ({schema.ARM_STATE[0]}); topics found: {found_topics}"

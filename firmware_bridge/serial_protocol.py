@@ -22,12 +22,13 @@ import enum
 import math
 import struct
 import zlib
-from dataclasses import dataclass, fields as dc_fields
+from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
 from cobs import cobs
 
+from firmware_bridge.runtime.counters import Counters
 from firmware_bridge.units import WireValueError
 from firmware_bridge.wire import Field, Record, check_array, check_scalar
 
@@ -406,7 +407,7 @@ DROP_REASONS = ("cobs", "truncated", "crc", "version", "unknown_type", "length",
 
 
 @dataclass
-class DecoderCounters:
+class DecoderCounters(Counters):
     """What a StreamDecoder saw. frames: messages returned. Drops by reason: cobs (bad COBS), truncated
     (shorter than header + CRC), crc, version, unknown_type, length (payload length wrong for the header or
     for n_joints), value (n_joints out of range, non-finite float), overflow (no delimiter within
@@ -429,9 +430,6 @@ class DecoderCounters:
     def dropped(self) -> int:
         """Frames dropped, all reasons."""
         return sum(getattr(self, r) for r in DROP_REASONS)
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in dc_fields(self)}
 
 
 class StreamDecoder:

@@ -9,7 +9,8 @@ from sim.clock import LatenessStats
 from sim.drive import DriveConfig
 from sim.faults import FaultInjection, Fate
 from sim.plant import FrictionConfig, NoiseConfig
+from sim.device_contract import DeviceSide
 from sim.simulator import TRANSPORTS, SimState, Simulator, SimTransport, TrueState
 
-__all__ = ["Simulator", "SimState", "SimTransport", "TrueState", "TRANSPORTS", "NoiseConfig", "FrictionConfig",
+__all__ = ["Simulator", "SimState", "DeviceSide", "SimTransport", "TrueState", "TRANSPORTS", "NoiseConfig", "FrictionConfig",
            "DriveConfig", "FaultInjection", "Fate", "LatenessStats"]

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 import can
 import canopen
@@ -59,6 +59,8 @@ from firmware_bridge.runtime.log_throttle import Throttle
 from firmware_bridge import cia402
 from firmware_bridge.units import ENCODER_COUNTS_PER_REV, JointScaling, WireValueError, wire_gear_ratio
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.options import Option, OptionSet
+from sim.device_contract import DeviceSide
 from sim.drive_targets import streams_for, target_limits, target_refusal
 from sim.can_objects import ABORT_VALUE_RANGE, MODES, fit_type, read_object, write_object
 from sim.faults import Fate, FaultInjection
@@ -211,27 +213,40 @@ class _Drive:
             self.target_torque = float(commands["target_torque"])
 
 
-class CanDevice:
-    """The device side of the CAN transport (a sim.SimTransport, externally clocked by SYNC).
+CAN_DEVICE_OPTIONS = OptionSet(
+    "can device",
+    Option("bus", "any", in_config=False, doc="a python-can bus to use (left open at stop())"),
+    Option("interface", "text", None, nullable=True, what="a python-can interface name",
+           doc="without a bus: the python-can interface of the bus opened at start() (shut down at stop())"),
+    Option("channel", "text or integer", None, nullable=True, what="the interface's channel",
+           doc="its channel (vcan0, a udp_multicast group, ...)"),
+    Option("bitrate", "integer", None, low=10_000, high=1_000_000, unit="bit/s", nullable=True,
+           doc="its bit rate, for interfaces that set it"),
+    Option("node_ids", "integers", None, low=cm.MIN_NODE_ID, high=cm.MAX_NODE_ID, nullable=True,
+           doc="one node id per joint (none: 1..n)"),
+    Option("heartbeat_ms", "integer", None, low=0, high=0xFFFF, unit="ms", nullable=True,
+           doc="producer heartbeat time instead of the EDS default (0: none)"),
+    Option("start_operational", "flag", False,
+           doc="enter NMT OPERATIONAL after boot-up without waiting for the host's NMT start"),
+    Option("eds", "path", EDS_PATH, doc="the object dictionary (EDS file)"))
 
-    bus: a python-can bus to use (left open at stop()), or None to open `can.Bus(interface=..., channel=...,
-    bitrate=...)` at start() (shut down at stop()). node_ids: one per joint (default 1..n).
-    heartbeat_ms: producer heartbeat time instead of the EDS default (0: none). start_operational: enter
-    NMT OPERATIONAL after boot-up without waiting for the host's NMT start. eds: the object dictionary.
+
+class CanDevice(DeviceSide):
+    """The device side of the CAN transport, clocked by the host's SYNC: CanDevice(**options)
+    (CAN_DEVICE_OPTIONS): a python-can `bus`, or `interface` and `channel` to open one at start().
     """
 
-    external_clock = True
+    may_clock_simulator = True
+    OPTION_SPEC = CAN_DEVICE_OPTIONS
 
-    def __init__(self, bus: can.BusABC | None = None, *, interface: str | None = None, channel: str | int | None = None,
-                 bitrate: int | None = None, node_ids: Sequence[int] | None = None, heartbeat_ms: int | None = None,
-                 start_operational: bool = False, eds: str | Path = EDS_PATH):
+    def __init__(self, **options):
+        opts = CAN_DEVICE_OPTIONS.parse(options)
+        bus, interface, channel, bitrate = opts.bus, opts.interface, opts.channel, opts.bitrate
+        node_ids, heartbeat_ms, start_operational, eds = opts.node_ids, opts.heartbeat_ms, opts.start_operational, opts.eds
         if bus is None and interface is None:
-            raise InputError("can: give a python-can bus, or an interface (and channel) to open one")
+            raise InputError("can device: give a python-can bus, or an interface (and channel) to open one")
         if bus is not None and (interface is not None or channel is not None or bitrate is not None):
-            raise InputError("can: give either a bus or interface/channel/bitrate, not both")
-        if heartbeat_ms is not None and (isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int)
-                                         or not 0 <= heartbeat_ms <= 0xFFFF):
-            raise InputError(f"can: heartbeat_ms: expected 0..65535 ms, got {heartbeat_ms!r}")
+            raise InputError("can device: give either a bus or interface/channel/bitrate, not both")
         self._bus_given = bus
         self._bus_options = {k: v for k, v in (("interface", interface), ("channel", channel), ("bitrate", bitrate))
                              if v is not None}
@@ -257,7 +272,11 @@ class CanDevice:
         self._own_sent = 0                                  # frames sent with those ids
         self._sent_lock = threading.Lock()
 
-    # -- SimTransport ------------------------------------------------------------------------------
+    # -- DeviceSide ---------------------------------------------------------------------------------
+    def clocks_simulator(self) -> bool:
+        """True: each SYNC from the host runs one simulator cycle."""
+        return True
+
     def attach(self, sim: "Simulator") -> None:
         """Build the n LocalNodes for `sim` (called by Simulator.__init__)."""
         if self.sim is not None:

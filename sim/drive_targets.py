@@ -29,12 +29,13 @@ device refuses it (nothing of the frame is applied), counts it, and the drive ke
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from firmware_bridge import cia402
 from firmware_bridge.units import TORQUE_LSB
+from firmware_bridge.runtime.counters import Counters
 from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH, TargetBuffer
 from sim.drive_control import EXACT_DEGREE, extrapolate
@@ -44,7 +45,7 @@ WINDOW = 2 * KEPT                # cycles: a target received this much before th
 
 
 @dataclass
-class TargetCounts:
+class TargetCounts(Counters):
     """Drive cycles of CSP streaming without their own new target, summed over the drives. missed: nothing
     came; repeated: the last target came again (a host holding still, or one whose periodic sender ran
     before its application); early: the cycle's target had come with the cycle before; and what the drives
@@ -57,8 +58,9 @@ class TargetCounts:
     extrapolated: int = 0
     held: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return {f"{f.name}_targets": getattr(self, f.name) for f in fields(self)}
+    def as_dict(self, suffix: str = "_targets") -> dict[str, int]:
+        """{name_targets: count}, as the link counters carry them."""
+        return super().as_dict(suffix)
 
 
 class TargetStreams:

@@ -62,6 +62,9 @@ from firmware_bridge import gateway as gw
 from firmware_bridge.units import (CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, TORQUE_CONSTANT_LSB, TORQUE_LSB,
                                    JointScaling, wire_gear_ratio)
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.options import Option, OptionSet
+from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH
+from sim.device_contract import StepOrFreeRun
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
 
@@ -120,32 +123,32 @@ class _Snapshot(NamedTuple):
     watchdog_expired: bool
 
 
-class GatewayDevice:
-    """Modbus TCP gateway in front of the simulated drives (a sim.SimTransport).
+GATEWAY_DEVICE_OPTIONS = OptionSet(
+    "gateway device",
+    Option("host", "text", "127.0.0.1", what="an address to listen on", doc="the address to listen on"),
+    Option("port", "integer", 0, low=0, high=65535, doc="the Modbus TCP port (0: a free one, then `.port`)"),
+    Option("watchdog_s", "number", 0.1, low=0.001, high=65.535, unit="s", nullable=True,
+           doc="the host watchdog time (none: disabled until the host writes watchdog_timeout_ms)"),
+    Option("step_on_exchange", "flag", False,
+           doc="host-clocked: each accepted write of process data runs one simulator cycle, after the write and "
+               "before the request's read (false: the simulator's own clock)"),
+    Option("target_buffer", "integer", None, low=0, high=MAX_DEPTH, unit="cycles", nullable=True,
+           doc="depth of the drives' setpoint buffer (none: 3 when free-running, 0 when host-clocked)"))
 
-    host, port: where to listen (port 0: a free port, then `.port`). watchdog_s: the host watchdog time
-    (s, 0.001..65.535; None: disabled until the host writes watchdog_timeout_ms). step_on_exchange: False,
-    the simulator runs on its own clock; True, host-clocked: each accepted write request of process data is
-    one simulator cycle, run after the write and before the request's read (see the module's docstring). Counters:
-    refused_writes, dropped_responses, watchdog_trips, exchanges (cycles run by writes when host-clocked);
-    last_refusal is the last refused write's reason.
+
+class GatewayDevice(StepOrFreeRun):
+    """Modbus TCP gateway in front of the simulated drives: GatewayDevice(**options) (GATEWAY_DEVICE_OPTIONS).
+    Counters: refused_writes, dropped_responses, watchdog_trips, exchanges (cycles run by writes when
+    host-clocked); last_refusal is the last refused write's reason.
     """
 
-    external_clock = False
+    OPTION_SPEC = GATEWAY_DEVICE_OPTIONS
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, watchdog_s: float | None = 0.1,
-                 step_on_exchange: bool = False, target_buffer: int | None = None):
-        if not isinstance(host, str) or not host:
-            raise InputError(f"gateway: host: expected an address, got {host!r}")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise InputError(f"gateway: port: expected 0..65535, got {port!r}")
-        if watchdog_s is not None and (isinstance(watchdog_s, bool) or not isinstance(watchdog_s, (int, float))
-                                       or not 0.001 <= watchdog_s <= 65.535):
-            raise InputError(f"gateway: watchdog_s: expected 0.001..65.535 s or None, got {watchdog_s!r}")
-        if not isinstance(step_on_exchange, bool):
-            raise InputError(f"gateway: step_on_exchange: expected true or false, got {step_on_exchange!r}")
-        self.external_clock = step_on_exchange
-        self.setpoints = setpoints_for_device(target_buffer, step_on_exchange, "gateway")   # firmware_bridge.runtime.setpoint_buffer (free-running)
+    def __init__(self, **options):
+        opts = GATEWAY_DEVICE_OPTIONS.parse(options)
+        host, port, watchdog_s = opts.host, opts.port, opts.watchdog_s
+        self.step_on_exchange = self.host_clocked = opts.step_on_exchange
+        self.setpoints = setpoints_for_device(opts.target_buffer, self.step_on_exchange, "gateway device")
         self.exchanges = 0
         self.host, self.port = host, port
         self._timeout_ms = 0 if watchdog_s is None else int(round(watchdog_s * 1000))
@@ -161,7 +164,7 @@ class GatewayDevice:
         self._expired = False
         self._server: ModbusServerThread | None = None
 
-    # -- SimTransport ------------------------------------------------------------------------------
+    # -- DeviceSide --------------------------------------------------------------------------------
     def attach(self, sim) -> None:
         """Bind to the simulator (called by Simulator.__init__): scaling, limits, cycle callback."""
         n, model = sim.n, sim.model
@@ -268,7 +271,7 @@ class GatewayDevice:
                 if refused is not None:
                     return refused
             registers[:len(self._holding)] = self._holding.tolist()
-        if values is not None and self.external_clock and (
+        if values is not None and self.step_on_exchange and (
                 address - start + len(values) > gw.HOLDING_HEADER_SIZE or self.exchanges == 0):
             # host-clocked: an accepted write of process data is one cycle (its commands latched at the cycle's
             # start), run before the request's read part; a write of the watchdog words alone (a host's

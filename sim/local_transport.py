@@ -12,24 +12,33 @@ from __future__ import annotations
 
 import time
 
+from firmware_bridge.runtime.options import Option, OptionSet
 from firmware_bridge.runtime.transport_contract import Arm, ArmCommand, ArmState, LinkError
+from sim.plant import INTEGRATORS
 from sim.simulator import SimState, Simulator
+
+
+# the simulator's options (sim.Simulator checks their values); realtime is accepted and ignored
+SIM_OPTIONS = OptionSet(
+    "sim",
+    Option("realtime", "any", what="true or false", doc="accepted and ignored: the driver's cycle steps the simulator"),
+    Option("seed", "any", 0, what="an integer", doc="the sensors' and fault injection's random generators"),
+    Option("substeps", "any", what="an integer",
+           doc="integrator substeps per cycle (left out: the fewest that keep the friction model stable)"),
+    Option("integrator", "any", "rk4", what=f"one of {', '.join(INTEGRATORS)}", doc="the plant's integrator"),
+    Option("q0", "any", what="one angle per joint (rad)", doc="the initial position"),
+    Option("brakes", "any", True, what="true or false",
+           doc="a drive that is not powered holds its joint (false: the joint is free and falls)"),
+    *(Option(name, "any", in_config=False) for name in ("noise", "friction", "drive")))
 
 
 class LocalSimArm(Arm):
     """Arm over an in-process simulator: LocalSimArm(model, simulator=None, **simulator_options)."""
 
-    # the simulator's options a driver config may give ([transport]); realtime is accepted and ignored
-    OPTIONS = ("realtime", "seed", "substeps", "integrator", "q0", "brakes")
-    # and those only code can give (configuration objects of sim.Simulator)
-    _CODE_OPTIONS = ("noise", "friction", "drive")
+    OPTION_SPEC = SIM_OPTIONS
 
     def __init__(self, model, simulator=None, **simulator_options):
-        for key in simulator_options:
-            if key not in self.OPTIONS + self._CODE_OPTIONS:
-                from ident.errors import InputError
-
-                raise InputError(f"transport sim: unknown option {key!r} (options: {', '.join(self.OPTIONS)})")
+        simulator_options = {k: v for k, v in SIM_OPTIONS.parse(simulator_options).items() if k in simulator_options}
         if simulator is None:
             simulator_options.pop("realtime", None)      # the driver's cycle keeps the time
             simulator = Simulator(model, **simulator_options)

@@ -18,14 +18,13 @@ reason), counters (frames not sent, commands refused, watchdog trips).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import select
 import threading
 import time
 import tty
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,6 +34,10 @@ from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, INT32_MAX, JointScaling, WireValueError
 from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.log_throttle import Throttle
+from firmware_bridge.runtime.counters import Counters
+from firmware_bridge.runtime.options import Option, OptionSet
+from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH
+from sim.device_contract import StepOrFreeRun
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
 
@@ -51,7 +54,7 @@ _OE_MASK, _OE_VALUE = cia402.STATE_PATTERNS[cia402.State.OPERATION_ENABLED]
 
 
 @dataclass
-class DeviceCounters:
+class DeviceCounters(Counters):
     """What the device side did. frames_sent: frames written (after fault injection); tx_skipped: frames
     not queued because the line was busy (states in fast mode) ; unencodable: states a value of which did not
     fit the wire; rejected: COMMANDs the drives refused (wrong n_joints, bad mode, a target outside the limits);
@@ -66,9 +69,6 @@ class DeviceCounters:
     hellos: int = 0
     watchdog_trips: int = 0
     write_errors: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class _PtyLink:
@@ -132,33 +132,35 @@ class _PortLink:
         self._port.close()
 
 
-class SerialDevice:
-    """The device side of the serial link for a Simulator (a SimTransport with an internal clock).
+SERIAL_DEVICE_OPTIONS = OptionSet(
+    "serial device",
+    Option("port", "text", None, nullable=True, what="a port name or URL",
+           doc="a pyserial port name or URL to serve on (none: a pseudo-terminal, whose path the host opens)"),
+    Option("baudrate", "integer", 3_000_000, low=50, high=100_000_000, unit="bit/s", doc="for a real port"),
+    Option("watchdog_s", "number", sp.DEFAULT_WATCHDOG_US * 1e-6, low=0, above=True, unit="s",
+           doc="host silence that quick-stops enabled drives (a HELLO may change it within 1 ms .. 10 s)"),
+    Option("heartbeat_s", "number", 0.1, low=0, above=True, unit="s", doc="period of the device's HEARTBEAT"),
+    Option("state_queue", "integer", 8, low=1, high=_MAX_QUEUED,
+           doc="STATE frames that may wait for the line before new ones are skipped (counted: tx_skipped)"),
+    Option("step_on_command", "flag", False,
+           doc="host-clocked: each COMMAND runs one simulator cycle (false: the simulator's own clock)"),
+    Option("target_buffer", "integer", None, low=0, high=MAX_DEPTH, unit="cycles", nullable=True,
+           doc="depth of the drives' setpoint buffer (none: 3 when free-running, 0 when host-clocked)"))
 
-    port: None (open a pseudo-terminal; the host opens `path`) or a pyserial port name / URL. baudrate: for a
-    real port. watchdog_s: host silence (s) that quick-stops enabled drives (a HELLO may change it within
-    1 ms .. 10 s). heartbeat_s: period of the device's HEARTBEAT (s). state_queue: STATE frames that may
-    wait for the line before new ones are skipped (counted in counters.tx_skipped).
-    """
 
-    external_clock = False
+class SerialDevice(StepOrFreeRun):
+    """The device side of the serial link for a Simulator: SerialDevice(**options) (SERIAL_DEVICE_OPTIONS). It
+    runs on the simulator's clock, or, with step_on_command, steps it once per COMMAND."""
 
-    def __init__(self, port: str | None = None, *, baudrate: int = 3_000_000,
-                 watchdog_s: float = sp.DEFAULT_WATCHDOG_US * 1e-6, heartbeat_s: float = 0.1, state_queue: int = 8,
-                 step_on_command: bool = False, target_buffer: int | None = None):
-        for name, v in (("watchdog_s", watchdog_s), ("heartbeat_s", heartbeat_s)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise InputError(f"serial device: {name}: expected seconds > 0, got {v!r}")
-        if isinstance(state_queue, bool) or not isinstance(state_queue, int) or not 1 <= state_queue <= _MAX_QUEUED:
-            raise InputError(f"serial device: state_queue: expected 1..{_MAX_QUEUED}, got {state_queue!r}")
-        if port is not None and not isinstance(port, str):
-            raise InputError(f"serial device: port: expected a port name or URL, got {port!r}")
-        if not isinstance(step_on_command, bool):
-            raise InputError(f"serial device: step_on_command: expected true or false, got {step_on_command!r}")
-        self.external_clock = step_on_command
-        self.setpoints = setpoints_for_device(target_buffer, step_on_command, "serial device")   # firmware_bridge.runtime.setpoint_buffer (free-running)
-        self.port, self.baudrate = port, int(baudrate)
-        self.watchdog_s, self.heartbeat_s, self.state_queue = float(watchdog_s), float(heartbeat_s), state_queue
+    OPTION_SPEC = SERIAL_DEVICE_OPTIONS
+
+    def __init__(self, **options):
+        opts = SERIAL_DEVICE_OPTIONS.parse(options)
+        self.step_on_command = self.host_clocked = opts.step_on_command
+        self.setpoints = setpoints_for_device(opts.target_buffer, self.step_on_command, "serial device")
+        self.port, self.baudrate = opts.port, opts.baudrate
+        self.watchdog_s, self.heartbeat_s = float(opts.watchdog_s), float(opts.heartbeat_s)
+        self.state_queue = opts.state_queue
         self.default_watchdog_s = self.watchdog_s
         self.sim = None
         self.scaling: JointScaling | None = None
@@ -185,7 +187,7 @@ class SerialDevice:
         self._time_base = 0.0                       # the device's cycle counter and clock start there
         self.restarts = 0
 
-    # -- SimTransport ---------------------------------------------------------------------------------------
+    # -- DeviceSide -------------------------------------------------------------------------------------------
     def attach(self, sim) -> None:
         """Called by Simulator.__init__: the scaling from the model's gears and the simulated encoder."""
         self.sim = sim
@@ -399,7 +401,7 @@ class SerialDevice:
                                     watchdog_us=int(round(self.watchdog_s * 1e6)),
                                     counts_per_rev=np.full(n, self.counts_per_rev),
                                     gear_ratio=np.asarray(self.sim.model.gear_ratio, dtype=float)))
-            if self.external_clock:      # host-clocked: one cycle, so the host has a first STATE to start from
+            if self.step_on_command:      # host-clocked: one cycle, so the host has a first STATE to start from
                 self.sim.step(1)
         elif not isinstance(msg, sp.Heartbeat):
             self.counters.unexpected += 1
@@ -427,5 +429,5 @@ class SerialDevice:
                 self.last_refusal = str(exc)
                 self._refused_log.hit("serial device: COMMAND refused: %s", exc)
                 return
-        if self.external_clock:
+        if self.step_on_command:
             self.sim.step(1)

@@ -5,8 +5,8 @@ Three ways to clock it:
   * synchronous: nobody calls start(); the caller calls step(n) (tests);
   * internal clock: start() runs a background thread, real time at rate_hz (realtime=True) or as fast as
     possible (realtime=False); step() is then refused;
-  * external clock: a transport whose `external_clock` is True (CAN: the SYNC frame) calls step() itself;
-    start() starts only the transport.
+  * external clock: a device side whose clocks_simulator() is True (CAN: the SYNC frame) calls step()
+    itself; start() starts only the device side.
 
 One cycle (dt = 1 / rate_hz): latch the commands -> apply queued calls (payload, drive parameters) and
 injected faults -> state machines -> control law on the last measurement -> plant integrates dt with the
@@ -31,18 +31,17 @@ interpolation delay moves positions and effort alike, so it does not enter effor
 """
 from __future__ import annotations
 
-import importlib
-import inspect
 import math
 import threading
 from dataclasses import dataclass, fields
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
 from firmware_bridge.cia402 import State, state_of
 from firmware_bridge.runtime.errors import InputError
 from ident.model import Model, load_model
+from sim.device_contract import DeviceSide, device_class, registered
 from sim.clock import FastClock, LatenessStats, RealtimeClock
 from sim import drive_control as dc
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
@@ -72,13 +71,9 @@ def interpolation_delay(rate_hz: float) -> float:
     return 1.0 / float(rate_hz) if loop_ticks(rate_hz) > 1 else 0.0
 
 
-# transport name -> "module:factory"; the factory is called as factory(**transport_options) and returns a
-# SimTransport. The device sides (CAN, serial, gateway) register here when they exist.
-TRANSPORTS: dict[str, str] = {
-    "can": "sim.can_device:CanDevice",
-    "gateway": "sim.gateway_device:GatewayDevice",
-    "serial": "sim.serial_device:SerialDevice",
-}
+# the registered device sides by name (entry points "armid.sim_devices"): name -> "module:class"
+TRANSPORTS: dict[str, str] = registered()
+SimTransport = DeviceSide     # the device sides' base, by its former name
 
 _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
 # A real-time simulator woken later than this many periods (its process was not scheduled) skips the ticks it
@@ -87,28 +82,6 @@ _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
 # them (0x8611 on a machine at load 6). A device that skips ticks is, to the host, one whose samples are late.
 REBASE_PERIODS = 3
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
-
-
-class SimTransport(Protocol):
-    """What Simulator needs from the device side of a transport.
-
-    attach(sim) is called once from Simulator.__init__; start() / stop() from Simulator.start() / stop().
-    With external_clock True the transport calls sim.step() itself (e.g. on each CAN SYNC); otherwise it
-    may register a cycle callback (sim.add_cycle_callback) to send its state frame every cycle, and call
-    sim.set_commands() whenever a command frame arrives.
-    """
-
-    external_clock: bool
-
-    def attach(self, sim: "Simulator") -> None: ...
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def connection(self) -> dict:
-        """How a host reaches the device side once started, as the driver's [transport] options
-        (e.g. {"host": "127.0.0.1", "port": 5020}); `armid sim` prints it."""
 
 
 @dataclass
@@ -170,18 +143,18 @@ class TrueState:
 class Simulator:
     """A simulated arm: `Simulator(model, transport=None, *, realtime=False, rate_hz=1000, ...)`.
 
-    model: a Model or a model name/path (load_model). transport: None, a SimTransport, or a name in
-    TRANSPORTS (built with **transport_options). substeps: integrator substeps per cycle (None: the
+    model: a Model or a model name/path (load_model). transport: None, a sim.device_contract.DeviceSide, or
+    the name of one registered in the entry points "armid.sim_devices" (built with **transport_options). substeps: integrator substeps per cycle (None: the
     fewest that keep the friction model stable). noise, friction, drive: NoiseConfig, FrictionConfig,
     DriveConfig. seed: the sensors' and fault injection's random generators. q0: initial position (rad).
     brakes: a drive that is not powered holds its joint (False: the joint is free and falls).
-    external_clock: overrides the transport's own external_clock.
+    external_clock: overrides the device side's own clocks_simulator().
     clock_drift_ppm, clock_jitter_us: the internal real-time clock's drift against the host's (ppm, positive:
     slow) and the standard deviation of each tick's wake-up jitter (us), as a device's own crystal and
     interrupt latency (sim.clock.RealtimeClock); they apply to the free-running simulator only.
     """
 
-    def __init__(self, model: Model | str = "generic6", transport: "SimTransport | str | None" = None, *,
+    def __init__(self, model: Model | str = "generic6", transport: "DeviceSide | str | None" = None, *,
                  realtime: bool = False, rate_hz: float = 1000.0, substeps: int | None = None,
                  noise: NoiseConfig | None = None, friction: FrictionConfig | None = None,
                  drive: DriveConfig | None = None, integrator: str = "rk4", seed: int | None = 0, q0=None,
@@ -247,12 +220,14 @@ class Simulator:
         self.error: BaseException | None = None
         # transport
         if isinstance(transport, str):
-            transport = _make_transport(transport, transport_options)
+            transport = device_class(transport)(**transport_options)
         elif transport_options:
             raise InputError(f"transport options {sorted(transport_options)} given without a transport name")
+        elif transport is not None and not isinstance(transport, DeviceSide):
+            raise InputError(f"transport: expected a name or a sim.device_contract.DeviceSide, got {transport!r}")
         self.transport = transport
         if external_clock is None:
-            external_clock = bool(getattr(transport, "external_clock", False))
+            external_clock = transport is not None and transport.clocks_simulator()
         self.external_clock = bool(external_clock)
         if transport is not None:
             transport.attach(self)
@@ -592,18 +567,3 @@ class Simulator:
         j = joint if joint is not None else int(np.flatnonzero(bad)[0])
         v = arr.item() if joint is not None else arr[j].item()
         return f"joint {j + 1} ({self.model.joint_names[j]}) value {v!r}"
-
-
-def _make_transport(name: str, options: dict) -> SimTransport:
-    if name not in TRANSPORTS:
-        known = ", ".join(sorted(TRANSPORTS)) or "none yet"
-        raise InputError(f"transport: unknown {name!r} (available: {known})")
-    module, _, attr = TRANSPORTS[name].partition(":")
-    factory = getattr(importlib.import_module(module), attr)
-    params = inspect.signature(factory).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        known = [k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        for key in options:
-            if key not in known:
-                raise InputError(f"transport {name}: unknown option {key!r} (options: {', '.join(known)})")
-    return factory(**options)

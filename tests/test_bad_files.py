@@ -8,6 +8,7 @@ them as `python -m armid.cli` to prove that nothing else reaches stderr.
 """
 from __future__ import annotations
 
+import re
 import signal
 import struct
 import subprocess
@@ -25,6 +26,7 @@ from armid.jit import is_compile_line
 from armid.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_LINE_CHARS = 400         # the error line (the case's folder aside): a file's text is quoted in short
 CASE_TIMEOUT_S = 60          # any case: exit long before this (a hang or a huge allocation would not)
 GENERIC6 = (ROOT / "ident" / "models" / "generic6.toml").read_text()
 
@@ -47,6 +49,24 @@ URDF = """<robot name="mini">
   <joint name="j2" type="revolute"><parent link="l1"/><child link="l2"/><origin xyz="0 0 0.2"/><axis xyz="0 1 0"/>
     <limit lower="-2" upper="2" velocity="3" effort="40"/></joint>
 </robot>"""
+
+
+def _long_model(d: Path, joints: int) -> Path:
+    """generic6 with its second joint repeated: `joints` [[joint]] tables."""
+    head, _, rest = GENERIC6.partition("[[joint]]")
+    second = "[[joint]]" + rest.split("[[joint]]")[1]
+    (d / "arm.toml").write_text(head + second * joints)
+    return d / "arm.toml"
+
+
+def _long_urdf(d: Path, joints: int) -> Path:
+    """A chain of `joints` revolute joints."""
+    links = "".join(f'<link name="l{k}"><inertial><mass value="1"/><inertia ixx="0.01" ixy="0" ixz="0" iyy="0.01" '
+                    f'iyz="0" izz="0.01"/></inertial></link>' for k in range(1, joints + 1))
+    chain = "".join(f'<joint name="j{k}" type="continuous"><parent link="l{k - 1}"/><child link="l{k}"/>'
+                    f'<origin xyz="0 0 0.1"/><axis xyz="0 0 1"/></joint>' for k in range(1, joints + 1))
+    (d / "arm.urdf").write_text(f'<robot name="snake"><link name="l0"/>{links}{chain}</robot>')
+    return d / "arm.urdf"
 
 
 def _urdf(d: Path, old: str, new: str) -> Path:
@@ -162,6 +182,34 @@ def _first_chunk(data: bytearray) -> int:
     return next(at for op, at in _records(data) if op == 0x06)
 
 
+def _sparse(d: Path, name: str, size: int, lead: bytes = b"") -> Path:
+    """A file of `size` bytes that starts with lead, the rest NUL bytes, made sparse (truncate): cheap however
+    large, and read back as NULs."""
+    path = d / name
+    path.write_bytes(lead)
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    return path
+
+
+def _manifest(d: Path, first_line: str, *lines: str) -> Path:
+    (d / "manifest.csv").write_text("\n".join([first_line, *lines]) + "\n")
+    return d / "manifest.csv"
+
+
+def _measurements_in_mm(d: Path) -> Path:
+    """generic6's tool points at 30 random poses, written in mm instead of metres (all within the range check)."""
+    from ident.calibration.model import from_model, tool_pose
+    from ident.model import load_model
+
+    cm = from_model(load_model("generic6"))
+    q = np.random.default_rng(2).uniform(-1.5, 1.5, (30, 6))
+    points = tool_pose(cm, q)[:, :3, 3] * 1000.0
+    assert np.abs(points).max() < 1e3
+    (d / "meas.csv").write_text("\n".join(",".join(repr(float(v)) for v in row) for row in np.hstack([q, points])))
+    return d / "meas.csv"
+
+
 def _config(d: Path, body: str, name: str = "driver.toml") -> Path:
     """A driver config on ipc endpoints in d (nothing binds a TCP port), with `body` appended."""
     text = f'[zmq]\nstate = "ipc://{d}/state"\ncommands = "ipc://{d}/commands"\n' + body
@@ -212,6 +260,14 @@ CASES = [
          ("arm.urdf", "link[l2].inertial.inertia", "triangle")),
     Case("urdf-negative-inertia", lambda d: ["model", "show", str(_urdf(d, 'izz="0.005"', 'izz="-0.005"'))],
          ("arm.urdf", "link[l1].inertial.inertia", "negative eigenvalue")),
+    Case("model-4-gib-of-nul-bytes", lambda d: ["model", "show", str(_sparse(d, "arm.toml", 2 ** 32))],
+         ("arm.toml", "(file)", "at most 16 MiB")),
+    Case("urdf-4-gib-of-nul-bytes", lambda d: ["model", "show", str(_sparse(d, "arm.urdf", 2 ** 32))],
+         ("arm.urdf", "(file)", "at most 16 MiB")),
+    Case("model-300-joints", lambda d: ["model", "show", str(_long_model(d, 300))],
+         ("arm.toml", "joint", "at most 32 movable joints", "got 300")),
+    Case("urdf-40-joints", lambda d: ["model", "show", str(_long_urdf(d, 40))],
+         ("arm.urdf", "joint", "at most 32 movable joints", "got 40")),
     # trajectories
     Case("trajectory-base-frequency-1e-9", lambda d: ["excite", "check", str(_trajectory(
         d, base_frequency="base_frequency = 1e-9", period="")), "--model", "generic6"],
@@ -247,6 +303,32 @@ CASES = [
     Case("csv-header-only", lambda d: ["identify", str(_csv(d, lambda ls: ls.__delitem__(slice(1, None)))),
                                        "--model", "generic6", "-o", str(d / "out"), "--quiet"],
          ("run.csv", "no data rows")),
+    Case("csv-1-gib-of-nul-bytes", lambda d: ["identify", str(_sparse(d, "run.csv", 2 ** 30)), "--model", "generic6",
+                                              "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 1", "NUL byte")),
+    Case("csv-nul-bytes-after-a-header", lambda d: ["identify", str(_sparse(d, "run.csv", 2 ** 30, b"# lost_samples = 0\n"
+                                                    + _recording_rows()[0].encode() + b"\n")), "--model", "generic6",
+                                                    "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 3", "NUL byte")),
+    Case("csv-first-field-over-128-kib", lambda d: ["identify", str(_write(d, "run.csv", "x" * 200_000 + ",q1\n0,1\n")),
+                                                    "--model", "generic6", "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 1", "longer than 64 KiB")),
+    Case("csv-column-name-of-60-kib", lambda d: ["identify", str(_write(d, "run.csv", "t,q1," + "y" * 60_000 + "\n0,1,2\n")),
+                                                 "--model", "generic6", "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 1", "column 3", "60000 characters")),
+    Case("csv-not-utf8", lambda d: ["identify", str(_sparse(d, "run.csv", 7, b"# caf\xe9\n")), "--model",
+                                    "generic6", "-o", str(d / "out"), "--quiet"],
+         ("run.csv", "line 1", "UTF-8")),
+    Case("manifest-first-field-over-128-kib", lambda d: ["identify", str(_manifest(d, "a" * 200_000 + ",model,recording")),
+                                                         "-o", str(d / "out"), "--quiet"],
+         ("manifest.csv", "--model", "no manifest", "arm_id, model, recording")),
+    Case("manifest-field-over-128-kib", lambda d: ["identify", str(_manifest(
+        d, "arm_id,model,recording", "a,generic6,run.csv", "b,generic6," + "r" * 200_000)), "-o", str(d / "out"),
+        "--quiet"],
+         ("manifest.csv", "line 3", "field larger than field limit")),
+    Case("manifest-nul-bytes", lambda d: ["identify", str(_manifest(d, "arm_id,model,recording", "a,generic6,\0\0")),
+                                          "-o", str(d / "out"), "--quiet"],
+         ("manifest.csv", "line 2", "NUL byte")),
     Case("npz-1e300", lambda d: ["identify", str(_npz(d, tau=np.full((120, 6), 1e300))), "--model", "generic6",
                                  "-o", str(d / "out"), "--quiet"],
          ("run.npz", "sample 0", "column tau1", "out of range")),
@@ -269,6 +351,9 @@ CASES = [
     Case("calibration-inf", lambda d: ["calibrate", "identify", str(_measurements(d, 5, 0, "inf")),
                                        "--model", "generic6", "-o", str(d / "out")],
          ("meas.csv", "line 5", "column 1", "not finite")),
+    Case("calibration-positions-in-mm", lambda d: ["calibrate", "identify", str(_measurements_in_mm(d)),
+                                                   "--model", "generic6", "-o", str(d / "out")],
+         ("meas.csv", "column", "in mm?", "metres")),
     Case("calibration-plan-1e9-candidates", lambda d: ["calibrate", "plan", "--model", "generic6", "--count", "40",
                                                        "--candidates", "1000000000", "-o", str(d / "p.csv")],
          ("candidates", "1..100000")),
@@ -336,7 +421,7 @@ CASES = [
          ("driver.toml", "transport.interface/transport.channel", "armid-nocan9")),
     # the simulator's options
     Case("sim-unknown-option", lambda d: ["sim", "--transport", "serial", "--option", "bogus=3"],
-         ("transport serial", "'bogus'", "baudrate")),
+         ("serial device", "'bogus'", "baudrate")),
     Case("sim-rate-1e12", lambda d: ["sim", "--transport", "serial", "--rate", "1e12"],
          ("rate_hz", "1..10000")),
     # the online identification's options
@@ -404,6 +489,8 @@ def _check_line(err: str, case: Case, code: int, folder: Path) -> None:
     assert code == 2, f"exit status {code}, stderr: {err}"
     lines = [line for line in err.splitlines() if not is_compile_line(line)]   # a cold cache's compile notices
     assert len(lines) == 1 and lines[0].startswith("armid: "), err
+    quoted_text = lines[0].replace(str(folder), "")     # what is left: the message and what it quotes of the file
+    assert len(quoted_text) < MAX_LINE_CHARS, f"{len(quoted_text)} characters: {lines[0][:300]}..."
     for name in (n.format(dir=folder) for n in case.names):
         assert name in lines[0], f"{name!r} not named in: {lines[0]}"
 
@@ -438,3 +525,105 @@ def test_a_bad_file_gives_the_armid_process_one_line_on_stderr_and_no_traceback(
     run = subprocess.run([sys.executable, "-m", "armid.cli", *argv], cwd=tmp_path, capture_output=True, text=True,
                          timeout=CASE_TIMEOUT_S + 60)
     _check_line(run.stderr, case, run.returncode, tmp_path)
+
+
+# -- mutated files: seeded, a bounded number of each kind ------------------------------------------------------
+# Each mutation makes a file bad in a way that must be refused wherever it lands; the command must exit 2 with one
+# line naming the file (and, where the mutation fixes it, the line or field), no traceback, in bounded time.
+FUZZ_SEED = 20260301
+BAD_CELLS = ("nan", "inf", "-inf", "", "abc", "1.2.3", "1e999", "\0", "1,2", "--1", "0x1F", "1e300")
+BAD_TOML_NUMBERS = ("nan", '"text"', "true", "{}", "[]", "1e300", "-nan")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])")
+
+
+def _mutated_csv(d: Path, rng: np.random.Generator) -> tuple[list[str], tuple[str, ...]]:
+    """A recording with one data cell replaced by a token that is no finite number in range."""
+    line, column = int(rng.integers(2, 122)), int(rng.integers(0, 13))
+    tokens = [t for t in BAD_CELLS if not (column == 0 and t == "1e300")]  # a huge time is a later line's fault
+    path = _csv(d, lambda ls: _cell(ls, line, column, str(rng.choice(tokens))))
+    return ["identify", str(path), "--model", "generic6", "-o", str(d / "out"), "--quiet"], ("run.csv", f"line {line}")
+
+
+def _mutated_toml(d: Path, rng: np.random.Generator) -> tuple[list[str], tuple[str, ...]]:
+    """generic6 with one number of a joint's tables replaced by a value no field takes."""
+    lines = GENERIC6.splitlines()
+    joint, spots = -1, []
+    for k, text in enumerate(lines):
+        joint += text.startswith("[[joint]]")
+        table = text.split("=", 1)[0].strip()
+        if joint >= 0 and table in ("dh", "link", "drive", "limits"):
+            spots += [(k, m.span(), f"joint[{joint}].{table}") for m in _NUMBER.finditer(text.split("=", 1)[1])]
+    k, (a, b), field = spots[int(rng.integers(len(spots)))]
+    head, value = lines[k].split("=", 1)
+    lines[k] = f"{head}={value[:a]}{rng.choice(BAD_TOML_NUMBERS)}{value[b:]}"
+    (d / "arm.toml").write_text("\n".join(lines) + "\n")
+    return ["model", "show", str(d / "arm.toml")], ("arm.toml", field)
+
+
+def _mutated_manifest(d: Path, rng: np.random.Generator) -> tuple[list[str], tuple[str, ...]]:
+    """A manifest of 8 runs with one defect on a random line."""
+    rows = [["arm_id", "model", "recording", "date"]] + [
+        [f"arm{k % 3}", "generic6", f"r{k}.csv", f"2026-03-{k + 1:02d}T02:00"] for k in range(8)]
+    line = int(rng.integers(2, len(rows) + 1))
+    row = rows[line - 1]
+    kind = int(rng.integers(6))
+    if kind == 0:
+        row[int(rng.integers(3))] = ""                               # a required value missing
+    elif kind == 1:
+        row[3] = str(rng.choice(["2026-13-01", "yesterday", "1e9", "2026-03-01T25:00"]))
+    elif kind == 2:
+        row.append("extra")                                          # more fields than columns
+    elif kind == 3:
+        row[0] = row[0][:1] + "\0" + row[0][1:]
+    elif kind == 4:
+        rows[line - 1] = list(rows[1 if line != 2 else 2])           # the same arm and run twice
+        line = max(line, 3)
+    else:
+        column = int(rng.integers(4))
+        rows[0][column] += "x"                                       # an unknown column
+        line = 1
+    (d / "manifest.csv").write_text("\n".join(",".join(r) for r in rows) + "\n")
+    names = ("manifest.csv", f"line {line}")
+    if kind == 5 and column < 3:       # without its required columns the file is no manifest: a recording needs --model
+        names = ("manifest.csv", "--model", "no manifest", "arm_id, model, recording")
+    return ["identify", str(d / "manifest.csv"), "-o", str(d / "out"), "--quiet"], names
+
+
+@pytest.fixture(scope="module")
+def good_mcap(tmp_path_factory) -> bytes:
+    return _mcap(tmp_path_factory.mktemp("mcap")).read_bytes()
+
+
+FUZZ = {"csv": (_mutated_csv, 24), "toml": (_mutated_toml, 24), "manifest": (_mutated_manifest, 24), "mcap": (None, 40)}
+
+
+@pytest.mark.parametrize("kind", list(FUZZ))
+def test_every_mutated_file_exits_2_with_one_line_naming_it(kind, good_mcap, tmp_path, capsys, monkeypatch):
+    make, count = FUZZ[kind]
+    rng = np.random.default_rng([FUZZ_SEED, list(FUZZ).index(kind)])
+    monkeypatch.chdir(tmp_path)
+    failures = []
+    for k in range(count):
+        d = tmp_path / str(k)
+        d.mkdir()
+        if kind == "mcap":       # one byte changed anywhere: every record is under a CRC, or is the magic
+            data = bytearray(good_mcap)
+            at = int(rng.integers(len(data)))
+            data[at] ^= int(rng.integers(1, 256))
+            (d / "run.mcap").write_bytes(bytes(data))
+            argv, names = ["record", "convert", str(d / "run.mcap"), "-o", str(d / "run.npz")], ("run.mcap",)
+        else:
+            argv, names = make(d, rng)
+        capsys.readouterr()
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(CASE_TIMEOUT_S)
+        try:
+            code = main(argv)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        try:
+            _check_line(capsys.readouterr().err, Case(f"{kind}-{k}", lambda _: argv, names), code, d)
+        except AssertionError as exc:
+            failures.append(f"{kind} mutation {k} ({' '.join(argv[:2])}): {str(exc).splitlines()[0][:300]}")
+    assert not failures, "\n".join(failures)

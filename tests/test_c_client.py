@@ -66,6 +66,38 @@ def test_the_example_is_short_and_uses_the_headers_macros():
     assert not re.search(r"\b(36|37|8 ?\* ?n)\b", code)                     # no hand-copied offsets
 
 
+def _documented(text: str, start: str) -> str:
+    """The one line of `text` (a doc's indented block, or the example's comment) that begins with `start`."""
+    lines = [line.strip(" *") for line in text.splitlines() if line.strip(" *").startswith(start)]
+    assert len(lines) == 1, lines
+    return re.split(r"\s{2,}\(", lines[0])[0]          # without a trailing "(from armid's folder)"
+
+
+def test_the_documented_build_runs_as_written_with_the_package_it_names(tmp_path):
+    doc = (ROOT / "docs" / "reference" / "stream.md").read_text()
+    command = _documented(doc, "cc ")
+    assert command == _documented(EXAMPLE.read_text(), "cc ")             # the example says the same
+    package = _documented(doc, "sudo apt-get install ").split()[-1]
+    assert _documented(EXAMPLE.read_text(), "sudo apt-get install ").split()[-1] == package
+    probe = subprocess.run([CC, "-E", "-x", "c", "-"], input="#include <zmq.h>\n", capture_output=True, text=True,
+                           timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"no <zmq.h> on this machine: the documented build needs {package} (or its equivalent)")
+    header = re.search(r'"(/[^"]*/zmq\.h)"', probe.stdout).group(1)
+    if shutil.which("dpkg"):                                           # the named package provides that header
+        owner = subprocess.run(["dpkg", "-S", header], capture_output=True, text=True, timeout=60)
+        assert owner.stdout.split(":")[0] == package, owner.stdout or owner.stderr
+    for folder in ("firmware_bridge", "docs"):                         # "from armid's folder", writing elsewhere
+        (tmp_path / folder).symlink_to(ROOT / folder)
+    build = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    model = load_model("generic6")
+    with local_driver(model, seed=5) as (d, _):
+        out = _run(tmp_path / "stream_client", d.bound["state"], 10)
+    assert out.returncode == 0, out.stderr
+    assert [len(line.split()) for line in out.stdout.splitlines()] == [5 + 3 * model.n] * 10
+
+
 def _run(exe, endpoint: str, count: int) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), endpoint, str(count)], capture_output=True, text=True, timeout=60)
 

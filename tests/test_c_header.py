@@ -310,3 +310,36 @@ def test_c_program_decodes_state_messages_with_the_headers_struct_and_macros_as_
     for payload, line in zip(good, lines):
         assert _parsed(line) == _expected(payload)
     assert lines[len(good):] == ["BAD"] * len(bad)
+
+
+_SERVO_PROGRAM = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include "armid_wire.h"
+
+int main(void)
+{
+    static const double values[6] = {0.1, -0.2, 0.3, 0.0, 1e-9, -3.0};
+    uint8_t buf[ARMID_SERVO_MESSAGE_SIZE(6)];
+    size_t len = armid_servo_encode(buf, ARMID_SERVO_MODE_POSITION, UINT64_C(0x0123456789ABCDEF), UINT64_C(42),
+                                    INT64_C(1700000000123456789), values, 6);
+    for (size_t i = 0; i < len; i++) printf("%02x", buf[i]);
+    printf("\n");
+    return len != sizeof buf;
+}
+"""
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler (cc, gcc or clang) on this machine")
+@pytest.mark.parametrize("std", ["c99", "c11"])
+def test_c_program_writes_a_servo_setpoint_that_the_driver_decodes_byte_for_byte(tmp_path, std):
+    from firmware_bridge import servo_wire
+
+    exe = _build(tmp_path, "servo", _SERVO_PROGRAM, std)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    raw = bytes.fromhex(run.stdout.strip())
+    values = np.array([0.1, -0.2, 0.3, 0.0, 1e-9, -3.0])
+    assert raw == servo_wire.encode(servo_wire.MODE_POSITION, 0x0123456789ABCDEF, 42, 1700000000123456789, values)
+    got = servo_wire.decode(raw, 6)
+    assert (got.token, got.seq, got.sent_ns) == (0x0123456789ABCDEF, 42, 1700000000123456789)

@@ -68,6 +68,31 @@ def test_a_move_runs_through_the_client_and_the_iterator_sees_it_in_order(driver
             arm.run_trajectory(preset="nope")
 
 
+def test_a_refusal_names_its_command_once_through_the_client_and_on_the_wire(driver):
+    d, _ = driver
+    with _client(d) as arm:
+        with pytest.raises(CommandRefused) as refused:
+            arm.move_to([9.0, 0, 0, 0, 0, 0])
+        assert str(refused.value).startswith("move_to refused: joint j1: goal 9 outside the position limits")
+        with pytest.raises(CommandRefused) as refused:
+            arm.set_payload(1e9)
+        assert str(refused.value).startswith("set_payload refused: mass 1e+09 kg is over the rated payload")
+        with pytest.raises(CommandRefused) as refused:
+            arm.request("enable", speed=1)
+        assert str(refused.value) == "enable: unknown field 'speed' (known: )"
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(d.bound["commands"])
+    try:
+        for raw, text in ((b'{"cmd": "move_to", "q": [NaN, 0, 0, 0, 0, 0]}', "request: NaN is not a number JSON allows"),
+                          (b'{"cmd": "move_to", "q": [1e400, 0, 0, 0, 0, 0]}', "request: number 1e400 is not finite")):
+            sock.send(raw)
+            assert sock.poll(10_000)
+            assert json.loads(sock.recv()) == {"ok": False, "error": text}
+    finally:
+        sock.close()
+
+
 def test_a_callback_gets_every_sample_in_its_own_thread_until_close(driver):
     d, _ = driver
     got = []

@@ -169,6 +169,7 @@ def test_a_hundred_thousand_hostile_requests_leave_the_command_plane_answering(d
     watch = StreamWatch(driver.bound["state"])
     flood = zmq.Context.instance().socket(zmq.DEALER)
     flood.setsockopt(zmq.LINGER, 0)
+    flood.setsockopt(zmq.SNDTIMEO, 10_000)     # a driver that stopped reading fails the test (zmq.Again), no hang
     flood.connect(driver.bound["commands"])
     control = _req(driver.bound["commands"])
     before = dict(driver.command_server.stats())
@@ -381,3 +382,35 @@ def test_a_request_whose_handling_fails_inside_is_answered_counted_and_the_serve
         assert _call(sock, cmd="quick_stop")["ok"]
     finally:
         sock.close(0)
+
+
+def test_another_clients_status_goes_ahead_of_a_flooders_waiting_requests(driver):
+    """A client that floods the socket delays only itself: with its PER_CLIENT requests waiting, another client's
+    status is answered next (round robin over clients), not after all of them. Counted, not timed: when the
+    other client has its reply, most of the flooder's requests are still waiting."""
+    from driver.command_server import PER_CLIENT
+
+    server = driver.command_server
+    flood = zmq.Context.instance().socket(zmq.DEALER)
+    flood.setsockopt(zmq.LINGER, 0)
+    flood.connect(driver.bound["commands"])
+    other = _req(driver.bound["commands"])
+    try:
+        assert _call(other, cmd="status")["ok"]              # connected, and the server idle
+        received = server.received
+        for _ in range(PER_CLIENT):
+            flood.send_multipart([b"", b'{"cmd": "status"}'])
+        deadline = time.monotonic() + 30
+        while server.received < received + PER_CLIENT and time.monotonic() < deadline:
+            time.sleep(0.0005)                              # until the server has read (queued) all of them
+        assert server.received >= received + PER_CLIENT
+        assert _call(other, cmd="status")["ok"]
+        still_waiting = server.stats()["waiting"]
+        assert still_waiting >= PER_CLIENT // 4, f"{still_waiting} of the flooder's {PER_CLIENT} left"
+        replies = 0
+        while replies < PER_CLIENT and flood.poll(30_000):   # the flooder gets every answer in the end
+            replies += json.loads(flood.recv_multipart()[-1])["ok"]
+        assert replies == PER_CLIENT
+    finally:
+        flood.close(0)
+        other.close(0)

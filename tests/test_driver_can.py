@@ -450,8 +450,8 @@ def test_open_on_a_bus_without_drives_raises_link_error_naming_the_drive(model):
 @pytest.mark.parametrize("options, error", [
     ({"channel": "can0"}, "interface"),
     ({"interface": "socketcan"}, "channel"),
-    ({"interface": "socketcan", "channel": "can0", "bitrate": 5}, "bitrate: expected bit/s"),
-    ({"interface": "socketcan", "channel": "can0", "node_ids": [1, 2, 3]}, "node_ids: expected 6 distinct"),
+    ({"interface": "socketcan", "channel": "can0", "bitrate": 5}, "option 'bitrate': expected an integer of bit/s in 10000..1000000"),
+    ({"interface": "socketcan", "channel": "can0", "node_ids": [1, 2, 3]}, "option 'node_ids': expected 6 distinct"),
     ({"interface": "socketcan", "channel": "can0", "node_ids": [1, 1, 2, 3, 4, 5]}, "node_ids"),
     ({"interface": "socketcan", "channel": "can0", "counts_per_rev": -1}, "counts_per_rev"),
     ({"interface": "socketcan", "channel": "can0", "heartbeat_ms": 1e9}, "heartbeat_ms"),

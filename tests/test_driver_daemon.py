@@ -139,6 +139,29 @@ def test_commands_beyond_loopback_require_curve_keys(model):
         Driver(model, arm, endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://0.0.0.0:*"))
 
 
+def test_missing_curve_keys_stop_the_driver_with_one_line_and_no_traceback(tmp_path):
+    cfg = tmp_path / "driver.toml"
+    cfg.write_text('[driver]\nmodel = "generic6"\n[transport]\nname = "sim"\n[zmq]\nstate = "tcp://127.0.0.1:*"\n'
+                   'commands = "tcp://0.0.0.0:*"\nservo = "tcp://0.0.0.0:*"\n[zmq.curve]\n'
+                   'server_secret_file = "keys/server.key_secret"\nauthorized_clients_dir = "keys/clients"\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "armid.cli", "driver", "--config", str(cfg)], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert lines == [f"armid: zmq.curve.server_secret_file: {tmp_path / 'keys/server.key_secret'} does not exist"]
+
+
+def test_a_planner_whose_daemon_is_gone_ends_quietly(tmp_path):
+    read, write = os.pipe()
+    os.close(read)                              # the daemon closed its end before the planner said "ready"
+    run = subprocess.run([sys.executable, "-m", "driver.planner", str(tmp_path)], stdin=subprocess.DEVNULL,
+                         stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    os.close(write)
+    assert "Traceback" not in run.stderr and run.returncode == 0, run.stderr
+
+
 def test_with_curve_only_authorised_clients_get_answers(model, tmp_path):
     keys, clients = tmp_path / "keys", tmp_path / "clients"
     keys.mkdir()

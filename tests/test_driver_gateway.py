@@ -179,17 +179,17 @@ def test_a_malformed_function_23_response_is_a_modbus_error_not_registers(data):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({}, "host: expected the gateway's IP address"),
-    ({"host": ""}, "host: expected"),
-    ({"host": "10.0.0.2", "port": 0}, "port: expected an integer in 1..65535, got 0"),
-    ({"host": "10.0.0.2", "port": "502"}, "port: expected an integer"),
-    ({"host": "10.0.0.2", "timeout_ms": float("nan")}, "timeout_ms: expected a number of ms"),
-    ({"host": "10.0.0.2", "watchdog_ms": 0}, "watchdog_ms: expected an integer in 1..65535, got 0"),
-    ({"host": "10.0.0.2", "counts_per_rev": -1}, "counts_per_rev: expected"),
+    ({}, "option 'host': expected the gateway's IP address or host name, got nothing (it is required)"),
+    ({"host": ""}, "option 'host': expected"),
+    ({"host": "10.0.0.2", "port": 0}, "option 'port': expected an integer in 1..65535, got 0"),
+    ({"host": "10.0.0.2", "port": "502"}, "option 'port': expected an integer"),
+    ({"host": "10.0.0.2", "timeout_ms": float("nan")}, "'timeout_ms': expected a number of ms"),
+    ({"host": "10.0.0.2", "watchdog_ms": 0}, "option 'watchdog_ms': expected an integer of ms in 1..65535, got 0"),
+    ({"host": "10.0.0.2", "counts_per_rev": -1}, "option 'counts_per_rev': expected"),
     ({"host": "10.0.0.2", "baud": 9600}, "unknown option 'baud'"),
 ])
 def test_bad_options_get_one_error_naming_the_option(model, options, message):
-    with pytest.raises(InputError, match="transport gateway: ") as err:
+    with pytest.raises(InputError, match="gateway: ") as err:
         open_arm("gateway", model, **options)
     assert message in str(err.value)
 

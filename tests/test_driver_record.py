@@ -136,7 +136,7 @@ def test_a_transport_option_the_transport_does_not_know_is_named_with_the_known_
 def test_the_sim_transport_refuses_an_unknown_option_itself(model):
     from driver.transports import open_arm
 
-    with pytest.raises(InputError, match="transport sim: unknown option 'speed'"):
+    with pytest.raises(InputError, match="sim: unknown option 'speed'"):
         open_arm("sim", model, speed=3)
 
 

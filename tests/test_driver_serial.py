@@ -15,6 +15,7 @@ import json
 import os
 import re
 import select
+import shutil
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from driver.config import load_config
 from driver.daemon import Driver, Endpoints
 from driver.hal import ArmCommand, ArmState, LinkError
 from driver.transports import open_arm
+from firmware_bridge.runtime.errors import InputError
 from driver.transports.serial_link import SAMPLE_RING, SerialArm, SerialOptionError
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge import stream
@@ -225,13 +227,16 @@ def test_a_device_of_another_protocol_version_is_named(model, scripted):
 
 
 @pytest.mark.parametrize("options, error", [
-    ({"port": ""}, "port: expected a device path"),
-    ({"port": "/dev/x", "baudrate": 0}, "baudrate: expected an integer"),
-    ({"port": "/dev/x", "baudrate": 115200.5}, "baudrate: expected an integer"),
-    ({"port": "/dev/x", "counts_per_rev": -1}, "counts_per_rev: expected an integer"),
-    ({"port": "/dev/x", "device_watchdog_ms": float("nan")}, "device_watchdog_ms: expected a number"),
-    ({"port": "/dev/x", "device_watchdog_ms": 100, "heartbeat_ms": 80}, "heartbeat_ms: expected a number in 0.1..50"),
-    ({"port": "/dev/x", "reconnect_s": True}, "reconnect_s: expected a number"),
+    ({"port": ""}, "serial: option 'port': expected a device path"),
+    ({"port": "/dev/x", "baudrate": 0}, "serial: option 'baudrate': expected an integer of bit/s in 50..100000000, got 0"),
+    ({"port": "/dev/x", "baudrate": "fast"}, "serial: option 'baudrate': expected an integer of bit/s in 50..100000000, "
+                                             "got 'fast'"),
+    ({"port": "/dev/x", "baudrate": 115200.5}, "option 'baudrate': expected an integer"),
+    ({"port": "/dev/x", "counts_per_rev": -1}, "option 'counts_per_rev': expected an integer"),
+    ({"port": "/dev/x", "device_watchdog_ms": float("nan")}, "option 'device_watchdog_ms': expected a number"),
+    ({"port": "/dev/x", "device_watchdog_ms": 100, "heartbeat_ms": 80}, "option 'heartbeat_ms': expected a number of "
+                                                                        "ms in 0.1..50"),
+    ({"port": "/dev/x", "reconnect_s": True}, "option 'reconnect_s': expected a number"),
 ])
 def test_bad_options_are_refused_naming_the_option(model, options, error):
     with pytest.raises(SerialOptionError, match=re.escape(error)):
@@ -338,7 +343,8 @@ def test_pump_new_reads_the_port_in_the_calling_thread_and_sees_the_port_vanish(
             try:
                 assert arm.pump_new(5.0) is True             # woken by the STATE itself, within the bound
             finally:
-                timer.join()
+                timer.join(10.0)
+            assert not timer.is_alive(), "the device's send did not return within 10 s"
             assert arm.read(st) is True and st.device_time_ns == c * 1_000_000
             _within_one_count(st.q, q, ENCODER_COUNTS_PER_REV * model.gear_ratio / (2 * np.pi))
         assert arm.link_stats()["states"] == 3
@@ -434,6 +440,18 @@ def test_deploy_example_config_builds_the_serial_arm(model):
     assert cfg.transport == "serial"
     arm = open_arm(cfg.transport, model, **cfg.transport_options)
     assert isinstance(arm, SerialArm) and arm.port == cfg.transport_options["port"]
+
+
+def test_the_deploy_config_copied_alone_says_to_create_its_trajectory_folder(tmp_path):
+    shutil.copy(ROOT / "deploy" / "driver-serial.toml", tmp_path / "driver.toml")
+    with pytest.raises(InputError) as refused:
+        load_config(tmp_path / "driver.toml")
+    folder = tmp_path / "trajectories"
+    text = str(refused.value)
+    assert text.startswith(f"{tmp_path / 'driver.toml'}: driver.trajectory_dir: the folder {folder} does not exist")
+    assert f"mkdir {folder}" in text and "\n" not in text
+    folder.mkdir()                                 # the step the running-the-daemon guide gives
+    assert load_config(tmp_path / "driver.toml").trajectory_dir == str(folder)
 
 
 # -- the simulator's device side in this process ---------------------------------------------------

@@ -23,7 +23,7 @@ And the statistics, on all three in the default run (see the comment above the t
 the gateway's opt-in until 23 Nov 2026): the base
 parameters whose reported relative standard deviation is at most the product's "well identified" bound
 (ident.outputs.results.BADLY_IDENTIFIED_PCT, 10 %) lie within 3 reported sigma of the simulator's truth (the
-generic6 model it runs), at most one of them beyond and none beyond 4; the assertion message lists every
+generic6 model it runs), at most one of them beyond (a joint's drive terms counted as one) and none beyond 4; the assertion message lists every
 z-score.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,6 @@ from ident.model import load_model
 from ident.outputs.results import BADLY_IDENTIFIED_PCT
 
 FAST = ["--periods", "0.25"]
-FRICTION_SIGMA = 5.0     # the bound on the friction terms' |z| (see the 3-sigma test)
 PERIODS = 0.25
 MIN_MEANINGFUL = 3     # fewer well-identified parameters than this: the excitation reached nothing
 MIN_FRESH = 0.5        # fraction of the driver's cycles that must carry a new sample
@@ -184,23 +184,23 @@ def z_scores(doc: dict, true_values: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def test_the_well_identified_parameters_lie_within_3_reported_sigma_of_the_simulators_truth(demo_run, truth):
     """With honest sigmas each well-identified parameter falls outside 3 sigma with probability 0.27 %, so
     demanding that none of ~34 does would fail 9 % of correct runs. The test asks what honest sigmas give
-    with probability 99.4 %: at most one outside 3 sigma, none outside 4 (a bias like the half-period effort
-    lag it caught put one at 9.7). That holds for the rigid-body terms and offsets; the Coulomb and viscous
-    friction terms carry a known bias (below) and are held to 5 sigma."""
+    with probability 99.4 %: at most one outside 3 sigma (a joint's drive terms, estimated together, as one),
+    none outside 4 (a bias like the half-period effort
+    lag it caught put one at 9.7). It holds for every term, friction included: joint 3's Coulomb friction came out
+    2.5-3.4 sigma high while rows whose decimation window spanned a reversal were kept (their filtered effort
+    carried the friction near rest, which fc sign(qd) does not describe; ident.fit.batch.slow_window)."""
     _ran(demo_run)
     names, true_values = truth
     z, meaningful = z_scores(json.loads((demo_run.out / "result.json").read_text()), true_values)
     assert meaningful.sum() >= MIN_MEANINGFUL
     listed = ", ".join(f"{n} {v:+.1f}" for n, v, m in zip(names, z, meaningful) if m)
-    friction = np.array([n.startswith(("fc", "fv")) for n in names])
-    rigid = np.abs(z[meaningful & ~friction])
-    assert (rigid > 3.0).sum() <= 1 and rigid.max() <= 4.0, \
-        f"{demo_run.transport} {demo_run.clocking}: max |z| {rigid.max():.1f} over {rigid.size} parameters: {listed}"
-    # friction: joint 3's Coulomb friction comes out 2.5-3.4 sigma high run after run (a bias of the rows kept
-    # near the slow-velocity threshold, not noise), so the friction terms get a bound of their own
-    slip = np.abs(z[meaningful & friction])
-    assert slip.max() <= FRICTION_SIGMA, f"{demo_run.transport} {demo_run.clocking}: friction beyond " \
-        f"{FRICTION_SIGMA} sigma: {listed}"
+    every = np.abs(z[meaningful])
+    # a joint's drive terms (Ia, fc, fv, offset) are estimated from the same columns of the rows and move together
+    # (one noisy joint put Ia6, fc6 and fv6 at +3.0, -3.2 and +3.1 at once): they count as one outside 3 sigma
+    groups = {re.sub(r"^(Ia|fc|fv|offset)(\d+)$", r"drive\2", n) for n, v in zip(np.array(names)[meaningful], every)
+              if v > 3.0}
+    assert len(groups) <= 1 and every.max() <= 4.0, \
+        f"{demo_run.transport} {demo_run.clocking}: max |z| {every.max():.1f} over {every.size} parameters: {listed}"
 
 
 # -- the chain's own pieces (fast) ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from ident.model.base_params import base_parameters
 from ident.fit.drive_gains import gains_with_payload
 from ident.fit.excitation import FourierTrajectory
 from ident.model import load_model
+from rounding import EPS, assert_equal_up_to_rounding, least_squares_bound
 from sim.plant import payload_parameters
 
 RATE = 50.0
@@ -56,12 +57,17 @@ def test_triangle_factors_give_the_same_estimate_as_a_weighted_lstsq_on_all_rows
     r = (y - W @ beta_ols)
     s_j = np.sqrt((r ** 2).sum(axis=0) / (len(y) - base.count))
     w = np.tile(1 / s_j, len(y))
-    beta_wls = np.linalg.lstsq(A * w[:, None], b * w, rcond=None)[0]
-    np.testing.assert_allclose(fit.sigma_joint, s_j, rtol=1e-9)
-    np.testing.assert_allclose(fit.beta, beta_wls, rtol=1e-8, atol=1e-10)
+    Aw = A * w[:, None]
+    beta_wls = np.linalg.lstsq(Aw, b * w, rcond=None)[0]
+    # to rounding, from the conditioning (tests/rounding.py): the residuals' sigma moves with the OLS solution's
+    # error times ||A|| ||beta|| / ||r||; the covariance, an inverse of A'A, with kappa(Aw)^2
+    ols_bound = least_squares_bound(A, beta_ols, b - A @ beta_ols)
+    assert_equal_up_to_rounding(fit.sigma_joint, s_j, ols_bound * np.linalg.norm(A, 2) * np.linalg.norm(beta_ols)
+                                / np.linalg.norm(b - A @ beta_ols))
+    assert_equal_up_to_rounding(fit.beta, beta_wls, least_squares_bound(Aw, beta_wls, b * w - Aw @ beta_wls))
     rw = (b - A @ beta_wls) * w
-    cov = rw @ rw / (len(b) - base.count) * np.linalg.inv((A * w[:, None]).T @ (A * w[:, None]))
-    np.testing.assert_allclose(fit.covariance, cov, rtol=1e-6, atol=1e-14)
+    cov = rw @ rw / (len(b) - base.count) * np.linalg.inv(Aw.T @ Aw)
+    assert_equal_up_to_rounding(fit.covariance, cov, 2 * np.linalg.cond(Aw) ** 2 * np.sqrt(Aw.size) * EPS)
     assert fit.cond == pytest.approx(np.linalg.cond(A * w[:, None]), rel=1e-6)
 
 

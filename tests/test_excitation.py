@@ -6,6 +6,7 @@ import math
 import re
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +64,7 @@ def generic6():
 @pytest.fixture(scope="module")
 def arm3(tmp_path_factory):
     """The first three joints of generic6 (a small arm keeps the design tests fast)."""
-    text = (Path(excitation.__file__).parent / "models" / "generic6.toml").read_text()
+    text = (resources.files("ident") / "models" / "generic6.toml").read_text()
     blocks = text.split("[[joint]]")
     path = tmp_path_factory.mktemp("arm3") / "arm3.toml"
     path.write_text(blocks[0].replace('name = "generic6"', 'name = "arm3"') + "[[joint]]" + "[[joint]]".join(blocks[1:4]))
@@ -385,7 +386,7 @@ def test_cli_check_rejects_a_violating_file_in_one_line(tmp_path):
     path = tmp_path / "fast.toml"
     path.write_text(GOOD.replace("base_frequency = 0.2", "base_frequency = 20.0").replace("period = 5.0", "period = 0.05"))
     model = tmp_path / "m.toml"
-    text = (Path(excitation.__file__).parent / "models" / "generic6.toml").read_text()
+    text = (resources.files("ident") / "models" / "generic6.toml").read_text()
     blocks = text.split("[[joint]]")
     model.write_text(blocks[0] + "[[joint]]" + "[[joint]]".join(blocks[1:3]))
     run = subprocess.run([sys.executable, "-m", "armid.cli", "excite", "check", str(path), "--model", str(model)],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import struct
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from websockets.sync.client import connect
 
 from mcap_ros2._dynamic import generate_dynamic
 
-from armid.foxglove_bridge import Bridge, link_transforms
+from armid.foxglove_bridge import Bridge, SampleClock, link_transforms
+from firmware_bridge import stream
 from firmware_bridge import mcap_schema
 from ident.model import frames
 from ident.model import load_model
@@ -112,3 +114,35 @@ def test_the_frame_transforms_chain_to_the_flange_as_the_models_kinematics_do():
     pose = dynamics.flange_pose(model, q[None])[0]
     np.testing.assert_allclose(p, pose[:3, 3], atol=1e-12)
     np.testing.assert_allclose(R, pose[:3, :3], atol=1e-12)
+
+
+def test_catch_up_samples_read_together_keep_unique_increasing_stamps_on_the_host_clock():
+    clock = SampleClock()
+    device0, host0 = 5_000_000_000, 1_700_000_000_000_000_000
+    msg = stream.StateMessage(6)
+    stamps, hosts = [], []
+    for k in range(4000):                              # 1 kHz; 6 samples in every 100 read late, together
+        read = (k // 100) * 100 + 55 if 50 <= k % 100 < 56 else k
+        host = host0 + read * 1_000_000 + 300_000
+        msg.set_header(k, 0, device0 + k * 1_000_000, host)
+        r = stream.decode_state(bytes(msg.buffer))
+        stamps.append(clock.stamp(int(r["device_time_ns"]), int(r["host_time_ns"])))
+        hosts.append(int(r["host_time_ns"]))
+    assert len(set(hosts)) < len(hosts)                # the driver's read times repeat
+    assert all(b - a == 1_000_000 for a, b in zip(stamps, stamps[1:]))   # the device's own spacing
+    assert all(0 <= h - s <= 5_000_000 for s, h in zip(stamps, hosts))     # on the host clock, before the read
+
+
+def test_the_docs_name_the_subprotocol_the_server_speaks_and_the_one_it_refuses(live):
+    from websockets.exceptions import InvalidStatus
+
+    _, _, bridge = live
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "stream.md").read_text()
+    with connect(f"ws://127.0.0.1:{bridge.port}", subprotocols=["foxglove.websocket.v1", PROTOCOL],
+                 open_timeout=10) as ws:
+        assert ws.subprotocol == PROTOCOL and f"`{PROTOCOL}`" in doc
+    with pytest.raises(InvalidStatus, match="400"):
+        connect(f"ws://127.0.0.1:{bridge.port}", subprotocols=["foxglove.websocket.v1"], open_timeout=10)
+    assert "`foxglove.websocket.v1`" in doc and "HTTP 400" in doc
+    for encoding in ("protobuf", "cdr", "json"):
+        assert f"| `{encoding}` |" in doc

@@ -208,7 +208,7 @@ def test_free_running_device_sides_buffer_their_targets_and_host_clocked_ones_do
     assert SerialDevice(step_on_command=True).setpoints is None
     assert GatewayDevice(step_on_exchange=True).setpoints is None
     assert SerialDevice(target_buffer=0).setpoints is None and GatewayDevice(target_buffer=5).setpoints.depth == 5
-    with pytest.raises(InputError, match="gateway: target_buffer"):
+    with pytest.raises(InputError, match="gateway device: option 'target_buffer'"):
         GatewayDevice(target_buffer=-1)
 
 

@@ -15,9 +15,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import dask
+import distributed
 import numpy as np
 import pytest
 import zmq
+from distributed.config import initialize_logging
 
 from armid import logs
 from driver import command_server
@@ -83,6 +86,25 @@ def test_python_can_and_canopen_go_through_the_same_handler_at_warning_unless_de
         assert (f"{name} debug" in got) == (level == "DEBUG")
     assert ("driver.daemon info" in got) == (level != "WARNING")
     assert ("driver.daemon debug" in got) == (level == "DEBUG")
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+def test_a_dask_cluster_logs_nothing_below_warning_unless_debug(configured, tmp_path, level):
+    out = tmp_path / "log"
+    with open(out, "w") as stream_:
+        configured(level, "text", stream=stream_, environ={})
+        initialize_logging(dask.config.config)      # what importing distributed does: its loggers back to INFO
+        try:
+            with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                          dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+                assert client.submit(sum, [1, 2]).result(timeout=30) == 3
+                logging.getLogger("distributed.scheduler").warning("a warning passes")
+        finally:
+            logs.shutdown()
+    lines = [line for line in _lines(out) if " distributed." in line]
+    assert any("a warning passes" in line for line in lines)
+    below = [line for line in lines if " INFO distributed." in line or " DEBUG distributed." in line]
+    assert bool(below) == (level == "DEBUG"), below
 
 
 def test_level_and_format_resolve_from_option_then_environment_and_a_bad_level_is_named():

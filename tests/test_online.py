@@ -13,6 +13,7 @@ from ident.fit.batch import identify
 from ident.model import load_model
 from ident.online import EstimateFileError, JointWeightedRLS, OnlineIdentifier, SampleWindow
 from ident.fit.preprocess import Recording, prepare
+from rounding import assert_equal_up_to_rounding, factorization_bound, least_squares_bound_of, relative_difference
 
 RATE = 1000.0
 
@@ -120,7 +121,7 @@ def test_noise_free_stream_predicts_torque_to_a_tiny_fraction_and_recovers_the_m
     seq, q, tau, qd, qdd, truth = smooth
     ident = OnlineIdentifier(model, base=base, p0=1e8)
     _feed(ident, seq, q, tau)
-    rep = ident.outputs.report()
+    rep = ident.report()
     # the torque the estimate predicts from the exact states, vs the torque itself
     pred = base.regressor(dynamics.regressor(model, q, qd, qdd)) @ rep.theta
     # the filter passes this motion's band untouched and central differences are exact to ~1e-5: so is the fit
@@ -152,7 +153,7 @@ def test_per_joint_weights_come_from_the_first_pass_and_the_estimate_is_then_bat
     batch = identify(model, rec, base=base, cutoff_hz=40.0).fit
     well = batch.relative_std_pct < 1.0
     assert well.sum() >= 10
-    assert np.all(np.abs(ident.online.rls.theta - batch.beta)[well] < 3 * batch.std[well])
+    assert np.all(np.abs(ident.rls.theta - batch.beta)[well] < 3 * batch.std[well])
     # and the WLS (with the prior 1/p0 as a ridge) of the same rows with the first pass's weights, to
     # rounding (the factored filter: 1e-10 here; the test allowed the covariance form 2e-3, at p0 = 1e4)
     rows = SampleWindow(6, rate_hz=RATE, cutoff_hz=40.0).push(seq, q, noisy)
@@ -160,7 +161,7 @@ def test_per_joint_weights_come_from_the_first_pass_and_the_estimate_is_then_bat
     use = np.abs(rows.qd) >= ident.min_speed
     A, b = (Yb / sigma[None, :, None])[use], (rows.tau / sigma)[use]
     wls = np.linalg.solve(A.T @ A + np.eye(A.shape[1]) / 1e8, A.T @ b)
-    np.testing.assert_allclose(ident.online.rls.theta[well], wls[well], rtol=1e-8)
+    np.testing.assert_allclose(ident.rls.theta[well], wls[well], rtol=1e-8)
 
 
 def test_a_joint_that_did_not_move_in_the_first_pass_is_weighted_by_its_own_rows_once_it_moves():
@@ -220,11 +221,14 @@ def test_a_sequence_gap_restarts_the_window_and_no_row_spans_it(model, base, run
     two.samples.clear()
     _feed(two, seq[3100:6000], q[3100:6000], tau[3100:6000], batch=137)
     # equal to rounding: the same rows in other blocks of samples can differ in their last bits (BLAS and
-    # numba's threads sum in an order that depends on the blocks and the memory), which the least squares
-    # amplifies on its small parameters (3.7e-10 relative once, on one of 0.004 in a vector of scale 3.5);
-    # a row spanning the gap would move the estimate by orders of magnitude more
-    scale = np.abs(two.rls.theta).max()
-    np.testing.assert_allclose(ident.online.rls.theta, two.rls.theta, rtol=1e-10, atol=1e-10 * scale)
+    # numba's threads sum in an order that depends on the blocks and the memory): a least-squares problem's
+    # perturbation, amplified by its conditioning, read from the information matrix P^-1 (tests/rounding.py);
+    # a row spanning the gap would move the estimate far more
+    rls = two.rls
+    info = np.linalg.eigvalsh(np.linalg.inv(rls.P))
+    bound = least_squares_bound_of(np.sqrt(info[-1] / info[0]), np.sqrt(info[-1]), np.linalg.norm(rls.theta),
+                                   np.sqrt(rls.residual_variance * rls.rows), rls.rows, rls.p)
+    assert_equal_up_to_rounding(ident.rls.theta, two.rls.theta, bound)
 
 
 def test_non_finite_samples_are_dropped_and_never_reach_the_filter(model, base, run):
@@ -235,7 +239,7 @@ def test_non_finite_samples_are_dropped_and_never_reach_the_filter(model, base, 
     ident = OnlineIdentifier(model, base=base)
     _feed(ident, seq[:4000], q2, tau2)
     assert ident.counters.rejected == 2 and ident.counters.filled == 2 and ident.counters.gaps == 0
-    assert np.isfinite(ident.online.rls.theta).all() and np.isfinite(ident.online.rls.P).all()
+    assert np.isfinite(ident.rls.theta).all() and np.isfinite(ident.rls.P).all()
     assert ident.counters.rows == 4000 - 2 - (ident.window - 1)      # no row at the two dropped samples
 
 
@@ -258,18 +262,18 @@ def test_short_gaps_are_bridged_without_rows_at_missing_samples_and_repeats_are_
     # known to 0.3 %
     well = full.report().sigma_percent < 0.3
     assert well.sum() >= 10
-    np.testing.assert_allclose(ident.online.rls.theta[well], full.rls.theta[well], rtol=5e-3)
+    np.testing.assert_allclose(ident.rls.theta[well], full.rls.theta[well], rtol=5e-3)
 
 
 def test_report_converges_on_steady_data_and_not_before(model, base, run):
     seq, q, tau = run[:3]
     ident = OnlineIdentifier(model, base=base, p0=1e8)   # a huge prior: P = U D U' stays positive definite
     _feed(ident, seq[:200], q[:200], tau[:200])
-    assert not ident.outputs.report().converged
+    assert not ident.report().converged
     flags = []
     for k in range(200, seq.size, 1000):
         _feed(ident, seq[k:k + 1000], q[k:k + 1000], tau[k:k + 1000])
-        flags.append(ident.outputs.report().converged)
+        flags.append(ident.report().converged)
     assert flags[-1] and not flags[0]
 
 
@@ -283,13 +287,13 @@ def test_at_a_large_prior_covariance_the_convergence_flag_once_set_stays_set(mod
     for p0 in (1e4, 1e8):
         ident = OnlineIdentifier(model, base=base, p0=p0)
         _feed(ident, seq[:200], q[:200], tau[:200])
-        flags[p0] = [ident.outputs.report().converged]
+        flags[p0] = [ident.report().converged]
         for k in range(200, seq.size, 1000):
             _feed(ident, seq[k:k + 1000], q[k:k + 1000], tau[k:k + 1000])
-            flags[p0].append(ident.outputs.report().converged)
-        estimates[p0] = ident.outputs.report()
-        assert ident.online.rls.stats[3] == 0                       # no sample skipped
-        assert np.all(ident.online.rls.D > 0) and np.linalg.eigvalsh(ident.online.rls.P).min() > 0
+            flags[p0].append(ident.report().converged)
+        estimates[p0] = ident.report()
+        assert ident.rls.stats[3] == 0                       # no sample skipped
+        assert np.all(ident.rls.D > 0) and np.linalg.eigvalsh(ident.rls.P).min() > 0
         assert np.isfinite(estimates[p0].sigma_percent).all()
     for f in flags.values():
         assert f[-1] and not f[0] and f == sorted(f), f       # False ... False, True ... True
@@ -306,15 +310,15 @@ def test_saved_estimate_survives_a_restart_and_refuses_another_model(model, base
     ident.save(path)
     fresh = OnlineIdentifier(model, base=base)
     fresh.load(path)
-    np.testing.assert_array_equal(fresh.rls.theta, ident.online.rls.theta)
-    np.testing.assert_array_equal(fresh.rls.P, ident.online.rls.P)      # P's factors saved: the same state exactly
-    np.testing.assert_array_equal(fresh.rls.D, ident.online.rls.D)
+    np.testing.assert_array_equal(fresh.rls.theta, ident.rls.theta)
+    np.testing.assert_array_equal(fresh.rls.P, ident.rls.P)      # P's factors saved: the same state exactly
+    np.testing.assert_array_equal(fresh.rls.D, ident.rls.D)
     # a file written before the factors were saved: P is factored, the same P to rounding
     doc = json.loads(path.read_text())
     old = tmp_path / "old.json"
     old.write_text(json.dumps({k: v for k, v in doc.items() if k not in ("U", "D")}))
     fresh.load(old)
-    np.testing.assert_allclose(fresh.rls.P, ident.online.rls.P, rtol=1e-8, atol=1e-12 * np.abs(ident.online.rls.P).max())
+    assert_equal_up_to_rounding(fresh.rls.P, ident.rls.P, factorization_bound(ident.p))
     # a covariance that is not positive definite, or broken factors, is refused naming the field
     doc_bad = {k: v for k, v in doc.items() if k not in ("U", "D")}
     doc_bad["P"] = (-np.eye(ident.p)).tolist()

@@ -178,7 +178,8 @@ def test_every_bad_npz_gets_one_error_naming_the_array(tmp_path, arrays, expecte
 @pytest.mark.parametrize("name, content, expected", [
     ("r.npz", b"not a zip file", "not a readable NPZ file"),
     ("r.parquet", b"", "unknown recording format '.parquet'"),
-    ("r.csv", b"\xff\xfe\x00garbage", "cannot read"),
+    ("r.csv", b"\xff\xfe\x00garbage", "line 1: a NUL byte at column 3"),
+    ("r.csv", b"\xff\xfegarbage\n", "line 1: not UTF-8 text"),
 ])
 def test_unreadable_files_are_named(tmp_path, name, content, expected):
     path = tmp_path / name

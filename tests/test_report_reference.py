@@ -4,7 +4,9 @@ RNEA of the reference model solved for the base parameters) and the difference i
 the report names its provenance (version, UTC time, command line, the inputs' SHA-256) as result.json does."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import shlex
 from html.parser import HTMLParser
@@ -89,7 +91,10 @@ def run(tmp_path_factory):
     ref.write_text(tomli_w.dumps(doc))
     argv = ["identify", str(data), "--model", "generic6", "-o", str(d / "out"), "--validate", str(d / "val.npz"),
             "--trajectory", "seed000", "--reference", str(ref), "--arm-id", "arm-3", "--quiet"]
-    assert cli.main(argv) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(argv) == 0
+    (d / "stdout.txt").write_text(printed.getvalue())
     parser = Tables()
     parser.feed((d / "out" / "report.html").read_text())
     return d, json.loads((d / "out" / "result.json").read_text()), parser, argv
@@ -133,10 +138,23 @@ def test_report_table_holds_identified_std_reference_and_sigma_difference(run):
 def test_result_json_and_report_carry_the_same_comparison(run):
     d, doc, parser, _ = run
     block = doc["reference"]
-    assert block["model"] == load_model(d / "reference.toml").name
+    assert block["model"] == "reference.toml"
     np.testing.assert_allclose(block["values"], reference_base_values(d / "reference.toml"), rtol=1e-9, atol=1e-12)
     rows = parser.tables["reference-comparison"][1:]
     assert block["flagged"] == [r[5] == "beyond 3 sigma" for r in rows]
+
+
+def test_the_comparison_is_labelled_with_the_file_passed_not_the_models_robot_name(run):
+    d, doc, *_ = run
+    robot = load_model(d / "reference.toml").name
+    assert robot == "generic6"          # the variant keeps its robot's name: a label by name would not tell them apart
+    printed = (d / "stdout.txt").read_text()
+    within = [line for line in printed.splitlines() if "base parameters within" in line]
+    assert len(within) == 1 and within[0].endswith("sigma of reference.toml"), printed
+    assert "reference.toml" in printed.splitlines()[0]        # the table's column
+    page = (d / "out" / "report.html").read_text()
+    assert "Comparison with the reference model reference.toml" in page
+    assert f"of {robot}" not in printed and f"reference model {robot}" not in page
 
 
 def test_report_shows_the_comparison_plot_and_the_references_torque_on_validation(run):

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from ident.online.rls import RecursiveLS
+from rounding import assert_equal_up_to_rounding, factorization_bound, recursion_bound, relative_difference
 
 
 def _data(rng, N=400, m=6, p=12, noise=0.01):
@@ -28,8 +29,11 @@ def test_rls_without_forgetting_started_from_a_batch_block_equals_batch_wls_on_a
     rls.reset(theta0, P0)
     rls.update(Phi[40:], y[40:])
     theta_all, P_all = _wls(Phi, y, w)
-    np.testing.assert_allclose(rls.theta, theta_all, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(rls.P, P_all, rtol=1e-8, atol=1e-14)
+    bound = recursion_bound(P0, P_all, 6 * (len(Phi) - 40))
+    assert_equal_up_to_rounding(rls.theta, theta_all, bound)
+    assert_equal_up_to_rounding(rls.P, P_all, bound)
+    P_fewer = _wls(Phi[:-1], y[:-1], w)[1]
+    assert relative_difference(P_fewer, P_all) > 100 * bound
 
 
 def test_weighted_residual_variance_is_one_when_weights_are_the_noise_sigmas():
@@ -111,6 +115,22 @@ def _sequential_rows(theta, P, Phi, y, w, lam):
         P /= lam
 
 
+def _assert_ends_where_the_scalar_rows_end(rls, Phi, y, use, sigma, lam=0.995, p0=10.0):
+    """rls's theta and P equal those of the textbook scalar row updates to rounding (tests/rounding.py), and
+    that bound stays far below what one lost update moves P by (the last row that counts, left out)."""
+    p = Phi.shape[2]
+    w = np.where(use, 1 / sigma, 0.0)
+    theta, P = np.zeros(p), np.eye(p) * p0
+    _sequential_rows(theta, P, Phi, y, w, lam)
+    bound = recursion_bound(np.eye(p) * p0, P, use.sum())
+    assert_equal_up_to_rounding(rls.theta, theta, bound)
+    assert_equal_up_to_rounding(rls.P, P, bound)
+    w[-1, np.nonzero(w[-1] * np.abs(Phi[-1]).sum(axis=1))[0][-1]] = 0.0
+    fewer = np.eye(p) * p0
+    _sequential_rows(np.zeros(p), fewer, Phi, y, w, lam)
+    assert relative_difference(fewer, P) > 100 * bound
+
+
 def test_block_update_ends_where_the_scalar_row_updates_end_with_forgetting_and_rows_left_out():
     """One block update per sample (S = I + H P H') equals m scalar row updates in turn (the same theta
     and P), with forgetting and with rows of weight 0; its a-priori errors are all against the sample's
@@ -123,10 +143,7 @@ def test_block_update_ends_where_the_scalar_row_updates_end_with_forgetting_and_
     err = rls.update(Phi[:1], y[:1], use=use[:1]).copy()
     np.testing.assert_allclose(err, y[:1] - Phi[:1] @ theta_prior, rtol=1e-15)
     rls.update(Phi[1:], y[1:], use=use[1:])
-    theta, P = np.zeros(12), np.eye(12) * 10.0
-    _sequential_rows(theta, P, Phi, y, np.where(use, 1 / sigma, 0.0), 0.995)
-    np.testing.assert_allclose(rls.theta, theta, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(rls.P, P, rtol=1e-8, atol=1e-14)
+    _assert_ends_where_the_scalar_rows_end(rls, Phi, y, use, sigma)
 
 
 def test_rows_with_leading_zeros_in_any_order_end_where_the_scalar_row_updates_end():
@@ -141,10 +158,7 @@ def test_rows_with_leading_zeros_in_any_order_end_where_the_scalar_row_updates_e
     use = rng.random(size=y.shape) > 0.2
     rls = RecursiveLS(12, 6, forgetting=0.995, weights=1 / sigma, p0=10.0, trace_max=np.inf)
     err = rls.update(Phi, y, use=use).copy()
-    theta, P = np.zeros(12), np.eye(12) * 10.0
-    _sequential_rows(theta, P, Phi, y, np.where(use, 1 / sigma, 0.0), 0.995)
-    np.testing.assert_allclose(rls.theta, theta, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(rls.P, P, rtol=1e-8, atol=1e-14)
+    _assert_ends_where_the_scalar_rows_end(rls, Phi, y, use, sigma)
     np.testing.assert_array_equal(err[:, 4], y[:, 4])           # the zero row: its error is its value
     assert rls.rows == use.sum()
 
@@ -214,7 +228,7 @@ def test_reset_factors_a_given_covariance_and_refuses_one_that_is_not_positive_d
     P0 = np.linalg.inv(A.T @ A)
     rls = RecursiveLS(12, 6)
     rls.reset(np.ones(12), P0)
-    np.testing.assert_allclose(rls.P, P0, rtol=1e-10, atol=1e-12 * np.abs(P0).max())
+    assert_equal_up_to_rounding(rls.P, P0, factorization_bound(12))        # factored and multiplied back
     assert np.all(rls.D > 0) and np.array_equal(rls.theta, np.ones(12))
     again = RecursiveLS(12, 6)
     again.reset(factors=(rls.U, rls.D))                # the factors themselves: the same state, bit for bit

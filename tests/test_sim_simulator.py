@@ -11,6 +11,7 @@ from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
 from ident.model import dynamics as dyn
 from firmware_bridge.runtime.errors import InputError
+from sim.device_contract import DeviceSide
 from ident.model import load_model
 from sim import SimState, Simulator
 from ident.payload import payload_parameters
@@ -87,9 +88,15 @@ def test_samples_read_from_another_thread_are_consistent(model):
 
 
 def test_external_clock_lets_the_transport_step_the_simulator(model):
-    class SyncTransport:
+    class SyncTransport(DeviceSide):
         """A device side whose cycles are triggered from its own thread (as CAN SYNC frames will)."""
-        external_clock = True
+        may_clock_simulator = True
+
+        def clocks_simulator(self):
+            return True
+
+        def connection(self):
+            return {}
 
         def __init__(self):
             self.sim, self.stop_flag, self.thread, self.calls = None, threading.Event(), None, []
@@ -321,3 +328,18 @@ def test_at_a_slow_cycle_the_effort_is_the_cycles_mean_half_a_cycle_late():
     # there, between its neighbours 0.5 ms either side, and the alignment removes 3/4 of the unaligned error
     assert half < min(near) and half < 0.65 * min(quarter, three_quarters) and half < 0.3 * none, \
         (half, none, quarter, three_quarters, near)
+
+
+def test_a_device_side_is_a_DeviceSide_or_a_registered_name(model):
+    class Duck:
+        external_clock = True
+
+        def attach(self, sim):
+            pass
+
+    with pytest.raises(InputError, match="expected a name or a sim.device_contract.DeviceSide"):
+        Simulator(model, transport=Duck())
+    with pytest.raises(InputError, match=r"transport: unknown 'ethercat' \(available: can, gateway, serial\)"):
+        Simulator(model, "ethercat")
+    with pytest.raises(InputError, match="serial device: unknown option 'speed'"):
+        Simulator(model, "serial", speed=3)

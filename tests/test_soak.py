@@ -54,6 +54,7 @@ class SeqCounter:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(SECONDS + 600)      # the soak itself, and a loaded machine's start and stop
 def test_driver_and_simulator_at_1_khz_drop_nothing_and_leak_neither_memory_nor_file_descriptors(tmp_path):
     with chain.Chain(tmp_path / "soak", chain.plan_for("serial", 1000.0)) as c:
         c.start_sim()

@@ -3,11 +3,16 @@ here a datagram socket this test binds) says READY once it serves, pings the wat
 stops pinging while the cycle hangs (so systemd would restart it), and says STOPPING when it stops."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from driver.daemon import PLANNER_START_S, THREAD_STACK_BYTES
 from driver.systemd import Supervision
 from ident.model import load_model
 from local_driver import local_driver
@@ -76,3 +81,70 @@ def test_a_watchdog_meant_for_another_process_is_not_pinged(tmp_path):
     s = Supervision(lambda: 0, environ={"NOTIFY_SOCKET": str(tmp_path / "n"), "WATCHDOG_USEC": "100000",
                                         "WATCHDOG_PID": "1"})
     assert s.active and s.interval_s is None
+
+
+def _unit() -> dict[str, str]:
+    """The [Service] settings of the shipped unit (comments left out; a repeated key keeps its last value)."""
+    out, section = {}, None
+    for line in (Path(__file__).resolve().parents[1] / "deploy" / "armid-driver.service").read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def _seconds(text: str) -> float:
+    units = {"ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    return float(number) * units.get(text[len(number):] or "s")
+
+
+def test_the_unit_waits_for_a_cold_start_and_bounds_locked_memory_without_assuming_the_cores():
+    unit = _unit()
+    # READY comes after the planner has loaded its kernels (at most PLANNER_START_S) and the cycle's own
+    # compile on a cold cache, of the same order: the start timeout covers both
+    assert _seconds(unit["TimeoutStartSec"]) >= 2 * PLANNER_START_S
+    limit = unit["LimitMEMLOCK"]
+    assert limit not in ("infinity", "") and limit[-1] in "KMG" and 0 < float(limit[:-1])
+    assert "CPUAffinity" not in unit
+
+
+STACKS = """
+import ctypes, sys, threading
+sys.path.insert(0, "tests")
+from driver.realtime import Realtime
+from ident.model import load_model
+from local_driver import local_driver
+
+def stack_bytes():
+    libc = ctypes.CDLL(None)
+    libc.pthread_self.restype = ctypes.c_ulong
+    attr = ctypes.create_string_buffer(128)
+    assert libc.pthread_getattr_np(ctypes.c_ulong(libc.pthread_self()), attr) == 0
+    size = ctypes.c_size_t()
+    libc.pthread_attr_getstacksize(attr, ctypes.byref(size))
+    libc.pthread_attr_destroy(attr)
+    return size.value
+
+realtime = Realtime(lock_memory=True) if sys.argv[1] == "lock" else None
+with local_driver(load_model("generic6"), seed=2, realtime=realtime) as (d, _):
+    print(d.cycle.submit(stack_bytes, timeout=5.0), threading.stack_size())
+"""
+
+
+@pytest.mark.parametrize("lock", ["lock", "no-lock"])
+def test_with_lock_memory_the_drivers_threads_have_small_stacks_and_others_keep_the_default(lock):
+    # in a process of its own, as the daemon: glibc reuses the stack of a thread that ended for a new one
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", STACKS, lock], capture_output=True, text=True, timeout=120,
+                         cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    cycle_stack, after = (int(x) for x in run.stdout.split())
+    assert after == 0                                  # threads started after the driver: the default again
+    if lock == "lock":
+        assert cycle_stack <= THREAD_STACK_BYTES
+    else:
+        assert cycle_stack > THREAD_STACK_BYTES        # the default, without locking

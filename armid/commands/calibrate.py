@@ -29,7 +29,7 @@ def register(sub) -> None:
                       help="what the sensor measures (default: position)")
     plan.add_argument("--candidates", type=int, default=500, help="random candidate poses (default 500)")
     plan.add_argument("--per-joint", type=int, default=0,
-                      help="use the seed's per-joint optimal sets (this many values per joint) and their product "
+                      help="use Pashkevich's per-joint optimal sets (this many values per joint) and their product "
                            "as the candidates instead of random poses")
     plan.add_argument("--noise", type=float, default=NOISE, help=NOISE_HELP)
     plan.add_argument("--seed", type=int, default=0, help="random seed of the candidates")
@@ -102,8 +102,8 @@ def _identify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ident.calibration.fit import identify, predicted_accuracy
-    from ident.calibration.io import (calibrated_urdf, calibration_toml, read_measurements, write_parameter_table,
-                                      write_residuals)
+    from ident.calibration.io import (calibrated_urdf, calibration_toml, check_units, read_measurements,
+                                      write_parameter_table, write_residuals)
     from ident.calibration.report import write_report
     from ident.calibration.synthesis import describe, random_configurations, synthesize
     from ident.errors import check_output_dir
@@ -117,11 +117,13 @@ def _identify(args: argparse.Namespace) -> int:
         from ident.calibration.fit import axis_fit_model
 
         axes = read_measurements(args.axes, cm.n)
+        check_units(axes, cm)
         cm, fits = axis_fit_model(axes.q, axes.positions, cm.joint_type, name=model.name,
                                   joint_names=model.joint_names, q_min=cm.q_min, q_max=cm.q_max)
         print(f"axis fit from {args.axes}: RMS per joint "
               + ", ".join(f"{f.rms * 1e3:.4f}" for f in fits) + " mm (initial chain, no nominal values used)")
     meas = read_measurements(args.measurements, cm.n)
+    check_units(meas, cm)
     measure = "position" if meas.orientations is None else "pose"
     irr = synthesize(cm, measure, relative=args.relative, strategy=args.strategy)
     result = identify(irr, meas.q, meas.positions, meas.orientations, noise=args.noise)

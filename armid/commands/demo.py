@@ -1,5 +1,5 @@
-"""`armid demo`: the whole chain on the simulated generic6 arm, then identification, report and the
-identified base parameters beside the true ones.
+"""`armid demo`: the whole chain on a simulated arm (generic6, or `--model`), then identification, report and
+the identified base parameters beside the true ones.
 
 By default the parts run as separate processes on loopback (armid.chain): `armid sim` behind a transport
 (serial over a pty; `--transport can` on python-can's udp_multicast, `--transport gateway` Modbus TCP),
@@ -51,6 +51,9 @@ def register(sub) -> None:
                         "drifting, jittering clock, as real drives do (docs/guides/demo.md)")
     p.add_argument("--in-process", action="store_true",
                    help="no processes: step the simulator in this process (synchronous, 1 kHz)")
+    p.add_argument("--model", default="generic6", metavar="MODEL",
+                   help="the arm: a .toml or .urdf model file, or a shipped model (default: generic6); the simulator "
+                        "runs it, the identification fits it and compares with it")
     p.add_argument("--trajectory", default="seed000", metavar="T",
                    help="excitation: a trajectory file (armid excite design) or a preset (default: seed000)")
     p.add_argument("--periods", type=float, default=1.0, help="periods of the excitation to record (default 1)")
@@ -178,7 +181,8 @@ def _run_chain(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     plan = chain.plan_for(args.transport, args.rate, args.clocking)
     steps = _Steps(10, verbose)
-    model = load_model("generic6")
+    model = load_model(args.model)
+    model_arg = _model_argument(args.model)
     slowdown = plan.slowdown if args.slowdown is None else args.slowdown
     traj = steps("check the excitation against the limits",
                  lambda: time_scaled(_checked(model, load_trajectory(args.trajectory)), slowdown))
@@ -189,7 +193,7 @@ def _run_chain(args: argparse.Namespace) -> int:
     windows = {}
     background = _compile_ahead(out / "processes", verbose)
     try:
-        with chain.Chain(out / "processes", plan) as c:
+        with chain.Chain(out / "processes", plan, model=model_arg) as c:
             where = steps(f"start the simulator (armid sim --transport {plan.name}, real time)", c.start_sim)
             if verbose:
                 print("      " + " ".join(f"{k}={v}" for k, v in where.items()), file=sys.stderr)
@@ -228,9 +232,9 @@ def _run_chain(args: argparse.Namespace) -> int:
     step = ("identify: `armid identify` as its own process (filter, regressor, parallel decimation, WLS, "
             "physically consistent fit, result.json, model.toml, report)")
     table = steps(step, lambda: chain.run_tool(
-        "identify", ["identify", str(paths["excitation"]), "--validate", str(paths["validation"]), "--model", model.name,
+        "identify", ["identify", str(paths["excitation"]), "--validate", str(paths["validation"]), "--model", model_arg,
                      "-o", str(out), "--trajectory", str(out / "excitation.toml"), "--consistent",
-                     "--compare", model.name, *([] if verbose else ["--quiet"])],
+                     "--compare", model_arg, *([] if verbose else ["--quiet"])],
         out / "processes", step, timeout_s=IDENTIFY_TIMEOUT_S, echo_stderr=verbose))
     data = json.loads((out / "result.json").read_text())["data"]
     figures = chain.stream_figures(log)
@@ -328,10 +332,16 @@ def _finish(c, recording: Path, last_seq: int):
     return read_recording(recording)
 
 
-def _summary(model, ident, written: dict, started: float) -> None:
+def _model_argument(spec: str) -> str:
+    """The model as the demo's processes get it: a file as an absolute path (they run in other folders), a
+    shipped model by name."""
+    return str(Path(spec).resolve()) if Path(spec).is_file() else spec
+
+
+def _summary(model, ident, written: dict, started: float, label: str | None = None) -> None:
     from armid.commands.identify import print_comparison
 
-    print_comparison(ident, model)
+    print_comparison(ident, model, label)
     print(f"({model.name} is the model the simulator runs: its values are the truth)")
     for name, path in written.items():
         print(f"{name}: {path}")
@@ -347,7 +357,7 @@ def _run_in_process(args: argparse.Namespace) -> int:
     out = Path(args.output).resolve()
     started = time.perf_counter()
     steps = _Steps(6 if args.currents else 5, verbose)
-    model = load_model("generic6")
+    model = load_model(args.model)
     traj = steps("check the excitation against the limits",
                  lambda: time_scaled(_checked(model, load_trajectory(args.trajectory)), args.slowdown or 1.0))
     seconds = args.periods * traj.period
@@ -385,7 +395,7 @@ def _run_in_process(args: argparse.Namespace) -> int:
         print("drive gains (N m/A): identified " + " ".join(f"{g:.4f}" for g in ident.gains)
               + "; true " + " ".join(f"{g:.4f}" for g in true_gains)
               + "; error " + " ".join(f"{100 * (g / g0 - 1):+.2f}%" for g, g0 in zip(ident.gains, true_gains)))
-    _summary(model, ident, written, started)
+    _summary(model, ident, written, started, Path(args.model).name)
     return 0
 
 

@@ -48,7 +48,8 @@ def register(sub) -> None:
                         "or the median rate; stale repeats are always dropped)")
     p.add_argument("--strict", action="store_true",
                    help=f"exit with status {STRICT_EXIT} when the checks after the fit warn (the results are written)")
-    p.add_argument("--no-report", action="store_true", help="write no report.html and plots (result.json only)")
+    p.add_argument("--no-report", action="store_true", help="write no report.html and plots (result.json only, and with --consistent the "
+                                                             "model files)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--arm-id", metavar="ID", default=None,
                    help="the arm's id, stored in result.json's provenance (default: none; with a glob: the "
@@ -69,13 +70,13 @@ def load_trajectory(spec: str):
 
 
 def write_outputs(ident, out: Path, source: str, *, with_report: bool = True, provenance: dict | None = None,
-                  reference=None) -> dict[str, Path]:
+                  reference=None, reference_label: str | None = None) -> dict[str, Path]:
     """result.json, report.html and, with a consistent fit, the model files in out (with the comparison with the
-    reference model when given): ident.outputs.output_folder.write_identification."""
+    reference model, called reference_label, when given): ident.outputs.output_folder.write_identification."""
     from ident.outputs.output_folder import write_identification
 
     return write_identification(ident, out, source, with_report=with_report, provenance=provenance,
-                                reference=reference)
+                                reference=reference, reference_label=reference_label)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     if fleet.is_manifest(args.data) or (fleet.is_glob(args.data) and not Path(args.data).exists()):
         return run_fleet(args)
     if args.model is None:
+        if Path(args.data).suffix.lower() == ".csv":
+            raise InputError(f"--model: required for a recording ({args.data} is no manifest: its first line does "
+                             f"not name the columns {', '.join(fleet.REQUIRED_COLUMNS)} within "
+                             f"{fleet.SNIFF_BYTES} bytes)")
         raise InputError("--model: required for a recording (only a manifest names the models itself)")
     verbose = not args.quiet
     if args.resample is not None and not (args.resample > 0 and args.resample < float("inf")):
@@ -116,12 +121,13 @@ def run(args: argparse.Namespace) -> int:
                                effort_delay=args.effort_delay, verbose=verbose,
                                max_bridged=batch.MAX_BRIDGED_SAMPLES if args.bridge is None else args.bridge,
                                resample_hz=args.resample, effort="current" if args.current else "torque")
+    label = None if args.compare is None else Path(args.compare).name    # as passed: two files, one [robot] name
     written = write_outputs(ident, Path(args.output), args.data, with_report=not args.no_report,
-                            provenance=run_provenance(args), reference=reference)
+                            provenance=run_provenance(args), reference=reference, reference_label=label)
     if reference is None:
         print_summary(ident)
     else:
-        print_comparison(ident, reference)
+        print_comparison(ident, reference, label)
     for name, path in written.items():
         print(f"{name}: {path}")
     if "model" not in written:
@@ -217,14 +223,14 @@ def warm_kernels(model) -> None:
     dynamics.regressor(model, z, z.copy(), z.copy())
 
 
-def print_comparison(ident, reference) -> None:
-    """print_summary beside the base parameters of the model `reference` (same structure), and how many
-    identified values lie within 3 reported sigma of them."""
+def print_comparison(ident, reference, label: str | None = None) -> None:
+    """print_summary beside the base parameters of the model `reference` (same structure), called label (default
+    its `[robot] name`), and how many identified values lie within 3 reported sigma of them."""
     from ident.outputs.reference import REFERENCE_SIGMA, compare_with_reference
 
-    c = compare_with_reference(ident, reference)
-    print_summary(ident, c.reference, reference.name)
-    print(f"{c.within} of {len(c.names)} base parameters within {REFERENCE_SIGMA:g} sigma of {reference.name}")
+    c = compare_with_reference(ident, reference, label)
+    print_summary(ident, c.reference, c.model_name)
+    print(f"{c.within} of {len(c.names)} base parameters within {REFERENCE_SIGMA:g} sigma of {c.model_name}")
 
 
 def print_summary(ident, truth=None, label: str = "true") -> None:

@@ -40,7 +40,7 @@ def register(sub) -> None:
                            "wrist joints only (the difference method then cannot work)")
     plan.add_argument("--speed", type=float, default=None, metavar="DEG_S",
                       help="torque-balance and static: constant sweep speed, deg/s (default: the method's; "
-                           "torque balance: the seed's 1 deg/s)")
+                           "torque balance: Gao, Zhao and Li's 1 deg/s)")
     plan.add_argument("--count", type=int, default=12, help="static: number of poses (default 12)")
     plan.add_argument("--seed", type=int, default=0, help="random seed of the optimisers")
     plan.set_defaults(run=_plan)
@@ -189,11 +189,16 @@ def driver_link(endpoint: str, timeout_s: float):
     sock = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+    sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))    # a request that cannot be queued ends in the same error
     sock.connect(endpoint)
 
     def send(request: dict) -> dict:
         try:
             sock.send_json(request)
+        except zmq.Again:
+            raise InputError(f"{endpoint}: the request could not be sent within {timeout_s} s "
+                             f"(is the driver running there?)") from None
+        try:
             return sock.recv_json()
         except zmq.Again:
             raise InputError(f"{endpoint}: no reply from the driver within {timeout_s} s") from None

@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
         if control is not None:
             control.stop()
         sim.stop()
-        setpoints = getattr(sim.transport, "setpoints", None)
+        setpoints = sim.transport.setpoint_buffer()
         if setpoints is not None:
             c = setpoints.counts
             log.info("setpoint buffer (%d cycles): %d targets received, %d consumed, %d cycles without one, %d "

@@ -1,5 +1,6 @@
 /* Print the armid driver's state stream from C (layout: docs/reference/stream.md, macros: armid_wire.h).
  *
+ *   sudo apt-get install libzmq3-dev        (zmq.h and libzmq.so; pyzmq's wheel has no header)
  *   cc -std=c99 -I firmware_bridge docs/examples/stream_client.c -lzmq -o stream_client   (from armid's folder)
  *   ./stream_client [ENDPOINT] [COUNT]          (default tcp://127.0.0.1:5555, 10 samples)
  *

@@ -44,6 +44,11 @@ def transport_options(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(cls.OPTIONS), tuple(cls.REQUIRED_OPTIONS)
 
 
+def options_table(name: str) -> str:
+    """Transport `name`'s options as the Markdown table of docs/reference/driver-config.md (from its declaration)."""
+    return transport_class(name).OPTION_SPEC.markdown()
+
+
 def open_arm(name: str, model, **options):
     """The Arm of transport `name` for the model (not yet opened). Each transport refuses an option it does
     not know, or a required one missing, with an InputError naming it."""

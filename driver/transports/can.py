@@ -47,14 +47,13 @@ import threading
 from importlib import resources
 from pathlib import Path
 import time
-from typing import Sequence
 
 import can
 import canopen
 import numpy as np
 
 from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
-from driver.transports.can_setup import CanOptionError, check_options, configure_drive, sdo
+from driver.transports.can_setup import CAN_OPTIONS, CanOptionError, can_options, configure_drive, sdo
 from driver.transports.link_pump import LinkPump
 from driver.transports.sample_ring import oldest_unread, unread_held
 from firmware_bridge import canopen_map as cm
@@ -62,7 +61,7 @@ from firmware_bridge import cia402
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 from firmware_bridge.runtime.log_throttle import Throttle
 from firmware_bridge.runtime.rt_timing import name_os_thread
-from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from firmware_bridge.units import CURRENT_LSB, JointScaling, WireValueError
 
 EDS_PATH = Path(str(resources.files("firmware_bridge") / "armid_drive.eds"))   # package data
 SUPERVISE_PERIOD_S = 0.05
@@ -114,38 +113,31 @@ def frames_per_cycle(n: int) -> tuple[int, int]:
 
 
 class CanArm(Arm):
-    """Arm over CiA 402 drives on one CAN bus: CanArm(model, interface=..., channel=..., bitrate=None,
-    node_ids=None (1..n), counts_per_rev=2**17, sdo_timeout_s=0.5, boot_timeout_s=2.0, heartbeat_ms=100).
+    """Arm over CiA 402 drives on one CAN bus: CanArm(model, interface=..., channel=..., **options) (CAN_OPTIONS).
     The cycle reads the bus while it waits (pump_new, pump_for) and every complete sample is kept until read
     (backlog); the drives answer the host's SYNC, they keep no clock of their own for the cycle."""
 
     cycle_reads_link = True
     keeps_every_sample = True
 
-    OPTIONS = ("interface", "channel", "bitrate", "node_ids", "counts_per_rev", "sdo_timeout_s", "boot_timeout_s",
-               "heartbeat_ms")
-    REQUIRED_OPTIONS = ("interface", "channel")
+    OPTION_SPEC = CAN_OPTIONS
 
-    def __init__(self, model, *, interface: str | None = None, channel: str | int | None = None, bitrate: int | None = None,
-                 node_ids: Sequence[int] | None = None, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
-                 sdo_timeout_s: float = 0.5, boot_timeout_s: float = 2.0, heartbeat_ms: int = cm.DEFAULT_HEARTBEAT_MS,
-                 **unknown):
-        if unknown:
-            raise CanOptionError(f"can: unknown option {sorted(unknown)[0]!r} (known: {', '.join(self.OPTIONS)})")
+    def __init__(self, model, **options):
         self.n = n = model.n
-        self.node_ids = check_options(n, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s,
-                                      boot_timeout_s, heartbeat_ms)
+        opts = can_options(n, **options)
+        self.node_ids = opts.node_ids
         gear = np.asarray(model.gear_ratio, dtype=float)
         if np.any(gear <= 0):
             j = int(np.flatnonzero(gear <= 0)[0])
             raise CanOptionError(f"can: joint {j + 1}: gear ratio {gear[j]:g}: CiA 402 drives (0x6091) need a positive one")
-        self.model_scaling = JointScaling.from_gear(gear, counts_per_rev)
+        self.model_scaling = JointScaling.from_gear(gear, opts.counts_per_rev)
         self.scaling = self.model_scaling          # replaced by the drives' own figures at open()
         self.torque_per_amp = np.asarray(model.joint_torque_per_amp(), dtype=float)
-        self._bus_options = {"interface": interface, "channel": channel}
-        if bitrate is not None:
-            self._bus_options["bitrate"] = bitrate
-        self.sdo_timeout_s, self.boot_timeout_s, self.heartbeat_ms = float(sdo_timeout_s), float(boot_timeout_s), heartbeat_ms
+        self._bus_options = {"interface": opts.interface, "channel": opts.channel}
+        if opts.bitrate is not None:
+            self._bus_options["bitrate"] = opts.bitrate
+        self.sdo_timeout_s, self.boot_timeout_s = float(opts.sdo_timeout_s), float(opts.boot_timeout_s)
+        self.heartbeat_ms = opts.heartbeat_ms
         self.network: canopen.Network | None = None
         self.nodes: list[canopen.RemoteNode] = []
         # the cyclic PDOs: TPDOs decoded by _on_frame, SYNC and RPDOs sent as these preallocated messages

@@ -14,6 +14,8 @@ from canopen.sdo import SdoAbortedError, SdoCommunicationError
 from firmware_bridge import canopen_map as cm
 from firmware_bridge import cia402
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.options import Option, OptionSet, Values
+from firmware_bridge.units import ENCODER_COUNTS_PER_REV
 from firmware_bridge.runtime.transport_contract import LinkError
 
 GEAR_TOLERANCE = 1e-4       # relative: drive scaling vs model gear * counts_per_rev
@@ -23,29 +25,37 @@ class CanOptionError(InputError):
     """A [transport] option of the can transport that is not usable."""
 
 
-def check_options(n: int, interface, channel, bitrate, node_ids, counts_per_rev, sdo_timeout_s, boot_timeout_s,
-                  heartbeat_ms) -> list[int]:
-    """The node ids (joint order) after checking the transport's options; CanOptionError naming the option."""
-    if not isinstance(interface, str) or not interface:
-        raise CanOptionError(f"can: interface: expected a python-can interface name (socketcan, pcan, kvaser, "
-                             f"virtual, udp_multicast, ...), got {interface!r}")
-    if isinstance(channel, bool) or not isinstance(channel, (str, int)) or channel == "":
-        raise CanOptionError(f"can: channel: expected the interface's channel (e.g. can0, PCAN_USBBUS1, 0), got {channel!r}")
-    if bitrate is not None and (isinstance(bitrate, bool) or not isinstance(bitrate, int) or not 10_000 <= bitrate <= 1_000_000):
-        raise CanOptionError(f"can: bitrate: expected bit/s in 10000..1000000, got {bitrate!r}")
-    ids = list(range(1, n + 1)) if node_ids is None else node_ids
-    if (not isinstance(ids, (list, tuple)) or len(ids) != n or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)
-            or len(set(ids)) != n or not all(cm.MIN_NODE_ID <= i <= cm.MAX_NODE_ID for i in ids)):
-        raise CanOptionError(f"can: node_ids: expected {n} distinct node ids in 1..127 (joint order), got {node_ids!r}")
-    if isinstance(counts_per_rev, bool) or not isinstance(counts_per_rev, int) or counts_per_rev <= 0:
-        raise CanOptionError(f"can: counts_per_rev: expected a positive integer (encoder counts per motor revolution), "
-                             f"got {counts_per_rev!r}")
-    for name, v in (("sdo_timeout_s", sdo_timeout_s), ("boot_timeout_s", boot_timeout_s)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise CanOptionError(f"can: {name}: expected a positive number of seconds, got {v!r}")
-    if isinstance(heartbeat_ms, bool) or not isinstance(heartbeat_ms, int) or not 0 <= heartbeat_ms <= 0xFFFF:
-        raise CanOptionError(f"can: heartbeat_ms: expected 0..65535 ms (0: no heartbeat), got {heartbeat_ms!r}")
-    return [int(i) for i in ids]
+CAN_OPTIONS = OptionSet(
+    "can",
+    Option("interface", "text", required=True,
+           what="a python-can interface name (socketcan, pcan, kvaser, virtual, udp_multicast, ...)",
+           doc="any python-can interface: socketcan, pcan, kvaser, ixxat, virtual, udp_multicast, ..."),
+    Option("channel", "text or integer", required=True, what="the interface's channel (e.g. can0, PCAN_USBBUS1, 0)",
+           doc="the interface's channel (can0, PCAN_USBBUS1, 0, ...)"),
+    Option("bitrate", "integer", None, low=10_000, high=1_000_000, unit="bit/s", nullable=True,
+           doc="for interfaces that set it themselves (pcan, kvaser); socketcan: `ip link`"),
+    Option("node_ids", "integers", None, low=cm.MIN_NODE_ID, high=cm.MAX_NODE_ID, nullable=True,
+           doc="one distinct node id per joint, in joint order (left out: 1..n)"),
+    Option("counts_per_rev", "integer", ENCODER_COUNTS_PER_REV, low=1,
+           doc="motor encoder counts per motor revolution"),
+    Option("sdo_timeout_s", "number", 0.5, low=0, above=True, unit="s", doc="per SDO request at open"),
+    Option("boot_timeout_s", "number", 2.0, low=0, above=True, unit="s",
+           doc="how long open waits for the first SYNC's PDOs"),
+    Option("heartbeat_ms", "integer", cm.DEFAULT_HEARTBEAT_MS, low=0, high=0xFFFF, unit="ms",
+           doc="written to each drive's producer heartbeat time 0x1017 (0: no heartbeat)"),
+    error=CanOptionError)
+
+
+def can_options(n: int, **options) -> Values:
+    """The transport's options (CAN_OPTIONS) for n joints, node_ids filled in (1..n by default) and checked
+    against n; CanOptionError naming the option."""
+    opts = CAN_OPTIONS.parse(options)
+    ids = list(range(1, n + 1)) if opts.node_ids is None else [int(i) for i in opts.node_ids]
+    if len(ids) != n or len(set(ids)) != n:
+        raise CAN_OPTIONS.fail("node_ids", f"{n} distinct node ids in {cm.MIN_NODE_ID}..{cm.MAX_NODE_ID} "
+                                           f"(joint order)", opts.node_ids)
+    opts.node_ids = ids
+    return opts
 
 
 def sdo(j: int, node, index: int, sub: int, value: int | None = None, bus_options: dict | None = None) -> int:

@@ -62,7 +62,6 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -78,6 +77,7 @@ from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.options import Option, OptionSet, Values
 from firmware_bridge.runtime.log_throttle import Throttle
 
 ROUND_TRIP_WINDOW = 1024        # exchanges kept for the round-trip percentiles
@@ -95,65 +95,33 @@ TROUBLE_LOG_INTERVAL_S = 10.0   # bad images, lost connections, timeouts: one li
 _U32 = 1 << 32
 
 
-@dataclass(frozen=True)
-class GatewayOptions:
-    """The transport's options (the [transport] table of the driver config, besides name).
-
-    host: the gateway's address; port: its Modbus TCP port; device_id: the Modbus unit id (gateways of
-    this layout ignore it); timeout_ms: how long one request may wait for its response; watchdog_ms: the
-    host-watchdog time written to the gateway (it quick-stops the drives when no write came for this long);
-    reconnect_ms: the pause between reconnection attempts; handshake_timeout_ms: how long open() keeps asking a
-    gateway that accepted the connection but did not answer (a gateway still booting, a loaded host), each
-    attempt waiting timeout_ms; counts_per_rev: the motor encoders' resolution.
-    """
-
-    host: str
-    port: int = 502
-    device_id: int = 1
-    timeout_ms: float = 100.0
-    watchdog_ms: int = 100
-    reconnect_ms: float = 500.0
-    handshake_timeout_ms: float = 2000.0
-    counts_per_rev: int = ENCODER_COUNTS_PER_REV
+GATEWAY_OPTIONS = OptionSet(
+    "gateway",
+    Option("host", "text", required=True, what="the gateway's IP address or host name",
+           doc="the gateway's address"),
+    Option("port", "integer", 502, low=1, high=65535, doc="its Modbus TCP port"),
+    Option("device_id", "integer", 1, low=0, high=255, doc="the Modbus unit id (gateways of this layout ignore it)"),
+    Option("timeout_ms", "number", 100.0, low=1, high=10_000, unit="ms",
+           doc="how long one request waits for its response"),
+    Option("watchdog_ms", "integer", 100, low=1, high=65535, unit="ms",
+           doc="the host-watchdog time written to the gateway at connect: it quick-stops the drives when no write "
+               "came for this long"),
+    Option("reconnect_ms", "number", 500.0, low=1, high=60_000, unit="ms",
+           doc="the pause between reconnection attempts"),
+    Option("handshake_timeout_ms", "number", 2000.0, low=1, high=600_000, unit="ms",
+           doc="how long open() keeps asking a gateway that accepted the connection but did not answer (one that "
+               "is still booting, a loaded host), each attempt waiting timeout_ms"),
+    Option("counts_per_rev", "integer", ENCODER_COUNTS_PER_REV, low=1, high=2 ** 31 - 1,
+           doc="the motor encoders' resolution (counts per motor revolution)"))
 
 
-def _fail(key: str, expected: str, got) -> InputError:
-    return InputError(f"transport gateway: {key}: expected {expected}, got {got!r}")
-
-
-def _integer(options: dict, key: str, default, lo: int, hi: int) -> int:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _fail(key, f"an integer in {lo}..{hi}", value)
-    return value
-
-
-def _milliseconds(options: dict, key: str, default: float, lo: float, hi: float) -> float:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not lo <= value <= hi:
-        raise _fail(key, f"a number of ms in {lo:g}..{hi:g}", value)
-    return float(value)
-
-
-def gateway_options(**options) -> GatewayOptions:
-    """Validated GatewayOptions from the config's keywords; InputError naming the option otherwise."""
-    known = {f for f in GatewayOptions.__dataclass_fields__}
-    for key in options:
-        if key not in known:
-            raise InputError(f"transport gateway: unknown option {key!r} (options: {', '.join(sorted(known))})")
-    host = options.get("host")
-    if not isinstance(host, str) or not host.strip():
-        raise _fail("host", "the gateway's IP address or host name", host)
-    return GatewayOptions(
-        host=host.strip(),
-        port=_integer(options, "port", 502, 1, 65535),
-        device_id=_integer(options, "device_id", 1, 0, 255),
-        timeout_ms=_milliseconds(options, "timeout_ms", 100.0, 1.0, 10000.0),
-        watchdog_ms=_integer(options, "watchdog_ms", 100, 1, 65535),
-        reconnect_ms=_milliseconds(options, "reconnect_ms", 500.0, 1.0, 60000.0),
-        handshake_timeout_ms=_milliseconds(options, "handshake_timeout_ms", 2000.0, 1.0, 600000.0),
-        counts_per_rev=_integer(options, "counts_per_rev", ENCODER_COUNTS_PER_REV, 1, 2 ** 31 - 1))
+def gateway_options(**options) -> Values:
+    """The transport's options from the config's keywords (GATEWAY_OPTIONS), as attributes (.host, .port, ...);
+    InputError naming the option otherwise."""
+    opts = GATEWAY_OPTIONS.parse(options)
+    for key in ("timeout_ms", "reconnect_ms", "handshake_timeout_ms"):
+        opts[key] = float(opts[key])
+    return opts
 
 
 class _NoAnswer(Exception):
@@ -250,19 +218,17 @@ class _Refused(Exception):
 
 
 class GatewayArm(Arm):
-    """Arm over a Modbus TCP gateway: GatewayArm(model, host=..., **options) (see GatewayOptions). Every new image
+    """Arm over a Modbus TCP gateway: GatewayArm(model, host=..., **options) (see GATEWAY_OPTIONS). Every new image
     is kept until read (backlog); the cycle's clock is the host's."""
 
     keeps_every_sample = True
-
-    OPTIONS = tuple(GatewayOptions.__dataclass_fields__)
-    REQUIRED_OPTIONS = ("host",)
+    OPTION_SPEC = GATEWAY_OPTIONS
 
     def __init__(self, model, **options):
         self.options = opts = gateway_options(**options)
         self.model, self.n = model, model.n
         if not 1 <= self.n <= gw.DRIVES_PER_READ:
-            raise InputError(f"transport gateway: the model {model.name} has {self.n} joints; this transport reads "
+            raise InputError(f"gateway: the model {model.name} has {self.n} joints; this transport reads "
                              f"the whole image in one request, which holds 1..{gw.DRIVES_PER_READ} drives")
         self.where = f"gateway {opts.host}:{opts.port}"
         self.scaling = JointScaling.from_gear(model.gear_ratio, opts.counts_per_rev)

@@ -38,6 +38,7 @@ from driver.transports.serial_frames import STATE, CommandEncoder, FrameSplitter
 from firmware_bridge import serial_protocol as sp
 from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.options import Option, OptionSet, plain
 from firmware_bridge.runtime.log_throttle import Throttle
 
 _READ_POLL_S = 0.05          # the link thread's longest block in read (it then looks at its stop flag)
@@ -57,12 +58,24 @@ class SerialOptionError(InputError):
     """A [transport] option of the serial transport that cannot be used."""
 
 
-def _number(name: str, value, lo: float, hi: float, integer: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
-    if not ok or not math.isfinite(value) or not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
-        raise SerialOptionError(f"serial transport: {name}: expected {kind} in {lo:g}..{hi:g}, got {value!r}")
-    return value
+SERIAL_OPTIONS = OptionSet(
+    "serial",
+    Option("port", "text", required=True, what="a device path or pyserial URL",
+           doc="device path or pyserial URL, e.g. /dev/ttyACM0; a udev symlink survives re-plugging"),
+    Option("baudrate", "integer", 3_000_000, low=50, high=100_000_000, unit="bit/s",
+           doc="line rate (ignored by USB CDC and ptys); a 6-joint STATE is 127 bytes, 1.27 Mbit/s at 1 kHz"),
+    Option("counts_per_rev", "integer", ENCODER_COUNTS_PER_REV, low=1, high=2 ** 32 - 1,
+           doc="motor encoder counts per motor revolution; HELLO_ACK must report the same"),
+    Option("device_watchdog_ms", "number", sp.DEFAULT_WATCHDOG_US / 1000, low=1, high=10_000, unit="ms",
+           doc="asked for in HELLO: host silence after which the board quick-stops the drives"),
+    Option("heartbeat_ms", "number", None, low=0.1, high=5_000, unit="ms", nullable=True,
+           doc="a HEARTBEAT goes out when no COMMAND did for this long (left out: device_watchdog_ms / 4; at most "
+               "half of it)"),
+    Option("handshake_timeout_s", "number", 1.0, low=0.01, high=60, unit="s",
+           doc="how long opening (and each reconnection) waits for HELLO_ACK"),
+    Option("reconnect_s", "number", 0.2, low=0.01, high=60, unit="s",
+           doc="while the port is gone, reopen it this often"),
+    error=SerialOptionError)
 
 
 def _reasons(counters: sp.DecoderCounters) -> str:
@@ -126,39 +139,29 @@ class SerialArm(Arm):
     """Arm over the serial joint-board link: the device streams STATEs on its own clock (wait_new), the cycle may
     read the port itself while it waits (pump_new, pump_for), and every STATE is kept until read (backlog).
 
-    port: device path or pyserial URL (e.g. "/dev/ttyACM0", "/dev/armid-arm" from a udev rule).
-    baudrate: line rate (3 Mbaud for a 6-joint arm at 1 kHz on a UART; ignored by USB CDC and ptys).
-    counts_per_rev: motor encoder counts per motor revolution; HELLO_ACK must report the same.
-    device_watchdog_ms: host silence after which the device quick-stops the drives (asked for in HELLO).
-    heartbeat_ms: a HEARTBEAT is sent when no COMMAND went out for this long (default: device watchdog / 4).
-    handshake_timeout_s: how long open() and a reconnection wait for HELLO_ACK.
-    reconnect_s: period of reconnection attempts while the port is gone.
+    SerialArm(model, port, **options): the options are SERIAL_OPTIONS (docs/reference/driver-config.md).
     """
 
     streams_on_own_clock = True
     cycle_reads_link = True
     keeps_every_sample = True
-    OPTIONS = ("port", "baudrate", "counts_per_rev", "device_watchdog_ms", "heartbeat_ms", "handshake_timeout_s",
-               "reconnect_s")
-    REQUIRED_OPTIONS = ("port",)
+    OPTION_SPEC = SERIAL_OPTIONS
 
-    def __init__(self, model, port: str | None = None, *, baudrate: int = 3_000_000, counts_per_rev: int = ENCODER_COUNTS_PER_REV,
-                 device_watchdog_ms: float = sp.DEFAULT_WATCHDOG_US / 1000, heartbeat_ms: float | None = None,
-                 handshake_timeout_s: float = 1.0, reconnect_s: float = 0.2, **unknown):
-        if unknown:
-            raise SerialOptionError(f"serial transport: unknown option {sorted(unknown)[0]!r} (options: "
-                                    f"{', '.join(self.OPTIONS)})")
-        if not isinstance(port, str) or not port:
-            raise SerialOptionError(f"serial transport: port: expected a device path or pyserial URL, got {port!r}")
-        self.model, self.n, self.port = model, model.n, port
+    def __init__(self, model, port: str | None = None, **options):
+        if port is not None:
+            options["port"] = port
+        opts = SERIAL_OPTIONS.parse(options)
+        self.model, self.n, self.port = model, model.n, opts.port
         first_bad_drive(np.zeros(model.n, np.uint16), np.zeros(model.n, np.int8))   # compile or load it now
-        self.baudrate = int(_number("baudrate", baudrate, 50, 100_000_000, integer=True))
-        self.counts_per_rev = int(_number("counts_per_rev", counts_per_rev, 1, 2 ** 32 - 1, integer=True))
-        self.device_watchdog_s = _number("device_watchdog_ms", device_watchdog_ms, 1, 10_000) / 1000
-        hb = self.device_watchdog_s * 250 if heartbeat_ms is None else heartbeat_ms
-        self.heartbeat_s = _number("heartbeat_ms", hb, 0.1, self.device_watchdog_s * 1000 / 2) / 1000
-        self.handshake_timeout_s = float(_number("handshake_timeout_s", handshake_timeout_s, 0.01, 60))
-        self.reconnect_s = float(_number("reconnect_s", reconnect_s, 0.01, 60))
+        self.baudrate, self.counts_per_rev = opts.baudrate, opts.counts_per_rev
+        self.device_watchdog_s = opts.device_watchdog_ms / 1000
+        hb = self.device_watchdog_s * 250 if opts.heartbeat_ms is None else opts.heartbeat_ms
+        if not 0.1 <= hb <= opts.device_watchdog_ms / 2:
+            raise SERIAL_OPTIONS.fail("heartbeat_ms", f"a number of ms in 0.1..{plain(opts.device_watchdog_ms / 2)} "
+                                                   f"(half of device_watchdog_ms)", hb)
+        self.heartbeat_s = hb / 1000
+        self.handshake_timeout_s = float(opts.handshake_timeout_s)
+        self.reconnect_s = float(opts.reconnect_s)
         self._torque_per_amp = np.asarray(model.joint_torque_per_amp(), dtype=float)
         n = self.n
         # the samples, written by the link thread into a ring, each copied out once by read() (under _lock)
@@ -251,10 +254,11 @@ class SerialArm(Arm):
     def link_stats(self) -> dict:
         """Frames and drops by reason (all sessions), handshakes, reconnections, the last FAULT frame."""
         s = self._session
-        dec = self._past.as_dict()
+        total = sp.DecoderCounters()
+        total.add(self._past)
         if s is not None:
-            for k, v in s.decoder.counters.as_dict().items():
-                dec[k] += v
+            total.add(s.decoder.counters)
+        dec = total.as_dict()
         return {"transport": "serial", "port": self.port, "connected": self._down is None,
                 "down_reason": self._down, **self.stats,
                 "samples_overwritten": self._ring.overwritten, "rx": dec,
@@ -338,8 +342,7 @@ class SerialArm(Arm):
             s, self._session = self._session, None
             self._down = reason
         if s is not None:
-            for k, v in s.decoder.counters.as_dict().items():
-                setattr(self._past, k, getattr(self._past, k) + v)
+            self._past.add(s.decoder.counters)
         if s is not None and close:
             try:
                 s.port.close()

@@ -9,3 +9,14 @@ from __future__ import annotations
 
 class InputError(ValueError):
     """Bad input from a user or a file: the message says what was wrong and where."""
+
+
+QUOTE_CHARS = 80     # the most of a file's text an error message quotes
+
+
+def quoted(text: str, limit: int = QUOTE_CHARS) -> str:
+    """text as repr() quotes it, cut to its first `limit` characters (then "... (N characters)"): what an error
+    message may quote of a file's text, however long the line it came from."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"

@@ -66,6 +66,8 @@ def decode_bounded(raw: bytes, max_bytes: int, error: type[InputError] = InputEr
         raise error(f"request is not JSON: {exc}") from None
     except RecursionError:            # cannot happen below MAX_DEPTH; kept so that nothing escapes
         raise error("request: nested too deep") from None
+    except error:                     # our own checks above: already worded
+        raise
     except ValueError as exc:         # float() of a huge exponent string and the like
         raise error(f"request: {exc}") from None
     if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):

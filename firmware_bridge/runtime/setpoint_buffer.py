@@ -33,13 +33,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.counters import Counters
 
 MAX_DEPTH = 16
 HARD_LIMIT = 4096         # targets: seconds of a stalled loop at 1 kHz; beyond, the oldest go whatever they are
 
 
 @dataclass
-class BufferCounts:
+class BufferCounts(Counters):
     """What the buffer did so far: targets received, consumed, underruns (cycles with none queued while
     running) and targets skipped (dropped, oldest first) to bound the latency."""
 

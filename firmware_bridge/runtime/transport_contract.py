@@ -19,6 +19,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from firmware_bridge.runtime.options import OptionSet
+
 
 class LinkError(RuntimeError):
     """The link to the drives failed (port vanished, connection reset, no answer to the handshake)."""
@@ -99,11 +101,22 @@ class Arm(abc.ABC):
     """
 
     n: int
+    CAPABILITIES: ClassVar[dict[str, tuple[str, ...]]] = {   # flag -> the methods a transport with it overrides
+        "streams_on_own_clock": ("wait_new",),
+        "cycle_reads_link": ("pump_new", "pump_for"),
+        "keeps_every_sample": ("backlog",),
+    }
     streams_on_own_clock: ClassVar[bool] = False
     cycle_reads_link: ClassVar[bool] = False
     keeps_every_sample: ClassVar[bool] = False
+    OPTION_SPEC: ClassVar[OptionSet | None] = None     # the transport's options, declared once (runtime.options)
     OPTIONS: ClassVar[tuple[str, ...]] = ()            # the options a driver config's [transport] table may give
     REQUIRED_OPTIONS: ClassVar[tuple[str, ...]] = ()   # of them, those it must give
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.OPTION_SPEC is not None:        # the names come from the declaration, never written twice
+            cls.OPTIONS, cls.REQUIRED_OPTIONS = cls.OPTION_SPEC.in_config, cls.OPTION_SPEC.required
 
     @abc.abstractmethod
     def open(self) -> None:
@@ -160,3 +173,15 @@ class Arm(abc.ABC):
         """The native (kernel) id of the transport's link thread while it runs, for its scheduling ([realtime]);
         None when it has none."""
         return None
+
+
+def lying_flags(cls: type, base: type) -> list[str]:
+    """The capability flags of cls (declared in base.CAPABILITIES as flag -> methods) that do not say what cls
+    does: a flag is True exactly when cls overrides each of its methods (and none of them when False)."""
+    wrong = []
+    for flag, methods in base.CAPABILITIES.items():
+        overridden = [getattr(cls, m) is not getattr(base, m) for m in methods]
+        if getattr(cls, flag) is not all(overridden) or any(overridden) is not all(overridden):
+            wrong.append(f"{cls.__name__}.{flag} = {getattr(cls, flag)}, overrides "
+                         f"{', '.join(m for m, o in zip(methods, overridden) if o) or 'none'} of {', '.join(methods)}")
+    return wrong

@@ -72,7 +72,7 @@ def fit_axis(q, points, prismatic: bool = False) -> AxisFit:
 
 
 def axis_fit_covariance(fit: AxisFit, q, noise: float, prismatic: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Seed 002: (cov of the small rotation dω of R (3, 3) rad^2, cov of t (3, 3) m^2) for independent
+    """Pashkevich (2004): (cov of the small rotation dω of R (3, 3) rad^2, cov of t (3, 3) m^2) for independent
     point noise `noise` (m per coordinate; include r * sigma_q for joint noise):
     cov(dω) = noise^2 [sum skew(p~)^T skew(p~)]^-1, cov(dt) = noise^2 / m I."""
     p = fit.mu * _unit_points(np.asarray(q, dtype=np.float64).ravel(), prismatic) @ fit.R.T

@@ -19,7 +19,7 @@ import tomli_w
 from scipy.spatial.transform import Rotation
 
 from ident.calibration.fit import Identification
-from ident.calibration.model import KINDS, CalibrationModel
+from ident.calibration.model import KINDS, TZ, CalibrationModel
 from firmware_bridge.runtime.errors import InputError
 from ident.model import PRISMATIC, Model
 
@@ -157,6 +157,33 @@ def read_measurements(path: str | Path, n: int) -> Measurements:
     elif data.shape[1] == n + 6:
         R = Rotation.from_rotvec(data[:, n + 3:]).as_matrix()
     return Measurements(q, p, R, str(path), lines)
+
+
+UNITS_FACTOR = 100.0   # measured points further from the base than this many times the arm's reach: not metres
+
+
+def reach(cm: CalibrationModel) -> float:
+    """An upper bound of the tool point's distance from the base (m): the chain's constant translations, the
+    tool's included, and each prismatic joint's largest travel."""
+    translation = (cm.kind <= TZ) & ~cm.is_joint
+    travel = [max(abs(lo), abs(hi)) for lo, hi, t in zip(cm.q_min, cm.q_max, cm.joint_type) if t == PRISMATIC]
+    return float(np.abs(cm.nominal[translation]).sum() + sum(x for x in travel if math.isfinite(x)))
+
+
+def check_units(meas: Measurements, cm: CalibrationModel) -> None:
+    """Refuse measured points that cannot be in metres: a median distance from the base more than UNITS_FACTOR
+    times the arm's reach (points in mm are about 1000 times it; a tracker a few metres from the arm stays far
+    below). The CalibrationFileError names the file and the column, and suggests metres."""
+    arm = reach(cm)
+    size = float(np.median(np.linalg.norm(meas.positions, axis=1))) if len(meas.positions) else 0.0
+    if arm > 0 and size > UNITS_FACTOR * arm:
+        c = int(np.argmax(np.median(np.abs(meas.positions), axis=0)))
+        n = meas.q.shape[1]
+        width = n + 3 + (0 if meas.orientations is None else 3)
+        raise CalibrationFileError(
+            f"{meas.source}: column {n + c + 1} ({_column_name(n + c, n, width)}): the measured points lie "
+            f"{size:.4g} from the base (median), {size / arm:.0f} times the arm's reach of {arm:.3g} m: in mm? "
+            f"Measurements are in metres (SI): divide by 1000")
 
 
 def write_poses(path: str | Path, q: np.ndarray, joint_names: tuple[str, ...]) -> None:

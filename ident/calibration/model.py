@@ -378,7 +378,7 @@ def from_model(model: Model, tool=(0.0, 0.0, 0.0)) -> CalibrationModel:
     At nominal values the tool point is where the model's flange kinematics put it:
 
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.calibration.model import from_model, tool_pose
     >>> from ident.model import load_model
     >>> model = load_model("generic6")

@@ -277,7 +277,7 @@ def trailing_tool_axes(cm: CalibrationModel, tol: float = 1e-9) -> int:
 
 
 def expected_count(cm: CalibrationModel, measure: str, relative: bool = False) -> int:
-    """The seed's parameter count: 6 + 4R + 2P (pose), 3 + 4R + 2P - 2s (position); 6 fewer when relative."""
+    """Pashkevich's parameter count: 6 + 4R + 2P (pose), 3 + 4R + 2P - 2s (position); 6 fewer when relative."""
     R = int(np.sum(cm.joint_type == REVOLUTE))
     P = cm.n - R
     N = 6 + 4 * R + 2 * P if measure == "pose" else 3 + 4 * R + 2 * P - 2 * trailing_tool_axes(cm)

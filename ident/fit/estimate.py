@@ -19,8 +19,10 @@ import numpy as np
 import scipy.linalg
 
 from firmware_bridge.runtime.errors import InputError
+from ident.fit import hac
 
 COND_LIMIT = 1e10   # a weighted regressor worse conditioned than this does not determine the parameters
+COVARIANCES = ("correlated", "hac", "textbook")   # see ident.fit.hac and Fit
 
 
 class EstimationError(InputError):
@@ -35,7 +37,12 @@ class Fit:
     of the OLS fit (the weights of WLS are 1/sigma_joint; units of y); residual_rms (n,) RMS of y - W beta
     per joint for this estimate; rows (n,) rows used per joint; cond the condition number of the (weighted)
     stacked regressor; R (p, p), z (p,) its triangular factor, with ||W_w beta - y_w||^2 = ||R beta - z||^2
-    + rss_floor for the weighted rows.
+    + rss_floor for the weighted rows. covariance is the one named by covariance_kind: "correlated" (the
+    rows' noise correlated in time as the filters that made them correlate white noise: ident.fit.hac,
+    exact for any regressor), "hac" (Newey-West with Andrews' bandwidth, `bandwidth` its Bartlett lags M;
+    assumes nothing of the noise but needs many more samples than parameters) or "textbook"
+    (s^2 (W_w'W_w)^-1: white errors of one variance per joint); covariance_textbook is always the last, for
+    comparison.
     """
 
     beta: np.ndarray
@@ -48,6 +55,9 @@ class Fit:
     z: np.ndarray
     rss_floor: float
     method: str
+    covariance_textbook: np.ndarray | None = None
+    covariance_kind: str = "textbook"
+    bandwidth: int = 0
 
     @property
     def std(self) -> np.ndarray:
@@ -136,7 +146,7 @@ def _joint_rss(f: _JointFactors, beta: np.ndarray) -> np.ndarray:
 
 
 def _fit(f: _JointFactors, weights: np.ndarray, sigma_joint: np.ndarray, method: str,
-         names: list[str] | None) -> Fit:
+         names: list[str] | None, data: tuple, covariance: str, segments, row_correlation) -> Fit:
     n, p, _ = f.R.shape
     beta, Rw, zw, cond = _solve_stacked(f, weights, names)
     rss = _joint_rss(f, beta)
@@ -144,11 +154,21 @@ def _fit(f: _JointFactors, weights: np.ndarray, sigma_joint: np.ndarray, method:
     weighted_rss = float(np.sum(rss * weights ** 2))
     var_unit = weighted_rss / (total - p)                   # variance of a weighted row's error
     Rinv = scipy.linalg.solve_triangular(Rw, np.eye(p))
-    cov = var_unit * (Rinv @ Rinv.T)
+    textbook = var_unit * (Rinv @ Rinv.T)
+    cov, lags = textbook, 0
+    W, y, mask = data
+    if covariance == "hac":
+        scores = hac.leverage_adjusted_scores(W, y, mask, beta, weights, Rinv)
+        cov, lags = hac.sandwich(Rinv, scores, segments)
+    elif covariance == "correlated" and row_correlation is not None and len(row_correlation) > 1:
+        A = W * np.where(mask, weights[None, :], 0.0)[:, :, None]
+        e = np.where(mask, y - W @ beta, 0.0) * weights[None, :]
+        cov = hac.correlated_covariance(Rinv, A, e, row_correlation, segments)
     with np.errstate(invalid="ignore", divide="ignore"):
         rms = np.where(f.rows > 0, np.sqrt(rss / np.maximum(f.rows, 1)), np.nan)
     return Fit(beta=beta, covariance=cov, sigma_joint=sigma_joint, residual_rms=rms, rows=f.rows.copy(),
-               cond=cond, R=Rw, z=zw, rss_floor=float(np.sum(f.rho2 * weights ** 2)), method=method)
+               cond=cond, R=Rw, z=zw, rss_floor=float(np.sum(f.rho2 * weights ** 2)), method=method,
+               covariance_textbook=textbook, covariance_kind=covariance, bandwidth=lags)
 
 
 def _ols_sigma(f: _JointFactors, beta: np.ndarray) -> np.ndarray:
@@ -162,11 +182,14 @@ def _ols_sigma(f: _JointFactors, beta: np.ndarray) -> np.ndarray:
     return np.maximum(sigma, np.maximum(floor, 1e-300))
 
 
-def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None) -> Fit:
+def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None,
+        covariance: str = "correlated", segments: np.ndarray | None = None,
+        row_correlation: np.ndarray | None = None) -> Fit:
     """Ordinary least squares: the beta minimising the sum of squares of y - W beta over the rows in mask.
 
-    The covariance is sigma^2 (W^T W)^-1 with one sigma^2 for all rows; `Fit.sigma_joint` holds the
-    per-joint residual standard deviations.
+    The covariance holds for rows whose noise is correlated in time by the filters that made them
+    (row_correlation, ident.fit.hac; without it, sigma^2 (W^T W)^-1 with one sigma^2 for all rows);
+    `Fit.sigma_joint` holds the per-joint residual standard deviations.
 
     Parameters
     ----------
@@ -178,6 +201,15 @@ def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
         The rows to use (default: all).
     names : list of str, optional
         The p parameter names, for messages.
+    covariance : {"correlated", "hac", "textbook"}
+        "correlated": the sandwich for the noise correlation row_correlation (ident.fit.hac); "hac": Newey-West
+        over the samples in time order, Andrews' bandwidth; "textbook": s^2 (W_w^T W_w)^-1 (white errors).
+    segments : ndarray, shape (N,), optional
+        Labels of the stretches of samples without a gap (no lag of the covariance crosses from one to
+        another); default one stretch.
+    row_correlation : ndarray, optional
+        K[l], the correlation of a joint's noise l rows apart (ident.fit.hac.row_noise_correlation for rows
+        made by ident.fit.preprocess); default white (K = [1]).
 
     Returns
     -------
@@ -193,7 +225,7 @@ def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import estimate
+    >>> from ident.fit import estimate
     >>> rng = np.random.default_rng(0)
     >>> W = rng.normal(size=(200, 2, 3))
     >>> y = W @ np.array([1.0, -2.0, 0.5])
@@ -203,13 +235,17 @@ def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
     >>> bool(np.allclose(fit.beta, np.linalg.lstsq(W.reshape(-1, 3), y.ravel(), rcond=None)[0]))
     True
     """
+    _check_covariance(covariance)
     f = _factor(W, y, mask)
     ones = np.ones(W.shape[1])
     beta = _solve_stacked(f, ones, names)[0]
-    return _fit(f, ones, _ols_sigma(f, beta), "ols", names)
+    return _fit(f, ones, _ols_sigma(f, beta), "ols", names, (W, y, _check_shapes(W, y, mask)), covariance,
+                segments, row_correlation)
 
 
-def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None) -> Fit:
+def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None,
+        covariance: str = "correlated", segments: np.ndarray | None = None,
+        row_correlation: np.ndarray | None = None) -> Fit:
     """Weighted least squares with Gautier's weights: OLS first, sigma_j from its residuals on joint j, then
     every row of joint j weighted by 1/sigma_j; the covariance comes from the weighted residuals.
 
@@ -223,6 +259,15 @@ def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
         The rows to use (default: all).
     names : list of str, optional
         The p parameter names, for messages.
+    covariance : {"correlated", "hac", "textbook"}
+        "correlated": the sandwich for the noise correlation row_correlation (ident.fit.hac); "hac": Newey-West
+        over the samples in time order, Andrews' bandwidth; "textbook": s^2 (W_w^T W_w)^-1 (white errors).
+    segments : ndarray, shape (N,), optional
+        Labels of the stretches of samples without a gap (no lag of the covariance crosses from one to
+        another); default one stretch.
+    row_correlation : ndarray, optional
+        K[l], the correlation of a joint's noise l rows apart (ident.fit.hac.row_noise_correlation for rows
+        made by ident.fit.preprocess); default white (K = [1]).
 
     Returns
     -------
@@ -239,7 +284,7 @@ def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
     Joint 2 is ten times noisier than joint 1; WLS finds each joint's noise and trusts joint 1 more:
 
     >>> import numpy as np
-    >>> from ident import estimate
+    >>> from ident.fit import estimate
     >>> rng = np.random.default_rng(1)
     >>> W = rng.normal(size=(5000, 2, 3))
     >>> y = W @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=(5000, 2)) * [0.01, 0.1]
@@ -251,11 +296,18 @@ def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
     >>> bool(np.all(fit.std < estimate.ols(W, y).std))
     True
     """
+    _check_covariance(covariance)
     f = _factor(W, y, mask)
     n = W.shape[1]
     beta_ols = _solve_stacked(f, np.ones(n), names)[0]
     sigma = _ols_sigma(f, beta_ols)
-    return _fit(f, 1.0 / sigma, sigma, "wls", names)
+    return _fit(f, 1.0 / sigma, sigma, "wls", names, (W, y, _check_shapes(W, y, mask)), covariance, segments,
+                row_correlation)
+
+
+def _check_covariance(covariance: str) -> None:
+    if covariance not in COVARIANCES:
+        raise InputError(f"covariance: expected one of {', '.join(COVARIANCES)}, got {covariance!r}")
 
 
 def predict(W: np.ndarray, beta: np.ndarray) -> np.ndarray:
@@ -275,7 +327,7 @@ def predict(W: np.ndarray, beta: np.ndarray) -> np.ndarray:
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import estimate
+    >>> from ident.fit import estimate
     >>> estimate.predict(np.ones((2, 1, 3)), np.array([1.0, 2.0, 3.0]))
     array([[6.],
            [6.]])
@@ -305,7 +357,7 @@ def prediction_errors(W: np.ndarray, y: np.ndarray, beta: np.ndarray) -> tuple[n
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import estimate
+    >>> from ident.fit import estimate
     >>> W = np.ones((4, 2, 1))
     >>> y = np.array([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [1.0, 2.0]])
     >>> rms, relative = estimate.prediction_errors(W, y, np.array([1.5]))

@@ -236,7 +236,7 @@ def save(traj: FourierTrajectory, path: str | Path) -> None:
     Examples
     --------
     >>> import tempfile, pathlib
-    >>> from ident import excitation
+    >>> from ident.fit import excitation
     >>> traj = excitation.preset("seed000")
     >>> with tempfile.TemporaryDirectory() as folder:
     ...     path = pathlib.Path(folder) / "traj.toml"
@@ -288,7 +288,7 @@ def load(path: str | Path) -> FourierTrajectory:
     Examples
     --------
     >>> import tempfile, pathlib
-    >>> from ident import excitation
+    >>> from ident.fit import excitation
     >>> with tempfile.TemporaryDirectory() as folder:
     ...     path = pathlib.Path(folder) / "traj.toml"
     ...     _ = path.write_text('trajectory = {kind = "fourier", base_frequency = "fast"}')
@@ -368,7 +368,7 @@ def presets() -> list[str]:
 
     Examples
     --------
-    >>> from ident import excitation
+    >>> from ident.fit import excitation
     >>> "seed000" in excitation.presets()
     True
     """
@@ -397,7 +397,7 @@ def preset(name: str) -> FourierTrajectory:
 
     Examples
     --------
-    >>> from ident import excitation
+    >>> from ident.fit import excitation
     >>> traj = excitation.preset("seed000")
     >>> traj.n, traj.harmonics, traj.base_frequency
     (6, 6, 0.1)
@@ -721,7 +721,7 @@ def design(model: Model, *, harmonics: int = 5, base_frequency: float = 0.1, sta
 
     Examples
     --------
-    >>> from ident import excitation
+    >>> from ident.fit import excitation
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> traj = excitation.design(model, harmonics=2, base_frequency=0.25, max_iter=5, grid=24, seed=3)
@@ -805,7 +805,7 @@ def check(model: Model, traj: FourierTrajectory, *, rate_hz: float = 1000.0, flo
 
     Examples
     --------
-    >>> from ident import excitation
+    >>> from ident.fit import excitation
     >>> from ident.fit.excitation import FourierTrajectory
     >>> from ident.model import load_model
     >>> model = load_model("generic6")

@@ -31,6 +31,7 @@ differences need.
 """
 from __future__ import annotations
 
+import codecs
 import math
 import re
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ import scipy.signal
 import scipy.sparse
 
 from firmware_bridge import recording as mcap_recording
-from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.errors import InputError, quoted
 
 CUTOFF_PER_BANDWIDTH = 5.0    # k in cutoff = max(k * bandwidth, NOISE_CUTOFF_HZ) (see the module docstring)
 NOISE_CUTOFF_HZ = 40.0        # the cut-off is never below this: it removes sensor noise, not the motion
@@ -371,12 +372,12 @@ def _parse_header(path: Path, header: list[str], line: int) -> tuple[int, dict[s
         name = raw.strip()
         m = _HEADER.match(name)
         if not m or (m.group(1) == "t") != (m.group(2) == "") or m.group(2).startswith("0"):
-            raise PreprocessError(f"{path}: line {line}, column {c + 1}: unknown column name {name!r}: expected "
+            raise PreprocessError(f"{path}: line {line}, column {c + 1}: unknown column name {quoted(name)}: expected "
                                   "t, q1..qn, tau1..taun or i1..in, optional qd1..qdn")
         key = {"i": "current"}.get(m.group(1), m.group(1))
         index = int(m.group(2)) - 1 if m.group(2) else 0
         if index in groups.setdefault(key, {}):
-            raise PreprocessError(f"{path}: line {line}: column {name!r} appears twice")
+            raise PreprocessError(f"{path}: line {line}: column {quoted(name)} appears twice")
         groups[key][index] = c
     if "t" not in groups:
         raise PreprocessError(f"{path}: line {line}: missing column 't' (time, s)")
@@ -401,9 +402,19 @@ def _parse_header(path: Path, header: list[str], line: int) -> tuple[int, dict[s
     return n, columns
 
 
-def _data_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, line) of the non-empty, non-comment lines."""
-    return [(i + 1, s) for i, s in enumerate(text.splitlines()) if s.strip() and not s.lstrip().startswith("#")]
+def _data_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, line) of the file's non-empty, non-comment lines, read a line at a time: a line of more than
+    HEAD_BYTES, a NUL byte or text that is not UTF-8 is refused, naming the line (so a binary file is judged by
+    its first such line, not read whole)."""
+    out = []
+    with path.open("rb") as f:
+        for number, raw in enumerate(iter(lambda: f.readline(HEAD_BYTES + 1), b""), 1):
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            line = _text_line(path, number, raw, len(raw) <= HEAD_BYTES).rstrip("\r\n")
+            if line.strip() and not line.lstrip().startswith("#"):
+                out.append((number, line))
+    return out
 
 
 # a comment line before the header that states a field of the recording: "# effort_delay = 0.0005" (s),
@@ -412,24 +423,49 @@ def _data_lines(text: str) -> list[tuple[int, str]]:
 _FIELD = re.compile(r"^#\s*(effort_delay|clock_hz|lost_samples)\s*[=:]\s*(\S+)\s*$")
 
 
+# the most of a CSV recording read before its header is judged: the comment lines and the header (64 joints' header
+# takes about 1.5 KiB); a file whose header does not end within it, or that holds a NUL byte there, is refused
+HEAD_BYTES = 64 * 1024
+
+
+def _text_line(path: Path, number: int, raw: bytes, ended: bool) -> str:
+    """Line `number` of a CSV file as text; refused, naming it, when it holds a NUL byte (a binary file), did not
+    end within HEAD_BYTES (ended false) or is not UTF-8."""
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise PreprocessError(f"{path}: line {number}: a NUL byte at column {nul + 1}: not a text CSV file")
+    if not ended:
+        raise PreprocessError(f"{path}: line {number}: longer than {HEAD_BYTES // 1024} KiB: "
+                              f"{quoted(raw.decode('utf-8', 'replace'))}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PreprocessError(f"{path}: line {number}: not UTF-8 text (byte {exc.start + 1} of the line)") from None
+
+
 def _csv_head(path: Path) -> tuple[int, str | None, dict[str, str]]:
     """(line number of the header, the header line or None if the file has none, the fields stated in the
-    comment lines before it), reading only up to the header."""
+    comment lines before it), reading at most HEAD_BYTES: a NUL byte (a binary file), text that is not UTF-8 or
+    a line that does not end within them is refused, naming the line."""
     fields: dict[str, str] = {}
     try:
-        with path.open(encoding="utf-8-sig") as f:   # a spreadsheet's byte-order mark is not a column name
-            for number, line in enumerate(f, 1):
-                stripped = line.strip()
-                if stripped.startswith("#"):
-                    m = _FIELD.match(stripped)
-                    if m:
-                        if m.group(1) in fields:
-                            raise PreprocessError(f"{path}: line {number}: {m.group(1)} stated twice")
-                        fields[m.group(1)] = m.group(2)
-                elif stripped:
-                    return number, line.rstrip("\r\n"), fields
-    except (OSError, UnicodeDecodeError) as exc:
+        with path.open("rb") as f:
+            head = f.read(HEAD_BYTES + 1)
+    except OSError as exc:
         raise PreprocessError(f"{path}: cannot read: {exc}") from None
+    whole = len(head) <= HEAD_BYTES
+    head = head[:HEAD_BYTES].removeprefix(codecs.BOM_UTF8)   # a spreadsheet's byte-order mark is no column name
+    for number, raw in enumerate(head.splitlines(keepends=True), 1):
+        line = _text_line(path, number, raw, whole or raw.endswith((b"\n", b"\r")))
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            m = _FIELD.match(stripped)
+            if m:
+                if m.group(1) in fields:
+                    raise PreprocessError(f"{path}: line {number}: {m.group(1)} stated twice")
+                fields[m.group(1)] = m.group(2)
+        elif stripped:
+            return number, line.rstrip("\r\n"), fields
     return 0, None, fields
 
 
@@ -465,6 +501,7 @@ def _read_body(path: Path, header_line: int, width: int) -> np.ndarray | None:
     extra), else numpy's loadtxt; None when a row does not parse (the caller finds and names it)."""
     data = _read_body_arrow(path, header_line, width)
     if data is None:
+        _data_lines(path)        # a binary file or a line without end is refused here, before numpy reads it whole
         try:
             data = np.loadtxt(path, delimiter=",", comments="#", skiprows=header_line, ndmin=2, dtype=np.float64,
                               encoding="utf-8-sig")
@@ -485,14 +522,14 @@ def _load_csv(path: Path) -> Recording:
             else None)
     data = _read_body(path, header_line, width)
     if data is None or len(data) == 0:
-        lines = _data_lines(path.read_text(encoding="utf-8-sig"))
+        lines = _data_lines(path)
         if len(lines) == 1:
             raise PreprocessError(f"{path}: no data rows after the header")
         _diagnose_csv(path, lines[1:], header.split(","))    # raises, naming line and column
         raise PreprocessError(f"{path}: cannot parse the data rows")   # pragma: no cover - diagnose raised
 
     def locate(k: int) -> str:   # only on an error: the line numbers of the data rows, counted then
-        body = [number for number, _ in _data_lines(path.read_text(encoding="utf-8-sig"))[1:]]
+        body = [number for number, _ in _data_lines(path)[1:]]
         return f"line {body[k]}" if k < len(body) else f"sample {k}"
 
     arrays = {name: (data[:, cols[0]] if name == "t" else data[:, cols]) for name, cols in columns.items()}
@@ -513,7 +550,8 @@ def _diagnose_csv(path: Path, rows: list[tuple[int, str]], header: list[str]) ->
             try:
                 float(cell)
             except ValueError:
-                raise PreprocessError(f"{path}: line {number}, column {name.strip()}: not a number: {cell.strip()!r}") from None
+                raise PreprocessError(f"{path}: line {number}, column {name.strip()}: not a number: "
+                                      f"{quoted(cell.strip())}") from None
     raise PreprocessError(f"{path}: cannot parse the data rows")
 
 

@@ -5,8 +5,9 @@
 `from ident.model import Model, load_model` gives the description and its loader.
 """
 from ident.model.model_file import load_model, shipped_models
-from ident.model.robot import (DRIVE_NAMES, INERTIAL_NAMES, MAX_ABS, PARAMS_PER_JOINT, PRISMATIC, REVOLUTE,
-                               SHIPPED_DIR, JointSpec, Model, ModelError, build_model)
+from ident.model.robot import (DRIVE_NAMES, INERTIAL_NAMES, MAX_ABS, MAX_JOINTS, MAX_MODEL_BYTES, PARAMS_PER_JOINT,
+                               PRISMATIC, REVOLUTE, SHIPPED_DIR, JointSpec, Model, ModelError, build_model)
 
 __all__ = ["load_model", "shipped_models", "Model", "ModelError", "JointSpec", "build_model", "DRIVE_NAMES",
-           "INERTIAL_NAMES", "MAX_ABS", "PARAMS_PER_JOINT", "PRISMATIC", "REVOLUTE", "SHIPPED_DIR"]
+           "INERTIAL_NAMES", "MAX_ABS", "MAX_JOINTS", "MAX_MODEL_BYTES", "PARAMS_PER_JOINT", "PRISMATIC", "REVOLUTE",
+           "SHIPPED_DIR"]

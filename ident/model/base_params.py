@@ -94,7 +94,7 @@ def base_parameters(model: Model, method: str = "qr", **options) -> BaseParamete
     with them exactly:
 
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model.base_params import base_parameters
     >>> from ident.model import load_model
     >>> model = load_model("generic6")

@@ -84,7 +84,7 @@ def rnea(model: Model, q, qd, qdd, params: np.ndarray | None = None, *, gravity:
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> zero = np.zeros(6)
@@ -126,7 +126,7 @@ def regressor(model: Model, q, qd, qdd, out: np.ndarray | None = None) -> np.nda
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> q, qd, qdd = np.random.default_rng(0).uniform(-1, 1, (3, 10, 6))
@@ -173,7 +173,7 @@ def mass_matrix(model: Model, q, params: np.ndarray | None = None, *, drive: boo
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> q = np.full(6, 0.3)
@@ -216,7 +216,7 @@ def gravity_torques(model: Model, q, params: np.ndarray | None = None) -> np.nda
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> G = dynamics.gravity_torques(model, np.zeros(6))
@@ -255,7 +255,7 @@ def coriolis_torques(model: Model, q, qd, params: np.ndarray | None = None) -> n
     mass matrix along qd; at rest the Coriolis and centrifugal torques vanish.
 
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> q = np.full(6, 0.2)
@@ -302,7 +302,7 @@ def forward_dynamics(model: Model, q, qd, tau, params: np.ndarray | None = None,
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> q, qd, qdd = np.random.default_rng(1).uniform(-1, 1, (3, 6))
@@ -344,7 +344,7 @@ def flange_pose(model: Model, q) -> np.ndarray:
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> T = dynamics.flange_pose(model, np.zeros(6))
@@ -380,7 +380,7 @@ def jacobian(model: Model, q) -> np.ndarray:
     The linear rows are the derivative of the flange position:
 
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> q, dq = np.full(6, 0.4), np.linspace(-1, 1, 6) * 1e-6
@@ -416,7 +416,7 @@ def flange_kinematics(model: Model, q) -> tuple[np.ndarray, np.ndarray]:
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
     >>> T, J = dynamics.flange_kinematics(model, np.zeros((5, 6)))
@@ -447,7 +447,7 @@ def flange_to_link_matrix(model: Model) -> np.ndarray:
 
     Examples
     --------
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> model = load_model("generic6")
@@ -485,7 +485,7 @@ def load_regressor(model: Model, q, qd, qdd, *, gravity: bool = True) -> np.ndar
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> model = load_model("generic6")
@@ -519,7 +519,7 @@ def merge_payload(model: Model, chi_load) -> Model:
 
     Examples
     --------
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> model = load_model("generic6")

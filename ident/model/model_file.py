@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ident.model import spatial, urdf
-from ident.model.robot import (MAX_ABS, PRISMATIC, REVOLUTE, SHIPPED_DIR, JointSpec, Model,
+from ident.model.robot import (MAX_ABS, MAX_MODEL_BYTES, PRISMATIC, REVOLUTE, SHIPPED_DIR, JointSpec, Model,
                                ModelError, build_model)
 
 
@@ -282,6 +282,12 @@ def load_model(path: str | Path, tip: str = "") -> Model:
         raise ModelError(text, "(name)", "a .toml or .urdf path, or a shipped model: " + ", ".join(shipped_models()))
     if not p.is_file():
         raise ModelError(text, "(file)", "an existing file")
+    size = p.stat().st_size
+    if size > MAX_MODEL_BYTES:
+        raise ModelError(text, "(file)", f"a model file of at most {MAX_MODEL_BYTES >> 20} MiB", f"{size} bytes")
+    size = p.stat().st_size
+    if size > MAX_MODEL_BYTES:
+        raise ModelError(text, "(file)", f"a model file of at most {MAX_MODEL_BYTES >> 20} MiB", f"{size} bytes")
     if p.suffix.lower() == ".toml":
         return _load_toml(p, tip)
     return urdf.load_urdf(p, tip=tip)

@@ -12,13 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.errors import QUOTE_CHARS, InputError
 
 REVOLUTE, PRISMATIC = 0, 1
 INERTIAL_NAMES = ("XX", "XY", "XZ", "YY", "YZ", "ZZ", "mX", "mY", "mZ", "m")
 DRIVE_NAMES = ("Ia", "fc", "fv", "offset")
 PARAMS_PER_JOINT = len(INERTIAL_NAMES) + len(DRIVE_NAMES)  # 14
 SHIPPED_DIR = "models"
+MAX_JOINTS = 32  # movable joints a model may have: a serial arm has 6 or 7 (a chain's base parameters take time
+#                  growing with the cube of the count: `armid model show` took 40 s at 32 joints, 3 min at 64)
+MAX_MODEL_BYTES = 16 << 20   # a model file (TOML or URDF) is judged from its size first: 32 joints take kilobytes
 MAX_ABS = 1e9    # no number of an arm's model in SI units comes near (1e300 is a slip, and overflows the kernels);
 #                  limits excepted: 1e16 is how many files say "none"
 
@@ -28,7 +31,9 @@ class ModelError(InputError):
 
     def __init__(self, source: str, field: str, expected: str, got: object = None):
         self.source, self.field, self.expected = source, field, expected
-        tail = "" if got is None else f", got {got!r}"
+        got_text = repr(got)      # a file's value: quoted at most QUOTE_CHARS long, however long it is
+        tail = "" if got is None else f", got {got_text[:QUOTE_CHARS]}" + (
+            f"... ({len(got_text)} characters)" if len(got_text) > QUOTE_CHARS else "")
         super().__init__(f"{source}: {field}: expected {expected}{tail}")
 
 
@@ -183,6 +188,8 @@ def build_model(name: str, source: str, joints: list[JointSpec], gravity, flange
     """Freeze a list of JointSpec into a Model; flange_frame names the frame (flange_R, flange_p)."""
     if not joints:
         raise ModelError(source, "joint", "at least one movable joint")
+    if len(joints) > MAX_JOINTS:
+        raise ModelError(source, "joint", f"at most {MAX_JOINTS} movable joints", len(joints))
     dh = None
     if all(j.dh is not None for j in joints):
         dh = _frozen([j.dh for j in joints])

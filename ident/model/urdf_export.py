@@ -1,5 +1,5 @@
-"""An armid model as URDF, for Pinocchio, MoveIt or a simulator (docs/guides/identification.md, "The identified model
-as URDF").
+"""An armid model as URDF, for Pinocchio, MoveIt or a simulator (docs/reference/result-file.md, "model.urdf
+and model.sidecar.json").
 
 Each movable joint j becomes a URDF joint from link j-1 to link j, its origin the model's placement of frame j in
 frame j-1 (modified DH models included: the placement is what the DH row makes), its axis the model's. Each link's
@@ -202,7 +202,7 @@ def write_urdf(model: Model, path: str | Path) -> tuple[Path, Path]:
 
     >>> import tempfile, pathlib
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> from ident.model.urdf_export import write_urdf
     >>> model = load_model("generic6")

@@ -53,6 +53,7 @@ from ident.model import dynamics
 from ident.model.base_params import BaseParameters, base_parameters
 from ident.fit.batch import DEFAULT_SLOW_VELOCITY
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.counters import Counters as CountersBase
 from ident.model import Model
 from ident.fit.preprocess import MAX_BRIDGED_SAMPLES, NOISE_CUTOFF_HZ, check_effort_delay, edge_samples
 from ident.online.rls import RecursiveLS
@@ -63,7 +64,9 @@ class EstimateFileError(InputError):
 
 
 @dataclass
-class Counters:
+class Counters(CountersBase):
+    """What the sample window did with the stream's samples."""
+
     samples: int = 0          # samples received
     rejected: int = 0         # non-finite samples dropped
     repeated: int = 0         # samples not after the previous one (dropped)
@@ -93,7 +96,7 @@ class Report:
 
         return {"names": self.names, "theta": finite(self.theta), "sigma_percent": finite(self.sigma_percent),
                 "prediction_rms": finite(self.prediction_rms), "samples": self.rows, "converged": self.converged,
-                "frozen": self.frozen, "counters": vars(self.counters),
+                "frozen": self.frozen, "counters": self.counters.as_dict(),
                 "joint_sigma": None if self.joint_sigma is None else finite(self.joint_sigma)}
 
 
@@ -384,7 +387,27 @@ def _checked_sigma(sigma, n: int) -> np.ndarray:
     return sigma.copy()
 
 
-class OnlineIdentifier:
+class StreamEstimator:
+    """An estimator fed by its SampleWindow (`samples`) of a stream of (seq, q, tau) samples: push() turns samples
+    into rows and their full regressor, feed() (the subclass's) uses them."""
+
+    model: Model
+    samples: SampleWindow
+
+    def push(self, seq, q, tau) -> int:
+        """Feed B samples: seq (B,) device sample indices, q (rad) and tau (N m) (B, n) (SampleWindow.push
+        says how gaps, repeats and non-finite samples are handled). Returns the number of rows built."""
+        rows = self.samples.push(seq, q, tau)
+        if not rows.count:
+            return 0
+        return self.feed(rows, dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd))
+
+    def feed(self, rows: WindowRows, Y: np.ndarray) -> int:
+        """Use rows of the SampleWindow and their full regressor Y (K, n, 14 n); the number of rows used."""
+        raise NotImplementedError
+
+
+class OnlineIdentifier(StreamEstimator):
     """RLS identification of a model's base parameters on a stream of (seq, q, tau) samples.
 
     rate_hz: the stream's sample rate; cutoff_hz: the low-pass cut-off (the batch pipeline's, default its
@@ -440,14 +463,6 @@ class OnlineIdentifier:
         self.rls.row_correlation = s.noise_correlation
 
     # -- feeding -------------------------------------------------------------------------------------
-    def push(self, seq, q, tau) -> int:
-        """Feed B samples: seq (B,) device sample indices, q (rad) and tau (N m) (B, n) (SampleWindow.push
-        says how gaps, repeats and non-finite samples are handled). Returns the number of rows built."""
-        rows = self.samples.push(seq, q, tau)
-        if not rows.count:
-            return 0
-        return self.feed(rows, dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd))
-
     def feed(self, rows: WindowRows, Y: np.ndarray) -> int:
         """Use rows of a SampleWindow with their full regressor Y (K, n, 14 n) (push does both; a caller
         that feeds several estimators from one window computes them once)."""
@@ -478,7 +493,7 @@ class OnlineIdentifier:
         self._theta_prev = theta
         converged = self._steady >= self.converge_reports and self.counters.rows >= 20 * self.p // self.n
         return Report(self.base.names, theta, self.rls.sigma_percent(), rms, self.counters.rows, bool(converged),
-                      self.frozen, Counters(**vars(self.counters)), self.fit.joint_sigma)
+                      self.frozen, Counters(**self.counters.as_dict()), self.fit.joint_sigma)
 
     def reset(self) -> None:
         """Forget the estimate, the estimated weights and the window (counters too)."""
@@ -496,7 +511,7 @@ class OnlineIdentifier:
         path = Path(path)
         doc = {"format": "armid-online-estimate", "version": 1, "model": self.model.name,
                "names": self.base.names, "theta": self.rls.theta.tolist(), "P": self.rls.P.tolist(),
-               "U": self.rls.U.tolist(), "D": self.rls.D.tolist(), "stats": self.rls.stats.tolist(), "counters": vars(self.counters),
+               "U": self.rls.U.tolist(), "D": self.rls.D.tolist(), "stats": self.rls.stats.tolist(), "counters": self.counters.as_dict(),
                "joint_sigma": None if self.fit.joint_sigma is None else self.fit.joint_sigma.tolist()}
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(doc))

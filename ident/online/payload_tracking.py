@@ -61,6 +61,7 @@ from ident.fit.batch import DEFAULT_SLOW_VELOCITY
 from firmware_bridge.runtime.errors import InputError
 from ident.model import PARAMS_PER_JOINT, Model
 from ident.online import Counters, JointWeightedRLS, SampleWindow, WindowRows
+from ident.online.identifier import StreamEstimator
 from ident.payload.result import PARAMETER_NAMES, Combination, PayloadEstimate
 from ident.fit.preprocess import MAX_BRIDGED_SAMPLES, NOISE_CUTOFF_HZ
 
@@ -99,9 +100,10 @@ class PayloadChange:
                 "before": dict(zip(PARAMETER_NAMES, (float(x) for x in self.before)))}
 
 
-class OnlinePayload:
+class OnlinePayload(StreamEstimator):
     """RLS tracking of the payload's 10 parameters on a stream of (seq, q, tau) samples, with change
-    detection (module docstring). arm_theta (b,): the arm's base parameters (default: the model's own);
+    detection (module docstring); push() (StreamEstimator's) appends a detected change to `changes`.
+    arm_theta (b,): the arm's base parameters (default: the model's own);
     cutoff_hz, rate_hz, max_fill, effort_delay: as ident.online.OnlineIdentifier; forgetting: lambda per sample;
     joint_sigma (n,) N m: fixed weights (default: first pass over warmup_rows rows per joint); p0: prior
     variance of each payload parameter (SI units squared); chi0 (10,): the prior payload; detect_speed
@@ -149,14 +151,6 @@ class OnlinePayload:
     @property
     def counters(self) -> Counters:
         return self.samples.counters
-
-    def push(self, seq, q, tau) -> int:
-        """Feed B samples: seq (B,) device sample indices, q (rad) and tau (N m) (B, n). Returns the number
-        of rows built; a detected change is appended to `changes`."""
-        rows = self.samples.push(seq, q, tau)
-        if not rows.count:
-            return 0
-        return self.feed(rows, dynamics.regressor(self.model, rows.q, rows.qd, rows.qdd))
 
     def feed(self, rows: WindowRows, Y: np.ndarray) -> int:
         """Use rows of a SampleWindow (with this tracker's cut-off) and their full regressor Y (K, n, 14 n),

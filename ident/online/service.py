@@ -473,7 +473,7 @@ class IdentService:
 
     def _health(self, pub: zmq.Socket, text: str, state: str | None = None) -> None:
         msg = {"time": time.time(), "stream": state or self.stream_state, "text": text, "messages": self.messages,
-               "malformed": self.malformed, "repeated": self.repeated, "counters": vars(self.identifier.counters)}
+               "malformed": self.malformed, "repeated": self.repeated, "counters": self.identifier.counters.as_dict()}
         _log.log(logging.WARNING if msg["stream"] == "stopped" else logging.INFO, "stream %s: %s", msg["stream"], text)
         pub.send_multipart((TOPIC_HEALTH, json.dumps(msg).encode()))
 

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from firmware_bridge.errors import quoted
 from ident.errors import InputError
 from ident.fit import batch
 from ident.model import load_model
-from ident.outputs.fleet_drift import flag_drift, safe_name
+from ident.outputs.fleet_drift import flag_drift, parameter_names, safe_name
 from ident.outputs.fleet_report import write_fleet_report
 from ident.outputs.output_folder import write_identification
 from ident.outputs.provenance import provenance
@@ -58,15 +59,29 @@ class Job:
         return Path(root) / safe_name(self.arm_id) / self.run
 
 
+SNIFF_BYTES = 4096    # what is_manifest reads of a file: a manifest's first line is shorter
+
+
 def is_manifest(path: str | Path) -> bool:
-    """Whether path is a fleet manifest: a CSV file whose first line names the columns arm_id, model and
-    recording (a recording's first line names t, q1, ...)."""
+    """Whether path is a fleet manifest: a CSV file whose first line (within its first SNIFF_BYTES) names the
+    columns arm_id, model and recording (a recording's first line names t, q1, ...). Reads at most SNIFF_BYTES:
+    anything else (a binary file, a first line too long) is no manifest, and the recording's reader judges it."""
     p = Path(path)
     if p.suffix.lower() != ".csv" or not p.is_file():
         return False
-    with open(p, newline="", encoding="utf-8", errors="replace") as f:
-        head = next(csv.reader(f), [])
-    return set(REQUIRED_COLUMNS) <= {h.strip() for h in head}
+    try:
+        with open(p, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    first, newline, _ = head.partition(b"\n")
+    if b"\0" in first or not (newline or len(head) < SNIFF_BYTES):
+        return False
+    try:
+        names = next(csv.reader([first.decode("utf-8-sig", errors="replace")]), [])
+    except csv.Error:
+        return False
+    return set(REQUIRED_COLUMNS) <= {h.strip() for h in names}
 
 
 def is_glob(text: str) -> bool:
@@ -82,12 +97,22 @@ def read_manifest(path: str | Path) -> list[Job]:
     date that is not ISO 8601, the same arm and run twice.
     """
     path = Path(path)
-    base = path.parent
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read the manifest: {exc}") from None
+    if "\0" in text:
+        raise InputError(f"{path}: line {text.count(chr(10), 0, text.index(chr(0))) + 1}: a NUL byte: not a text "
+                         "CSV manifest")
     reader = csv.DictReader(text.splitlines())
+    try:
+        return _manifest_jobs(path, reader)
+    except csv.Error as exc:       # a field over csv's size limit, a stray quote
+        raise InputError(f"{path}: line {reader.reader.line_num}: {exc}") from None
+
+
+def _manifest_jobs(path: Path, reader: csv.DictReader) -> list[Job]:
+    base = path.parent
     columns = [c.strip() for c in reader.fieldnames or []]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     unknown = [c for c in columns if c not in MANIFEST_COLUMNS]
@@ -110,7 +135,7 @@ def read_manifest(path: str | Path) -> list[Job]:
                 datetime.fromisoformat(date)
             except ValueError:
                 raise InputError(f"{path}: line {line}: column date: expected an ISO 8601 date or time, "
-                                 f"got {date!r}") from None
+                                 f"got {quoted(date)}") from None
 
         def local(p: str) -> str:
             return str(base / p) if not Path(p).is_absolute() else p
@@ -259,7 +284,8 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
     scheduler : str, optional
         None: a dask.distributed LocalCluster of `workers` processes (default: one per core), one thread each;
         an address ("tcp://host:8786"): that Dask scheduler (its workers must see the files and `out` at the same
-        paths); "serial": a plain loop in this process, no Dask.
+        paths, and should run one thread each with NUMBA_NUM_THREADS=1 in their environment: the tasks are the
+        parallelism); "serial": a plain loop in this process, no Dask.
     client : distributed.Client, optional
         An existing client to submit to (scheduler is then ignored); it is not closed.
     workers : int, optional
@@ -290,7 +316,8 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
 
     >>> import tempfile, pathlib
     >>> import numpy as np
-    >>> from ident import dynamics, excitation
+    >>> from ident.model import dynamics
+    >>> from ident.fit import excitation
     >>> from ident.outputs.fleet import Job, identify_many
     >>> from ident.model import load_model
     >>> model = load_model("generic6")
@@ -393,16 +420,38 @@ def _failed_row(o: Outcome, root: Path) -> dict:
             "recording": os.path.relpath(o.job.recording, root), "model": o.job.model}
 
 
+# The fleet table's columns before the base parameters, with their Arrow types: the same in every run whatever its
+# data says (a column no row fills is null of its type, never of Arrow's null type), so that the tables of nightly
+# runs concatenate. Then per base parameter NAME: NAME, NAME_std (float64) and NAME_drift (bool).
+TABLE_COLUMNS = (("arm_id", "string"), ("run", "string"), ("date", "string"), ("status", "string"),
+                 ("error", "string"), ("recording", "string"), ("model", "string"), ("result", "string"),
+                 ("samples", "int64"), ("lost_device_samples", "int64"), ("dropped_samples", "int64"),
+                 ("stale_repeats", "int64"), ("bridged_samples", "int64"), ("unused_samples", "int64"),
+                 ("segments", "int64"), ("rows", "int64"), ("cond", "float64"), ("residual_rms_max", "float64"),
+                 ("validation_relative_max", "float64"), ("warnings", "int64"), ("previous_run", "string"),
+                 ("drifted", "string"))
+
+
+def table_schema(rows: list[dict]):
+    """The fleet table's pyarrow schema: TABLE_COLUMNS, then NAME, NAME_std, NAME_drift per base parameter of the
+    rows (ident.outputs.fleet_drift.parameter_names' order)."""
+    import pyarrow as pa
+
+    fields = [pa.field(name, getattr(pa, kind)()) for name, kind in TABLE_COLUMNS]
+    for name in parameter_names(rows):
+        fields += [pa.field(name, pa.float64()), pa.field(f"{name}_std", pa.float64()),
+                   pa.field(f"{name}_drift", pa.bool_())]
+    return pa.schema(fields)
+
+
 def write_table(rows: list[dict], out: str | Path) -> dict[str, Path]:
-    """fleet.parquet and fleet.csv (pyarrow) in out: one row per arm and run, the columns of every row."""
+    """fleet.parquet and fleet.csv (pyarrow) in out: one row per arm and run, the columns of table_schema."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    columns: dict[str, None] = {}
-    for r in rows:
-        columns.update(dict.fromkeys(r))
-    table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows])
+    schema = table_schema(rows)
+    table = pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows], schema=schema)
     out = Path(out)
     pq.write_table(table, out / "fleet.parquet")
     pacsv.write_csv(table, out / "fleet.csv")

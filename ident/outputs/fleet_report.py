@@ -29,9 +29,15 @@ def _x(rows: list[dict]) -> tuple[list, str]:
 
 
 def _plot(path: Path, name: str, rows: list[dict], xs: list, xlabel: str, legend: bool) -> Path:
+    """Write _figure's plot of one parameter to path (PNG)."""
+    _figure(name, rows, xs, xlabel, legend).savefig(path, dpi=PNG_DPI)
+    return path
+
+
+def _figure(name: str, rows: list[dict], xs: list, xlabel: str, legend: bool):
     """One parameter over the runs: a line per arm, DRIFT_SIGMA bars as one collection per arm (cheaper to draw
     than errorbar's caps), drifted runs ringed; the legend (arm colours) only when asked: the colours are the same
-    in every plot."""
+    in every plot. Dates on x get a few ticks with concise labels (matplotlib.dates), run numbers whole ones."""
     from ident.extras import require
 
     Figure = require("matplotlib.figure", "the fleet report's plots").Figure
@@ -53,10 +59,19 @@ def _plot(path: Path, name: str, rows: list[dict], xs: list, xlabel: str, legend
             ax.plot(*zip(*drifted), "o", ms=9, mfc="none", mec="red", mew=1.5)
     ax.set_title(name, fontsize=10)
     ax.set_xlabel(xlabel)
+    if xlabel == "date":
+        import matplotlib.dates as mdates
+
+        locator = mdates.AutoDateLocator(minticks=3, maxticks=6)
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if legend:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(path, dpi=PNG_DPI)
-    return path
+    return fig
 
 
 def write_fleet_report(rows: list[dict], out: str | Path) -> Path:

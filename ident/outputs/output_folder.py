@@ -14,13 +14,14 @@ from ident.outputs.results import write_model, write_result
 
 
 def write_identification(ident: Identification, out: str | Path, source: str, *, with_report: bool = True,
-                         provenance: dict | None = None, reference: Model | None = None) -> dict[str, Path]:
+                         provenance: dict | None = None, reference: Model | None = None,
+                         reference_label: str | None = None) -> dict[str, Path]:
     """Write what `armid identify` writes into the directory out (created): result.json (with provenance,
     ident.outputs.provenance.provenance, when given), report.html (+ PNGs) unless with_report is false and, with a
     consistent fit, model.toml, model.urdf and model.sidecar.json (ident.model.urdf_export). source names the
     recording in model.toml's header. The report's writing is timed into result.json's seconds. With a reference
-    model, result.json and report.html compare the base parameters with its (ident.outputs.reference); the report
-    shows the provenance record too.
+    model, result.json and report.html compare the base parameters with its (ident.outputs.reference), calling it
+    reference_label (default: its `[robot] name`); the report shows the provenance record too.
 
     Returns
     -------
@@ -29,7 +30,7 @@ def write_identification(ident: Identification, out: str | Path, source: str, *,
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    comparison = None if reference is None else compare_with_reference(ident, reference)
+    comparison = None if reference is None else compare_with_reference(ident, reference, reference_label)
     written = {}
     if with_report:
         started = time.perf_counter()

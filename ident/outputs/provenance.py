@@ -1,6 +1,6 @@
 """Where a result came from: the armid version, the SHA-256 of every input file and of the model, the command
 line, the arm's id and the UTC time, with paths relative to the directory the result is written to, so that a
-result directory moved or copied elsewhere still names its inputs (docs/guides/identification.md, "Provenance")."""
+result directory moved or copied elsewhere still names its inputs (docs/reference/result-file.md, "Provenance")."""
 from __future__ import annotations
 
 import hashlib

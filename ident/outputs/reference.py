@@ -19,7 +19,7 @@ class ReferenceComparison:
     Attributes
     ----------
     model_name : str
-        The reference model's name.
+        The reference as the user named it (its file's name, or a shipped model's name).
     names : list of str
         The base parameters' names.
     identified, std, reference : ndarray (b,)
@@ -44,7 +44,7 @@ class ReferenceComparison:
         return int(np.count_nonzero(~self.flagged))
 
 
-def compare_with_reference(ident, reference: Model) -> ReferenceComparison:
+def compare_with_reference(ident, reference: Model, label: str | None = None) -> ReferenceComparison:
     """Compare an identification (ident.fit.batch.Identification) with the base parameters of a reference model of
     the same structure.
 
@@ -54,6 +54,9 @@ def compare_with_reference(ident, reference: Model) -> ReferenceComparison:
         The identification.
     reference : Model
         The reference model; it must have as many joints as the identified one.
+    label : str, optional
+        What to call the reference (model_name): the file's name the user passed. Default: the model's
+        `[robot] name`, which two variants of one robot share.
 
     Returns
     -------
@@ -72,5 +75,5 @@ def compare_with_reference(ident, reference: Model) -> ReferenceComparison:
     diff = beta - values
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(diff == 0, 0.0, diff / std)
-    return ReferenceComparison(reference.name, list(ident.base.names), beta, std, values, z,
+    return ReferenceComparison(label or reference.name, list(ident.base.names), beta, std, values, z,
                                np.abs(diff) > REFERENCE_SIGMA * std)

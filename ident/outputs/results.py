@@ -1,4 +1,4 @@
-"""What `armid identify` writes: result.json (docs/guides/identification.md) and the identified model file (TOML,
+"""What `armid identify` writes: result.json (docs/reference/result-file.md) and the identified model file (TOML,
 docs/reference/model-file.md) that ident.model.load_model reads back to the same torques."""
 from __future__ import annotations
 

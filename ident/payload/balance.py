@@ -9,12 +9,12 @@ link 3, three small least-squares steps give the payload:
   1. mass: joint 2 swept with links 2 and 3 collinear (sweep a) against joint 3 swept with link 2 vertical
      (sweep b), paired at the same link-3 angle theta: Delta_tau2_a - Delta_tau3_b = m g a2 cos(theta);
   2. with m known, the two CoM coordinates across link 3 from joint 3's torque, flange x6 along link 3 and
-     z6 along the joint axis (the seed's pose 5b): x and y;
+     z6 along the joint axis (the paper's pose 5b): x and y;
   3. with m and x known, z from joint 3's torque with z6 along link 3 and y6 along the axis (pose 5d).
 
 Every regressor here comes from the arm's kinematic model (the gravity load regressor of
-ident.model.dynamics), not from the seed's planar formulas: g a2 cos(theta) is the mass column of joint 2 minus
-that of joint 3, and the seed's offsets (a3, d5, d6) are in the first-moment columns. So the same code
+ident.model.dynamics), not from the paper's planar formulas: g a2 cos(theta) is the mass column of joint 2 minus
+that of joint 3, and the paper's offsets (a3, d5, d6) are in the first-moment columns. So the same code
 serves any arm with two parallel joints 2 and 3, and noise-free data give the payload exactly.
 
     program = plan(model, speed=math.radians(1.0))      # the 4 sweeps (2 orientations x sweeps a, b)
@@ -50,9 +50,9 @@ from ident.model import REVOLUTE, Model
 from ident.payload.result import PayloadEstimate
 from ident.fit.preprocess import Recording
 
-SEED_SPEED = math.radians(1.0)                        # rad/s: the seed's simulated sweeps, 1 deg/s
+SEED_SPEED = math.radians(1.0)                        # rad/s: the paper's simulated sweeps, 1 deg/s
 SEED_RANGE = (0.0, math.radians(55.0))                # rad: link angle above the horizontal, 0-55 deg
-MIN_SAMPLES = 21        # paired constant-velocity samples per sweep below which the fit is refused: the seed's
+MIN_SAMPLES = 21        # paired constant-velocity samples per sweep below which the fit is refused: the paper's
                         # LS failed with 20 (25 % speed) and held at 20 % speed (about 25 at the same rate)
 REST_SPEED = 2e-3       # rad/s: a joint slower than this is at rest
 SPEED_TOLERANCE = 0.02  # a constant-velocity sample is within 2 % of its segment's plateau velocity
@@ -449,7 +449,7 @@ def _joint_for_elevation(model: Model, q: np.ndarray, j: int, k: int, link: np.n
 
 def wrist_orientation(model: Model, along_link: str, *, grid: int = 16, tries: int = 8) -> np.ndarray:
     """Joints 4..6 (3,) rad that put the flange axis `along_link` ("x" or "z") along link 3 and another
-    flange axis (z, resp. y) along joint 3's axis: the seed's poses 5b ("x") and 5d ("z"). Solved on the
+    flange axis (z, resp. y) along joint 3's axis: the paper's poses 5b ("x") and 5d ("z"). Solved on the
     arm's kinematics: the best point of a grid^3 search within the wrist's limits, refined by bounded least
     squares from the `tries` best grid points, for both senses of each axis; the solution nearest the middle of the ranges wins.
     BalanceError when the wrist cannot reach it."""
@@ -490,7 +490,7 @@ def wrist_orientation(model: Model, along_link: str, *, grid: int = 16, tries: i
 
 def plan(model: Model, speed: float = SEED_SPEED, *, angles: tuple[float, float] = SEED_RANGE,
          q1: float = 0.0, ramp: float = RAMP) -> MotionProgram:
-    """The seed's motion program for this arm: for the two wrist orientations (flange x along link 3,
+    """The paper's motion program for this arm: for the two wrist orientations (flange x along link 3,
     then z along link 3), sweep a (joint 2, links 2 and 3 collinear) and sweep b (joint 3, link 2
     vertical), each moving link 3 from angles[0] to angles[1] (rad above the horizontal) at `speed` rad/s;
     joint 1 at q1 rad. Run it unloaded, then loaded. BalanceError when the arm has no parallel joints 2, 3
@@ -630,7 +630,7 @@ def identify(model: Model, loaded: Recording, unloaded: Recording, *, min_sample
     The program's sweeps, simulated with and without a 1.5 kg payload:
 
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> from ident.payload import balance, payload_parameters
     >>> from ident.fit.preprocess import Recording
@@ -681,7 +681,7 @@ def identify(model: Model, loaded: Recording, unloaded: Recording, *, min_sample
             raise BalanceError(
                 f"torque balance: {loaded.source}: the sweep of {model.joint_names[j]} with flange {names[axis]} "
                 f"along the axis has only {len(p.q)} constant-velocity samples paired with the unloaded run at "
-                f"{math.degrees(p.speed):.3g} deg/s; at least {min_samples} are needed (the seed's fit failed "
+                f"{math.degrees(p.speed):.3g} deg/s; at least {min_samples} are needed (Gao, Zhao and Li's fit failed "
                 f"with 20): sweep slower or record at a higher rate")
     # step 1: the mass, sweep a's joint 2 against sweep b's joint 3 at the same link-3 angle
     d, r, shared = [], [], []

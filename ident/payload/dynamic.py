@@ -215,7 +215,8 @@ def payload_map(model: Model, base: BaseParameters) -> np.ndarray:
 
 
 def _time_series(method: str, A: np.ndarray, y: np.ndarray, mask: np.ndarray, samples: int,
-                 notes: list[str]) -> tuple[PayloadEstimate, Identifiable, estimate.Fit]:
+                 notes: list[str], correlation: np.ndarray | None = None,
+                 segments: np.ndarray | None = None) -> tuple[PayloadEstimate, Identifiable, estimate.Fit]:
     """WLS (Gautier's per-joint weights) of y (N, n) = A (N, n, p) x over the rows in mask, the payload the
     last 10 parameters, in the identifiable directions only."""
     p = A.shape[2]
@@ -223,7 +224,7 @@ def _time_series(method: str, A: np.ndarray, y: np.ndarray, mask: np.ndarray, sa
     if mask.sum() < p:
         raise PayloadError(f"{int(mask.sum())} usable rows for {p} parameters: the runs are too short (or too slow)")
     ident = identifiable(A[mask], payload)
-    fit = estimate.wls(A @ ident.T, y, mask)
+    fit = estimate.wls(A @ ident.T, y, mask, row_correlation=correlation, segments=segments)
     x = ident.T @ fit.beta
     cov = ident.T @ fit.covariance @ ident.T.T
     return _estimate(method, x[payload], cov[payload, payload], ident.payload, samples, notes), ident, fit
@@ -236,7 +237,8 @@ def torque_method(runs: Runs) -> PayloadEstimate:
     if u.t.shape != l.t.shape:
         raise PayloadError(f"{l.source}: {len(l.t)} rows, the unloaded run {len(u.t)}: the runs do not pair up")
     mask = u.mask & l.mask
-    return _time_series("torque", l.Yl, runs.tau_loaded - runs.tau_unloaded, mask, len(l.t), list(runs.notes))[0]
+    return _time_series("torque", l.Yl, runs.tau_loaded - runs.tau_unloaded, mask, len(l.t), list(runs.notes),
+                        l.noise_correlation(), l.segment_id)[0]
 
 
 def _global_system(runs: Runs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -254,7 +256,10 @@ def global_method(runs: Runs, *, consistent: bool = False) -> PayloadEstimate:
     """Zhang, Qin and Zou (2017) eqs. 22-23: one WLS over both runs for [beta; chi_load]. consistent: the payload part
     constrained to a real body (pseudo-inertia PSD, mass >= 0), the arm's base parameters free."""
     A, y, mask = _global_system(runs)
-    est, ident, fit = _time_series("global", A, y, mask, len(y), list(runs.notes))
+    u, l = runs.unloaded, runs.loaded
+    segments = None if u.segment_id is None or l.segment_id is None else \
+        np.concatenate([u.segment_id, l.segment_id + u.segment_id.max() + 1])
+    est, ident, fit = _time_series("global", A, y, mask, len(y), list(runs.notes), u.noise_correlation(), segments)
     if not consistent:
         return est
     return _consistent_global(est, ident, fit, runs.base.count)
@@ -267,7 +272,8 @@ def difference_method(runs: Runs, model: Model) -> PayloadEstimate:
     fits = []
     for rows, tau, role in ((runs.unloaded, runs.tau_unloaded, "unloaded"), (runs.loaded, runs.tau_loaded, "loaded")):
         try:
-            fits.append(estimate.wls(rows.W, tau, rows.mask, names=runs.base.names))
+            fits.append(estimate.wls(rows.W, tau, rows.mask, names=runs.base.names,
+                                     row_correlation=rows.noise_correlation(), segments=rows.segment_id))
         except InputError as exc:
             raise PayloadError(f"{rows.source} ({role} run): {exc}") from None
     M = payload_map(model, runs.base)
@@ -370,7 +376,8 @@ def identify(model: Model, loaded: str | Path | Recording, unloaded: str | Path 
     Examples
     --------
     >>> import numpy as np
-    >>> from ident import dynamics, excitation
+    >>> from ident.model import dynamics
+    >>> from ident.fit import excitation
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.dynamic import identify

@@ -66,7 +66,8 @@ def identify_one(model: Model, method: str, loaded, unloaded, *, trajectory=None
     Two simulated runs of a shipped excitation, with and without a 1.5 kg payload:
 
     >>> import numpy as np
-    >>> from ident import dynamics, excitation
+    >>> from ident.model import dynamics
+    >>> from ident.fit import excitation
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.methods import identify_one
@@ -131,7 +132,8 @@ def identify_each(model: Model, method: str, loaded, unloaded, *, trajectory=Non
 
     Examples
     --------
-    >>> from ident import dynamics, excitation
+    >>> from ident.model import dynamics
+    >>> from ident.fit import excitation
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.methods import identify_each

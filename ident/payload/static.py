@@ -19,7 +19,7 @@ three-step chain of errors. Any 6R arm whose flange can be turned identifies all
 The poses are chosen D-optimally (maximum det of the information matrix of the four parameters) among
 random candidates within the joint limits, by greedy forward selection and Fedorov exchange. Each pose is
 crossed by a short pass at constant speed (all joints together), so that friction is the same loaded and
-unloaded and cancels, as in the seed; rest segments in a recording are used as well.
+unloaded and cancels, as in Gao, Zhao and Li's torque balance; rest segments in a recording are used as well.
 """
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def identify(model: Model, loaded, unloaded, *, min_samples: int = MIN_SAMPLES, 
     1.5 kg payload:
 
     >>> import numpy as np
-    >>> from ident import dynamics
+    >>> from ident.model import dynamics
     >>> from ident.model import load_model
     >>> from ident.payload import payload_parameters
     >>> from ident.payload.static import identify
