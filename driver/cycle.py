@@ -178,7 +178,7 @@ class Cycle:
         hold, hold_torque = np.zeros(n), np.zeros(n)
         rows = np.zeros((2, n))
         rows.setflags(write=False)                       # a plan: np.load(mmap_mode="r") rows
-        servo = servo_wire.decode(servo_wire.encode(servo_wire.MODE_POSITION, 0, 0, np.zeros(n)), n)[3]
+        servo = servo_wire.decode(servo_wire.encode(servo_wire.MODE_POSITION, 0, 0, 0, np.zeros(n)), n).values
         for plan_q, plan_tau in ((hold, hold_torque), (rows[0], rows[1]), (servo, hold_torque), (st.q, servo),
                                  (st.q, hold_torque)):
             ck.command(st.statusword, ck.OFF, plan_q, plan_tau, st.q, ck.FOLLOW, hold, cmd.target_position,
