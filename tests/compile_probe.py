@@ -90,7 +90,7 @@ def main() -> None:
             for k in range(50):
                 values = q if mode == "position" else driver.gravity_torque(q) if hasattr(driver, "gravity_torque") \
                     else np.zeros(model.n)
-                push.send(servo_wire.encode(servo_wire.MODES[mode], k, time.time_ns(), values))
+                push.send(servo_wire.encode(servo_wire.MODES[mode], reply["token"], k + 1, time.time_ns(), values))
                 time.sleep(0.002)
             _call(cmd, cmd="servo_stop")
             push.disconnect(reply["endpoint"])

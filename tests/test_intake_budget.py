@@ -27,6 +27,7 @@ import sys, time
 import numpy as np, zmq
 from firmware_bridge import servo_wire
 endpoint, n, q = sys.argv[1], int(sys.argv[2]), np.array([float(x) for x in sys.argv[3].split(',')])
+token = int(sys.argv[5])
 sock = zmq.Context.instance().socket(zmq.PUSH)
 sock.setsockopt(zmq.LINGER, 0)
 sock.setsockopt(zmq.SNDHWM, 1000)
@@ -36,7 +37,7 @@ end = time.monotonic() + float(sys.argv[4])
 k = 0
 while time.monotonic() < end:
     try:
-        sock.send(servo_wire.encode(servo_wire.MODE_POSITION, k, t0 + 1000 * k, q), zmq.NOBLOCK)
+        sock.send(servo_wire.encode(servo_wire.MODE_POSITION, token, k + 1, t0 + 1000 * k, q), zmq.NOBLOCK)
         k += 1
     except zmq.Again:
         time.sleep(0)
@@ -77,7 +78,8 @@ def test_a_flood_of_valid_servo_setpoints_keeps_the_cycle_at_its_rate():
             assert reply["ok"], reply
             quiet = _rate_ratio(driver, 1.0)
             q = ",".join(f"{x:.17g}" for x in driver.cycle.hold)
-            flooder = subprocess.Popen([sys.executable, "-c", FLOOD, reply["endpoint"], str(model.n), q, str(FLOOD_S)],
+            flooder = subprocess.Popen([sys.executable, "-c", FLOOD, reply["endpoint"], str(model.n), q, str(FLOOD_S),
+                                        str(reply["token"])],
                                        stdout=subprocess.PIPE, text=True)
             try:
                 assert wait_until(lambda: driver.cycle.servo is not None and driver.cycle.servo.received > 1000, 30)
