@@ -586,9 +586,11 @@ class ArmClient:
                 self.wait_arrived(reply["goal"])
         return reply
 
-    def wait_arrived(self, goal, *, tolerance: float = ARRIVED_TOLERANCE, settle_s: float = SETTLE_S) -> Sample:
+    def wait_arrived(self, goal, *, tolerance: float = ARRIVED_TOLERANCE, settle_s: float = SETTLE_S) -> dict:
         """Block until every measured joint is within `tolerance` of `goal` (the arm has arrived, not only its
-        targets: the drives' setpoint buffer and tracking run a few cycles behind them).
+        targets: the drives' setpoint buffer and tracking run a few cycles behind them). The driver is asked
+        (`status`: the angles it measured last), so the answer does not depend on how fast this client reads the
+        stream: a client starved of CPU time gets it as soon as it asks.
 
         Parameters
         ----------
@@ -601,8 +603,8 @@ class ArmClient:
 
         Returns
         -------
-        Sample
-            The first sample within the tolerance.
+        dict
+            The first status reply whose "q" is within the tolerance.
 
         Raises
         ------
@@ -612,13 +614,12 @@ class ArmClient:
         goal = np.asarray(goal, dtype=float)
         deadline = time.monotonic() + settle_s
         while True:
-            sample = self.latest()
-            error = sample.q - goal
-            far = np.abs(error) > tolerance
-            if not far.any():
-                return sample
-            if sample.flags & stream.FLAG_FAULT:
-                raise MotionFailed(f"the driver faulted: {self.status().get('fault')}")
+            status = self.status()
+            if status.get("fault"):
+                raise MotionFailed(f"the driver faulted: {status['fault']}")
+            error = np.asarray(status["q"], dtype=float) - goal
+            if not (np.abs(error) > tolerance).any():
+                return status
             if time.monotonic() > deadline:
                 j = int(np.argmax(np.abs(error)))
                 raise MotionFailed(f"the arm did not arrive within {settle_s:g} s of the motion's end: joint "

@@ -63,7 +63,7 @@ def _stall(pid: int) -> None:
 def _move(client: ArmClient, tap: StreamTap, goal: np.ndarray, speed: float) -> np.ndarray:
     """move_to goal and wait; the lags (cycles) of the motion's middle part."""
     start = tap.count()
-    q_from = client.latest().q.copy()
+    q_from = np.array(client.status()["q"])           # the driver's own: a starved client reads its stream late
     reply = client.move_to(goal, speed=speed, wait=True)
     time.sleep(0.2)                                   # the stream of the motion's end reaches the tap
     _, flags, _, q = tap.arrays(start)
