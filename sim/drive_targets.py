@@ -230,8 +230,9 @@ class DeviceTargets:
         self.sim = sim
         self.streams = streams_for(sim)
         self.setpoints = setpoints
-        if setpoints is not None:        # drop a burst's excess only where the arm is at rest: never a jump
+        if setpoints is not None:        # drop a burst's excess only where it moves nothing: never a jump
             setpoints.still = np.asarray(sim.model.qd_max, dtype=float) * sim.dt * STILL_FRACTION
+            setpoints.extrapolated = self.streams.max_extrapolated
         self.commanded = sim.read_state().position.copy()   # the last target received (rad)
         self.applied = self.commanded.copy()               # the targets the simulator has (rad)
         self.csp = np.zeros(sim.n, dtype=bool)             # the last accepted frame's mode is CSP

@@ -112,6 +112,30 @@ def test_a_burst_in_motion_is_carried_out_in_full_and_its_excess_drops_once_at_r
     assert len(buf) == buf.depth - 1 and buf.counts.skipped > 0
 
 
+def test_late_targets_of_cycles_the_drive_extrapolated_over_go_and_the_latency_stays_at_the_depth():
+    """A host late by 2 cycles in the middle of a motion: the buffer runs dry for 2 cycles (the drive continues
+    its stream over them) and the 2 targets of those cycles come late, with the next ones. They go (counted),
+    so the drive goes on with the target of the cycle it is in, the depth behind the host, as before; a stall
+    longer than the drive extrapolates over drops only that many and carries the rest out in full."""
+    def run(extrapolated: int, arrivals: list[int]) -> tuple[list, TargetBuffer]:
+        buf = TargetBuffer(2, still=np.full(2, 1e-6), extrapolated=extrapolated)
+        k, taken = 0, []
+        for count in arrivals:
+            for _ in range(count):
+                k += 1
+                buf.push(*_target(k))
+            got = buf.take()
+            taken.append(None if got is None else int(got[0][0]))
+        return taken, buf
+
+    taken, buf = run(4, [1, 1, 1, 1, 0, 0, 0, 4, 1, 1, 1, 1])
+    assert taken == [None, 1, 2, 3, 4, None, None, 7, 8, 9, 10, 11]    # 5 and 6 were for the dry cycles
+    assert buf.counts.skipped == 2 and len(buf) == buf.depth - 1       # the standing level of before
+    taken, buf = run(1, [1, 1, 1, 1, 0, 0, 0, 4, 1, 1, 1, 1])
+    assert taken == [None, 1, 2, 3, 4, None, None, 6, 7, 8, 9, 10]     # one cycle's worth went, the rest runs
+    assert buf.counts.skipped == 1 and len(buf) == buf.depth
+
+
 def test_a_latency_bound_below_the_depth_is_refused():
     with pytest.raises(InputError, match="max_queued"):
         TargetBuffer(3, max_queued=2)

@@ -18,11 +18,17 @@ Rules, per drive cycle (`take`):
     late sends its backlog in a burst; the drive keeps the newest `depth` of it and goes on a fixed `depth`
     cycles behind the host instead of carrying the burst as lasting latency;
   * never a jump: with `still` (per joint, position units; the simulated drives set it) a target is dropped
-    only where it lies within `still` of the next one (the arm is at rest there: dropping it moves nothing).
-    A burst in the middle of a motion is then carried out in full, one target per cycle, as the host sent it
-    (dropping it would step the target by the whole backlog: 73 mrad for 150 ms at 0.5 rad/s, a following-
-    error fault), and its excess goes as soon as the motion comes to rest. HARD_LIMIT queued targets (a
-    loop stalled for seconds) drop the oldest regardless;
+    only where dropping it moves nothing:
+      - a target of a cycle the drive went through without one and continued its stream over (`extrapolated`:
+        the drive extrapolates up to that many missed cycles in a row, sim.drive_targets): when it comes late,
+        its time has passed and the drive already went where it leads, so the oldest beyond the depth go, up
+        to one per such cycle. A host late by a few cycles (the common case on a loaded machine) costs no
+        lasting latency, in motion or not;
+      - a target within `still` of the next one (the arm is at rest there). A longer stall in the middle of a
+        motion (the drive held after `extrapolated` misses) is carried out in full, one target per cycle, as
+        the host sent it (dropping it would step the target by the whole backlog: 73 mrad for 150 ms at
+        0.5 rad/s, a following-error fault), and its excess goes as soon as the motion comes to rest.
+    HARD_LIMIT queued targets (a loop stalled for seconds) drop the oldest regardless;
   * `reset` empties the queue (a drive leaving CSP, a restart): the next targets prime it again.
 """
 from __future__ import annotations
@@ -56,9 +62,11 @@ class TargetBuffer:
 
     max_queued: targets kept at most (default `depth`: the latency is at most `depth` cycles); more push out
     the oldest. still (per joint, the first array's units; None: drop whatever the targets are): drop a target
-    only where the next one lies within it."""
+    only where the next one lies within it, or where it belongs to one of the last `extrapolated` cycles that
+    went without a target (the drive continued its stream over them)."""
 
-    def __init__(self, depth: int, max_queued: int | None = None, still: np.ndarray | None = None):
+    def __init__(self, depth: int, max_queued: int | None = None, still: np.ndarray | None = None,
+                 extrapolated: int = 0):
         if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise InputError(f"target_buffer: expected a number of cycles 1..{MAX_DEPTH}, got {depth!r}")
         self.depth = depth
@@ -66,6 +74,8 @@ class TargetBuffer:
         if self.max_queued < depth:
             raise InputError(f"target_buffer: max_queued {max_queued!r} is below the depth {depth}")
         self.still = None if still is None else np.asarray(still, dtype=float)
+        self.extrapolated = int(extrapolated)
+        self._owed = 0                   # cycles without a target whose late targets may go (<= extrapolated)
         self._queue: deque[tuple] = deque()
         self._running = False
         self.counts = BufferCounts()
@@ -90,8 +100,13 @@ class TargetBuffer:
             self._running = True
         if not queue:
             self.counts.underruns += 1
+            self._owed = min(self._owed + 1, self.extrapolated)
             return None
         if self.still is not None:                   # the excess of a burst, where dropping it moves nothing
+            while len(queue) > self.max_queued and self._owed:       # late: the drive went on without them
+                queue.popleft()
+                self.counts.skipped += 1
+                self._owed -= 1
             while len(queue) > self.max_queued and np.all(np.abs(queue[1][0] - queue[0][0]) <= self.still):
                 queue.popleft()
                 self.counts.skipped += 1
@@ -102,4 +117,5 @@ class TargetBuffer:
         """Forget the queued targets; the next ones prime the buffer again."""
         self._queue.clear()
         self._running = False
+        self._owed = 0
 
