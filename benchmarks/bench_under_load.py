@@ -1,6 +1,6 @@
 """The free-running serial chain (`armid sim` on its own clock behind a pty, `armid driver` on the device's clock)
-with nothing, with 2 other simulated chains and with 4 millisecond-ticking processes beside it, with and without
-real-time scheduling. The reference of every figure is the same chain with nothing beside it, real-time, in the
+with nothing, with 2 other simulated chains, with 4 millisecond-ticking processes and with both beside it, with
+and without real-time scheduling. The reference of every figure is the same chain with nothing beside it, real-time, in the
 same run.
 
     python benchmarks/bench_under_load.py [--seconds 20] [--configs alone-rt,chains-rt,...]
@@ -43,7 +43,7 @@ from firmware_bridge import servo_wire, stream           # noqa: E402
 from ident.model import load_model                       # noqa: E402
 
 CONFIGS = {"alone-rt": (0, 0, True), "chains-rt": (2, 0, True), "tickers-rt": (0, 4, True),
-           "alone": (0, 0, False), "chains": (2, 0, False), "tickers": (0, 4, False)}
+           "both-rt": (2, 4, True), "alone": (0, 0, False), "chains": (2, 0, False), "tickers": (0, 4, False)}
 GOAL = np.array([0.25, -0.15, 0.2, 0.1, -0.2, 0.3])
 FLOOD = """
 import json, sys, zmq
@@ -63,7 +63,7 @@ while True:
 
 def _move(client, tap, model, goal, speed=0.8):
     start = tap.count()
-    q_from = client.latest().q.copy()
+    q_from = np.array(client.status()["q"])          # the driver's own: a starved client reads its stream late
     client.move_to(goal, speed=speed, wait=True)
     time.sleep(0.1)
     _, flags, _, q = tap.arrays(start)
@@ -75,7 +75,7 @@ def _servo_held(client) -> float:
     """Fraction of a 2 s position session's cycles in which the driver held the last setpoint."""
     import zmq
 
-    q = client.latest().q.copy()
+    q = np.array(client.status()["q"])
     before = client.status()
     with client.servo("position", timeout_cycles=2000) as s:
         t0 = time.time_ns()
@@ -92,7 +92,7 @@ def _quick_stop_cycles(client, run, tap, model) -> float:
     flooder = subprocess.Popen([sys.executable, "-c", FLOOD, run.commands], env=chain.child_environment())
     try:
         time.sleep(0.5)
-        q_from = client.latest().q.copy()
+        q_from = np.array(client.status()["q"])
         client.move_to(-GOAL * 0.5 if q_from[0] > 0 else GOAL * 0.5, speed=0.5)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
