@@ -129,6 +129,8 @@ def test_where_permitted_the_driver_cycle_and_the_simulators_device_loop_run_sch
     driver, sim = _policies(run.driver.pid), _policies(run.sim.pid)
     assert driver.get("cycle") == os.SCHED_FIFO, driver
     assert sim.get("sim") == os.SCHED_FIFO, sim
+    if os.environ.get("ARMID_CHAIN_RT", "1") != "0":       # the chain started the process at SCHED_RR as a whole:
+        assert os.sched_getscheduler(run.sim.pid) == os.SCHED_RR     # its main thread went back to that, not lower
     assert driver.get("commands") != os.SCHED_FIFO, driver     # the command server does not hold a core
     assert "realtime: SCHED_FIFO" in run.driver.stderr.read_text() + run.driver.stdout.read_text()
     assert "realtime: SCHED_FIFO" in run.sim.stderr.read_text() + run.sim.stdout.read_text()
