@@ -14,8 +14,8 @@ Per configuration, over --seconds of moves back and forth (speed 0.8) measured o
   lag           command-to-motion lag (cycles, median and max over the moves' middle parts);
   servo held    a normal-priority Python client streaming position setpoints at 1 kHz for 2 s: cycles the
                 driver held the last setpoint / cycles of the session;
-  quick_stop    cycles from sending quick_stop during a move, with another process flooding status requests,
-                to the first message without FLAG_MOVING;
+  quick_stop    cycles from the driver's message count in a status reply right before quick_stop is sent during
+                a move, with another process flooding status requests, to the first message without FLAG_MOVING;
   driver CPU    the driver process's CPU time / wall time.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _move(client, tap, model, goal, speed=0.8):
     start = tap.count()
     q_from = np.array(client.status()["q"])          # the driver's own: a starved client reads its stream late
     client.move_to(goal, speed=speed, wait=True)
-    time.sleep(0.1)
+    tap.reach(client.status()["seq"])               # the bench process reads the stream late when starved
     _, flags, _, q = tap.arrays(start)
     planned = motion.plan_move(model, q_from, goal, 1000.0, speed=speed).q
     return motion_lag_cycles(flags, q, planned)
@@ -102,11 +102,12 @@ def _quick_stop_cycles(client, run, tap, model) -> float:
             time.sleep(0.005)
         time.sleep(0.3)
         mark = tap.count()
-        sent_seq = tap.arrays(mark - 1)[0][-1]
+        sent_seq = client.status()["seq"]       # the driver's message count as it answered, right before
         client.quick_stop()
         time.sleep(0.5)
+        tap.reach(client.status()["seq"])
         seq, flags, _, _ = tap.arrays(mark)
-        stopped = np.flatnonzero((flags & stream.FLAG_MOVING) == 0)
+        stopped = np.flatnonzero(((flags & stream.FLAG_MOVING) == 0) & (seq > sent_seq))
         return float(seq[stopped[0]] - sent_seq) if stopped.size else float("nan")
     finally:
         flooder.kill()

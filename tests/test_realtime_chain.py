@@ -65,7 +65,7 @@ def _move(client: ArmClient, tap: StreamTap, goal: np.ndarray, speed: float) -> 
     start = tap.count()
     q_from = np.array(client.status()["q"])           # the driver's own: a starved client reads its stream late
     reply = client.move_to(goal, speed=speed, wait=True)
-    time.sleep(0.2)                                   # the stream of the motion's end reaches the tap
+    assert tap.reach(client.status()["seq"])         # the stream of the motion's end reached the tap
     _, flags, _, q = tap.arrays(start)
     model = motion.rigid_body_model(load_model("generic6"))
     planned = motion.plan_move(model, q_from, goal, 1000.0, speed=speed).q
