@@ -10,7 +10,8 @@ Per configuration, over --seconds of moves back and forth (speed 0.8) measured o
                 (host_time step - device_time step, 0 when not later: the simulator's tick, the link and the
                 driver's cycle together; a simulator that skipped ticks or drifts does not count), p50/p99/p99.9/max;
   state gap     the longest host-time gap between consecutive state messages;
-  faults        the driver's fault at the end (0/1) and messages flagged FAULT;
+  faults        the driver's faults during the moves (each reset and the arm enabled again) and the messages
+                flagged FAULT;
   lag           command-to-motion lag (cycles, median and max over the moves' middle parts);
   servo held    a normal-priority Python client streaming position setpoints at 1 kHz for 2 s: cycles the
                 driver held the last setpoint / cycles of the session;
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from armid import chain                                  # noqa: E402
-from armid.client import ArmClient                       # noqa: E402
+from armid.client import ArmClient, MotionFailed         # noqa: E402
 from armid.neighbours import Neighbours                  # noqa: E402
 from armid.stream_tap import StreamTap, motion_lag_cycles   # noqa: E402
 from driver import motion                                # noqa: E402
@@ -133,22 +134,36 @@ def run_config(name: str, seconds: float, workdir: Path) -> dict:
         cpu0, t0 = chain.cpu_seconds(run.driver.pid), time.monotonic()
         lags = []
         with StreamTap(run.state) as tap:
-            k = 0
+            k, faults = 0, []
             while time.monotonic() < t0 + seconds:
-                lags.append(_move(client, tap, model, GOAL * (1 if k % 2 == 0 else -0.5)))
+                try:
+                    lags.append(_move(client, tap, model, GOAL * (1 if k % 2 == 0 else -0.5)))
+                except MotionFailed as exc:             # counted, then on as an operator would: reset, enable
+                    faults.append(str(exc))
+                    print(f"# {name}: {exc}", file=sys.stderr, flush=True)
+                    client.fault_reset()
+                    client.enable()
                 k += 1
+            out["driver_faults"] = len(faults)
             out["driver_cpu"] = (chain.cpu_seconds(run.driver.pid) - cpu0) / (time.monotonic() - t0)
             seq, flags, device_ns, _ = tap.arrays()
             host_ns = tap.host_times()[: seq.size]          # the same messages as arrays() gave
-            out["servo_held"] = _servo_held(client)
-            out["quick_stop_cycles"] = _quick_stop_cycles(client, run, tap, model)
+            for key, measure in (("servo_held", lambda: _servo_held(client)),
+                                 ("quick_stop_cycles", lambda: _quick_stop_cycles(client, run, tap, model))):
+                try:
+                    out[key] = measure()
+                except Exception as exc:  # noqa: BLE001 - a fault or a refusal under load: reported, not fatal
+                    print(f"# {name}: {key}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                    out[key] = float("nan")
+                    client.fault_reset()
+                    client.enable()
         fresh = (flags & stream.FLAG_STALE) == 0
         host, device = host_ns[fresh], device_ns[fresh]
         late = np.maximum(np.diff(host) - np.diff(device), 0) / 1e3   # later than its device spacing says
         out["lateness_us"] = [float(np.percentile(late, p)) for p in (50, 99, 99.9)] + [float(late.max())]
         out["gap_ms"] = float(np.diff(host_ns).max() / 1e6)
         out["faults"] = int(((flags & stream.FLAG_FAULT) != 0).sum())
-        lag = np.concatenate(lags)
+        lag = np.concatenate(lags) if lags else np.full(1, np.nan)
         out["lag_cycles"] = [float(np.median(lag)), float(lag.max())]
         out["messages"] = int(seq.size)
     finally:
@@ -185,6 +200,7 @@ def main() -> int:
         for i, pct in enumerate(("p50", "p99", "p99.9", "max")):
             print(_line(f"{name} lateness {pct}", r["lateness_us"][i], "us", ref["lateness_us"][i]))
         print(_line(f"{name} longest state gap", r["gap_ms"], "ms", ref["gap_ms"]))
+        print(_line(f"{name} faults", r["driver_faults"], "faults", ref["driver_faults"]))
         print(_line(f"{name} fault messages", r["faults"], "messages", ref["faults"]))
         print(_line(f"{name} lag median", r["lag_cycles"][0], "cycles", ref["lag_cycles"][0]))
         print(_line(f"{name} lag max", r["lag_cycles"][1], "cycles", ref["lag_cycles"][1]))
