@@ -414,7 +414,9 @@ class ArmClient:
         preset : str, optional
             A shipped trajectory (ident.fit.excitation.presets()).
         samples : tuple of array_like, optional
-            (t (N,) s, q (N, n) rad): a sampled motion.
+            (t (N,) s, q (N, n) rad): a sampled motion, through its waypoints on a cubic spline at rest at both
+            ends; (t, q, qd (N, n) rad/s): with the velocity at each waypoint (a cubic Hermite spline); (t, q, qd,
+            qdd (N, n) rad/s^2): with the accelerations too (a quintic one).
         periods : float, optional
             Periods of a Fourier trajectory to run.
         blend_s : float, optional
@@ -451,8 +453,10 @@ class ArmClient:
         if preset is not None:
             fields["preset"] = str(preset)
         if samples is not None:
-            t, q = samples
-            fields["samples"] = {"t": np.asarray(t, dtype=float).tolist(), "q": np.asarray(q, dtype=float).tolist()}
+            if not 2 <= len(samples) <= 4:
+                raise ClientError(f"samples: expected (t, q), (t, q, qd) or (t, q, qd, qdd), got {len(samples)} arrays")
+            fields["samples"] = {key: np.asarray(value, dtype=float).tolist()
+                                 for key, value in zip(("t", "q", "qd", "qdd"), samples) if value is not None}
         if periods is not None:
             fields["periods"] = float(periods)
         if blend_s is not None:

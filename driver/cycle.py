@@ -396,6 +396,11 @@ class Cycle:
     def enabled(self) -> bool:
         return bool(np.all((self.state.statusword & 0x6F) == 0x27))
 
+    def motion_progress(self) -> dict | None:
+        """The running motion's progress (PlannedMotion.progress), or None; safe from another thread."""
+        m, k = self.motion, self._k
+        return None if m is None else m.progress(k)
+
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
         """One cycle (public for synchronous tests): the work and its message, then the command it computed."""
