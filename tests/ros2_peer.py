@@ -113,7 +113,8 @@ def typestore():
 
     store = get_typestore(Stores.ROS2_HUMBLE)
     for name, text in UPSTREAM.items():
-        store.register(get_types_from_msg(text, name) if text else {name: ([], [])})
+        # rosbags files a name of three parts under pkg/kind/msg/Name: keep ROS 2's own name
+        store.register({name: next(iter(get_types_from_msg(text, name).values())) if text else ([], [])})
     return store
 
 
