@@ -48,7 +48,7 @@ class Commands:
         self.bounds = bounds
         self.table: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "enable": self.enable, "disable": self.disable,
-            "quick_stop": self.quick_stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
+            "quick_stop": self.quick_stop, "stop": self.stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
             "servo": self.servo, "servo_stop": self.servo_stop,
         }
         self.known = sorted([*self.table, *PLANNING])
@@ -126,6 +126,26 @@ class Commands:
     def quick_stop(self, req: dict) -> dict:
         self.driver.cycle.submit(self.driver.cycle.request_quick_stop)
         return {}
+
+    def stop(self, req: dict) -> dict:
+        """A controlled stop along the running motion's path, the drives staying enabled (driver.stopping);
+        refused (nothing changed: quick_stop then) when the stop would break a limit."""
+        from driver import stopping
+        from driver.cycle import DriverFault
+
+        c = self.driver.cycle
+        for lead in (stopping.LEAD_S, 4 * stopping.LEAD_S):
+            m, k = c.motion, c._k
+            if m is None:
+                return {"stopped": False, "duration": 0.0}
+            at = min(k + max(1, int(round(lead * c.rate_hz))), m.samples - 1)
+            plan = stopping.plan_stop(self.driver.planning_model, m, at)
+            try:
+                replaced = c.submit(lambda: c.replace_motion(m, at, plan))
+            except DriverFault:
+                continue                        # the cycle passed the planned start: again, further ahead
+            return {"stopped": replaced, "duration": plan.duration if replaced else 0.0}
+        raise CommandError("stop: the cycle outran the stop's planning twice; use quick_stop")
 
     def fault_reset(self, req: dict) -> dict:
         self.driver.cycle.submit(self.driver.cycle.fault_reset)
