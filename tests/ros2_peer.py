@@ -180,6 +180,13 @@ LISTEN = {  # DDS topic (relative ones under the namespace) -> (ROS type, reliab
 }
 
 
+ACTION_BASE = "armid_controller/follow_joint_trajectory/_action/"
+ENDPOINTS = ["rr{ns}/enableReply", "rr{ns}/disableReply", "rr{ns}/quick_stopReply",
+             "rt{ns}/" + ACTION_BASE + "status", "rt{ns}/" + ACTION_BASE + "feedback",
+             "rr{ns}/" + ACTION_BASE + "send_goalReply", "rr{ns}/" + ACTION_BASE + "cancel_goalReply",
+             "rr{ns}/" + ACTION_BASE + "get_resultReply"]    # the bridge's other publications, awaited too
+
+
 def _qos(reliable: bool, transient: bool, depth: int):
     from cyclonedds.qos import Policy, Qos
 
@@ -226,7 +233,8 @@ def listen(domain: int, namespace: str, seconds: float, out: str) -> None:
                                        "history": str(q[_policy("History")])}
         if all(len(v) >= 3 for k, v in got.items() if k not in ("/tf_static", "robot_description")) \
                 and got["/tf_static"] and got["robot_description"] and len(got["/diagnostics"]) >= 2 \
-                and all(ros_topic(n, namespace) in found for n in LISTEN):
+                and all(ros_topic(n, namespace) in found for n in LISTEN) \
+                and all(e.format(ns=namespace) in found for e in ENDPOINTS):
             break
         time.sleep(0.01)
     with open(out, "wb") as f:

@@ -55,6 +55,7 @@ def test_a_dds_action_client_runs_rejects_aborts_cancels_and_preempts_goals(tmp_
         script = [
             {"send": "ok", "joints": rev, "points": [point(0.6, q0 + 0.05, np.full(6, 0.08)), point(1.2, ok_end, np.zeros(6))]},
             {"wait_result": "ok", "timeout": 90},
+            {"cancel": "ok"},                                     # it has ended: ERROR_GOAL_TERMINATED
             {"send": "unknown", "joints": rev[:-1] + ["elbow"], "points": [point(1.0, q0)]},
             {"send": "beyond", "joints": rev, "points": [point(2.0, beyond)]},
             {"wait_result": "beyond", "timeout": 90},
@@ -112,6 +113,8 @@ def test_a_dds_action_client_runs_rejects_aborts_cancels_and_preempts_goals(tmp_
     assert cancel.return_code == 0
     assert [bytes(g.goal_id.uuid) for g in cancel.goals_canceling] == [seen["ids"]["cancelled"]]
     assert _result(store, goals["cancelled"]["result"]).status == CANCELED
+    late = seen["cancels"]["ok"]
+    assert store.deserialize_cdr(late[:4] + late[20:], "action_msgs/srv/CancelGoal_Response").return_code == 3
     # preemption: the first goal aborted with INVALID_GOAL ("preempted"), the second ran to its end
     first = _result(store, goals["first"]["result"])
     assert (first.status, first.result.error_code) == (ABORTED, -1) and "preempted" in first.result.error_string

@@ -25,6 +25,7 @@ from armid.ros2.bridge import Ros2Bridge  # noqa: E402
 from armid.ros2 import dds  # noqa: E402
 
 HERE = Path(__file__).parent
+ACTION = ros2_peer.ACTION_BASE
 PEER_S = 40.0
 
 
@@ -105,7 +106,19 @@ def test_a_dds_peer_decodes_every_topic_to_the_streams_values(model, tmp_path):
               "rt/tf": ("tf2_msgs::msg::dds_::TFMessage_", "Reliable", "Volatile", 100),
               "rt/tf_static": ("tf2_msgs::msg::dds_::TFMessage_", "Reliable", "TransientLocal", 1),
               "rt/arm1/robot_description": ("std_msgs::msg::dds_::String_", "Reliable", "TransientLocal", 1),
-              "rt/diagnostics": ("diagnostic_msgs::msg::dds_::DiagnosticArray_", "Reliable", "Volatile", 10)}
+              "rt/diagnostics": ("diagnostic_msgs::msg::dds_::DiagnosticArray_", "Reliable", "Volatile", 10),
+              # the services' reply writers and the action's topics (rcl_action's layout)
+              "rr/arm1/enableReply": ("std_srvs::srv::dds_::Trigger_Response_", "Reliable", "Volatile", 10),
+              "rr/arm1/quick_stopReply": ("std_srvs::srv::dds_::Trigger_Response_", "Reliable", "Volatile", 10),
+              f"rt/arm1/{ACTION}status": ("action_msgs::msg::dds_::GoalStatusArray_", "Reliable", "TransientLocal", 1),
+              f"rt/arm1/{ACTION}feedback": ("control_msgs::action::dds_::FollowJointTrajectory_FeedbackMessage_",
+                                             "Reliable", "Volatile", 10),
+              f"rr/arm1/{ACTION}send_goalReply": ("control_msgs::action::dds_::FollowJointTrajectory_SendGoal_Response_",
+                                                   "Reliable", "Volatile", 10),
+              f"rr/arm1/{ACTION}get_resultReply": (
+                  "control_msgs::action::dds_::FollowJointTrajectory_GetResult_Response_", "Reliable", "Volatile", 10),
+              f"rr/arm1/{ACTION}cancel_goalReply": ("action_msgs::srv::dds_::CancelGoal_Response_", "Reliable",
+                                                     "Volatile", 10)}
     for topic, (type_name, reliability, durability, depth) in expect.items():
         assert topic in pubs, f"{topic} not discovered (found {sorted(pubs)})"
         p = pubs[topic]
