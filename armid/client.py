@@ -402,7 +402,8 @@ class ArmClient:
                             speed=float(speed))
 
     def run_trajectory(self, *, file: str | None = None, preset: str | None = None, samples=None,
-                       periods: float | None = None, blend_s: float | None = None, wait: bool = False) -> dict:
+                       periods: float | None = None, blend_s: float | None = None, preempt: bool = False,
+                       wait: bool = False) -> dict:
         """Run a trajectory: a file in the driver's trajectory folder, a shipped preset, or samples.
 
         The driver checks the whole motion against the limits and moves to its start first.
@@ -421,6 +422,9 @@ class ArmClient:
             Periods of a Fourier trajectory to run.
         blend_s : float, optional
             Seconds over which a preset is blended in from rest and out.
+        preempt : bool
+            With samples: take over from the running motion while it moves (a quintic blend from its state into the
+            samples, whose time 0 is the hand-over); with none running, the samples must start at rest.
         wait : bool
             Block until the motion ends.
 
@@ -461,6 +465,8 @@ class ArmClient:
             fields["periods"] = float(periods)
         if blend_s is not None:
             fields["blend_s"] = float(blend_s)
+        if preempt:
+            fields["preempt"] = True
         return self._motion(wait, "run_trajectory", **fields)
 
     def set_payload(self, mass: float, com=(0.0, 0.0, 0.0), inertia=(0.0,) * 6) -> None:

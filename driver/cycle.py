@@ -397,9 +397,9 @@ class Cycle:
         return bool(np.all((self.state.statusword & 0x6F) == 0x27))
 
     def replace_motion(self, old: PlannedMotion, at_k: int, stop: PlannedMotion) -> bool:
-        """Hand over from the running motion `old` to `stop`, planned from old's setpoint at_k (driver.stopping):
-        the setpoints up to at_k run first. False when `old` has ended meanwhile; DriverFault when the cycle has
-        passed at_k already (plan again further ahead)."""
+        """Hand over from the running motion `old` to `stop` (a stop, driver.stopping, or a blend into a new
+        motion, driver.blending), planned from old's setpoint at_k: the setpoints up to at_k run first. False when
+        `old` has ended meanwhile; DriverFault when the cycle has passed at_k already (plan again further ahead)."""
         from driver.stopping import joined
 
         if self.motion is not old:

@@ -57,6 +57,7 @@ class PlannedMotion:
     qdd: np.ndarray
     tau_ff: np.ndarray
     segments: tuple[tuple[str, int], ...]
+    preempt: bool = False        # asked to take over from a running motion (driver.blending)
 
     @property
     def samples(self) -> int:
@@ -239,11 +240,13 @@ def plan_trajectory(model: Model, q_now, traj, rate_hz: float, *, periods: float
 
 
 def plan_samples(model: Model, q_now, t, q, rate_hz: float, *, max_s: float = MAX_MOTION_S, qd=None,
-                 qdd=None) -> PlannedMotion:
+                 qdd=None, preempt: bool = False) -> PlannedMotion:
     """A sampled trajectory t (N,) s strictly increasing, q (N, n) rad, resampled at rate_hz through its waypoints
     (driver.waypoints: a cubic spline clamped at rest at both ends; with waypoint velocities qd (N, n) rad/s a cubic
     Hermite spline, with accelerations qdd (N, n) rad/s^2 too a quintic one, which must then start and end at rest);
-    preceded by a move from q_now to q[0]; checked as a whole; refused beyond max_s (s) or MAX_SAMPLES_IN samples."""
+    preceded by a move from q_now to q[0]; checked as a whole; refused beyond max_s (s) or MAX_SAMPLES_IN samples.
+    preempt: the trajectory may start in motion (a running motion blends into it, driver.blending); it must still
+    end at rest."""
     t = np.asarray(t, dtype=float).reshape(-1)
     if t.size > MAX_SAMPLES_IN:
         raise MotionError(f"run_trajectory: samples: {t.size} samples, over the bound of {MAX_SAMPLES_IN}")
@@ -275,11 +278,11 @@ def plan_samples(model: Model, q_now, t, q, rate_hz: float, *, max_s: float = MA
     tt = _cycle_times(t[-1] - t[0], rate_hz)
     qd_t, qdd_t = spline(tt, 1), spline(tt, 2)
     if "qdd" in derivatives:
-        for label, k in (("start", 0), ("end", -1)):
+        for label, k in (("start", 0), ("end", -1))[1 if preempt else 0:]:
             a = derivatives["qdd"][k]
             if np.max(np.abs(a)) > AT_REST:
                 j = int(np.argmax(np.abs(a)))
                 raise MotionError(f"run_trajectory refused: it does not {label} at rest (joint "
                                   f"{model.joint_names[j]}: acceleration {a[j]:.4g} rad/s^2 at its {label})")
     return _with_approach(model, "run_trajectory", _finite_pose(model, "current pose", q_now), tt,
-                          spline(tt), qd_t, qdd_t, rate_hz, (qd_t[0], qd_t[-1]), max_s)
+                          spline(tt), qd_t, qdd_t, rate_hz, (np.zeros(model.n) if preempt else qd_t[0], qd_t[-1]), max_s)

@@ -46,11 +46,14 @@ def plan_stop(model, m: planning.PlannedMotion, k: int) -> planning.PlannedMotio
     return planning._motion(model, "stop", r, [("stop", q, qd, qdd)])
 
 
-def joined(m: planning.PlannedMotion, k0: int, k1: int, stop: planning.PlannedMotion) -> planning.PlannedMotion:
-    """The setpoints k0..k1-1 of motion m, then the stop planned from its setpoint k1."""
-    parts = [(name, np.concatenate([getattr(m, name)[k0:k1], getattr(stop, name)])) for name in ("q", "qd", "qdd", "tau_ff")]
-    for _, a in parts:
+def joined(m: planning.PlannedMotion, k0: int, k1: int, successor: planning.PlannedMotion) -> planning.PlannedMotion:
+    """The setpoints k0..k1-1 of motion m (segment "hand-over"), then `successor` (a stop, or a blend into a new
+    trajectory, planned from m's setpoint k1); named as the successor, its segments after."""
+    values = {name: np.concatenate([getattr(m, name)[k0:k1], getattr(successor, name)])
+              for name in ("q", "qd", "qdd", "tau_ff")}
+    for a in values.values():
         a.setflags(write=False)
-    values = dict(parts)
-    return planning.PlannedMotion("stop", m.rate_hz, values["q"], values["qd"], values["qdd"], values["tau_ff"],
-                                  ((m.name, 0), ("stop", k1 - k0)) if k1 > k0 else (("stop", 0),))
+    head = (("hand-over", 0),) if k1 > k0 else ()
+    segments = head + tuple((name, k + (k1 - k0)) for name, k in successor.segments)
+    return planning.PlannedMotion(successor.name, m.rate_hz, values["q"], values["qd"], values["qdd"],
+                                  values["tau_ff"], segments)
