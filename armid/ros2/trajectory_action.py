@@ -14,8 +14,9 @@ joint_trajectory_controller does towards its clients (MoveIt, rqt_joint_trajecto
 - path tolerance broken: the motion stops, **ABORTED, PATH_TOLERANCE_VIOLATED**; at the end the positions must be
   within the goal tolerance (default 0.01 rad) within goal_time_tolerance: **SUCCEEDED, SUCCESSFUL**, else
   **ABORTED, GOAL_TOLERANCE_VIOLATED**; a drive fault aborts with PATH_TOLERANCE_VIOLATED and the fault;
-- cancel: the motion stops, **CANCELED**; a new goal while one runs preempts it: the old one is **ABORTED with
-  INVALID_GOAL**, "Current goal preempted by new incoming action.".
+- cancel: the motion stops along its path, **CANCELED**; a new goal while one runs preempts it: the old one is
+  **ABORTED with INVALID_GOAL**, "Current goal preempted by new incoming action.", and the driver blends the running
+  motion into the new one without stopping (run_trajectory's preempt).
 
 Tolerances follow control_msgs/JointTolerance: 0 keeps the default, a negative value (-1) erases it (not checked).
 """
@@ -210,10 +211,10 @@ class TrajectoryAction:
     def _execute(self, goal: act.Goal) -> None:
         with self._lock:
             previous, self.active = self.active, goal
-        if previous is not None and not previous.done:
+        preempting = previous is not None and not previous.done
+        if preempting:
             self.server.finish(previous, act.ABORTED, self._result(INVALID_GOAL, PREEMPTED))
             previous.cancel_requested.set()
-            self._stop_motion()
         plan: GoalPlan = goal.plan
         sample = self.client.last_sample or self.client.latest()
         samples = samples_from(plan, np.asarray(sample.q, dtype=float))
@@ -221,14 +222,17 @@ class TrajectoryAction:
             self.server.finish(goal, act.CANCELED, self._result(SUCCESSFUL, ""))
             return
         try:
-            reply = self.client.run_trajectory(samples=samples)
+            reply = self.client.run_trajectory(samples=samples, preempt=preempting)
         except CommandRefused as exc:
+            if preempting:
+                self._stop_motion()            # the old goal has ended: its motion must not go on
             self.last_error = str(exc)
             self.server.finish(goal, act.ABORTED, self._result(INVALID_GOAL, str(exc)))
             return
         self.server.set_executing(goal)
         curve = waypoints.curve(*samples)
-        start_s = next((s["start"] for s in reply.get("segments", []) if s["name"] == "run_trajectory"), 0.0)
+        starts = {s["name"]: float(s["start"]) for s in reply.get("segments", [])}
+        blend_s = starts.get("run_trajectory", 0.0) - starts["blend"] if "blend" in starts else 0.0
         t_end = float(samples[0][-1])
         period = 1.0 / self.bridge.feedback_hz
         ended_at = None
@@ -252,8 +256,12 @@ class TrajectoryAction:
             progress = status.get("progress")
             moving = progress is not None and progress.get("name") == "run_trajectory"
             started = started or moving
-            if moving:
-                tg = float(progress["elapsed_s"]) - start_s
+            if moving and progress["segment"] in ("blend", "run_trajectory"):
+                # the goal's time: from the start of the blend into it, or of the trajectory after the approach
+                tg = float(progress["elapsed_s"]) - float(progress["segment_start_s"]) + \
+                    (blend_s if progress["segment"] == "run_trajectory" else 0.0)
+            elif moving:
+                tg = -1.0                        # the approach, or the hand-over from the goal it preempted
             elif started or ended_at is not None:
                 tg = t_end
             else:
