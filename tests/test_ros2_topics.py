@@ -5,6 +5,7 @@ mangled topic and type names and the QoS ROS 2 tools subscribe with."""
 from __future__ import annotations
 
 import pickle
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,45 @@ def test_ros_names_are_mangled_as_ros2_does():
     from armid.ros2.idl_types import dds_type_name
     assert dds_type_name("control_msgs/action/FollowJointTrajectory_SendGoal_Request") == \
         "control_msgs::action::dds_::FollowJointTrajectory_SendGoal_Request_"
+
+
+def test_armid_ros2_runs_as_a_process_and_stops_on_sigterm(model, tmp_path):
+    import os
+    import signal
+
+    from cyclonedds.domain import DomainParticipant
+    from armid.ros2.idl_types import Registry
+
+    with ros2_peer.own_domain() as domain, local_driver(model, seed=9) as (d, sim):
+        env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+        proc = subprocess.Popen([sys.executable, "-m", "armid.cli", "ros2", "--state", d.bound["state"], "--commands",
+                                 d.bound["commands"], "--domain-id", str(domain), "--namespace", "cell/arm"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = proc.stdout.readline()
+            assert first.startswith(f"armid ros2: domain {domain}, namespace '/cell/arm'"), first
+            dp = DomainParticipant(domain)
+            reader = dds.Reader(dp, "rt/cell/arm/joint_states", Registry().message("sensor_msgs/msg/JointState"),
+                                dds.DEFAULT)
+            got = []
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                got = reader.take_samples()
+                time.sleep(0.02)
+            assert got and list(got[0].name) == list(model.joint_names)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "joint states published" in err
+
+
+def test_armid_ros2_refuses_a_domain_id_out_of_range_by_name(tmp_path):
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    proc = subprocess.run([sys.executable, "-m", "armid.cli", "ros2", "--domain-id", "300", "--state",
+                           "tcp://127.0.0.1:1", "--commands", "tcp://127.0.0.1:1"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "domain id 300" in proc.stderr

@@ -40,7 +40,8 @@ def _run(args: argparse.Namespace) -> int:
 
     require("cyclonedds", "the ROS 2 bridge", extra="ros2")
     from armid.client import ArmClient
-    from armid.ros2.bridge import Ros2Bridge
+    from armid.ros2 import dds
+    from armid.ros2.bridge import MAX_RATE_HZ, Ros2Bridge
 
     domain = args.domain_id
     if domain is None:
@@ -48,10 +49,22 @@ def _run(args: argparse.Namespace) -> int:
         if not raw.strip().isdigit():
             raise InputError(f"ROS_DOMAIN_ID {raw!r}: expected an integer 0..232")
         domain = int(raw)
+    dds.check_domain_id(domain)                         # the options checked before the driver is asked anything
+    dds.normalize_namespace(args.namespace)
+    if not 0 < args.rate <= MAX_RATE_HZ:
+        raise InputError(f"--rate {args.rate:g}: expected 0 < Hz <= {MAX_RATE_HZ:g}")
     client = ArmClient(args.state, args.commands, curve_server_public=args.curve_server_public,
                        curve_client_secret=args.curve_client_secret)
     try:
-        model = load_model(args.model or client.status()["model"])
+        if args.model:
+            model = load_model(args.model)
+        else:
+            name = client.status()["model"]
+            try:
+                model = load_model(name)
+            except InputError as exc:
+                raise InputError(f"the driver runs the model {name!r}, which is not a shipped one ({exc}); give its "
+                                 f"file with --model (the identified model file, when the driver runs one)") from None
         bridge = Ros2Bridge(client, model, namespace=args.namespace, domain_id=domain, rate_hz=args.rate,
                             controller=args.controller).start()
     except BaseException:
