@@ -56,6 +56,8 @@ def test_a_dds_action_client_runs_rejects_aborts_cancels_and_preempts_goals(tmp_
             {"send": "ok", "joints": rev, "points": [point(0.6, q0 + 0.05, np.full(6, 0.08)), point(1.2, ok_end, np.zeros(6))]},
             {"wait_result": "ok", "timeout": 90},
             {"cancel": "ok"},                                     # it has ended: ERROR_GOAL_TERMINATED
+            {"send": "tight", "joints": rev, "points": [point(2.0, q0)], "tolerance": {"path": {"j2": 1e-7}}},
+            {"wait_result": "tight", "timeout": 90},
             {"send": "unknown", "joints": rev[:-1] + ["elbow"], "points": [point(1.0, q0)]},
             {"send": "beyond", "joints": rev, "points": [point(2.0, beyond)]},
             {"wait_result": "beyond", "timeout": 90},
@@ -100,6 +102,10 @@ def test_a_dds_action_client_runs_rejects_aborts_cancels_and_preempts_goals(tmp_
     np.testing.assert_allclose(np.array(fb.error.positions), np.array(fb.desired.positions) - np.array(fb.actual.positions),
                                atol=1e-12)
     assert np.min(np.max(np.abs(trace - ok_end), axis=1)) < 0.01
+    # a path tolerance no real tracking keeps: aborted, stopped along the path with the drives enabled
+    tight = _result(store, goals["tight"]["result"])
+    assert (tight.status, tight.result.error_code) == (ABORTED, -4)
+    assert "path tolerance" in tight.result.error_string and "j2" in tight.result.error_string
     # an unknown joint: rejected, as joint_trajectory_controller rejects it
     assert goals["unknown"]["accepted"] is False and goals["unknown"]["result"] is None
     # beyond the limits: accepted, then aborted with INVALID_GOAL and the driver's refusal; the arm never went there
