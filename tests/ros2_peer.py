@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import random
 import sys
 import time
 import types as pytypes
@@ -34,8 +35,10 @@ def use_loopback() -> None:
 
 @contextmanager
 def own_domain():
-    """A DDS domain id no other test on this machine holds (a lock file per id), for as long as the block runs."""
-    for domain in DOMAINS:
+    """A DDS domain id no other test on this machine holds (a lock file per id), for as long as the block runs;
+    tried in a random order, so that a test seldom gets the id of one just before it (whose participants this
+    process may not have collected yet)."""
+    for domain in random.sample(list(DOMAINS), len(DOMAINS)):
         path = Path(f"/tmp/armid-test-dds-domain-{domain}.lock")
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
         try:
