@@ -119,7 +119,8 @@ class Commands:
                 raise CommandError("run_trajectory: preempt: no motion is running to blend from, and the trajectory "
                                    "does not start at rest")
         self.driver.cycle.submit(lambda: self.driver.cycle.start_motion(plan))
-        return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments]}
+        return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments],
+                "goal": plan.q[-1].tolist()}
 
     def _preempt(self, plan):
         """The running motion blended into `plan` from a setpoint just ahead; None when no motion runs."""

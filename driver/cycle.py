@@ -72,6 +72,8 @@ ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest 
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
+REQUEST_SHARE = 0.1           # of the period, the most a cycle spends running queued requests (one at least): a
+                              # flood of commands waits for the next cycles instead of stretching this one
 RESET_PHASE_S = 0.005         # each phase (0, then bit 7) of the fault-reset pulse: several device cycles,
                               # since devices latch only their newest command per cycle
 
@@ -107,6 +109,7 @@ class Cycle:
         self.arm, self.n = arm, arm.n
         self.rate_hz, self.period_ns = float(rate_hz), int(round(1e9 / rate_hz))
         self.watchdog_ns = int(watchdog_s * 1e9)
+        self._request_ns = int(REQUEST_SHARE * self.period_ns)    # a cycle's time for other threads' requests
         self.spin_ns = int(spin_s * 1e9)
         self.publish = publish or (lambda topic, payload: None)
         self.on_event = on_event or (lambda text: None)
@@ -159,6 +162,30 @@ class Cycle:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self._health_payload: bytes | None = None
+
+    def warm_up(self) -> None:
+        """Compile (or load from numba's cache) every kernel the cycle calls, for each argument type it passes,
+        before the cycle thread runs (a compile in a running cycle stalls it for seconds: the watchdog trips):
+        the drive logic on this cycle's message layout, with the hold pose, a planned motion's rows (read-only
+        maps of the planner's file), a servo setpoint (read-only, as decoded from its message) and the measured
+        pose as the plan; a sample copied into the message. On scratch arrays: nothing of this cycle changes."""
+        from driver.hal import copy_sample
+        from firmware_bridge import servo_wire
+
+        n = self.n
+        st = ArmState.inside(stream.StateMessage(n))
+        cmd = ArmCommand(n)
+        hold, hold_torque = np.zeros(n), np.zeros(n)
+        rows = np.zeros((2, n))
+        rows.setflags(write=False)                       # a plan: np.load(mmap_mode="r") rows
+        servo = servo_wire.decode(servo_wire.encode(servo_wire.MODE_POSITION, 0, 0, 0, np.zeros(n)), n).values
+        for plan_q, plan_tau in ((hold, hold_torque), (rows[0], rows[1]), (servo, hold_torque), (st.q, servo),
+                                 (st.q, hold_torque)):
+            ck.command(st.statusword, ck.OFF, plan_q, plan_tau, st.q, ck.FOLLOW, hold, cmd.target_position,
+                       cmd.target_torque, cmd.controlword)
+        ck.drive_logic(st.statusword, ck.OFF, cmd.target_position, cmd.target_torque, cmd.controlword)
+        copy_sample(ArmState(n), st)                     # a link's sample ring into the message
+        copy_sample(st, ArmState(n))
 
     # -- thread --------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -267,7 +294,10 @@ class Cycle:
         if not self.running:
             return fn()
         fut: Future = Future()
-        self._requests.append((fn, fut))
+        if fn == self.request_quick_stop or fn == self.disable:    # ahead of anything queued (a flood)
+            self._requests.appendleft((fn, fut))
+        else:
+            self._requests.append((fn, fut))
         try:
             return fut.result(timeout)
         except FutureTimeout:
@@ -447,7 +477,8 @@ class Cycle:
             self.stale += 1
             self._stale_log.hit("stale cycle: no new sample from the drives", stale_cycles=self.stale)
         self._supervise(fresh, now_mono)
-        while self._requests:
+        stop_ns = time.perf_counter_ns() + self._request_ns
+        while self._requests and time.perf_counter_ns() <= stop_ns:     # the rest at the next cycle
             fn, fut = self._requests.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue                # the requester gave up waiting: never act on it late

@@ -51,7 +51,7 @@ from driver.requests import MAX_REQUEST_BYTES
 from driver.systemd import Supervision
 from driver.hal import Arm
 from driver import realtime as rt
-from driver.realtime import Applied, Realtime, RealtimeError
+from driver.realtime import Applied, Realtime
 from firmware_bridge.runtime.rt_timing import name_os_thread
 from ident.model import dynamics
 from firmware_bridge.runtime.errors import InputError
@@ -244,63 +244,58 @@ class Driver:
         self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
                       "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT),
                       "servo": self._servo.getsockopt_string(zmq.LAST_ENDPOINT)}
-        if self.record is not None:
-            inproc = f"inproc://armid-record-{id(self)}"
-            self._pub.bind(inproc)
-            self._recorder_stop = threading.Event()
-            self._recorder = threading.Thread(target=self._record, args=(inproc,), name="armid-recorder", daemon=True)
-            self._recorder.start()
-        self.started_at = time.time()
-        self._stop.clear()
-        self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        gc.collect()
-        gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
-        self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
-        warn = _log.warning
-        if self.realtime is not None and self.realtime.lock_memory:
-            # before the cycle runs: locking the process's mappings (hundreds of MB with numba) stalls every
-            # thread that faults meanwhile, for tens of ms
-            try:
+        try:    # from here on a failure (a refused [realtime] setting, a kernel that does not compile, the
+                # metrics port taken) stops what was started: nothing is powered yet
+            if self.record is not None:
+                inproc = f"inproc://armid-record-{id(self)}"
+                self._pub.bind(inproc)
+                self._recorder_stop = threading.Event()
+                self._recorder = threading.Thread(target=self._record, args=(inproc,), name="armid-recorder",
+                                                  daemon=True)
+                self._recorder.start()
+            self.started_at = time.time()
+            self._stop.clear()
+            self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
+            self.cycle.warm_up()                    # and every kernel of the cycle, before it runs (and before READY)
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+            gc.collect()
+            gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
+            self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
+            warn = _log.warning
+            if self.realtime is not None and self.realtime.lock_memory:
+                # before the cycle runs: locking the process's mappings (hundreds of MB with numba) stalls every
+                # thread that faults meanwhile, for tens of ms
                 self._rt_applied = rt.apply(replace(self.realtime, priority=None, cpus=None), {}, warn)
-            except RealtimeError:
-                self.stop()
-                raise
-        self.cycle.start()
-        self._rt_threads = self._realtime_threads()
-        if self.realtime is not None:
-            try:
+            self.cycle.start()
+            self._rt_threads = self._realtime_threads()
+            if self.realtime is not None:
                 chosen = {k: v for k, v in self._rt_threads.items() if k in self.realtime.threads}
                 self._rt_applied = rt.apply(replace(self.realtime, lock_memory=False), chosen, warn, self._rt_applied)
-            except RealtimeError:
-                self.stop()           # nothing is powered yet: this closes everything and restores the threads
-                raise
-        if not self.planner.wait_ready(PLANNER_START_S):
-            _log.warning("the planner process was not ready within %g s; the first motion command waits for it",
-                         PLANNER_START_S)
-        self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop)
-        for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
-        _log.info("driver: %s, %d joints, %g Hz; state on %s, commands on %s, servo on %s", self.model.name,
-                  self.model.n, self.cycle.rate_hz, self.bound["state"], self.bound["commands"], self.bound["servo"],
-                  extra={"endpoints": dict(self.bound)})
-        if self.metrics is not None:
-            from driver import metrics as prometheus
+            if not self.planner.wait_ready(PLANNER_START_S):
+                _log.warning("the planner process was not ready within %g s; the first motion command waits for it",
+                             PLANNER_START_S)
+            self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop)
+            for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
+                t = threading.Thread(target=target, name=name, daemon=True)
+                t.start()
+                self._threads.append(t)
+            _log.info("driver: %s, %d joints, %g Hz; state on %s, commands on %s, servo on %s", self.model.name,
+                      self.model.n, self.cycle.rate_hz, self.bound["state"], self.bound["commands"], self.bound["servo"],
+                      extra={"endpoints": dict(self.bound)})
+            if self.metrics is not None:
+                from driver import metrics as prometheus
 
-            try:
                 self._lateness = prometheus.LatenessHistogram()
                 self._metrics_server = prometheus.serve(self.metrics.address, lambda: self.last_health,
                                                         tuple(self.model.joint_names), self.metrics.allow_remote,
                                                         self._lateness)
-            except InputError:
-                self.stop()
-                raise
-            _log.info("metrics: http://%s/metrics", self.metrics.address, extra={"endpoint": self.metrics.address})
-        self.supervision = Supervision(lambda: self.cycle.cycles)
-        self.supervision.ready(f"{self.model.name}, {self.cycle.rate_hz:g} Hz, state on {self.bound['state']}")
+                _log.info("metrics: http://%s/metrics", self.metrics.address, extra={"endpoint": self.metrics.address})
+            self.supervision = Supervision(lambda: self.cycle.cycles)
+            self.supervision.ready(f"{self.model.name}, {self.cycle.rate_hz:g} Hz, state on {self.bound['state']}")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self, timeout: float = 3.0) -> None:
         """Bring the drives to rest and disable them, then stop the threads and close everything."""

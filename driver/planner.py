@@ -243,6 +243,21 @@ def _read_job(message) -> PlanJob:
 
 
 # -- the planner process -----------------------------------------------------------------------------
+def background() -> None:
+    """This process (its one thread, before numba starts any) at the default policy and PLANNER_NICE more:
+    a daemon run with a real-time policy for the whole process (chrt, a parent's setting) would hand it down,
+    and a plan computed at a real-time priority holds a core, and every thread waiting for it, for its length."""
+    if hasattr(os, "sched_setscheduler") and os.sched_getscheduler(0) != os.SCHED_OTHER:
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+    try:
+        os.nice(PLANNER_NICE)                            # background work: the cycle wins the CPU
+    except OSError:
+        pass
+
+
 def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
     """The planner process's loop: a job in, ("plan", path, name, rate, segments) or ("error", text) out."""
     import signal
@@ -250,10 +265,7 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
     import warnings
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the daemon's to handle
-    try:
-        os.nice(PLANNER_NICE)                            # background work: the cycle wins the CPU
-    except OSError:
-        pass
+    background()
     warnings.simplefilter("ignore", RuntimeWarning)      # overflow on a hostile request: its refusal says why
     from driver import motion
     from driver.plan_requests import plan_request

@@ -76,7 +76,10 @@ def _run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
     sim.warm_up()      # every cycle kernel loads (or compiles) before the ready line, not in a host's handshake
-    sim.start()
+    if args.realtime:
+        _start_realtime(sim, log)
+    else:
+        sim.start()
     try:
         where = " ".join(f"{k}={v}" for k, v in sim.transport.connection().items())
         print(f"armid sim: {args.transport} ready: {where}", flush=True)
@@ -100,3 +103,29 @@ def _run(args: argparse.Namespace) -> int:
             log.info("setpoint buffer (%d cycles): %d targets received, %d consumed, %d cycles without one, %d "
                      "dropped to bound the latency", setpoints.depth, c.received, c.consumed, c.underruns, c.skipped)
     return 0
+
+
+def _start_realtime(sim, log) -> None:
+    """Start the simulator's threads (its device loop, the transport's) at SCHED_FIFO DEFAULT_RT_PRIORITY when
+    the process may take it (they inherit it from this thread, which goes back to its own policy after),
+    else at the default priority; one line either way. After the warm-up: a compile never runs real-time."""
+    import os
+
+    from firmware_bridge.runtime.rt_timing import DEFAULT_RT_PRIORITY, rt_permission, rt_priority_within_limit, take_fifo
+
+    why = rt_permission(1)
+    priority = rt_priority_within_limit(DEFAULT_RT_PRIORITY)
+    # this thread's own policy, to return to: a process started at a real-time policy as a whole (the demo
+    # chain's SCHED_RR) keeps it for this thread too; at the default policy on a busy machine it could be
+    # preempted while it holds the interpreter lock, and the device loop would wait for it
+    before = (os.sched_getscheduler(0), os.sched_getparam(0)) if hasattr(os, "sched_getscheduler") else None
+    if why is None or not take_fifo(priority):
+        log.info("realtime: not permitted (not root, no CAP_SYS_NICE, RLIMIT_RTPRIO 0, or ARMID_REALTIME=0): the "
+                 "device loop runs at the default priority")
+        sim.start()
+        return
+    try:
+        sim.start()
+    finally:
+        os.sched_setscheduler(0, *before)
+    log.info("realtime: SCHED_FIFO %d for the device loop and the transport's threads (permitted: %s)", priority, why)
