@@ -89,3 +89,20 @@ def observer_step(jtype, Rpl, ppl, axis, grav, P, friction, gains, dt, q, qd, ta
             state[RESIDUAL, j] = gains[j] * (p[j] - state[INTEGRAL, j])
         state[BIAS, j] = b
         out[j] = state[RESIDUAL, j]
+
+
+@njit(cache=True, nogil=True)
+def contact_levels(tau_ext, contact, collision):
+    """The joints over their thresholds: bit j set where |tau_ext[j]| > contact[j]; (the first joint over its
+    collision threshold + 1) << 16, 0 when none; -1 when an estimate is not finite."""
+    bits = 0
+    first = 0
+    for j in range(tau_ext.shape[0]):
+        a = abs(tau_ext[j])
+        if not np.isfinite(a):
+            return -1
+        if a > contact[j]:
+            bits |= 1 << j
+        if first == 0 and a > collision[j]:
+            first = j + 1
+    return bits | (first << 16)
