@@ -14,13 +14,14 @@ then can the next one trigger a reaction.
 
 Thresholds (N m per joint) come from the config ([collision] contact, collision) or, where it gives none, from
 the rule:
-  * with the identified model's residual statistics (result.json beside model.toml: fit.residual_rms, the RMS of
-    measured minus modelled torque over the identification's data, per joint):
+  * with the identified model's residual statistics (result.json beside model.toml: fit.residual_rms_measured,
+    the RMS per joint of the measured torque minus the model's over the identification's rows):
         contact = CONTACT_SIGMA * rms,  collision = COLLISION_SIGMA * rms
   * without them (a catalogue model): NOMINAL_CONTACT and NOMINAL_COLLISION times each joint's torque limit.
-Both are floored at MIN_THRESHOLD_NM. The observer low-passes the model's error at its gains (100 1/s: 16 Hz), so
-its residual without contact stays under the identification's RMS, which holds the model's error over the whole
-excitation's band; 6 sigma of that is a threshold no excitation of the identified arm reaches.
+Both are floored at MIN_THRESHOLD_NM. Why 10 and 20: the observer passes, up to its gains' band, what the fit
+leaves out (friction near zero speed, whose rows the fit drops; the sensors' noise); over 10 minutes of full-speed
+excitation of the simulated arm its largest excursion was 3 to 9 times that RMS per joint (benchmarks/
+bench_collision.py), so 20 times leaves a margin of 2 at least.
 
 At run time (`set_collision`): lowering thresholds is always allowed; raising any, or changing the reaction, is
 refused while a motion or servo session runs (the arm would be less protected mid-motion than when it started).
@@ -39,8 +40,8 @@ from firmware_bridge import stream
 from firmware_bridge.runtime.errors import InputError
 
 REACTIONS = ("quick_stop", "stop_and_hold")
-CONTACT_SIGMA = 3.0
-COLLISION_SIGMA = 6.0
+CONTACT_SIGMA = 10.0
+COLLISION_SIGMA = 20.0
 NOMINAL_CONTACT = 0.10         # of the torque limit, without residual statistics
 NOMINAL_COLLISION = 0.20
 MIN_THRESHOLD_NM = 0.05        # no threshold below this (N m): under it, encoder steps alone would cross it

@@ -1,7 +1,8 @@
 """The model the driver's observer and feed-forward use ([model] in the driver config), and where it came from.
 
 An identified model is the model.toml that `armid identify --consistent` writes; the result.json beside it holds
-the identification's residual statistics (fit.residual_rms), from which collision thresholds may be derived
+the identification's residual statistics (fit.residual_rms_measured: the RMS per joint of the measured torque,
+unfiltered, minus the model's over the fit's rows), from which collision thresholds may be derived
 (driver/collision.py). A shipped model or any other model file works too; it then has no residual statistics.
 """
 from __future__ import annotations
@@ -39,19 +40,24 @@ def model_provenance(source: str, model: Model) -> dict:
 
 
 def residual_rms(result_path: str | None, model: Model) -> np.ndarray | None:
-    """fit.residual_rms (n,) N m of the result.json at result_path, when it is of this model's joints; None when
-    there is none. InputError naming the file when it is unreadable or malformed."""
+    """fit.residual_rms_measured (n,) N m of the result.json at result_path, when it is of this model's joints;
+    None when there is no file or the fit has no such statistics (then the thresholds' rule falls back to the
+    torque limits). InputError naming the file when it is unreadable or malformed."""
     if result_path is None:
         return None
     try:
         doc = json.loads(Path(result_path).read_text())
         joints = doc["model"]["joints"]
-        rms = np.asarray(doc["fit"]["residual_rms"], dtype=float)
+        values = doc["fit"]["residual_rms_measured"]
+        rms = None if values is None else np.asarray(values, dtype=float)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{result_path}: cannot read the residual statistics (fit.residual_rms): {exc}") from None
+        raise InputError(f"{result_path}: cannot read the residual statistics (fit.residual_rms_measured): "
+                         f"{exc}") from None
+    if rms is None:
+        return None
     if list(joints) != list(model.joint_names) or rms.shape != (model.n,) or not np.all(np.isfinite(rms) & (rms > 0)):
-        raise InputError(f"{result_path}: fit.residual_rms: expected {model.n} positive numbers for the joints "
-                         f"{', '.join(model.joint_names)}")
+        raise InputError(f"{result_path}: fit.residual_rms_measured: expected {model.n} positive numbers for the "
+                         f"joints {', '.join(model.joint_names)}")
     return rms
 
 

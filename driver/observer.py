@@ -58,10 +58,17 @@ class MomentumObserver:
         self._state = np.zeros((3, n))
         self._p, self._beta = np.zeros(n), np.zeros(n)
         self.started = False
+        self._bind()
+
+    def _bind(self) -> None:
+        # the kernel's fixed arguments, gathered once: per update only the sample's arrays are added
+        self._head = (*self._chain, self._P, self.friction, self.gains, self.dt)
+        self._tail = (self._state, self._p, self._beta)
 
     def set_gains(self, gains) -> None:
         """New gains (1/s) from the next update on (checked as at construction)."""
         self.gains = gains_array(gains, self.n, 1.0 / self.dt)
+        self._bind()
 
     def reset(self) -> None:
         """Start afresh at the next update (its estimate is 0)."""
@@ -69,8 +76,7 @@ class MomentumObserver:
 
     def update(self, q: np.ndarray, qd: np.ndarray, tau_m: np.ndarray, out: np.ndarray) -> None:
         """One new sample: q (rad), qd (rad/s), tau_m (N m) the motors' torque; the estimate into out (n,)."""
-        ok.observer_step(*self._chain, self._P, self.friction, self.gains, self.dt, q, qd, tau_m, self.started,
-                         self._state, self._p, self._beta, out)
+        ok.observer_step(*self._head, q, qd, tau_m, self.started, *self._tail, out)
         self.started = True
 
     def momentum(self, q: np.ndarray, qd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

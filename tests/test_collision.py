@@ -164,7 +164,7 @@ def test_the_driver_loads_an_identified_model_and_derives_its_thresholds(model, 
     write_model(model, folder / "model.toml", header="identified by armid from run.mcap: physically consistent")
     rms = [0.3, 0.4, 0.2, 0.05, 0.05, 0.03]
     (folder / "result.json").write_text(json.dumps({"model": {"joints": list(model.joint_names)},
-                                                    "fit": {"residual_rms": rms}}))
+                                                    "fit": {"residual_rms_measured": rms}}))
     rig = Rig(model, Watch(model=str(folder / "model.toml"), detect=True))
     p = rig.driver.model_provenance
     assert p["identified"] and p["source"].endswith("model.toml") and len(p["sha256"]) == 64
