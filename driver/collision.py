@@ -20,8 +20,8 @@ the rule:
   * without them (a catalogue model): NOMINAL_CONTACT and NOMINAL_COLLISION times each joint's torque limit.
 Both are floored at MIN_THRESHOLD_NM. Why 10 and 20: the observer passes, up to its gains' band, what the fit
 leaves out (friction near zero speed, whose rows the fit drops; the sensors' noise); over 10 minutes of full-speed
-excitation of the simulated arm its largest excursion was 3 to 9 times that RMS per joint (benchmarks/
-bench_collision.py), so 20 times leaves a margin of 2 at least.
+excitation of the simulated arm its largest excursion was 3 to 10 times that RMS per joint (benchmarks/
+bench_collision.py), so 20 times leaves a margin of about 2.
 
 At run time (`set_collision`): lowering thresholds is always allowed; raising any, or changing the reaction, is
 refused while a motion or servo session runs (the arm would be less protected mid-motion than when it started).
