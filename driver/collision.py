@@ -45,6 +45,7 @@ COLLISION_SIGMA = 20.0
 NOMINAL_CONTACT = 0.10         # of the torque limit, without residual statistics
 NOMINAL_COLLISION = 0.20
 MIN_THRESHOLD_NM = 0.05        # no threshold below this (N m): under it, encoder steps alone would cross it
+GAP_PERIODS = 10.0             # a sample more than this many periods after the last restarts the observer
 _log = logging.getLogger(__name__)
 
 
@@ -161,23 +162,38 @@ class CollisionMonitor:
         self.collisions = 0
         self.last: dict | None = None  # the last collision: joint, tau_ext, threshold, time
         self.peak = np.zeros(observer.n)   # |tau_ext| peaks since the last health report (peaks())
+        self._gap_ns = int(GAP_PERIODS * observer.dt * 1e9)
+        self._last_ns: int | None = None   # the device time of the last sample the observer took
+        self.restarts = 0                  # restarts after a gap in the samples
 
     def watch(self, q: np.ndarray, qd: np.ndarray, current: np.ndarray, tau_ext: np.ndarray, fresh: bool,
-              active: bool) -> int:
+              active: bool, device_time_ns: int = 0) -> int:
         """One cycle: with a new sample while the drives hold the arm (active), the estimate into tau_ext and the
-        levels checked; otherwise the observer restarts and tau_ext is 0. Returns the joint (0-based) whose
-        collision threshold was crossed and needs the reaction now, else -1."""
+        levels checked; otherwise the observer restarts and tau_ext is 0. The observer integrates over the device
+        time between samples (a late or lost sample's period counts as long as it was); a sample more than
+        GAP_PERIODS after the last one restarts it (its integral would guess too much). Returns the joint
+        (0-based) whose collision threshold was crossed and needs the reaction now, else -1."""
         if not active:
             if self.observer.started:
                 self.observer.reset()
                 tau_ext[:] = 0.0
             self.flags = 0
             self.latched = False
+            self._last_ns = None
             return -1
         if not fresh:
             return -1
+        last, self._last_ns = self._last_ns, device_time_ns
+        dt = 0.0
+        if last is not None and self.observer.started:
+            step = device_time_ns - last
+            if step > self._gap_ns:
+                self.observer.reset()
+                self.restarts += 1
+            elif step > 0:
+                dt = step * 1e-9
         np.multiply(current, self.torque_per_amp, out=self._tau_m)
-        self.observer.update(q, qd, self._tau_m, tau_ext)
+        self.observer.update(q, qd, self._tau_m, tau_ext, dt)
         th = self.thresholds
         code = ok.contact_levels(tau_ext, th.contact, th.collision)
         if code < 0:                      # a non-finite estimate: never published, the observer restarts
@@ -216,4 +232,4 @@ class CollisionMonitor:
 
     def status(self) -> dict:
         return {**self.thresholds.as_dict(), "gains": self.observer.gains.tolist(), "collisions": self.collisions,
-                "last": self.last, "latched": self.latched}
+                "last": self.last, "latched": self.latched, "restarts": self.restarts}

@@ -513,7 +513,7 @@ class Cycle:
         while the drives hold the arm, and the configured reaction to a collision."""
         st, mon = self.state, self.monitor
         active = bool(self._bits & ck.ALL_ENABLED) and self.want_power and not self.quick_stop and self.fault is None
-        j = mon.watch(st.q, st.qd, st.current, self.message.tau_ext, fresh, active)
+        j = mon.watch(st.q, st.qd, st.current, self.message.tau_ext, fresh, active, st.device_time_ns)
         if j < 0:
             return
         text, fields = mon.describe(j, self.message.tau_ext, time.time())

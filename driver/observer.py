@@ -62,7 +62,7 @@ class MomentumObserver:
 
     def _bind(self) -> None:
         # the kernel's fixed arguments, gathered once: per update only the sample's arrays are added
-        self._head = (*self._chain, self._P, self.friction, self.gains, self.dt)
+        self._head = (*self._chain, self._P, self.friction, self.gains)
         self._tail = (self._state, self._p, self._beta)
 
     def set_gains(self, gains) -> None:
@@ -74,9 +74,10 @@ class MomentumObserver:
         """Start afresh at the next update (its estimate is 0)."""
         self.started = False
 
-    def update(self, q: np.ndarray, qd: np.ndarray, tau_m: np.ndarray, out: np.ndarray) -> None:
-        """One new sample: q (rad), qd (rad/s), tau_m (N m) the motors' torque; the estimate into out (n,)."""
-        ok.observer_step(*self._head, q, qd, tau_m, self.started, *self._tail, out)
+    def update(self, q: np.ndarray, qd: np.ndarray, tau_m: np.ndarray, out: np.ndarray, dt: float = 0.0) -> None:
+        """One new sample: q (rad), qd (rad/s), tau_m (N m) the motors' torque, dt (s) since the last sample (0: one
+        period); the estimate into out (n,)."""
+        ok.observer_step(*self._head, dt or self.dt, q, qd, tau_m, self.started, *self._tail, out)
         self.started = True
 
     def momentum(self, q: np.ndarray, qd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -221,3 +221,26 @@ def test_feed_forward_lowers_the_following_error(model):
                 err.append(plan.q[k] - rig.state()["q"])
         rms.append(np.sqrt(np.mean(np.square(err))))
     assert rms[1] < 0.8 * rms[0], rms
+
+
+def test_the_observer_integrates_over_the_device_time_and_restarts_after_a_long_gap(model):
+    """A sample that comes late counts its true period; one after more than GAP_PERIODS restarts the observer
+    (no false collision from the torque it did not see)."""
+    from driver.collision import GAP_PERIODS, CollisionMonitor
+    from driver.observer import MomentumObserver
+
+    q, qd, current, out = np.full(6, 0.2), np.zeros(6), np.zeros(6), np.zeros(6)
+    current[:] = dynamics.gravity_torques(model, q) / model.joint_torque_per_amp() + 0.5   # 0.5 A more than gravity
+    mon = CollisionMonitor(MomentumObserver(model, RATE), make_thresholds(6, model.tau_max),
+                           model.joint_torque_per_amp())
+    for k in range(3):
+        mon.watch(q, qd, current, out, True, True, k * 1_000_000)
+    one = out.copy()
+    mon.watch(q, qd, current, out, True, True, 2_000_000 + 3_000_000)      # three periods later
+    # at rest, what holds the motors' excess over gravity and the friction offset is external: tau_ext =
+    # offset - excess, and the estimate steps by K dt (tau_ext - r) per sample, dt the sample's own period
+    tau_ext = model.drive[:, 3] - 0.5 * model.joint_torque_per_amp()
+    np.testing.assert_allclose(one, tau_ext * (1.0 - 0.9 ** 2), rtol=1e-6)     # two steps of 1 ms so far
+    np.testing.assert_allclose(out, one + 100.0 * 0.003 * (tau_ext - one), rtol=1e-6)
+    mon.watch(q, qd, current, out, True, True, 5_000_000 + int((GAP_PERIODS + 1) * 1_000_000))
+    assert mon.restarts == 1 and not out.any()
