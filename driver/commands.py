@@ -53,7 +53,7 @@ class Commands:
         self.bounds = bounds
         self.table: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "enable": self.enable, "disable": self.disable,
-            "quick_stop": self.quick_stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
+            "quick_stop": self.quick_stop, "stop": self.stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
             "servo": self.servo, "servo_stop": self.servo_stop, "collision": self.collision,
             "set_collision": self.set_collision,
         }
@@ -113,9 +113,40 @@ class Commands:
         return PlanJob(raw, d.planning_model, d.cycle.hold.copy(), d.cycle.rate_hz, self.bounds)
 
     def start(self, plan) -> dict:
-        """Hand a planned motion to the cycle; the reply's fields."""
+        """Hand a planned motion to the cycle; the reply's fields. A plan asked to preempt blends the running motion
+        into it (driver.blending); with none running, it starts as any plan if it starts at rest."""
+        if plan.preempt:
+            blended = self._preempt(plan)
+            if blended is not None:
+                return {"duration": blended.duration, "preempted": True,
+                        "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in blended.segments]}
+            start = dict(plan.segments).get("run_trajectory", 0)
+            if np.abs(plan.qd[start]).max() > 1e-6:
+                raise CommandError("run_trajectory: preempt: no motion is running to blend from, and the trajectory "
+                                   "does not start at rest")
         self.driver.cycle.submit(lambda: self.driver.cycle.start_motion(plan))
         return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments]}
+
+    def _preempt(self, plan):
+        """The running motion blended into `plan` from a setpoint just ahead; None when no motion runs."""
+        from driver import blending
+        from driver.cycle import DriverFault
+        from driver.stopping import joined
+
+        c = self.driver.cycle
+        for factor in (1.0, 4.0):
+            m, k = c.motion, c._k
+            if m is None:
+                return None
+            at = min(k + blending.lead_cycles(c.rate_hz, factor), m.samples - 1)
+            successor = blending.plan_blend(self.driver.planning_model, m, at, plan)
+            try:
+                if c.submit(lambda: c.replace_motion(m, at, successor)):
+                    return joined(m, 0, 0, successor)
+                return None                     # the running motion ended meanwhile
+            except DriverFault:
+                continue
+        raise CommandError("run_trajectory: preempt: the cycle outran the blend's planning twice; send it again")
 
     # -- commands ------------------------------------------------------------------------------------
     def status(self, req: dict) -> dict:
@@ -132,6 +163,26 @@ class Commands:
     def quick_stop(self, req: dict) -> dict:
         self.driver.cycle.submit(self.driver.cycle.request_quick_stop)
         return {}
+
+    def stop(self, req: dict) -> dict:
+        """A controlled stop along the running motion's path, the drives staying enabled (driver.stopping);
+        refused (nothing changed: quick_stop then) when the stop would break a limit."""
+        from driver import stopping
+        from driver.cycle import DriverFault
+
+        c = self.driver.cycle
+        for lead in (stopping.LEAD_S, 4 * stopping.LEAD_S):
+            m, k = c.motion, c._k
+            if m is None:
+                return {"stopped": False, "duration": 0.0}
+            at = min(k + max(1, int(round(lead * c.rate_hz))), m.samples - 1)
+            plan = stopping.plan_stop(self.driver.planning_model, m, at)
+            try:
+                replaced = c.submit(lambda: c.replace_motion(m, at, plan))
+            except DriverFault:
+                continue                        # the cycle passed the planned start: again, further ahead
+            return {"stopped": replaced, "duration": plan.duration if replaced else 0.0}
+        raise CommandError("stop: the cycle outran the stop's planning twice; use quick_stop")
 
     def fault_reset(self, req: dict) -> dict:
         self.driver.cycle.submit(self.driver.cycle.fault_reset)

@@ -397,6 +397,24 @@ class Cycle:
     def enabled(self) -> bool:
         return bool(np.all((self.state.statusword & 0x6F) == 0x27))
 
+    def replace_motion(self, old: PlannedMotion, at_k: int, stop: PlannedMotion) -> bool:
+        """Hand over from the running motion `old` to `stop` (a stop, driver.stopping, or a blend into a new
+        motion, driver.blending), planned from old's setpoint at_k: the setpoints up to at_k run first. False when
+        `old` has ended meanwhile; DriverFault when the cycle has passed at_k already (plan again further ahead)."""
+        from driver.stopping import joined
+
+        if self.motion is not old:
+            return False
+        if self._k > at_k:
+            raise DriverFault(f"the stop was planned from setpoint {at_k}, the motion is at {self._k}")
+        self.motion, self._k = joined(old, self._k, at_k, stop), 0
+        return True
+
+    def motion_progress(self) -> dict | None:
+        """The running motion's progress (PlannedMotion.progress), or None; safe from another thread."""
+        m, k = self.motion, self._k
+        return None if m is None else m.progress(k)
+
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
         """One cycle (public for synchronous tests): the work and its message, then the command it computed."""

@@ -490,6 +490,7 @@ class Driver:
         return {"model": self.model.name, "joints": list(self.model.joint_names), "rate_hz": c.rate_hz,
                 "fault": c.fault, "enabled": c.enabled(), "moving": c.motion is not None,
                 "motion": None if c.motion is None else c.motion.name,
+                "progress": c.motion_progress(),
                 "q": st.q.tolist(), "drive_states": [s.value if s else "UNKNOWN" for s in states],
                 "error_codes": [int(e) for e in st.error_code], "payload": self.payload.tolist(),
                 "cycles": c.cycles, "seq": c.seq, "effort_delay_s": self.effort_delay_s,
