@@ -14,6 +14,10 @@ asked to start it; the reply says so or names the joint, quantity and time.
   set_payload    mass kg, com [3] m (flange frame), inertia [XX XY XZ YY YZ ZZ] kg m^2 about the CoM;
                  mass 0 clears it. Checked against the model's rated payload and reach, and the holding
                  torque it needs against the torque limits; planning checks and the feed-forward include it.
+  collision      the collision settings (thresholds, reaction, on or off), counters and the last collision
+  set_collision  contact, collision: N m (one number or one per joint), reaction: "quick_stop" | "stop_and_hold",
+                 enabled: true | false; any subset. While the arm moves only stricter settings are taken
+                 (lower thresholds); the rest is refused (driver.collision.check_change).
 
 Requests are decoded with bounds (driver.requests). The motion commands are planned in the planner process
 (driver.planner) when the daemon's command server runs them; `handle` and `handle_bytes` plan in the
@@ -36,7 +40,8 @@ __all__ = ["Commands", "CommandError", "URGENT", "PLANNING"]
 
 URGENT = ("quick_stop", "disable")          # answered before anything else waiting (driver.command_server)
 PLANNING = ("move_to", "run_trajectory")    # planned in the planner process by the command server
-FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles", "buffer_cycles")}   # the rest take none
+FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles", "buffer_cycles"),
+          "set_collision": ("contact", "collision", "reaction", "enabled")}   # the rest take none
 SMALL_REQUEST_BYTES = 64 * 1024             # larger requests can only be motions: decoded by the planner
 
 
@@ -49,7 +54,8 @@ class Commands:
         self.table: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "enable": self.enable, "disable": self.disable,
             "quick_stop": self.quick_stop, "stop": self.stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
-            "servo": self.servo, "servo_stop": self.servo_stop,
+            "servo": self.servo, "servo_stop": self.servo_stop, "collision": self.collision,
+            "set_collision": self.set_collision,
         }
         self.known = sorted([*self.table, *PLANNING])
 
@@ -211,6 +217,26 @@ class Commands:
         inertia = number_list(req, "inertia", 6) if "inertia" in req else [0.0] * 6
         self.driver.set_payload(mass, com, inertia)
         return {"payload": {"mass": mass, "com": com, "inertia": inertia}}
+
+
+    def collision(self, req: dict) -> dict:
+        return {"collision": self.driver.cycle.monitor.status()}
+
+    def set_collision(self, req: dict) -> dict:
+        if len(req) == 1:
+            raise CommandError("set_collision: expected at least one of contact, collision, reaction, enabled")
+        levels = {}
+        for key in ("contact", "collision"):
+            if key in req:
+                levels[key] = number_list(req, key, self.driver.model.n) if isinstance(req[key], list) \
+                    else number(req, key, 0.0)
+        reaction = req.get("reaction")
+        if reaction is not None and not isinstance(reaction, str):
+            raise CommandError("set_collision: reaction: expected a string")
+        enabled = req.get("enabled")
+        if enabled is not None and not isinstance(enabled, bool):
+            raise CommandError("set_collision: enabled: expected true or false")
+        return {"collision": self.driver.set_collision(reaction=reaction, enabled=enabled, **levels)}
 
 
 def named(cmd: str, text: str) -> str:

@@ -172,6 +172,11 @@ def _motion(model: Model, name: str, rate_hz: float, parts) -> PlannedMotion:
         starts.append((p[0], k))
         k += p[1].shape[0]
     tau_ff = dynamics.rnea(rigid_body_model(model), q, qd, qdd)
+    over = np.abs(tau_ff) > model.tau_max       # the torque sent: checked itself, not only the model's whole torque
+    if over.any():
+        k, j = np.argwhere(over)[0]
+        raise MotionError(f"{name}: joint {j + 1}'s torque feed-forward {tau_ff[k, j]:.4g} N m at t = {k / rate_hz:.3f} s "
+                          f"is outside its torque limit {model.tau_max[j]:.4g} N m")
     for a in (q, qd, qdd, tau_ff):
         a.setflags(write=False)
     return PlannedMotion(name, float(rate_hz), q, qd, qdd, tau_ff, tuple(starts))
