@@ -407,7 +407,8 @@ class ArmClient:
                             speed=float(speed))
 
     def run_trajectory(self, *, file: str | None = None, preset: str | None = None, samples=None,
-                       periods: float | None = None, blend_s: float | None = None, wait: bool = False) -> dict:
+                       periods: float | None = None, blend_s: float | None = None, preempt: bool = False,
+                       wait: bool = False) -> dict:
         """Run a trajectory: a file in the driver's trajectory folder, a shipped preset, or samples.
 
         The driver checks the whole motion against the limits and moves to its start first.
@@ -419,11 +420,16 @@ class ArmClient:
         preset : str, optional
             A shipped trajectory (ident.fit.excitation.presets()).
         samples : tuple of array_like, optional
-            (t (N,) s, q (N, n) rad): a sampled motion.
+            (t (N,) s, q (N, n) rad): a sampled motion, through its waypoints on a cubic spline at rest at both
+            ends; (t, q, qd (N, n) rad/s): with the velocity at each waypoint (a cubic Hermite spline); (t, q, qd,
+            qdd (N, n) rad/s^2): with the accelerations too (a quintic one).
         periods : float, optional
             Periods of a Fourier trajectory to run.
         blend_s : float, optional
             Seconds over which a preset is blended in from rest and out.
+        preempt : bool
+            With samples: take over from the running motion while it moves (a quintic blend from its state into the
+            samples, whose time 0 is the hand-over); with none running, the samples must start at rest.
         wait : bool
             Block until the arm has arrived at the trajectory's last sample (as move_to's wait).
 
@@ -456,12 +462,16 @@ class ArmClient:
         if preset is not None:
             fields["preset"] = str(preset)
         if samples is not None:
-            t, q = samples
-            fields["samples"] = {"t": np.asarray(t, dtype=float).tolist(), "q": np.asarray(q, dtype=float).tolist()}
+            if not 2 <= len(samples) <= 4:
+                raise ClientError(f"samples: expected (t, q), (t, q, qd) or (t, q, qd, qdd), got {len(samples)} arrays")
+            fields["samples"] = {key: np.asarray(value, dtype=float).tolist()
+                                 for key, value in zip(("t", "q", "qd", "qdd"), samples) if value is not None}
         if periods is not None:
             fields["periods"] = float(periods)
         if blend_s is not None:
             fields["blend_s"] = float(blend_s)
+        if preempt:
+            fields["preempt"] = True
         return self._motion(wait, "run_trajectory", **fields)
 
     def set_payload(self, mass: float, com=(0.0, 0.0, 0.0), inertia=(0.0,) * 6) -> None:

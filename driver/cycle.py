@@ -139,6 +139,7 @@ class Cycle:
         self.servo_ended: dict | None = None       # the last session's counters and why it ended
         self.servo_totals: dict[str, int] = {}     # the ended sessions' counters, summed (ServoSession.totals)
         self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
+        self.monitor = None             # driver.collision.CollisionMonitor: external torques, collisions (_watch)
         # bookkeeping
         self.seq = 0
         self.cycles = 0
@@ -426,6 +427,24 @@ class Cycle:
     def enabled(self) -> bool:
         return bool(np.all((self.state.statusword & 0x6F) == 0x27))
 
+    def replace_motion(self, old: PlannedMotion, at_k: int, stop: PlannedMotion) -> bool:
+        """Hand over from the running motion `old` to `stop` (a stop, driver.stopping, or a blend into a new
+        motion, driver.blending), planned from old's setpoint at_k: the setpoints up to at_k run first. False when
+        `old` has ended meanwhile; DriverFault when the cycle has passed at_k already (plan again further ahead)."""
+        from driver.stopping import joined
+
+        if self.motion is not old:
+            return False
+        if self._k > at_k:
+            raise DriverFault(f"the stop was planned from setpoint {at_k}, the motion is at {self._k}")
+        self.motion, self._k = joined(old, self._k, at_k, stop), 0
+        return True
+
+    def motion_progress(self) -> dict | None:
+        """The running motion's progress (PlannedMotion.progress), or None; safe from another thread."""
+        m, k = self.motion, self._k
+        return None if m is None else m.progress(k)
+
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
         """One cycle (public for synchronous tests): the work and its message, then the command it computed."""
@@ -459,6 +478,8 @@ class Cycle:
             self.stale += 1
             self._stale_log.hit("stale cycle: no new sample from the drives", stale_cycles=self.stale)
         self._supervise(fresh, now_mono)
+        if self.monitor is not None:
+            self._watch(fresh)
         stop_ns = time.perf_counter_ns() + self._request_ns
         while self._requests and time.perf_counter_ns() <= stop_ns:     # the rest at the next cycle
             fn, fut = self._requests.popleft()
@@ -536,6 +557,28 @@ class Cycle:
                 self._trip(f"drive {j + 1} faulted (error code 0x{int(st.error_code[j]):04X})", joint=j + 1,
                            error_code=f"0x{int(st.error_code[j]):04X}")
 
+    def _watch(self, fresh: bool) -> None:
+        """The model's watch over the arm (driver/collision.py): the external-torque estimate into the message
+        while the drives hold the arm, and the configured reaction to a collision."""
+        st, mon = self.state, self.monitor
+        active = bool(self._bits & ck.ALL_ENABLED) and self.want_power and not self.quick_stop and self.fault is None
+        j = mon.watch(st.q, st.qd, st.current, self.message.tau_ext, fresh, active, st.device_time_ns)
+        if j < 0:
+            return
+        text, fields = mon.describe(j, self.message.tau_ext, time.time())
+        if mon.thresholds.reaction == "stop_and_hold":
+            self.motion = None
+            self.end_servo(text, logging.WARNING)
+            self.hold[:] = st.q
+            try:
+                self.set_hold_torque()
+            except DriverFault as exc:
+                self._trip(f"{text}; cannot hold there: {exc}", **fields)
+                return
+            self._event(text, logging.ERROR, **fields)
+        else:
+            self._trip(text, **fields)
+
     def _trip(self, reason: str, **fields) -> None:
         self.fault = reason
         self.request_quick_stop(reason)
@@ -611,7 +654,7 @@ class Cycle:
 
     def _publish_state(self, fresh: bool) -> None:
         st, bits = self.state, self._bits
-        flags = self.flags_extra
+        flags = self.flags_extra if self.monitor is None else self.flags_extra | self.monitor.flags
         if bits & ck.ALL_ENABLED:
             flags |= stream.FLAG_ENABLED
         if self.motion is not None:

@@ -212,7 +212,7 @@ class Planner:
                 "busy": None if self._pending is None else self._pending[0]}
 
 
-def _load_plan(path: str, name: str, rate_hz: float, segments):
+def _load_plan(path: str, name: str, rate_hz: float, segments, preempt: bool = False):
     from driver.motion import PlannedMotion
 
     try:
@@ -220,7 +220,7 @@ def _load_plan(path: str, name: str, rate_hz: float, segments):
     finally:
         _unlink(path)           # the mapping stays valid; nothing is left behind
     q, qd, qdd, tau = arr
-    return PlannedMotion(name, rate_hz, q, qd, qdd, tau, tuple((str(n), int(k)) for n, k in segments))
+    return PlannedMotion(name, rate_hz, q, qd, qdd, tau, tuple((str(n), int(k)) for n, k in segments), bool(preempt))
 
 
 def _unlink(path: str) -> None:
@@ -287,7 +287,7 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
             count += 1
             path = os.path.join(folder, f"plan-{count}.npy")
             np.save(path, np.stack([plan.q, plan.qd, plan.qdd, plan.tau_ff]))
-            answer = ("plan", path, plan.name, plan.rate_hz, [(n, int(k)) for n, k in plan.segments])
+            answer = ("plan", path, plan.name, plan.rate_hz, [(n, int(k)) for n, k in plan.segments], plan.preempt)
         except InputError as exc:
             answer = ("error", str(exc))
         except MemoryError:

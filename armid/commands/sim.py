@@ -20,9 +20,13 @@ def register(sub) -> None:
                    help="the simulated device clock's drift against the host's, ppm (positive: slow; default 0)")
     p.add_argument("--clock-jitter-us", type=float, default=0.0, metavar="US",
                    help="standard deviation of each device tick's wake-up jitter, us (default 0)")
+    p.add_argument("--mismatch", type=float, default=0.0, metavar="FRACTION",
+                   help="the simulated arm's dynamics off the model's by this fraction (each link's inertial "
+                        "parameters, rotor inertia and friction times 1 +- FRACTION; default 0)")
     p.add_argument("--control", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
-                   help="ZeroMQ endpoint of the control socket that attaches, swaps and detaches payloads at "
-                        "run time (docs/reference/simulator.md; default: a free loopback port, printed; 'off': none)")
+                   help="ZeroMQ endpoint of the control socket that attaches, swaps and detaches payloads and "
+                        "pushes the arm at run time (docs/reference/simulator.md; default: a free loopback port, "
+                        "printed; 'off': none)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a transport option, e.g. --option port=5020 (see docs/reference/simulator.md); repeatable")
     p.set_defaults(run=_run)
@@ -56,7 +60,8 @@ def _run(args: argparse.Namespace) -> int:
             raise InputError(f"--option {item!r}: expected KEY=VALUE")
         options[key] = _value(value)
     sim = Simulator(args.model, args.transport, realtime=args.realtime, rate_hz=args.rate, seed=args.seed,
-                    clock_drift_ppm=args.clock_drift_ppm, clock_jitter_us=args.clock_jitter_us, **options)
+                    clock_drift_ppm=args.clock_drift_ppm, clock_jitter_us=args.clock_jitter_us, mismatch=args.mismatch,
+                    **options)
     if args.payload:
         try:
             parts = [float(x) for x in args.payload.split(",")]
