@@ -63,8 +63,12 @@ def _run(args):
         from ident.payload import payload_parameters
         from ident.payload.dynamic import identify as payload_identify
 
+        from ident.fit.resample import mend_sampling
+
         loaded, _ = ensemble.recording(k + PAIR_STEP, seconds)
-        est = payload_identify(model, loaded, rec, "global", trajectory=traj)
+        # the payload methods take uniformly sampled runs: a logger's scattered stamps mended first, as the
+        # batch pipeline mends them
+        est = payload_identify(model, mend_sampling(loaded)[0], mend_sampling(rec)[0], "global", trajectory=traj)
         out["payload"] = (est.chi - payload_parameters(*ensemble.PAYLOAD)) / est.sigma
     return k, out
 
