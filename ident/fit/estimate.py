@@ -21,7 +21,8 @@ import scipy.linalg
 from firmware_bridge.runtime.errors import InputError
 from ident.fit import hac
 
-COND_LIMIT = 1e10   # a weighted regressor worse conditioned than this does not determine the parameters
+COND_LIMIT = 1e10
+REFINE_FACTOR = 4.0  # WLS: the weights' second estimate moves each joint's sigma by at most this factor   # a weighted regressor worse conditioned than this does not determine the parameters
 COVARIANCES = ("correlated", "hac", "textbook")   # see ident.fit.hac and Fit
 
 
@@ -327,7 +328,10 @@ def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
     # once more from the weighted fit: there the joints' residuals are of one size, so each joint's own variance
     # is told apart from the noise of the others that the shared parameters spread into it (from the OLS
     # residuals a small joint's is not: the large joints' noise dominates them)
-    sigma = _joint_sigma(f, 1.0 / sigma, _solve_stacked(f, 1.0 / sigma, names)[0])
+    # (held within REFINE_FACTOR of the first: a joint whose residuals are only rounding, exact data, would
+    # otherwise be weighted up without bound, and the weighted regressor's condition with it)
+    refined = _joint_sigma(f, 1.0 / sigma, _solve_stacked(f, 1.0 / sigma, names)[0])
+    sigma = np.clip(refined, sigma / REFINE_FACTOR, sigma * REFINE_FACTOR)
     return _fit(f, 1.0 / sigma, sigma, "wls", names, (W, y, _check_shapes(W, y, mask)), covariance, segments,
                 row_correlation)
 
