@@ -129,7 +129,8 @@ def calibration(outcomes, names) -> None:
             continue
         print(f"z joint 6 drive terms Ia6 fc6 fv6 offset6, {transport} ({len(z)}): mean "
               + " ".join(f"{m:+.2f}" for m in z.mean(axis=0)) + ", spread "
-              + " ".join(f"{v:.2f}" for v in z.std(axis=0)) + f" (reference: mean 0 +- {2 / np.sqrt(len(z)):.2f}, spread 1)")
+              + " ".join(f"{v:.2f}" for v in z.std(axis=0))
+              + f" (reference: mean 0 +- {2 / np.sqrt(len(z)):.2f}, spread 1)")
 
 
 def others(consistent: list, payload: list, names) -> None:

@@ -32,8 +32,8 @@ def config(k: int) -> Config:
     """Recording k's configuration: the transport varies fastest, then the clocking, the payload, the noise."""
     c = k % CONFIGS
     ways = len(TRANSPORTS) * len(CLOCKINGS)
-    return Config(NOISE_LEVELS[c // (2 * ways)], bool((c // ways) % 2), CLOCKINGS[(c // len(TRANSPORTS)) % len(CLOCKINGS)],
-                  TRANSPORTS[c % len(TRANSPORTS)])
+    return Config(NOISE_LEVELS[c // (2 * ways)], bool((c // ways) % 2),
+                  CLOCKINGS[(c // len(TRANSPORTS)) % len(CLOCKINGS)], TRANSPORTS[c % len(TRANSPORTS)])
 
 
 @dataclass(frozen=True)

@@ -159,10 +159,11 @@ def on_clock(t: np.ndarray, period: float) -> tuple[np.ndarray, float] | None:
     """(times, scatter): t (s) placed on the regular clock it scatters about, and the largest distance (s) of a stamp
     from it, when every stamp lies within ON_CLOCK_SCATTER periods of a clock of about `period` s (entries
     missing are fine: their ticks stay empty); else None. The ticks between consecutive stamps are counted by
-    rounding their interval, so stamps off the clock by more than a quarter period may be refused. A logger that stamps each entry when it reads it, late
-    or early by a latency, while the drives sampled on their own regular clock: read as true times, the scatter
-    puts the positions at the wrong times, noise in the motion that biases the inertial parameters (about -1
-    standard deviation on ZZR3, fv4 and others at +-0.2 ms of jitter at 1 kHz, simulated)."""
+    rounding their interval, so stamps off the clock by more than a quarter period may be refused. A logger that
+    stamps each entry when it reads it, late or early by a latency, while the drives sampled on their own regular
+    clock: read as true times, the scatter puts the positions at the wrong times, noise in the motion that biases
+    the inertial parameters (about -1 standard deviation on ZZR3, fv4 and others at +-0.2 ms of jitter at 1 kHz,
+    simulated)."""
     if t.size < 10 or not period > 0:
         return None
     steps = np.rint(np.diff(t) / period)        # ticks between consecutive stamps (a drifting clock's too)

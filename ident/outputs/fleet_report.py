@@ -36,9 +36,9 @@ def _plot(path: Path, name: str, rows: list[dict], xs: list, xlabel: str, legend
 
 
 def _figure(name: str, rows: list[dict], xs: list, xlabel: str, legend: bool, sigma: float = DRIFT_SIGMA):
-    """One parameter over the runs: a line per arm, bars of sigma (the drift threshold) standard deviations as one collection per arm (cheaper to draw
-    than errorbar's caps), drifted runs ringed; the legend (arm colours) only when asked: the colours are the same
-    in every plot. Dates on x get a few ticks with concise labels (matplotlib.dates), run numbers whole ones."""
+    """One parameter over the runs: a line per arm, bars of sigma (the drift threshold) standard deviations as one
+    collection per arm (cheaper to draw than errorbar's caps), drifted runs ringed; the legend (arm colours) only
+    when asked: the colours are the same in every plot. Dates on x get a few ticks with concise labels (matplotlib.dates), run numbers whole ones."""
     from ident.extras import require
 
     Figure = require("matplotlib.figure", "the fleet report's plots").Figure
