@@ -166,6 +166,15 @@ class CollisionMonitor:
         self._last_ns: int | None = None   # the device time of the last sample the observer took
         self.restarts = 0                  # restarts after a gap in the samples
 
+    def warm_up(self, q: np.ndarray, qd: np.ndarray, current: np.ndarray, tau_ext: np.ndarray) -> None:
+        """Compile (or load from numba's cache) the kernels `watch` calls, for the types of the arrays the cycle
+        passes, on a scratch observer and scratch output: this monitor and tau_ext are left as they were."""
+        o = self.observer
+        scratch = MomentumObserver(o.model, 1.0 / o.dt, o.gains)
+        out = np.zeros_like(tau_ext)
+        scratch.update(q, qd, np.multiply(current, self.torque_per_amp), out)
+        ok.contact_levels(out, self.thresholds.contact, self.thresholds.collision)
+
     def watch(self, q: np.ndarray, qd: np.ndarray, current: np.ndarray, tau_ext: np.ndarray, fresh: bool,
               active: bool, device_time_ns: int = 0) -> int:
         """One cycle: with a new sample while the drives hold the arm (active), the estimate into tau_ext and the

@@ -174,7 +174,8 @@ class Cycle:
         from firmware_bridge import servo_wire
 
         n = self.n
-        st = ArmState.inside(stream.StateMessage(n))
+        message = stream.StateMessage(n)
+        st = ArmState.inside(message)
         cmd = ArmCommand(n)
         hold, hold_torque = np.zeros(n), np.zeros(n)
         rows = np.zeros((2, n))
@@ -187,6 +188,8 @@ class Cycle:
         ck.drive_logic(st.statusword, ck.OFF, cmd.target_position, cmd.target_torque, cmd.controlword)
         copy_sample(ArmState(n), st)                     # a link's sample ring into the message
         copy_sample(st, ArmState(n))
+        if self.monitor is not None:                     # the model's watch: observer and levels
+            self.monitor.warm_up(st.q, st.qd, st.current, message.tau_ext)
 
     # -- thread --------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -1,11 +1,10 @@
 """Many short simulated recordings of one arm, identified, against the simulator's truth: the calibration of
 the reported standard deviations (benchmarks/bench_uncertainty.py, tests/test_uncertainty.py).
 
-Recording k of an ensemble varies with k: the sensor noise (NOISE_LEVELS), a payload or none, and how the
-samples were logged ("lockstep": one sample per simulator cycle, as `simulate` returns it; "free": a logger on
-its own clock, its time stamps drifting by CLOCK_DRIFT and jittered by up to JITTER of a period, with a share
-STALE of stale repeats, as ident.fit.resample mends real logs). Recordings k and k + CONFIGS have the same
-configuration and different noise (pairs of an unchanged arm, for the fleet's drift flag).
+Recording k of an ensemble varies with k: the sensor noise (NOISE_LEVELS), a payload or none, the transport it
+was recorded through (serial, CAN, gateway: their cycle rates, wire encodings and clocking, lockstep or
+free-running; sim.transport_recording). Recordings k and k + CONFIGS have the same configuration and different
+noise (pairs of an unchanged arm, for the fleet's drift flag).
 """
 from __future__ import annotations
 
@@ -14,13 +13,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from sim.transport_recording import CLOCKINGS, TRANSPORTS
+
 NOISE_LEVELS = (0.005, 0.01, 0.02)     # A, current sensor standard deviation
 PAYLOAD = (1.0, (0.0, 0.02, 0.05), (0.004, 0.0, 0.0, 0.004, 0.0, 0.002))   # kg, m, kg m^2 about the com
-CLOCKINGS = ("lockstep", "free")
-CONFIGS = len(NOISE_LEVELS) * 2 * len(CLOCKINGS)
-CLOCK_DRIFT = 50e-6
-JITTER = 0.2
-STALE = 0.02
+CONFIGS = len(NOISE_LEVELS) * 2 * len(CLOCKINGS) * len(TRANSPORTS)
 
 
 @dataclass(frozen=True)
@@ -28,12 +25,15 @@ class Config:
     noise: float
     payload: bool
     clocking: str
+    transport: str = "serial"
 
 
 def config(k: int) -> Config:
+    """Recording k's configuration: the transport varies fastest, then the clocking, the payload, the noise."""
     c = k % CONFIGS
-    return Config(NOISE_LEVELS[c % len(NOISE_LEVELS)], bool((c // len(NOISE_LEVELS)) % 2),
-                  CLOCKINGS[c // (2 * len(NOISE_LEVELS))])
+    ways = len(TRANSPORTS) * len(CLOCKINGS)
+    return Config(NOISE_LEVELS[c // (2 * ways)], bool((c // ways) % 2),
+                  CLOCKINGS[(c // len(TRANSPORTS)) % len(CLOCKINGS)], TRANSPORTS[c % len(TRANSPORTS)])
 
 
 @dataclass(frozen=True)
@@ -53,23 +53,6 @@ class Outcome:
         return (self.beta - self.truth) / (self.std_textbook if textbook else self.std)
 
 
-def free_running(rec, seed: int):
-    """The recording as a logger on its own clock writes it (see the module docstring)."""
-    import dataclasses
-
-    rng = np.random.default_rng(seed + 7919)
-    dt = np.median(np.diff(rec.t))
-    t = rec.t * (1.0 + CLOCK_DRIFT) + rng.uniform(-JITTER, JITTER, rec.t.size) * dt
-    t[0] = rec.t[0]
-    q, y = rec.q.copy(), rec.y.copy()
-    stale = rng.random(t.size) < STALE
-    stale[0] = False
-    for i in np.flatnonzero(stale):          # a stale entry repeats the last one written
-        q[i], y[i] = q[i - 1], y[i - 1]
-    kind = dict(tau=y) if rec.kind == "torque" else dict(current=y)
-    return dataclasses.replace(rec, t=t, q=q, **kind)
-
-
 @lru_cache(maxsize=2)
 def _setup(model_name: str):
     from ident.fit import excitation
@@ -80,27 +63,34 @@ def _setup(model_name: str):
     return model, base_parameters(model), excitation.preset("seed000")
 
 
-def run(k: int, seconds: float = 6.0, model_name: str = "generic6") -> Outcome:
-    """Simulate recording k of the ensemble (sim.recording.simulate on the seed000 excitation), identify it
-    (ident.fit.batch.identify) and return its Outcome."""
-    from ident.fit.batch import identify
+def recording(k: int, seconds: float = 6.0, model_name: str = "generic6"):
+    """Recording k of the ensemble (sim.transport_recording.record of the seed000 excitation) and its truth, the
+    base parameters (with the payload's when it carries one)."""
     from ident.payload import payload_parameters
     from ident.payload.dynamic import payload_map
-    from sim.recording import simulate
+    from sim.transport_recording import record
 
     cfg = config(k)
     model, base, traj = _setup(model_name)
-    rec = simulate(model, traj, seconds, seed=1000 + k, current_noise=cfg.noise,
-                   payload=PAYLOAD if cfg.payload else None)
-    if cfg.clocking == "free":
-        rec = free_running(rec, k)
+    rec = record(model, traj, seconds, cfg.transport, cfg.clocking, seed=1000 + k, current_noise=cfg.noise,
+                 payload=PAYLOAD if cfg.payload else None)
     truth = base.from_standard(model.standard_parameters())
     if cfg.payload:
         truth = truth + payload_map(model, base) @ payload_parameters(*PAYLOAD)
+    return rec, truth
+
+
+def run(k: int, seconds: float = 6.0, model_name: str = "generic6") -> Outcome:
+    """Simulate recording k of the ensemble, identify it (ident.fit.batch.identify) and return its Outcome."""
+    from ident.fit.batch import identify
+
+    model, base, traj = _setup(model_name)
+    rec, truth = recording(k, seconds, model_name)
     fit = identify(model, rec, trajectory=traj, base=base).fit
     sd = fit.std
     corr = fit.covariance / np.outer(sd, sd)
-    return Outcome(cfg, fit.beta, sd, np.sqrt(np.diag(fit.covariance_textbook)), truth, fit.relative_std_pct, corr)
+    return Outcome(config(k), fit.beta, sd, np.sqrt(np.diag(fit.covariance_textbook)), truth,
+                   fit.relative_std_pct, corr)
 
 
 def spread_band(outcomes: list[Outcome], sigmas: float) -> float:

@@ -28,13 +28,16 @@ def reference(traj, t: np.ndarray, *, end: float | None = None) -> np.ndarray:
 
 
 def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float = DEFAULT_CURRENT_NOISE,
-             currents: bool = False, payload: tuple | None = None, noise=None, progress: bool = False):
-    """Run the excitation `traj` for `seconds` on sim.Simulator (CSP, 1 kHz) and return the Recording of
-    t >= 0: t (s), q (rad, encoder), and tau (N m, the drives' torque reading) or, with currents, the motor
-    currents (A), with the simulator's effort delay (half a period). payload: (mass kg, com (3,) m flange frame, inertia [XX XY XZ YY YZ ZZ] kg m^2 about the
-    centre of mass) fixed to the flange, or None. noise: a sim.NoiseConfig (default: the simulator's
-    encoders with current noise `current_noise` A). Raises RuntimeError if the drives do not enable or one
-    of them faults."""
+             currents: bool = False, payload: tuple | None = None, noise=None, progress: bool = False,
+             rate_hz: float = RATE_HZ, target_times=None):
+    """Run the excitation `traj` for `seconds` on sim.Simulator (CSP, rate_hz, default 1 kHz) and return the
+    Recording of t >= 0: t (s), q (rad, encoder), and tau (N m, the drives' torque reading) or, with currents, the
+    motor currents (A), with the simulator's effort delay (half a period). payload: (mass kg, com (3,) m flange
+    frame, inertia [XX XY XZ YY YZ ZZ] kg m^2 about the centre of mass) fixed to the flange, or None. noise: a
+    sim.NoiseConfig (default: the simulator's encoders with current noise `current_noise` A). target_times: a
+    function of the cycles' times (s, from -LEAD_IN) giving the time whose set-point each cycle latches (a host on
+    its own clock: a set-point held or skipped; default each cycle's own). Raises RuntimeError if the drives do
+    not enable or one of them faults."""
     from firmware_bridge import cia402
     from firmware_bridge.cia402 import Mode, State
     from ident.fit.preprocess import Recording
@@ -42,12 +45,12 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
     from sim.simulator import effort_delay
 
     n = model.n
-    lead = int(round(LEAD_IN * RATE_HZ))
-    count = int(round(seconds * RATE_HZ))
-    t_all = (np.arange(-lead, count) + 1) / RATE_HZ                 # the set-point for the sample at the cycle's end
-    q_ref = reference(traj, t_all)
+    lead = int(round(LEAD_IN * rate_hz))
+    count = int(round(seconds * rate_hz))
+    t_all = (np.arange(-lead, count) + 1) / rate_hz                 # the set-point for the sample at the cycle's end
+    q_ref = reference(traj, t_all if target_times is None else np.clip(target_times(t_all), t_all[0], None))
     noise = NoiseConfig(current_std=current_noise) if noise is None else noise
-    sim = Simulator(model, noise=noise, seed=seed, q0=q_ref[0])
+    sim = Simulator(model, noise=noise, seed=seed, q0=q_ref[0], rate_hz=rate_hz)
     if payload is not None:
         sim.attach_payload(*payload)
     sim.set_commands(mode=np.full(n, int(Mode.CSP)), target_position=q_ref[0],
@@ -60,20 +63,20 @@ def simulate(model, traj, seconds: float, *, seed: int = 0, current_noise: float
     t = np.empty(count)
     q = np.empty((count, n))
     y = np.empty((count, n))
-    bar = _bar(len(t_all), progress, "simulate 1 kHz")
+    bar = _bar(len(t_all), progress, f"simulate {rate_hz:g} Hz")
     for k in range(len(t_all)):
         sim.set_commands(target_position=q_ref[k])
         s = sim.step(1)
         if k >= lead:
             i = k - lead
-            t[i], q[i], y[i] = i / RATE_HZ, s.position, (s.current if currents else s.torque)
+            t[i], q[i], y[i] = i / rate_hz, s.position, (s.current if currents else s.torque)
         if k % 1000 == 999:
             bar.update(1000)
             if np.any(s.error_code):
                 j = int(np.flatnonzero(s.error_code)[0])
                 raise RuntimeError(f"joint {j + 1}: drive fault 0x{int(s.error_code[j]):04X} at t = {t_all[k]:.3f} s")
     bar.close()
-    delay = effort_delay(RATE_HZ)
+    delay = effort_delay(rate_hz)
     if currents:
         return Recording(t, q, None, y, None, "simulated run", delay)
     return Recording(t, q, y, None, None, "simulated run", delay)

@@ -12,14 +12,25 @@ sys.path.insert(0, str(Path(__file__).parent))  # the test helpers (chains.py)
 import pytest  # noqa: E402
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _compiled_kernels():
-    """Compile (or load from numba's disk cache) the simulator's and the dynamics' kernels once, before any
-    test: a first-call compile inside a test's bounded wait (a CAN SYNC answer, a pty read) would
-    otherwise time out on a fresh checkout."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """Compile (or load from numba's disk cache) the simulator's and the dynamics' kernels once, before the
+    first test: a first-call compile inside a test's bounded wait (a CAN SYNC answer, a pty read) would
+    otherwise time out on a fresh checkout. Here, outside any test, the per-test time limit does not count a
+    cold compile on a busy machine (minutes) against the first test."""
+    if not session.items or session.config.option.collectonly:
+        return
+    import time
+
     from sim import Simulator
 
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    started = time.monotonic()
+    if reporter is not None:
+        reporter.write_line("compiling the simulator's kernels (cached after the first run) ...")
     Simulator("generic6", seed=0).step(2)
+    if reporter is not None:
+        reporter.write_line(f"kernels ready in {time.monotonic() - started:.1f} s")
 
 
 # -- the soak marker ------------------------------------------------------------------------------------

@@ -44,6 +44,22 @@ def test_noise_free_data_recover_the_base_parameters_to_1e_6(arm):
         assert fit.residual_rms.max() < 1e-9
 
 
+def _joint_sigma_oracle(A, y, beta, weights):
+    """Each joint's noise sigma from the residuals of the fit weighted by `weights`, by the explicit hat matrix:
+    with M = I - A_w G A_w' (G = (A_w'A_w)^-1) in blocks of joints' rows, E||e_j||^2 = sum_k ||M_jk||_F^2 s_k^2
+    for white rows of variance s_k^2, solved for s^2 (weighted units), back to y's units."""
+    N, n, p = A.shape
+    Aw = A * weights[None, :, None]
+    G = np.linalg.inv(np.einsum("tja,tjb->ab", Aw, Aw))
+    T = np.empty((n, n))
+    for j in range(n):
+        for k in range(n):
+            M = (np.eye(N) if j == k else 0.0) - Aw[:, j] @ G @ Aw[:, k].T
+            T[j, k] = np.sum(M * M)
+    rss = (((y - A @ beta) * weights[None, :]) ** 2).sum(axis=0)
+    return np.sqrt(np.linalg.solve(T, rss)) / weights
+
+
 def test_triangle_factors_give_the_same_estimate_as_a_weighted_lstsq_on_all_rows(arm):
     model, base = arm
     W, tau, _ = synthetic(model, base, excitation.preset("seed000"))
@@ -51,18 +67,21 @@ def test_triangle_factors_give_the_same_estimate_as_a_weighted_lstsq_on_all_rows
     sig = np.array([0.3, 0.2, 0.1, 0.02, 0.03, 0.01])
     y = tau + rng.normal(0, 1, tau.shape) * sig
     fit = estimate.wls(W, y)
-    # independent oracle: numpy lstsq on the stacked rows, OLS residual sigma per joint, then weighted rows
+    # independent oracle: numpy lstsq on the stacked rows, each joint's sigma by the explicit hat matrix (OLS,
+    # then once more from the fit weighted by those), then weighted rows
     A, b = W.reshape(-1, base.count), y.ravel()
     beta_ols = np.linalg.lstsq(A, b, rcond=None)[0]
-    r = (y - W @ beta_ols)
-    s_j = np.sqrt((r ** 2).sum(axis=0) / (len(y) - base.count))
+    s_j = _joint_sigma_oracle(W, y, beta_ols, np.ones(6))
+    w = 1 / s_j
+    Aw = A * np.tile(w, len(y))[:, None]
+    s_j = _joint_sigma_oracle(W, y, np.linalg.lstsq(Aw, b * np.tile(w, len(y)), rcond=None)[0], w)
     w = np.tile(1 / s_j, len(y))
     Aw = A * w[:, None]
     beta_wls = np.linalg.lstsq(Aw, b * w, rcond=None)[0]
     # to rounding, from the conditioning (tests/rounding.py): the residuals' sigma moves with the OLS solution's
     # error times ||A|| ||beta|| / ||r||; the covariance, an inverse of A'A, with kappa(Aw)^2
     ols_bound = least_squares_bound(A, beta_ols, b - A @ beta_ols)
-    assert_equal_up_to_rounding(fit.sigma_joint, s_j, ols_bound * np.linalg.norm(A, 2) * np.linalg.norm(beta_ols)
+    assert_equal_up_to_rounding(fit.sigma_joint, s_j, 2 * ols_bound * np.linalg.norm(A, 2) * np.linalg.norm(beta_ols)
                                 / np.linalg.norm(b - A @ beta_ols))
     assert_equal_up_to_rounding(fit.beta, beta_wls, least_squares_bound(Aw, beta_wls, b * w - Aw @ beta_wls))
     rw = (b - A @ beta_wls) * w

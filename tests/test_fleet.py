@@ -289,3 +289,55 @@ def test_cli_glob_in_a_serial_loop_and_the_single_recording_path_still_needs_a_m
     assert cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "x"), "--validate",
                      str(fleet_dir / "A" / "night0.csv")]) == 2
     assert "--validate: not with a manifest" in capsys.readouterr().err
+
+
+def test_cli_family_wise_threshold_is_printed_and_still_finds_the_friction_change(fleet_dir, serial, capsys):
+    from ident.outputs.fleet_drift import comparisons, family_wise_sigma
+
+    count = comparisons(serial.rows)
+    assert count == 6 * 58                 # 3 arms x 2 later runs, 58 base parameters each
+    code = cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "fw"), "--trajectory",
+                     "seed000", "--scheduler", "serial", "--no-report", "--quiet", "--family-wise", "0.01"])
+    out = capsys.readouterr().out
+    assert code == 1                       # the broken recording
+    k = family_wise_sigma(0.01, count)
+    assert f"drift threshold: {k:.2f} sigma (family-wise 1 % over {count} comparisons)" in out
+    assert f"drift: arm {CHANGED_ARM}" in out and "fc2, fv2" in out
+    rows = pq.read_table(fleet_dir / "fw" / "fleet.parquet").to_pylist()
+    assert {r["drifted"] for r in rows if r["status"] == "ok" and r["drifted"]} == {"fc2;fv2"}
+
+
+def test_cli_drift_sigma_sets_the_bound_and_bad_thresholds_are_refused(fleet_dir, serial, capsys):
+    code = cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "loose"), "--trajectory",
+                     "seed000", "--scheduler", "serial", "--no-report", "--quiet", "--drift-sigma", "1e9"])
+    out = capsys.readouterr().out
+    assert code == 1 and "drift threshold: 1000000000.00 sigma (--drift-sigma; 348 comparisons)" in out
+    assert "drift: arm" not in out
+    for option, value, message in [("--drift-sigma", "-1", "--drift-sigma: sigma: expected a positive number"),
+                                   ("--drift-sigma", "nan", "--drift-sigma: sigma: expected a positive number"),
+                                   ("--family-wise", "1.5", "--family-wise: family-wise probability: expected")]:
+        assert cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "bad"), option,
+                         value]) == 2
+        assert message in capsys.readouterr().err
+    assert cli.main(["identify", str(fleet_dir / "A" / "night0.csv"), "--model", "generic6", "-o",
+                     str(fleet_dir / "one"), "--drift-sigma", "4"]) == 2
+    assert "--drift-sigma: only with a manifest or glob" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["identify", str(fleet_dir / "manifest.csv"), "-o", str(fleet_dir / "both"), "--drift-sigma", "4",
+                  "--family-wise", "0.01"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_flag_drift_with_a_family_wise_probability_counts_the_tables_comparisons():
+    from ident.outputs.fleet_drift import family_wise_sigma, flag_drift
+
+    rows = [{"arm_id": a, "run": f"r{k}", "status": "ok", "p": 0.0 if k < 2 else 4.0, "p_std": 1 / 2 ** 0.5,
+             "s": 0.0, "s_std": 1.0} for a in ("A", "B") for k in range(3)]
+    rows.append({"arm_id": "A", "run": "r3", "status": "failed"})
+    k = family_wise_sigma(0.01, 8)          # 2 arms x 2 later runs x 2 parameters
+    assert 3.0 < k < 4.0
+    flagged = [r["drifted"] for r in flag_drift(rows, family_wise=0.01) if r["status"] == "ok"]
+    assert flagged == [None, "", "p"] * 2
+    assert [r["drifted"] for r in flag_drift(rows, sigma=4.5) if r["status"] == "ok"] == [None, "", ""] * 2
+    with pytest.raises(ValueError, match="not both"):
+        flag_drift(rows, 3.0, family_wise=0.01)

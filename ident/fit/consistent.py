@@ -8,12 +8,14 @@ The decision variables are, per link j, its 4x4 pseudo-inertia matrix (Wensing, 
 the inertia about the centre of mass positive semidefinite with the triangle inequalities"; and per joint
 Ia, fc, fv >= 0 and a free offset. The standard vector chi (14n) is linear in these.
 
-With (R, z) the weighted triangle of a WLS fit (ident.fit.estimate.Fit), ||W_w P chi - y_w||^2 = ||R P chi - z||^2
-+ const, and ||R P chi - z||^2 is the chi^2 increase over WLS: the problem does not grow with the number of
-samples. Two stages (docs/guides/identification.md):
+The data term is the chi^2 distance of the base projection P chi from the WLS estimate beta in the covariance the
+fit reports, ||F (P chi - beta)||^2 with F'F = C^-1 (ident.fit.estimate.Fit.information_factor; with the textbook
+covariance this is ||W_w P chi - y_w||^2 less its minimum): the problem does not grow with the number of samples,
+and a departure from beta is weighed by the precision the rows have (their noise correlated by the filters), not
+the textbook's. Two stages (docs/guides/identification.md):
 
-    1.  minimise  ||R P chi - z||^2  +  w || N^T ((chi - chi_0) / s) ||^2
-    2.  minimise  || N^T ((chi - chi_0) / s) ||^2   s.t.  ||R P chi - z||^2 <= stage 1's + 1e-3
+    1.  minimise  ||F P chi - F beta||^2  +  w || N^T ((chi - chi_0) / s) ||^2
+    2.  minimise  || N^T ((chi - chi_0) / s) ||^2   s.t.  ||F P chi - F beta||^2 <= stage 1's + 1e-3
 
 P maps chi to the base parameters; N is an orthonormal basis of the null space of P diag(s), i.e. of the
 combinations of standard parameters that the data cannot see. The regulariser only pulls those
@@ -111,7 +113,8 @@ def consistent_fit(model: Model, base: BaseParameters, fit: Fit, *, chi_nominal:
     # Scaled units u = (chi - chi0) / s. The data term's curvature in u is that of A_s = R P diag(s); it is
     # normalised so that its largest singular value is one, and the regulariser's weight is lambda times
     # its smallest non-zero one: weaker than the data in every identifiable direction, whatever the noise.
-    A = fit.R @ base.P
+    F, target = fit.information_factor()    # the data term in the reported covariance's chi^2 units
+    A = F @ base.P
     sv = np.linalg.svd(A * s[None, :], compute_uv=False)[:b]
     k = max(float(sv[0]), 1e-300)
     weight = regularisation * float(sv[-1] / k) ** 2
@@ -119,20 +122,20 @@ def consistent_fit(model: Model, base: BaseParameters, fit: Fit, *, chi_nominal:
 
     # stage 1: the best consistent fit of the data
     chi = _consistent_parameters(cp, n)
-    first = _solve(cp, cp.Problem(cp.Minimize(cp.sum_squares((A / k) @ chi - fit.z / k)
+    first = _solve(cp, cp.Problem(cp.Minimize(cp.sum_squares((A / k) @ chi - target / k)
                                               + weight * cp.sum_squares(G @ (chi - chi0)))))
     status = first.status
     value = np.asarray(chi.value, dtype=float)
     # stage 2: the unidentifiable directions closest to the nominal model, the fit kept within a thousandth
-    # of a chi^2 unit (plus 1e-6 relative) of stage 1's: ||R P chi - z||^2 is the chi^2 increase over WLS.
+    # of a chi^2 unit (plus 1e-6 relative) of stage 1's: ||F (P chi - beta)||^2 is the chi^2 increase over WLS.
     # (With noise-free data, stage 1's round-off can swamp the small regulariser.) The constraint is
     # divided by its bound, and solved at Clarabel's default tolerances.
-    data_1 = float(np.sum((A @ value - fit.z) ** 2))
+    data_1 = float(np.sum((A @ value - target) ** 2))
     bound = data_1 * (1.0 + 1e-6) + STAGE2_CHI2_SLACK
     chi2 = _consistent_parameters(cp, n)
     root = np.sqrt(bound)
     second = cp.Problem(cp.Minimize(cp.sum_squares(G @ (chi2 - chi0))),
-                        [cp.sum_squares((A / root) @ chi2 - fit.z / root) <= 1.0])
+                        [cp.sum_squares((A / root) @ chi2 - target / root) <= 1.0])
     try:
         _solve(cp, second, {})
         value, status = np.asarray(chi2.value, dtype=float), f"{first.status}, then {second.status}"
@@ -141,9 +144,8 @@ def consistent_fit(model: Model, base: BaseParameters, fit: Fit, *, chi_nominal:
     value = _project_consistent(value, n)
     seconds = time.perf_counter() - started
     beta = base.from_standard(value)
-    r_cons = fit.R @ beta - fit.z
-    r_wls = fit.R @ fit.beta - fit.z
-    return ConsistentFit(chi=value, beta=beta, chi2_increase=float(r_cons @ r_cons - r_wls @ r_wls),
+    r_cons = F @ beta - target
+    return ConsistentFit(chi=value, beta=beta, chi2_increase=float(r_cons @ r_cons),
                          status=status, seconds=seconds)
 
 

@@ -21,7 +21,8 @@ import scipy.linalg
 from firmware_bridge.runtime.errors import InputError
 from ident.fit import hac
 
-COND_LIMIT = 1e10   # a weighted regressor worse conditioned than this does not determine the parameters
+COND_LIMIT = 1e10
+REFINE_FACTOR = 4.0  # WLS: the weights' second estimate moves each joint's sigma by at most this factor   # a weighted regressor worse conditioned than this does not determine the parameters
 COVARIANCES = ("correlated", "hac", "textbook")   # see ident.fit.hac and Fit
 
 
@@ -34,7 +35,8 @@ class Fit:
     """A least-squares estimate of p parameters from n joints' rows.
 
     beta (p,) the estimate; covariance (p, p); sigma_joint (n,) the per-joint residual standard deviation
-    of the OLS fit (the weights of WLS are 1/sigma_joint; units of y); residual_rms (n,) RMS of y - W beta
+    of the OLS fit, unbiased for the parameters the joints share (the weights of WLS are 1/sigma_joint; units of
+    y); residual_rms (n,) RMS of y - W beta
     per joint for this estimate; rows (n,) rows used per joint; cond the condition number of the (weighted)
     stacked regressor; R (p, p), z (p,) its triangular factor, with ||W_w beta - y_w||^2 = ||R beta - z||^2
     + rss_floor for the weighted rows. covariance is the one named by covariance_kind: "correlated" (the
@@ -63,6 +65,18 @@ class Fit:
     def std(self) -> np.ndarray:
         """(p,) standard deviation of each parameter, in its own unit."""
         return np.sqrt(np.maximum(np.diag(self.covariance), 0.0))
+
+    def information_factor(self) -> tuple[np.ndarray, np.ndarray]:
+        """(F (p, p), F beta) with F'F = covariance^-1: ||F x - F beta||^2 is the chi^2 distance of x from beta
+        in the reported covariance (the physically consistent fit measures its departure from beta by it)."""
+        try:
+            L = np.linalg.cholesky(self.covariance)
+            F = scipy.linalg.solve_triangular(L, np.eye(len(self.beta)), lower=True)
+        except np.linalg.LinAlgError:        # not positive definite to rounding: the pseudo-inverse square root
+            lam, V = np.linalg.eigh(self.covariance)
+            keep = lam > lam.max() * 1e-14
+            F = (V[:, keep] / np.sqrt(lam[keep])).T
+        return F, F @ self.beta
 
     @property
     def relative_std_pct(self) -> np.ndarray:
@@ -171,15 +185,24 @@ def _fit(f: _JointFactors, weights: np.ndarray, sigma_joint: np.ndarray, method:
                covariance_textbook=textbook, covariance_kind=covariance, bandwidth=lags)
 
 
-def _ols_sigma(f: _JointFactors, beta: np.ndarray) -> np.ndarray:
-    """Gautier's per-joint residual standard deviation: sqrt(||y_j - W_j beta||^2 / (r_j - p)), with a
-    floor of 1e-12 of the joint's RMS so that exact data still give finite weights."""
-    p = f.R.shape[1]
-    rss = _joint_rss(f, beta)
-    dof = np.maximum(f.rows - p, 1)
-    sigma = np.sqrt(rss / dof)
+def _joint_sigma(f: _JointFactors, weights: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """Each joint's noise standard deviation (units of y) from its residuals at beta, a fit with the joints' rows
+    weighted by `weights`, unbiased for parameters the joints share: ident.fit.hac.noise_variances on the weighted
+    triangles (white rows), where Gautier's ||y_j - W_j beta||^2 / (r_j - p) charges every joint all p parameters
+    (a joint with 56 rows of 58 parameters was given a sigma 6 times its noise, and so 1/36 of its weight). A floor
+    of 1e-12 of the joint's RMS keeps exact data's weights finite."""
+    Rw = f.R * weights[:, None, None]
+    plain = np.einsum("jka,jkb->jab", Rw, Rw)                      # A_j' A_j of the weighted rows
+    bread = np.linalg.pinv(plain.sum(axis=0), hermitian=True)
+    s2 = hac.noise_variances(bread, plain, plain, f.rows, _joint_rss(f, beta) * weights ** 2)
+    sigma = np.sqrt(s2) / weights
     floor = 1e-12 * np.sqrt(np.maximum(f.y_ms, np.max(f.y_ms)))
     return np.maximum(sigma, np.maximum(floor, 1e-300))
+
+
+def _ols_sigma(f: _JointFactors, beta: np.ndarray) -> np.ndarray:
+    """_joint_sigma of the OLS fit (unit weights)."""
+    return _joint_sigma(f, np.ones(f.R.shape[0]), beta)
 
 
 def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None,
@@ -246,8 +269,9 @@ def ols(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
 def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: list[str] | None = None,
         covariance: str = "correlated", segments: np.ndarray | None = None,
         row_correlation: np.ndarray | None = None) -> Fit:
-    """Weighted least squares with Gautier's weights: OLS first, sigma_j from its residuals on joint j, then
-    every row of joint j weighted by 1/sigma_j; the covariance comes from the weighted residuals.
+    """Weighted least squares with Gautier's weights: OLS first, sigma_j from its residuals on joint j (unbiased
+    for the parameters the joints share), refined once from a fit weighted by them, then every row of joint j
+    weighted by 1/sigma_j; the covariance comes from the weighted residuals.
 
     Parameters
     ----------
@@ -301,6 +325,13 @@ def wls(W: np.ndarray, y: np.ndarray, mask: np.ndarray | None = None, *, names: 
     n = W.shape[1]
     beta_ols = _solve_stacked(f, np.ones(n), names)[0]
     sigma = _ols_sigma(f, beta_ols)
+    # once more from the weighted fit: there the joints' residuals are of one size, so each joint's own variance
+    # is told apart from the noise of the others that the shared parameters spread into it (from the OLS
+    # residuals a small joint's is not: the large joints' noise dominates them)
+    # (held within REFINE_FACTOR of the first: a joint whose residuals are only rounding, exact data, would
+    # otherwise be weighted up without bound, and the weighted regressor's condition with it)
+    refined = _joint_sigma(f, 1.0 / sigma, _solve_stacked(f, 1.0 / sigma, names)[0])
+    sigma = np.clip(refined, sigma / REFINE_FACTOR, sigma * REFINE_FACTOR)
     return _fit(f, 1.0 / sigma, sigma, "wls", names, (W, y, _check_shapes(W, y, mask)), covariance, segments,
                 row_correlation)
 

@@ -5,11 +5,12 @@ them; docs/design/science.md says which is the default and why):
 
 - **Known row correlation** (`correlated_covariance`): the rows were made by known linear filters (the
   zero-phase low-pass, the decimation FIR) from samples whose noise is white, so the rows' noise of joint j has
-  the autocorrelation K (`row_noise_correlation`) times an unknown variance; then exactly
+  the autocorrelation K (`row_noise_correlation`) times an unknown variance s_j^2; then exactly
 
-      C = s^2 (A'A)^-1 (sum_j A_j' K A_j) (A'A)^-1,   s^2 = ||e_w||^2 / (rows - tr((A'A)^-1 sum_j A_j' K A_j))
+      C = (A'A)^-1 (sum_j s_j^2 A_j' K A_j) (A'A)^-1
 
-  (the denominator is the expectation of the weighted residual sum of squares over s^2: unbiased).
+  with each s_j^2 unbiased from the joints' residual sums of squares (`noise_variances`: the expectation of
+  each joint's sum is linear in the s_k^2 through the hat matrix).
 - **Newey-West HAC** (`sandwich`), which assumes nothing about the noise but needs many more samples than
   parameters:
 
@@ -186,18 +187,57 @@ def row_noise_correlation(rate_hz: float, cutoff_hz: float | None, factor: int, 
     return K[:int(big[-1]) + 1].copy()
 
 
-def correlated_gram(A: np.ndarray, K: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
-    """(p, p) sum_j A_j' K A_j for weighted rows A (N, n, p) (left-out rows zero), each segment apart: the rows
-    convolved along time with the symmetric kernel [K_L-1 .. K_1 K_0 K_1 .. K_L-1] (zeros beyond the segment),
-    then one product A' (K * A); the same as the lag-by-lag sum (`correlated_gram_direct`)."""
+def joint_grams(A: np.ndarray, K: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
+    """(n, p, p) A_j' K A_j per joint for weighted rows A (N, n, p) (left-out rows zero), each segment apart: the
+    rows convolved along time with the symmetric kernel [K_L-1 .. K_1 K_0 K_1 .. K_L-1] (zeros beyond the
+    segment), then one product per joint; the same as the lag-by-lag sum (`correlated_gram_direct`)."""
     N, n, p = A.shape
     kernel = np.concatenate([K[:0:-1], K])
-    out = np.zeros((p, p))
+    out = np.zeros((n, p, p))
     for a, b in bounds:
-        seg = A[a:b].reshape(b - a, n * p)
-        smooth = scipy.ndimage.convolve1d(seg, kernel, axis=0, mode="constant", cval=0.0)
-        out += seg.reshape(-1, p).T @ smooth.reshape(-1, p)
-    return 0.5 * (out + out.T)
+        seg = A[a:b]
+        smooth = seg if len(K) == 1 and K[0] == 1.0 else scipy.ndimage.convolve1d(
+            seg.reshape(b - a, n * p), kernel, axis=0, mode="constant", cval=0.0).reshape(b - a, n, p)
+        out += np.matmul(seg.transpose(1, 2, 0), smooth.transpose(1, 0, 2))      # per joint, one BLAS product
+    return 0.5 * (out + np.swapaxes(out, 1, 2))
+
+
+def correlated_gram(A: np.ndarray, K: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
+    """(p, p) sum_j A_j' K A_j (`joint_grams` summed over the joints)."""
+    return joint_grams(A, K, bounds).sum(axis=0)
+
+
+def noise_variances(bread: np.ndarray, grams: np.ndarray, plain: np.ndarray, rows: np.ndarray,
+                    rss: np.ndarray) -> np.ndarray:
+    """(n,) unbiased variances s_j^2 of each joint's row noise, from its residual sums of squares rss (n,) after a
+    least-squares fit of p parameters shared by all joints. bread (p, p) = (A'A)^-1; grams (n, p, p) A_j' K A_j;
+    plain (n, p, p) A_j' A_j; rows (n,) each joint's rows used. With e = (I - H) noise and joint k's noise of
+    covariance s_k^2 K (independent between joints), E ||e_j||^2 = sum_k T_jk s_k^2,
+
+        T_jk = [j = k] (rows_j - 2 tr(bread A_j' K A_j)) + tr(bread A_k' K A_k bread A_j' A_j),
+
+    which is solved for s^2. The fit's parameters are shared: a joint's residuals lose only its part of the p
+    degrees of freedom, not all p (Gautier's r_j - p, which leaves nothing to a joint with few rows). Where the
+    solution is not positive (residuals of a few rows, by chance), each joint alone: s_j^2 = rss_j / sum_k T_jk,
+    unbiased when the joints' variances are equal (with white rows sum_k T_jk = rows_j - tr(bread A_j' A_j), the
+    joint's rows less its leverages)."""
+    n = len(rows)
+    rss = np.asarray(rss, dtype=float)
+    used = np.flatnonzero(np.asarray(rows) > 0)
+    own = np.einsum("ab,jba->j", bread, grams)                       # tr(bread G_j)
+    spread = np.einsum("ab,kbc->kac", bread, grams) @ bread           # bread G_k bread
+    T = np.einsum("kab,jba->jk", spread, plain)
+    T[np.arange(n), np.arange(n)] += np.asarray(rows, dtype=float) - 2.0 * own
+    s2 = np.zeros(n)
+    if used.size:
+        Tu = T[np.ix_(used, used)]
+        try:
+            s2[used] = np.linalg.solve(Tu, rss[used])
+        except np.linalg.LinAlgError:
+            s2[used] = -1.0
+        if not np.all(s2[used] > 0):
+            s2[used] = rss[used] / np.maximum(Tu.sum(axis=1), 1e-12)
+    return s2
 
 
 def correlated_gram_direct(A: np.ndarray, K: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
@@ -215,14 +255,16 @@ def correlated_gram_direct(A: np.ndarray, K: np.ndarray, bounds: list[tuple[int,
 def correlated_covariance(Rinv: np.ndarray, A: np.ndarray, e: np.ndarray, K: np.ndarray,
                           segments: np.ndarray | None = None) -> np.ndarray:
     """C (p, p) for weighted rows A (N, n, p) and weighted residuals e (N, n) (left-out rows zero in both)
-    whose noise has the row autocorrelation K per joint (see the module docstring)."""
+    whose noise has the row autocorrelation K and its own variance per joint (see the module docstring)."""
     bounds = segment_bounds(segments, A.shape[0])
     bread = Rinv @ Rinv.T
-    G = correlated_gram(A, np.asarray(K, dtype=float), bounds)
-    rows = int(np.count_nonzero(np.any(A != 0.0, axis=2)))
-    dof = rows - float(np.trace(bread @ G))
+    K = np.asarray(K, dtype=float)
+    grams = joint_grams(A, K, bounds)
+    plain = grams if len(K) == 1 else joint_grams(A, np.ones(1), bounds)
+    rows = np.count_nonzero(np.any(A != 0.0, axis=2), axis=0)
+    dof = int(rows.sum()) - float(np.trace(bread @ grams.sum(axis=0)))
     if not dof > 0:
-        raise ValueError(f"{rows} rows leave no degrees of freedom for the noise with this correlation")
-    s2 = float(np.sum(e * e)) / dof
-    C = s2 * (bread @ G @ bread)
+        raise ValueError(f"{int(rows.sum())} rows leave no degrees of freedom for the noise with this correlation")
+    s2 = noise_variances(bread, grams, plain, rows, np.sum(e * e, axis=0))
+    C = bread @ np.einsum("j,jab->ab", s2, grams) @ bread
     return 0.5 * (C + C.T)

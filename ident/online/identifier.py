@@ -26,9 +26,9 @@ friction is ill-modelled, get weight 0.
 
 **Per-joint weights as in the batch WLS (Gautier), by a first pass** (`JointWeightedRLS`): until every
 joint has `warmup_rows` used rows (joints with fewer than a tenth of that are taken as not moving), the
-rows are kept and fed with unit weights (the estimate is the OLS one). Then sigma_j = sqrt(||y_j - Y_j
-theta||^2 / max(r_j - p, 1)) from the a-posteriori residuals of those rows (the batch pipeline's formula,
-ident.fit.estimate), the filter restarts and replays them with weights 1/sigma_j, and every later row of
+rows are kept and fed with unit weights (the estimate is the OLS one). Then each joint's sigma_j from the
+a-posteriori residuals of those rows, unbiased for the parameters the joints share (the batch pipeline's
+ident.fit.hac.noise_variances), the filter restarts and replays them with weights 1/sigma_j, and every later row of
 joint j is weighted 1/sigma_j. With no forgetting the estimate is then the WLS estimate of all rows with
 those weights. A joint that had not moved is weighted by the largest sigma_j of the others until it has
 `warmup_rows` rows of its own (it is `provisional` until then), and then by the spread of those rows'
@@ -52,6 +52,7 @@ import scipy.signal
 from ident.model import dynamics
 from ident.model.base_params import BaseParameters, base_parameters
 from ident.fit.batch import DEFAULT_SLOW_VELOCITY
+from ident.fit.hac import noise_variances
 from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.counters import Counters as CountersBase
 from ident.model import Model
@@ -365,7 +366,10 @@ class JointWeightedRLS:
         use = np.concatenate([k[2] for k in self._kept])
         e = np.where(use, y - Phi @ self.rls.theta, 0.0)
         rows = use.sum(axis=0)
-        sigma = np.sqrt(np.sum(e * e, axis=0) / np.maximum(rows - self.p, 1))
+        A = np.where(use[:, :, None], Phi, 0.0)
+        plain = np.einsum("tja,tjb->jab", A, A)
+        bread = np.linalg.pinv(plain.sum(axis=0), hermitian=True)
+        sigma = np.sqrt(noise_variances(bread, plain, plain, rows, np.sum(e * e, axis=0)))
         moving = rows >= self.warmup_rows // 10
         sigma[~moving] = np.max(sigma[moving])                      # a joint not moving yet: the largest
         scale = np.sqrt(np.mean(np.where(use, y * y, 0.0)))

@@ -9,8 +9,9 @@ Each job is one recording of one arm: `identify_job` identifies it with ident.fi
 job's row of the fleet table, or its failure and reason. A failed job never stops the others.
 
 Drift: for each arm, in the order of its runs (by date when every run has one, else as listed), a base parameter
-whose value moved from the arm's previous successful run by more than DRIFT_SIGMA combined standard deviations,
-|b - b_prev| > DRIFT_SIGMA sqrt(std^2 + std_prev^2), is flagged (ident.outputs.fleet_drift).
+whose value moved from the arm's previous successful run by more than k combined standard deviations,
+|b - b_prev| > k sqrt(std^2 + std_prev^2), is flagged (ident.outputs.fleet_drift): k = DRIFT_SIGMA (3), another
+`drift_sigma`, or the family-wise threshold for a chance `family_wise` of any false flag over the table.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from firmware_bridge.errors import quoted
 from ident.errors import InputError
 from ident.fit import batch
 from ident.model import load_model
-from ident.outputs.fleet_drift import flag_drift, parameter_names, safe_name
+from ident.outputs.fleet_drift import (DRIFT_SIGMA, check_threshold, drift_sigma as threshold_of, flag_drift,
+                                      parameter_names, safe_name)
 from ident.outputs.fleet_report import write_fleet_report
 from ident.outputs.output_folder import write_identification
 from ident.outputs.provenance import provenance
@@ -259,6 +261,7 @@ class FleetResult:
     rows: list[dict]
     failures: list[tuple[Job, str]]
     written: dict[str, Path] = field(default_factory=dict)
+    drift_sigma: float = DRIFT_SIGMA      # the drift threshold applied, in combined standard deviations
 
 
 def _progress(total: int, enabled: bool):
@@ -269,7 +272,8 @@ def _progress(total: int, enabled: bool):
 
 def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None, *, scheduler: str | None = None,
                   client=None, workers: int | None = None, with_report: bool = False,
-                  progress: bool = True, argv: list[str] | None = None, report: bool = True) -> FleetResult:
+                  progress: bool = True, argv: list[str] | None = None, report: bool = True,
+                  drift_sigma: float | None = None, family_wise: float | None = None) -> FleetResult:
     """Identify many recordings as Dask tasks and write the fleet table and report into out.
 
     Parameters
@@ -298,6 +302,11 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
         The command line for the results' provenance.
     report : bool
         Write fleet.html and its plots (about 0.1 s per base parameter).
+    drift_sigma : float, optional
+        The drift threshold in combined standard deviations (default 3: 0.27 % of unchanged comparisons flag).
+    family_wise : float, optional
+        Instead of drift_sigma: the chance of any false flag over all the table's comparisons (e.g. 0.01), the
+        threshold then set by Sidak's rule (ident.outputs.fleet_drift.family_wise_sigma).
 
     Returns
     -------
@@ -338,6 +347,10 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
     """
     if not jobs:
         raise InputError("no recordings to identify")
+    try:
+        check_threshold(drift_sigma, family_wise)      # refused before any work
+    except ValueError as exc:
+        raise InputError(f"drift threshold: {exc}") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     args = dict(with_report=with_report, argv=argv)
@@ -360,12 +373,13 @@ def identify_many(jobs: list[Job], out: str | Path, options: dict | None = None,
         bar.close()
     ordered = [outcomes[k] for k in range(len(jobs))]
     rows = [o.row if o.row is not None else _failed_row(o, out) for o in ordered]
-    rows = flag_drift(rows)
+    sigma = threshold_of(rows, drift_sigma, family_wise)
+    rows = flag_drift(rows, sigma)
     failures = [(o.job, o.error) for o in ordered if o.error is not None]
     written = write_table(rows, out)
     if report:
-        written["report"] = write_fleet_report(rows, out)
-    return FleetResult(rows, failures, written)
+        written["report"] = write_fleet_report(rows, out, sigma=sigma)
+    return FleetResult(rows, failures, written, sigma)
 
 
 # Dask starts its workers with MALLOC_TRIM_THRESHOLD_ set (to return memory to the system early). Setting it turns

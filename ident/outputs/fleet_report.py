@@ -1,5 +1,5 @@
-"""The fleet report: fleet.html with one PNG per base parameter (its value with 3-sigma bars over each arm's
-runs, drifted runs marked), the drift found, and the failed recordings with their reasons (matplotlib's
+"""The fleet report: fleet.html with one PNG per base parameter (its value with bars of the drift threshold over
+each arm's runs, drifted runs marked), the drift found, and the failed recordings with their reasons (matplotlib's
 Figure on the Agg canvas: no pyplot state, no backend change)."""
 from __future__ import annotations
 
@@ -28,16 +28,17 @@ def _x(rows: list[dict]) -> tuple[list, str]:
     return xs, "run"
 
 
-def _plot(path: Path, name: str, rows: list[dict], xs: list, xlabel: str, legend: bool) -> Path:
+def _plot(path: Path, name: str, rows: list[dict], xs: list, xlabel: str, legend: bool,
+          sigma: float = DRIFT_SIGMA) -> Path:
     """Write _figure's plot of one parameter to path (PNG)."""
-    _figure(name, rows, xs, xlabel, legend).savefig(path, dpi=PNG_DPI)
+    _figure(name, rows, xs, xlabel, legend, sigma).savefig(path, dpi=PNG_DPI)
     return path
 
 
-def _figure(name: str, rows: list[dict], xs: list, xlabel: str, legend: bool):
-    """One parameter over the runs: a line per arm, DRIFT_SIGMA bars as one collection per arm (cheaper to draw
-    than errorbar's caps), drifted runs ringed; the legend (arm colours) only when asked: the colours are the same
-    in every plot. Dates on x get a few ticks with concise labels (matplotlib.dates), run numbers whole ones."""
+def _figure(name: str, rows: list[dict], xs: list, xlabel: str, legend: bool, sigma: float = DRIFT_SIGMA):
+    """One parameter over the runs: a line per arm, bars of sigma (the drift threshold) standard deviations as one
+    collection per arm (cheaper to draw than errorbar's caps), drifted runs ringed; the legend (arm colours) only
+    when asked: the colours are the same in every plot. Dates on x get a few ticks with concise labels (matplotlib.dates), run numbers whole ones."""
     from ident.extras import require
 
     Figure = require("matplotlib.figure", "the fleet report's plots").Figure
@@ -51,7 +52,7 @@ def _figure(name: str, rows: list[dict], xs: list, xlabel: str, legend: bool):
         colour = f"C{k % 10}"
         x = [p[0] for p in pts]
         y = np.array([r[name] for _, r in pts])
-        bar = DRIFT_SIGMA * np.array([r[f"{name}_std"] for _, r in pts])
+        bar = sigma * np.array([r[f"{name}_std"] for _, r in pts])
         ax.plot(x, y, "o-", ms=3, lw=1, color=colour, label=str(arm))
         ax.vlines(x, y - bar, y + bar, color=colour, lw=1)
         drifted = [(xx, r[name]) for xx, r in pts if r.get(f"{name}_drift")]
@@ -74,9 +75,9 @@ def _figure(name: str, rows: list[dict], xs: list, xlabel: str, legend: bool):
     return fig
 
 
-def write_fleet_report(rows: list[dict], out: str | Path) -> Path:
+def write_fleet_report(rows: list[dict], out: str | Path, sigma: float = DRIFT_SIGMA) -> Path:
     """Write fleet.html and its plots (fleet_plots/NAME.png) into out from the fleet table's rows (with drift,
-    ident.outputs.fleet_drift.flag_drift); returns the HTML path."""
+    ident.outputs.fleet_drift.flag_drift at the threshold sigma); returns the HTML path."""
     out = Path(out)
     (out / PLOTS).mkdir(parents=True, exist_ok=True)
     ok = [r for r in rows if r.get("status") == "ok"]
@@ -85,7 +86,7 @@ def write_fleet_report(rows: list[dict], out: str | Path) -> Path:
     drifted = [n for n in names if any(r.get(f"{n}_drift") for r in ok)]
     parts = [f"<h1>Fleet identification</h1><p>{len({r['arm_id'] for r in rows})} arms, {len(rows)} recordings: "
              f"{len(ok)} identified, {len(failed)} failed. A parameter is flagged when it moved by more than "
-             f"{DRIFT_SIGMA:g} combined standard deviations since the arm's previous run.</p>"]
+             f"{sigma:.3g} combined standard deviations since the arm's previous run.</p>"]
     flagged = [[html.escape(str(r["arm_id"])), html.escape(str(r["run"])), html.escape(str(r.get("previous_run"))),
                 html.escape(r["drifted"].replace(";", ", "))] for r in ok if r.get("drifted")]
     parts += ["<h2>Drift</h2>", _table(["arm", "run", "since run", "parameters moved"], flagged) if flagged
@@ -110,10 +111,10 @@ def write_fleet_report(rows: list[dict], out: str | Path) -> Path:
               "segments too short for the filters).</p>"]
     if ok:
         xs, xlabel = _x(ok)
-        parts.append(f"<h2>Base parameters over the runs</h2><p>Bars: {DRIFT_SIGMA:g} sigma; red rings: drift "
+        parts.append(f"<h2>Base parameters over the runs</h2><p>Bars: {sigma:.3g} sigma; red rings: drift "
                      "flagged. Drifted parameters first; the arms' colours (legend of the first plot) are the same in every plot.</p>")
         for k, n in enumerate(drifted + [n for n in names if n not in drifted]):
-            png = _plot(out / PLOTS / f"{safe_name(n)}.png", n, ok, xs, xlabel, legend=k == 0)
+            png = _plot(out / PLOTS / f"{safe_name(n)}.png", n, ok, xs, xlabel, legend=k == 0, sigma=sigma)
             parts.append(f'<img src="{PLOTS}/{png.name}" alt="{html.escape(n)}">')
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>armid fleet identification</title>"
             f"<style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
