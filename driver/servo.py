@@ -49,6 +49,7 @@ from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError, ServoVersionError
 from firmware_bridge.runtime.log_throttle import Throttle
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH, TargetBuffer
+from driver.servo_shaping import stop_ramp, track, warm_up
 
 LATENCY_WINDOW = 4096
 DEFAULT_TIMEOUT_CYCLES = 50
@@ -104,6 +105,8 @@ class ServoSession:
         self.n = n
         self.last = np.array(q_start, dtype=float) if mode == MODE_POSITION else np.zeros(n)   # the drives' target
         self.target = self.last.copy()           # position: the newest accepted setpoint (the drives move to it)
+        self._target_before = self.target.copy()     # ... as it was the cycle before (its velocity on our clock)
+        self.velocity = np.zeros(n)              # the drives' target's velocity on the cycle clock, rad/s
         self.history: deque[tuple[int, np.ndarray]] = deque()   # (sent_ns, values) of the last accepted ones
         self.since = 0                   # cycles since the last accepted setpoint
         self.last_sent_ns: int | None = None      # the client's clock at the last accepted setpoint
@@ -119,6 +122,7 @@ class ServoSession:
         self.buffer = (TargetBuffer(buffer_cycles, max_queued=buffer_cycles + MAX_BUFFER_EXTRA)
                        if buffer_cycles else None)
         self._drain_old()
+        warm_up()                        # numba: compiled (or loaded) here, never in the cycle thread
 
     @property
     def mode_name(self) -> str:
@@ -200,8 +204,10 @@ class ServoSession:
             if self.since > self.timeout_cycles:
                 return ServoStep(STOP, reason=f"servo: no setpoint for {self.since - 1} cycles (timeout "
                                               f"{self.timeout_cycles})")
-            if self.mode == MODE_POSITION and not np.array_equal(self.last, self.target):
-                return ServoStep(TRACK, self._toward_target())          # still crossing a gap
+            if self.mode == MODE_POSITION and (self.velocity.any() or not np.array_equal(self.last, self.target)):
+                before = self.last.copy()
+                values = self._toward_target()                         # still on its way, or coming to rest
+                return ServoStep(HOLD if np.array_equal(values, before) else TRACK, values)
             return ServoStep(HOLD, self.last)
         seq, sent_ns, arrival_ns, values = got
         refusal = self._start(seq) if self.mode == MODE_POSITION and self.last_sent_ns is None else ""
@@ -220,16 +226,24 @@ class ServoSession:
         return ServoStep(TRACK, self._toward_target() if self.mode == MODE_POSITION else self.last)
 
     def _toward_target(self) -> np.ndarray:
-        """Move the drives' target towards the newest setpoint by at most the velocity limit over one cycle."""
-        reach = self.limits.qd_max * self.dt
-        gap = self.target - self.last
-        far = np.abs(gap) > reach
-        if far.any():
+        """This cycle's drive target: towards the newest setpoint within the position, velocity and acceleration
+        limits on the cycle clock (driver.servo_shaping)."""
+        lim = self.limits
+        if track(self.last, self.velocity, self.target, self._target_before, self.dt, lim.qd_max, lim.qdd_max,
+                 lim.q_min, lim.q_max):
             self.bridged_cycles += 1
-            self.last = np.where(far, self.last + np.clip(gap, -reach, reach), self.target)
-        else:
-            self.last = self.target.copy()
+        self._target_before[:] = self.target
         return self.last.copy()
+
+    def stop_ramp(self, at_setpoint: bool) -> np.ndarray | None:
+        """Position mode: the drive targets (K, n) of the cycles that bring the target to rest within the limits
+        when the session ends: at the newest accepted setpoint (at_setpoint: a client's orderly stop), else as
+        soon as the acceleration limits let it (a refusal). None: nothing to do (torque mode, or at rest)."""
+        if self.mode != MODE_POSITION:
+            return None
+        lim = self.limits
+        return stop_ramp(self.last, self.velocity, self.dt, lim.qd_max, lim.qdd_max, lim.q_min, lim.q_max,
+                         self.target if at_setpoint else None)
 
     def _start(self, used_seq: int) -> str:
         """Before the session's first setpoint is used: the first that arrived (this one, or one the buffer
