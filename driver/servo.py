@@ -49,7 +49,7 @@ from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError, ServoVersionError
 from firmware_bridge.runtime.log_throttle import Throttle
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH, TargetBuffer
-from driver.servo_shaping import stop_ramp, track, warm_up
+from driver.servo_shaping import stop_ramp, track
 
 LATENCY_WINDOW = 4096
 DEFAULT_TIMEOUT_CYCLES = 50
@@ -108,6 +108,7 @@ class ServoSession:
         self._target_before = self.target.copy()     # ... as it was the cycle before (its velocity on our clock)
         self.velocity = np.zeros(n)              # the drives' target's velocity on the cycle clock, rad/s
         self.history: deque[tuple[int, np.ndarray]] = deque()   # (sent_ns, values) of the last accepted ones
+        self._history_from_start = True          # history[0] is the session's first setpoint
         self.since = 0                   # cycles since the last accepted setpoint
         self.last_sent_ns: int | None = None      # the client's clock at the last accepted setpoint
         self._first: tuple[int, int, int, np.ndarray] | None = None   # the first setpoint that arrived: (seq,
@@ -122,7 +123,6 @@ class ServoSession:
         self.buffer = (TargetBuffer(buffer_cycles, max_queued=buffer_cycles + MAX_BUFFER_EXTRA)
                        if buffer_cycles else None)
         self._drain_old()
-        warm_up()                        # numba: compiled (or loaded) here, never in the cycle thread
 
     @property
     def mode_name(self) -> str:
@@ -311,22 +311,30 @@ class ServoSession:
 
     def _window_velocities(self, sent_ns: int, values: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, float]:
         """(velocity, its span s) from the setpoint WINDOW_S before this one, and the same for the window
-        before that (zero velocity when the session has none yet: the arm was at rest)."""
+        before that. Only a window that reaches back to the session's first setpoint counts as WINDOW_S long (the
+        arm was at rest before it; none before it: velocity zero); any other spans the stamps it has, so that
+        setpoints the buffer dropped never shorten a window the estimate divides by."""
         window = int(WINDOW_S * 1e9)
+        floor = window if self._history_from_start else 0
         t1, q1 = self._before(sent_ns - window)
-        span = max(sent_ns - t1, window) * 1e-9
+        span = max(sent_ns - t1, floor) * 1e-9
         t0, q0 = self._before(t1 - window)
-        span_before = max(t1 - t0, window) * 1e-9
-        velocity_before = (q1 - q0) / span_before if t0 < t1 else np.zeros(self.n)
+        if t0 < t1:
+            span_before = max(t1 - t0, floor) * 1e-9
+            velocity_before = (q1 - q0) / span_before
+        else:
+            span_before = window * 1e-9
+            velocity_before = np.zeros(self.n) if self._history_from_start else (values - q1) / span
         return (values - q1) / span, span, velocity_before, span_before
 
     def _remember(self, sent_ns: int, values: np.ndarray) -> None:
-        """Keep the accepted setpoints of the last two windows (and the one before them)."""
+        """Keep the accepted setpoints of the last three windows (and the one before them)."""
         history = self.history
         history.append((sent_ns, values))
-        horizon = sent_ns - int(2 * WINDOW_S * 1e9)
+        horizon = sent_ns - int(3 * WINDOW_S * 1e9)
         while len(history) > 2 and history[1][0] <= horizon:
             history.popleft()
+            self._history_from_start = False
 
     def totals(self, before: dict[str, int]) -> dict[str, int]:
         """The TOTALLED counters of this session added to `before` (the totals of the sessions before it)."""

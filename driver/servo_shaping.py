@@ -102,10 +102,14 @@ def stop_ramp(x: np.ndarray, v: np.ndarray, dt: float, qd_max: np.ndarray, qdd_m
     return np.array(rows)
 
 
-def warm_up() -> None:
-    """Compile the kernels (numba, cached on disk) outside the cycle thread."""
+def _warm_up() -> None:
+    """Compile the kernels (numba, cached on disk) when the driver is imported: compiling holds the GIL for
+    seconds, which the cycle thread must never wait for."""
     one = np.zeros(1)
     _track(one.copy(), one.copy(), one, one, 1e-3, np.ones(1), np.ones(1), -np.ones(1), np.ones(1))
+
+
+_warm_up()
 
 
 def stop_motion(ramp: np.ndarray, rate_hz: float, tau_start: np.ndarray,
