@@ -21,15 +21,15 @@ against the model's limits:
             longer one cannot. That clock is held to the driver's own: since the session's first setpoint,
             sent_ns may run ahead of the setpoints' arrival on the driver's clock by CLOCK_LEAD_S plus
             CLOCK_RATE of the time at most, so a client whose clock lies cannot make a fast motion look slow.
-            What the drives get is bounded on the driver's clock: each cycle their target moves towards the
-            newest setpoint by at most the velocity limit times the cycle period, so a gap in the setpoints
-            (dropped old ones, ones lost on the way) is crossed on a straight line within the velocity limit,
-            not in a jump; if the drives trail the newest setpoint by more than the velocity limit covers in
-            LAG_S, the setpoints outrun the limits and servo ends.
+            What the drives get is bounded on the driver's clock whatever the client sends: each cycle their
+            target moves towards the newest setpoint within the position, velocity and acceleration limits
+            (driver.servo_shaping: a stream within them is written unchanged; jerks, gaps and held cycles are
+            followed at the limits); if the drives trail the newest setpoint by more than the velocity limit
+            covers in LAG_S, the setpoints outrun the limits and servo ends.
   torque    finite, within the torque limits; and the arm's measured velocity within its limits and its
             position within its limits (a torque loop runs away otherwise).
-A setpoint that fails ends servo mode: the drives hold their last target (torque: the measured position), and
-the reason is an event. A cycle without a new setpoint holds the last one (or goes on crossing a gap); after
+A setpoint that fails ends servo mode: the drives' target comes to rest within the limits (`stop_ramp`, run by
+the cycle as the motion "servo stop"; torque: the measured position is held), and the reason is an event. A cycle without a new setpoint holds the last one (or goes on crossing a gap); after
 `timeout_cycles` in a row the drives quick-stop, as a drive's own setpoint timeout does. Undecodable messages
 are counted and never used; so are setpoints that reached the driver but were never used (`dropped`: the
 buffer's bound on its latency, or the newest-only mode) and setpoints that never reached it (`lost`: gaps in
