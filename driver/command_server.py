@@ -2,14 +2,21 @@
 
 One thread owns a ZeroMQ ROUTER socket (REQ clients talk to it as to a REP socket; its replies go to the
 client that asked, in any order). Each turn of the loop:
-  1. reads what has arrived (at most READ_BATCH messages), answering `quick_stop` and `disable` at once,
+  1. reads what has arrived (at most READ_BATCH messages, READ_BATCH_BYTES bytes), answering `quick_stop` and `disable` at once,
      before anything read earlier: they reach the cycle at its next cycle boundary whatever else is in flight;
   2. answers one other request (status, enable, set_payload, ...) or sends a motion request to the planner
      process (driver.planner), which answers later; a second motion while one is being planned is refused;
   3. collects the planner's answer when it is ready and starts the motion.
 Whatever a request raises becomes an error reply naming the request, counted in `stats` (the health topic's
-`commands`), and the loop goes on. At most PER_CLIENT requests of one client wait (and BACKLOG of all);
-beyond that a request is refused unread. Waiting requests are answered one client after the other (round
+`commands`), and the loop goes on.
+
+What a client can make the driver hold is bounded: ZeroMQ queues at most RECEIVE_QUEUE requests of each
+connection (RCVHWM; beyond, it stops reading that connection and TCP holds the sender back) and REPLY_QUEUE
+replies to it (SNDHWM; a reply beyond, to a client that does not read, is dropped and counted in
+`unsent_replies`), each request at most MAX_REQUEST_BYTES (twice that: ZeroMQ drops the connection). Of the
+requests read, at most PER_CLIENT of one client wait (and BACKLOG of all), at most WAITING_BYTES in all, and
+one larger than SMALL_REQUEST_BYTES (only a motion may be: one is planned at a time); beyond that a request is
+refused unread. Waiting requests are answered one client after the other (round
 robin over the clients' ROUTER identities), so that a client flooding the socket delays only itself: another
 client's request waits for at most one request of each other waiting client.
 """
@@ -22,6 +29,7 @@ from collections import deque
 
 import zmq
 
+from driver.allocator import trim
 from driver.commands import PLANNING, SMALL_REQUEST_BYTES, URGENT, Commands, encode
 from driver.planner import Planner, PlannerError
 from driver.requests import RequestError, decode_request
@@ -29,8 +37,13 @@ from firmware_bridge.runtime.log_throttle import Throttle
 
 POLL_MS = 50
 READ_BATCH = 256
-BACKLOG = 1024
+READ_BATCH_BYTES = 4 * 1024 * 1024    # and at most about this many bytes per turn
+BACKLOG = 256                      # requests waiting, all clients: another client's waits behind at most these
 PER_CLIENT = 64
+WAITING_BYTES = 16 * 1024 * 1024     # bytes of the requests waiting, all clients
+RECEIVE_QUEUE = 8                  # requests ZeroMQ queues per connection before the server reads them (RCVHWM)
+REPLY_QUEUE = PER_CLIENT + 8       # replies ZeroMQ queues per connection for a client that has not read them
+TRIM_INTERVAL_S = 5.0              # idle, the freed heap goes back to the OS (driver.allocator.trim) this often
 _URGENT_MARKS = tuple(name.encode() for name in URGENT)
 REFUSAL_LOG_INTERVAL_S = 1.0   # refused requests: the first logged, then one line per interval with a count
 _log = logging.getLogger(__name__)
@@ -45,6 +58,8 @@ class CommandServer:
         # requests waiting, by the client's ROUTER identity, in the order the clients are served (round robin)
         self._waiting: dict[bytes, deque[tuple[list, bytes]]] = {}
         self._queued = 0
+        self._waiting_bytes = 0                     # their bodies' bytes
+        self._large_waiting = 0                     # those larger than SMALL_REQUEST_BYTES (0 or 1)
         self._planning: list | None = None          # the envelope of the motion request being planned
         self.received = 0
         self.answered = 0
@@ -55,12 +70,14 @@ class CommandServer:
         self.malformed_envelopes = 0
         self.urgent = 0
         self.last_internal_error: str | None = None
+        self.trims = 0                    # times freed heap memory went back to the OS after a burst
+        self._next_trim = 0.0
 
     def stats(self) -> dict:
         return {"received": self.received, "answered": self.answered, "errors": self.errors,
                 "internal_errors": self.internal_errors, "refused_busy": self.refused_busy,
                 "unsent_replies": self.unsent, "malformed_envelopes": self.malformed_envelopes,
-                "urgent": self.urgent, "waiting": self._queued, "last_internal_error": self.last_internal_error,
+                "urgent": self.urgent, "trims": self.trims, "waiting": self._queued, "waiting_bytes": self._waiting_bytes, "last_internal_error": self.last_internal_error,
                 "planner": self.planner.stats()}
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -94,11 +111,21 @@ class CommandServer:
             if self._waiting:
                 self._guard_request(*self._next_waiting(), self._answer)
             self._guard("planner", self._planner_turn)
+            if not self._waiting and self._planning is None:
+                self._trim()
             fd = self.planner.fileno()
             if fd != planner_fd:               # the planner was restarted: a new pipe
                 poller.unregister(planner_fd)
                 poller.register(fd, zmq.POLLIN)
                 planner_fd = fd
+
+    def _trim(self) -> None:
+        """Idle, at most once per TRIM_INTERVAL_S: what bursts of requests and connections left freed in the heap
+        goes back to the OS."""
+        now = time.monotonic()
+        if now >= self._next_trim:
+            self._next_trim = now + TRIM_INTERVAL_S
+            self.trims += trim()
 
     def _guard(self, what: str, fn) -> None:
         try:
@@ -121,11 +148,17 @@ class CommandServer:
 
     # -- reading -------------------------------------------------------------------------------------
     def _read(self) -> None:
+        read = 0
         for _ in range(READ_BATCH):
+            if read >= READ_BATCH_BYTES:        # large requests: a waiting one is answered between the batches
+                return
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            read += sum(len(f) for f in frames)
+            # a large part stays ZeroMQ's (no copy) until it is kept: most large ones of a flood are refused
+            frames = [f.bytes if len(f) <= SMALL_REQUEST_BYTES else f for f in frames]
             self.received += 1
             split = _split(frames)
             if split is None:
@@ -134,15 +167,25 @@ class CommandServer:
                     self._reply(frames[:1], {"ok": False, "error": "request: expected one message part"})
                 continue
             envelope, body = split
+            large = len(body) > SMALL_REQUEST_BYTES
             if len(body) < 256 and any(mark in body for mark in _URGENT_MARKS):
                 self._guard_request(envelope, body, self._answer)   # before anything that waits
-            elif self._queued >= BACKLOG or len(self._waiting.get(envelope[0], ())) >= PER_CLIENT:
+            elif large and (self._large_waiting or self._planning is not None):
+                self.refused_busy += 1
+                self._reply(envelope, {"ok": False, "error": f"request of {len(body)} bytes refused unread: a "
+                                                             f"motion is already waiting or being planned; send "
+                                                             f"it again when that one has been answered"})
+            elif (self._queued >= BACKLOG or len(self._waiting.get(envelope[0], ())) >= PER_CLIENT
+                  or self._waiting_bytes + len(body) > WAITING_BYTES):
                 self.refused_busy += 1
                 self._reply(envelope, {"ok": False, "error": "request refused unread: too many requests are "
                                                              "waiting; wait for the replies before sending more"})
             else:
+                body = body if isinstance(body, bytes) else body.bytes
                 self._waiting.setdefault(envelope[0], deque()).append((envelope, body))
                 self._queued += 1
+                self._waiting_bytes += len(body)
+                self._large_waiting += large
 
     def _next_waiting(self) -> tuple[list, bytes]:
         """The next waiting request: the oldest of the client served longest ago, which then goes last."""
@@ -152,6 +195,8 @@ class CommandServer:
         if queue:
             self._waiting[client] = queue
         self._queued -= 1
+        self._waiting_bytes -= len(request[1])
+        self._large_waiting -= len(request[1]) > SMALL_REQUEST_BYTES
         return request
 
     # -- answering -----------------------------------------------------------------------------------
