@@ -13,10 +13,11 @@ Whatever a request raises becomes an error reply naming the request, counted in 
 What a client can make the driver hold is bounded: ZeroMQ queues at most RECEIVE_QUEUE requests of each
 connection (RCVHWM; beyond, it stops reading that connection and TCP holds the sender back) and REPLY_QUEUE
 replies to it (SNDHWM; a reply beyond, to a client that does not read, is dropped and counted in
-`unsent_replies`), each request at most MAX_REQUEST_BYTES (twice that: ZeroMQ drops the connection). Of the
-requests read, at most PER_CLIENT of one client wait (and BACKLOG of all), at most WAITING_BYTES in all, and
-one larger than SMALL_REQUEST_BYTES (only a motion may be: one is planned at a time); beyond that a request is
-refused unread. Waiting requests are answered one client after the other (round
+`unsent_replies`; a client with at most PER_CLIENT + RECEIVE_QUEUE requests in flight loses none), each
+request at most MAX_REQUEST_BYTES (twice that: ZeroMQ drops the connection). Of the requests read, at most
+PER_CLIENT of one client wait (and BACKLOG of all), at most WAITING_BYTES in all; beyond that a request is
+refused unread. A turn reads at most READ_BATCH_BYTES, so that a waiting request is answered between large
+ones. Idle, the server hands what bursts left freed in the heap back to the OS (driver.allocator). Waiting requests are answered one client after the other (round
 robin over the clients' ROUTER identities), so that a client flooding the socket delays only itself: another
 client's request waits for at most one request of each other waiting client.
 """
@@ -42,7 +43,9 @@ BACKLOG = 256                      # requests waiting, all clients: another clie
 PER_CLIENT = 64
 WAITING_BYTES = 16 * 1024 * 1024     # bytes of the requests waiting, all clients
 RECEIVE_QUEUE = 8                  # requests ZeroMQ queues per connection before the server reads them (RCVHWM)
-REPLY_QUEUE = PER_CLIENT + 8       # replies ZeroMQ queues per connection for a client that has not read them
+REPLY_QUEUE = 2 * (PER_CLIENT + RECEIVE_QUEUE)   # replies ZeroMQ queues per connection for a client that has
+                                   # not read them: twice what a client with that many requests in flight is owed
+                                   # (ZeroMQ frees a pipe's room in batches of half its bound)
 TRIM_INTERVAL_S = 5.0              # idle, the freed heap goes back to the OS (driver.allocator.trim) this often
 _URGENT_MARKS = tuple(name.encode() for name in URGENT)
 REFUSAL_LOG_INTERVAL_S = 1.0   # refused requests: the first logged, then one line per interval with a count
@@ -59,7 +62,6 @@ class CommandServer:
         self._waiting: dict[bytes, deque[tuple[list, bytes]]] = {}
         self._queued = 0
         self._waiting_bytes = 0                     # their bodies' bytes
-        self._large_waiting = 0                     # those larger than SMALL_REQUEST_BYTES (0 or 1)
         self._planning: list | None = None          # the envelope of the motion request being planned
         self.received = 0
         self.answered = 0
@@ -167,14 +169,8 @@ class CommandServer:
                     self._reply(frames[:1], {"ok": False, "error": "request: expected one message part"})
                 continue
             envelope, body = split
-            large = len(body) > SMALL_REQUEST_BYTES
             if len(body) < 256 and any(mark in body for mark in _URGENT_MARKS):
                 self._guard_request(envelope, body, self._answer)   # before anything that waits
-            elif large and (self._large_waiting or self._planning is not None):
-                self.refused_busy += 1
-                self._reply(envelope, {"ok": False, "error": f"request of {len(body)} bytes refused unread: a "
-                                                             f"motion is already waiting or being planned; send "
-                                                             f"it again when that one has been answered"})
             elif (self._queued >= BACKLOG or len(self._waiting.get(envelope[0], ())) >= PER_CLIENT
                   or self._waiting_bytes + len(body) > WAITING_BYTES):
                 self.refused_busy += 1
@@ -185,7 +181,6 @@ class CommandServer:
                 self._waiting.setdefault(envelope[0], deque()).append((envelope, body))
                 self._queued += 1
                 self._waiting_bytes += len(body)
-                self._large_waiting += large
 
     def _next_waiting(self) -> tuple[list, bytes]:
         """The next waiting request: the oldest of the client served longest ago, which then goes last."""
@@ -196,7 +191,6 @@ class CommandServer:
             self._waiting[client] = queue
         self._queued -= 1
         self._waiting_bytes -= len(request[1])
-        self._large_waiting -= len(request[1]) > SMALL_REQUEST_BYTES
         return request
 
     # -- answering -----------------------------------------------------------------------------------
