@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 import flood_clients
 from armid.chain import request, start_child

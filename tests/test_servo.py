@@ -17,18 +17,11 @@ from driver.servo import CLOCK_LEAD_S, LAG_S, WINDOW_S, END, HOLD, STOP, TRACK, 
 from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError, ServoVersionError
 from ident.model import dynamics
-from ident.model import load_model
-from local_driver import local_driver
 from waiting import wait_until
 
 N = 6
 DT = 1e-3
 _NAMES = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model("generic6")
 
 
 # -- the message -----------------------------------------------------------------------------------------------
@@ -298,12 +291,6 @@ def test_with_its_buffer_every_setpoint_of_a_jittery_client_is_carried_out_in_or
 
 
 # -- a driver on the in-process simulator ---------------------------------------------------------------------------
-@pytest.fixture
-def driver(model):
-    with local_driver(model) as running:
-        yield running
-
-
 def _stream(servo, q0: np.ndarray, seconds: float, amplitude: float = 0.1, rate: float = 1000.0) -> np.ndarray:
     """Stream q0 + amplitude (1 - cos(2 pi t / seconds)) / 2 on joint 1 at about `rate`; the last setpoint."""
     start = time.time_ns()

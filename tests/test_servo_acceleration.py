@@ -16,14 +16,8 @@ import zmq
 
 from armid.client import ArmClient
 from firmware_bridge import servo_wire
-from ident.model import load_model
 from local_driver import local_driver
 from waiting import wait_until
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model("generic6")
 
 
 class WrittenTargets:
