@@ -2,8 +2,9 @@
 
 One thread owns a ZeroMQ ROUTER socket (REQ clients talk to it as to a REP socket; its replies go to the
 client that asked, in any order). Each turn of the loop:
-  1. reads what has arrived (at most READ_BATCH messages, READ_BATCH_BYTES bytes), answering `quick_stop` and `disable` at once,
-     before anything read earlier: they reach the cycle at its next cycle boundary whatever else is in flight;
+  1. reads what has arrived (at most READ_BATCH messages and about READ_BATCH_BYTES), answering `quick_stop`
+     and `disable` at once, before anything read earlier: they reach the cycle at its next cycle boundary
+     whatever else is in flight;
   2. answers one other request (status, enable, set_payload, ...) or sends a motion request to the planner
      process (driver.planner), which answers later; a second motion while one is being planned is refused;
   3. collects the planner's answer when it is ready and starts the motion.
@@ -16,10 +17,11 @@ replies to it (SNDHWM; a reply beyond, to a client that does not read, is droppe
 `unsent_replies`; a client with at most PER_CLIENT + RECEIVE_QUEUE requests in flight loses none), each
 request at most MAX_REQUEST_BYTES (twice that: ZeroMQ drops the connection). Of the requests read, at most
 PER_CLIENT of one client wait (and BACKLOG of all), at most WAITING_BYTES in all; beyond that a request is
-refused unread. A turn reads at most READ_BATCH_BYTES, so that a waiting request is answered between large
-ones. Idle, the server hands what bursts left freed in the heap back to the OS (driver.allocator). Waiting requests are answered one client after the other (round
-robin over the clients' ROUTER identities), so that a client flooding the socket delays only itself: another
-client's request waits for at most one request of each other waiting client.
+refused unread. Waiting requests are answered one client after the other (round robin over the clients'
+ROUTER identities), so that a client flooding the socket delays only itself: another client's request waits
+for at most one request of each other waiting client; and a turn reads about READ_BATCH_BYTES at most, so that
+waiting requests are answered between large ones. Idle, the server hands what bursts left freed in the heap
+back to the OS (driver.allocator).
 """
 from __future__ import annotations
 
@@ -79,7 +81,8 @@ class CommandServer:
         return {"received": self.received, "answered": self.answered, "errors": self.errors,
                 "internal_errors": self.internal_errors, "refused_busy": self.refused_busy,
                 "unsent_replies": self.unsent, "malformed_envelopes": self.malformed_envelopes,
-                "urgent": self.urgent, "trims": self.trims, "waiting": self._queued, "waiting_bytes": self._waiting_bytes, "last_internal_error": self.last_internal_error,
+                "urgent": self.urgent, "trims": self.trims, "waiting": self._queued,
+                "waiting_bytes": self._waiting_bytes, "last_internal_error": self.last_internal_error,
                 "planner": self.planner.stats()}
 
     # -- the loop ------------------------------------------------------------------------------------

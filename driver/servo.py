@@ -29,11 +29,11 @@ against the model's limits:
   torque    finite, within the torque limits; and the arm's measured velocity within its limits and its
             position within its limits (a torque loop runs away otherwise).
 A setpoint that fails ends servo mode: the drives' target comes to rest within the limits (`stop_ramp`, run by
-the cycle as the motion "servo stop"; torque: the measured position is held), and the reason is an event. A cycle without a new setpoint holds the last one (or goes on crossing a gap); after
-`timeout_cycles` in a row the drives quick-stop, as a drive's own setpoint timeout does. Undecodable messages
-are counted and never used; so are setpoints that reached the driver but were never used (`dropped`: the
-buffer's bound on its latency, or the newest-only mode) and setpoints that never reached it (`lost`: gaps in
-seq).
+the cycle as the motion "servo stop"; torque: the measured position is held), and the reason is an event. A
+cycle without a new setpoint holds the last one (or goes on to it, or comes to rest); after `timeout_cycles`
+in a row the drives quick-stop, as a drive's own setpoint timeout does. Undecodable messages are counted and
+never used; so are setpoints that reached the driver but were never used (`dropped`: the buffer's bound on its
+latency, or the newest-only mode) and setpoints that never reached it (`lost`: gaps in seq).
 """
 from __future__ import annotations
 

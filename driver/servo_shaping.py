@@ -25,7 +25,6 @@ import numpy as np
 
 from driver.motion import PlannedMotion
 
-MAX_RAMP_CYCLES = 1_000_000   # a stop ramp ends long before (the time-optimal approach ends exactly at rest)
 LIMIT_MARGIN = 1e-9     # rad: the target brakes to rest this far inside the position limits, so that the rounding
                         # of its positions on a braking curve (about 1e-12 rad) never meets a limit
 
@@ -82,24 +81,40 @@ def track(x: np.ndarray, v: np.ndarray, r: np.ndarray, r_prev: np.ndarray, dt: f
     return bool(_track(x, v, r, r_prev, float(dt), qd_max, qdd_max, q_min, q_max))
 
 
+@numba.njit(cache=True, nogil=True)
+def _ramp(x, v, goal, brake, dt, qd_max, qdd_max, q_min, q_max, out):
+    reference = goal.copy()
+    for k in range(out.shape[0]):
+        if brake:
+            reference[:] = x                 # a reference that stops where the target is
+        _track(x, v, reference, reference, dt, qd_max, qdd_max, q_min, q_max)
+        out[k] = x
+        rest = True
+        for j in range(x.shape[0]):
+            if v[j] != 0.0 or (not brake and x[j] != goal[j]):
+                rest = False
+        if rest:
+            return k + 1
+    return -1
+
+
 def stop_ramp(x: np.ndarray, v: np.ndarray, dt: float, qd_max: np.ndarray, qdd_max: np.ndarray,
               q_min: np.ndarray, q_max: np.ndarray, goal: np.ndarray | None = None) -> np.ndarray | None:
     """The targets (K, n) of the cycles after x (rad) that bring a target moving at v (rad/s) to rest within
     the limits: at `goal` (rad, within the position limits) when given, time-optimally; else as soon as the
-    acceleration limit lets it. The last row is where it rests. None when it rests already (at `goal`)."""
+    acceleration limit lets it. The last row is where it rests. None when it rests already (at `goal`).
+    One numba call (it runs in the cycle thread when a session ends)."""
     x, v = np.array(x, dtype=float), np.array(v, dtype=float)
-    if goal is not None and np.array_equal(x, goal):
-        goal = None
-    if goal is None and not np.any(v):
+    if not np.any(v) and (goal is None or np.array_equal(x, goal)):
         return None
-    rows = []
-    for _ in range(MAX_RAMP_CYCLES):
-        reference = x.copy() if goal is None else goal     # braking: a reference that stops where the target is
-        _track(x, v, reference, reference, float(dt), qd_max, qdd_max, q_min, q_max)
-        rows.append(x.copy())
-        if not np.any(v) and (goal is None or np.array_equal(x, goal)):
-            break
-    return np.array(rows)
+    # cycles enough for any joint: stop, then cross to the goal rest to rest (and back from a limit's margin)
+    a, speed = np.asarray(qdd_max, dtype=float), np.asarray(qd_max, dtype=float)
+    distance = (0.0 if goal is None else np.abs(np.asarray(goal) - x)) + v * v / (2 * a)
+    seconds = np.abs(v) / a + distance / speed + 2 * speed / a + 2 * np.sqrt(distance / a)
+    out = np.empty((int(np.ceil(seconds.max() / dt)) + 10, x.shape[0]))
+    rows = _ramp(x, v, x.copy() if goal is None else np.array(goal, dtype=float), goal is None, float(dt),
+                 speed, a, np.asarray(q_min, dtype=float), np.asarray(q_max, dtype=float), out)
+    return out[:rows] if rows > 0 else out      # rows < 0 cannot happen: the bound above covers the ramp
 
 
 def _warm_up() -> None:
@@ -107,6 +122,9 @@ def _warm_up() -> None:
     seconds, which the cycle thread must never wait for."""
     one = np.zeros(1)
     _track(one.copy(), one.copy(), one, one, 1e-3, np.ones(1), np.ones(1), -np.ones(1), np.ones(1))
+    for brake in (True, False):
+        _ramp(one.copy(), np.ones(1), one, brake, 1e-3, np.ones(1), np.ones(1), -np.ones(1), np.ones(1),
+              np.empty((4, 1)))
 
 
 _warm_up()
