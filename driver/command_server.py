@@ -19,9 +19,10 @@ request at most MAX_REQUEST_BYTES (twice that: ZeroMQ drops the connection). Of 
 PER_CLIENT of one client wait (and BACKLOG of all), at most WAITING_BYTES in all; beyond that a request is
 refused unread. Waiting requests are answered one client after the other (round robin over the clients'
 ROUTER identities), so that a client flooding the socket delays only itself: another client's request waits
-for at most one request of each other waiting client; and a turn reads about READ_BATCH_BYTES at most, so that
-waiting requests are answered between large ones. Idle, the server hands what bursts left freed in the heap
-back to the OS (driver.allocator).
+for at most one request of each other waiting client. A plain `status` is answered as it is read, with a
+reply made at most once per turn, so a flood of them from many connections delays no one. A turn reads about
+READ_BATCH_BYTES at most, so that waiting requests are answered between large ones. Idle, the server hands
+what bursts left freed in the heap back to the OS (driver.allocator).
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class CommandServer:
         self._queued = 0
         self._waiting_bytes = 0                     # their bodies' bytes
         self._planning: list | None = None          # the envelope of the motion request being planned
+        self._status: tuple[dict, bytes] | None = None   # this turn's status reply, once made
         self.received = 0
         self.answered = 0
         self.errors = 0              # error replies (bad requests, refusals)
@@ -103,6 +105,7 @@ class CommandServer:
         poller.register(self.planner.fileno(), zmq.POLLIN)
         planner_fd = self.planner.fileno()
         while not self._stop.is_set():
+            self._status = None                    # a status reply is made at most once per turn
             busy = bool(self._waiting)
             try:
                 poller.poll(0 if busy else (10 if self.planner.busy else POLL_MS))
@@ -174,6 +177,8 @@ class CommandServer:
             envelope, body = split
             if len(body) < 256 and any(mark in body for mark in _URGENT_MARKS):
                 self._guard_request(envelope, body, self._answer)   # before anything that waits
+            elif len(body) < 64 and b"status" in body and _is_status(body):
+                self._guard_request(envelope, body, self._answer_status)   # never behind other requests
             elif (self._queued >= BACKLOG or len(self._waiting.get(envelope[0], ())) >= PER_CLIENT
                   or self._waiting_bytes + len(body) > WAITING_BYTES):
                 self.refused_busy += 1
@@ -237,15 +242,31 @@ class CommandServer:
         plan = answer
         self._reply(envelope, self.commands.guarded(plan.name, lambda: self.commands.start(plan)))
 
-    def _reply(self, envelope: list, reply: dict) -> None:
+    def _answer_status(self, envelope: list, body: bytes) -> None:
+        """A plain status request, answered as it is read with this turn's status (made once per turn: a flood
+        of status requests from many connections costs a send each, and delays no one)."""
+        if self._status is None:
+            reply = self.commands.run({"cmd": "status"})
+            self._status = (reply, encode(reply))
+        self._reply(envelope, *self._status)
+
+    def _reply(self, envelope: list, reply: dict, raw: bytes | None = None) -> None:
         self.answered += 1
         if not reply.get("ok"):
             self.errors += 1
             self._refusals.hit("command refused: %s", reply.get("error"), error=reply.get("error"))
         try:
-            self.sock.send_multipart([*envelope, encode(reply)], zmq.NOBLOCK)
+            self.sock.send_multipart([*envelope, encode(reply) if raw is None else raw], zmq.NOBLOCK)
         except (zmq.Again, zmq.ZMQError):
             self.unsent += 1
+
+
+def _is_status(body: bytes) -> bool:
+    """The request is exactly {"cmd": "status"} (any spacing)."""
+    try:
+        return decode_request(body) == {"cmd": "status"}
+    except RequestError:
+        return False
 
 
 def _split(frames: list) -> tuple[list, bytes] | None:
