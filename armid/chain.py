@@ -269,7 +269,10 @@ def start_child(name: str, args: list[str], workdir: Path, *, realtime: bool = T
     workdir.mkdir(parents=True, exist_ok=True)
     out, err = workdir / f"{name}.out", workdir / f"{name}.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
-        proc = subprocess.Popen([*child_command(), *args], env=child_environment(), stdout=fo, stderr=fe,
+        env = child_environment()
+        if not realtime:                # nor the real-time scheduling the driver and simulator take by default
+            env["ARMID_REALTIME"] = "0"
+        proc = subprocess.Popen([*child_command(), *args], env=env, stdout=fo, stderr=fe,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=functools.partial(_child_setup, RT_PRIORITY.get(name, 0) if realtime else 0,
                                                              realtime))
@@ -340,9 +343,9 @@ def request(endpoint: str, timeout_s: float = 10.0, **req) -> dict:
         sock.close(0)
 
 
-def command(endpoint: str, step: str, driver: Child | None = None, **req) -> dict:
+def command(endpoint: str, step: str, driver: Child | None = None, *, timeout_s: float = 10.0, **req) -> dict:
     """request() that must succeed: ChainError naming the step, the driver's error and its stderr tail."""
-    reply = request(endpoint, **req)
+    reply = request(endpoint, timeout_s, **req)
     if not reply.get("ok"):
         tail = f"; driver stderr ends: {driver.tail()}" if driver is not None else ""
         raise ChainError(f"{step}: the driver refused {req.get('cmd')!r}: {reply.get('error')}{tail}")

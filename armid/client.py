@@ -54,6 +54,9 @@ PLANNING = ("move_to", "run_trajectory")
 PLAN_REPLY_S = 90.0         # s to wait for a motion's reply: the driver plans it first (its planner's bound is
                             # 60 s; the first plan of a fresh install also compiles the planner's kernels)
 POLL_S = 0.05               # s between status polls while waiting
+ARRIVED_TOLERANCE = 2e-3    # rad (m for prismatic joints): a waited-for motion has arrived when every measured
+                            # joint is this close to the motion's goal
+SETTLE_S = 2.0              # s after the last target a waited-for motion has to arrive, else MotionFailed
 FIRST_HANDSHAKE_WAIT_S = 0.25   # s a new command socket may take to complete its handshake before it is replaced
 MAX_HANDSHAKE_WAIT_S = 2.0      # (the wait doubles with each new socket, up to this, within the client's timeout)
 
@@ -71,7 +74,8 @@ class CommandRefused(ClientError):
 
 
 class MotionFailed(ClientError):
-    """A waited-for motion or enable did not complete: the driver faulted, or it took too long."""
+    """A waited-for motion or enable did not complete: the driver faulted, it took too long, or the arm did not
+    arrive at the motion's goal (the message names the joint and its error)."""
 
 
 @dataclass(frozen=True)
@@ -372,12 +376,13 @@ class ArmClient:
         speed : float
             Fraction of the limits the planner may use, (0, 1].
         wait : bool
-            Block until the motion ends.
+            Block until the arm has arrived: every measured joint within ARRIVED_TOLERANCE (2 mrad) of the
+            goal, at most SETTLE_S (2 s) after the motion's last target (`wait_arrived`).
 
         Returns
         -------
         dict
-            The driver's reply; "duration" is the planned motion's length (s).
+            The driver's reply; "duration" is the planned motion's length (s), "goal" its last sample.
 
         Raises
         ------
@@ -402,7 +407,8 @@ class ArmClient:
                             speed=float(speed))
 
     def run_trajectory(self, *, file: str | None = None, preset: str | None = None, samples=None,
-                       periods: float | None = None, blend_s: float | None = None, wait: bool = False) -> dict:
+                       periods: float | None = None, blend_s: float | None = None, preempt: bool = False,
+                       wait: bool = False) -> dict:
         """Run a trajectory: a file in the driver's trajectory folder, a shipped preset, or samples.
 
         The driver checks the whole motion against the limits and moves to its start first.
@@ -414,13 +420,18 @@ class ArmClient:
         preset : str, optional
             A shipped trajectory (ident.fit.excitation.presets()).
         samples : tuple of array_like, optional
-            (t (N,) s, q (N, n) rad): a sampled motion.
+            (t (N,) s, q (N, n) rad): a sampled motion, through its waypoints on a cubic spline at rest at both
+            ends; (t, q, qd (N, n) rad/s): with the velocity at each waypoint (a cubic Hermite spline); (t, q, qd,
+            qdd (N, n) rad/s^2): with the accelerations too (a quintic one).
         periods : float, optional
             Periods of a Fourier trajectory to run.
         blend_s : float, optional
             Seconds over which a preset is blended in from rest and out.
+        preempt : bool
+            With samples: take over from the running motion while it moves (a quintic blend from its state into the
+            samples, whose time 0 is the hand-over); with none running, the samples must start at rest.
         wait : bool
-            Block until the motion ends.
+            Block until the arm has arrived at the trajectory's last sample (as move_to's wait).
 
         Returns
         -------
@@ -451,12 +462,16 @@ class ArmClient:
         if preset is not None:
             fields["preset"] = str(preset)
         if samples is not None:
-            t, q = samples
-            fields["samples"] = {"t": np.asarray(t, dtype=float).tolist(), "q": np.asarray(q, dtype=float).tolist()}
+            if not 2 <= len(samples) <= 4:
+                raise ClientError(f"samples: expected (t, q), (t, q, qd) or (t, q, qd, qdd), got {len(samples)} arrays")
+            fields["samples"] = {key: np.asarray(value, dtype=float).tolist()
+                                 for key, value in zip(("t", "q", "qd", "qdd"), samples) if value is not None}
         if periods is not None:
             fields["periods"] = float(periods)
         if blend_s is not None:
             fields["blend_s"] = float(blend_s)
+        if preempt:
+            fields["preempt"] = True
         return self._motion(wait, "run_trajectory", **fields)
 
     def set_payload(self, mass: float, com=(0.0, 0.0, 0.0), inertia=(0.0,) * 6) -> None:
@@ -577,7 +592,50 @@ class ArmClient:
         reply = self.request(cmd, **fields)
         if wait:
             self.wait_motion(float(reply.get("duration", 0.0)) + MOTION_MARGIN_S)
+            if "goal" in reply:
+                self.wait_arrived(reply["goal"])
         return reply
+
+    def wait_arrived(self, goal, *, tolerance: float = ARRIVED_TOLERANCE, settle_s: float = SETTLE_S) -> dict:
+        """Block until every measured joint is within `tolerance` of `goal` (the arm has arrived, not only its
+        targets: the drives' setpoint buffer and tracking run a few cycles behind them). The driver is asked
+        (`status`: the angles it measured last), so the answer does not depend on how fast this client reads the
+        stream: a client starved of CPU time gets it as soon as it asks.
+
+        Parameters
+        ----------
+        goal : array_like, shape (n,)
+            rad (m for prismatic joints), e.g. a motion reply's "goal".
+        tolerance : float
+            rad (m), per joint.
+        settle_s : float
+            Seconds to wait at most.
+
+        Returns
+        -------
+        dict
+            The first status reply whose "q" is within the tolerance.
+
+        Raises
+        ------
+        MotionFailed
+            The driver faulted, or after settle_s a joint is still farther away (named, with its error).
+        """
+        goal = np.asarray(goal, dtype=float)
+        deadline = time.monotonic() + settle_s
+        while True:
+            status = self.status()
+            if status.get("fault"):
+                raise MotionFailed(f"the driver faulted: {status['fault']}")
+            error = np.asarray(status["q"], dtype=float) - goal
+            if not (np.abs(error) > tolerance).any():
+                return status
+            if time.monotonic() > deadline:
+                j = int(np.argmax(np.abs(error)))
+                raise MotionFailed(f"the arm did not arrive within {settle_s:g} s of the motion's end: joint "
+                                   f"{j + 1} is {error[j]:+.4g} from its goal {goal[j]:.6g} (tolerance "
+                                   f"{tolerance:g})")
+            time.sleep(0.002)
 
     def _await(self, done: Callable[[dict], bool], timeout_s: float, what: str,
                progress: Callable[[float], object] | None = None) -> dict:
@@ -662,13 +720,18 @@ class ArmClient:
         >>> sample.q.shape, sample.fault
         ((6,), False)
         """
+        called_ns = time.time_ns()
         with self._sub_lock:
             newest = self._next(timeout_s)
-            while True:
+            stop = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+            # what has arrived, up to a sample the driver read after this call (new enough: a reader slower than
+            # the stream returns too), within the timeout
+            while newest.host_time_ns < called_ns and time.monotonic() < stop:
                 more = self._next(0.0, raise_on_timeout=False)
                 if more is None:
                     return newest
                 newest = more
+            return newest
 
     def samples(self, count: int | None = None, timeout_s: float | None = None) -> Iterator[Sample]:
         """Every sample from now on, in order.

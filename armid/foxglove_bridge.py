@@ -42,9 +42,10 @@ STATE_SCHEMA = {
     "properties": {"seq": {"type": "integer"}, "device_time_ns": {"type": "integer"},
                    "host_time_ns": {"type": "integer"}, "enabled": {"type": "boolean"},
                    "moving": {"type": "boolean"}, "fault": {"type": "boolean"}, "stale": {"type": "boolean"},
-                   "lost_samples": {"type": "integer"},
+                   "lost_samples": {"type": "integer"}, "contact": {"type": "boolean"},
+                   "collision": {"type": "boolean"},
                    **{k: {"type": "array", "items": {"type": "number"}}
-                      for k in ("q", "qd", "current", "torque", "statusword", "error_code", "mode")}}}
+                      for k in ("q", "qd", "current", "torque", "statusword", "error_code", "mode", "tau_ext")}}}
 HEALTH_SCHEMA = {"type": "object", "title": "armid.Health"}
 MODEL_SCHEMA = {"type": "object", "title": "armid.Model"}
 MODEL_PERIOD_S = 10.0
@@ -101,8 +102,10 @@ def state_json(r, n: int) -> dict:
     return {"seq": int(r["seq"]), "device_time_ns": int(r["device_time_ns"]), "host_time_ns": int(r["host_time_ns"]),
             "enabled": bool(flags & stream.FLAG_ENABLED), "moving": bool(flags & stream.FLAG_MOVING),
             "fault": bool(flags & stream.FLAG_FAULT), "stale": bool(flags & stream.FLAG_STALE),
-            "lost_samples": stream.lost_samples(flags),
-            **{k: np.asarray(r[k]).tolist() for k in ("q", "qd", "current", "torque", "statusword", "error_code", "mode")}}
+            "lost_samples": stream.lost_samples(flags), "contact": bool(flags & stream.FLAG_CONTACT),
+            "collision": bool(flags & stream.FLAG_COLLISION),
+            **{k: np.asarray(r[k]).tolist()
+               for k in ("q", "qd", "current", "torque", "statusword", "error_code", "mode", "tau_ext")}}
 
 
 class Bridge:

@@ -14,6 +14,10 @@ asked to start it; the reply says so or names the joint, quantity and time.
   set_payload    mass kg, com [3] m (flange frame), inertia [XX XY XZ YY YZ ZZ] kg m^2 about the CoM;
                  mass 0 clears it. Checked against the model's rated payload and reach, and the holding
                  torque it needs against the torque limits; planning checks and the feed-forward include it.
+  collision      the collision settings (thresholds, reaction, on or off), counters and the last collision
+  set_collision  contact, collision: N m (one number or one per joint), reaction: "quick_stop" | "stop_and_hold",
+                 enabled: true | false; any subset. While the arm moves only stricter settings are taken
+                 (lower thresholds); the rest is refused (driver.collision.check_change).
 
 Requests are decoded with bounds (driver.requests). The motion commands are planned in the planner process
 (driver.planner) when the daemon's command server runs them; `handle` and `handle_bytes` plan in the
@@ -36,7 +40,8 @@ __all__ = ["Commands", "CommandError", "URGENT", "PLANNING"]
 
 URGENT = ("quick_stop", "disable")          # answered before anything else waiting (driver.command_server)
 PLANNING = ("move_to", "run_trajectory")    # planned in the planner process by the command server
-FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles", "buffer_cycles")}   # the rest take none
+FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles", "buffer_cycles"),
+          "set_collision": ("contact", "collision", "reaction", "enabled")}   # the rest take none
 SMALL_REQUEST_BYTES = 64 * 1024             # larger requests can only be motions: decoded by the planner
 
 
@@ -48,8 +53,9 @@ class Commands:
         self.bounds = bounds
         self.table: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "enable": self.enable, "disable": self.disable,
-            "quick_stop": self.quick_stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
-            "servo": self.servo, "servo_stop": self.servo_stop,
+            "quick_stop": self.quick_stop, "stop": self.stop, "fault_reset": self.fault_reset, "set_payload": self.set_payload,
+            "servo": self.servo, "servo_stop": self.servo_stop, "collision": self.collision,
+            "set_collision": self.set_collision,
         }
         self.known = sorted([*self.table, *PLANNING])
 
@@ -107,9 +113,41 @@ class Commands:
         return PlanJob(raw, d.planning_model, d.cycle.hold.copy(), d.cycle.rate_hz, self.bounds)
 
     def start(self, plan) -> dict:
-        """Hand a planned motion to the cycle; the reply's fields."""
+        """Hand a planned motion to the cycle; the reply's fields. A plan asked to preempt blends the running motion
+        into it (driver.blending); with none running, it starts as any plan if it starts at rest."""
+        if plan.preempt:
+            blended = self._preempt(plan)
+            if blended is not None:
+                return {"duration": blended.duration, "preempted": True,
+                        "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in blended.segments]}
+            start = dict(plan.segments).get("run_trajectory", 0)
+            if np.abs(plan.qd[start]).max() > 1e-6:
+                raise CommandError("run_trajectory: preempt: no motion is running to blend from, and the trajectory "
+                                   "does not start at rest")
         self.driver.cycle.submit(lambda: self.driver.cycle.start_motion(plan))
-        return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments]}
+        return {"duration": plan.duration, "segments": [{"name": n, "start": k / plan.rate_hz} for n, k in plan.segments],
+                "goal": plan.q[-1].tolist()}
+
+    def _preempt(self, plan):
+        """The running motion blended into `plan` from a setpoint just ahead; None when no motion runs."""
+        from driver import blending
+        from driver.cycle import DriverFault
+        from driver.stopping import joined
+
+        c = self.driver.cycle
+        for factor in (1.0, 4.0):
+            m, k = c.motion, c._k
+            if m is None:
+                return None
+            at = min(k + blending.lead_cycles(c.rate_hz, factor), m.samples - 1)
+            successor = blending.plan_blend(self.driver.planning_model, m, at, plan)
+            try:
+                if c.submit(lambda: c.replace_motion(m, at, successor)):
+                    return joined(m, 0, 0, successor)
+                return None                     # the running motion ended meanwhile
+            except DriverFault:
+                continue
+        raise CommandError("run_trajectory: preempt: the cycle outran the blend's planning twice; send it again")
 
     # -- commands ------------------------------------------------------------------------------------
     def status(self, req: dict) -> dict:
@@ -126,6 +164,26 @@ class Commands:
     def quick_stop(self, req: dict) -> dict:
         self.driver.cycle.submit(self.driver.cycle.request_quick_stop)
         return {}
+
+    def stop(self, req: dict) -> dict:
+        """A controlled stop along the running motion's path, the drives staying enabled (driver.stopping);
+        refused (nothing changed: quick_stop then) when the stop would break a limit."""
+        from driver import stopping
+        from driver.cycle import DriverFault
+
+        c = self.driver.cycle
+        for lead in (stopping.LEAD_S, 4 * stopping.LEAD_S):
+            m, k = c.motion, c._k
+            if m is None:
+                return {"stopped": False, "duration": 0.0}
+            at = min(k + max(1, int(round(lead * c.rate_hz))), m.samples - 1)
+            plan = stopping.plan_stop(self.driver.planning_model, m, at)
+            try:
+                replaced = c.submit(lambda: c.replace_motion(m, at, plan))
+            except DriverFault:
+                continue                        # the cycle passed the planned start: again, further ahead
+            return {"stopped": replaced, "duration": plan.duration if replaced else 0.0}
+        raise CommandError("stop: the cycle outran the stop's planning twice; use quick_stop")
 
     def fault_reset(self, req: dict) -> dict:
         self.driver.cycle.submit(self.driver.cycle.fault_reset)
@@ -159,6 +217,26 @@ class Commands:
         inertia = number_list(req, "inertia", 6) if "inertia" in req else [0.0] * 6
         self.driver.set_payload(mass, com, inertia)
         return {"payload": {"mass": mass, "com": com, "inertia": inertia}}
+
+
+    def collision(self, req: dict) -> dict:
+        return {"collision": self.driver.cycle.monitor.status()}
+
+    def set_collision(self, req: dict) -> dict:
+        if len(req) == 1:
+            raise CommandError("set_collision: expected at least one of contact, collision, reaction, enabled")
+        levels = {}
+        for key in ("contact", "collision"):
+            if key in req:
+                levels[key] = number_list(req, key, self.driver.model.n) if isinstance(req[key], list) \
+                    else number(req, key, 0.0)
+        reaction = req.get("reaction")
+        if reaction is not None and not isinstance(reaction, str):
+            raise CommandError("set_collision: reaction: expected a string")
+        enabled = req.get("enabled")
+        if enabled is not None and not isinstance(enabled, bool):
+            raise CommandError("set_collision: enabled: expected true or false")
+        return {"collision": self.driver.set_collision(reaction=reaction, enabled=enabled, **levels)}
 
 
 def named(cmd: str, text: str) -> str:

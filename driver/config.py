@@ -27,6 +27,17 @@
     chunk_seconds = 0.25
     overwrite = false
 
+    [model]                     # optional: the observer's and feed-forward's model (driver/model_source.py)
+    path = "ident-out/model.toml"   # what `armid identify --consistent` wrote, or a shipped name
+    observer_gains = 100        # 1/s, one number or one per joint
+    friction_smoothing = 0.01   # rad/s
+    feed_forward = true         # plan the motions' torque feed-forward with this model
+
+    [collision]                 # optional: collision detection on (driver/collision.py)
+    contact = [..]              # N m per joint (or one number); default: the rule from the residuals
+    collision = [..]
+    reaction = "quick_stop"     # quick_stop | stop_and_hold
+
     [realtime]                  # optional, all keys optional (driver/realtime.py, deploy/RT.md)
     priority = 80               # SCHED_FIFO 1-99 for `threads`
     threads = ["cycle", "zmq-io"]   # which: cycle | zmq-io (libzmq's I/O threads) | serial-link
@@ -44,6 +55,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from driver.collision import REACTIONS, Watch
 from driver.cycle import CLOCKS
 from driver.daemon import Curve, Endpoints, Metrics, Record
 from driver.motion import MAX_MOTION_S
@@ -81,13 +93,16 @@ class DriverConfig:
     trajectory_dir: str | None = None
     max_motion_s: float = MAX_MOTION_S
     metrics: Metrics | None = None
+    watch: Watch = Watch()
 
 
 _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms", "trajectory_dir",
                         "max_motion_s"}, "transport": None,
              "zmq": {"state", "commands", "servo", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
-             "metrics": {"address", "allow_remote"}}
+             "metrics": {"address", "allow_remote"},
+             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward"},
+             "collision": {"contact", "collision", "reaction"}}
 
 
 def load_config(path: str | Path) -> DriverConfig:
@@ -161,7 +176,39 @@ def load_config(path: str | Path) -> DriverConfig:
     return DriverConfig(model, rate, watchdog, name, tr, endpoints, src, clock,
                         _record(src, path.parent, data.get("record")), float(delay) / 1000.0,
                         _realtime(src, data.get("realtime")), trajectory_dir, max_motion,
-                        _metrics(src, data.get("metrics")))
+                        _metrics(src, data.get("metrics")), _watch(src, path.parent, data))
+
+
+def _watch(src: str, base: Path, data: dict) -> Watch:
+    """[model] and [collision]: their kinds here; the numbers against the model when the driver is built."""
+    model, collision = data.get("model", {}), data.get("collision")
+    path = model.get("path")
+    if path is not None:
+        path = _text(src, "model.path", path)
+        if "/" in path or path.endswith((".toml", ".urdf")):
+            path = str((base / path).resolve())
+    gains = model.get("observer_gains", 100.0)
+    if not (_is_number(gains) or (isinstance(gains, list) and gains and all(_is_number(g) for g in gains))):
+        raise ConfigError(src, "model.observer_gains", "a number of 1/s or one per joint", gains)
+    smoothing = _positive(src, "model.friction_smoothing", model.get("friction_smoothing", 0.01))
+    feed_forward = model.get("feed_forward", True)
+    if not isinstance(feed_forward, bool):
+        raise ConfigError(src, "model.feed_forward", "true or false", feed_forward)
+    levels = {}
+    for key in ("contact", "collision"):
+        v = (collision or {}).get(key)
+        if v is not None and not (_is_number(v) or (isinstance(v, list) and v and all(_is_number(x) for x in v))):
+            raise ConfigError(src, f"collision.{key}", "a number of N m or one per joint", v)
+        levels[key] = tuple(v) if isinstance(v, list) else v
+    reaction = (collision or {}).get("reaction", "quick_stop")
+    if reaction not in REACTIONS:
+        raise ConfigError(src, "collision.reaction", f"one of {', '.join(REACTIONS)}", reaction)
+    return Watch(path, tuple(gains) if isinstance(gains, list) else gains, smoothing, feed_forward,
+                 collision is not None, levels["contact"], levels["collision"], reaction, src)
+
+
+def _is_number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def _metrics(src: str, table) -> Metrics | None:

@@ -73,6 +73,8 @@ ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest 
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
+REQUEST_SHARE = 0.1           # of the period, the most a cycle spends running queued requests (one at least): a
+                              # flood of commands waits for the next cycles instead of stretching this one
 RESET_PHASE_S = 0.005         # each phase (0, then bit 7) of the fault-reset pulse: several device cycles,
                               # since devices latch only their newest command per cycle
 
@@ -108,6 +110,7 @@ class Cycle:
         self.arm, self.n = arm, arm.n
         self.rate_hz, self.period_ns = float(rate_hz), int(round(1e9 / rate_hz))
         self.watchdog_ns = int(watchdog_s * 1e9)
+        self._request_ns = int(REQUEST_SHARE * self.period_ns)    # a cycle's time for other threads' requests
         self.spin_ns = int(spin_s * 1e9)
         self.publish = publish or (lambda topic, payload: None)
         self.on_event = on_event or (lambda text: None)
@@ -137,6 +140,7 @@ class Cycle:
         self.servo_ended: dict | None = None       # the last session's counters and why it ended
         self.servo_totals: dict[str, int] = {}     # the ended sessions' counters, summed (ServoSession.totals)
         self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
+        self.monitor = None             # driver.collision.CollisionMonitor: external torques, collisions (_watch)
         # bookkeeping
         self.seq = 0
         self.cycles = 0
@@ -160,6 +164,30 @@ class Cycle:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self._health_payload: bytes | None = None
+
+    def warm_up(self) -> None:
+        """Compile (or load from numba's cache) every kernel the cycle calls, for each argument type it passes,
+        before the cycle thread runs (a compile in a running cycle stalls it for seconds: the watchdog trips):
+        the drive logic on this cycle's message layout, with the hold pose, a planned motion's rows (read-only
+        maps of the planner's file), a servo setpoint (read-only, as decoded from its message) and the measured
+        pose as the plan; a sample copied into the message. On scratch arrays: nothing of this cycle changes."""
+        from driver.hal import copy_sample
+        from firmware_bridge import servo_wire
+
+        n = self.n
+        st = ArmState.inside(stream.StateMessage(n))
+        cmd = ArmCommand(n)
+        hold, hold_torque = np.zeros(n), np.zeros(n)
+        rows = np.zeros((2, n))
+        rows.setflags(write=False)                       # a plan: np.load(mmap_mode="r") rows
+        servo = servo_wire.decode(servo_wire.encode(servo_wire.MODE_POSITION, 0, 0, 0, np.zeros(n)), n).values
+        for plan_q, plan_tau in ((hold, hold_torque), (rows[0], rows[1]), (servo, hold_torque), (st.q, servo),
+                                 (st.q, hold_torque)):
+            ck.command(st.statusword, ck.OFF, plan_q, plan_tau, st.q, ck.FOLLOW, hold, cmd.target_position,
+                       cmd.target_torque, cmd.controlword)
+        ck.drive_logic(st.statusword, ck.OFF, cmd.target_position, cmd.target_torque, cmd.controlword)
+        copy_sample(ArmState(n), st)                     # a link's sample ring into the message
+        copy_sample(st, ArmState(n))
 
     # -- thread --------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -268,7 +296,10 @@ class Cycle:
         if not self.running:
             return fn()
         fut: Future = Future()
-        self._requests.append((fn, fut))
+        if fn == self.request_quick_stop or fn == self.disable:    # ahead of anything queued (a flood)
+            self._requests.appendleft((fn, fut))
+        else:
+            self._requests.append((fn, fut))
         try:
             return fut.result(timeout)
         except FutureTimeout:
@@ -402,6 +433,24 @@ class Cycle:
     def enabled(self) -> bool:
         return bool(np.all((self.state.statusword & 0x6F) == 0x27))
 
+    def replace_motion(self, old: PlannedMotion, at_k: int, stop: PlannedMotion) -> bool:
+        """Hand over from the running motion `old` to `stop` (a stop, driver.stopping, or a blend into a new
+        motion, driver.blending), planned from old's setpoint at_k: the setpoints up to at_k run first. False when
+        `old` has ended meanwhile; DriverFault when the cycle has passed at_k already (plan again further ahead)."""
+        from driver.stopping import joined
+
+        if self.motion is not old:
+            return False
+        if self._k > at_k:
+            raise DriverFault(f"the stop was planned from setpoint {at_k}, the motion is at {self._k}")
+        self.motion, self._k = joined(old, self._k, at_k, stop), 0
+        return True
+
+    def motion_progress(self) -> dict | None:
+        """The running motion's progress (PlannedMotion.progress), or None; safe from another thread."""
+        m, k = self.motion, self._k
+        return None if m is None else m.progress(k)
+
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
         """One cycle (public for synchronous tests): the work and its message, then the command it computed."""
@@ -435,7 +484,10 @@ class Cycle:
             self.stale += 1
             self._stale_log.hit("stale cycle: no new sample from the drives", stale_cycles=self.stale)
         self._supervise(fresh, now_mono)
-        while self._requests:
+        if self.monitor is not None:
+            self._watch(fresh)
+        stop_ns = time.perf_counter_ns() + self._request_ns
+        while self._requests and time.perf_counter_ns() <= stop_ns:     # the rest at the next cycle
             fn, fut = self._requests.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue                # the requester gave up waiting: never act on it late
@@ -510,6 +562,28 @@ class Cycle:
                 j = (bits >> ck.FAULTED_SHIFT) - 1
                 self._trip(f"drive {j + 1} faulted (error code 0x{int(st.error_code[j]):04X})", joint=j + 1,
                            error_code=f"0x{int(st.error_code[j]):04X}")
+
+    def _watch(self, fresh: bool) -> None:
+        """The model's watch over the arm (driver/collision.py): the external-torque estimate into the message
+        while the drives hold the arm, and the configured reaction to a collision."""
+        st, mon = self.state, self.monitor
+        active = bool(self._bits & ck.ALL_ENABLED) and self.want_power and not self.quick_stop and self.fault is None
+        j = mon.watch(st.q, st.qd, st.current, self.message.tau_ext, fresh, active, st.device_time_ns)
+        if j < 0:
+            return
+        text, fields = mon.describe(j, self.message.tau_ext, time.time())
+        if mon.thresholds.reaction == "stop_and_hold":
+            self.motion = None
+            self.end_servo(text, logging.WARNING)
+            self.hold[:] = st.q
+            try:
+                self.set_hold_torque()
+            except DriverFault as exc:
+                self._trip(f"{text}; cannot hold there: {exc}", **fields)
+                return
+            self._event(text, logging.ERROR, **fields)
+        else:
+            self._trip(text, **fields)
 
     def _trip(self, reason: str, **fields) -> None:
         self.fault = reason
@@ -587,7 +661,7 @@ class Cycle:
 
     def _publish_state(self, fresh: bool) -> None:
         st, bits = self.state, self._bits
-        flags = self.flags_extra
+        flags = self.flags_extra if self.monitor is None else self.flags_extra | self.monitor.flags
         if bits & ck.ALL_ENABLED:
             flags |= stream.FLAG_ENABLED
         if self.motion is not None:

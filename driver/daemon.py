@@ -43,6 +43,7 @@ import zmq
 from firmware_bridge import stream
 from driver import authenticator
 from driver.allocator import return_freed_memory
+from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, make_thresholds
 from driver.command_server import RECEIVE_QUEUE, REPLY_QUEUE, CommandServer
 from driver.commands import Commands
 from driver.cycle import Cycle, DriverFault
@@ -52,7 +53,7 @@ from driver.requests import MAX_REQUEST_BYTES
 from driver.systemd import Supervision
 from driver.hal import Arm
 from driver import realtime as rt
-from driver.realtime import Applied, Realtime, RealtimeError
+from driver.realtime import Applied, Realtime
 from firmware_bridge.runtime.rt_timing import name_os_thread
 from ident.model import dynamics
 from firmware_bridge.runtime.errors import InputError
@@ -139,13 +140,14 @@ class Driver:
                  watchdog_s: float = 0.01, context: zmq.Context | None = None, clock: str = "auto",
                  record: Record | None = None, effort_delay_s: float = 0.0, realtime: Realtime | None = None,
                  trajectory_dir: str | None = None, max_motion_s: float = MAX_MOTION_S,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, watch: Watch = Watch()):
         """effort_delay_s: how late the drives' current and torque are against their positions (s), from the
         config; reported in status and recorded with the data so that identification aligns them.
         realtime: the [realtime] settings applied at start (None: the threads keep what they inherit).
         trajectory_dir: the only folder `run_trajectory {"file": ...}` reads from (None: files refused);
         max_motion_s: the longest motion a command may plan (s); metrics: serve the health as Prometheus
-        metrics (driver.metrics) at its address."""
+        metrics (driver.metrics) at its address; watch: [model] and [collision] (driver.collision.Watch): the
+        observer's model (default: `model`), its gains, the feed-forward's model, collision detection."""
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
         for label, endpoint in (("commands", endpoints.commands), ("servo", endpoints.servo_endpoint)):
@@ -155,8 +157,11 @@ class Driver:
         # read the keys now: a missing file stops the driver before it starts anything (the planner process)
         self._curve_keys = None if endpoints.curve is None else load_curve_keys(endpoints.curve)
         self.model = model
-        self.planning_model = model
         self.payload = np.zeros(10)
+        self.watch = watch
+        self.watch_model, self.model_provenance, thresholds = self._watch_model(model, watch, rate_hz)
+        self.ff_model = self.watch_model if watch.feed_forward else model   # plans and their feed-forward
+        self.planning_model = self.ff_model
         self.arm = arm
         self.endpoints = endpoints
         self._ctx = context or zmq.Context.instance()
@@ -179,6 +184,8 @@ class Driver:
         self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish, clock=clock,
                            gravity=self._gravity,
                            torque_limit=model.tau_max)
+        self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
+                                              self.watch_model.joint_torque_per_amp())
         self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir))
         self.planner = Planner()
         self.command_server: CommandServer | None = None
@@ -194,6 +201,55 @@ class Driver:
         self.bound: dict[str, str] = {}
         self._recorder: threading.Thread | None = None
         self._recorder_stop = threading.Event()
+
+    @staticmethod
+    def _watch_model(model: Model, watch: Watch, rate_hz: float) -> tuple[Model, dict, Thresholds]:
+        """The observer's model, its provenance and the collision thresholds (InputError naming the field)."""
+        from driver.model_source import load_watch_model, model_provenance, residual_rms
+        from driver.observer import gains_array
+
+        if watch.model is None:
+            used, provenance = model, model_provenance(model.source, model)
+        else:
+            used, provenance = load_watch_model(watch.model, model)
+        where = f"{watch.source}: "
+        try:
+            gains_array(list(watch.gains) if isinstance(watch.gains, tuple) else watch.gains, used.n, rate_hz,
+                        "model.observer_gains")
+            rms = residual_rms(provenance["result"], used)
+            thresholds = make_thresholds(used.n, used.tau_max, contact=_listed(watch.contact),
+                                         collision=_listed(watch.collision), reaction=watch.reaction,
+                                         enabled=watch.detect, residual_rms=rms)
+        except InputError as exc:
+            raise InputError(f"{where}{exc}") from None
+        return used, provenance, thresholds
+
+    def _observer(self, model: Model):
+        from driver.observer import MomentumObserver
+
+        w = self.watch
+        return MomentumObserver(model, self.cycle.rate_hz, _listed(w.gains), w.friction_smoothing)
+
+    def set_collision(self, contact=None, collision=None, reaction=None, enabled=None) -> dict:
+        """Replace the collision thresholds or reaction (the rest kept); refused (InputError) while the arm moves if
+        it would make detection less strict (driver.collision.check_change). Returns the new settings."""
+        mon, n = self.cycle.monitor, self.model.n
+        old = mon.thresholds
+        new = make_thresholds(n, self.watch_model.tau_max,
+                              contact=old.contact if contact is None else contact,
+                              collision=old.collision if collision is None else collision,
+                              reaction=old.reaction if reaction is None else reaction,
+                              enabled=old.enabled if enabled is None else enabled, where="set_collision")
+        if contact is None and collision is None:
+            new = Thresholds(new.contact, new.collision, new.reaction, new.enabled, old.source)
+
+        def apply():
+            check_change(mon.thresholds, new, self.cycle.motion is not None or self.cycle.servo is not None)
+            mon.thresholds = new
+            _log.warning("collision settings changed: %s", new.as_dict(), extra={"collision": new.as_dict()})
+
+        self.cycle.submit(apply)
+        return mon.status()
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -248,63 +304,64 @@ class Driver:
         self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
                       "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT),
                       "servo": self._servo.getsockopt_string(zmq.LAST_ENDPOINT)}
-        if self.record is not None:
-            inproc = f"inproc://armid-record-{id(self)}"
-            self._pub.bind(inproc)
-            self._recorder_stop = threading.Event()
-            self._recorder = threading.Thread(target=self._record, args=(inproc,), name="armid-recorder", daemon=True)
-            self._recorder.start()
-        self.started_at = time.time()
-        self._stop.clear()
-        self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        gc.collect()
-        gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
-        self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
-        warn = _log.warning
-        if self.realtime is not None and self.realtime.lock_memory:
-            # before the cycle runs: locking the process's mappings (hundreds of MB with numba) stalls every
-            # thread that faults meanwhile, for tens of ms
-            try:
+        try:    # from here on a failure (a refused [realtime] setting, a kernel that does not compile, the
+                # metrics port taken) stops what was started: nothing is powered yet
+            if self.record is not None:
+                inproc = f"inproc://armid-record-{id(self)}"
+                self._pub.bind(inproc)
+                self._recorder_stop = threading.Event()
+                self._recorder = threading.Thread(target=self._record, args=(inproc,), name="armid-recorder",
+                                                  daemon=True)
+                self._recorder.start()
+            self.started_at = time.time()
+            self._stop.clear()
+            self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
+            self.cycle.warm_up()                    # and every kernel of the cycle, before it runs (and before READY)
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+            gc.collect()
+            gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
+            self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
+            warn = _log.warning
+            if self.realtime is not None and self.realtime.lock_memory:
+                # before the cycle runs: locking the process's mappings (hundreds of MB with numba) stalls every
+                # thread that faults meanwhile, for tens of ms
                 self._rt_applied = rt.apply(replace(self.realtime, priority=None, cpus=None), {}, warn)
-            except RealtimeError:
-                self.stop()
-                raise
-        self.cycle.start()
-        self._rt_threads = self._realtime_threads()
-        if self.realtime is not None:
-            try:
+            self.cycle.start()
+            self._rt_threads = self._realtime_threads()
+            if self.realtime is not None:
                 chosen = {k: v for k, v in self._rt_threads.items() if k in self.realtime.threads}
                 self._rt_applied = rt.apply(replace(self.realtime, lock_memory=False), chosen, warn, self._rt_applied)
-            except RealtimeError:
-                self.stop()           # nothing is powered yet: this closes everything and restores the threads
-                raise
-        if not self.planner.wait_ready(PLANNER_START_S):
-            _log.warning("the planner process was not ready within %g s; the first motion command waits for it",
-                         PLANNER_START_S)
-        self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop)
-        for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
-        _log.info("driver: %s, %d joints, %g Hz; state on %s, commands on %s, servo on %s", self.model.name,
-                  self.model.n, self.cycle.rate_hz, self.bound["state"], self.bound["commands"], self.bound["servo"],
-                  extra={"endpoints": dict(self.bound)})
-        if self.metrics is not None:
-            from driver import metrics as prometheus
+            if not self.planner.wait_ready(PLANNER_START_S):
+                _log.warning("the planner process was not ready within %g s; the first motion command waits for it",
+                             PLANNER_START_S)
+            self.command_server = CommandServer(self._rep, self.commands, self.planner, self._stop)
+            for name, target in (("armid-commands", self._serve_commands), ("armid-health", self._report_health)):
+                t = threading.Thread(target=target, name=name, daemon=True)
+                t.start()
+                self._threads.append(t)
+            p, th = self.model_provenance, self.cycle.monitor.thresholds
+            _log.info("model: %s from %s (%s, sha256 %s); observer gains %s 1/s; collision detection %s (%s)",
+                      p["name"], p["source"], "identified by armid" if p["identified"] else "not identified by armid",
+                      (p["sha256"] or "-")[:12], self.cycle.monitor.observer.gains.tolist(),
+                      f"on, reaction {th.reaction}" if th.enabled else "off", th.source,
+                      extra={"model": p, "collision": th.as_dict()})
+            _log.info("driver: %s, %d joints, %g Hz; state on %s, commands on %s, servo on %s", self.model.name,
+                      self.model.n, self.cycle.rate_hz, self.bound["state"], self.bound["commands"], self.bound["servo"],
+                      extra={"endpoints": dict(self.bound)})
+            if self.metrics is not None:
+                from driver import metrics as prometheus
 
-            try:
                 self._lateness = prometheus.LatenessHistogram()
                 self._metrics_server = prometheus.serve(self.metrics.address, lambda: self.last_health,
                                                         tuple(self.model.joint_names), self.metrics.allow_remote,
                                                         self._lateness)
-            except InputError:
-                self.stop()
-                raise
-            _log.info("metrics: http://%s/metrics", self.metrics.address, extra={"endpoint": self.metrics.address})
-        self.supervision = Supervision(lambda: self.cycle.cycles)
-        self.supervision.ready(f"{self.model.name}, {self.cycle.rate_hz:g} Hz, state on {self.bound['state']}")
+                _log.info("metrics: http://%s/metrics", self.metrics.address, extra={"endpoint": self.metrics.address})
+            self.supervision = Supervision(lambda: self.cycle.cycles)
+            self.supervision.ready(f"{self.model.name}, {self.cycle.rate_hz:g} Hz, state on {self.bound['state']}")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self, timeout: float = 3.0) -> None:
         """Bring the drives to rest and disable them, then stop the threads and close everything."""
@@ -404,7 +461,8 @@ class Driver:
         every joint within its torque limit."""
         check_payload(self.model, mass, com)       # first: a CoM of 1e300 m never reaches the arithmetic
         chi = payload_parameters(mass, com, inertia)
-        model = dynamics.merge_payload(self.model, chi) if mass > 0 else self.model
+        model = dynamics.merge_payload(self.ff_model, chi) if mass > 0 else self.ff_model
+        observer = self._observer(dynamics.merge_payload(self.watch_model, chi) if mass > 0 else self.watch_model)
 
         def apply():
             if self.cycle.motion is not None:
@@ -418,6 +476,7 @@ class Driver:
                 raise InputError(f"set_payload refused: {exc}") from None
             self.payload = chi
             self.cycle.flags_extra = stream.FLAG_PAYLOAD if mass > 0 else 0
+            self.cycle.monitor.observer = observer       # starts afresh with the payload in its model
 
         self.cycle.submit(apply)
 
@@ -430,11 +489,17 @@ class Driver:
         return {"model": self.model.name, "joints": list(self.model.joint_names), "rate_hz": c.rate_hz,
                 "fault": c.fault, "enabled": c.enabled(), "moving": c.motion is not None,
                 "motion": None if c.motion is None else c.motion.name,
+                "progress": c.motion_progress(),
                 "q": st.q.tolist(), "drive_states": [s.value if s else "UNKNOWN" for s in states],
                 "error_codes": [int(e) for e in st.error_code], "payload": self.payload.tolist(),
                 "cycles": c.cycles, "seq": c.seq, "effort_delay_s": self.effort_delay_s,
                 "servo": self.servo_status(),
                 "realtime": self.realtime_status() if realtime is None else realtime}
+
+    def collision_status(self) -> dict:
+        """The collision settings and counters, with the peak |tau_ext| per joint since the last call (N m)."""
+        mon = self.cycle.monitor
+        return {**mon.status(), "peak_tau_ext": mon.peaks()}
 
     def servo_status(self) -> dict | None:
         """The running servo session's counters, or the last one's with why it ended, or None."""
@@ -486,6 +551,7 @@ class Driver:
                "realtime": realtime, "effort_delay_s": self.effort_delay_s, "samples_lost": c.samples_lost,
                "commands": None if self.command_server is None else self.command_server.stats(),
                "servo": self.servo_status(), "servo_totals": self.servo_totals(),
+               "model": self.model_provenance, "collision": self.collision_status(),
                "events": [{"time": t, "text": text} for t, text in list(c.events)[-10:]]}
         last.update(t=now, cycles=cycles, fresh=fresh)
         if self._lateness is not None:
@@ -531,6 +597,11 @@ class Driver:
                 self.cycle.set_health_payload(json.dumps(self.last_health, default=str).encode())
             except Exception as exc:  # noqa: BLE001 - health must not kill the daemon
                 _log.error("health: %s: %s", type(exc).__name__, exc)
+
+
+def _listed(value):
+    """A config's tuple as a list (numbers stay as they are)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def load_curve_keys(curve: Curve) -> tuple[bytes, bytes]:

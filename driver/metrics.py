@@ -94,6 +94,24 @@ class HealthCollector(Collector):
         for key, value in (h.get("link") or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 yield link_metric(key, float(value))
+        yield from collision_metrics(h.get("collision"), self._joints)
+
+
+def collision_metrics(c: dict | None, joints: tuple[str, ...]):
+    """The external-torque estimate's peaks per joint over the last health period (N m), the thresholds, and
+    the collisions counted (driver.collision)."""
+    if not c:
+        return
+    yield CounterMetricFamily("armid_collisions", "collisions detected (a reaction each)", value=float(c["collisions"]))
+    yield GaugeMetricFamily("armid_collision_detection", "1 while collision detection is on", value=float(c["enabled"]))
+    for key, name, text in (("peak_tau_ext", "armid_tau_ext_peak_newton_metres",
+                             "largest |external torque estimate| over the last health period, N m"),
+                            ("contact", "armid_contact_threshold_newton_metres", "contact threshold, N m"),
+                            ("collision", "armid_collision_threshold_newton_metres", "collision threshold, N m")):
+        family = GaugeMetricFamily(name, text, labels=["joint"])
+        for joint, value in zip(joints, c.get(key) or ()):
+            family.add_metric([joint], float(value))
+        yield family
 
 
 # the link counters' keys that are levels, not counts (the rest of the numbers in link_stats are counts)

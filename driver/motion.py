@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.interpolate
 
+from driver import waypoints
 from ident.model import dynamics
 from ident.errors import InputError
 from ident.model.limits import LimitError, check_motion
@@ -57,6 +57,7 @@ class PlannedMotion:
     qdd: np.ndarray
     tau_ff: np.ndarray
     segments: tuple[tuple[str, int], ...]
+    preempt: bool = False        # asked to take over from a running motion (driver.blending)
 
     @property
     def samples(self) -> int:
@@ -65,6 +66,17 @@ class PlannedMotion:
     @property
     def duration(self) -> float:
         return (self.samples - 1) / self.rate_hz
+
+    def progress(self, k: int) -> dict:
+        """How far the motion is at its k-th setpoint: elapsed_s and duration_s (s), fraction (0..1), and the
+        segment it is in with the time that segment began (segment_start_s)."""
+        k = min(max(int(k), 0), self.samples - 1)
+        name, first = self.segments[0]
+        for label, start in self.segments:
+            if start <= k:
+                name, first = label, start
+        return {"name": self.name, "elapsed_s": k / self.rate_hz, "duration_s": self.duration,
+                "fraction": k / max(self.samples - 1, 1), "segment": name, "segment_start_s": first / self.rate_hz}
 
 
 def rigid_body_model(model: Model) -> Model:
@@ -160,6 +172,11 @@ def _motion(model: Model, name: str, rate_hz: float, parts) -> PlannedMotion:
         starts.append((p[0], k))
         k += p[1].shape[0]
     tau_ff = dynamics.rnea(rigid_body_model(model), q, qd, qdd)
+    over = np.abs(tau_ff) > model.tau_max       # the torque sent: checked itself, not only the model's whole torque
+    if over.any():
+        k, j = np.argwhere(over)[0]
+        raise MotionError(f"{name}: joint {j + 1}'s torque feed-forward {tau_ff[k, j]:.4g} N m at t = {k / rate_hz:.3f} s "
+                          f"is outside its torque limit {model.tau_max[j]:.4g} N m")
     for a in (q, qd, qdd, tau_ff):
         a.setflags(write=False)
     return PlannedMotion(name, float(rate_hz), q, qd, qdd, tau_ff, tuple(starts))
@@ -227,27 +244,50 @@ def plan_trajectory(model: Model, q_now, traj, rate_hz: float, *, periods: float
                           parts=(("blend in", 0), ("run_trajectory", lead), ("blend out", tail)))
 
 
-def plan_samples(model: Model, q_now, t, q, rate_hz: float, *, max_s: float = MAX_MOTION_S) -> PlannedMotion:
-    """A sampled trajectory t (N,) s strictly increasing, q (N, n) rad, resampled at rate_hz with a cubic
-    spline clamped at rest at both ends (velocities and accelerations from the spline); preceded by a move
-    from q_now to q[0]; checked as a whole; refused beyond max_s (s) or MAX_SAMPLES_IN samples."""
+def plan_samples(model: Model, q_now, t, q, rate_hz: float, *, max_s: float = MAX_MOTION_S, qd=None,
+                 qdd=None, preempt: bool = False) -> PlannedMotion:
+    """A sampled trajectory t (N,) s strictly increasing, q (N, n) rad, resampled at rate_hz through its waypoints
+    (driver.waypoints: a cubic spline clamped at rest at both ends; with waypoint velocities qd (N, n) rad/s a cubic
+    Hermite spline, with accelerations qdd (N, n) rad/s^2 too a quintic one, which must then start and end at rest);
+    preceded by a move from q_now to q[0]; checked as a whole; refused beyond max_s (s) or MAX_SAMPLES_IN samples.
+    preempt: the trajectory may start in motion (a running motion blends into it, driver.blending); it must still
+    end at rest."""
     t = np.asarray(t, dtype=float).reshape(-1)
     if t.size > MAX_SAMPLES_IN:
         raise MotionError(f"run_trajectory: samples: {t.size} samples, over the bound of {MAX_SAMPLES_IN}")
     q = np.atleast_2d(np.asarray(q, dtype=float))
     if q.shape != (t.size, model.n):
         raise MotionError(f"run_trajectory: samples: expected q of shape ({t.size}, {model.n}), got {q.shape}")
+    derivatives = {}
+    for key, value in (("qd", qd), ("qdd", qdd)):
+        if value is not None:
+            value = np.atleast_2d(np.asarray(value, dtype=float))
+            if value.shape != q.shape:
+                raise MotionError(f"run_trajectory: samples: expected {key} of shape {q.shape}, got {value.shape}")
+            derivatives[key] = value
+    if "qdd" in derivatives and "qd" not in derivatives:
+        raise MotionError("run_trajectory: samples: qdd (waypoint accelerations) needs qd (waypoint velocities)")
     if t.size < 2:
         raise MotionError("run_trajectory: samples: at least 2 samples are needed")
-    if not (np.isfinite(t).all() and np.isfinite(q).all()):
-        k = int(np.argmax(~np.isfinite(t) | ~np.isfinite(q).all(axis=1)))
+    finite = np.isfinite(t) & np.isfinite(q).all(axis=1)
+    for value in derivatives.values():
+        finite &= np.isfinite(value).all(axis=1)
+    if not finite.all():
+        k = int(np.argmin(finite))
         raise MotionError(f"run_trajectory: samples: sample {k} is not finite")
     if np.any(np.diff(t) <= 0):
         k = int(np.argmax(np.diff(t) <= 0)) + 1
         raise MotionError(f"run_trajectory: samples: time is not strictly increasing at sample {k} (t = {t[k]})")
     check_duration("run_trajectory", float(t[-1] - t[0]), max_s)
-    spline = scipy.interpolate.CubicSpline(t - t[0], q, bc_type="clamped")   # at rest at both ends
+    spline = waypoints.curve(t, q, derivatives.get("qd"), derivatives.get("qdd"))
     tt = _cycle_times(t[-1] - t[0], rate_hz)
-    qd = spline(tt, 1)
+    qd_t, qdd_t = spline(tt, 1), spline(tt, 2)
+    if "qdd" in derivatives:
+        for label, k in (("start", 0), ("end", -1))[1 if preempt else 0:]:
+            a = derivatives["qdd"][k]
+            if np.max(np.abs(a)) > AT_REST:
+                j = int(np.argmax(np.abs(a)))
+                raise MotionError(f"run_trajectory refused: it does not {label} at rest (joint "
+                                  f"{model.joint_names[j]}: acceleration {a[j]:.4g} rad/s^2 at its {label})")
     return _with_approach(model, "run_trajectory", _finite_pose(model, "current pose", q_now), tt,
-                          spline(tt), qd, spline(tt, 2), rate_hz, (qd[0], qd[-1]), max_s)
+                          spline(tt), qd_t, qdd_t, rate_hz, (np.zeros(model.n) if preempt else qd_t[0], qd_t[-1]), max_s)

@@ -4,7 +4,9 @@
   run_trajectory file: a trajectory file's name inside the trajectory folder | preset: a shipped trajectory's
                  name (ident/presets: "seed000"); periods (default 1); blend_s (default: 2 s when the
                  trajectory does not start and end at rest, else 0)
-                 | samples: {"t": [N] s, "q": [[n] x N] rad}
+                 | samples: {"t": [N] s, "q": [[n] x N] rad, optional "qd": [[n] x N] rad/s and "qdd":
+                 [[n] x N] rad/s^2 at each waypoint (driver.waypoints)}; preempt: true (samples only) blends a
+                 running motion into it (driver.blending), the samples' time 0 being the handover
 
 A trajectory file is read only when it is a regular file inside the configured trajectory folder (after
 symbolic links are followed) and at most MAX_TRAJECTORY_FILE_BYTES long. A refusal never tells whether a
@@ -12,6 +14,7 @@ path outside the folder exists.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import stat
@@ -97,18 +100,28 @@ def _run_trajectory(req: dict, model, q_now, rate_hz: float, bounds) -> motion.P
             traj = shipped_trajectory(req["preset"])
         return motion.plan_trajectory(model, q_now, traj, rate_hz, periods=periods, max_s=bounds.max_motion_s,
                                       blend_s=blend_s)
-    only_keys(req, ("samples",))
+    only_keys(req, ("samples", "preempt"))
+    preempt = req.get("preempt", False)
+    if not isinstance(preempt, bool):
+        raise CommandError(f"run_trajectory: preempt: expected true or false, got {str(preempt)[:40]!r}")
     s = req["samples"]
-    if not isinstance(s, dict) or set(s) != {"t", "q"}:
-        raise CommandError('run_trajectory: samples: expected {"t": [...], "q": [[...], ...]}')
+    if not isinstance(s, dict) or not {"t", "q"} <= set(s) or not set(s) <= {"t", "q", "qd", "qdd"}:
+        raise CommandError('run_trajectory: samples: expected {"t": [...], "q": [[...], ...]} and optionally '
+                           '"qd" and "qdd" (one row per time)')
     t = number_list({"cmd": "run_trajectory", "samples.t": s["t"]}, "samples.t", max_length=motion.MAX_SAMPLES_IN)
-    q = s["q"]
-    if not isinstance(q, list) or len(q) != len(t):
-        raise CommandError("run_trajectory: samples.q: expected a list with one row per time")
-    rows = [number_list({"cmd": "run_trajectory", f"samples.q[{k}]": row}, f"samples.q[{k}]", model.n)
-            for k, row in enumerate(q)]
-    return motion.plan_samples(model, q_now, t, np.array(rows, dtype=float).reshape(len(t), model.n), rate_hz,
-                               max_s=bounds.max_motion_s)
+    rows = {key: _rows(s[key], f"samples.{key}", len(t), model.n) for key in ("q", "qd", "qdd") if key in s}
+    plan = motion.plan_samples(model, q_now, t, rows["q"], rate_hz, max_s=bounds.max_motion_s,
+                               qd=rows.get("qd"), qdd=rows.get("qdd"), preempt=preempt)
+    return dataclasses.replace(plan, preempt=True) if preempt else plan
+
+
+def _rows(value, name: str, count: int, n: int) -> np.ndarray:
+    """A list of `count` rows of n finite numbers as a (count, n) array, else CommandError naming the row."""
+    if not isinstance(value, list) or len(value) != count:
+        raise CommandError(f"run_trajectory: {name}: expected a list with one row per time")
+    rows = [number_list({"cmd": "run_trajectory", f"{name}[{k}]": row}, f"{name}[{k}]", n)
+            for k, row in enumerate(value)]
+    return np.array(rows, dtype=float).reshape(count, n)
 
 
 def shipped_trajectory(name):

@@ -212,7 +212,7 @@ class Planner:
                 "busy": None if self._pending is None else self._pending[0]}
 
 
-def _load_plan(path: str, name: str, rate_hz: float, segments):
+def _load_plan(path: str, name: str, rate_hz: float, segments, preempt: bool = False):
     from driver.motion import PlannedMotion
 
     try:
@@ -220,7 +220,7 @@ def _load_plan(path: str, name: str, rate_hz: float, segments):
     finally:
         _unlink(path)           # the mapping stays valid; nothing is left behind
     q, qd, qdd, tau = arr
-    return PlannedMotion(name, rate_hz, q, qd, qdd, tau, tuple((str(n), int(k)) for n, k in segments))
+    return PlannedMotion(name, rate_hz, q, qd, qdd, tau, tuple((str(n), int(k)) for n, k in segments), bool(preempt))
 
 
 def _unlink(path: str) -> None:
@@ -243,6 +243,21 @@ def _read_job(message) -> PlanJob:
 
 
 # -- the planner process -----------------------------------------------------------------------------
+def background() -> None:
+    """This process (its one thread, before numba starts any) at the default policy and PLANNER_NICE more:
+    a daemon run with a real-time policy for the whole process (chrt, a parent's setting) would hand it down,
+    and a plan computed at a real-time priority holds a core, and every thread waiting for it, for its length."""
+    if hasattr(os, "sched_setscheduler") and os.sched_getscheduler(0) != os.SCHED_OTHER:
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+    try:
+        os.nice(PLANNER_NICE)                            # background work: the cycle wins the CPU
+    except OSError:
+        pass
+
+
 def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
     """The planner process's loop: a job in, ("plan", path, name, rate, segments) or ("error", text) out."""
     import signal
@@ -250,10 +265,7 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
     import warnings
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # Ctrl-C is the daemon's to handle
-    try:
-        os.nice(PLANNER_NICE)                            # background work: the cycle wins the CPU
-    except OSError:
-        pass
+    background()
     warnings.simplefilter("ignore", RuntimeWarning)      # overflow on a hostile request: its refusal says why
     from driver import motion
     from driver.plan_requests import plan_request
@@ -275,7 +287,7 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
             count += 1
             path = os.path.join(folder, f"plan-{count}.npy")
             np.save(path, np.stack([plan.q, plan.qd, plan.qdd, plan.tau_ff]))
-            answer = ("plan", path, plan.name, plan.rate_hz, [(n, int(k)) for n, k in plan.segments])
+            answer = ("plan", path, plan.name, plan.rate_hz, [(n, int(k)) for n, k in plan.segments], plan.preempt)
         except InputError as exc:
             answer = ("error", str(exc))
         except MemoryError:

@@ -83,6 +83,24 @@ class Applied:
             self.locked = False
 
 
+def by_default(info: Callable[[str], None]) -> Realtime | None:
+    """What a driver without a [realtime] section takes: SCHED_FIFO at DEFAULT_RT_PRIORITY (lowered to
+    RLIMIT_RTPRIO when that is what permits it) for the cycle and libzmq's I/O threads, and locked memory, when
+    the process may (root, CAP_SYS_NICE or RLIMIT_RTPRIO > 0); else None, the default scheduler. One line
+    through info either way."""
+    from firmware_bridge.runtime.rt_timing import DEFAULT_RT_PRIORITY, rt_permission, rt_priority_within_limit
+
+    why = rt_permission(1)
+    if why is None:
+        info("realtime: not permitted (not root, no CAP_SYS_NICE, RLIMIT_RTPRIO 0, or ARMID_REALTIME=0): the "
+             "cycle runs at the default priority; deploy/RT.md says how to allow it")
+        return None
+    priority = rt_priority_within_limit(DEFAULT_RT_PRIORITY)
+    info(f"realtime: SCHED_FIFO {priority} for the {' and '.join(DEFAULT_THREADS)} threads, memory locked "
+         f"(permitted: {why}; a [realtime] section overrides)")
+    return Realtime(priority=priority, lock_memory=True)
+
+
 def _libc():
     return ctypes.CDLL(None, use_errno=True)
 

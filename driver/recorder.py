@@ -211,6 +211,8 @@ class McapStateWriter:
                         {"position": "q", "velocity": "qd", "effort": "torque"}),
                        (schema.TOPIC_MOTOR_CURRENTS, schema.JOINT_STATE,
                         schema.joint_state_layout(names, position=False, velocity=False), {"effort": "current"}),
+                       (schema.TOPIC_EXTERNAL_TORQUE, schema.JOINT_STATE,
+                        schema.joint_state_layout(names, position=False, velocity=False), {"effort": "tau_ext"}),
                        (schema.TOPIC_STATE, schema.ARM_STATE, schema.arm_state_layout(n),
                         {f: f for f in ("version", "flags", "seq", "device_time_ns", "host_time_ns", "q", "qd",
                                         "current", "torque", "statusword", "error_code", "mode")})]

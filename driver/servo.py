@@ -5,7 +5,8 @@ to the drives after checking it.
 Only the session that started servo mode streams: each setpoint carries the session token of the `servo`
 command's reply; others (a wrong token, the token-less version 1) are counted and never used.
 
-Each cycle (`ServoSession.next`, in the cycle thread) reads every setpoint that has arrived into a setpoint
+Each cycle (`ServoSession.next`, in the cycle thread) reads the setpoints that have arrived (for at most
+INTAKE_SHARE of the period: a flood waits in the socket) into a setpoint
 buffer (firmware_bridge.runtime.setpoint_buffer, `buffer_cycles` deep, default 2) and takes the oldest: one setpoint per
 cycle, in order, so that a client whose setpoints cross the machine with jitter gets each one carried out, not
 the newest of a burst and then a repeat (0: no buffer, the newest each cycle). Before it is used it is checked
@@ -57,12 +58,16 @@ DEFAULT_BUFFER_CYCLES = 2
 MAX_BUFFER_EXTRA = 3            # cycles the buffer's latency may grow beyond its depth (a burst): beyond, the
                                 # oldest setpoints go (a client stream paced in Python grew it to 13 ms)
 MAX_TIMEOUT_CYCLES = 10_000
+INTAKE_SHARE = 0.1              # of the cycle's period, the most a cycle spends reading setpoints: a client
+                                # flooding the socket cannot stall the cycle (1000 messages a cycle took 4.45 ms);
+                                # what it leaves waits in the socket (bounded by its high-water mark)
+MIN_INTAKE = 8                  # messages a cycle reads whatever the clock says (~40 us): a burst of a few
+                                # setpoints is taken in one cycle even when the budget was spent elsewhere
 CLOCK_LEAD_S = 0.05             # s: how far a client's sent_ns may run ahead of the driver's clock in a session
 CLOCK_RATE = 1e-3               # and this fraction of the session's time more (clocks drift, NTP slews <= 500 ppm)
 WINDOW_S = 0.01                 # s of the client's clock over which velocity and acceleration are judged
 LAG_S = 0.05                    # s: the drives may trail the newest setpoint by what the velocity limit covers in it
 FIRST_STEP_MAX = 2e-3           # rad: the first setpoint starts where the drives hold, within this
-MAX_DRAIN = 1000                    # messages read per cycle at most (a flooding client cannot stall the cycle)
 
 TRACK, HOLD, END, STOP = "track", "hold", "end", "stop"
 # the session counters the driver also totals over its life (health's servo_totals, the metrics)
@@ -101,6 +106,7 @@ class ServoSession:
         self.mode, self.sock, self.limits, self.dt = mode, sock, limits, dt
         self.token = int(token)
         self.timeout_cycles = int(timeout_cycles)
+        self.intake_ns = int(INTAKE_SHARE * dt * 1e9)     # the cycle's time for reading setpoints
         n = q_start.shape[0]
         self.n = n
         self.last = np.array(q_start, dtype=float) if mode == MODE_POSITION else np.zeros(n)   # the drives' target
@@ -144,7 +150,12 @@ class ServoSession:
         """The setpoint of this cycle, (seq, sent_ns, arrival_ns, values): the buffer's oldest (every arrival
         queued), or the newest that arrived."""
         newest = None
-        for _ in range(MAX_DRAIN):
+        stop_ns = time.perf_counter_ns() + self.intake_ns
+        read = 0
+        while True:                         # until the socket is empty or the budget spent (MIN_INTAKE at least)
+            if read >= MIN_INTAKE and time.perf_counter_ns() > stop_ns:
+                break
+            read += 1
             try:
                 raw = self.sock.recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:

@@ -214,19 +214,21 @@ extern "C" {
 #define ARMID_STREAM_TOPIC_STATE "state"  /* first frame of a state message */
 #define ARMID_STREAM_TOPIC_HEALTH "health"  /* first frame of a health message (UTF-8 JSON) */
 #define ARMID_STREAM_MAGIC "ARMS"  /* payload bytes 0-3 */
-#define ARMID_STREAM_VERSION 2  /* the version the driver writes */
-#define ARMID_STREAM_OLDEST_READABLE_VERSION 1  /* versions from this one to STREAM_VERSION share the layout */
+#define ARMID_STREAM_VERSION 3  /* the version the driver writes */
+#define ARMID_STREAM_OLDEST_READABLE_VERSION 3  /* versions from this one to STREAM_VERSION share the layout (1 and 2 had no tau_ext) */
 #define ARMID_STREAM_FLAG_ENABLED 1  /* flags bit: every drive is OPERATION ENABLED */
 #define ARMID_STREAM_FLAG_MOVING 2  /* flags bit: a motion command is being executed */
 #define ARMID_STREAM_FLAG_FAULT 4  /* flags bit: the driver is in its fault state (a drive fault, the watchdog, a link error) */
 #define ARMID_STREAM_FLAG_STALE 8  /* flags bit: no new device data in this cycle (values repeat the last sample) */
 #define ARMID_STREAM_FLAG_PAYLOAD 16  /* flags bit: a payload is set (limits and feed-forward include it) */
 #define ARMID_STREAM_FLAG_LOST 32  /* flags bit: device samples were lost before this message (their count: lost_samples(flags)) */
+#define ARMID_STREAM_FLAG_CONTACT 64  /* flags bit: a joint's external torque estimate is over its contact threshold */
+#define ARMID_STREAM_FLAG_COLLISION 128  /* flags bit: a collision was detected and not cleared (the estimate is over a collision threshold, or has been since the reaction and not yet back under the contact thresholds) */
 #define ARMID_STREAM_DRIVER_FLAGS_MASK 0xFFFF  /* flags bits of the driver's FLAG_* */
 #define ARMID_STREAM_LOST_SHIFT 16  /* flags >> this: device samples lost before this message */
 #define ARMID_STREAM_LOST_MAX 0xFFFF  /* the lost-sample count saturates here */
 #define ARMID_STREAM_HEADER_SIZE 36  /* bytes before the per-joint arrays (not a multiple of 8) */
-#define ARMID_STREAM_JOINT_SIZE 37  /* bytes per joint, over all per-joint arrays */
+#define ARMID_STREAM_JOINT_SIZE 45  /* bytes per joint, over all per-joint arrays */
 #define ARMID_STREAM_MAGIC_OFFSET 0  /* magic: byte offset */
 #define ARMID_STREAM_MAGIC_SIZE 4  /* magic: bytes (char[4]) */
 #define ARMID_STREAM_VERSION_OFFSET 4  /* version: byte offset */
@@ -248,6 +250,7 @@ extern "C" {
 #define ARMID_STREAM_STATUSWORD_ELEM_SIZE 2  /* statusword[n]: bytes per value (uint16_t, -) */
 #define ARMID_STREAM_ERROR_CODE_ELEM_SIZE 2  /* error_code[n]: bytes per value (uint16_t, -) */
 #define ARMID_STREAM_MODE_ELEM_SIZE 1  /* mode[n]: bytes per value (int8_t, -) */
+#define ARMID_STREAM_TAU_EXT_ELEM_SIZE 8  /* tau_ext[n]: bytes per value (double, N m) */
 
 /* ---- firmware_bridge.units ---- */
 #define ARMID_UNITS_ENCODER_COUNTS_PER_REV 0x20000  /* default motor encoder counts per revolution */
@@ -498,6 +501,7 @@ _Static_assert(sizeof(armid_stream_header_t) == ARMID_STREAM_HEADER_SIZE, "armid
 #define ARMID_STREAM_STATUSWORD_OFFSET(n) (ARMID_STREAM_HEADER_SIZE + 32u * (size_t)(n))  /* statusword[n]: uint16_t, - */
 #define ARMID_STREAM_ERROR_CODE_OFFSET(n) (ARMID_STREAM_HEADER_SIZE + 34u * (size_t)(n))  /* error_code[n]: uint16_t, - */
 #define ARMID_STREAM_MODE_OFFSET(n) (ARMID_STREAM_HEADER_SIZE + 36u * (size_t)(n))  /* mode[n]: int8_t, - */
+#define ARMID_STREAM_TAU_EXT_OFFSET(n) (ARMID_STREAM_HEADER_SIZE + 37u * (size_t)(n))  /* tau_ext[n]: double, N m */
 #define ARMID_STREAM_MESSAGE_SIZE(n) (ARMID_STREAM_HEADER_SIZE + ARMID_STREAM_JOINT_SIZE * (size_t)(n))
 #define ARMID_STREAM_LOST_SAMPLES(flags) ((uint32_t)(flags) >> ARMID_STREAM_LOST_SHIFT)
 

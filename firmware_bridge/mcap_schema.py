@@ -4,6 +4,8 @@ Topics (docs/reference/recording.md):
 
     /joint_states     sensor_msgs/msg/JointState   position q (rad), velocity qd (rad/s), effort torque (N m)
     /motor_currents   sensor_msgs/msg/JointState   effort = motor current (A); position, velocity empty
+    /external_torque  sensor_msgs/msg/JointState   effort = the driver's external torque estimate (N m);
+                                                   position, velocity empty (stream version 3 on)
     /armid/state      armid_msgs/msg/ArmState      every field of the version-1 state message (docs/reference/stream.md)
     /diagnostics      diagnostic_msgs/msg/DiagnosticArray   the driver's health (driver.diagnostics), once a second
     /tf               tf2_msgs/msg/TFMessage       the links' transforms (ident.model.frames), when the model is known
@@ -38,6 +40,7 @@ CDR_LE = b"\x00\x01\x00\x00"
 TOPIC_JOINT_STATES = "/joint_states"
 TOPIC_MOTOR_CURRENTS = "/motor_currents"
 TOPIC_STATE = "/armid/state"
+TOPIC_EXTERNAL_TORQUE = "/external_torque"
 TOPIC_DIAGNOSTICS = "/diagnostics"
 TOPIC_TF = "/tf"
 TOPIC_ROBOT_DESCRIPTION = "/robot_description"

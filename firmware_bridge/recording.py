@@ -184,11 +184,11 @@ def read_recording(path: str | Path) -> StateLog:
                     + (f"; {cut_note}" if cut_note else ""))
     n = _joint_count(path, state_schema, blobs)
     records, index = schema.arm_state_layout(n).decode(blobs)
-    states = np.empty(len(records), dtype=stream.state_dtype(n))
+    states = np.zeros(len(records), dtype=stream.state_dtype(n))    # tau_ext: 0 (its own topic in the file)
     states["magic"] = stream.MAGIC
     states["n"] = n
     for name in states.dtype.names:
-        if name not in ("magic", "n"):
+        if name not in ("magic", "n") and name in records.dtype.names:
             states[name] = records[name]
     return StateLog(str(path), _joint_names(names_message, n), states, complete, len(blobs) - len(index), cut_note,
                     metadata)

@@ -6,9 +6,13 @@ b"health" carries a UTF-8 JSON object (docs/reference/stream.md lists its keys).
 
 STATE payload, little-endian, no padding, n = number of joints: the header (HEADER_FIELDS, 36 bytes: magic
 b"ARMS", version, n, flags, seq, device_time_ns, host_time_ns), then one array of n values per joint field
-(JOINT_FIELDS: q, qd, current, torque as float64; statusword, error_code as uint16; mode as int8). Size:
-36 + 37 n bytes (258 for 6 joints). The doubles start at offset 36, not 8-byte aligned. flags: FLAG_* in bits
-0-15; bits 16-31 count the device samples lost between the previous message and this one (lost_samples).
+(JOINT_FIELDS: q, qd, current, torque as float64; statusword, error_code as uint16; mode as int8; tau_ext as
+float64). Size: 36 + 45 n bytes (306 for 6 joints). The doubles start at offset 36, not 8-byte aligned. flags:
+FLAG_* in bits 0-15; bits 16-31 count the device samples lost between the previous message and this one
+(lost_samples).
+
+Versions 1 and 2 had the same layout without tau_ext (36 + 37 n bytes): decode_state still reads them, with
+tau_ext 0. A reader of version 2 refuses version 3 messages by their version (and size).
 
 These tables are the one definition: the numpy dtype, the offsets, the C header's struct and macros
 (c_constants, c_code; firmware_bridge/armid_wire.h) are made from them.
@@ -21,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"ARMS"
-STREAM_VERSION = 2
-READABLE_VERSIONS = (1, 2)     # version 1 has the same layout, without the lost-sample count
+STREAM_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # 1 and 2: without tau_ext (decoded with tau_ext 0); 1: without the lost-sample count
+LAYOUT_VERSION = 3             # the oldest version with this layout (the C header reads from it on)
 TOPIC_STATE = b"state"
 TOPIC_HEALTH = b"health"
 
@@ -33,6 +38,8 @@ FLAG_FAULT = 1 << 2
 FLAG_STALE = 1 << 3
 FLAG_PAYLOAD = 1 << 4
 FLAG_LOST = 1 << 5
+FLAG_CONTACT = 1 << 6
+FLAG_COLLISION = 1 << 7
 FLAG_DOCS = {
     FLAG_ENABLED: "every drive is OPERATION ENABLED",
     FLAG_MOVING: "a motion command is being executed",
@@ -40,6 +47,9 @@ FLAG_DOCS = {
     FLAG_STALE: "no new device data in this cycle (values repeat the last sample)",
     FLAG_PAYLOAD: "a payload is set (limits and feed-forward include it)",
     FLAG_LOST: "device samples were lost before this message (their count: lost_samples(flags))",
+    FLAG_CONTACT: "a joint's external torque estimate is over its contact threshold",
+    FLAG_COLLISION: "a collision was detected and not cleared (the estimate is over a collision threshold, or "
+                    "has been since the reaction and not yet back under the contact thresholds)",
 }
 LOST_SHIFT = 16            # flags bits 16-31: how many (saturates at LOST_MAX)
 LOST_MAX = 0xFFFF
@@ -85,16 +95,21 @@ JOINT_FIELDS = (
     StreamField("statusword", "<u2", "uint16_t", "-", "CiA 402 statusword (0x6041) per drive"),
     StreamField("error_code", "<u2", "uint16_t", "-", "CiA 402 error code (0x603F) per drive"),
     StreamField("mode", "i1", "int8_t", "-", "modes of operation display (0x6061) per drive"),
+    StreamField("tau_ext", "<f8", "double", "N m", "external torque estimate (0 without a model observer, and "
+                "while the drives are not all enabled)"),
 )
+_OLD_JOINT_FIELDS = JOINT_FIELDS[:-1]      # versions 1 and 2
 
 
-def state_dtype(n: int) -> np.dtype:
-    """The numpy structured dtype of one STATE payload for n joints (packed, little-endian)."""
-    return np.dtype([(f.name, f.dtype) for f in HEADER_FIELDS] + [(f.name, f.dtype, (n,)) for f in JOINT_FIELDS])
+def state_dtype(n: int, version: int = STREAM_VERSION) -> np.dtype:
+    """The numpy structured dtype of one STATE payload for n joints (packed, little-endian), of `version`."""
+    joint = JOINT_FIELDS if version >= LAYOUT_VERSION else _OLD_JOINT_FIELDS
+    return np.dtype([(f.name, f.dtype) for f in HEADER_FIELDS] + [(f.name, f.dtype, (n,)) for f in joint])
 
 
 HEADER_SIZE = state_dtype(0).itemsize          # 36: the doubles that follow are not 8-byte aligned
-JOINT_SIZE = sum(f.size for f in JOINT_FIELDS)  # 37 bytes per joint
+JOINT_SIZE = sum(f.size for f in JOINT_FIELDS)  # 45 bytes per joint
+_OLD_JOINT_SIZE = sum(f.size for f in _OLD_JOINT_FIELDS)
 HEADER_OFFSETS = {f.name: state_dtype(0).fields[f.name][1] for f in HEADER_FIELDS}   # byte offset of each
 _HEADER_TAIL = struct.Struct("<IQqq")   # flags, seq, device_time_ns, host_time_ns at offset 8
 if (HEADER_OFFSETS["flags"], _HEADER_TAIL.size) != (8, HEADER_SIZE - 8):
@@ -112,15 +127,15 @@ def joint_offset(name: str, n: int) -> int:
     raise KeyError(f"no per-joint stream field {name!r}")
 
 
-def message_size(n: int) -> int:
-    """Bytes of a STATE payload for n joints: HEADER_SIZE + JOINT_SIZE * n."""
-    return HEADER_SIZE + JOINT_SIZE * n
+def message_size(n: int, version: int = STREAM_VERSION) -> int:
+    """Bytes of a STATE payload for n joints: HEADER_SIZE + JOINT_SIZE * n (37 n for versions 1 and 2)."""
+    return HEADER_SIZE + (JOINT_SIZE if version >= LAYOUT_VERSION else _OLD_JOINT_SIZE) * n
 
 
 class StateMessage:
     """A reusable STATE buffer: fill the fields in place, send `buffer` (no allocation per cycle).
 
-    q, qd, current, torque, statusword, error_code, mode are (n,) views into the buffer; `floats` is the
+    q, qd, current, torque, statusword, error_code, mode, tau_ext are (n,) views into the buffer; `floats` is the
     (4, n) float64 block q, qd, current, torque and `words` the (2, n) uint16 block statusword, error_code
     (the layout keeps each block contiguous, so a whole sample is three copies)."""
 
@@ -139,7 +154,9 @@ class StateMessage:
         self.words = raw[words:mode].view("<u2").reshape(2, n)
         self.q, self.qd, self.current, self.torque = self.floats
         self.statusword, self.error_code = self.words
-        self.mode = raw[mode:].view(np.int8)
+        tau_ext = joint_offset("tau_ext", n)
+        self.mode = raw[mode:tau_ext].view(np.int8)
+        self.tau_ext = raw[tau_ext:].view("<f8")
 
     def set_header(self, seq: int, flags: int, device_time_ns: int, host_time_ns: int) -> None:
         """Write the per-message header fields (one struct.pack_into into the buffer)."""
@@ -171,14 +188,27 @@ def decode_state(payload: bytes) -> np.void:
         raise StreamDecodeError(f"state message: version {version}, this reader knows "
                                 f"{', '.join(map(str, READABLE_VERSIONS))}")
     n = int.from_bytes(payload[6:8], "little")
-    if len(payload) != message_size(n):
-        raise StreamDecodeError(f"state message: {len(payload)} bytes for n = {n}, expected {message_size(n)}")
+    if len(payload) != message_size(n, version):
+        raise StreamDecodeError(f"state message: {len(payload)} bytes for n = {n} (version {version}), expected "
+                                f"{message_size(n, version)}")
     values = np.frombuffer(payload, dtype="<f8", count=4 * n, offset=HEADER_SIZE)
     if not np.isfinite(values).all():          # one check over the contiguous q, qd, current, torque block
         k = int(np.argmin(np.isfinite(values)))
         seq = int.from_bytes(payload[12:20], "little")
         raise StreamDecodeError(f"state message seq {seq}: {_FLOAT_FIELDS[k // n]}[{k % n}] is {values[k]}, "
                                 f"not a finite number")
+    if version < LAYOUT_VERSION:               # the older layout, read into this one with tau_ext 0
+        old = np.frombuffer(payload, dtype=state_dtype(n, version))[0]
+        rec = np.zeros(1, dtype=state_dtype(n))[0]
+        for name in old.dtype.names:
+            rec[name] = old[name]
+        return rec
+    if n:
+        ext = np.frombuffer(payload, dtype="<f8", count=n, offset=joint_offset("tau_ext", n))
+        if not np.isfinite(ext).all():
+            k = int(np.argmin(np.isfinite(ext)))
+            seq = int.from_bytes(payload[12:20], "little")
+            raise StreamDecodeError(f"state message seq {seq}: tau_ext[{k}] is {ext[k]}, not a finite number")
     return np.frombuffer(payload, dtype=state_dtype(n))[0]
 
 
@@ -190,15 +220,13 @@ def _c_name(name: str) -> str:
 def c_constants() -> list[tuple[str, int | bytes, str]]:
     """(name, value, comment) for the generated C header: topics, magic, versions, flag bits, the lost-sample
     field, the header's size and each header field's offset and size, each per-joint field's element size."""
-    if READABLE_VERSIONS != tuple(range(READABLE_VERSIONS[0], STREAM_VERSION + 1)):
-        raise ValueError(f"READABLE_VERSIONS {READABLE_VERSIONS}: the C header states a range ending at {STREAM_VERSION}")
     out: list[tuple[str, int | bytes, str]] = [
         ("STREAM_TOPIC_STATE", TOPIC_STATE, "first frame of a state message"),
         ("STREAM_TOPIC_HEALTH", TOPIC_HEALTH, "first frame of a health message (UTF-8 JSON)"),
         ("STREAM_MAGIC", MAGIC, "payload bytes 0-3"),
         ("STREAM_VERSION", STREAM_VERSION, "the version the driver writes"),
-        ("STREAM_OLDEST_READABLE_VERSION", READABLE_VERSIONS[0], "versions from this one to STREAM_VERSION share "
-                                                                 "the layout"),
+        ("STREAM_OLDEST_READABLE_VERSION", LAYOUT_VERSION, "versions from this one to STREAM_VERSION share "
+                                                            "the layout (1 and 2 had no tau_ext)"),
     ]
     out += [(_c_name(k), v, f"flags bit: {FLAG_DOCS[v]}") for k, v in globals().items()
             if k.startswith("FLAG_") and k != "FLAG_DOCS"]

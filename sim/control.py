@@ -5,7 +5,10 @@ A ZeroMQ REP socket takes one JSON object per request and answers one:
     {"cmd": "attach", "mass": 1.5, "com": [0.0, 0.0, 0.08], "inertia": [XX, XY, XZ, YY, YZ, ZZ]}
     {"cmd": "swap", ...the same fields...}       replace the payload attached
     {"cmd": "detach"}
-    {"cmd": "status"}                            the payload attached (or null), the cycle and time
+    {"cmd": "status"}                            the payload attached (or null), the push acting, the cycle and time
+    {"cmd": "push", "link": 3, "force": [0.0, 40.0, 0.0], "point": [0.1, 0.0, 0.0], "moment": [0, 0, 0],
+     "duration": 0.2}                            an external wrench on a link (Simulator.apply_wrench)
+    {"cmd": "release"}                           end the push
 
 mass in kg, com in m (flange frame, default the flange origin), inertia about the centre of mass in flange
 axes, kg m^2 (default 0: a point mass). `attach` needs the flange free and `swap` a payload on it, so a
@@ -16,7 +19,10 @@ script that lost track of the arm gets an error rather than a silent replacement
 Requests are bounded before they are parsed (MAX_REQUEST_BYTES of UTF-8 JSON, finite numbers only) and
 checked field by field: a payload must be a body that can exist (ident.payload.payload_parameters), of at
 most MAX_MASS_FACTOR times the model's rated payload (MAX_MASS_KG when it has none), with its centre of mass
-within MAX_COM_M of the flange.
+within MAX_COM_M of the flange. A push names the link (1..n, the one joint k moves), the force (N) and moment
+(N m, default 0) in base axes, the point (m, in the link's frame, default its origin, within MAX_COM_M) and the
+duration (s, default until `release`, at most MAX_PUSH_S); forces up to MAX_FORCE_N, moments up to
+MAX_MOMENT_NM.
 """
 from __future__ import annotations
 
@@ -36,9 +42,13 @@ MAX_MESSAGE_BYTES = 1 << 20  # ZeroMQ drops the peer beyond this (memory); up to
 MAX_MASS_FACTOR = 10.0      # times the model's rated payload
 MAX_MASS_KG = 100.0         # without a rated payload
 MAX_COM_M = 1.0
+MAX_FORCE_N = 5000.0
+MAX_MOMENT_NM = 1000.0
+MAX_PUSH_S = 3600.0
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:*"   # a free loopback port: `bound` (and `armid sim`) name it
 _FIELDS = {"attach": {"cmd", "mass", "com", "inertia"}, "swap": {"cmd", "mass", "com", "inertia"},
-           "detach": {"cmd"}, "status": {"cmd"}}
+           "detach": {"cmd"}, "status": {"cmd"}, "push": {"cmd", "link", "force", "point", "moment", "duration"},
+           "release": {"cmd"}}
 
 
 class ControlError(InputError):
@@ -84,6 +94,28 @@ def payload_of(req: dict, max_mass: float) -> tuple[float, np.ndarray, np.ndarra
     return float(mass), com, inertia
 
 
+def push_of(req: dict, n: int) -> dict:
+    """The arguments of Simulator.apply_wrench from a push request; ControlError naming the field that is missing,
+    of the wrong kind or out of bounds."""
+    link = req.get("link")
+    if isinstance(link, bool) or not isinstance(link, int) or not 1 <= link <= n:
+        raise ControlError(f"push: link: expected an integer 1..{n} (the link joint k moves)")
+    if "force" not in req:
+        raise ControlError("push: force: expected a list of 3 numbers (N, base axes)")
+    out = {"link": link}
+    for name, bound, unit in (("force", MAX_FORCE_N, "N"), ("moment", MAX_MOMENT_NM, "N m"), ("point", MAX_COM_M, "m")):
+        v = _numbers(req, name, 3, (0.0, 0.0, 0.0))
+        if np.linalg.norm(v) > bound:
+            raise ControlError(f"push: {name}: {np.linalg.norm(v):g} {unit}; expected at most {bound:g} {unit}")
+        out[name] = v
+    duration = req.get("duration")
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                 or not 0.0 < duration <= MAX_PUSH_S):
+        raise ControlError(f"push: duration: expected a number of s, more than 0 and at most {MAX_PUSH_S:g}")
+    out["duration"] = None if duration is None else float(duration)
+    return out
+
+
 class ControlServer:
     """The control socket of a Simulator: `ControlServer(sim, endpoint).start()`, `stop()`; `bound` is the
     endpoint bound (with the port chosen for "tcp://127.0.0.1:*"). attached: the payload the simulator
@@ -102,6 +134,7 @@ class ControlServer:
         self.bound: str | None = None
         self.payload = attached               # {"mass", "com", "inertia"} on the flange (attach, swap, or at start)
         self.requests = self.refused = 0
+        self.push: dict | None = None        # the last push request carried out (until release)
 
     def start(self) -> None:
         """Bind the socket (InputError when the endpoint cannot be bound) and serve in a thread."""
@@ -153,7 +186,17 @@ class ControlServer:
         cmd = req["cmd"]
         if cmd == "status":
             s = self.sim.read_state()
-            return {"ok": True, "payload": self.payload, "cycle": s.cycle, "time": s.time}
+            pushing = self.push if self.sim.plant.wrench_link >= 0 else None
+            return {"ok": True, "payload": self.payload, "push": pushing, "cycle": s.cycle, "time": s.time}
+        if cmd == "push":
+            args = push_of(req, self.sim.n)
+            self.sim.apply_wrench(**args)
+            self.push = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+            return {"ok": True, "push": self.push}
+        if cmd == "release":
+            self.sim.clear_wrench()
+            self.push = None
+            return {"ok": True, "push": None}
         if cmd == "detach":
             if self.payload is None:
                 raise ControlError("detach: no payload is attached")

@@ -200,6 +200,8 @@ def target_refusal(position: np.ndarray | None, torque: np.ndarray | None, lo: n
     return None
 
 
+STILL_FRACTION = 0.01     # a target this fraction of a joint's maximum velocity over a cycle from the next is at
+                          # rest: the setpoint buffer may drop it (firmware_bridge.runtime.setpoint_buffer)
 FREE_RUNNING_DEPTH = 3    # a free-running device's setpoint buffer: jitter of two cycles costs nothing (with 2,
                           # a loaded 2-core machine ran 3 % of the cycles without a target)
 def setpoints_for_device(depth: int | None, host_clocked: bool, where: str) -> TargetBuffer | None:
@@ -228,6 +230,9 @@ class DeviceTargets:
         self.sim = sim
         self.streams = streams_for(sim)
         self.setpoints = setpoints
+        if setpoints is not None:        # drop a burst's excess only where it moves nothing: never a jump
+            setpoints.still = np.asarray(sim.model.qd_max, dtype=float) * sim.dt * STILL_FRACTION
+            setpoints.extrapolated = self.streams.max_extrapolated
         self.commanded = sim.read_state().position.copy()   # the last target received (rad)
         self.applied = self.commanded.copy()               # the targets the simulator has (rad)
         self.csp = np.zeros(sim.n, dtype=bool)             # the last accepted frame's mode is CSP

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ident.model import dynamics
+from ident.model import kernels as model_kernels
 from ident.payload import payload_parameters  # noqa: F401  (re-exported: sim users attach payloads)
 from firmware_bridge.runtime.errors import InputError
 from ident.model import Model
@@ -97,6 +98,22 @@ class NoiseConfig:
             raise InputError(f"noise: encoder_counts: expected a positive integer or None, got {c!r}")
 
 
+def mismatched_model(model: Model, amount: float, seed: int | None = 0) -> Model:
+    """The model with its dynamics off by `amount` (a fraction, e.g. 0.1 for 10 %): each link's inertial
+    parameters (all ten: the body scaled, so it stays one that can exist), each rotor inertia, Coulomb and
+    viscous friction coefficient multiplied by 1 + amount or 1 - amount (the sign drawn per value from seed).
+    Geometry, gear ratios and torque constants stay. 0 returns the model itself."""
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0.0 <= amount < 1.0:
+        raise InputError(f"mismatch: expected a fraction 0 <= amount < 1, got {amount!r}")
+    if amount == 0:
+        return model
+    rng = np.random.default_rng(seed)
+    chi = model.standard_parameters().reshape(model.n, 14).copy()
+    chi[:, :10] *= (1.0 + amount * rng.choice((-1.0, 1.0), model.n))[:, None]
+    chi[:, 10:13] *= 1.0 + amount * rng.choice((-1.0, 1.0), (model.n, 3))
+    return model.with_parameters(chi.reshape(-1))
+
+
 def workspace_mass_matrices(model: Model, samples: int = 256, seed: int = 12345) -> np.ndarray:
     """M(q) + diag Ia (samples, n, n) at random poses within the joint limits (+-pi where unbounded)."""
     rng = np.random.default_rng(seed)
@@ -154,6 +171,12 @@ class Plant:
         self.stalled = np.zeros(self.n, dtype=bool)
         self._locked = np.zeros(self.n, dtype=bool)
         self._tau_in = np.zeros(self.n)
+        # an external wrench (set_wrench): link (0-based, -1: none), point (link frame), [force; moment] base axes
+        self.wrench_link = -1
+        self._wrench_point = np.zeros(3)
+        self._wrench = np.zeros(6)
+        self.tau_ext = np.zeros(self.n)       # the joint torques it made over the last period (N m)
+        self._tau_ext_rows = self.tau_ext.reshape(1, self.n)
         # sensors
         self._nm_per_amp = model.joint_torque_per_amp()
         c = self.noise.encoder_counts
@@ -224,6 +247,10 @@ class Plant:
         """Hold the motor torque tau (n,) N m for one period dt and integrate (q, qd)."""
         self._tau_in[:] = tau
         self.tau[:] = self._tau_in
+        if self.wrench_link >= 0:     # J(q)^T w at the start of the period, held over it as the motor torque is
+            model_kernels.wrench_torques(*self._chain[:4], self.q.reshape(1, self.n), self.wrench_link,
+                                         self._wrench_point, self._wrench, self._tau_ext_rows)
+            self._tau_in += self.tau_ext
         self._update_locks()
         ok = pk.advance(*self._chain, self._P, self._fr, self._tau_in, self._locked, self.dt, self.substeps,
                         self._method, self.q, self.qd, self.qdd)
@@ -234,6 +261,28 @@ class Plant:
         """Place the arm at q (rad), moving at qd (rad/s, default rest)."""
         self.q[:] = self._initial("q", q, self.q)
         self.qd[:] = self._initial("qd", qd, np.zeros(self.n))
+
+    # -- external wrench ------------------------------------------------------------------------------
+    def set_wrench(self, link: int, point, force, moment=(0.0, 0.0, 0.0)) -> None:
+        """Push the arm: a force (N) and moment (N m), base axes, at `point` (m) of link `link` (1..n, the
+        link joint `link` moves; point in its frame), from the next period on until clear_wrench(). The joints
+        feel J(q)^T [force; moment] (ident.model.dynamics.wrench_torques) on top of the motor torque."""
+        if isinstance(link, bool) or not isinstance(link, (int, np.integer)) or not 1 <= link <= self.n:
+            raise InputError(f"wrench: link: expected an integer 1..{self.n}, got {link!r}")
+        vectors = []
+        for name, v in (("point", point), ("force", force), ("moment", moment)):
+            arr = np.asarray(v, dtype=float) if np.ndim(v) == 1 else np.full(0, np.nan)
+            if arr.shape != (3,) or not np.isfinite(arr).all():
+                raise InputError(f"wrench: {name}: expected 3 finite numbers, got {v!r}")
+            vectors.append(arr)
+        self._wrench_point[:] = vectors[0]
+        self._wrench[:3], self._wrench[3:] = vectors[1], vectors[2]
+        self.wrench_link = int(link) - 1
+
+    def clear_wrench(self) -> None:
+        """Nothing pushes the arm any more."""
+        self.wrench_link = -1
+        self.tau_ext[:] = 0.0
 
     # -- payload -------------------------------------------------------------------------------------
     def attach_payload(self, chi_load) -> None:

@@ -47,7 +47,7 @@ from sim import drive_control as dc
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
 from ident.payload import payload_parameters
-from sim.plant import FrictionConfig, NoiseConfig, Plant
+from sim.plant import FrictionConfig, NoiseConfig, Plant, mismatched_model
 
 def effort_delay(rate_hz: float) -> float:
     """How late (s) the simulator's current and torque are against its positions at rate_hz: half a period
@@ -131,13 +131,15 @@ _ARRAY_FIELDS = tuple(f.name for f in fields(SimState) if f.name not in ("time",
 @dataclass
 class TrueState:
     """Ground truth of the plant (for tests and the demo, not for the transports): q (rad), qd (rad/s),
-    qdd (rad/s^2) at the start of the last period, tau (N m) the motor torque held over it, payload (10,)."""
+    qdd (rad/s^2) at the start of the last period, tau (N m) the motor torque held over it, payload (10,),
+    tau_ext (N m) the joint torques an external wrench made over it (apply_wrench; zeros without one)."""
 
     q: np.ndarray
     qd: np.ndarray
     qdd: np.ndarray
     tau: np.ndarray
     payload: np.ndarray
+    tau_ext: np.ndarray
 
 
 class Simulator:
@@ -149,6 +151,10 @@ class Simulator:
     DriveConfig. seed: the sensors' and fault injection's random generators. q0: initial position (rad).
     brakes: a drive that is not powered holds its joint (False: the joint is free and falls).
     external_clock: overrides the device side's own clocks_simulator().
+    mismatch: the simulated mechanics' dynamics off the model's by this fraction (sim.plant.mismatched_model:
+    every link's inertial parameters, rotor inertia and friction coefficient times 1 +- mismatch, signs drawn
+    from seed); the drives, the sensors' scaling and `model` stay the model's. For tests of what a driver does
+    with a model that is not the arm's.
     clock_drift_ppm, clock_jitter_us: the internal real-time clock's drift against the host's (ppm, positive:
     slow) and the standard deviation of each tick's wake-up jitter (us), as a device's own crystal and
     interrupt latency (sim.clock.RealtimeClock); they apply to the free-running simulator only.
@@ -159,7 +165,7 @@ class Simulator:
                  noise: NoiseConfig | None = None, friction: FrictionConfig | None = None,
                  drive: DriveConfig | None = None, integrator: str = "rk4", seed: int | None = 0, q0=None,
                  brakes: bool = True, external_clock: bool | None = None, clock_drift_ppm: float = 0.0,
-                 clock_jitter_us: float = 0.0, **transport_options):
+                 clock_jitter_us: float = 0.0, mismatch: float = 0.0, **transport_options):
         self.model = model if isinstance(model, Model) else load_model(model)
         n = self.n = self.model.n
         if isinstance(rate_hz, bool) or not (isinstance(rate_hz, (int, float)) and 1.0 <= rate_hz <= 10_000.0):
@@ -171,7 +177,9 @@ class Simulator:
         self.realtime = bool(realtime)
         self.brakes = bool(brakes)
         seeds = np.random.SeedSequence(seed).spawn(3)
-        self.plant = Plant(self.model, dt=self.loop_dt, substeps=substeps, integrator=integrator, friction=friction,
+        mechanics = mismatched_model(self.model, mismatch, None if seed is None else seed + 7919)
+        self.mismatch = float(mismatch)
+        self.plant = Plant(mechanics, dt=self.loop_dt, substeps=substeps, integrator=integrator, friction=friction,
                            noise=noise, seed=seeds[0], q0=q0)
         self.drives = Drives(self.model, self.loop_dt, drive, mass_samples=self.plant.mass_samples)
         self.faults = FaultInjection(n, seed=seeds[1])
@@ -190,7 +198,8 @@ class Simulator:
         # the cycle's working sample and the published copy
         self._sample = SimState.empty(n)
         self._published = SimState.empty(n)
-        self._truth = TrueState(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(10))
+        self._truth = TrueState(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(10), np.zeros(n))
+        self._wrench_until = 0          # the cycle at which the external wrench ends (-1: when cleared)
         self._pos_prev = np.zeros(n)
         self._powered = np.zeros(n, dtype=bool)
         # loop ticks (loop_ticks > 1): the last targets (oldest first), whether each drive was in CSP, the
@@ -363,7 +372,7 @@ class Simulator:
         """A copy of the plant's true state at the latest sample (no sensors involved). Thread-safe."""
         with self._io_lock:
             t = self._truth
-            return TrueState(t.q.copy(), t.qd.copy(), t.qdd.copy(), t.tau.copy(), t.payload.copy())
+            return TrueState(t.q.copy(), t.qd.copy(), t.qdd.copy(), t.tau.copy(), t.payload.copy(), t.tau_ext.copy())
 
     def add_cycle_callback(self, fn: Callable[[SimState], None]) -> None:
         """Call fn(sample) in the stepping thread after every cycle. The sample is the simulator's own
@@ -388,6 +397,27 @@ class Simulator:
     def detach_payload(self) -> None:
         """Remove the payload (between two cycles)."""
         self._between_cycles(self.plant.detach_payload)
+
+    def apply_wrench(self, link: int, force, point=(0.0, 0.0, 0.0), moment=(0.0, 0.0, 0.0),
+                     duration: float | None = None) -> None:
+        """Push the arm: a force (N) and moment (N m) in base axes at `point` (m, in the frame of link `link`,
+        1..n: the link joint `link` moves) from the next cycle on, for `duration` s (None: until
+        clear_wrench), replacing any wrench acting. The joints feel J(q)^T [force; moment] on top of the
+        motors' torque (ident.model.dynamics.wrench_torques); read_truth().tau_ext says how much. Applied
+        between two cycles; InputError naming the argument that is wrong."""
+        if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                     or not 0.0 < duration < math.inf):
+            raise InputError(f"wrench: duration: expected a positive number of s or None, got {duration!r}")
+        cycles = -1 if duration is None else max(1, int(round(duration * self.rate_hz)))
+
+        def push():
+            self.plant.set_wrench(link, point, force, moment)
+            self._wrench_until = -1 if cycles < 0 else self._sample.cycle + cycles
+        self._between_cycles(push)
+
+    def clear_wrench(self) -> None:
+        """Stop pushing the arm (between two cycles)."""
+        self._between_cycles(self.plant.clear_wrench)
 
     def configure_drive(self, joint: int, **params) -> None:
         """Set drive `joint`'s protection parameters (Drives.configure: following_error_window (rad),
@@ -466,6 +496,8 @@ class Simulator:
         if self.brakes:
             np.logical_not(self._powered, out=plant.brake)
         plant.stalled[:] = self._stalled
+        if plant.wrench_link >= 0 and 0 <= self._wrench_until <= self._sample.cycle:
+            plant.clear_wrench()
         if self.loop_ticks == 1:
             plant.advance(drives.control(self._tpos, self._ttau, self._sample.position))
         else:
@@ -537,6 +569,7 @@ class Simulator:
             s.copy_into(self._published)
             t.q[:], t.qd[:], t.qdd[:], t.tau[:] = p.q, p.qd, p.qdd, p.tau
             t.payload[:] = p.payload
+            t.tau_ext[:] = p.tau_ext
             self._cycle_done.notify_all()
 
     # -- helpers -----------------------------------------------------------------------------------

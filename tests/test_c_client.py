@@ -161,7 +161,7 @@ def test_the_c_client_refuses_a_message_that_is_not_a_state_message_and_gives_up
         thread.join(5)
         pub.close(0)
     assert out.returncode == 1 and out.stdout == ""
-    assert "not a state message of version 1-2 (257 bytes)" in out.stderr
+    assert "not a state message of version 3-3 (305 bytes)" in out.stderr
     silent = ctx.socket(zmq.PUB)
     silent.setsockopt(zmq.LINGER, 0)
     try:

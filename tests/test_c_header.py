@@ -245,9 +245,9 @@ int main(void)
         printf("%u %d %" PRIu64 " %" PRIu32 " %" PRIu32 " %" PRId64 " %" PRId64, (unsigned)h.version, n, h.seq,
                h.flags & ARMID_STREAM_DRIVER_FLAGS_MASK, ARMID_STREAM_LOST_SAMPLES(h.flags), h.device_time_ns,
                h.host_time_ns);
-        const size_t doubles[4] = {ARMID_STREAM_Q_OFFSET(n), ARMID_STREAM_QD_OFFSET(n), ARMID_STREAM_CURRENT_OFFSET(n),
-                                   ARMID_STREAM_TORQUE_OFFSET(n)};
-        for (int f = 0; f < 4; f++)
+        const size_t doubles[5] = {ARMID_STREAM_Q_OFFSET(n), ARMID_STREAM_QD_OFFSET(n), ARMID_STREAM_CURRENT_OFFSET(n),
+                                   ARMID_STREAM_TORQUE_OFFSET(n), ARMID_STREAM_TAU_EXT_OFFSET(n)};
+        for (int f = 0; f < 5; f++)
             for (int k = 0; k < n; k++) {
                 double v;
                 memcpy(&v, msg + doubles[f] + (size_t)k * ARMID_STREAM_Q_ELEM_SIZE, sizeof v);
@@ -276,6 +276,7 @@ def _random_state(rng, n: int, version: int = stream.STREAM_VERSION) -> bytes:
     m.floats[:] = rng.normal(0, 10, (4, n)) * 10.0 ** rng.integers(-5, 5, (4, n))
     m.words[:] = rng.integers(0, 2**16, (2, n))
     m.mode[:] = rng.integers(-128, 128, n)
+    m.tau_ext[:] = rng.normal(0, 10, n)
     return bytes(m.buffer)
 
 
@@ -289,7 +290,7 @@ def _expected(payload: bytes) -> list:
     n = int(r["n"])
     head = [int(r["version"]), n, int(r["seq"]), int(r["flags"]) & 0xFFFF, stream.lost_samples(int(r["flags"])),
             int(r["device_time_ns"]), int(r["host_time_ns"])]
-    doubles = [float(x) for f in ("q", "qd", "current", "torque") for x in r[f]]
+    doubles = [float(x) for f in ("q", "qd", "current", "torque", "tau_ext") for x in r[f]]
     words = [int(v) for k in range(n) for v in (r["statusword"][k], r["error_code"][k], r["mode"][k])]
     return [*head, *doubles, *words, 1]
 
@@ -298,10 +299,13 @@ def _expected(payload: bytes) -> list:
 def test_c_program_decodes_state_messages_with_the_headers_struct_and_macros_as_decode_state_does(tmp_path):
     exe = _build(tmp_path, "stream", _STREAM_PROGRAM, "c11")
     rng = np.random.default_rng(22)
-    good = [_random_state(rng, n) for n in (1, 2, 6, 7, 64) for _ in range(3)] + [_random_state(rng, 6, version=1)]
+    good = [_random_state(rng, n) for n in (1, 2, 6, 7, 64) for _ in range(3)]
     six = good[6]
-    bad = [b"ARMX" + six[4:], six[:4] + (3).to_bytes(2, "little") + six[6:], six[:4] + bytes(2) + six[6:],
-           six[:-1], six + b"\0", six[:20], b""]
+    older = _random_state(rng, 6)[:stream.message_size(6, 2)]      # a version-2 message: the older layout
+    older = older[:4] + (2).to_bytes(2, "little") + older[6:]
+    assert stream.decode_state(older)["tau_ext"].tolist() == [0.0] * 6     # Python reads it, the C header not
+    bad = [b"ARMX" + six[4:], six[:4] + (4).to_bytes(2, "little") + six[6:], six[:4] + bytes(2) + six[6:],
+           six[:-1], six + b"\0", six[:20], b"", older]
     records = good + bad
     run = subprocess.run([str(exe)], input=b"".join(len(r).to_bytes(4, "little") + r for r in records),
                          capture_output=True, timeout=60)

@@ -27,7 +27,7 @@ def synopses(text: str) -> dict[tuple[str, ...], str]:
     out = {}
     for block in re.findall(r"```\n(armid .*?)```", text, flags=re.S):
         words = block.split()
-        path = tuple(w for w in words[1:][:3] if re.fullmatch(r"[a-z][a-z-]*", w))
+        path = tuple(w for w in words[1:][:3] if re.fullmatch(r"[a-z][a-z0-9-]*", w))
         out[path] = " ".join(words)
     return out
 

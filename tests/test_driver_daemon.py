@@ -133,6 +133,31 @@ def test_commands_beyond_loopback_require_curve_keys(model):
         Driver(model, arm, endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://0.0.0.0:*"))
 
 
+def test_a_start_that_fails_after_binding_stops_the_planner_the_link_and_the_sockets(model, monkeypatch):
+    """A failure late in start (here the cycle's warm-up) leaves nothing behind: the planner process has
+    ended, the sockets are closed (their endpoints bind again) and the link is closed."""
+    sim = Simulator(model)
+    d = Driver(model, LocalSimArm(model, simulator=sim), endpoints=LOCAL)
+
+    def broken() -> None:
+        raise RuntimeError("a kernel that does not compile")
+
+    monkeypatch.setattr(d.cycle, "warm_up", broken)
+    planner = d.planner
+    with pytest.raises(RuntimeError, match="does not compile"):
+        d.start()
+    try:
+        assert planner._proc is None and not d.cycle.running
+        assert d._pub is None and d._rep is None and d._servo is None
+        again = zmq.Context.instance().socket(zmq.PUB)
+        try:
+            again.bind(d.bound["state"])                 # the endpoint is free again
+        finally:
+            again.close(0)
+    finally:
+        sim.stop()
+
+
 def test_missing_curve_keys_stop_the_driver_with_one_line_and_no_traceback(tmp_path):
     cfg = tmp_path / "driver.toml"
     cfg.write_text('[driver]\nmodel = "generic6"\n[transport]\nname = "sim"\n[zmq]\nstate = "tcp://127.0.0.1:*"\n'

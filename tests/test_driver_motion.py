@@ -160,3 +160,19 @@ def test_sampled_trajectory_with_time_going_back_is_refused(model):
     t = np.array([0.0, 0.5, 0.4, 1.0])
     with pytest.raises(MotionError, match="not strictly increasing at sample 2"):
         motion.plan_samples(model, np.zeros(6), t, np.zeros((4, 6)), RATE)
+
+
+def test_a_feed_forward_outside_the_torque_limit_is_refused_even_when_the_whole_torque_is_within(model):
+    """A joint whose torque offset cancels its gravity load: the model's whole torque is small, but the rigid-body
+    torque the drives would get as feed-forward is over the limit; nothing goes out."""
+    import dataclasses
+
+    q0 = np.array([0.0, -0.6, 0.8, 0.0, 0.3, 0.0])
+    g = dynamics.gravity_torques(model, q0)
+    chi = model.standard_parameters().reshape(6, 14).copy()
+    chi[1, 11:14] = [0.0, 0.0, -g[1]]                  # no friction, an offset that holds joint 2's gravity
+    tau_max = model.tau_max.copy()
+    tau_max[1] = 0.6 * abs(g[1])
+    odd = dataclasses.replace(model.with_parameters(chi.reshape(-1)), tau_max=tau_max)
+    with pytest.raises(motion.MotionError, match=r"joint 2's torque feed-forward .* outside its torque limit"):
+        motion.plan_move(odd, q0, q0 + 0.002, 1000.0)

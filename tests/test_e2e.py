@@ -85,13 +85,14 @@ E2E_ONLY: set[str] = set()
 # (their devices on their own drifting, jittering clocks, as hardware is: armid.chain.FREE_PLANS; CAN's drives
 # step on the master's SYNC either way).
 RUNS = [(t, "lockstep") for t in chain.TRANSPORTS] + [("serial", "free"), ("gateway", "free")]
-# The free-running runs are opt-in (`-m e2e`); by default tests/test_workflow.py runs the README's workflow on
-# the free-running serial simulator up to the same 3-sigma check. On a machine loaded by other work a
-# free-running host falls behind the device's clock for stretches: the drives hold, then catch up (a torque kick
-# each). Serial: max |z| 1.7-3.0 in 6 quiet runs, but 4.1 (fc3/fv3) with a wheel build compiling beside it.
-# Gateway (its host on its own 250 Hz timer): 3 of 4 fast demos passed at load 2-6, and it failed once (max |z|
-# 5.8) with the whole suite and a Dask benchmark beside it (docs/guides/demo.md).
-E2E_ONLY_RUNS = {("serial", "free"), ("gateway", "free")}
+# The free-running runs were opt-in (`-m e2e`): on a machine loaded by other work a free-running host fell behind
+# the device's clock for stretches and the simulated drives' setpoint buffer carried every late burst as lasting
+# latency (120-171 ms of lag). With the latency bounded (never with a jump), the cycle and the simulator
+# real-time where permitted, no compile in the cycle and the planner off the real-time policy, the gateway's
+# runs by default (3 of 3 runs passed at load 9-13). Serial's stays opt-in: its chain runs without a fault, but
+# at load 9-13 two well-identified inertial terms lay beyond 3 sigma in 2 of 3 runs (max |z| 3.4 and 3.8), a
+# bias under load not explained yet.
+E2E_ONLY_RUNS: set[tuple[str, str]] = {("serial", "free")}
 
 
 @pytest.fixture(scope="module", params=[pytest.param(r, marks=pytest.mark.e2e, id=f"{r[0]}-{r[1]}")

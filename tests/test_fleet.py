@@ -15,6 +15,7 @@ import pytest
 
 from armid import cli
 from degraded import write_csv
+from rounding import least_squares_bound_of
 from ident.model import dynamics
 from ident.fit import excitation
 from ident.outputs import fleet
@@ -112,16 +113,23 @@ def test_a_broken_recording_fails_with_its_reason_and_the_rest_are_identified(se
     assert statuses.count("ok") == len(ARMS) * len(DATES) and statuses.count("failed") == 1
 
 
-def test_dask_gives_the_serial_results_exactly(serial, on_dask):
+def test_dask_gives_the_serial_results_to_rounding(serial, on_dask):
+    """Every count is the same; every float is the same up to rounding. Another process sums in another order
+    (numpy's and BLAS's vector kernels follow the arrays' alignment), so the floats may differ by what the fit's
+    conditioning makes of a backward error: the forward bound of a least-squares solution, which also bounds
+    the covariance built from the same triangular factor."""
     s, d = by_key(serial.rows), by_key(on_dask.rows)
     assert s.keys() == d.keys()
     for key in s:
         assert s[key].keys() == d[key].keys()
+        params = sum(1 for col in s[key] if col.endswith("_std"))
+        fitted = s[key].get("cond") is not None         # a failed job's row has no fit
+        bound = least_squares_bound_of(s[key]["cond"], 1.0, 1.0, 0.0, s[key]["rows"], params) if fitted else 0.0
         for col, value in s[key].items():
             if col == "error":
                 continue
-            if isinstance(value, float):    # the covariance's sums may round differently in another process
-                assert d[key][col] == pytest.approx(value, rel=16 * np.finfo(float).eps, abs=0.0), (key, col)
+            if isinstance(value, float):
+                assert d[key][col] == pytest.approx(value, rel=bound, abs=0.0), (key, col, bound)
             else:
                 assert d[key][col] == value, (key, col)
     assert [j.recording for j, _ in on_dask.failures] == [j.recording for j, _ in serial.failures]

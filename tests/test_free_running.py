@@ -52,9 +52,13 @@ def test_the_buffer_primes_to_its_depth_then_gives_one_target_per_cycle_in_order
     assert (buf.counts.received, buf.counts.consumed, buf.counts.skipped) == (3, 3, 0)
 
 
-def test_arrival_jitter_costs_nothing_and_a_standing_surplus_drains_one_target_per_window():
-    buf = TargetBuffer(2, window=10)
-    arrivals = [1, 1, 2, 0, 1, 2, 0, 0, 2, 1, 1, 3, 0, 0, 1]   # targets arriving in each cycle: bursts and gaps
+def test_arrival_jitter_within_the_depth_costs_nothing_and_a_burst_keeps_the_latency_at_the_depth():
+    """Late targets (a gap, then two at once) are each consumed once, in order. A burst from a host that was
+    late 5 cycles does not become lasting latency: the oldest of it are dropped (counted), and right after it
+    the buffer holds `depth` targets again, each consumed `depth` cycles after it came, as a drive's
+    interpolation buffer of fixed size does."""
+    buf = TargetBuffer(2)
+    arrivals = [1, 1, 0, 2, 1, 0, 2, 1, 1, 0, 2, 1]   # targets arriving in each cycle: late by up to depth - 1
     k, taken = 0, []
     for count in arrivals:
         for _ in range(count):
@@ -65,21 +69,76 @@ def test_arrival_jitter_costs_nothing_and_a_standing_surplus_drains_one_target_p
     consumed = [x for x in taken if x is not None]
     assert consumed == list(range(1, len(consumed) + 1))     # late ones are not dropped: in order, each once
     assert buf.counts.skipped == 0 and buf.counts.underruns == taken[1:].count(None)
-    for _ in range(5):                              # a burst: the standing level is now 5 above the steady one
+    for _ in range(5):                              # the host was 5 cycles late: its backlog comes at once
         k += 1
         buf.push(*_target(k))
-    levels = []
-    for cycle in range(80):                         # then one target per cycle
+    assert len(buf) == buf.depth and buf.counts.skipped == 5 + 1 - buf.depth   # the oldest went, counted
+    levels, lags = [], []
+    for cycle in range(20):                         # then one target per cycle
         k += 1
         buf.push(*_target(k))
-        buf.take()
+        got = buf.take()
         levels.append(len(buf))
-    assert levels[-1] == buf.depth                  # back to the steady level, with a cycle of margin ...
-    assert 0 < buf.counts.skipped <= 80 // buf.window                 # ... at most one target per window
-    assert all(b - a in (0, -1) for a, b in zip(levels, levels[1:]))  # never a jump
+        lags.append(k - int(got[0][0]))
+    assert set(levels) == {buf.depth - 1}           # the standing level of a buffer that just primed ...
+    assert set(lags) == {buf.depth - 1}             # ... so each target is used depth - 1 pushes after it came
     buf.reset()
     buf.push(*_target(99))
     assert buf.take() is None                       # a reset primes again
+
+
+def test_a_burst_in_motion_is_carried_out_in_full_and_its_excess_drops_once_at_rest():
+    """With `still` (the simulated drives'): a 5-target burst while the targets move is consumed one per cycle,
+    none skipped (dropping would step the target by the backlog); once they stand still the excess drops and
+    the latency is back at the depth."""
+    buf = TargetBuffer(2, still=np.full(2, 1e-6))
+    k, taken = 0, []
+
+    def cycle(arrivals: int, moving: bool) -> None:
+        nonlocal k
+        for _ in range(arrivals):
+            k += 1 if moving else 0
+            buf.push(*_target(k))
+        got = buf.take()
+        taken.append(None if got is None else int(got[0][0]))
+
+    for arrivals in [1, 1, 1, 0, 0, 0, 0, 0, 6, 1, 1, 1]:      # moving: a late burst
+        cycle(arrivals, True)
+    consumed = [x for x in taken if x is not None]
+    assert consumed == list(range(1, len(consumed) + 1)) and buf.counts.skipped == 0    # no target skipped
+    assert len(buf) > buf.depth                                 # the latency is still the burst's
+    for _ in range(6):                                          # at rest: the same target again and again
+        cycle(1, False)
+    assert len(buf) == buf.depth - 1 and buf.counts.skipped > 0
+
+
+def test_late_targets_of_cycles_the_drive_extrapolated_over_go_and_the_latency_stays_at_the_depth():
+    """A host late by 2 cycles in the middle of a motion: the buffer runs dry for 2 cycles (the drive continues
+    its stream over them) and the 2 targets of those cycles come late, with the next ones. They go (counted),
+    so the drive goes on with the target of the cycle it is in, the depth behind the host, as before; a stall
+    longer than the drive extrapolates over drops only that many and carries the rest out in full."""
+    def run(extrapolated: int, arrivals: list[int]) -> tuple[list, TargetBuffer]:
+        buf = TargetBuffer(2, still=np.full(2, 1e-6), extrapolated=extrapolated)
+        k, taken = 0, []
+        for count in arrivals:
+            for _ in range(count):
+                k += 1
+                buf.push(*_target(k))
+            got = buf.take()
+            taken.append(None if got is None else int(got[0][0]))
+        return taken, buf
+
+    taken, buf = run(4, [1, 1, 1, 1, 0, 0, 0, 4, 1, 1, 1, 1])
+    assert taken == [None, 1, 2, 3, 4, None, None, 7, 8, 9, 10, 11]    # 5 and 6 were for the dry cycles
+    assert buf.counts.skipped == 2 and len(buf) == buf.depth - 1       # the standing level of before
+    taken, buf = run(1, [1, 1, 1, 1, 0, 0, 0, 4, 1, 1, 1, 1])
+    assert taken == [None, 1, 2, 3, 4, None, None, 6, 7, 8, 9, 10]     # one cycle's worth went, the rest runs
+    assert buf.counts.skipped == 1 and len(buf) == buf.depth
+
+
+def test_a_latency_bound_below_the_depth_is_refused():
+    with pytest.raises(InputError, match="max_queued"):
+        TargetBuffer(3, max_queued=2)
 
 
 @pytest.mark.parametrize("depth", [0, -1, 17, 2.0, True, "2"])

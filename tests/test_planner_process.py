@@ -79,3 +79,23 @@ def test_a_job_sent_while_the_planner_starts_is_answered(planner, model):
     answer = []
     assert wait_until(lambda: answer.append(planner.collect()) or answer[-1] is not None, timeout=120.0)
     assert not isinstance(answer[-1], str), answer[-1]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setscheduler"), reason="Linux scheduling policies")
+def test_a_planner_started_from_a_real_time_thread_plans_at_the_default_policy():
+    """A daemon run at a real-time policy as a whole (chrt, a parent's setting) hands it to the processes it
+    starts; the planner's work is background work, so it goes back to the default policy before it plans."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+    except OSError:
+        pytest.skip("this process may not take a real-time policy")
+    p = Planner(timeout_s=30.0)
+    try:
+        p.start()
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        assert p.wait_ready(60)
+        policies = {int(t): os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{p._proc.pid}/task")}
+        assert set(policies.values()) == {os.SCHED_OTHER}, policies
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        p.close()

@@ -40,13 +40,14 @@ NAMES7 = ["base", "shoulder_pitch", "elbow", "w1", "wrist_2_long_name", "w3", "t
 
 # -- helpers -----------------------------------------------------------------------------------------
 def payload(n, seq, *, rng=None, flags=0, device_ns=None, host_ns=None):
-    """A version-1 state message with random values (docs/reference/stream.md), built with firmware_bridge.stream."""
+    """A state message with random values (docs/reference/stream.md), built with firmware_bridge.stream."""
     rng = rng or np.random.default_rng(seq)
     m = stream.StateMessage(n)
     m.q[:], m.qd[:], m.current[:], m.torque[:] = rng.normal(size=(4, n))
     m.statusword[:] = rng.integers(0, 1 << 16, n)
     m.error_code[:] = rng.integers(0, 1 << 16, n)
     m.mode[:] = rng.integers(-128, 128, n)
+    m.tau_ext[:] = rng.normal(size=n)
     m.set_header(seq, flags, 1_000_000 * seq + 17 if device_ns is None else device_ns,
                  1_700_000_000_000_000_000 + 1_000_003 * seq if host_ns is None else host_ns)
     return bytes(m.buffer)
@@ -138,6 +139,8 @@ def test_each_message_is_byte_identical_to_mcap_ros2_encoding_of_the_same_values
                                                           "velocity": s["qd"].tolist(), "effort": s["torque"].tolist()})
         ref.write_message(schema.TOPIC_MOTOR_CURRENTS, js, {"header": header, "name": names, "position": [],
                                                             "velocity": [], "effort": s["current"].tolist()})
+        ref.write_message(schema.TOPIC_EXTERNAL_TORQUE, js, {"header": header, "name": names, "position": [],
+                                                             "velocity": [], "effort": s["tau_ext"].tolist()})
         ref.write_message(schema.TOPIC_STATE, arm, {"header": header, **{k: s[k].tolist() for k in (
             "version", "flags", "seq", "device_time_ns", "host_time_ns", "q", "qd", "current", "torque", "statusword",
             "error_code", "mode")}})
@@ -146,7 +149,8 @@ def test_each_message_is_byte_identical_to_mcap_ros2_encoding_of_the_same_values
     theirs = {}
     for _, channel, message in make_reader(buf).iter_messages(log_time_order=False):
         theirs.setdefault(channel.topic, []).append(message.data)
-    assert set(ours) == {schema.TOPIC_JOINT_STATES, schema.TOPIC_MOTOR_CURRENTS, schema.TOPIC_STATE}
+    assert set(ours) == {schema.TOPIC_JOINT_STATES, schema.TOPIC_MOTOR_CURRENTS, schema.TOPIC_EXTERNAL_TORQUE,
+                         schema.TOPIC_STATE}
     for topic in ours:
         assert ours[topic] == theirs[topic], topic
 
@@ -170,9 +174,10 @@ def test_mcap_ros2_decodes_every_topic_to_the_values_of_the_stream(tmp_path):
             assert getattr(arm, key) == int(s[key]), key
         for key in ("q", "qd", "current", "torque", "statusword", "error_code", "mode"):
             assert list(getattr(arm, key)) == s[key].tolist(), key
+    assert [m.effort for _, m in got[schema.TOPIC_EXTERNAL_TORQUE]] == [s["tau_ext"].tolist() for s in states]
     with open(tmp_path / "r.mcap", "rb") as f:
         summary = make_reader(f).get_summary()
-    assert summary.statistics.message_count == 120 and summary.statistics.chunk_count >= 4
+    assert summary.statistics.message_count == 160 and summary.statistics.chunk_count >= 4
 
 
 # -- recording a live driver -------------------------------------------------------------------------
@@ -408,7 +413,7 @@ def test_seq_gaps_are_counted_and_malformed_messages_are_skipped_and_named(tmp_p
     stats = result["stats"]
     assert (stats.messages, stats.dropped, stats.gaps, stats.restarts, stats.malformed, stats.health) == (7, 2, 1, 1, 6, 1)
     reasons = "\n".join(logged)
-    for text in ("146 bytes for n = 3, expected 147", "q of joint 3 is nan", "magic b'XRMS'", "n = 4 joints, this recording has 3",
+    for text in ("170 bytes for n = 3 (version 3), expected 171", "q of joint 3 is nan", "magic b'XRMS'", "n = 4 joints, this recording has 3",
                  "3 frames", "health message: not UTF-8 JSON", "went back from 6 to 0"):
         assert text in reasons, text
     log = read_recording(tmp_path / "r.mcap")

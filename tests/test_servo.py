@@ -292,10 +292,12 @@ def test_with_its_buffer_every_setpoint_of_a_jittery_client_is_carried_out_in_or
 
 # -- a driver on the in-process simulator ---------------------------------------------------------------------------
 def _stream(servo, q0: np.ndarray, seconds: float, amplitude: float = 0.1, rate: float = 1000.0) -> np.ndarray:
-    """Stream q0 + amplitude (1 - cos(2 pi t / seconds)) / 2 on joint 1 at about `rate`; the last setpoint."""
+    """Stream q0 + amplitude (1 - cos(2 pi t / seconds)) / 2 on joint 1 at about `rate`, seconds * rate setpoints
+    (however long a client short of CPU time takes to send them); the last setpoint."""
     start = time.time_ns()
     k, q = 0, q0
-    while (t := ((now := time.time_ns()) - start) * 1e-9) < seconds:
+    while k < round(seconds * rate):
+        t = ((now := time.time_ns()) - start) * 1e-9
         q = q0.copy()
         q[0] += amplitude * (1 - np.cos(2 * np.pi * t / seconds)) / 2
         servo.send(q, now)                               # stamped with the time it was computed for

@@ -158,8 +158,9 @@ def test_a_smooth_stream_goes_on_when_its_old_setpoints_are_dropped(armid_hil, m
     """A 0.157 rad/s sine streamed at the cycle rate by a client speaking the wire format (the token from the
     servo command's reply) to a driver in a process of its own, each setpoint stamped with the time it is for.
     At the sine's fastest the client stalls for 100 ms and then sends the 100 setpoints it missed at once: the
-    driver keeps a few cycles of them and drops the older ones, 15 mrad of motion. The drives cross that gap
-    within the velocity limit (the arm's measured velocity stays within it) and servo goes on."""
+    driver reads them over a few cycles (its intake is bounded by time), keeps a few cycles of them and drops
+    the older ones, 15 mrad of motion. The drives cross that gap within the velocity limit (the arm's measured
+    velocity stays within it; tests/test_servo.py checks the crossing cycle by cycle) and servo goes on."""
     rig = armid_hil("serial")
     arm, rate = rig.client, rig.chain.plan.rate_hz
     arm.enable()
@@ -189,7 +190,7 @@ def test_a_smooth_stream_goes_on_when_its_old_setpoints_are_dropped(armid_hil, m
     finally:
         push.close(0)
     assert "ended" not in stats, stats["ended"]
-    assert stats["dropped"] > 0.06 * rate and stats["bridged_cycles"] > 0 and stats["lost"] == 0, stats
+    assert stats["dropped"] > 0.06 * rate and stats["lost"] == 0, stats
     assert fastest[0] < model.qd_max[0] and watch.is_alive()
 
 
@@ -244,7 +245,9 @@ def test_the_documented_servo_example_runs_as_written(armid_hil, capsys):
     capsys.readouterr()
     exec(compile(code, str(DOC), "exec"), {})
     assert capsys.readouterr().out == "servo_stop requested\n", rig.client.status()["servo"]
-    time.sleep(0.2)
+    # the drives follow their buffered targets a few cycles behind, more on a busy machine: wait (bounded) for
+    # the arm to come back, then hold it to where it started
+    wait_until(lambda: np.allclose(rig.client.latest().q, start, rtol=0.0, atol=2e-3), 5.0)
     np.testing.assert_allclose(rig.client.latest().q, start, atol=2e-3)
 
 

@@ -21,7 +21,8 @@ def register(sub) -> None:
     p.add_argument("--commands", default=DEFAULT_COMMANDS, metavar="ENDPOINT",
                    help=f"the driver's command endpoint (default {DEFAULT_COMMANDS})")
     p.add_argument("--wait", action="store_true",
-                   help="enable: wait until every drive is enabled; move_to, run_trajectory: until the motion ends")
+                   help="enable: wait until every drive is enabled; move_to, run_trajectory: until the arm has "
+                        "arrived (every joint within 2 mrad of the goal)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="seconds to wait for each reply, and for enable under --wait (default 10)")
     p.set_defaults(run=_run)
@@ -70,6 +71,8 @@ def _run(args: argparse.Namespace) -> int:
                 f"\r  {args.cmd}: {100 * min(1.0, waited / max(duration, 1e-9)):5.1f} % of {duration:.1f} s",
                 end="", file=sys.stderr, flush=True))
             print(file=sys.stderr)
+            if "goal" in reply:
+                arm.wait_arrived(reply["goal"])
             return 0
         except MotionFailed as exc:
             print(f"\narmid command: {exc}", file=sys.stderr)

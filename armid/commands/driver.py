@@ -38,10 +38,17 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--record {args.record}: is a directory; expected the MCAP file to write")
     if args.record:
         record = replace(record, path=args.record) if record else Record(args.record)
+    realtime, said = cfg.realtime, []
+    if realtime is None:                # no [realtime] section: real time wherever the process may take it
+        from driver.realtime import by_default
+
+        realtime = by_default(said.append)
     driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s,
                     clock=cfg.clock, record=record, effort_delay_s=cfg.effort_delay_s,
-                    realtime=cfg.realtime, trajectory_dir=cfg.trajectory_dir, max_motion_s=cfg.max_motion_s,
-                    metrics=cfg.metrics)
+                    realtime=realtime, trajectory_dir=cfg.trajectory_dir, max_motion_s=cfg.max_motion_s,
+                    metrics=cfg.metrics, watch=cfg.watch)
+    for line in said:                   # once the config holds: a refused config is its one error line
+        log.info(line)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())

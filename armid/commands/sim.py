@@ -20,9 +20,13 @@ def register(sub) -> None:
                    help="the simulated device clock's drift against the host's, ppm (positive: slow; default 0)")
     p.add_argument("--clock-jitter-us", type=float, default=0.0, metavar="US",
                    help="standard deviation of each device tick's wake-up jitter, us (default 0)")
+    p.add_argument("--mismatch", type=float, default=0.0, metavar="FRACTION",
+                   help="the simulated arm's dynamics off the model's by this fraction (each link's inertial "
+                        "parameters, rotor inertia and friction times 1 +- FRACTION; default 0)")
     p.add_argument("--control", default="tcp://127.0.0.1:*", metavar="ENDPOINT",
-                   help="ZeroMQ endpoint of the control socket that attaches, swaps and detaches payloads at "
-                        "run time (docs/reference/simulator.md; default: a free loopback port, printed; 'off': none)")
+                   help="ZeroMQ endpoint of the control socket that attaches, swaps and detaches payloads and "
+                        "pushes the arm at run time (docs/reference/simulator.md; default: a free loopback port, "
+                        "printed; 'off': none)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a transport option, e.g. --option port=5020 (see docs/reference/simulator.md); repeatable")
     p.set_defaults(run=_run)
@@ -56,7 +60,8 @@ def _run(args: argparse.Namespace) -> int:
             raise InputError(f"--option {item!r}: expected KEY=VALUE")
         options[key] = _value(value)
     sim = Simulator(args.model, args.transport, realtime=args.realtime, rate_hz=args.rate, seed=args.seed,
-                    clock_drift_ppm=args.clock_drift_ppm, clock_jitter_us=args.clock_jitter_us, **options)
+                    clock_drift_ppm=args.clock_drift_ppm, clock_jitter_us=args.clock_jitter_us, mismatch=args.mismatch,
+                    **options)
     if args.payload:
         try:
             parts = [float(x) for x in args.payload.split(",")]
@@ -76,7 +81,10 @@ def _run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
     sim.warm_up()      # every cycle kernel loads (or compiles) before the ready line, not in a host's handshake
-    sim.start()
+    if args.realtime:
+        _start_realtime(sim, log)
+    else:
+        sim.start()
     try:
         where = " ".join(f"{k}={v}" for k, v in sim.transport.connection().items())
         print(f"armid sim: {args.transport} ready: {where}", flush=True)
@@ -100,3 +108,29 @@ def _run(args: argparse.Namespace) -> int:
             log.info("setpoint buffer (%d cycles): %d targets received, %d consumed, %d cycles without one, %d "
                      "dropped to bound the latency", setpoints.depth, c.received, c.consumed, c.underruns, c.skipped)
     return 0
+
+
+def _start_realtime(sim, log) -> None:
+    """Start the simulator's threads (its device loop, the transport's) at SCHED_FIFO DEFAULT_RT_PRIORITY when
+    the process may take it (they inherit it from this thread, which goes back to its own policy after),
+    else at the default priority; one line either way. After the warm-up: a compile never runs real-time."""
+    import os
+
+    from firmware_bridge.runtime.rt_timing import DEFAULT_RT_PRIORITY, rt_permission, rt_priority_within_limit, take_fifo
+
+    why = rt_permission(1)
+    priority = rt_priority_within_limit(DEFAULT_RT_PRIORITY)
+    # this thread's own policy, to return to: a process started at a real-time policy as a whole (the demo
+    # chain's SCHED_RR) keeps it for this thread too; at the default policy on a busy machine it could be
+    # preempted while it holds the interpreter lock, and the device loop would wait for it
+    before = (os.sched_getscheduler(0), os.sched_getparam(0)) if hasattr(os, "sched_getscheduler") else None
+    if why is None or not take_fifo(priority):
+        log.info("realtime: not permitted (not root, no CAP_SYS_NICE, RLIMIT_RTPRIO 0, or ARMID_REALTIME=0): the "
+                 "device loop runs at the default priority")
+        sim.start()
+        return
+    try:
+        sim.start()
+    finally:
+        os.sched_setscheduler(0, *before)
+    log.info("realtime: SCHED_FIFO %d for the device loop and the transport's threads (permitted: %s)", priority, why)

@@ -57,10 +57,14 @@ def warm_ident() -> None:
     RecursiveLS(base.count, model.n).update(Yb, tau)
 
 
+COLD_WAIT_S = 600.0     # s: each wait of the driver part (the planner's kernels, a reply, the move), sized for a
+                        # cold cache on a loaded 2-core machine (a full compile took minutes there)
+
+
 def warm_driver() -> None:
     """The driver's cycle on the simulated arm (in this process, on ipc endpoints in a temporary folder):
-    start, enable, a short move, stop. (The gateway's register codec compiles when that transport first
-    runs.)"""
+    start, enable, a short move once the planner has its kernels, stop. (The gateway's register codec compiles
+    when that transport first runs.)"""
     import shutil
     import tempfile
 
@@ -78,17 +82,19 @@ def warm_driver() -> None:
     try:
         driver.start()
         commands = f"ipc://{folder}/commands"
-        deadline = time.monotonic() + 30.0
+        if not driver.planner.wait_ready(COLD_WAIT_S):
+            raise chain.ChainError(f"warmup: the planner process did not load its kernels within {COLD_WAIT_S:g} s")
+        deadline = time.monotonic() + COLD_WAIT_S
         while not chain.request(commands, cmd="status").get("drive_states") or \
                 set(chain.request(commands, cmd="status")["drive_states"]) & {"UNKNOWN", "NOT READY TO SWITCH ON"}:
             if time.monotonic() > deadline:
-                raise chain.ChainError("warmup: the simulated drives did not become ready within 30 s")
+                raise chain.ChainError(f"warmup: the simulated drives did not become ready within {COLD_WAIT_S:g} s")
             time.sleep(0.05)
-        chain.command(commands, "warmup: enable", cmd="enable")
-        status = chain.request(commands, cmd="status")
+        chain.command(commands, "warmup: enable", cmd="enable", timeout_s=COLD_WAIT_S)
+        status = chain.request(commands, COLD_WAIT_S, cmd="status")
         q = [float(x) + 0.01 for x in status.get("q", [0.0] * model.n)]
-        chain.command(commands, "warmup: move", cmd="move_to", q=q, speed=0.5)
-        deadline = time.monotonic() + 30.0
+        chain.command(commands, "warmup: move", cmd="move_to", q=q, speed=0.5, timeout_s=COLD_WAIT_S)
+        deadline = time.monotonic() + COLD_WAIT_S
         while chain.request(commands, cmd="status").get("moving") and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:

@@ -17,8 +17,8 @@ for k in itertools.count():
         break
     topic, msg = sub.recv_multipart()
     magic, version, n, flags, seq, t_device, t_host = struct.unpack_from("<4sHHIQqq", msg, 0)
-    if magic != b"ARMS" or version != 2 or len(msg) != 36 + 37 * n:
-        sys.exit(f"not a version-2 state message ({len(msg)} bytes)")
+    if magic != b"ARMS" or version != 3 or len(msg) != 36 + 45 * n:
+        sys.exit(f"not a version-3 state message ({len(msg)} bytes)")
     lost = flags >> 16                                              # device samples lost before this one
     q = struct.unpack_from(f"<{n}d", msg, 36)                       # rad
     current = struct.unpack_from(f"<{n}d", msg, 36 + 16 * n)        # A

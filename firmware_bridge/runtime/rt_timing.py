@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import sys
 import threading
 import time
@@ -89,3 +90,62 @@ def sleep_until(deadline_ns: int, spin_ns: int = 0) -> None:
             time.sleep(remaining * 1e-9)
     while time.perf_counter_ns() < deadline_ns:
         pass
+
+
+# -- real-time scheduling where the process may take it ---------------------------------------------------------
+DEFAULT_RT_PRIORITY = 50         # SCHED_FIFO priority of the 1 kHz loops by default: above the kernel's threaded
+                                 # interrupts' default (50 is theirs on PREEMPT_RT; equal is fair FIFO order) and
+                                 # far below the watchdog/migration threads (99)
+_CAP_SYS_NICE = 23               # linux/capability.h
+RT_OFF_ENV = "ARMID_REALTIME"    # "0" in the environment: no real-time scheduling by default (a benchmark's reference)
+
+
+def rt_permission(priority: int = DEFAULT_RT_PRIORITY) -> str | None:
+    """Why this process may take SCHED_FIFO at `priority` ("root", "CAP_SYS_NICE", "RLIMIT_RTPRIO N"), or None
+    when it may not (off Linux, or ARMID_REALTIME=0 in the environment). Every thread that takes it sleeps each period (an absolute clock_nanosleep),
+    and the kernel's real-time throttling (sched_rt_runtime_us, 950 ms of each 1 s by default) leaves the rest of
+    the machine 5 % even if one never did."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "sched_setscheduler"):
+        return None
+    if os.environ.get(RT_OFF_ENV) == "0":
+        return None
+    if os.geteuid() == 0:
+        return "root"
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:") and int(line.split()[1], 16) >> _CAP_SYS_NICE & 1:
+                    return "CAP_SYS_NICE"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_RTPRIO)
+    except (ImportError, OSError, AttributeError):
+        return None
+    if soft == resource.RLIM_INFINITY or soft >= priority:
+        return f"RLIMIT_RTPRIO {'unlimited' if soft == resource.RLIM_INFINITY else soft}"
+    return None
+
+
+def rt_priority_within_limit(priority: int = DEFAULT_RT_PRIORITY) -> int:
+    """`priority`, lowered to RLIMIT_RTPRIO when that is what permits real time (and below it)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_RTPRIO)
+    except (ImportError, OSError, AttributeError):
+        return priority
+    if os.geteuid() != 0 and soft != resource.RLIM_INFINITY and 0 < soft < priority:
+        return int(soft)
+    return priority
+
+
+def take_fifo(priority: int, tid: int = 0) -> bool:
+    """SCHED_FIFO at `priority` for the thread `tid` (0: the calling one); False when the OS refuses."""
+    try:
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+        return True
+    except (OSError, AttributeError):
+        return False

@@ -13,14 +13,22 @@ Rules, per drive cycle (`take`):
   * priming: until `depth` targets are queued, the drive keeps its last target (nothing is consumed);
   * running: the oldest queued target is consumed; an empty queue is an underrun (counted): the drive has no
     new target this cycle (`take` returns None) and the stream goes on with the next arrival;
-  * a late target does not get dropped when it comes: the queue's standing level (and the latency) grows by
-    the cycles it was late, as a master that sends every target once and in order expects, so the buffer
-    learns the link's jitter. When even the shortest queue over a whole window of `window` cycles held two
-    targets more than it needs (the master's clock runs faster than the drive's, or a spell of lateness is
-    over), the oldest one is dropped (counted as skipped): the latency comes down at most one target per
-    window, never in a jump, and keeps one cycle of margin over what the window needed;
-  * more than `max_queued` queued (default MAX_QUEUED: a drive's loop stalled for seconds; a servo session bounds
-    its latency lower) drops the oldest at once;
+  * the latency is bounded by the depth, as in a drive's interpolation buffer of fixed size: beyond
+    `max_queued` (default: `depth`) queued targets the oldest are dropped (counted as skipped). A host that was
+    late sends its backlog in a burst; the drive keeps the newest `depth` of it and goes on a fixed `depth`
+    cycles behind the host instead of carrying the burst as lasting latency;
+  * never a jump: with `still` (per joint, position units; the simulated drives set it) a target is dropped
+    only where dropping it moves nothing:
+      - a target of a cycle the drive went through without one and continued its stream over (`extrapolated`:
+        the drive extrapolates up to that many missed cycles in a row, sim.drive_targets): when it comes late,
+        its time has passed and the drive already went where it leads, so the oldest beyond the depth go, up
+        to one per such cycle. A host late by a few cycles (the common case on a loaded machine) costs no
+        lasting latency, in motion or not;
+      - a target within `still` of the next one (the arm is at rest there). A longer stall in the middle of a
+        motion (the drive held after `extrapolated` misses) is carried out in full, one target per cycle, as
+        the host sent it (dropping it would step the target by the whole backlog: 73 mrad for 150 ms at
+        0.5 rad/s, a following-error fault), and its excess goes as soon as the motion comes to rest.
+    HARD_LIMIT queued targets (a loop stalled for seconds) drop the oldest regardless;
   * `reset` empties the queue (a drive leaving CSP, a restart): the next targets prime it again.
 """
 from __future__ import annotations
@@ -34,14 +42,13 @@ from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.counters import Counters
 
 MAX_DEPTH = 16
-MAX_QUEUED = 4096         # targets: seconds of a stalled drive loop at 1 kHz
-WINDOW = 1000             # cycles over which the queue's shortest length is watched
+HARD_LIMIT = 4096         # targets: seconds of a stalled loop at 1 kHz; beyond, the oldest go whatever they are
 
 
 @dataclass
 class BufferCounts(Counters):
     """What the buffer did so far: targets received, consumed, underruns (cycles with none queued while
-    running) and targets skipped to bound the latency."""
+    running) and targets skipped (dropped, oldest first) to bound the latency."""
 
     received: int = 0
     consumed: int = 0
@@ -51,16 +58,24 @@ class BufferCounts(Counters):
 
 class TargetBuffer:
     """A FIFO of setpoints (tuples of arrays: a drive's target position and torque, a servo setpoint and its
-    stamp), consumed one per cycle. Not thread-safe: its owner calls it under its own lock or from one thread."""
+    stamp), consumed one per cycle. Not thread-safe: its owner calls it under its own lock or from one thread.
 
-    def __init__(self, depth: int, window: int = WINDOW, max_queued: int = MAX_QUEUED):
+    max_queued: targets kept at most (default `depth`: the latency is at most `depth` cycles); more push out
+    the oldest. still (per joint, the first array's units; None: drop whatever the targets are): drop a target
+    only where the next one lies within it, or where it belongs to one of the last `extrapolated` cycles that
+    went without a target (the drive continued its stream over them)."""
+
+    def __init__(self, depth: int, max_queued: int | None = None, still: np.ndarray | None = None,
+                 extrapolated: int = 0):
         if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise InputError(f"target_buffer: expected a number of cycles 1..{MAX_DEPTH}, got {depth!r}")
         self.depth = depth
-        self.window = int(window)
-        self.max_queued = int(max_queued)
-        self._low = MAX_QUEUED
-        self._cycles = 0
+        self.max_queued = depth if max_queued is None else int(max_queued)
+        if self.max_queued < depth:
+            raise InputError(f"target_buffer: max_queued {max_queued!r} is below the depth {depth}")
+        self.still = None if still is None else np.asarray(still, dtype=float)
+        self.extrapolated = int(extrapolated)
+        self._owed = 0                   # cycles without a target whose late targets may go (<= extrapolated)
         self._queue: deque[tuple] = deque()
         self._running = False
         self.counts = BufferCounts()
@@ -72,7 +87,7 @@ class TargetBuffer:
         """A setpoint arrived (its arrays copied)."""
         self._queue.append(tuple(np.array(x) for x in items))
         self.counts.received += 1
-        if len(self._queue) > self.max_queued:          # a loop stalled (for a drive: seconds): keep the newest
+        if len(self._queue) > (self.max_queued if self.still is None else HARD_LIMIT):   # keep the newest
             self.counts.skipped += 1
             self._queue.popleft()
 
@@ -85,21 +100,22 @@ class TargetBuffer:
             self._running = True
         if not queue:
             self.counts.underruns += 1
+            self._owed = min(self._owed + 1, self.extrapolated)
             return None
-        target = queue.popleft()
-        self.counts.consumed += 1
-        self._low = min(self._low, len(queue))
-        self._cycles += 1
-        if self._cycles >= self.window:
-            if self._low > self.depth and queue:       # two or more spare after every take of the window
+        if self.still is not None:                   # the excess of a burst, where dropping it moves nothing
+            while len(queue) > self.max_queued and self._owed:       # late: the drive went on without them
                 queue.popleft()
                 self.counts.skipped += 1
-            self._low, self._cycles = MAX_QUEUED, 0
-        return target
+                self._owed -= 1
+            while len(queue) > self.max_queued and np.all(np.abs(queue[1][0] - queue[0][0]) <= self.still):
+                queue.popleft()
+                self.counts.skipped += 1
+        self.counts.consumed += 1
+        return queue.popleft()
 
     def reset(self) -> None:
         """Forget the queued targets; the next ones prime the buffer again."""
         self._queue.clear()
         self._running = False
-        self._low, self._cycles = MAX_QUEUED, 0
+        self._owed = 0
 

@@ -431,6 +431,59 @@ def flange_kinematics(model: Model, q) -> tuple[np.ndarray, np.ndarray]:
     return (pose[0], jac[0]) if single else (pose, jac)
 
 
+def wrench_torques(model: Model, q, link: int, point, force, moment=(0.0, 0.0, 0.0)) -> np.ndarray:
+    """Joint torques that an external wrench on one link makes: tau = J(q)^T [force; moment].
+
+    Parameters
+    ----------
+    model : Model
+        The arm.
+    q : array_like, shape (N, n) or (n,)
+        Joint positions (rad).
+    link : int
+        The link the wrench acts on, 1..n (link k is the one joint k moves).
+    point : array_like, shape (3,)
+        Where the force acts, in link `link`'s frame (m).
+    force, moment : array_like, shape (3,)
+        The force (N) and moment (N m) in base axes.
+
+    Returns
+    -------
+    ndarray, shape (N, n) or (n,)
+        The torques (N m; N for prismatic joints) the joints feel; zero beyond `link`.
+
+    Raises
+    ------
+    ValueError
+        A link outside 1..n, or a vector of the wrong shape or non-finite.
+
+    Examples
+    --------
+    A force pushing the flange of a stretched arm sideways loads every joint up to it:
+
+    >>> import numpy as np
+    >>> from ident.model import dynamics
+    >>> from ident.model import load_model
+    >>> model = load_model("generic6")
+    >>> tau = dynamics.wrench_torques(model, np.zeros(6), 6, model.flange_p, [0.0, 10.0, 0.0])
+    >>> J = dynamics.jacobian(model, np.zeros(6))
+    >>> bool(np.allclose(tau, J[:3].T @ [0.0, 10.0, 0.0]))
+    True
+    """
+    Q, single = _batch(model, "q", q)
+    if isinstance(link, bool) or not isinstance(link, (int, np.integer)) or not 1 <= link <= model.n:
+        raise ValueError(f"link: expected an integer 1..{model.n}, got {link!r}")
+    vectors = []
+    for name, v in (("point", point), ("force", force), ("moment", moment)):
+        arr = np.asarray(v, dtype=np.float64)
+        if arr.shape != (3,) or not np.isfinite(arr).all():
+            raise ValueError(f"{name}: expected 3 finite numbers, got {np.asarray(v).tolist()!r}")
+        vectors.append(arr)
+    out = np.empty_like(Q)
+    kernels.wrench_torques(*_chain(model), Q, int(link) - 1, vectors[0], np.concatenate(vectors[1:]), out)
+    return out[0] if single else out
+
+
 def flange_to_link_matrix(model: Model) -> np.ndarray:
     """The linear map from a payload's 10 parameters in the flange frame to parameters of the last link.
 

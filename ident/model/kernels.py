@@ -830,3 +830,30 @@ def flange_kinematics(jtype, Rpl, ppl, axis, Rf, pf, Q, pose, jac):
                 else:
                     jac[s, 0, i], jac[s, 1, i], jac[s, 2, i] = u[i, 0], u[i, 1], u[i, 2]
                     jac[s, 3, i] = jac[s, 4, i] = jac[s, 5, i] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def wrench_torques(jtype, Rpl, ppl, axis, Q, link, point, wrench, out):
+    """Joint torques tau = J(q)^T w (N, n) into out of a wrench w = [force; moment] (6,) (N, N m, base axes)
+    acting at `point` (3,) (m, in the frame of link `link`, 0-based: the link joint `link` moves). J is the
+    geometric Jacobian of that point, rows [v; w]; joints beyond `link` feel nothing."""
+    N, n = Q.shape
+    R0, o, u, w, wd, a, Rq, Ms = _scratch(n)
+    z = np.zeros(n)
+    zero = np.zeros(3)
+    f0, f1, f2, m0, m1, m2 = wrench[0], wrench[1], wrench[2], wrench[3], wrench[4], wrench[5]
+    for s in range(N):
+        forward_pass(jtype, Rpl, ppl, axis, zero, Q[s], z, z, R0, o, u, w, wd, a, Rq, Ms)
+        R = R0[link]
+        p0 = o[link, 0] + R[0, 0] * point[0] + R[0, 1] * point[1] + R[0, 2] * point[2]
+        p1 = o[link, 1] + R[1, 0] * point[0] + R[1, 1] * point[1] + R[1, 2] * point[2]
+        p2 = o[link, 2] + R[2, 0] * point[0] + R[2, 1] * point[1] + R[2, 2] * point[2]
+        for i in range(n):
+            if i > link:
+                out[s, i] = 0.0
+            elif jtype[i] == 0:
+                # u . ((p - o_i) x f + m)
+                c0, c1, c2 = _cross(p0 - o[i, 0], p1 - o[i, 1], p2 - o[i, 2], f0, f1, f2)
+                out[s, i] = u[i, 0] * (c0 + m0) + u[i, 1] * (c1 + m1) + u[i, 2] * (c2 + m2)
+            else:
+                out[s, i] = u[i, 0] * f0 + u[i, 1] * f1 + u[i, 2] * f2
