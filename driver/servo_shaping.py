@@ -13,8 +13,9 @@ The target x moves once per cycle of period dt: its velocity v = (x_k - x_{k-1})
     from which the target can still stop before q_min and q_max at qdd_max. Since every velocity so taken
     leaves the next cycle one within all three, the target never passes a position limit, and its second
     difference over dt^2 never exceeds qdd_max (up to the rounding of the positions themselves).
-A cycle whose velocity was clipped is counted (the session's `bridged_cycles`). `stop_ramp` brings a moving
-target to rest at the acceleration limit: the drives' target when a session ends while it moves.
+A cycle whose velocity was clipped is counted (the session's `bridged_cycles`). `stop_ramp` brings the target
+to rest within the same limits when a session ends while it moves: time-optimally at a goal (the newest
+setpoint, after servo_stop), or as soon as the acceleration limit lets it (after a refusal).
 """
 from __future__ import annotations
 
