@@ -42,8 +42,9 @@ import zmq
 
 from firmware_bridge import stream
 from driver import authenticator
+from driver.allocator import return_freed_memory
 from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, make_thresholds
-from driver.command_server import CommandServer
+from driver.command_server import RECEIVE_QUEUE, REPLY_QUEUE, CommandServer
 from driver.commands import Commands
 from driver.cycle import Cycle, DriverFault
 from driver.motion import MAX_MOTION_S
@@ -264,6 +265,7 @@ class Driver:
                 threading.stack_size(stack)
 
     def _start(self) -> None:
+        return_freed_memory()       # a flood of large requests must not leave the process larger for good
         self.planner.start()        # it loads its kernels meanwhile, at a lower priority than the cycle's
         try:
             self.arm.open()
@@ -279,6 +281,8 @@ class Driver:
             self._rep = self._ctx.socket(zmq.ROUTER)
             self._rep.setsockopt(zmq.LINGER, 0)
             self._rep.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_REQUEST_BYTES)   # beyond: ZeroMQ drops the client
+            self._rep.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)    # what a flooding client can queue in us
+            self._rep.setsockopt(zmq.SNDHWM, REPLY_QUEUE)      # replies to a client that never reads them
             self._rep.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a reply that cannot go is counted, not lost unseen
             if self.endpoints.curve is not None:
                 self._secure(self._rep, self.endpoints.curve)
