@@ -41,7 +41,7 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
-from driver import authenticator
+from driver import authenticator, servo_shaping
 from driver.allocator import return_freed_memory
 from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, make_thresholds
 from driver.command_server import RECEIVE_QUEUE, REPLY_QUEUE, CommandServer
@@ -317,6 +317,7 @@ class Driver:
             self._stop.clear()
             self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
             self.cycle.warm_up()                    # and every kernel of the cycle, before it runs (and before READY)
+            servo_shaping.warm_up(self._servo_limits(), self.cycle.hold)      # servo's, on the limits' arrays
             self._switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL_S)
             gc.collect()
@@ -512,16 +513,21 @@ class Driver:
         session = self.cycle.servo
         return session.totals(self.cycle.servo_totals) if session is not None else dict(self.cycle.servo_totals)
 
+    def _servo_limits(self):
+        from driver.servo import ServoLimits
+
+        m = self.model
+        return ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
+
     def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
         """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket and carry the
         session token of the reply (only this reply names it)."""
         import secrets
 
-        from driver.servo import ServoLimits, ServoSession
+        from driver.servo import ServoSession
         from firmware_bridge.servo_wire import MODES
 
-        m = self.model
-        limits = ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
+        limits = self._servo_limits()
         token = secrets.randbits(64) or 1
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
                                timeout_cycles, buffer_cycles, token=token)

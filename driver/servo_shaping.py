@@ -118,17 +118,16 @@ def stop_ramp(x: np.ndarray, v: np.ndarray, dt: float, qd_max: np.ndarray, qdd_m
     return out[:rows] if rows > 0 else out      # rows < 0 cannot happen: the bound above covers the ramp
 
 
-def _warm_up() -> None:
-    """Compile the kernels (numba, cached on disk) when the driver is imported: compiling holds the GIL for
-    seconds, which the cycle thread must never wait for."""
-    one = np.zeros(1)
-    _track(one.copy(), one.copy(), one, one, 1e-3, np.ones(1), np.ones(1), -np.ones(1), np.ones(1))
-    for brake in (True, False):
-        _ramp(one.copy(), np.ones(1), one, brake, 1e-3, np.ones(1), np.ones(1), -np.ones(1), np.ones(1),
-              np.empty((4, 1)))
-
-
-_warm_up()
+def warm_up(limits, q: np.ndarray) -> None:
+    """Compile (or load from numba's disk cache) the kernels for the arrays a servo session passes: the limits'
+    own arrays (a model's are read-only, another type to numba than a scratch array) and targets like q.
+    Compiling holds the interpreter lock for seconds, which the cycle thread must never wait for: the driver
+    calls this before its cycle runs. Nothing is changed (scratch targets)."""
+    x, v = np.array(q, dtype=float), np.zeros(len(q))
+    track(x, v, x.copy(), x.copy(), 1e-3, limits.qd_max, limits.qdd_max, limits.q_min, limits.q_max)
+    v[:] = 1e-3
+    for goal in (None, np.array(q, dtype=float)):
+        stop_ramp(x, v, 1e-3, limits.qd_max, limits.qdd_max, limits.q_min, limits.q_max, goal)
 
 
 def stop_motion(ramp: np.ndarray, rate_hz: float, tau_start: np.ndarray,
