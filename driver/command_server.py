@@ -2,16 +2,27 @@
 
 One thread owns a ZeroMQ ROUTER socket (REQ clients talk to it as to a REP socket; its replies go to the
 client that asked, in any order). Each turn of the loop:
-  1. reads what has arrived (at most READ_BATCH messages), answering `quick_stop` and `disable` at once,
-     before anything read earlier: they reach the cycle at its next cycle boundary whatever else is in flight;
+  1. reads what has arrived (at most READ_BATCH messages and about READ_BATCH_BYTES), answering `quick_stop`
+     and `disable` at once, before anything read earlier: they reach the cycle at its next cycle boundary
+     whatever else is in flight;
   2. answers one other request (status, enable, set_payload, ...) or sends a motion request to the planner
      process (driver.planner), which answers later; a second motion while one is being planned is refused;
   3. collects the planner's answer when it is ready and starts the motion.
 Whatever a request raises becomes an error reply naming the request, counted in `stats` (the health topic's
-`commands`), and the loop goes on. At most PER_CLIENT requests of one client wait (and BACKLOG of all);
-beyond that a request is refused unread. Waiting requests are answered one client after the other (round
-robin over the clients' ROUTER identities), so that a client flooding the socket delays only itself: another
-client's request waits for at most one request of each other waiting client.
+`commands`), and the loop goes on.
+
+What a client can make the driver hold is bounded: ZeroMQ queues at most RECEIVE_QUEUE requests of each
+connection (RCVHWM; beyond, it stops reading that connection and TCP holds the sender back) and REPLY_QUEUE
+replies to it (SNDHWM; a reply beyond, to a client that does not read, is dropped and counted in
+`unsent_replies`; a client with at most PER_CLIENT + RECEIVE_QUEUE requests in flight loses none), each
+request at most MAX_REQUEST_BYTES (twice that: ZeroMQ drops the connection). Of the requests read, at most
+PER_CLIENT of one client wait (and BACKLOG of all), at most WAITING_BYTES in all; beyond that a request is
+refused unread. Waiting requests are answered one client after the other (round robin over the clients'
+ROUTER identities), so that a client flooding the socket delays only itself: another client's request waits
+for at most one request of each other waiting client. A plain `status` is answered as it is read, with a
+reply made at most once per turn, so a flood of them from many connections delays no one. A turn reads about
+READ_BATCH_BYTES at most, so that waiting requests are answered between large ones. Idle, the server hands
+what bursts left freed in the heap back to the OS (driver.allocator).
 """
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ from collections import deque
 
 import zmq
 
+from driver.allocator import trim
 from driver.commands import PLANNING, SMALL_REQUEST_BYTES, URGENT, Commands, encode
 from driver.planner import Planner, PlannerError
 from driver.requests import RequestError, decode_request
@@ -29,8 +41,15 @@ from firmware_bridge.runtime.log_throttle import Throttle
 
 POLL_MS = 50
 READ_BATCH = 256
-BACKLOG = 1024
+READ_BATCH_BYTES = 4 * 1024 * 1024    # and at most about this many bytes per turn
+BACKLOG = 256                      # requests waiting, all clients: another client's waits behind at most these
 PER_CLIENT = 64
+WAITING_BYTES = 16 * 1024 * 1024     # bytes of the requests waiting, all clients
+RECEIVE_QUEUE = 8                  # requests ZeroMQ queues per connection before the server reads them (RCVHWM)
+REPLY_QUEUE = 2 * (PER_CLIENT + RECEIVE_QUEUE)   # replies ZeroMQ queues per connection for a client that has
+                                   # not read them: twice what a client with that many requests in flight is owed
+                                   # (ZeroMQ frees a pipe's room in batches of half its bound)
+TRIM_INTERVAL_S = 5.0              # idle, the freed heap goes back to the OS (driver.allocator.trim) this often
 _URGENT_MARKS = tuple(name.encode() for name in URGENT)
 REFUSAL_LOG_INTERVAL_S = 1.0   # refused requests: the first logged, then one line per interval with a count
 _log = logging.getLogger(__name__)
@@ -45,7 +64,9 @@ class CommandServer:
         # requests waiting, by the client's ROUTER identity, in the order the clients are served (round robin)
         self._waiting: dict[bytes, deque[tuple[list, bytes]]] = {}
         self._queued = 0
+        self._waiting_bytes = 0                     # their bodies' bytes
         self._planning: list | None = None          # the envelope of the motion request being planned
+        self._status: tuple[dict, bytes] | None = None   # this turn's status reply, once made
         self.received = 0
         self.answered = 0
         self.errors = 0              # error replies (bad requests, refusals)
@@ -55,12 +76,15 @@ class CommandServer:
         self.malformed_envelopes = 0
         self.urgent = 0
         self.last_internal_error: str | None = None
+        self.trims = 0                    # times freed heap memory went back to the OS after a burst
+        self._next_trim = 0.0
 
     def stats(self) -> dict:
         return {"received": self.received, "answered": self.answered, "errors": self.errors,
                 "internal_errors": self.internal_errors, "refused_busy": self.refused_busy,
                 "unsent_replies": self.unsent, "malformed_envelopes": self.malformed_envelopes,
-                "urgent": self.urgent, "waiting": self._queued, "last_internal_error": self.last_internal_error,
+                "urgent": self.urgent, "trims": self.trims, "waiting": self._queued,
+                "waiting_bytes": self._waiting_bytes, "last_internal_error": self.last_internal_error,
                 "planner": self.planner.stats()}
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -81,6 +105,7 @@ class CommandServer:
         poller.register(self.planner.fileno(), zmq.POLLIN)
         planner_fd = self.planner.fileno()
         while not self._stop.is_set():
+            self._status = None                    # a status reply is made at most once per turn
             busy = bool(self._waiting)
             try:
                 poller.poll(0 if busy else (10 if self.planner.busy else POLL_MS))
@@ -94,11 +119,21 @@ class CommandServer:
             if self._waiting:
                 self._guard_request(*self._next_waiting(), self._answer)
             self._guard("planner", self._planner_turn)
+            if not self._waiting and self._planning is None:
+                self._trim()
             fd = self.planner.fileno()
             if fd != planner_fd:               # the planner was restarted: a new pipe
                 poller.unregister(planner_fd)
                 poller.register(fd, zmq.POLLIN)
                 planner_fd = fd
+
+    def _trim(self) -> None:
+        """Idle, at most once per TRIM_INTERVAL_S: what bursts of requests and connections left freed in the heap
+        goes back to the OS."""
+        now = time.monotonic()
+        if now >= self._next_trim:
+            self._next_trim = now + TRIM_INTERVAL_S
+            self.trims += trim()
 
     def _guard(self, what: str, fn) -> None:
         try:
@@ -121,11 +156,17 @@ class CommandServer:
 
     # -- reading -------------------------------------------------------------------------------------
     def _read(self) -> None:
+        read = 0
         for _ in range(READ_BATCH):
+            if read >= READ_BATCH_BYTES:        # large requests: a waiting one is answered between the batches
+                return
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            read += sum(len(f) for f in frames)
+            # a large part stays ZeroMQ's (no copy) until it is kept: most large ones of a flood are refused
+            frames = [f.bytes if len(f) <= SMALL_REQUEST_BYTES else f for f in frames]
             self.received += 1
             split = _split(frames)
             if split is None:
@@ -136,13 +177,18 @@ class CommandServer:
             envelope, body = split
             if len(body) < 256 and any(mark in body for mark in _URGENT_MARKS):
                 self._guard_request(envelope, body, self._answer)   # before anything that waits
-            elif self._queued >= BACKLOG or len(self._waiting.get(envelope[0], ())) >= PER_CLIENT:
+            elif len(body) < 64 and b"status" in body and _is_status(body):
+                self._guard_request(envelope, body, self._answer_status)   # never behind other requests
+            elif (self._queued >= BACKLOG or len(self._waiting.get(envelope[0], ())) >= PER_CLIENT
+                  or self._waiting_bytes + len(body) > WAITING_BYTES):
                 self.refused_busy += 1
                 self._reply(envelope, {"ok": False, "error": "request refused unread: too many requests are "
                                                              "waiting; wait for the replies before sending more"})
             else:
+                body = body if isinstance(body, bytes) else body.bytes
                 self._waiting.setdefault(envelope[0], deque()).append((envelope, body))
                 self._queued += 1
+                self._waiting_bytes += len(body)
 
     def _next_waiting(self) -> tuple[list, bytes]:
         """The next waiting request: the oldest of the client served longest ago, which then goes last."""
@@ -152,6 +198,7 @@ class CommandServer:
         if queue:
             self._waiting[client] = queue
         self._queued -= 1
+        self._waiting_bytes -= len(request[1])
         return request
 
     # -- answering -----------------------------------------------------------------------------------
@@ -195,15 +242,32 @@ class CommandServer:
         plan = answer
         self._reply(envelope, self.commands.guarded(plan.name, lambda: self.commands.start(plan)))
 
-    def _reply(self, envelope: list, reply: dict) -> None:
+    def _answer_status(self, envelope: list, body: bytes) -> None:
+        """A plain status request, answered as it is read with this turn's status (made once per turn: a flood
+        of status requests from many connections costs a send each, and delays no one)."""
+        if self._status is None:
+            reply = self.commands.run({"cmd": "status"})
+            self._status = (reply, encode(reply))
+        self._reply(envelope, *self._status)
+
+    def _reply(self, envelope: list, reply: dict, raw: bytes | None = None) -> None:
         self.answered += 1
         if not reply.get("ok"):
             self.errors += 1
             self._refusals.hit("command refused: %s", reply.get("error"), error=reply.get("error"))
         try:
-            self.sock.send_multipart([*envelope, encode(reply)], zmq.NOBLOCK)
+            self.sock.send_multipart([*envelope, encode(reply) if raw is None else raw], zmq.NOBLOCK)
         except (zmq.Again, zmq.ZMQError):
             self.unsent += 1
+
+
+def _is_status(body: bytes) -> bool:
+    """The request is exactly {"cmd": "status"} (any spacing). Never raises: whatever fails here is left to the
+    ordinary path, which answers it."""
+    try:
+        return decode_request(body) == {"cmd": "status"}
+    except Exception:  # noqa: BLE001 - only a test for the fast path
+        return False
 
 
 def _split(frames: list) -> tuple[list, bytes] | None:

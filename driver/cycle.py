@@ -58,6 +58,7 @@ from driver.hal import Arm, ArmCommand, ArmState, LinkError
 from driver.servo import END, HOLD, STOP, TRACK, ServoSession
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE
 from driver.motion import PlannedMotion
+from driver.servo_shaping import stop_motion
 from firmware_bridge.runtime.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
@@ -356,7 +357,7 @@ class Cycle:
         if self.want_power:
             _log.info("disable: switching the drives off")
         self.motion = None
-        self.end_servo("disable")
+        self.end_servo("disable", ramp=None)
         self.want_power = False
         self.quick_stop = False
 
@@ -364,7 +365,7 @@ class Cycle:
         if self.motion is not None or self.want_power:
             self._event(f"quick stop: {reason}", logging.ERROR)
         self.motion = None
-        self.end_servo(f"quick stop: {reason}")
+        self.end_servo(f"quick stop: {reason}", ramp=None)
         self.want_power = False
         self.quick_stop = True
 
@@ -387,9 +388,10 @@ class Cycle:
         self.servo = session
         self._event(f"servo: {session.mode_name} setpoints taken (timeout {session.timeout_cycles} cycles)")
 
-    def end_servo(self, reason: str, level: int = logging.INFO) -> None:
-        """End servo mode: the drives hold where they are (position: the last accepted setpoint; torque: the
-        measured pose) in CSP. The event is logged at `level`."""
+    def end_servo(self, reason: str, level: int = logging.INFO, ramp: str | None = "setpoint") -> None:
+        """End servo mode: the drives hold in CSP (torque: the measured pose; position: where their target comes
+        to rest within the limits, as the motion "servo stop": at the newest accepted setpoint with ramp
+        "setpoint", as soon as it can with "brake"; None: where it is). The event is logged at `level`."""
         session = self.servo
         if session is None:
             return
@@ -397,11 +399,15 @@ class Cycle:
         self.servo_ended = {**session.stats(), "ended": reason}
         self.servo_totals = session.totals(self.servo_totals)
         self.hold[:] = session.last if session.mode == MODE_POSITION else self.state.q
+        stopping = session.stop_ramp(ramp == "setpoint") if ramp else None
+        if stopping is not None:
+            self.motion, self._k = stop_motion(stopping, self.rate_hz, self.hold_torque, self.gravity), 0
+            self.hold[:] = stopping[-1]
         self.command.mode[:] = int(Mode.CSP)
         try:
             self.set_hold_torque()
         except DriverFault as exc:          # cannot hold there actively: stop the drives instead
-            self.quick_stop, self.want_power = True, False
+            self.quick_stop, self.want_power, self.motion = True, False, None
             reason, level = f"{reason}; {exc}", max(level, logging.ERROR)
         self._event(f"servo ended: {reason}", level)
 
@@ -592,7 +598,8 @@ class Cycle:
         the hold pose, through the drive logic."""
         st, cmd = self.state, self.command
         how = 0
-        if self.motion is not None:
+        servo_plan = self._servo_step(st) if self.servo is not None and advance else None
+        if self.motion is not None:                 # a motion, or the stop of a servo session that just ended
             m, k = self.motion, self._k
             plan_q, plan_tau, how = m.q[k], m.tau_ff[k], ck.HOLD_PLAN
             if not advance:
@@ -603,8 +610,8 @@ class Cycle:
                 self._event(f"{m.name}: done ({m.duration:.3f} s)")
             else:
                 self._k = k + 1
-        elif self.servo is not None and advance:
-            plan_q, plan_tau, how = self._servo_step(st)
+        elif servo_plan is not None:
+            plan_q, plan_tau, how = servo_plan
         else:
             plan_q, plan_tau = self.hold, self.hold_torque
         if not self.want_power or self.quick_stop:
@@ -625,16 +632,16 @@ class Cycle:
             if self.fault is None:
                 self._trip("non-finite setpoint refused")
 
-    def _servo_step(self, st) -> tuple[np.ndarray, np.ndarray, int]:
-        """This cycle's plan from the servo session: a checked setpoint, the last one held, or the session's end
-        (hold there) or a quick stop (the setpoints stopped)."""
+    def _servo_step(self, st) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """This cycle's plan from the servo session: a checked setpoint, the last one held; None when the session
+        ended (hold there, or its stop ramp as the motion) or quick-stopped (the setpoints stopped)."""
         step = self.servo.next(st.q, st.qd)
         if step.kind == STOP:
             self.request_quick_stop(step.reason)
-            return self.hold, self.hold_torque, 0
+            return None
         if step.kind == END:
-            self.end_servo(step.reason, logging.WARNING)
-            return self.hold, self.hold_torque, 0
+            self.end_servo(step.reason, logging.WARNING, ramp="brake")
+            return None
         if step.kind == HOLD:
             self._hold_log.hit("servo: no new setpoint this cycle; holding the last one",
                                missed_cycles=self.servo.missed_cycles)

@@ -41,9 +41,10 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
-from driver import authenticator
+from driver import authenticator, servo_shaping
+from driver.allocator import return_freed_memory
 from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, make_thresholds
-from driver.command_server import CommandServer
+from driver.command_server import RECEIVE_QUEUE, REPLY_QUEUE, CommandServer
 from driver.commands import Commands
 from driver.cycle import Cycle, DriverFault
 from driver.motion import MAX_MOTION_S
@@ -264,6 +265,7 @@ class Driver:
                 threading.stack_size(stack)
 
     def _start(self) -> None:
+        return_freed_memory()       # a flood of large requests must not leave the process larger for good
         self.planner.start()        # it loads its kernels meanwhile, at a lower priority than the cycle's
         try:
             self.arm.open()
@@ -279,6 +281,8 @@ class Driver:
             self._rep = self._ctx.socket(zmq.ROUTER)
             self._rep.setsockopt(zmq.LINGER, 0)
             self._rep.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_REQUEST_BYTES)   # beyond: ZeroMQ drops the client
+            self._rep.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)    # what a flooding client can queue in us
+            self._rep.setsockopt(zmq.SNDHWM, REPLY_QUEUE)      # replies to a client that never reads them
             self._rep.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a reply that cannot go is counted, not lost unseen
             if self.endpoints.curve is not None:
                 self._secure(self._rep, self.endpoints.curve)
@@ -313,6 +317,7 @@ class Driver:
             self._stop.clear()
             self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
             self.cycle.warm_up()                    # and every kernel of the cycle, before it runs (and before READY)
+            servo_shaping.warm_up(self._servo_limits(), self.cycle.hold)      # servo's, on the limits' arrays
             self._switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL_S)
             gc.collect()
@@ -508,16 +513,21 @@ class Driver:
         session = self.cycle.servo
         return session.totals(self.cycle.servo_totals) if session is not None else dict(self.cycle.servo_totals)
 
+    def _servo_limits(self):
+        from driver.servo import ServoLimits
+
+        m = self.model
+        return ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
+
     def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
         """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket and carry the
         session token of the reply (only this reply names it)."""
         import secrets
 
-        from driver.servo import ServoLimits, ServoSession
+        from driver.servo import ServoSession
         from firmware_bridge.servo_wire import MODES
 
-        m = self.model
-        limits = ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
+        limits = self._servo_limits()
         token = secrets.randbits(64) or 1
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
                                timeout_cycles, buffer_cycles, token=token)

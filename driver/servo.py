@@ -22,19 +22,19 @@ against the model's limits:
             longer one cannot. That clock is held to the driver's own: since the session's first setpoint,
             sent_ns may run ahead of the setpoints' arrival on the driver's clock by CLOCK_LEAD_S plus
             CLOCK_RATE of the time at most, so a client whose clock lies cannot make a fast motion look slow.
-            What the drives get is bounded on the driver's clock: each cycle their target moves towards the
-            newest setpoint by at most the velocity limit times the cycle period, so a gap in the setpoints
-            (dropped old ones, ones lost on the way) is crossed on a straight line within the velocity limit,
-            not in a jump; if the drives trail the newest setpoint by more than the velocity limit covers in
-            LAG_S, the setpoints outrun the limits and servo ends.
+            What the drives get is bounded on the driver's clock whatever the client sends: each cycle their
+            target moves towards the newest setpoint within the position, velocity and acceleration limits
+            (driver.servo_shaping: a stream within them is written unchanged; jerks, gaps and held cycles are
+            followed at the limits); if the drives trail the newest setpoint by more than the velocity limit
+            covers in LAG_S, the setpoints outrun the limits and servo ends.
   torque    finite, within the torque limits; and the arm's measured velocity within its limits and its
             position within its limits (a torque loop runs away otherwise).
-A setpoint that fails ends servo mode: the drives hold their last target (torque: the measured position), and
-the reason is an event. A cycle without a new setpoint holds the last one (or goes on crossing a gap); after
-`timeout_cycles` in a row the drives quick-stop, as a drive's own setpoint timeout does. Undecodable messages
-are counted and never used; so are setpoints that reached the driver but were never used (`dropped`: the
-buffer's bound on its latency, or the newest-only mode) and setpoints that never reached it (`lost`: gaps in
-seq).
+A setpoint that fails ends servo mode: the drives' target comes to rest within the limits (`stop_ramp`, run by
+the cycle as the motion "servo stop"; torque: the measured position is held), and the reason is an event. A
+cycle without a new setpoint holds the last one (or goes on to it, or comes to rest); after `timeout_cycles`
+in a row the drives quick-stop, as a drive's own setpoint timeout does. Undecodable messages are counted and
+never used; so are setpoints that reached the driver but were never used (`dropped`: the buffer's bound on its
+latency, or the newest-only mode) and setpoints that never reached it (`lost`: gaps in seq).
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ from firmware_bridge import servo_wire
 from firmware_bridge.servo_wire import MODE_POSITION, MODE_TORQUE, ServoDecodeError, ServoVersionError
 from firmware_bridge.runtime.log_throttle import Throttle
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH, TargetBuffer
+from driver.servo_shaping import stop_ramp, track
 
 LATENCY_WINDOW = 4096
 DEFAULT_TIMEOUT_CYCLES = 50
@@ -110,7 +111,10 @@ class ServoSession:
         self.n = n
         self.last = np.array(q_start, dtype=float) if mode == MODE_POSITION else np.zeros(n)   # the drives' target
         self.target = self.last.copy()           # position: the newest accepted setpoint (the drives move to it)
+        self._target_before = self.target.copy()     # ... as it was the cycle before (its velocity on our clock)
+        self.velocity = np.zeros(n)              # the drives' target's velocity on the cycle clock, rad/s
         self.history: deque[tuple[int, np.ndarray]] = deque()   # (sent_ns, values) of the last accepted ones
+        self._history_from_start = True          # history[0] is the session's first setpoint
         self.since = 0                   # cycles since the last accepted setpoint
         self.last_sent_ns: int | None = None      # the client's clock at the last accepted setpoint
         self._first: tuple[int, int, int, np.ndarray] | None = None   # the first setpoint that arrived: (seq,
@@ -211,8 +215,10 @@ class ServoSession:
             if self.since > self.timeout_cycles:
                 return ServoStep(STOP, reason=f"servo: no setpoint for {self.since - 1} cycles (timeout "
                                               f"{self.timeout_cycles})")
-            if self.mode == MODE_POSITION and not np.array_equal(self.last, self.target):
-                return ServoStep(TRACK, self._toward_target())          # still crossing a gap
+            if self.mode == MODE_POSITION and (self.velocity.any() or not np.array_equal(self.last, self.target)):
+                before = self.last.copy()
+                values = self._toward_target()                         # still on its way, or coming to rest
+                return ServoStep(HOLD if np.array_equal(values, before) else TRACK, values)
             return ServoStep(HOLD, self.last)
         seq, sent_ns, arrival_ns, values = got
         refusal = self._start(seq) if self.mode == MODE_POSITION and self.last_sent_ns is None else ""
@@ -231,16 +237,24 @@ class ServoSession:
         return ServoStep(TRACK, self._toward_target() if self.mode == MODE_POSITION else self.last)
 
     def _toward_target(self) -> np.ndarray:
-        """Move the drives' target towards the newest setpoint by at most the velocity limit over one cycle."""
-        reach = self.limits.qd_max * self.dt
-        gap = self.target - self.last
-        far = np.abs(gap) > reach
-        if far.any():
+        """This cycle's drive target: towards the newest setpoint within the position, velocity and acceleration
+        limits on the cycle clock (driver.servo_shaping)."""
+        lim = self.limits
+        if track(self.last, self.velocity, self.target, self._target_before, self.dt, lim.qd_max, lim.qdd_max,
+                 lim.q_min, lim.q_max):
             self.bridged_cycles += 1
-            self.last = np.where(far, self.last + np.clip(gap, -reach, reach), self.target)
-        else:
-            self.last = self.target.copy()
+        self._target_before[:] = self.target
         return self.last.copy()
+
+    def stop_ramp(self, at_setpoint: bool) -> np.ndarray | None:
+        """Position mode: the drive targets (K, n) of the cycles that bring the target to rest within the limits
+        when the session ends: at the newest accepted setpoint (at_setpoint: a client's orderly stop), else as
+        soon as the acceleration limits let it (a refusal). None: nothing to do (torque mode, or at rest)."""
+        if self.mode != MODE_POSITION:
+            return None
+        lim = self.limits
+        return stop_ramp(self.last, self.velocity, self.dt, lim.qd_max, lim.qdd_max, lim.q_min, lim.q_max,
+                         self.target if at_setpoint else None)
 
     def _start(self, used_seq: int) -> str:
         """Before the session's first setpoint is used: the first that arrived (this one, or one the buffer
@@ -308,22 +322,30 @@ class ServoSession:
 
     def _window_velocities(self, sent_ns: int, values: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, float]:
         """(velocity, its span s) from the setpoint WINDOW_S before this one, and the same for the window
-        before that (zero velocity when the session has none yet: the arm was at rest)."""
+        before that. Only a window that reaches back to the session's first setpoint counts as WINDOW_S long (the
+        arm was at rest before it; none before it: velocity zero); any other spans the stamps it has, so that
+        setpoints the buffer dropped never shorten a window the estimate divides by."""
         window = int(WINDOW_S * 1e9)
+        floor = window if self._history_from_start else 0
         t1, q1 = self._before(sent_ns - window)
-        span = max(sent_ns - t1, window) * 1e-9
+        span = max(sent_ns - t1, floor) * 1e-9
         t0, q0 = self._before(t1 - window)
-        span_before = max(t1 - t0, window) * 1e-9
-        velocity_before = (q1 - q0) / span_before if t0 < t1 else np.zeros(self.n)
+        if t0 < t1:
+            span_before = max(t1 - t0, floor) * 1e-9
+            velocity_before = (q1 - q0) / span_before
+        else:
+            span_before = window * 1e-9
+            velocity_before = np.zeros(self.n) if self._history_from_start else (values - q1) / span
         return (values - q1) / span, span, velocity_before, span_before
 
     def _remember(self, sent_ns: int, values: np.ndarray) -> None:
-        """Keep the accepted setpoints of the last two windows (and the one before them)."""
+        """Keep the accepted setpoints of the last three windows (and the one before them)."""
         history = self.history
         history.append((sent_ns, values))
-        horizon = sent_ns - int(2 * WINDOW_S * 1e9)
+        horizon = sent_ns - int(3 * WINDOW_S * 1e9)
         while len(history) > 2 and history[1][0] <= horizon:
             history.popleft()
+            self._history_from_start = False
 
     def totals(self, before: dict[str, int]) -> dict[str, int]:
         """The TOTALLED counters of this session added to `before` (the totals of the sessions before it)."""

@@ -33,6 +33,24 @@ def pytest_runtestloop(session):
         reporter.write_line(f"kernels ready in {time.monotonic() - started:.1f} s")
 
 
+# -- shared fixtures: a module's own fixture of the same name takes precedence -------------------------------
+@pytest.fixture(scope="module")
+def model():
+    """The generic6 model, loaded once per test module."""
+    from ident.model import load_model
+
+    return load_model("generic6")
+
+
+@pytest.fixture
+def driver(model):
+    """A driver on the in-process simulator (tests/local_driver.py) for one test: (driver, simulator)."""
+    from local_driver import local_driver
+
+    with local_driver(model) as running:
+        yield running
+
+
 # -- the soak marker ------------------------------------------------------------------------------------
 # Soak tests (tests/test_soak.py, 10 minutes) run only when asked for: `python -m pytest -m soak
 # tests/test_soak.py`, or ARMID_SOAK=1 in the environment. Elsewhere they are skipped.

@@ -18,20 +18,8 @@ import zmq.auth
 from armid.client import ArmClient, ClientError, CommandRefused, MotionFailed, NoReply, Sample
 from driver.daemon import Curve, Endpoints
 from firmware_bridge import stream
-from ident.model import load_model
 from local_driver import local_driver
 from waiting import wait_until
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model("generic6")
-
-
-@pytest.fixture
-def driver(model):
-    with local_driver(model) as running:
-        yield running
-
 
 def _client(d, **kw) -> ArmClient:
     return ArmClient(d.bound["state"], d.bound["commands"], **kw)

@@ -398,8 +398,8 @@ def test_another_clients_status_goes_ahead_of_a_flooders_waiting_requests(driver
     try:
         assert _call(other, cmd="status")["ok"]              # connected, and the server idle
         received = server.received
-        for _ in range(PER_CLIENT):
-            flood.send_multipart([b"", b'{"cmd": "status"}'])
+        for _ in range(PER_CLIENT):     # a request that waits its turn (a plain status is answered as it is read)
+            flood.send_multipart([b"", b'{"cmd": "set_payload", "mass": 0}'])
         deadline = time.monotonic() + 30
         while server.received < received + PER_CLIENT and time.monotonic() < deadline:
             time.sleep(0.0005)                              # until the server has read (queued) all of them

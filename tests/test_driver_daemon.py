@@ -17,18 +17,12 @@ from firmware_bridge import stream
 from driver.daemon import Curve, Driver, EndpointError, Endpoints
 from sim.local_transport import LocalSimArm
 from firmware_bridge.cia402 import State, state_of
-from ident.model import load_model
 from sim import Simulator
 from local_driver import local_driver  # noqa: E402
 from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model("generic6")
 
 
 @pytest.fixture

@@ -18,22 +18,10 @@ import zmq
 
 from armid.client import ArmClient
 from firmware_bridge import servo_wire
-from ident.model import load_model
 from local_driver import local_driver
 from waiting import wait_until
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reference" / "stream.md"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_model("generic6")
-
-
-@pytest.fixture
-def driver(model):
-    with local_driver(model) as running:
-        yield running
 
 
 class DriveReference:
