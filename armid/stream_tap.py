@@ -10,6 +10,7 @@ the setpoint buffer, the link, the drives' interpolation and their tracking, tog
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -72,6 +73,17 @@ class StreamTap:
                         self.q.append(np.array(m["q"], dtype=float))
         finally:
             sock.close(0)
+
+    def reach(self, seq: int, timeout_s: float = 30.0) -> bool:
+        """Wait (at most timeout_s) until the tap has heard the message `seq` or a later one (a status reply's
+        "seq"): a tap in a process short of CPU time reads the stream late. True when it has."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.seq and self.seq[-1] >= seq:
+                    return True
+            time.sleep(0.005)
+        return False
 
     def count(self) -> int:
         with self._lock:

@@ -10,12 +10,13 @@ Per configuration, over --seconds of moves back and forth (speed 0.8) measured o
                 (host_time step - device_time step, 0 when not later: the simulator's tick, the link and the
                 driver's cycle together; a simulator that skipped ticks or drifts does not count), p50/p99/p99.9/max;
   state gap     the longest host-time gap between consecutive state messages;
-  faults        the driver's fault at the end (0/1) and messages flagged FAULT;
+  faults        the driver's faults during the moves (each reset and the arm enabled again) and the messages
+                flagged FAULT;
   lag           command-to-motion lag (cycles, median and max over the moves' middle parts);
   servo held    a normal-priority Python client streaming position setpoints at 1 kHz for 2 s: cycles the
                 driver held the last setpoint / cycles of the session;
-  quick_stop    cycles from sending quick_stop during a move, with another process flooding status requests,
-                to the first message without FLAG_MOVING;
+  quick_stop    cycles from the driver's message count in a status reply right before quick_stop is sent during
+                a move, with another process flooding status requests, to the first message without FLAG_MOVING;
   driver CPU    the driver process's CPU time / wall time.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from armid import chain                                  # noqa: E402
-from armid.client import ArmClient                       # noqa: E402
+from armid.client import ArmClient, MotionFailed         # noqa: E402
 from armid.neighbours import Neighbours                  # noqa: E402
 from armid.stream_tap import StreamTap, motion_lag_cycles   # noqa: E402
 from driver import motion                                # noqa: E402
@@ -65,7 +66,7 @@ def _move(client, tap, model, goal, speed=0.8):
     start = tap.count()
     q_from = np.array(client.status()["q"])          # the driver's own: a starved client reads its stream late
     client.move_to(goal, speed=speed, wait=True)
-    time.sleep(0.1)
+    tap.reach(client.status()["seq"])               # the bench process reads the stream late when starved
     _, flags, _, q = tap.arrays(start)
     planned = motion.plan_move(model, q_from, goal, 1000.0, speed=speed).q
     return motion_lag_cycles(flags, q, planned)
@@ -102,11 +103,12 @@ def _quick_stop_cycles(client, run, tap, model) -> float:
             time.sleep(0.005)
         time.sleep(0.3)
         mark = tap.count()
-        sent_seq = tap.arrays(mark - 1)[0][-1]
+        sent_seq = client.status()["seq"]       # the driver's message count as it answered, right before
         client.quick_stop()
         time.sleep(0.5)
+        tap.reach(client.status()["seq"])
         seq, flags, _, _ = tap.arrays(mark)
-        stopped = np.flatnonzero((flags & stream.FLAG_MOVING) == 0)
+        stopped = np.flatnonzero(((flags & stream.FLAG_MOVING) == 0) & (seq > sent_seq))
         return float(seq[stopped[0]] - sent_seq) if stopped.size else float("nan")
     finally:
         flooder.kill()
@@ -132,22 +134,40 @@ def run_config(name: str, seconds: float, workdir: Path) -> dict:
         cpu0, t0 = chain.cpu_seconds(run.driver.pid), time.monotonic()
         lags = []
         with StreamTap(run.state) as tap:
-            k = 0
+            k, faults, unmeasured = 0, [], 0
             while time.monotonic() < t0 + seconds:
-                lags.append(_move(client, tap, model, GOAL * (1 if k % 2 == 0 else -0.5)))
+                try:
+                    lags.append(_move(client, tap, model, GOAL * (1 if k % 2 == 0 else -0.5)))
+                except MotionFailed as exc:             # counted, then on as an operator would: reset, enable
+                    faults.append(str(exc))
+                    print(f"# {name}: {exc}", file=sys.stderr, flush=True)
+                    client.fault_reset()
+                    client.enable()
+                except AssertionError as exc:           # the tap did not hear the motion in time: not measured
+                    unmeasured += 1
+                    print(f"# {name}: lag not measured: {exc}", file=sys.stderr, flush=True)
                 k += 1
+            out["driver_faults"] = len(faults)
+            out["moves"], out["moves_unmeasured"] = k, unmeasured
             out["driver_cpu"] = (chain.cpu_seconds(run.driver.pid) - cpu0) / (time.monotonic() - t0)
             seq, flags, device_ns, _ = tap.arrays()
             host_ns = tap.host_times()[: seq.size]          # the same messages as arrays() gave
-            out["servo_held"] = _servo_held(client)
-            out["quick_stop_cycles"] = _quick_stop_cycles(client, run, tap, model)
+            for key, measure in (("servo_held", lambda: _servo_held(client)),
+                                 ("quick_stop_cycles", lambda: _quick_stop_cycles(client, run, tap, model))):
+                try:
+                    out[key] = measure()
+                except Exception as exc:  # noqa: BLE001 - a fault or a refusal under load: reported, not fatal
+                    print(f"# {name}: {key}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                    out[key] = float("nan")
+                    client.fault_reset()
+                    client.enable()
         fresh = (flags & stream.FLAG_STALE) == 0
         host, device = host_ns[fresh], device_ns[fresh]
         late = np.maximum(np.diff(host) - np.diff(device), 0) / 1e3   # later than its device spacing says
         out["lateness_us"] = [float(np.percentile(late, p)) for p in (50, 99, 99.9)] + [float(late.max())]
         out["gap_ms"] = float(np.diff(host_ns).max() / 1e6)
         out["faults"] = int(((flags & stream.FLAG_FAULT) != 0).sum())
-        lag = np.concatenate(lags)
+        lag = np.concatenate(lags) if lags else np.full(1, np.nan)
         out["lag_cycles"] = [float(np.median(lag)), float(lag.max())]
         out["messages"] = int(seq.size)
     finally:
@@ -184,6 +204,7 @@ def main() -> int:
         for i, pct in enumerate(("p50", "p99", "p99.9", "max")):
             print(_line(f"{name} lateness {pct}", r["lateness_us"][i], "us", ref["lateness_us"][i]))
         print(_line(f"{name} longest state gap", r["gap_ms"], "ms", ref["gap_ms"]))
+        print(_line(f"{name} faults", r["driver_faults"], "faults", ref["driver_faults"]))
         print(_line(f"{name} fault messages", r["faults"], "messages", ref["faults"]))
         print(_line(f"{name} lag median", r["lag_cycles"][0], "cycles", ref["lag_cycles"][0]))
         print(_line(f"{name} lag max", r["lag_cycles"][1], "cycles", ref["lag_cycles"][1]))
@@ -191,6 +212,7 @@ def main() -> int:
         print(_line(f"{name} quick_stop under a request flood", r["quick_stop_cycles"], "cycles",
                     ref["quick_stop_cycles"]))
         print(_line(f"{name} driver CPU", 100 * r["driver_cpu"], "% of a core", 100 * ref["driver_cpu"]))
+        print(f"# {name}: {r['moves']} moves, {r['moves_unmeasured']} whose lag the tap could not measure")
     print("# raw: " + json.dumps(results))
     return 0
 
