@@ -94,7 +94,7 @@ def test_without_a_model_there_is_no_description_and_no_tf(tmp_path):
     writer.write_state(p, 6, 0, int(stream.decode_state(p)["host_time_ns"]))
     writer.close()
     assert set(_raw(open(tmp_path / "r.mcap", "rb"))) == {schema.TOPIC_JOINT_STATES, schema.TOPIC_MOTOR_CURRENTS,
-                                                          schema.TOPIC_STATE}
+                                                          schema.TOPIC_EXTERNAL_TORQUE, schema.TOPIC_STATE}
 
 
 def test_health_is_recorded_as_a_diagnostic_array_that_keeps_every_field(model, tmp_path):

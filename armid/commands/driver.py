@@ -47,8 +47,6 @@ def _run(args: argparse.Namespace) -> int:
                     clock=cfg.clock, record=record, effort_delay_s=cfg.effort_delay_s,
                     realtime=realtime, trajectory_dir=cfg.trajectory_dir, max_motion_s=cfg.max_motion_s,
                     metrics=cfg.metrics, watch=cfg.watch)
-    for line in said:                   # once the config holds: a refused config is its one error line
-        log.info(line)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
@@ -62,6 +60,8 @@ def _run(args: argparse.Namespace) -> int:
         # (bad input, status 2); a link lost later is a failure of the run (status 1, below)
         where = "/".join(f"transport.{k}" for k in transport_options(cfg.transport)[1]) or "transport"
         raise InputError(f"{cfg.source}: {where}: cannot start the {cfg.transport} link: {exc}") from None
+    for line in said:                   # once started: a refused config or an unreachable link is its one error line
+        log.info(line)
     try:
         while not stop.wait(0.5):
             if driver.cycle.error is not None:
