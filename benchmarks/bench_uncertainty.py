@@ -13,6 +13,11 @@ configuration, new noise) at 3 sigma against the nominal 0.27 %, and the time of
 N = 100 000 samples with each covariance.
 
     python benchmarks/bench_uncertainty.py [--count 200] [--seconds 6] [--workers 2] [--cache DIR] [--consistent 36]
+    python benchmarks/bench_uncertainty.py --online 72
+
+With --online N, only the online estimate (sim.ensemble.run_online: the recording streamed through
+ident.online's estimator, its final estimate and reported std) over the first N recordings, per class, beside the
+batch fit's z on the same recordings and the online std without the filter's row correlation.
 
 With --cache, each recording's outcome is kept in DIR as it arrives, and a second run reuses them (a run cut
 short on a loaded machine goes on where it stopped).
@@ -206,6 +211,30 @@ def identify_time(samples: int = 100_000, repeats: int = 3) -> None:
           f"{best['textbook']:.3f} s: ratio {(best['textbook'] + added) / best['textbook']:.2f} x")
 
 
+def _both(k: int):
+    return ensemble.run_online(k), ensemble.run(k)
+
+
+def online_calibration(count: int, workers: int) -> None:
+    with mp.get_context("spawn").Pool(workers) as pool:
+        pairs = pool.map(_both, range(count))
+    online, batch = [p[0] for p in pairs], [p[1] for p in pairs]
+    names = ensemble._setup("generic6")[1].names
+    cls = np.array([parameter_class(n) for n in names])
+    well = np.median([o.relative_std_pct for o in batch], axis=0) <= 10.0      # as the batch benchmark's
+    zo, zb = np.array([o.z() for o in online]), np.array([o.z() for o in batch])
+    zi = np.array([o.z(True) for o in online])
+    for c in CLASSES:
+        for which, sel in (("all", cls == c), ("well identified", (cls == c) & well)):
+            v, b, i = zo[:, sel].ravel(), zb[:, sel].ravel(), zi[:, sel].ravel()
+            print(f"z {c} ({which}, {sel.sum()} x {len(zo)}) online: mean {v.mean():+.3f}, spread {v.std():.3f} "
+                  f"(reference: batch mean {b.mean():+.3f}, spread {b.std():.3f}; online with independent rows "
+                  f"spread {i.std():.3f})")
+    z2 = float(np.mean([np.mean(o.z() ** 2) for o in online]))
+    print(f"mean z^2 over every parameter, online: {z2:.3f} (reference: 1 +- {ensemble.spread_band(online, 1):.3f}, "
+          f"ratio {z2:.2f} x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=200)
@@ -214,8 +243,16 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=None)
     ap.add_argument("--consistent", type=int, default=36,
                     help="the first N recordings also get the consistent fit, and the payload pairs among them")
+    ap.add_argument("--online", type=int, default=0,
+                    help="only the online estimate's z over the first N recordings, beside the batch fit's")
     a = ap.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    if a.online:
+        started = time.perf_counter()
+        online_calibration(a.online, a.workers)
+        print(f"{a.online} recordings of 6 s streamed online and identified in {time.perf_counter() - started:.0f} s")
+        print(f"load average at end: {os.getloadavg()[0]:.2f}")
+        return
     started = time.perf_counter()
     found = outcomes_of(a.count, a.seconds, a.workers, a.cache, a.consistent)
     outcomes = found["outcome"]

@@ -101,3 +101,25 @@ def spread_band(outcomes: list[Outcome], sigmas: float) -> float:
     count = sum(o.beta.size for o in outcomes)
     var = sum(2.0 * float(np.sum(o.correlation ** 2)) for o in outcomes)
     return sigmas * np.sqrt(var) / count
+
+
+def run_online(k: int, seconds: float = 6.0, model_name: str = "generic6") -> Outcome:
+    """Stream recording k of the ensemble through the online estimator (ident.online.OnlineIdentifier, its
+    defaults: no forgetting, per-joint weights from its first pass) and return its final estimate and reported
+    std as an Outcome; std_textbook is the std without the filter's row correlation (independent rows). The
+    recording's stamps are mended first (ident.fit.resample.mend_sampling), as a driver's stream is regular."""
+    from ident.fit.resample import mend_sampling
+    from ident.online.identifier import OnlineIdentifier
+
+    model, base, _ = _setup(model_name)
+    rec, truth = recording(k, seconds, model_name)
+    rec = mend_sampling(rec)[0]
+    rate = 1.0 / float(np.median(np.diff(rec.t)))
+    seq = np.round((rec.t - rec.t[0]) * rate).astype(np.int64)
+    online = OnlineIdentifier(model, rate_hz=rate, base=base, effort_delay=rec.effort_delay)
+    online.push(seq, rec.q, rec.tau)
+    report = online.report()
+    cov = online.rls.covariance()
+    sd = np.sqrt(np.diag(cov))
+    return Outcome(config(k), report.theta, sd, sd / np.sqrt(online.rls.row_correlation), truth,
+                   report.sigma_percent, cov / np.outer(sd, sd))
