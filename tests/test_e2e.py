@@ -222,7 +222,7 @@ def _check_within_3_sigma(demo_run: DemoRun, truth) -> None:
     groups = {re.sub(r"^(Ia|fc|fv|offset)(\d+)$", r"drive\2", n) for n, v in zip(np.array(names)[meaningful], every)
               if v > 3.0}
     said = f"{demo_run.transport} {demo_run.clocking}: max |z| {every.max():.1f} over {every.size} parameters: {listed}"
-    if groups == {"drive6"} and every.max() <= 5.0:
+    if groups == {"drive6"} and 4.0 < every.max() <= 5.0:
         # Known and not yet explained: on the process chains (not in-process, where 200 recordings through each
         # transport's codec and clocking show joint 6's drive terms unbiased) Ia6 came out at -4.2 to -4.3 sigma with
         # fc6 and fv6 near +-2 in 2 of 4 fresh-clone runs. Reported as an expected failure while it is found; any
