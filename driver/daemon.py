@@ -187,7 +187,7 @@ class Driver:
         self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
                                               self.watch_model.joint_torque_per_amp())
         self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir))
-        self.planner = Planner()
+        self.planner = Planner(spare=True)     # the process keep_spare() started ahead, when there is one
         self.command_server: CommandServer | None = None
         self._switch_interval = sys.getswitchinterval()
         self._stop = threading.Event()

@@ -20,6 +20,7 @@ process that dies, costs that job only: the process is killed and started again.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import pickle
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from multiprocessing.connection import Connection
 from dataclasses import dataclass
@@ -71,11 +73,94 @@ def _mkdir() -> str:
     return tempfile.mkdtemp(prefix="armid-plans-", dir=base)
 
 
+def _spawn(folder: str) -> tuple[subprocess.Popen, Connection, Connection]:
+    """Start `python -m driver.planner FOLDER`: the process, the pipe its jobs go on (non-blocking) and the
+    pipe its answers come on."""
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parent.parent)        # the folder that holds the driver package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "driver.planner", folder], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
+    send = Connection(os.dup(proc.stdin.fileno()), readable=False)
+    os.set_blocking(send.fileno(), False)      # a write never waits (module docstring)
+    conn = Connection(os.dup(proc.stdout.fileno()), writable=False)
+    proc.stdin.close()
+    proc.stdout.close()
+    return proc, send, conn
+
+
+# -- a process started ahead ---------------------------------------------------------------------------------
+_spare_lock = threading.Lock()
+_spare: tuple[str, subprocess.Popen, Connection, Connection] | None = None     # (folder, process, jobs, answers)
+_keeping = False
+_spare_pid = 0                  # the process that started the spare (a forked child must not stop it)
+
+
+def keep_spare(on: bool = True) -> None:
+    """Keep (on) one planner process started ahead in this process, loading its kernels meanwhile: the next
+    Driver to start takes it, ready or nearly so, instead of waiting for a fresh one, and another is started
+    for the one after. For a process that starts drivers one after another (a test run); a daemon that starts
+    one driver gains nothing. keep_spare(False) stops the spare. Planner() alone (spare=False) never takes one."""
+    global _keeping
+    with _spare_lock:
+        _keeping = on
+        if on and _spare is None:
+            _start_spare()
+        elif not on:
+            _stop_spare()
+
+
+def _start_spare() -> None:
+    global _spare, _spare_pid
+    folder = _mkdir()
+    _spare, _spare_pid = (folder, *_spawn(folder)), os.getpid()
+
+
+def _stop_spare() -> None:
+    global _spare
+    if _spare is None:
+        return
+    folder, proc, send, conn = _spare
+    _spare = None
+    send.close()
+    conn.close()
+    proc.kill()
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _take_spare() -> tuple[str, subprocess.Popen, Connection, Connection] | None:
+    """The spare process (then the next one is started), or None when none is kept or it has ended."""
+    global _spare
+    with _spare_lock:
+        if not _keeping or _spare is None:
+            return None
+        if _spare[1].poll() is not None:        # it ended (killed from outside): start afresh
+            _stop_spare()
+            _start_spare()
+            return None
+        taken, _spare = _spare, None
+        _start_spare()
+        return taken
+
+
+def _stop_at_exit() -> None:
+    if os.getpid() == _spare_pid:
+        keep_spare(False)
+
+
+atexit.register(_stop_at_exit)
+
+
 class Planner:
     """The planner process seen from the daemon (module docstring). Not thread-safe: one owner thread."""
 
-    def __init__(self, timeout_s: float = PLAN_TIMEOUT_S):
+    def __init__(self, timeout_s: float = PLAN_TIMEOUT_S, *, spare: bool = False):
         self.timeout_s = float(timeout_s)
+        self._spare = spare                          # take the process keep_spare() started ahead
         self._proc: subprocess.Popen | None = None
         self._send: Connection | None = None
         self._conn: Connection | None = None         # answers come on this one
@@ -87,19 +172,14 @@ class Planner:
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the process (its imports and kernels load in the background: the first job waits)."""
-        if self._dir is None:
-            self._dir = _mkdir()
-        env = dict(os.environ)
-        here = str(Path(__file__).resolve().parent.parent)        # the folder that holds the driver package
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
-        self._proc = subprocess.Popen([sys.executable, "-m", "driver.planner", self._dir], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
-        self._send = Connection(os.dup(self._proc.stdin.fileno()), readable=False)
-        os.set_blocking(self._send.fileno(), False)      # a write never waits (module docstring)
-        self._conn = Connection(os.dup(self._proc.stdout.fileno()), writable=False)
-        self._proc.stdin.close()
-        self._proc.stdout.close()
+        """Start the process (its imports and kernels load in the background: the first job waits). A planner
+        made with spare=True takes the process that keep_spare() started ahead, when there is one."""
+        if self._dir is None and self._spare and (taken := _take_spare()) is not None:
+            self._dir, self._proc, self._send, self._conn = taken
+        else:
+            if self._dir is None:
+                self._dir = _mkdir()
+            self._proc, self._send, self._conn = _spawn(self._dir)
         self.ready = False
 
     def wait_ready(self, timeout_s: float) -> bool:

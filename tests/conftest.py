@@ -33,6 +33,18 @@ def pytest_runtestloop(session):
         reporter.write_line(f"kernels ready in {time.monotonic() - started:.1f} s")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _planner_started_ahead():
+    """Each driver a test starts takes a planner process that was started (and has loaded its kernels) while
+    the tests before it ran, instead of waiting for a fresh one (driver.planner.keep_spare); the last spare is
+    stopped at the end of the run."""
+    from driver.planner import keep_spare
+
+    keep_spare(True)
+    yield
+    keep_spare(False)
+
+
 # -- shared fixtures: a module's own fixture of the same name takes precedence -------------------------------
 @pytest.fixture(scope="module")
 def model():
