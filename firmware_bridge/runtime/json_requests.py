@@ -26,10 +26,19 @@ _OPEN[[ord("]"), ord("}")]] = -1
 
 def nesting_depth(raw: bytes) -> int:
     """The deepest nesting of [ and { outside JSON strings (0 for a scalar)."""
-    skeleton = _STRINGS.sub(b'""', raw)
-    if not skeleton:
+    escaped = b"\\" in raw
+    if escaped:                          # a quote may stand inside a string: strings out by the expression
+        raw = _STRINGS.sub(b'""', raw)
+    if not raw:
         return 0
-    steps = _OPEN[np.frombuffer(skeleton, np.uint8)]
+    data = np.frombuffer(raw, np.uint8)
+    steps = _OPEN[data]
+    if not escaped:                      # a string runs from an odd-numbered quote to the next (a vectorised
+        quote = data == ord('"')         # _STRINGS, many times faster on requests of many short strings)
+        opened = np.cumsum(quote, dtype=np.int64)
+        if opened[-1] & 1:               # a last quote that nothing closes opens no string
+            opened[np.flatnonzero(quote)[-1]:] += 1
+        steps[(opened & 1).astype(bool)] = 0
     return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
