@@ -150,6 +150,32 @@ def test_nesting_is_measured_outside_strings_and_without_recursion():
         decode_request(b"[" * 100_000 + b"]" * 100_000)
 
 
+def _depth_by_scanning(raw: bytes) -> int:
+    """The nesting depth by a byte-by-byte scan: a string opens at a quote that a later unescaped quote closes
+    (an unclosed one is an ordinary byte), a backslash in it escapes the next byte."""
+    depth = deepest = k = 0
+    while k < len(raw):
+        c = raw[k:k + 1]
+        if c == b'"':
+            j = k + 1
+            while j < len(raw) and raw[j:j + 1] != b'"':
+                j += 2 if raw[j:j + 1] == b"\\" else 1
+            if j < len(raw):
+                k = j + 1
+                continue
+        depth += (c in b"[{") - (c in b"]}")
+        deepest = max(deepest, depth)
+        k += 1
+    return deepest
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.binary(max_size=40).map(lambda b: bytes(b'"\\[]{}a '[x % 8] for x in b)))
+def test_nesting_depth_skips_exactly_the_strings_a_scan_finds(raw):
+    """Quotes, escapes and brackets in any order, unclosed strings and stray backslashes included."""
+    assert nesting_depth(raw) == _depth_by_scanning(raw)
+
+
 # -- the live socket -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, raw, expected", CASES, ids=[c[0] for c in CASES])
 def test_each_named_hostile_request_gets_an_error_naming_the_fault(driver, name, raw, expected):
