@@ -12,13 +12,12 @@ setpoint the driver follows at a time (the ROS 2 bridge's feedback) evaluates th
 from __future__ import annotations
 
 import numpy as np
+import scipy.interpolate
 
 
 def curve(t, q, qd=None, qdd=None):
     """A callable c(tt, nu=0): the nu-th derivative (0, 1, 2) at times tt of the curve through the waypoints,
     its time measured from t[0]. qdd needs qd. Arrays must already be checked (finite, t strictly increasing)."""
-    import scipy.interpolate     # here, not at the top: the planner process starts without it (slow to import)
-
     t = np.asarray(t, dtype=float)
     rel = t - t[0]
     q = np.asarray(q, dtype=float)
