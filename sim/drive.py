@@ -144,7 +144,10 @@ class DriveConfig:
     """Tuning and protection of the drives; scalars apply to every joint, or give n values.
 
     bandwidth (rad/s): velocity-loop crossover for the inertia J; integral_corner (rad/s): PI zero;
-    position_gain (1/s); inertia (kg m^2): the drive's load-inertia setting. Defaults: J from
+    position_gain (1/s); inertia (kg m^2): the drive's load-inertia setting. friction_feedforward: the drive adds
+    the model's Coulomb and viscous friction at the reference velocity; acceleration_feedforward: the drive adds
+    J times the reference acceleration (set both off for a host that sends its model's torque, friction included,
+    as the CSP torque offset: the armid driver does; on, they count twice). Defaults: J from
     default_inertia() (the smallest M_jj + Ia over the workspace, reduced by r >= 1 for strongly coupled
     arms), integral_corner = position_gain = 60 / r; following_error_window (rad), following_error_timeout (s);
     quick_stop_deceleration (rad/s^2, default the model's qdd_max, 10 where that is unbounded);
@@ -158,6 +161,7 @@ class DriveConfig:
     position_gain: float | tuple | None = None
     inertia: float | tuple | None = None
     friction_feedforward: bool = True
+    acceleration_feedforward: bool = True
     following_error_window: float | tuple = 0.05
     following_error_timeout: float | tuple = 0.01
     quick_stop_deceleration: float | tuple | None = None
@@ -192,6 +196,7 @@ class Drives:
         p[:, dc.KV] = _per_joint("bandwidth", cfg.bandwidth, n)
         p[:, dc.KI] = _per_joint("integral_corner", 60.0 / r if cfg.integral_corner is None else cfg.integral_corner, n)
         p[:, dc.KP] = _per_joint("position_gain", 60.0 / r if cfg.position_gain is None else cfg.position_gain, n)
+        p[:, dc.KA] = 1.0 if cfg.acceleration_feedforward else 0.0
         if cfg.friction_feedforward:
             p[:, dc.FC], p[:, dc.FV] = model.drive[:, 1], model.drive[:, 2]
         p[:, dc.VS] = 0.01

@@ -7,10 +7,11 @@ Per joint, the drive runs one of four laws (the state machine in sim.drive picks
           ref  = target position clamped to the software limits, approached no faster than QSD can stop
           vff  = (ref_k - ref_k-1) / dt,  aff = (vff_k - vff_k-1) / dt   (clamped to qd_max, qdd_max)
           ev   = vff + KP (ref - p) - v
-          tau  = J (aff + KV ev) + I + fc tanh(vff / VS) + fv vff + target torque (torque feed-forward)
+          tau  = J (KA aff + KV ev) + I + fc tanh(vff / VS) + fv vff + target torque (torque feed-forward)
           I'   = J KV KI ev   (PI velocity loop; the integrator is frozen while the torque saturates)
         KV is the velocity-loop bandwidth (rad/s) for a joint of inertia J, KI the PI corner (rad/s), KP the
-        position gain (1/s). Where a bus cycle spans several loop ticks, ref, vff and aff come from the
+        position gain (1/s), KA 1 or 0: the drive's own acceleration feed-forward on or off (off when the host
+        sends the model's torque, which holds the inertia's share). Where a bus cycle spans several loop ticks, ref, vff and aff come from the
         interpolant of the cycles' targets (interpolant, tick_references: vff, aff its mean velocity and
         acceleration over each tick), the differences above only where a limit clamps the reference. The target torque acts as the torque offset (CiA 402 0x60B2): a host with a
         model sends its inverse dynamics there.
@@ -30,8 +31,8 @@ from firmware_bridge.cia402 import CW_FAULT_RESET, SW_FOLLOWING_ERROR, SW_INTERN
 OFF, CSP, CST, RAMP = 0, 1, 2, 3
 
 # parameter table columns (n, NPARAM)
-KP, KV, KI, J, FC, FV, VS, QLO, QHI, TMAX, VMAX, AMAX, FEW, FET, QSD, VSTOP = range(16)
-NPARAM = 16
+KP, KV, KI, J, FC, FV, VS, QLO, QHI, TMAX, VMAX, AMAX, FEW, FET, QSD, VSTOP, KA = range(17)
+NPARAM = 17
 # state table columns (n, NSTATE)
 PREV_REF, PREV_VFF, INTEG, RAMP_P, RAMP_V, FE_TIME, P_PREV, KIND_PREV, STILL_TIME, LAST_TAU = range(10)
 NSTATE = 10
@@ -115,6 +116,7 @@ def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags,
                     aff = _clamp(aff, -prm[j, AMAX], prm[j, AMAX])
                     fl |= F_LIMIT_ACTIVE
                 tff = target_tau[j]
+                aff *= prm[j, KA]
             else:
                 rv = st[j, RAMP_V]
                 dv = prm[j, QSD] * dt
