@@ -23,8 +23,11 @@ It prints:
     model, 10 and 20 % of the torque limits, detect none of these pushes): the first
     sample over a collision threshold, plus one cycle for the quick stop to reach the drives (the driver reacts
     in the cycle that reads the sample: tests/test_collision.py); "-" when not detected within 200 ms;
-  - following error RMS over seed000 through the driver's own cycle (lockstep), with the planned rigid-body torque
-    as the drives' torque offset and without;
+  - following error RMS over seed000 through the driver's own cycle (lockstep, armid.lockstep): with the planned
+    torque (rigid body and identified friction) as the drives' torque offset, the drives' own inertia and friction
+    feed-forward off as for such a host; against no feed-forward with the drives' own on (their default), and with
+    none at all; and the first pair again on an arm without the plant's Stribeck friction (the part no Coulomb +
+    viscous model holds);
   - microseconds per cycle: the observer's update (one numba call) beside the driver's whole cycle without it in
     the same run; the feed-forward is planned beside the cycle and indexed in it (no per-cycle cost).
 
@@ -41,18 +44,19 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
+from armid.lockstep import Rig, following_error, push_making  # noqa: E402
 from driver.collision import make_thresholds  # noqa: E402
 from driver.model_source import residual_rms  # noqa: E402
 from driver.observer import MomentumObserver  # noqa: E402
 from firmware_bridge import cia402  # noqa: E402
 from ident.fit import excitation  # noqa: E402
 from ident.fit.batch import identify  # noqa: E402
-from ident.model import dynamics, load_model  # noqa: E402
+from ident.model import load_model  # noqa: E402
 from ident.outputs.output_folder import write_identification  # noqa: E402
-from sim import Simulator  # noqa: E402
-from sim.plant import mismatched_model  # noqa: E402
+from sim import DriveConfig, Simulator  # noqa: E402
+from sim.plant import FrictionConfig, mismatched_model  # noqa: E402
 from sim.recording import LEAD_IN, reference, simulate  # noqa: E402
 
 RATE = 1000.0
@@ -122,26 +126,21 @@ def identified_model(nominal, mismatch, seconds, folder):
     return load_model(written["model"]), residual_rms(str(written["result"]), nominal)
 
 
-def following_error(nominal):
-    from collision_rig import Rig
-
-    rms = {}
-    for ff in (True, False):
-        rig = Rig(nominal)
-        rig.enable()
-        plan, start = rig.excite(feed_forward=ff)
-        err = np.zeros((plan.samples - start, 6))
-        for k in range(plan.samples):
-            rig.step()
-            if k >= start:
-                err[k - start] = plan.q[k] - rig.state()["q"]
-        rms[ff] = float(np.sqrt(np.mean(np.square(err))))
-    return rms
+def following_errors(nominal):
+    """RMS (rad) over seed000 of: the driver's feed-forward on drives set up for it (their own off), no feed-forward on
+    those drives, no feed-forward on drives with their own (inertia J and catalogue friction), and the first and
+    second without the plant's Stribeck friction."""
+    rms = lambda per_joint: float(np.sqrt(np.mean(np.square(per_joint))))        # noqa: E731
+    no_stribeck = FrictionConfig(stribeck_ratio=0.0)
+    return {"with": rms(following_error(nominal)),
+            "alone": rms(following_error(nominal, feed_forward=False)),
+            "own": rms(following_error(nominal, feed_forward=False, drive=DriveConfig())),
+            "with, no Stribeck": rms(following_error(nominal, friction=no_stribeck)),
+            "own, no Stribeck": rms(following_error(nominal, feed_forward=False, drive=DriveConfig(),
+                                                    friction=no_stribeck))}
 
 
 def cycle_cost(nominal, model):
-    from collision_rig import Rig
-
     obs = MomentumObserver(model, RATE)
     q, qd, tau, out = np.full(6, 0.3), np.full(6, 0.5), np.ones(6), np.zeros(6)
     for _ in range(1000):
@@ -211,25 +210,19 @@ def main() -> int:
             print(f"detection latency link {link}, {torque:g} N m (true peak {np.abs(truth).max():.1f} N m): "
                   f"identified {cells[0]} ms (reference: nominal {cells[1]} ms, current threshold {cells[2]} ms)")
 
-    fe = following_error(nominal)
-    print(f"following error RMS with feed-forward: {fe[True] * 1e6:.2f} urad (reference: without {fe[False] * 1e6:.2f} "
-          f"urad, ratio {fe[True] / fe[False]:.2f} x)")
+    fe = following_errors(nominal)
+    print(f"following error RMS with feed-forward: {fe['with'] * 1e6:.2f} urad (reference: without, the drives' own "
+          f"inertia and friction feed-forward on, {fe['own'] * 1e6:.2f} urad, ratio {fe['with'] / fe['own']:.2f} x)")
+    print(f"following error RMS with feed-forward: {fe['with'] * 1e6:.2f} urad (reference: without any, the drives' "
+          f"loops alone, {fe['alone'] * 1e6:.2f} urad, ratio {fe['with'] / fe['alone']:.2f} x)")
+    print(f"following error RMS with feed-forward, the arm without Stribeck friction: {fe['with, no Stribeck'] * 1e6:.2f} "
+          f"urad (reference: without, the drives' own on, {fe['own, no Stribeck'] * 1e6:.2f} urad, ratio "
+          f"{fe['with, no Stribeck'] / fe['own, no Stribeck']:.2f} x)")
     obs_us, cycle_us = cycle_cost(nominal, ident)
     print(f"observer per cycle: {obs_us:.1f} us (reference: the driver's lockstep cycle without it, simulator "
           f"included, {cycle_us:.1f} us, ratio {obs_us / cycle_us:.2f} x); feed-forward per cycle: 0 us (planned "
           f"beside the cycle, indexed in it)")
     return 0
-
-
-def push_making(model, q, link, torque, point=(0.05, 0.05, 0.0)):
-    """A horizontal force at `point` of `link` whose largest joint torque at q is `torque` N m, for 1 s."""
-    best = None
-    for angle in np.linspace(0.0, np.pi, 12, endpoint=False):
-        f = np.array([np.cos(angle), np.sin(angle), 0.0])
-        tau = dynamics.wrench_torques(model, q, link, point, f)
-        if best is None or np.abs(tau).max() > best[1]:
-            best = (f, np.abs(tau).max())
-    return {"link": link, "force": (best[0] * torque / best[1]).tolist(), "point": list(point), "duration": 1.0}
 
 
 if __name__ == "__main__":
