@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,6 +163,7 @@ class CollisionMonitor:
         self.collisions = 0
         self.last: dict | None = None  # the last collision: joint, tau_ext, threshold, time
         self.peak = np.zeros(observer.n)   # |tau_ext| peaks since the last health report (peaks())
+        self._peak_lock = threading.Lock()  # the cycle raises the peaks, the health thread reads and clears them
         self._gap_ns = int(GAP_PERIODS * observer.dt * 1e9)
         self._last_ns: int | None = None   # the device time of the last sample the observer took
         self.restarts = 0                  # restarts after a gap in the samples
@@ -209,7 +211,8 @@ class CollisionMonitor:
             tau_ext[:] = 0.0
             self.observer.reset()
             return -1
-        np.maximum(self.peak, np.abs(tau_ext), out=self.peak)
+        with self._peak_lock:          # uncontended but for the health thread's read once a second
+            np.maximum(self.peak, np.abs(tau_ext), out=self.peak)
         contact = code & 0xFFFF
         flags = stream.FLAG_CONTACT if contact else 0
         hit = -1
@@ -234,9 +237,11 @@ class CollisionMonitor:
                 f"({self.thresholds.reaction})", {"joint": joint + 1, "tau_ext": value, "threshold": limit})
 
     def peaks(self) -> list[float]:
-        """|tau_ext| peaks per joint since the last call (N m), then restarted."""
-        out = self.peak.tolist()
-        self.peak[:] = 0.0
+        """|tau_ext| peaks per joint since the last call (N m), then restarted (read and cleared under a lock, so a
+        peak the cycle raises meanwhile is in this call's answer or in the next one's)."""
+        with self._peak_lock:
+            out = self.peak.tolist()
+            self.peak[:] = 0.0
         return out
 
     def status(self) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -255,3 +256,47 @@ def test_the_observer_integrates_over_the_device_time_and_restarts_after_a_long_
     np.testing.assert_allclose(out, one + 100.0 * 0.003 * (tau_ext - one), rtol=1e-6)
     mon.watch(q, qd, current, out, True, True, 5_000_000 + int((GAP_PERIODS + 1) * 1_000_000))
     assert mon.restarts == 1 and not out.any()
+
+
+class _Interleaving(np.ndarray):
+    """A peak array whose tolist() lets another thread run `during` (bounded wait) before it returns: the health
+    thread's read at the worst moment for the cycle."""
+
+    during = None
+
+    def tolist(self):
+        out = super().tolist()
+        if self.during is not None:
+            worker = threading.Thread(target=self.during, daemon=True)
+            worker.start()
+            worker.join(timeout=0.5)          # with the lock the cycle waits for the read to end
+            self.join = worker.join
+        return out
+
+
+def test_a_peak_raised_while_the_health_thread_reads_the_peaks_is_not_lost(model):
+    """The cycle raises the |tau_ext| peaks while the health thread reads and clears them: a peak that comes in
+    between is reported then or in the next report, never cleared unseen."""
+    from driver.collision import CollisionMonitor
+    from driver.observer import MomentumObserver
+
+    q, qd, out = np.full(6, 0.2), np.zeros(6), np.zeros(6)
+    rest = dynamics.gravity_torques(model, q) / model.joint_torque_per_amp()
+    mon = CollisionMonitor(MomentumObserver(model, RATE), make_thresholds(6, model.tau_max),
+                           model.joint_torque_per_amp())
+    mon.watch(q, qd, rest, out, True, True, 0)
+    peak = np.zeros(6).view(_Interleaving)
+    mon.peak = peak
+    pushed = rest.copy()
+    pushed[1] += 2.0                                   # 2 A more on joint 2: an external torque the observer sees
+
+    def cycle():
+        mon.watch(q, qd, pushed, out, True, True, 1_000_000)
+
+    peak.during = cycle
+    first = mon.peaks()
+    peak.during = None
+    peak.join(timeout=5.0)
+    second = mon.peaks()
+    seen = max(first[1], second[1])
+    assert seen > 0.0 and seen == pytest.approx(abs(out[1]), rel=1e-12), (first, second, out)
