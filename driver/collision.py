@@ -7,6 +7,10 @@ Reactions (`reaction`):
                    ends; fault_reset and enable to go on
   "stop_and_hold"  the motion or servo session ends and the drives hold the pose measured at the collision
                    (position control, gravity feed-forward); no fault
+  "back_off"       the motion or servo session ends and the arm yields from the pose measured at the collision
+                   along the estimated external torque, by back_off_distance (rad) at no more than back_off_speed
+                   (rad/s), then holds (driver/back_off.py; the motion is checked against the limits before it
+                   starts; when a limit refuses it, the arm holds as with stop_and_hold); no fault
 
 Either way a health event names the joint and its estimated torque, and an ERROR line goes to the log. A
 collision stays latched (stream flag COLLISION) until every estimate is back under its contact threshold; only
@@ -40,7 +44,7 @@ from driver.observer import MomentumObserver
 from firmware_bridge import stream
 from firmware_bridge.runtime.errors import InputError
 
-REACTIONS = ("quick_stop", "stop_and_hold")
+REACTIONS = ("quick_stop", "stop_and_hold", "back_off")
 CONTACT_SIGMA = 10.0
 COLLISION_SIGMA = 20.0
 NOMINAL_CONTACT = 0.10         # of the torque limit, without residual statistics
@@ -57,7 +61,8 @@ class Watch:
     model: the observer's and the feed-forward's model file or shipped name (None: the driver's own model);
     gains: the observer's gains, 1/s (one number or n); friction_smoothing: rad/s; feed_forward: plan the motions'
     torque feed-forward with this model. detect: collision detection on ([collision] present); contact, collision:
-    thresholds (N m, one number or n; None: the rule); reaction: one of REACTIONS."""
+    thresholds (N m, one number or n; None: the rule); reaction: one of REACTIONS; back_off_distance (rad),
+    back_off_speed (rad/s): the back-off reaction's motion (driver/back_off.py)."""
 
     model: str | None = None
     gains: float | tuple = 100.0
@@ -68,6 +73,8 @@ class Watch:
     collision: float | tuple | None = None
     reaction: str = "quick_stop"
     source: str = "<defaults>"
+    back_off_distance: float = 0.02
+    back_off_speed: float = 0.1
 
 
 class CollisionError(InputError):
@@ -167,6 +174,7 @@ class CollisionMonitor:
         self._gap_ns = int(GAP_PERIODS * observer.dt * 1e9)
         self._last_ns: int | None = None   # the device time of the last sample the observer took
         self.restarts = 0                  # restarts after a gap in the samples
+        self.back_off = None               # (q, tau_ext) -> the back-off motion (PlannedMotion); the daemon sets it
 
     def warm_up(self, q: np.ndarray, qd: np.ndarray, current: np.ndarray, tau_ext: np.ndarray) -> None:
         """Compile (or load from numba's cache) the kernels `watch` calls, for the types of the arrays the cycle

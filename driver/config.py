@@ -36,7 +36,9 @@
     [collision]                 # optional: collision detection on (driver/collision.py)
     contact = [..]              # N m per joint (or one number); default: the rule from the residuals
     collision = [..]
-    reaction = "quick_stop"     # quick_stop | stop_and_hold
+    reaction = "quick_stop"     # quick_stop | stop_and_hold | back_off
+    back_off_distance = 0.02    # rad: how far back_off yields (the most loaded joint), at most 0.2
+    back_off_speed = 0.1        # rad/s: the fastest joint speed on the way, at most 1
 
     [realtime]                  # optional, all keys optional (driver/realtime.py, deploy/RT.md)
     priority = 80               # SCHED_FIFO 1-99 for `threads`
@@ -55,6 +57,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from driver.back_off import MAX_DISTANCE, MAX_SPEED
 from driver.collision import REACTIONS, Watch
 from driver.cycle import CLOCKS
 from driver.daemon import Curve, Endpoints, Metrics, Record
@@ -102,7 +105,7 @@ _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_dela
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
              "metrics": {"address", "allow_remote"},
              "model": {"path", "observer_gains", "friction_smoothing", "feed_forward"},
-             "collision": {"contact", "collision", "reaction"}}
+             "collision": {"contact", "collision", "reaction", "back_off_distance", "back_off_speed"}}
 
 
 def load_config(path: str | Path) -> DriverConfig:
@@ -203,8 +206,14 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
     reaction = (collision or {}).get("reaction", "quick_stop")
     if reaction not in REACTIONS:
         raise ConfigError(src, "collision.reaction", f"one of {', '.join(REACTIONS)}", reaction)
+    back = {}
+    for key, top, unit in (("back_off_distance", MAX_DISTANCE, "rad"), ("back_off_speed", MAX_SPEED, "rad/s")):
+        value = (collision or {}).get(key, getattr(Watch, key))
+        back[key] = _positive(src, f"collision.{key}", value)
+        if value > top:
+            raise ConfigError(src, f"collision.{key}", f"a positive number at most {top:g} {unit}", value)
     return Watch(path, tuple(gains) if isinstance(gains, list) else gains, smoothing, feed_forward,
-                 collision is not None, levels["contact"], levels["collision"], reaction, src)
+                 collision is not None, levels["contact"], levels["collision"], reaction, src, **back)
 
 
 def _is_number(v) -> bool:

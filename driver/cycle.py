@@ -62,6 +62,7 @@ from driver.servo_shaping import stop_motion
 from firmware_bridge.runtime.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
+from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.log_throttle import Throttle
 
 _S = State
@@ -575,18 +576,33 @@ class Cycle:
         if j < 0:
             return
         text, fields = mon.describe(j, self.message.tau_ext, time.time())
-        if mon.thresholds.reaction == "stop_and_hold":
+        reaction = mon.thresholds.reaction
+        if reaction in ("stop_and_hold", "back_off"):
             self.motion = None
-            self.end_servo(text, logging.WARNING)
+            self.end_servo(text, logging.WARNING, ramp=None if reaction == "back_off" else "setpoint")
             self.hold[:] = st.q
             try:
                 self.set_hold_torque()
             except DriverFault as exc:
                 self._trip(f"{text}; cannot hold there: {exc}", **fields)
                 return
+            if reaction == "back_off":
+                text = self._back_off(text, mon)
             self._event(text, logging.ERROR, **fields)
         else:
             self._trip(text, **fields)
+
+    def _back_off(self, text: str, mon) -> str:
+        """Start the back-off motion from the hold pose along the estimate (planned and checked by mon.back_off);
+        when a limit refuses it, the arm holds. Returns the event text."""
+        if mon.back_off is None:
+            return f"{text}; no back-off planner: holding"
+        try:
+            plan = mon.back_off(self.hold.copy(), self.message.tau_ext.copy())
+        except InputError as exc:
+            return f"{text}; back-off refused, holding: {exc}"
+        self.motion, self._k = plan, 0
+        return f"{text}; backing off {float(np.max(np.abs(plan.q[-1] - plan.q[0]))):.3g} rad over {plan.duration:.3f} s"
 
     def _trip(self, reason: str, **fields) -> None:
         self.fault = reason

@@ -186,6 +186,7 @@ class Driver:
                            torque_limit=model.tau_max)
         self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
                                               self.watch_model.joint_torque_per_amp())
+        self.cycle.monitor.back_off = self._back_off
         self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir))
         self.planner = Planner()
         self.command_server: CommandServer | None = None
@@ -223,6 +224,14 @@ class Driver:
         except InputError as exc:
             raise InputError(f"{where}{exc}") from None
         return used, provenance, thresholds
+
+    def _back_off(self, q: np.ndarray, tau_ext: np.ndarray):
+        """The back-off reaction's motion from q along tau_ext, planned with the planning model (payload included)
+        and checked (driver.motion.MotionError when a limit refuses it)."""
+        from driver.back_off import BackOff, plan_back_off
+
+        setting = BackOff(self.watch.back_off_distance, self.watch.back_off_speed)
+        return plan_back_off(self.planning_model, q, tau_ext, setting, self.cycle.rate_hz)
 
     def _observer(self, model: Model):
         from driver.observer import MomentumObserver

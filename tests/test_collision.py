@@ -132,7 +132,7 @@ def test_set_collision_refuses_anything_less_strict_while_moving(model):
     status = cmds.handle({"cmd": "collision"})["collision"]
     assert status["reaction"] == "stop_and_hold" and status["collision"] == [30.0] * 6
     bad = cmds.handle({"cmd": "set_collision", "reaction": "dodge"})
-    assert not bad["ok"] and "reaction: expected one of quick_stop, stop_and_hold" in bad["error"]
+    assert not bad["ok"] and "reaction: expected one of quick_stop, stop_and_hold, back_off" in bad["error"]
 
 
 def test_thresholds_rule_from_residuals_or_torque_limits(model):
