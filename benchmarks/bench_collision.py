@@ -12,7 +12,12 @@ full speed in CSP, its positions as targets. Each detector's signal per joint:
 It prints:
   - floors: the largest |signal| per joint over --minutes of excitation without contact, i.e. the smallest
     threshold (N m) with no false positive in that time; an observer detects any external torque above it, the
-    plain threshold only where motion and contact torque together pass it;
+    plain threshold only where motion and contact torque together pass it; for the wrist (joints 4-6) also with
+    the observer's gain 50 1/s there (WRIST_GAINS, both models alike): the wrist's floor is the arm's friction that
+    no Coulomb + viscous model holds (Stribeck's rise near zero speed), passed at reversals in bursts shorter than
+    the observer's time constant, so a lower gain passes less of it;
+  - the collision thresholds of the rule (20 times the residual RMS; 20 % of the torque limit for the nominal
+    model) side by side;
   - false positives per hour of excitation at the operating thresholds (the identified model's from the rule over
     its result.json, driver/collision.py; the nominal model's from the rule over its torque limits; the current
     threshold at 1.25 times its floor over the first tenth of the run, as one would set it on a commissioning
@@ -62,6 +67,7 @@ from sim.recording import LEAD_IN, reference, simulate  # noqa: E402
 RATE = 1000.0
 SEED = 1
 DETECTORS = ("identified", "nominal", "current")
+WRIST_GAINS = (100.0, 100.0, 100.0, 50.0, 50.0, 50.0)   # 1/s: the observer's gains of the "(wrist 50)" detectors
 LINKS = (2, 3, 4, 5, 6)
 TORQUES = (5.0, 10.0)
 
@@ -79,9 +85,10 @@ def run(nominal, models, cycles, mismatch, push=None, push_at=0):
     sim.step(1)
     sim.set_commands(controlword=np.full(6, cia402.CW_ENABLE_OPERATION))
     sim.step(2)
-    observers = {k: MomentumObserver(m, RATE) for k, m in models.items()}
+    observers = {k: MomentumObserver(m, RATE, WRIST_GAINS if k.endswith("(wrist 50)") else 100.0)
+                 for k, m in models.items()}
     per_amp = {k: m.joint_torque_per_amp() for k, m in models.items()}
-    out = {k: np.zeros((cycles, 6)) for k in DETECTORS}
+    out = {k: np.zeros((cycles, 6)) for k in (*models, "current")}
     truth = np.zeros((cycles, 6))
     tau_m, est = np.zeros(6), np.zeros(6)
     block = 10_000
@@ -175,7 +182,8 @@ def main() -> int:
 
     cycles = int(round(args.minutes * 60 * RATE))
     t0 = time.perf_counter()
-    quiet, truth, _ = run(nominal, models, cycles, args.mismatch)
+    wrist = {**models, "identified (wrist 50)": ident, "nominal (wrist 50)": nominal}
+    quiet, truth, _ = run(nominal, wrist, cycles, args.mismatch)
     print(f"(no-contact run: {args.minutes:g} min of excitation simulated in {time.perf_counter() - t0:.0f} s)")
     assert not truth.any()
     floors = {d: np.abs(quiet[d]).max(axis=0) for d in DETECTORS}
@@ -191,6 +199,14 @@ def main() -> int:
         print(f"smallest external torque detected, joint {j + 1}, identified: {floors['identified'][j]:.3f} N m "
               f"(reference: nominal {floors['nominal'][j]:.3f} N m, ratio "
               f"{floors['nominal'][j] / floors['identified'][j]:.1f} x)")
+    wrist_floors = {d: np.abs(quiet[f"{d} (wrist 50)"]).max(axis=0) for d in ("identified", "nominal")}
+    for j in range(3, 6):
+        print(f"smallest external torque detected, joint {j + 1}, identified, observer gain {WRIST_GAINS[j]:g} 1/s: "
+              f"{wrist_floors['identified'][j]:.3f} N m (reference: nominal at the same gain "
+              f"{wrist_floors['nominal'][j]:.3f} N m, ratio {wrist_floors['nominal'][j] / wrist_floors['identified'][j]:.1f} x)")
+    for j in range(6):
+        print(f"collision threshold by the rule, joint {j + 1}, identified: {ident_th.collision[j]:.3f} N m (reference: "
+              f"nominal {nominal_th.collision[j]:.3f} N m, ratio {nominal_th.collision[j] / ident_th.collision[j]:.1f} x)")
     hours = args.minutes / 60.0
     for d in DETECTORS:
         fp = crossings(quiet[d], operating[d]) / hours
