@@ -60,7 +60,7 @@ class Watch:
 
     model: the observer's and the feed-forward's model file or shipped name (None: the driver's own model);
     gains: the observer's gains, 1/s (one number or n); friction_smoothing: rad/s; feed_forward: plan the motions'
-    torque feed-forward with this model. detect: collision detection on ([collision] present); contact, collision:
+    torque feed-forward with this model; feed_forward_friction: with its friction (False: the rigid body alone). detect: collision detection on ([collision] present); contact, collision:
     thresholds (N m, one number or n; None: the rule); reaction: one of REACTIONS; back_off_distance (rad),
     back_off_speed (rad/s): the back-off reaction's motion (driver/back_off.py)."""
 
@@ -75,6 +75,7 @@ class Watch:
     source: str = "<defaults>"
     back_off_distance: float = 0.02
     back_off_speed: float = 0.1
+    feed_forward_friction: bool = True
 
 
 class CollisionError(InputError):

@@ -32,6 +32,7 @@
     observer_gains = 100        # 1/s, one number or one per joint
     friction_smoothing = 0.01   # rad/s
     feed_forward = true         # plan the motions' torque feed-forward with this model
+    feed_forward_friction = true    # with the model's friction (false: drives that compensate friction themselves)
 
     [collision]                 # optional: collision detection on (driver/collision.py)
     contact = [..]              # N m per joint (or one number); default: the rule from the residuals
@@ -104,7 +105,7 @@ _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_dela
              "zmq": {"state", "commands", "servo", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
              "metrics": {"address", "allow_remote"},
-             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward"},
+             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward", "feed_forward_friction"},
              "collision": {"contact", "collision", "reaction", "back_off_distance", "back_off_speed"}}
 
 
@@ -197,6 +198,9 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
     feed_forward = model.get("feed_forward", True)
     if not isinstance(feed_forward, bool):
         raise ConfigError(src, "model.feed_forward", "true or false", feed_forward)
+    friction = model.get("feed_forward_friction", True)
+    if not isinstance(friction, bool):
+        raise ConfigError(src, "model.feed_forward_friction", "true or false", friction)
     levels = {}
     for key in ("contact", "collision"):
         v = (collision or {}).get(key)
@@ -213,7 +217,8 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
         if value > top:
             raise ConfigError(src, f"collision.{key}", f"a positive number at most {top:g} {unit}", value)
     return Watch(path, tuple(gains) if isinstance(gains, list) else gains, smoothing, feed_forward,
-                 collision is not None, levels["contact"], levels["collision"], reaction, src, **back)
+                 collision is not None, levels["contact"], levels["collision"], reaction, src, **back,
+                 feed_forward_friction=friction)
 
 
 def _is_number(v) -> bool:

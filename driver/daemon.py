@@ -187,7 +187,7 @@ class Driver:
         self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
                                               self.watch_model.joint_torque_per_amp())
         self.cycle.monitor.back_off = self._back_off
-        self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir))
+        self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir, watch.feed_forward_friction))
         self.planner = Planner()
         self.command_server: CommandServer | None = None
         self._switch_interval = sys.getswitchinterval()
@@ -229,9 +229,11 @@ class Driver:
         """The back-off reaction's motion from q along tau_ext, planned with the planning model (payload included)
         and checked (driver.motion.MotionError when a limit refuses it)."""
         from driver.back_off import BackOff, plan_back_off
+        from driver.motion import with_feed_forward
 
-        setting = BackOff(self.watch.back_off_distance, self.watch.back_off_speed)
-        return plan_back_off(self.planning_model, q, tau_ext, setting, self.cycle.rate_hz)
+        setting, model = BackOff(self.watch.back_off_distance, self.watch.back_off_speed), self.planning_model
+        plan = plan_back_off(model, q, tau_ext, setting, self.cycle.rate_hz)
+        return with_feed_forward(plan, model, self.watch.feed_forward_friction)
 
     def _observer(self, model: Model):
         from driver.observer import MomentumObserver

@@ -18,6 +18,7 @@ the first violation. Nothing non-finite is ever planned.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -60,6 +61,7 @@ class PlannedMotion:
     tau_ff: np.ndarray
     segments: tuple[tuple[str, int], ...]
     preempt: bool = False        # asked to take over from a running motion (driver.blending)
+    friction: bool = True        # tau_ff holds the model's friction (with_feed_forward)
 
     @property
     def samples(self) -> int:
@@ -89,14 +91,18 @@ def rigid_body_model(model: Model) -> Model:
     return model.with_parameters(chi.reshape(-1))
 
 
-def feed_forward_torque(model: Model, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray) -> np.ndarray:
+def feed_forward_torque(model: Model, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray,
+                        friction: bool = True) -> np.ndarray:
     """The torque (K, n) N m the drives get as their CSP torque offset along (q, qd, qdd) (K, n): the rigid body with
     rotor inertia, gravity and payload (rigid_body_model), plus the model's Coulomb and viscous friction,
     fc tanh(qd / FRICTION_SMOOTHING) + fv qd. The tanh makes the torque continuous through zero velocity (within
     1 % of fc from 2.6 times FRICTION_SMOOTHING on), so a joint at rest or reversing gets no step. The friction
     offset is left out: a constant the drives' integrators hold, and it would step at the motion's ends where the
-    hold's feed-forward (gravity) takes over."""
+    hold's feed-forward (gravity) takes over. friction False: the rigid body alone (for drives that compensate
+    friction themselves)."""
     tau = dynamics.rnea(rigid_body_model(model), q, qd, qdd)
+    if not friction:
+        return tau
     fc, fv = model.drive[:, 1], model.drive[:, 2]
     return tau + fc * np.tanh(np.asarray(qd) / FRICTION_SMOOTHING) + fv * qd
 
@@ -185,15 +191,30 @@ def _motion(model: Model, name: str, rate_hz: float, parts) -> PlannedMotion:
     for p in parts:
         starts.append((p[0], k))
         k += p[1].shape[0]
-    tau_ff = feed_forward_torque(model, q, qd, qdd)
+    tau_ff = _checked_feed_forward(model, name, rate_hz, q, qd, qdd, True)
+    for a in (q, qd, qdd):
+        a.setflags(write=False)
+    return PlannedMotion(name, float(rate_hz), q, qd, qdd, tau_ff, tuple(starts))
+
+
+def _checked_feed_forward(model: Model, name: str, rate_hz: float, q, qd, qdd, friction: bool) -> np.ndarray:
+    tau_ff = feed_forward_torque(model, q, qd, qdd, friction)
     over = np.abs(tau_ff) > model.tau_max       # the torque sent: checked itself, not only the model's whole torque
     if over.any():
         k, j = np.argwhere(over)[0]
         raise MotionError(f"{name}: joint {j + 1}'s torque feed-forward {tau_ff[k, j]:.4g} N m at t = {k / rate_hz:.3f} s "
                           f"is outside its torque limit {model.tau_max[j]:.4g} N m")
-    for a in (q, qd, qdd, tau_ff):
-        a.setflags(write=False)
-    return PlannedMotion(name, float(rate_hz), q, qd, qdd, tau_ff, tuple(starts))
+    tau_ff.setflags(write=False)
+    return tau_ff
+
+
+def with_feed_forward(plan: PlannedMotion, model: Model, friction: bool) -> PlannedMotion:
+    """The plan with its torque feed-forward with or without the model's friction (feed_forward_torque), checked
+    against the torque limits again; the plan itself when it already is so."""
+    if plan.friction == friction:
+        return plan
+    tau_ff = _checked_feed_forward(model, plan.name, plan.rate_hz, plan.q, plan.qd, plan.qdd, friction)
+    return dataclasses.replace(plan, tau_ff=tau_ff, friction=friction)
 
 
 def _cycle_times(duration: float, rate_hz: float) -> np.ndarray:

@@ -43,7 +43,8 @@ def plan_stop(model, m: planning.PlannedMotion, k: int) -> planning.PlannedMotio
     qd = qd_o * v[:, None]
     qdd = qdd_o * (v**2)[:, None] + qd_o * dv[:, None]
     planning._checked(model, tau, q, qd, qdd, "stop")
-    return planning._motion(model, "stop", r, [("stop", q, qd, qdd)])
+    stop = planning._motion(model, "stop", r, [("stop", q, qd, qdd)])
+    return planning.with_feed_forward(stop, model, m.friction)           # as the motion it stops
 
 
 def joined(m: planning.PlannedMotion, k0: int, k1: int, successor: planning.PlannedMotion) -> planning.PlannedMotion:
@@ -56,4 +57,4 @@ def joined(m: planning.PlannedMotion, k0: int, k1: int, successor: planning.Plan
     head = (("hand-over", 0),) if k1 > k0 else ()
     segments = head + tuple((name, k + (k1 - k0)) for name, k in successor.segments)
     return planning.PlannedMotion(successor.name, m.rate_hz, values["q"], values["qd"], values["qdd"],
-                                  values["tau_ff"], segments)
+                                  values["tau_ff"], segments, friction=successor.friction)

@@ -300,3 +300,35 @@ def test_a_peak_raised_while_the_health_thread_reads_the_peaks_is_not_lost(model
     second = mon.peaks()
     seen = max(first[1], second[1])
     assert seen > 0.0 and seen == pytest.approx(abs(out[1]), rel=1e-12), (first, second, out)
+
+
+def test_feed_forward_friction_off_leaves_the_rigid_body_alone_in_every_plan(model, tmp_path):
+    """[model] feed_forward_friction = false (drives that compensate friction themselves): planned motions, the stop
+    of one and a blend into another send the rigid body's torque only."""
+    from driver import blending, motion, stopping
+    from driver.config import ConfigError, load_config
+    from driver.planner import PlanBounds
+    from driver.plan_requests import plan_request
+
+    path = tmp_path / "c.toml"
+    path.write_text('[transport]\nname = "sim"\n[model]\nfeed_forward_friction = false\n')
+    assert load_config(path).watch.feed_forward_friction is False
+    path.write_text('[transport]\nname = "sim"\n[model]\nfeed_forward_friction = "no"\n')
+    with pytest.raises(ConfigError, match=r"model\.feed_forward_friction: expected true or false"):
+        load_config(path)
+    raw = json.dumps({"cmd": "move_to", "q": [0.3, -0.2, 0.2, 0.1, 0.1, 0.1]}).encode()
+    rigid = lambda p: dynamics.rnea(motion.rigid_body_model(model), p.q, p.qd, p.qdd)   # noqa: E731
+    without = plan_request(raw, model, np.zeros(6), RATE, PlanBounds(friction=False))
+    with_ = plan_request(raw, model, np.zeros(6), RATE, PlanBounds())
+    assert not without.friction and with_.friction
+    np.testing.assert_allclose(without.tau_ff, rigid(without), atol=1e-9)
+    assert np.abs(with_.tau_ff - rigid(with_)).max() > 0.5 * model.drive[0, 1]
+    stop = stopping.plan_stop(model, without, without.samples // 2)
+    assert not stop.friction
+    np.testing.assert_allclose(stop.tau_ff, rigid(stop), atol=1e-9)
+    preempt = json.dumps({"cmd": "run_trajectory", "preempt": True, "samples": {
+        "t": [0.0, 1.0], "q": [[0.3, -0.2, 0.2, 0.1, 0.1, 0.1], [0.35, -0.25, 0.25, 0.15, 0.15, 0.15]]}}).encode()
+    new = plan_request(preempt, model, without.q[without.samples // 2], RATE, PlanBounds(friction=False))
+    blend = blending.plan_blend(model, without, without.samples // 2, new)
+    assert not blend.friction
+    np.testing.assert_allclose(blend.tau_ff, rigid(blend), atol=1e-9)

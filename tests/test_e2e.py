@@ -246,6 +246,7 @@ def test_the_sims_ready_line_becomes_a_driver_config_that_the_driver_reads_back(
     assert cfg.transport == "serial" and cfg.rate_hz == plan.rate_hz and cfg.effort_delay_s == 0.5e-3
     assert cfg.transport_options == {"port": "/dev/pts/7", "baudrate": 3000000, "device_watchdog_ms": 2000}
     assert cfg.endpoints.state == "ipc:///tmp/x-state" and cfg.endpoints.commands == "ipc:///tmp/x-commands"
+    assert cfg.watch.feed_forward_friction is False      # `armid sim`'s drives compensate friction themselves
     with pytest.raises(chain.ChainError, match="printed no address"):
         chain.transport_options("gateway", "something else")
 
