@@ -9,8 +9,9 @@ Reactions (`reaction`):
                    (position control, gravity feed-forward); no fault
   "back_off"       the motion or servo session ends and the arm yields from the pose measured at the collision
                    along the estimated external torque, by back_off_distance (rad) at no more than back_off_speed
-                   (rad/s), then holds (driver/back_off.py; the motion is checked against the limits before it
-                   starts; when a limit refuses it, the arm holds as with stop_and_hold); no fault
+                   (rad/s), then holds (driver/back_off.py; planned beside the cycle while the arm holds, and
+                   checked against the limits before it starts; when a limit refuses it, the arm holds as with
+                   stop_and_hold); no fault
 
 Either way a health event names the joint and its estimated torque, and an ERROR line goes to the log. A
 collision stays latched (stream flag COLLISION) until every estimate is back under its contact threshold; only

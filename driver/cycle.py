@@ -62,7 +62,6 @@ from driver.servo_shaping import stop_motion
 from firmware_bridge.runtime.rt_timing import DEFAULT_SPIN_S, name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge import cia402, stream
 from firmware_bridge.cia402 import Mode, State
-from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.log_throttle import Throttle
 
 _S = State
@@ -142,6 +141,8 @@ class Cycle:
         self.servo_totals: dict[str, int] = {}     # the ended sessions' counters, summed (ServoSession.totals)
         self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
         self.monitor = None             # driver.collision.CollisionMonitor: external torques, collisions (_watch)
+        self._back_off_job: int | None = None   # the collision whose back-off is being planned beside the cycle
+        self._back_off_done: tuple | None = None  # (collision, plan or None, error or None), set by that planning
         # bookkeeping
         self.seq = 0
         self.cycles = 0
@@ -571,6 +572,8 @@ class Cycle:
         """The model's watch over the arm (driver/collision.py): the external-torque estimate into the message
         while the drives hold the arm, and the configured reaction to a collision."""
         st, mon = self.state, self.monitor
+        if self._back_off_done is not None:
+            self._take_back_off()
         active = bool(self._bits & ck.ALL_ENABLED) and self.want_power and not self.quick_stop and self.fault is None
         j = mon.watch(st.q, st.qd, st.current, self.message.tau_ext, fresh, active, st.device_time_ns)
         if j < 0:
@@ -586,23 +589,46 @@ class Cycle:
             except DriverFault as exc:
                 self._trip(f"{text}; cannot hold there: {exc}", **fields)
                 return
-            if reaction == "back_off":
-                text = self._back_off(text, mon)
             self._event(text, logging.ERROR, **fields)
+            if reaction == "back_off":
+                self._plan_back_off(mon)
         else:
             self._trip(text, **fields)
 
-    def _back_off(self, text: str, mon) -> str:
-        """Start the back-off motion from the hold pose along the estimate (planned and checked by mon.back_off);
-        when a limit refuses it, the arm holds. Returns the event text."""
+    def _plan_back_off(self, mon) -> None:
+        """Plan the back-off (mon.back_off: from the hold pose along the estimate, checked against the limits) in a
+        thread of its own: planning takes longer than a cycle. Meanwhile the arm holds; the cycle starts the motion
+        when it is ready (_take_back_off)."""
         if mon.back_off is None:
-            return f"{text}; no back-off planner: holding"
-        try:
-            plan = mon.back_off(self.hold.copy(), self.message.tau_ext.copy())
-        except InputError as exc:
-            return f"{text}; back-off refused, holding: {exc}"
-        self.motion, self._k = plan, 0
-        return f"{text}; backing off {float(np.max(np.abs(plan.q[-1] - plan.q[0]))):.3g} rad over {plan.duration:.3f} s"
+            self._event("back_off: no planner; holding", logging.WARNING)
+            return
+        job = self._back_off_job = mon.collisions
+        q, tau = self.hold.copy(), self.message.tau_ext.copy()
+
+        def plan() -> None:
+            try:
+                self._back_off_done = (job, mon.back_off(q, tau), None)
+            except Exception as exc:  # noqa: BLE001 - handed to the cycle, which says why it holds
+                self._back_off_done = (job, None, exc)
+
+        threading.Thread(target=plan, name="back-off planning", daemon=True).start()
+
+    def _take_back_off(self) -> None:
+        """Start the planned back-off if the arm still holds where it collided; else drop it, saying why."""
+        job, plan, exc = self._back_off_done
+        self._back_off_done = None
+        if job != self._back_off_job:
+            return
+        self._back_off_job = None
+        if exc is not None:
+            self._event(f"back_off refused, holding: {exc}", logging.WARNING)
+        elif (self.motion is not None or self.servo is not None or self.fault is not None or self.quick_stop
+              or not self.want_power or np.abs(plan.q[0] - self.hold).max() > START_TOLERANCE):
+            self._event("back_off dropped: the arm no longer holds where it collided", logging.WARNING)
+        else:
+            self.motion, self._k = plan, 0
+            self._event(f"back_off: {float(np.max(np.abs(plan.q[-1] - plan.q[0]))):.3g} rad over "
+                        f"{plan.duration:.3f} s", logging.WARNING)
 
     def _trip(self, reason: str, **fields) -> None:
         self.fault = reason

@@ -3,6 +3,8 @@ distance, no faster than the configured speed, within the position limits, then 
 driver's own cycle and the simulator in lockstep (armid.lockstep)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -44,13 +46,25 @@ def _collide(rig, link=3, torque=8.0):
     return true
 
 
+def _planned(rig, limit_s=30.0):
+    """Step the holding arm until the back-off's planning (a thread beside the cycle) is taken (bounded in time)."""
+    end = time.monotonic() + limit_s
+    while rig.cycle._back_off_job is not None and time.monotonic() < end:
+        rig.step()
+    assert rig.cycle._back_off_job is None, "the back-off was not planned in time"
+
+
 def test_a_collision_backs_the_arm_off_along_the_external_torque_by_the_distance_then_it_holds(model):
     rig = _rig(model)
     rig.enable()
     rig.step(300)
     true = _collide(rig)
+    held = rig.cycle.hold.copy()
+    assert rig.cycle.motion is None                     # holding where it collided while the back-off is planned
+    _planned(rig)
     plan = rig.cycle.motion
     assert plan is not None and plan.name == "back_off" and rig.cycle.fault is None
+    np.testing.assert_array_equal(plan.q[0], held)
     # the most loaded joint yields by the distance in the direction it is pushed, the others in proportion (equal
     # gains: the estimate's joints rise alike, so its direction is the push's up to the sensors' noise)
     moved = plan.q[-1] - plan.q[0]
@@ -66,7 +80,8 @@ def test_a_collision_backs_the_arm_off_along_the_external_torque_by_the_distance
     # the plan peaks at the speed; the drives track it within a few urad, and the push is over before it starts
     assert np.abs(plan.qd).max() <= SPEED and peak <= 1.05 * SPEED, peak
     events = [e["text"] for e in rig.driver.health(1.0, {})["events"]]
-    assert any("(back_off); backing off 0.05 rad" in t for t in events) and "back_off: done" in events[-1]
+    assert any(t.startswith("collision: joint") and t.endswith("(back_off)") for t in events)
+    assert any(t.startswith("back_off: 0.05 rad over") for t in events) and "back_off: done" in events[-1]
 
 
 def test_the_back_off_stays_inside_the_position_limits(model):
@@ -95,10 +110,11 @@ def test_a_back_off_that_a_limit_refuses_leaves_the_arm_holding(model):
     rig.cycle.monitor.back_off = refuse
     _collide(rig)
     held = rig.cycle.hold.copy()
+    _planned(rig)
     rig.step(300)
     assert rig.cycle.motion is None and rig.cycle.fault is None and rig.cycle.enabled()
     np.testing.assert_allclose(rig.sim.read_truth().q, held, atol=1e-3)
-    assert "back-off refused, holding: back_off refused" in rig.driver.health(1.0, {})["events"][-1]["text"]
+    assert "back_off refused, holding: back_off refused" in rig.driver.health(1.0, {})["events"][-1]["text"]
 
 
 def test_back_off_settings_are_checked(tmp_path):
@@ -114,3 +130,16 @@ def test_back_off_settings_are_checked(tmp_path):
     path.write_text('[transport]\nname = "sim"\n[collision]\nreaction = "back_off"\nback_off_speed = 0.05\n')
     watch = load_config(path).watch
     assert watch.reaction == "back_off" and watch.back_off_speed == 0.05 and watch.back_off_distance == 0.02
+
+
+def test_a_back_off_planned_after_the_arm_stopped_holding_is_dropped(model):
+    rig = _rig(model)
+    rig.enable()
+    rig.step(300)
+    _collide(rig)
+    rig.cycle.request_quick_stop("operator")           # before the back-off's plan is taken
+    _planned(rig)
+    rig.step(5)
+    assert rig.cycle.motion is None
+    texts = [e["text"] for e in rig.driver.health(1.0, {})["events"]]
+    assert any("back_off dropped: the arm no longer holds where it collided" in t for t in texts)
