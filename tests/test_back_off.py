@@ -143,3 +143,38 @@ def test_a_back_off_planned_after_the_arm_stopped_holding_is_dropped(model):
     assert rig.cycle.motion is None
     texts = [e["text"] for e in rig.driver.health(1.0, {})["events"]]
     assert any("back_off dropped: the arm no longer holds where it collided" in t for t in texts)
+
+
+def test_a_joint_pushed_towards_its_limit_backs_off_no_further_than_the_limit(model):
+    """Joint 6 held 10 mrad from its upper limit and twisted towards it: the back-off would take it 50 mrad; it
+    stops LIMIT_MARGIN inside the limit, and no joint ever passes its limits."""
+    from driver import motion
+
+    rig = _rig(model)
+    rig.enable()
+    goal = rig.cycle.hold.copy()
+    goal[5] = model.q_max[5] - 0.01
+    plan = motion.plan_move(rig.driver.planning_model, rig.cycle.hold.copy(), goal, RATE)
+    rig.cycle.start_motion(plan)
+    rig.step(plan.samples + 300)
+    q = rig.sim.read_truth().q.copy()
+    # the base-axis moment that twists joint 6 most directly, 3 N m on it
+    best = max((np.array(m, dtype=float) for m in np.vstack([np.eye(3), -np.eye(3)])),
+               key=lambda m: (lambda t: t[5] / np.abs(t).max())(dynamics.wrench_torques(model, q, 6, [0, 0, 0], [0, 0, 0], m)))
+    tau = dynamics.wrench_torques(model, q, 6, [0, 0, 0], [0, 0, 0], best)
+    assert tau[5] > 0 and tau[5] >= np.abs(tau).max() - 1e-9      # (joint 4 twists alike where their axes align)
+    rig.sim.apply_wrench(6, [0.0, 0.0, 0.0], moment=(best * 3.0 / tau[5]).tolist(), duration=0.03)
+    for _ in range(50):
+        rig.step()
+        if rig.cycle.monitor.collisions:
+            break
+    _planned(rig)
+    back = rig.cycle.motion
+    assert back is not None and back.name == "back_off"
+    assert back.q[-1, 5] == pytest.approx(model.q_max[5] - LIMIT_MARGIN)
+    top = np.zeros(6)
+    for _ in range(back.samples + 300):
+        rig.step()
+        np.maximum(top, rig.sim.read_truth().q, out=top)
+    assert np.all(top <= model.q_max) and rig.cycle.fault is None
+    assert rig.sim.read_truth().q[5] == pytest.approx(model.q_max[5] - LIMIT_MARGIN, abs=1e-4)
