@@ -734,7 +734,8 @@ class ArmClient:
             return newest
 
     def samples(self, count: int | None = None, timeout_s: float | None = None) -> Iterator[Sample]:
-        """Every sample from now on, in order.
+        """Every sample not read yet, in order: first those queued since the last read (up to the stream's queue
+        bound), then each as it comes. latest() skips to the newest.
 
         Parameters
         ----------
