@@ -252,8 +252,8 @@ def test_every_recorded_sample_carries_the_current_noise_the_simulator_drew_at_t
     recorded current with its own device time through the transport, the driver and the recorder is checked
     sample by sample: the high-passed effort regressed on the noise drawn at that cycle gives 1, on the noise of
     the cycle before or after 0, each within 5 standard errors of the regression (the drives' own effort ripple
-    is the rest of the high-passed effort; the errors must be below 0.1 for the check to mean anything: serial
-    and the gateway at 1 kHz, not CAN at 250 Hz)."""
+    is the rest of the high-passed effort; 0.03-0.09 on serial and the gateway at 1 kHz; CAN at 250 Hz and the
+    free-running chains ripple too much for the check, 0.13-1.4, and skip it)."""
     import scipy.signal
     from sim.noise_split import fresh_samples
 
@@ -273,7 +273,7 @@ def test_every_recorded_sample_carries_the_current_noise_the_simulator_drew_at_t
         return b, np.sqrt(np.mean(rest ** 2, axis=0) / np.sum(x ** 2, axis=0))
 
     b, se = slope(0)
-    if not np.all(se < 0.1):
+    if not np.all(se < 0.15):           # 5 standard errors must still tell 1 from 0
         # CAN at 250 Hz: the current averaged over the drives' four loop ticks ripples 0.13-0.25 noise units per
         # sample; the noise-free identification below still fails on noise paired with the wrong cycle
         pytest.skip(f"the noise is too small against the drives' effort ripple to check it per sample (se {se})")
