@@ -55,6 +55,20 @@ def effort_delay(rate_hz: float) -> float:
     return 0.5 / float(rate_hz)
 
 
+def _seed_sequences(seed: int | None) -> list:
+    """The generators' seeds of a Simulator(seed=seed): the plant's sensors, fault injection, the clock."""
+    return np.random.SeedSequence(seed).spawn(3)
+
+
+def current_noise(seed: int, count: int, n: int, current_std: float) -> np.ndarray:
+    """The current sensors' noise (count, n) A of a Simulator(seed=seed) whose sensors add current_std A of noise
+    and no position noise (NoiseConfig's default): row k is the noise in the sample of cycle k (row 0 the sample
+    taken at start), as long as nothing restarted its sensors (a teleport). With it, a recording of the simulator
+    splits into its noise and the rest, sample by sample, whatever carried it (benchmarks/bench_chain_bias.py)."""
+    rng = np.random.default_rng(_seed_sequences(seed)[0])      # the plant's generator, as Simulator seeds it
+    return current_std * rng.standard_normal((int(count), int(n)))
+
+
 DRIVE_LOOP_MIN_HZ = 1000.0   # the drives' control loops never run slower than this (see the module docstring)
 
 
@@ -176,7 +190,7 @@ class Simulator:
         self.loop_dt = self.dt / self.loop_ticks
         self.realtime = bool(realtime)
         self.brakes = bool(brakes)
-        seeds = np.random.SeedSequence(seed).spawn(3)
+        seeds = _seed_sequences(seed)
         mechanics = mismatched_model(self.model, mismatch, None if seed is None else seed + 7919)
         self.mismatch = float(mismatch)
         self.plant = Plant(mechanics, dt=self.loop_dt, substeps=substeps, integrator=integrator, friction=friction,
