@@ -16,7 +16,7 @@ from firmware_bridge import cia402
 from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB
 
 __all__ = ["Arm", "ArmCommand", "ArmState", "LinkError", "SAMPLE_FIELDS", "command_to_wire", "copy_sample",
-           "raw_to_si"]
+           "raw_to_si", "unsendable"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -50,24 +50,49 @@ def raw_to_si(position, velocity, current, statusword, error_code, mode, counts_
 
 
 _TORQUE_PER_RAW = 1.0 / TORQUE_LSB      # as JointScaling.torque_to_raw scales
+OFFSET_MNM = _TORQUE_PER_RAW            # torque offset units per N m on serial and the gateway (mN m, int32)
 
 
 @numba.njit(cache=True, nogil=True)
-def command_to_wire(controlword, mode, q, tau, counts_per_rad, cw_out, mode_out, pos_out, tau_out) -> int:
+def command_to_wire(controlword, mode, q, tau, offset, counts_per_rad, offset_per_nm, offset_max, cw_out, mode_out,
+                    pos_out, tau_out, off_out) -> int:
     """A command's per-joint values in wire units, as JointScaling rounds them (target position rad -> counts,
-    target torque N m -> mN m; controlword and mode as they are), into the out arrays (a frame's or an image's
-    columns); -1, or the first joint whose target is not finite or does not fit int32 (the caller sends
-    nothing of that command). One call for serial, CAN and the gateway."""
+    target torque N m -> mN m, torque offset N m -> its units: offset_per_nm (n,) units per N m, an integer in
+    [-offset_max - 1, offset_max]; controlword and mode as they are), into the out arrays (a frame's or an
+    image's columns); -1, or the first joint whose target or offset is not finite or does not fit (the caller
+    sends nothing of that command). One call for serial, CAN and the gateway."""
     for j in range(q.shape[0]):
         p = np.rint(q[j] * counts_per_rad[j])
         t = np.rint(tau[j] * _TORQUE_PER_RAW)
-        if not (INT32_MIN <= p <= INT32_MAX and INT32_MIN <= t <= INT32_MAX):   # False for NaN too
+        o = np.rint(offset[j] * offset_per_nm[j])
+        if not (INT32_MIN <= p <= INT32_MAX and INT32_MIN <= t <= INT32_MAX
+                and -offset_max - 1 <= o <= offset_max):   # False for NaN too
             return j
         cw_out[j] = controlword[j]
         mode_out[j] = mode[j]
         pos_out[j] = np.int64(p)
         tau_out[j] = np.int64(t)
+        off_out[j] = np.int64(o)
     return -1
+
+
+def unsendable(command: ArmCommand, counts_per_rad: np.ndarray, offset_per_nm: np.ndarray, offset_max: int,
+               offset_unit: str = "mN m") -> str:
+    """Why command_to_wire refused a command: the field, the joint and the value, in words."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        fields = (("target_position", command.target_position, command.target_position * counts_per_rad,
+                   INT32_MAX, "counts"),
+                  ("target_torque", command.target_torque, command.target_torque * _TORQUE_PER_RAW, INT32_MAX, "mN m"),
+                  ("torque_offset", command.torque_offset, command.torque_offset * offset_per_nm, offset_max,
+                   offset_unit))
+        for name, value, raw, hi, unit in fields:
+            r = np.rint(raw)
+            bad = ~((r >= -hi - 1) & (r <= hi))
+            if bad.any():
+                j = int(np.flatnonzero(bad)[0])
+                return (f"{name}: joint {j + 1}: {float(value[j])!r} does not fit the wire "
+                        f"(an integer in [{-hi - 1}, {hi}] {unit})")
+    return "a target does not fit the wire"
 
 
 def copy_sample(src, dst) -> None:
