@@ -55,13 +55,15 @@ class Watch:
 
     model: the observer's and the feed-forward's model file or shipped name (None: the driver's own model);
     gains: the observer's gains, 1/s (one number or n); friction_smoothing: rad/s; feed_forward: plan the motions'
-    torque feed-forward with this model. detect: collision detection on ([collision] present); contact, collision:
-    thresholds (N m, one number or n; None: the rule); reaction: one of REACTIONS."""
+    torque feed-forward with this model; compensate: what torque servo sessions get added to their torque by
+    default (driver.compensation.KINDS: "gravity", "friction"). detect: collision detection on ([collision]
+    present); contact, collision: thresholds (N m, one number or n; None: the rule); reaction: one of REACTIONS."""
 
     model: str | None = None
     gains: float | tuple = 100.0
     friction_smoothing: float = 0.01
     feed_forward: bool = True
+    compensate: tuple[str, ...] = ()
     detect: bool = False
     contact: float | tuple | None = None
     collision: float | tuple | None = None

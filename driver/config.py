@@ -32,6 +32,7 @@
     observer_gains = 100        # 1/s, one number or one per joint
     friction_smoothing = 0.01   # rad/s
     feed_forward = true         # plan the motions' torque feed-forward with this model
+    compensate = []             # torque servo: "gravity", "friction" added to the client's torque by default
 
     [collision]                 # optional: collision detection on (driver/collision.py)
     contact = [..]              # N m per joint (or one number); default: the rule from the residuals
@@ -56,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.collision import REACTIONS, Watch
+from driver.compensation import KINDS
 from driver.cycle import CLOCKS
 from driver.daemon import Curve, Endpoints, Metrics, Record
 from driver.motion import MAX_MOTION_S
@@ -101,7 +103,7 @@ _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_dela
              "zmq": {"state", "commands", "servo", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
              "metrics": {"address", "allow_remote"},
-             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward"},
+             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward", "compensate"},
              "collision": {"contact", "collision", "reaction"}}
 
 
@@ -194,6 +196,10 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
     feed_forward = model.get("feed_forward", True)
     if not isinstance(feed_forward, bool):
         raise ConfigError(src, "model.feed_forward", "true or false", feed_forward)
+    compensate = model.get("compensate", [])
+    if not isinstance(compensate, list) or not all(k in KINDS for k in compensate):
+        raise ConfigError(src, "model.compensate", f"a list of {', '.join(repr(k) for k in KINDS)} (or [])",
+                          compensate)
     levels = {}
     for key in ("contact", "collision"):
         v = (collision or {}).get(key)
@@ -204,7 +210,7 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
     if reaction not in REACTIONS:
         raise ConfigError(src, "collision.reaction", f"one of {', '.join(REACTIONS)}", reaction)
     return Watch(path, tuple(gains) if isinstance(gains, list) else gains, smoothing, feed_forward,
-                 collision is not None, levels["contact"], levels["collision"], reaction, src)
+                 tuple(k for k in KINDS if k in compensate), collision is not None, levels["contact"], levels["collision"], reaction, src)
 
 
 def _is_number(v) -> bool:
