@@ -80,7 +80,8 @@ _TIMEOUT = gw.holding_address("watchdog_timeout_ms") - gw.HOLDING_BASE
 # the rows of the value arrays _fill_inputs fills and _write reads (gw.*_into keep the Field tables' order)
 assert tuple(f.name for f in gw.INPUT_DRIVE) == ("statusword", "mode_display", "error_code", "position", "velocity",
                                                  "current", "torque")
-assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
+assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque",
+                                                  "torque_offset")
 _WIRE_MAX = float(INT32_MAX)
 _SW_FAULT = int(cia402.SW_FAULT)
 _DATA_VALID, _DRIVE_FAULT = gw.STATUS_DATA_VALID, gw.STATUS_DRIVE_FAULT

@@ -367,6 +367,14 @@ class Simulator:
             if to is not None:
                 self._cmd_off[sel] = to
 
+    def commanded(self) -> dict[str, np.ndarray]:
+        """Copies of the drives' command inputs as last written (set_commands' names and units: controlword,
+        mode, target_position rad, target_torque and torque_offset N m). Thread-safe."""
+        with self._io_lock:
+            return {"controlword": self._cmd_cw.copy(), "mode": self._cmd_mode.copy(),
+                    "target_position": self._cmd_pos.copy(), "target_torque": self._cmd_tau.copy(),
+                    "torque_offset": self._cmd_off.copy()}
+
     def read_state(self, out: SimState | None = None) -> SimState:
         """A consistent copy of the latest sample (into out when given: no allocation). Thread-safe."""
         if out is None:
