@@ -13,7 +13,7 @@ import numpy as np
 
 from firmware_bridge.runtime.transport_contract import SAMPLE_FIELDS, Arm, ArmCommand, ArmState, LinkError
 from firmware_bridge import cia402
-from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB
+from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB, JointScaling, WireValueError
 
 __all__ = ["Arm", "ArmCommand", "ArmState", "LinkError", "SAMPLE_FIELDS", "command_to_wire", "copy_sample",
            "raw_to_si", "unsendable"]
@@ -78,21 +78,19 @@ def command_to_wire(controlword, mode, q, tau, offset, counts_per_rad, offset_pe
 
 def unsendable(command: ArmCommand, counts_per_rad: np.ndarray, offset_per_nm: np.ndarray, offset_max: int,
                offset_unit: str = "mN m") -> str:
-    """Why command_to_wire refused a command: the field, the joint and the value, in words."""
+    """Why command_to_wire refused a command, in words: JointScaling's message for a target (it names the field,
+    the joint and the value), else the torque offset's."""
+    try:
+        JointScaling(counts_per_rad).position_to_counts(command.target_position)
+        JointScaling.torque_to_raw(command.target_torque)
+    except WireValueError as exc:
+        return str(exc)
     with np.errstate(invalid="ignore", over="ignore"):
-        fields = (("target_position", command.target_position, command.target_position * counts_per_rad,
-                   INT32_MAX, "counts"),
-                  ("target_torque", command.target_torque, command.target_torque * _TORQUE_PER_RAW, INT32_MAX, "mN m"),
-                  ("torque_offset", command.torque_offset, command.torque_offset * offset_per_nm, offset_max,
-                   offset_unit))
-        for name, value, raw, hi, unit in fields:
-            r = np.rint(raw)
-            bad = ~((r >= -hi - 1) & (r <= hi))
-            if bad.any():
-                j = int(np.flatnonzero(bad)[0])
-                return (f"{name}: joint {j + 1}: {float(value[j])!r} does not fit the wire "
-                        f"(an integer in [{-hi - 1}, {hi}] {unit})")
-    return "a target does not fit the wire"
+        raw = np.rint(command.torque_offset * offset_per_nm)
+        bad = ~((raw >= -offset_max - 1) & (raw <= offset_max))
+    j = int(np.flatnonzero(bad)[0]) if bad.any() else 0
+    return (f"torque_offset: joint {j + 1}: {float(command.torque_offset[j])!r} N m cannot be sent (an integer in "
+            f"[{-offset_max - 1}, {offset_max}] {offset_unit})")
 
 
 def copy_sample(src, dst) -> None:
