@@ -98,5 +98,10 @@ class Compensation:
                                  self.torque)
 
     def warm_up(self, q: np.ndarray, qd: np.ndarray, target: np.ndarray, limit: np.ndarray) -> None:
-        """Compile (or load) the kernel for these arrays' types, on scratch output (self.torque untouched)."""
-        compensation_step(*self._head, True, True, q, qd, target, limit, np.zeros(self.n))
+        """Compile (or load) the kernel for these arrays' types, on scratch output (self.torque untouched); the
+        setpoint both read-only (as decoded from its message) and writable (as a setpoint buffer keeps it): numba
+        types the two apart."""
+        frozen = np.array(target, dtype=float)
+        frozen.setflags(write=False)
+        for t in (np.array(target, dtype=float), frozen):
+            compensation_step(*self._head, True, True, q, qd, t, limit, np.zeros(self.n))
