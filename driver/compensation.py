@@ -22,7 +22,6 @@ import math
 import numpy as np
 from numba import njit
 
-from driver.observer_kernels import workspace
 from firmware_bridge.runtime.errors import InputError
 from ident.model import Model
 from ident.model import kernels as K
@@ -40,8 +39,10 @@ def compensation_step(jtype, Rpl, ppl, axis, grav, P, friction, gravity_on, fric
     n = q.shape[0]
     for j in range(n):
         out[j] = 0.0
-    if gravity_on:
-        R0, o, u, w, wd, a, Rq, Ms, F, Nm, Jc, hc, mc, M, Mp, Mm, qs, bias, z = workspace(n)
+    if gravity_on:        # scratch of RNEA's two passes (allocated in the call: cheaper than passing it in)
+        R0, Rq, Ms, z = np.empty((n, 3, 3)), np.empty((3, 3)), np.empty((3, 3)), np.zeros(n)
+        o, u, w, wd, a, F, Nm = (np.empty((n, 3)), np.empty((n, 3)), np.empty((n, 3)), np.empty((n, 3)),
+                                 np.empty((n, 3)), np.empty((n, 3)), np.empty((n, 3)))
         K.forward_pass(jtype, Rpl, ppl, axis, grav, q, z, z, R0, o, u, w, wd, a, Rq, Ms)
         K._rnea_one(jtype, R0, o, u, w, wd, a, P, z, z, False, out, F, Nm)
     if friction_on:
