@@ -133,8 +133,6 @@ class Commands:
         """The running motion blended into `plan` from a setpoint just ahead; None when no motion runs."""
         from driver import blending
         from driver.cycle import DriverFault
-        from driver.stopping import joined
-
         c = self.driver.cycle
         for factor in (1.0, 4.0):
             m, k = c.motion, c._k
@@ -144,7 +142,7 @@ class Commands:
             successor = blending.plan_blend(self.driver.planning_model, m, at, plan)
             try:
                 if c.submit(lambda: c.replace_motion(m, at, successor)):
-                    return joined(m, 0, 0, successor)
+                    return successor
                 return None                     # the running motion ended meanwhile
             except DriverFault:
                 continue

@@ -140,6 +140,7 @@ class Cycle:
                    self.command.torque_offset, self.command.controlword)
         self.motion: PlannedMotion | None = None
         self._k = 0
+        self._handover = None           # a stopping.HandOver from the running motion, taken at its setpoint k1
         self.servo: ServoSession | None = None     # a client's streamed setpoints (driver.servo)
         self.servo_ended: dict | None = None       # the last session's counters and why it ended
         self.servo_totals: dict[str, int] = {}     # the ended sessions' counters, summed (ServoSession.totals)
@@ -440,7 +441,7 @@ class Cycle:
         if off.max() > START_TOLERANCE:
             j = int(np.argmax(off))
             raise DriverFault(f"motion starts {off[j]:.4g} rad away from joint {j + 1}'s position; plan it again")
-        self.motion, self._k = motion, 0
+        self.motion, self._k, self._handover = motion, 0, None
         _log.info("%s: started (%.3f s)", motion.name, motion.duration)
 
     def enabled(self) -> bool:
@@ -450,19 +451,24 @@ class Cycle:
         """Hand over from the running motion `old` to `stop` (a stop, driver.stopping, or a blend into a new
         motion, driver.blending), planned from old's setpoint at_k: the setpoints up to at_k run first. False when
         `old` has ended meanwhile; DriverFault when the cycle has passed at_k already (plan again further ahead)."""
-        from driver.stopping import joined
+        from driver.stopping import HandOver
 
         if self.motion is not old:
             return False
         if self._k > at_k:
             raise DriverFault(f"the stop was planned from setpoint {at_k}, the motion is at {self._k}")
-        self.motion, self._k = joined(old, self._k, at_k, stop), 0
+        if self._k == at_k:
+            self.motion, self._k, self._handover = stop, 0, None
+        else:                           # taken when the motion reaches at_k (_command): nothing copied here
+            self._handover = HandOver(old, self._k, at_k, stop)
         return True
 
     def motion_progress(self) -> dict | None:
         """The running motion's progress (PlannedMotion.progress), or None; safe from another thread."""
-        m, k = self.motion, self._k
-        return None if m is None else m.progress(k)
+        m, k, h = self.motion, self._k, self._handover
+        if m is None:
+            return None
+        return h.progress(k) if h is not None and h.old is m else m.progress(k)
 
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
@@ -621,6 +627,9 @@ class Cycle:
                 self._event(f"{m.name}: done ({m.duration:.3f} s)")
             else:
                 self._k = k + 1
+                h = self._handover
+                if h is not None and h.old is m and self._k >= h.k1:
+                    self.motion, self._k, self._handover = h.successor, 0, None
         elif servo_plan is not None:
             plan_q, plan_tau, plan_off, how = servo_plan
         else:

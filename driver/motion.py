@@ -70,13 +70,18 @@ class PlannedMotion:
     def progress(self, k: int) -> dict:
         """How far the motion is at its k-th setpoint: elapsed_s and duration_s (s), fraction (0..1), and the
         segment it is in with the time that segment began (segment_start_s)."""
-        k = min(max(int(k), 0), self.samples - 1)
-        name, first = self.segments[0]
-        for label, start in self.segments:
-            if start <= k:
-                name, first = label, start
-        return {"name": self.name, "elapsed_s": k / self.rate_hz, "duration_s": self.duration,
-                "fraction": k / max(self.samples - 1, 1), "segment": name, "segment_start_s": first / self.rate_hz}
+        return progress_of(self.name, self.rate_hz, self.samples, self.segments, k)
+
+
+def progress_of(name: str, rate_hz: float, samples: int, segments: tuple, k: int) -> dict:
+    """PlannedMotion.progress of a motion of `samples` setpoints with these segments, at its k-th setpoint."""
+    k = min(max(int(k), 0), samples - 1)
+    segment, first = segments[0]
+    for label, start in segments:
+        if start <= k:
+            segment, first = label, start
+    return {"name": name, "elapsed_s": k / rate_hz, "duration_s": (samples - 1) / rate_hz,
+            "fraction": k / max(samples - 1, 1), "segment": segment, "segment_start_s": first / rate_hz}
 
 
 def rigid_body_model(model: Model) -> Model:
