@@ -61,14 +61,17 @@ class Watch:
 
     model: the observer's and the feed-forward's model file or shipped name (None: the driver's own model);
     gains: the observer's gains, 1/s (one number or n); friction_smoothing: rad/s; feed_forward: plan the motions'
-    torque feed-forward with this model; feed_forward_friction: with its friction (False: the rigid body alone). detect: collision detection on ([collision] present); contact, collision:
-    thresholds (N m, one number or n; None: the rule); reaction: one of REACTIONS; back_off_distance (rad),
-    back_off_speed (rad/s): the back-off reaction's motion (driver/back_off.py)."""
+    torque feed-forward with this model; feed_forward_friction: with its friction (False: the rigid body alone);
+    compensate: what torque servo sessions get added to their torque by default (driver.compensation.KINDS:
+    "gravity", "friction"). detect: collision detection on ([collision] present); contact, collision: thresholds
+    (N m, one number or n; None: the rule); reaction: one of REACTIONS; back_off_distance (rad), back_off_speed
+    (rad/s): the back-off reaction's motion (driver/back_off.py)."""
 
     model: str | None = None
     gains: float | tuple = 100.0
     friction_smoothing: float = 0.01
     feed_forward: bool = True
+    compensate: tuple[str, ...] = ()
     detect: bool = False
     contact: float | tuple | None = None
     collision: float | tuple | None = None

@@ -33,6 +33,7 @@
     friction_smoothing = 0.01   # rad/s
     feed_forward = true         # plan the motions' torque feed-forward with this model
     feed_forward_friction = true    # with the model's friction (false: drives that compensate friction themselves)
+    compensate = []             # torque servo: "gravity", "friction" added to the client's torque by default
 
     [collision]                 # optional: collision detection on (driver/collision.py)
     contact = [..]              # N m per joint (or one number); default: the rule from the residuals
@@ -60,6 +61,7 @@ from pathlib import Path
 
 from driver.back_off import MAX_DISTANCE, MAX_SPEED
 from driver.collision import REACTIONS, Watch
+from driver.compensation import KINDS
 from driver.cycle import CLOCKS
 from driver.daemon import Curve, Endpoints, Metrics, Record
 from driver.motion import MAX_MOTION_S
@@ -105,7 +107,8 @@ _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_dela
              "zmq": {"state", "commands", "servo", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
              "metrics": {"address", "allow_remote"},
-             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward", "feed_forward_friction"},
+             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward", "feed_forward_friction",
+                       "compensate"},
              "collision": {"contact", "collision", "reaction", "back_off_distance", "back_off_speed"}}
 
 
@@ -201,6 +204,10 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
     friction = model.get("feed_forward_friction", True)
     if not isinstance(friction, bool):
         raise ConfigError(src, "model.feed_forward_friction", "true or false", friction)
+    compensate = model.get("compensate", [])
+    if not isinstance(compensate, list) or not all(k in KINDS for k in compensate):
+        raise ConfigError(src, "model.compensate", f"a list of {', '.join(repr(k) for k in KINDS)} (or [])",
+                          compensate)
     levels = {}
     for key in ("contact", "collision"):
         v = (collision or {}).get(key)
@@ -217,8 +224,8 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
         if value > top:
             raise ConfigError(src, f"collision.{key}", f"a positive number at most {top:g} {unit}", value)
     return Watch(path, tuple(gains) if isinstance(gains, list) else gains, smoothing, feed_forward,
-                 collision is not None, levels["contact"], levels["collision"], reaction, src, **back,
-                 feed_forward_friction=friction)
+                 tuple(k for k in KINDS if k in compensate), collision is not None, levels["contact"],
+                 levels["collision"], reaction, src, **back, feed_forward_friction=friction)
 
 
 def _is_number(v) -> bool:

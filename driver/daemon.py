@@ -44,6 +44,7 @@ from firmware_bridge import stream
 from driver import authenticator, servo_shaping
 from driver.allocator import return_freed_memory
 from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, make_thresholds
+from driver.compensation import Compensation
 from driver.command_server import RECEIVE_QUEUE, REPLY_QUEUE, CommandServer
 from driver.commands import Commands
 from driver.cycle import Cycle, DriverFault
@@ -187,6 +188,7 @@ class Driver:
         self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
                                               self.watch_model.joint_torque_per_amp())
         self.cycle.monitor.back_off = self._back_off
+        self.cycle.compensation = Compensation(self.planning_model, watch.compensate, watch.friction_smoothing)
         self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir, watch.feed_forward_friction))
         self.planner = Planner()
         self.command_server: CommandServer | None = None
@@ -487,6 +489,7 @@ class Driver:
                 self.planning_model = before
                 raise InputError(f"set_payload refused: {exc}") from None
             self.payload = chi
+            self.cycle.compensation.use(model)           # torque servo's gravity with the payload
             self.cycle.flags_extra = stream.FLAG_PAYLOAD if mass > 0 else 0
             self.cycle.monitor.observer = observer       # starts afresh with the payload in its model
 
@@ -530,9 +533,12 @@ class Driver:
         m = self.model
         return ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
 
-    def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
+    def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2, compensate=None) -> dict:
         """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket and carry the
-        session token of the reply (only this reply names it)."""
+        session token of the reply (only this reply names it). compensate (torque mode): the model's terms added to
+        the client's torque (driver.compensation.KINDS; None: [model] compensate)."""
+        from driver.compensation import kinds_of
+
         import secrets
 
         from driver.servo import ServoSession
@@ -540,11 +546,14 @@ class Driver:
 
         limits = self._servo_limits()
         token = secrets.randbits(64) or 1
+        kinds = self.cycle.compensation.kinds if compensate is None else kinds_of(compensate, "servo: compensate")
+        if mode != "torque":
+            kinds = ()
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
-                               timeout_cycles, buffer_cycles, token=token)
+                               timeout_cycles, buffer_cycles, token=token, compensate=kinds)
         self.cycle.submit(lambda: self.cycle.start_servo(session))
         return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles,
-                "buffer_cycles": buffer_cycles, "token": token}
+                "buffer_cycles": buffer_cycles, "token": token, "compensate": list(kinds)}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:

@@ -344,12 +344,15 @@ class Drives:
                 self.kind[j] = dc.OFF
 
     def control(self, target_position: np.ndarray, target_torque: np.ndarray, position: np.ndarray,
-                velocity_ff: np.ndarray | None = None, acceleration_ff: np.ndarray | None = None) -> np.ndarray:
+                velocity_ff: np.ndarray | None = None, acceleration_ff: np.ndarray | None = None,
+                torque_offset: np.ndarray | None = None) -> np.ndarray:
         """Torque (n,) N m from the targets and the measured position; fills ferr, velocity, flags.
         velocity_ff (rad/s), acceleration_ff (rad/s^2): the CSP feed-forward of an interpolated reference
-        (both or neither; without them the drive differentiates target_position)."""
+        (both or neither; without them the drive differentiates target_position). torque_offset (n,) N m
+        (0x60B2, default none): added to the position loop's torque in CSP, to the target torque in CST."""
         given = velocity_ff is not None
-        dc.control(self.kind, target_position, target_torque, position, self.dt, self.params, self.st,
+        dc.control(self.kind, target_position, target_torque, self._no_ff if torque_offset is None else torque_offset,
+                   position, self.dt, self.params, self.st,
                    self.tau, self.ferr, self.velocity, self.flags, velocity_ff if given else self._no_ff,
                    acceleration_ff if given else self._no_ff, given)
         return self.tau

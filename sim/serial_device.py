@@ -423,7 +423,8 @@ class SerialDevice(StepOrFreeRun):
             return
         sc = self.scaling
         target, torque = sc.counts_to_position(msg.target_position), sc.raw_to_torque(msg.target_torque)
-        refusal = target_refusal(target, torque, *self._limits, self.sim.model.joint_names)
+        offset = sc.raw_to_torque(msg.torque_offset)
+        refusal = target_refusal(target, torque, *self._limits, self.sim.model.joint_names, offset=offset)
         if refusal is not None:
             self.counters.rejected += 1
             self.counters.out_of_limits += 1
@@ -432,7 +433,7 @@ class SerialDevice(StepOrFreeRun):
             return
         with self._target_lock:
             try:
-                self.drive_targets.arrived(msg.controlword, msg.mode, target, torque)
+                self.drive_targets.arrived(msg.controlword, msg.mode, target, torque, offset)
             except InputError as exc:
                 self.counters.rejected += 1
                 self.last_refusal = str(exc)
