@@ -207,3 +207,58 @@ def test_requests_longer_than_the_cycles_request_time_run_one_per_cycle_the_rest
     for t in threads:
         t.join(GATE_S)
     assert sorted(done) == list(range(count))       # none lost
+
+
+def test_the_intake_share_comes_from_the_config_and_a_bad_one_is_refused_naming_the_key(tmp_path):
+    from driver.config import ConfigError, load_config
+
+    path = tmp_path / "driver.toml"
+    path.write_text('[driver]\nintake_share = 0.25\n[transport]\nname = "sim"\n')
+    cfg = load_config(path)
+    assert cfg.intake_share == 0.25
+    cycle = Cycle(LockstepArm(), rate_hz=RATE_HZ, clock="device", intake_share=cfg.intake_share)
+    assert cycle._request_ns == int(0.25 * 1e9 / RATE_HZ)
+    assert load_config(_written(path, "")).intake_share == INTAKE_SHARE
+    for bad in ("0.9", "0", "true", '"much"'):
+        with pytest.raises(ConfigError, match=r"driver\.intake_share: expected a number 0\.01\.\.0\.5"):
+            load_config(_written(path, f"intake_share = {bad}\n"))
+    with pytest.raises(ValueError, match="intake_share"):
+        Cycle(LockstepArm(), clock="device", intake_share=2.0)
+
+
+def _written(path, driver_keys: str):
+    path.write_text(f'[driver]\n{driver_keys}[transport]\nname = "sim"\n')
+    return path
+
+
+def test_a_flood_of_servo_setpoints_is_read_for_the_intake_time_only_the_rest_waits_counted():
+    """With no time for setpoints (intake_share 0) a cycle reads MIN_INTAKE of a flood, counts the cycle as
+    deferred, and leaves the rest in the socket for the next cycles: the bound is the time, not a count."""
+    import zmq
+
+    from driver.servo import MIN_INTAKE, ServoLimits, ServoSession
+    from firmware_bridge import servo_wire
+
+    model = load_model("generic6")
+    limits = ServoLimits(model.q_min, model.q_max, model.qd_max, model.qdd_max, model.tau_max,
+                         tuple(model.joint_names))
+    ctx = zmq.Context.instance()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    for s in (pull, push):
+        s.setsockopt(zmq.LINGER, 0)
+    pull.bind("inproc://intake-flood")
+    push.connect("inproc://intake-flood")
+    try:
+        token, q = 7, np.zeros(6)
+        session = ServoSession(servo_wire.MODE_POSITION, pull, limits, 1e-3, q, token=token, intake_share=0.0)
+        flood = 5 * MIN_INTAKE
+        for k in range(flood):
+            push.send(servo_wire.encode(servo_wire.MODE_POSITION, token, k + 1, 1_000_000 * (k + 1), q))
+        assert pull.poll(5000)
+        for cycle in range(1, 4):
+            session.next(q, np.zeros(6))
+            assert session.received == cycle * MIN_INTAKE and session.intake_deferred == cycle
+        assert session.stats()["intake_deferred_cycles"] == 3
+    finally:
+        pull.close()
+        push.close()
