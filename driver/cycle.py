@@ -435,8 +435,8 @@ class Cycle:
         session = self.servo
         if session is None:
             return
-        self.servo = None
-        self.servo_ended = {**session.stats(), "ended": reason}
+        self.servo_ended = {**session.stats(), "ended": reason}    # first: a status from another thread between
+        self.servo = None                                         # the two sees the ended session, never none
         self.servo_totals = session.totals(self.servo_totals)
         self.hold[:] = session.last if session.mode == MODE_POSITION else self.state.q
         stopping = session.stop_ramp(ramp == "setpoint") if ramp else None
