@@ -13,7 +13,9 @@ delays do not count):
   state gap     the longest host-time gap between consecutive state messages;
   lateness      how much later than the device's own spacing each fresh sample was read after the one before
                 (as benchmarks/bench_under_load.py), p99/p99.9/max;
-  requests      the command server's requests read per second (how busy it was);
+  cycle start   the driver's own: from a sample's arrival to the start of its cycle (health `lateness`, the
+                last 4096 cycles), p99/max: what the cycle thread waited for the interpreter lock and the CPU;
+  requests      the command server's requests read per second (how busy it was; from the health messages);
   driver CPU    the driver process's CPU time / wall time.
 """
 from __future__ import annotations
@@ -52,8 +54,7 @@ def _flood(kind: str, endpoint: str, seconds: float) -> subprocess.Popen | None:
 
 
 def measure(kind: str, run, client, seconds: float) -> dict:
-    before = client.status()
-    received0 = (before.get("commands") or {}).get("received", 0)
+    h0 = client.health()                     # the health messages' command counters (one a second)
     proc = _flood(kind, run.commands, seconds)
     try:
         time.sleep(0.5)
@@ -67,13 +68,13 @@ def measure(kind: str, run, client, seconds: float) -> dict:
         if proc is not None:
             proc.kill()
             proc.wait(10)
-    after = client.status()
+    h1 = client.health()
     fresh = (flags & stream.FLAG_STALE) == 0
     late = np.maximum(np.diff(host_ns[fresh]) - np.diff(device_ns[fresh]), 0) / 1e3
     return {"gap_ms": float(np.diff(host_ns).max() / 1e6),
             "lateness_us": [float(np.percentile(late, p)) for p in (99, 99.9)] + [float(late.max())],
-            "requests_per_s": ((after.get("commands") or {}).get("received", 0) - received0) / (seconds + 0.5),
-            "driver_cpu": cpu, "faults": int(((flags & stream.FLAG_FAULT) != 0).sum()), "messages": int(seq.size)}
+            "requests_per_s": (h1["commands"]["received"] - h0["commands"]["received"]) / (h1["time"] - h0["time"]),
+            "cycle_lateness_us": [h1["lateness"]["p99_us"], h1["lateness"]["max_us"]], "driver_cpu": cpu, "faults": int(((flags & stream.FLAG_FAULT) != 0).sum()), "messages": int(seq.size)}
 
 
 def _line(name: str, value: float, unit: str, ref: float) -> str:
@@ -109,6 +110,10 @@ def main() -> int:
         print(_line(f"{name} longest state gap", r["gap_ms"], "ms", ref["gap_ms"]))
         for i, pct in enumerate(("p99", "p99.9", "max")):
             print(_line(f"{name} lateness {pct}", r["lateness_us"][i], "us", ref["lateness_us"][i]))
+        print(_line(f"{name} cycle start after its sample p99", r["cycle_lateness_us"][0], "us",
+                    ref["cycle_lateness_us"][0]))
+        print(_line(f"{name} cycle start after its sample max", r["cycle_lateness_us"][1], "us",
+                    ref["cycle_lateness_us"][1]))
         print(_line(f"{name} requests read", r["requests_per_s"], "per s", ref["requests_per_s"]))
         print(_line(f"{name} driver CPU", 100 * r["driver_cpu"], "% of a core", 100 * ref["driver_cpu"]))
         print(_line(f"{name} fault messages", r["faults"], "messages", ref["faults"]))
