@@ -167,6 +167,8 @@ def driver_config(transport: str, options: dict[str, object], *, rate_hz: float,
              f"clock = {json.dumps(clock)}", f"effort_delay_ms = {effort_delay_ms!r}", "[transport]", f"name = {json.dumps(transport)}"]
     lines += [f"{k} = {value(v)}" for k, v in options.items()]
     lines += ["[zmq]", f"state = {json.dumps(state)}", f"commands = {json.dumps(commands)}"]
+    # `armid sim`'s drives compensate friction themselves (sim.DriveConfig): the feed-forward leaves it to them
+    lines += ["[model]", "feed_forward_friction = false"]
     return "\n".join(lines) + "\n"
 
 

@@ -504,7 +504,7 @@ class ArmClient:
                      inertia=[float(x) for x in inertia])
 
     def servo(self, mode: str = "position", *, timeout_cycles: int | None = None,
-              buffer_cycles: int | None = None) -> "ServoStream":
+              buffer_cycles: int | None = None, compensate: list[str] | None = None) -> "ServoStream":
         """Begin servo mode: stream position or torque setpoints, each checked against the limits on arrival.
 
         The driver's reply carries this session's token; the returned stream puts it in every setpoint, and the
@@ -518,6 +518,9 @@ class ArmClient:
             Cycles without a setpoint after which the drives quick-stop.
         buffer_cycles : int, optional
             The driver's setpoint buffer (default 2; 0: the newest setpoint each cycle).
+        compensate : list of {"gravity", "friction"}, optional
+            Torque mode: the model's terms the driver adds to each setpoint (default: the driver config's
+            ``[model] compensate``; ``[]`` for none). With both, a setpoint of zeros holds the arm.
 
         Returns
         -------
@@ -550,7 +553,8 @@ class ArmClient:
         (True, '', True)
         """
         fields = {"mode": mode} | ({} if timeout_cycles is None else {"timeout_cycles": int(timeout_cycles)}) \
-            | ({} if buffer_cycles is None else {"buffer_cycles": int(buffer_cycles)})
+            | ({} if buffer_cycles is None else {"buffer_cycles": int(buffer_cycles)}) \
+            | ({} if compensate is None else {"compensate": list(compensate)})
         reply = self.request("servo", **fields)
         token = reply.get("token")
         if isinstance(token, bool) or not isinstance(token, int) or not 0 < token < 2 ** 64:
@@ -734,7 +738,8 @@ class ArmClient:
             return newest
 
     def samples(self, count: int | None = None, timeout_s: float | None = None) -> Iterator[Sample]:
-        """Every sample from now on, in order.
+        """Every sample not read yet, in order: first those queued since the last read (up to the stream's queue
+        bound), then each as it comes. latest() skips to the newest.
 
         Parameters
         ----------

@@ -82,7 +82,7 @@ class LockstepHost:
                 self.bus.send(can.Message(arbitration_id=cm.RPDO1.cob_id(node), is_extended_id=False,
                                           data=cm.RPDO1.pack([controlword, target, int(Mode.CSP)])))
                 self.bus.send(can.Message(arbitration_id=cm.RPDO2.cob_id(node), is_extended_id=False,
-                                          data=cm.RPDO2.pack([0])))
+                                          data=cm.RPDO2.pack([0, 0])))
         self.bus.send(self.sync_msg)
         pending, positions = set(self.expect), {}
         while pending:
@@ -241,7 +241,7 @@ def host_pdo_path(model_name: str, cycles: int, rounds: int = 5) -> tuple[float,
                 listener(f)
         for j, (r1, r2) in enumerate(rpdos):
             r1.data = bytearray(cm.RPDO1.pack((cw[j], counts[j], mode[j])))
-            r2.data = bytearray(cm.RPDO2.pack((torque[j],)))
+            r2.data = bytearray(cm.RPDO2.pack((torque[j], 0)))        # target torque, torque offset
             r1.transmit()
             r2.transmit()
         if len(got) != len(frames):

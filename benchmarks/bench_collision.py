@@ -12,7 +12,12 @@ full speed in CSP, its positions as targets. Each detector's signal per joint:
 It prints:
   - floors: the largest |signal| per joint over --minutes of excitation without contact, i.e. the smallest
     threshold (N m) with no false positive in that time; an observer detects any external torque above it, the
-    plain threshold only where motion and contact torque together pass it;
+    plain threshold only where motion and contact torque together pass it; for the wrist (joints 4-6) also with
+    the observer's gain 50 1/s there (WRIST_GAINS, both models alike): the wrist's floor is the arm's friction that
+    no Coulomb + viscous model holds (Stribeck's rise near zero speed), passed at reversals in bursts shorter than
+    the observer's time constant, so a lower gain passes less of it;
+  - the collision thresholds of the rule (20 times the residual RMS; 20 % of the torque limit for the nominal
+    model) side by side;
   - false positives per hour of excitation at the operating thresholds (the identified model's from the rule over
     its result.json, driver/collision.py; the nominal model's from the rule over its torque limits; the current
     threshold at 1.25 times its floor over the first tenth of the run, as one would set it on a commissioning
@@ -23,8 +28,11 @@ It prints:
     model, 10 and 20 % of the torque limits, detect none of these pushes): the first
     sample over a collision threshold, plus one cycle for the quick stop to reach the drives (the driver reacts
     in the cycle that reads the sample: tests/test_collision.py); "-" when not detected within 200 ms;
-  - following error RMS over seed000 through the driver's own cycle (lockstep), with the planned rigid-body torque
-    as the drives' torque offset and without;
+  - following error RMS over seed000 through the driver's own cycle (lockstep, armid.lockstep): with the planned
+    torque (rigid body and identified friction) as the drives' torque offset, the drives' own inertia and friction
+    feed-forward off as for such a host; against no feed-forward with the drives' own on (their default), and with
+    none at all; and the first pair again on an arm without the plant's Stribeck friction (the part no Coulomb +
+    viscous model holds);
   - microseconds per cycle: the observer's update (one numba call) beside the driver's whole cycle without it in
     the same run; the feed-forward is planned beside the cycle and indexed in it (no per-cycle cost).
 
@@ -41,23 +49,25 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
+from armid.lockstep import Rig, following_error, push_making  # noqa: E402
 from driver.collision import make_thresholds  # noqa: E402
 from driver.model_source import residual_rms  # noqa: E402
 from driver.observer import MomentumObserver  # noqa: E402
 from firmware_bridge import cia402  # noqa: E402
 from ident.fit import excitation  # noqa: E402
 from ident.fit.batch import identify  # noqa: E402
-from ident.model import dynamics, load_model  # noqa: E402
+from ident.model import load_model  # noqa: E402
 from ident.outputs.output_folder import write_identification  # noqa: E402
-from sim import Simulator  # noqa: E402
-from sim.plant import mismatched_model  # noqa: E402
+from sim import DriveConfig, Simulator  # noqa: E402
+from sim.plant import FrictionConfig, mismatched_model  # noqa: E402
 from sim.recording import LEAD_IN, reference, simulate  # noqa: E402
 
 RATE = 1000.0
 SEED = 1
 DETECTORS = ("identified", "nominal", "current")
+WRIST_GAINS = (100.0, 100.0, 100.0, 50.0, 50.0, 50.0)   # 1/s: the observer's gains of the "(wrist 50)" detectors
 LINKS = (2, 3, 4, 5, 6)
 TORQUES = (5.0, 10.0)
 
@@ -75,9 +85,10 @@ def run(nominal, models, cycles, mismatch, push=None, push_at=0):
     sim.step(1)
     sim.set_commands(controlword=np.full(6, cia402.CW_ENABLE_OPERATION))
     sim.step(2)
-    observers = {k: MomentumObserver(m, RATE) for k, m in models.items()}
+    observers = {k: MomentumObserver(m, RATE, WRIST_GAINS if k.endswith("(wrist 50)") else 100.0)
+                 for k, m in models.items()}
     per_amp = {k: m.joint_torque_per_amp() for k, m in models.items()}
-    out = {k: np.zeros((cycles, 6)) for k in DETECTORS}
+    out = {k: np.zeros((cycles, 6)) for k in (*models, "current")}
     truth = np.zeros((cycles, 6))
     tau_m, est = np.zeros(6), np.zeros(6)
     block = 10_000
@@ -122,26 +133,21 @@ def identified_model(nominal, mismatch, seconds, folder):
     return load_model(written["model"]), residual_rms(str(written["result"]), nominal)
 
 
-def following_error(nominal):
-    from collision_rig import Rig
-
-    rms = {}
-    for ff in (True, False):
-        rig = Rig(nominal)
-        rig.enable()
-        plan, start = rig.excite(feed_forward=ff)
-        err = np.zeros((plan.samples - start, 6))
-        for k in range(plan.samples):
-            rig.step()
-            if k >= start:
-                err[k - start] = plan.q[k] - rig.state()["q"]
-        rms[ff] = float(np.sqrt(np.mean(np.square(err))))
-    return rms
+def following_errors(nominal):
+    """RMS (rad) over seed000 of: the driver's feed-forward on drives set up for it (their own off), no feed-forward on
+    those drives, no feed-forward on drives with their own (inertia J and catalogue friction), and the first and
+    second without the plant's Stribeck friction."""
+    rms = lambda per_joint: float(np.sqrt(np.mean(np.square(per_joint))))        # noqa: E731
+    no_stribeck = FrictionConfig(stribeck_ratio=0.0)
+    return {"with": rms(following_error(nominal)),
+            "alone": rms(following_error(nominal, feed_forward=False)),
+            "own": rms(following_error(nominal, feed_forward=False, drive=DriveConfig())),
+            "with, no Stribeck": rms(following_error(nominal, friction=no_stribeck)),
+            "own, no Stribeck": rms(following_error(nominal, feed_forward=False, drive=DriveConfig(),
+                                                    friction=no_stribeck))}
 
 
 def cycle_cost(nominal, model):
-    from collision_rig import Rig
-
     obs = MomentumObserver(model, RATE)
     q, qd, tau, out = np.full(6, 0.3), np.full(6, 0.5), np.ones(6), np.zeros(6)
     for _ in range(1000):
@@ -176,7 +182,8 @@ def main() -> int:
 
     cycles = int(round(args.minutes * 60 * RATE))
     t0 = time.perf_counter()
-    quiet, truth, _ = run(nominal, models, cycles, args.mismatch)
+    wrist = {**models, "identified (wrist 50)": ident, "nominal (wrist 50)": nominal}
+    quiet, truth, _ = run(nominal, wrist, cycles, args.mismatch)
     print(f"(no-contact run: {args.minutes:g} min of excitation simulated in {time.perf_counter() - t0:.0f} s)")
     assert not truth.any()
     floors = {d: np.abs(quiet[d]).max(axis=0) for d in DETECTORS}
@@ -192,6 +199,14 @@ def main() -> int:
         print(f"smallest external torque detected, joint {j + 1}, identified: {floors['identified'][j]:.3f} N m "
               f"(reference: nominal {floors['nominal'][j]:.3f} N m, ratio "
               f"{floors['nominal'][j] / floors['identified'][j]:.1f} x)")
+    wrist_floors = {d: np.abs(quiet[f"{d} (wrist 50)"]).max(axis=0) for d in ("identified", "nominal")}
+    for j in range(3, 6):
+        print(f"smallest external torque detected, joint {j + 1}, identified, observer gain {WRIST_GAINS[j]:g} 1/s: "
+              f"{wrist_floors['identified'][j]:.3f} N m (reference: nominal at the same gain "
+              f"{wrist_floors['nominal'][j]:.3f} N m, ratio {wrist_floors['nominal'][j] / wrist_floors['identified'][j]:.1f} x)")
+    for j in range(6):
+        print(f"collision threshold by the rule, joint {j + 1}, identified: {ident_th.collision[j]:.3f} N m (reference: "
+              f"nominal {nominal_th.collision[j]:.3f} N m, ratio {nominal_th.collision[j] / ident_th.collision[j]:.1f} x)")
     hours = args.minutes / 60.0
     for d in DETECTORS:
         fp = crossings(quiet[d], operating[d]) / hours
@@ -203,33 +218,29 @@ def main() -> int:
             at = 1500 + 257 * LINKS.index(link) + 1000 * TORQUES.index(torque)
             q_at = reference(traj, np.array([(at + 1) / RATE]))[0]
             push = push_making(nominal, q_at, link, torque)
-            sig, truth, _ = run(nominal, models, at + 250, args.mismatch, push=push, push_at=at)
+            sig, truth, _ = run(nominal, wrist, at + 250, args.mismatch, push=push, push_at=at)
+            floors_all = {**floors, "identified (wrist 50)": wrist_floors["identified"]}
             cells = []
-            for d in DETECTORS:
-                over = np.flatnonzero(np.any(np.abs(sig[d][at:at + 200]) > 1.5 * floors[d], axis=1))
+            for d in (*DETECTORS, "identified (wrist 50)"):
+                over = np.flatnonzero(np.any(np.abs(sig[d][at:at + 200]) > 1.5 * floors_all[d], axis=1))
                 cells.append("-" if not len(over) else f"{over[0] + 1 + 1:d}")
             print(f"detection latency link {link}, {torque:g} N m (true peak {np.abs(truth).max():.1f} N m): "
-                  f"identified {cells[0]} ms (reference: nominal {cells[1]} ms, current threshold {cells[2]} ms)")
+                  f"identified {cells[0]} ms (reference: nominal {cells[1]} ms, current threshold {cells[2]} ms; "
+                  f"identified with gain 50 1/s on the wrist {cells[3]} ms)")
 
-    fe = following_error(nominal)
-    print(f"following error RMS with feed-forward: {fe[True] * 1e6:.2f} urad (reference: without {fe[False] * 1e6:.2f} "
-          f"urad, ratio {fe[True] / fe[False]:.2f} x)")
+    fe = following_errors(nominal)
+    print(f"following error RMS with feed-forward: {fe['with'] * 1e6:.2f} urad (reference: without, the drives' own "
+          f"inertia and friction feed-forward on, {fe['own'] * 1e6:.2f} urad, ratio {fe['with'] / fe['own']:.2f} x)")
+    print(f"following error RMS with feed-forward: {fe['with'] * 1e6:.2f} urad (reference: without any, the drives' "
+          f"loops alone, {fe['alone'] * 1e6:.2f} urad, ratio {fe['with'] / fe['alone']:.2f} x)")
+    print(f"following error RMS with feed-forward, the arm without Stribeck friction: {fe['with, no Stribeck'] * 1e6:.2f} "
+          f"urad (reference: without, the drives' own on, {fe['own, no Stribeck'] * 1e6:.2f} urad, ratio "
+          f"{fe['with, no Stribeck'] / fe['own, no Stribeck']:.2f} x)")
     obs_us, cycle_us = cycle_cost(nominal, ident)
     print(f"observer per cycle: {obs_us:.1f} us (reference: the driver's lockstep cycle without it, simulator "
           f"included, {cycle_us:.1f} us, ratio {obs_us / cycle_us:.2f} x); feed-forward per cycle: 0 us (planned "
           f"beside the cycle, indexed in it)")
     return 0
-
-
-def push_making(model, q, link, torque, point=(0.05, 0.05, 0.0)):
-    """A horizontal force at `point` of `link` whose largest joint torque at q is `torque` N m, for 1 s."""
-    best = None
-    for angle in np.linspace(0.0, np.pi, 12, endpoint=False):
-        f = np.array([np.cos(angle), np.sin(angle), 0.0])
-        tau = dynamics.wrench_torques(model, q, link, point, f)
-        if best is None or np.abs(tau).max() > best[1]:
-            best = (f, np.abs(tau).max())
-    return {"link": link, "force": (best[0] * torque / best[1]).tolist(), "point": list(point), "duration": 1.0}
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ per frame sent and received, printed as the CPU of one cycle's 13 sends and 13 r
 TPDO2 of six drives and the first drive's TPDO4; its own 13 frames, which udp_multicast returns to the sender,
 are dropped by the driver's socket filter in the kernel, as SocketCAN does not return them; 26 receives where
 that filter cannot be attached). CAN at a rate beyond
-what one 1 Mbit/s bus carries for six drives (285 Hz) is also run at 250 Hz.
+what one 1 Mbit/s bus carries for six drives (276 Hz) is also run at 250 Hz.
 
 --realtime PRIO: the driver runs with a [realtime] section (priority = PRIO for its cycle thread and libzmq's
 I/O thread, lock_memory = true; driver/realtime.py), and so that the comparison stays fair the reference

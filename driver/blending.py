@@ -58,12 +58,13 @@ def plan_blend(model, old: planning.PlannedMotion, at: int, new: planning.Planne
                 raise
     else:
         raise refusal
-    blend = planning._motion(model, "blend", r, [("blend", q, qd, qdd)])
+    blend = planning.with_feed_forward(planning._motion(model, "blend", r, [("blend", q, qd, qdd)]), model,
+                                       new.friction)
     parts = {name: np.concatenate([getattr(blend, name), getattr(new, name)[i:]]) for name in ("q", "qd", "qdd", "tau_ff")}
     for a in parts.values():
         a.setflags(write=False)
     return planning.PlannedMotion("run_trajectory", r, parts["q"], parts["qd"], parts["qdd"], parts["tau_ff"],
-                                  (("blend", 0), ("run_trajectory", kb)))
+                                  (("blend", 0), ("run_trajectory", kb)), friction=new.friction)
 
 
 def lead_cycles(rate_hz: float, factor: float = 1.0) -> int:

@@ -7,6 +7,11 @@ Reactions (`reaction`):
                    ends; fault_reset and enable to go on
   "stop_and_hold"  the motion or servo session ends and the drives hold the pose measured at the collision
                    (position control, gravity feed-forward); no fault
+  "back_off"       the motion or servo session ends and the arm yields from the pose measured at the collision
+                   along the estimated external torque, by back_off_distance (rad) at no more than back_off_speed
+                   (rad/s), then holds (driver/back_off.py; planned beside the cycle while the arm holds, and
+                   checked against the limits before it starts; when a limit refuses it, the arm holds as with
+                   stop_and_hold); no fault
 
 Either way a health event names the joint and its estimated torque, and an ERROR line goes to the log. A
 collision stays latched (stream flag COLLISION) until every estimate is back under its contact threshold; only
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +45,7 @@ from driver.observer import MomentumObserver
 from firmware_bridge import stream
 from firmware_bridge.runtime.errors import InputError
 
-REACTIONS = ("quick_stop", "stop_and_hold")
+REACTIONS = ("quick_stop", "stop_and_hold", "back_off")
 CONTACT_SIGMA = 10.0
 COLLISION_SIGMA = 20.0
 NOMINAL_CONTACT = 0.10         # of the torque limit, without residual statistics
@@ -55,18 +61,25 @@ class Watch:
 
     model: the observer's and the feed-forward's model file or shipped name (None: the driver's own model);
     gains: the observer's gains, 1/s (one number or n); friction_smoothing: rad/s; feed_forward: plan the motions'
-    torque feed-forward with this model. detect: collision detection on ([collision] present); contact, collision:
-    thresholds (N m, one number or n; None: the rule); reaction: one of REACTIONS."""
+    torque feed-forward with this model; feed_forward_friction: with its friction (False: the rigid body alone);
+    compensate: what torque servo sessions get added to their torque by default (driver.compensation.KINDS:
+    "gravity", "friction"). detect: collision detection on ([collision] present); contact, collision: thresholds
+    (N m, one number or n; None: the rule); reaction: one of REACTIONS; back_off_distance (rad), back_off_speed
+    (rad/s): the back-off reaction's motion (driver/back_off.py)."""
 
     model: str | None = None
     gains: float | tuple = 100.0
     friction_smoothing: float = 0.01
     feed_forward: bool = True
+    compensate: tuple[str, ...] = ()
     detect: bool = False
     contact: float | tuple | None = None
     collision: float | tuple | None = None
     reaction: str = "quick_stop"
     source: str = "<defaults>"
+    back_off_distance: float = 0.02
+    back_off_speed: float = 0.1
+    feed_forward_friction: bool = True
 
 
 class CollisionError(InputError):
@@ -162,9 +175,11 @@ class CollisionMonitor:
         self.collisions = 0
         self.last: dict | None = None  # the last collision: joint, tau_ext, threshold, time
         self.peak = np.zeros(observer.n)   # |tau_ext| peaks since the last health report (peaks())
+        self._peak_lock = threading.Lock()  # the cycle raises the peaks, the health thread reads and clears them
         self._gap_ns = int(GAP_PERIODS * observer.dt * 1e9)
         self._last_ns: int | None = None   # the device time of the last sample the observer took
         self.restarts = 0                  # restarts after a gap in the samples
+        self.back_off = None               # (q, tau_ext) -> the back-off motion (PlannedMotion); the daemon sets it
 
     def warm_up(self, q: np.ndarray, qd: np.ndarray, current: np.ndarray, tau_ext: np.ndarray) -> None:
         """Compile (or load from numba's cache) the kernels `watch` calls, for the types of the arrays the cycle
@@ -209,7 +224,8 @@ class CollisionMonitor:
             tau_ext[:] = 0.0
             self.observer.reset()
             return -1
-        np.maximum(self.peak, np.abs(tau_ext), out=self.peak)
+        with self._peak_lock:          # uncontended but for the health thread's read once a second
+            np.maximum(self.peak, np.abs(tau_ext), out=self.peak)
         contact = code & 0xFFFF
         flags = stream.FLAG_CONTACT if contact else 0
         hit = -1
@@ -234,9 +250,11 @@ class CollisionMonitor:
                 f"({self.thresholds.reaction})", {"joint": joint + 1, "tau_ext": value, "threshold": limit})
 
     def peaks(self) -> list[float]:
-        """|tau_ext| peaks per joint since the last call (N m), then restarted."""
-        out = self.peak.tolist()
-        self.peak[:] = 0.0
+        """|tau_ext| peaks per joint since the last call (N m), then restarted (read and cleared under a lock, so a
+        peak the cycle raises meanwhile is in this call's answer or in the next one's)."""
+        with self._peak_lock:
+            out = self.peak.tolist()
+            self.peak[:] = 0.0
         return out
 
     def status(self) -> dict:

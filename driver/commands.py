@@ -10,7 +10,8 @@ asked to start it; the reply says so or names the joint, quantity and time.
   run_trajectory file: a trajectory file in the trajectory folder, periods (default 1)
                  | samples: {"t": [N] s, "q": [[n] x N] rad}
   servo          mode: "position" | "torque", timeout_cycles (default 50): take streamed setpoints from the
-                 servo socket (driver.servo); the reply's token goes in every setpoint; servo_stop ends it
+                 servo socket (driver.servo); the reply's token goes in every setpoint; servo_stop ends it;
+                 torque: compensate ["gravity", "friction"] adds the model's (default: [model] compensate)
   set_payload    mass kg, com [3] m (flange frame), inertia [XX XY XZ YY YZ ZZ] kg m^2 about the CoM;
                  mass 0 clears it. Checked against the model's rated payload and reach, and the holding
                  torque it needs against the torque limits; planning checks and the feed-forward include it.
@@ -40,7 +41,7 @@ __all__ = ["Commands", "CommandError", "URGENT", "PLANNING"]
 
 URGENT = ("quick_stop", "disable")          # answered before anything else waiting (driver.command_server)
 PLANNING = ("move_to", "run_trajectory")    # planned in the planner process by the command server
-FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles", "buffer_cycles"),
+FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles", "buffer_cycles", "compensate"),
           "set_collision": ("contact", "collision", "reaction", "enabled")}   # the rest take none
 SMALL_REQUEST_BYTES = 64 * 1024             # larger requests can only be motions: decoded by the planner
 
@@ -132,8 +133,6 @@ class Commands:
         """The running motion blended into `plan` from a setpoint just ahead; None when no motion runs."""
         from driver import blending
         from driver.cycle import DriverFault
-        from driver.stopping import joined
-
         c = self.driver.cycle
         for factor in (1.0, 4.0):
             m, k = c.motion, c._k
@@ -143,7 +142,7 @@ class Commands:
             successor = blending.plan_blend(self.driver.planning_model, m, at, plan)
             try:
                 if c.submit(lambda: c.replace_motion(m, at, successor)):
-                    return joined(m, 0, 0, successor)
+                    return successor
                 return None                     # the running motion ended meanwhile
             except DriverFault:
                 continue
@@ -207,7 +206,10 @@ class Commands:
         depth = number(req, "buffer_cycles", DEFAULT_BUFFER_CYCLES)
         if depth != int(depth) or not 0 <= depth <= MAX_DEPTH:
             raise CommandError(f"servo: buffer_cycles {depth!r}: expected a whole number 0..{MAX_DEPTH}")
-        return self.driver.start_servo(mode, int(timeout), int(depth))
+        compensate = req.get("compensate")
+        if compensate is not None and mode != "torque":
+            raise CommandError("servo: compensate: only a torque session adds the model's torque")
+        return self.driver.start_servo(mode, int(timeout), int(depth), compensate)
 
     def servo_stop(self, req: dict) -> dict:
         cycle = self.driver.cycle

@@ -34,11 +34,15 @@
     observer_gains = 100        # 1/s, one number or one per joint
     friction_smoothing = 0.01   # rad/s
     feed_forward = true         # plan the motions' torque feed-forward with this model
+    feed_forward_friction = true    # with the model's friction (false: drives that compensate friction themselves)
+    compensate = []             # torque servo: "gravity", "friction" added to the client's torque by default
 
     [collision]                 # optional: collision detection on (driver/collision.py)
     contact = [..]              # N m per joint (or one number); default: the rule from the residuals
     collision = [..]
-    reaction = "quick_stop"     # quick_stop | stop_and_hold
+    reaction = "quick_stop"     # quick_stop | stop_and_hold | back_off
+    back_off_distance = 0.02    # rad: how far back_off yields (the most loaded joint), at most 0.2
+    back_off_speed = 0.1        # rad/s: the fastest joint speed on the way, at most 1
 
     [realtime]                  # optional, all keys optional (driver/realtime.py, deploy/RT.md)
     priority = 80               # SCHED_FIFO 1-99 for `threads`
@@ -57,7 +61,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from driver.back_off import MAX_DISTANCE, MAX_SPEED
 from driver.collision import REACTIONS, Watch
+from driver.compensation import KINDS
 from driver.cycle import CLOCKS, INTAKE_SHARE, INTAKE_SHARE_RANGE
 from driver.daemon import Curve, Endpoints, Metrics, Record
 from driver.motion import MAX_MOTION_S
@@ -104,8 +110,9 @@ _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_dela
              "zmq": {"state", "commands", "servo", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
              "metrics": {"address", "allow_remote"},
-             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward"},
-             "collision": {"contact", "collision", "reaction"}}
+             "model": {"path", "observer_gains", "friction_smoothing", "feed_forward", "feed_forward_friction",
+                       "compensate"},
+             "collision": {"contact", "collision", "reaction", "back_off_distance", "back_off_speed"}}
 
 
 def load_config(path: str | Path) -> DriverConfig:
@@ -199,6 +206,13 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
     feed_forward = model.get("feed_forward", True)
     if not isinstance(feed_forward, bool):
         raise ConfigError(src, "model.feed_forward", "true or false", feed_forward)
+    friction = model.get("feed_forward_friction", True)
+    if not isinstance(friction, bool):
+        raise ConfigError(src, "model.feed_forward_friction", "true or false", friction)
+    compensate = model.get("compensate", [])
+    if not isinstance(compensate, list) or not all(k in KINDS for k in compensate):
+        raise ConfigError(src, "model.compensate", f"a list of {', '.join(repr(k) for k in KINDS)} (or [])",
+                          compensate)
     levels = {}
     for key in ("contact", "collision"):
         v = (collision or {}).get(key)
@@ -208,8 +222,15 @@ def _watch(src: str, base: Path, data: dict) -> Watch:
     reaction = (collision or {}).get("reaction", "quick_stop")
     if reaction not in REACTIONS:
         raise ConfigError(src, "collision.reaction", f"one of {', '.join(REACTIONS)}", reaction)
+    back = {}
+    for key, top, unit in (("back_off_distance", MAX_DISTANCE, "rad"), ("back_off_speed", MAX_SPEED, "rad/s")):
+        value = (collision or {}).get(key, getattr(Watch, key))
+        back[key] = _positive(src, f"collision.{key}", value)
+        if value > top:
+            raise ConfigError(src, f"collision.{key}", f"a positive number at most {top:g} {unit}", value)
     return Watch(path, tuple(gains) if isinstance(gains, list) else gains, smoothing, feed_forward,
-                 collision is not None, levels["contact"], levels["collision"], reaction, src)
+                 tuple(k for k in KINDS if k in compensate), collision is not None, levels["contact"],
+                 levels["collision"], reaction, src, **back, feed_forward_friction=friction)
 
 
 def _is_number(v) -> bool:

@@ -12,7 +12,9 @@ One thread runs `Cycle` at rate_hz (1 kHz by default). Each cycle:
      that message;
   4. write the command: per drive the controlword that walks the CiA 402 state machine towards what is
      wanted, CSP with the current setpoint (the planned motion's, or the hold position) and its torque
-     feed-forward; nothing non-finite is ever written;
+     feed-forward as the drives' torque offset (0x60B2); in torque servo mode CST with the client's target
+     torque and, on request, the model's gravity and friction compensation as the offset (driver/compensation.py);
+     nothing non-finite, and no target torque + offset beyond a joint's torque limit, is ever written;
   5. hand the STATE message to `publish`: the arm reads straight into it (ArmState.inside), the cycle
      packs the header.
 The hot path allocates no array per cycle (numpy with out=, one numba call for the per-joint drive logic,
@@ -130,7 +132,8 @@ class Cycle:
         self.command = ArmCommand(self.n)
         self.command.mode[:] = int(Mode.CSP)
         self._bits = 0                               # drive_logic's result for this cycle's statuswords
-        ck.drive_logic(self.state.statusword, ck.OFF, self.state.q, self.state.q,
+        self._zeros = np.zeros(self.n)               # a plan's target torque in CSP (its torque goes in the offset)
+        ck.drive_logic(self.state.statusword, ck.OFF, self.state.q, self.state.q, self.state.q, self.torque_limit,
                        self.command.controlword)   # compile / load the kernels now, not in the first cycle
         # what is wanted
         self.want_power = False
@@ -141,15 +144,20 @@ class Cycle:
         self.fault: str | None = None   # the driver's fault, None when healthy
         self.hold = np.zeros(self.n)    # setpoint when no motion runs
         self.hold_torque = np.zeros(self.n)  # its feed-forward (gravity at the hold pose)
-        ck.command(self.state.statusword, ck.OFF, self.hold, self.hold_torque, self.state.q, ck.FOLLOW, self.hold,
-                   self.command.target_position, self.command.target_torque, self.command.controlword)
+        ck.command(self.state.statusword, ck.OFF, self.hold, self._zeros, self.hold_torque, self.state.q, ck.FOLLOW,
+                   self.hold, self.torque_limit, self.command.target_position, self.command.target_torque,
+                   self.command.torque_offset, self.command.controlword)
         self.motion: PlannedMotion | None = None
         self._k = 0
+        self._handover = None           # a stopping.HandOver from the running motion, taken at its setpoint k1
         self.servo: ServoSession | None = None     # a client's streamed setpoints (driver.servo)
         self.servo_ended: dict | None = None       # the last session's counters and why it ended
         self.servo_totals: dict[str, int] = {}     # the ended sessions' counters, summed (ServoSession.totals)
         self.flags_extra = 0            # e.g. stream.FLAG_PAYLOAD, set by the daemon
         self.monitor = None             # driver.collision.CollisionMonitor: external torques, collisions (_watch)
+        self._back_off_job: int | None = None   # the collision whose back-off is being planned beside the cycle
+        self._back_off_done: tuple | None = None  # (collision, plan or None, error or None), set by that planning
+        self.compensation = None        # driver.compensation.Compensation: gravity and friction in torque servo
         # bookkeeping
         self.seq = 0
         self.cycles = 0
@@ -194,11 +202,16 @@ class Cycle:
         rows = np.zeros((2, n))
         rows.setflags(write=False)                       # a plan: np.load(mmap_mode="r") rows
         servo = servo_wire.decode(servo_wire.encode(servo_wire.MODE_POSITION, 0, 0, 0, np.zeros(n)), n).values
-        for plan_q, plan_tau in ((hold, hold_torque), (rows[0], rows[1]), (servo, hold_torque), (st.q, servo),
-                                 (st.q, hold_torque)):
-            ck.command(st.statusword, ck.OFF, plan_q, plan_tau, st.q, ck.FOLLOW, hold, cmd.target_position,
-                       cmd.target_torque, cmd.controlword)
-        ck.drive_logic(st.statusword, ck.OFF, cmd.target_position, cmd.target_torque, cmd.controlword)
+        zeros, limit = self._zeros, self.torque_limit
+        for plan_q, plan_tau, plan_off in ((hold, zeros, hold_torque), (rows[0], zeros, rows[1]),
+                                           (servo, zeros, hold_torque), (st.q, servo, zeros), (st.q, servo, hold_torque),
+                                           (st.q, zeros, hold_torque)):
+            ck.command(st.statusword, ck.OFF, plan_q, plan_tau, plan_off, st.q, ck.FOLLOW, hold, limit,
+                       cmd.target_position, cmd.target_torque, cmd.torque_offset, cmd.controlword)
+        ck.drive_logic(st.statusword, ck.OFF, cmd.target_position, cmd.target_torque, cmd.torque_offset, limit,
+                       cmd.controlword)
+        if self.compensation is not None:                # torque servo's gravity and friction, on a setpoint
+            self.compensation.warm_up(st.q, st.qd, servo, limit)
         copy_sample(ArmState(n), st)                     # a link's sample ring into the message
         copy_sample(st, ArmState(n))
         if self.monitor is not None:                     # the model's watch: observer and levels
@@ -470,7 +483,7 @@ class Cycle:
         if off.max() > START_TOLERANCE:
             j = int(np.argmax(off))
             raise DriverFault(f"motion starts {off[j]:.4g} rad away from joint {j + 1}'s position; plan it again")
-        self.motion, self._k = motion, 0
+        self.motion, self._k, self._handover = motion, 0, None
         _log.info("%s: started (%.3f s)", motion.name, motion.duration)
 
     def enabled(self) -> bool:
@@ -480,19 +493,24 @@ class Cycle:
         """Hand over from the running motion `old` to `stop` (a stop, driver.stopping, or a blend into a new
         motion, driver.blending), planned from old's setpoint at_k: the setpoints up to at_k run first. False when
         `old` has ended meanwhile; DriverFault when the cycle has passed at_k already (plan again further ahead)."""
-        from driver.stopping import joined
+        from driver.stopping import HandOver
 
         if self.motion is not old:
             return False
         if self._k > at_k:
             raise DriverFault(f"the stop was planned from setpoint {at_k}, the motion is at {self._k}")
-        self.motion, self._k = joined(old, self._k, at_k, stop), 0
+        if self._k == at_k:
+            self.motion, self._k, self._handover = stop, 0, None
+        else:                           # taken when the motion reaches at_k (_command): nothing copied here
+            self._handover = HandOver(old, self._k, at_k, stop)
         return True
 
     def motion_progress(self) -> dict | None:
         """The running motion's progress (PlannedMotion.progress), or None; safe from another thread."""
-        m, k = self.motion, self._k
-        return None if m is None else m.progress(k)
+        m, k, h = self.motion, self._k, self._handover
+        if m is None:
+            return None
+        return h.progress(k) if h is not None and h.old is m else m.progress(k)
 
     # -- one cycle -----------------------------------------------------------------------------------
     def step(self) -> None:
@@ -592,7 +610,7 @@ class Cycle:
     def _supervise(self, fresh: bool, now_mono: int) -> None:
         st, cmd = self.state, self.command
         bits = ck.drive_logic(st.statusword, self._intent(), cmd.target_position, cmd.target_torque,
-                              cmd.controlword)
+                              cmd.torque_offset, self.torque_limit, cmd.controlword)
         self._bits = bits | _FRESH if fresh else bits & ~_FRESH
         if self._have_sample and self.fault is None:
             age = now_mono - self._last_fresh_ns
@@ -618,14 +636,17 @@ class Cycle:
         """The model's watch over the arm (driver/collision.py): the external-torque estimate into the message
         while the drives hold the arm, and the configured reaction to a collision."""
         st, mon = self.state, self.monitor
+        if self._back_off_done is not None:
+            self._take_back_off()
         active = bool(self._bits & ck.ALL_ENABLED) and self.want_power and not self.quick_stop and self.fault is None
         j = mon.watch(st.q, st.qd, st.current, self.message.tau_ext, fresh, active, st.device_time_ns)
         if j < 0:
             return
         text, fields = mon.describe(j, self.message.tau_ext, time.time())
-        if mon.thresholds.reaction == "stop_and_hold":
+        reaction = mon.thresholds.reaction
+        if reaction in ("stop_and_hold", "back_off"):
             self.motion = None
-            self.end_servo(text, logging.WARNING)
+            self.end_servo(text, logging.WARNING, ramp=None if reaction == "back_off" else "setpoint")
             self.hold[:] = st.q
             try:
                 self.set_hold_torque()
@@ -633,8 +654,45 @@ class Cycle:
                 self._trip(f"{text}; cannot hold there: {exc}", **fields)
                 return
             self._event(text, logging.ERROR, **fields)
+            if reaction == "back_off":
+                self._plan_back_off(mon)
         else:
             self._trip(text, **fields)
+
+    def _plan_back_off(self, mon) -> None:
+        """Plan the back-off (mon.back_off: from the hold pose along the estimate, checked against the limits) in a
+        thread of its own: planning takes longer than a cycle. Meanwhile the arm holds; the cycle starts the motion
+        when it is ready (_take_back_off)."""
+        if mon.back_off is None:
+            self._event("back_off: no planner; holding", logging.WARNING)
+            return
+        job = self._back_off_job = mon.collisions
+        q, tau = self.hold.copy(), self.message.tau_ext.copy()
+
+        def plan() -> None:
+            try:
+                self._back_off_done = (job, mon.back_off(q, tau), None)
+            except Exception as exc:  # noqa: BLE001 - handed to the cycle, which says why it holds
+                self._back_off_done = (job, None, exc)
+
+        threading.Thread(target=plan, name="back-off planning", daemon=True).start()
+
+    def _take_back_off(self) -> None:
+        """Start the planned back-off if the arm still holds where it collided; else drop it, saying why."""
+        job, plan, exc = self._back_off_done
+        self._back_off_done = None
+        if job != self._back_off_job:
+            return
+        self._back_off_job = None
+        if exc is not None:
+            self._event(f"back_off refused, holding: {exc}", logging.WARNING)
+        elif (self.motion is not None or self.servo is not None or self.fault is not None or self.quick_stop
+              or not self.want_power or np.abs(plan.q[0] - self.hold).max() > START_TOLERANCE):
+            self._event("back_off dropped: the arm no longer holds where it collided", logging.WARNING)
+        else:
+            self.motion, self._k, self._handover = plan, 0, None
+            self._event(f"back_off: {float(np.max(np.abs(plan.q[-1] - plan.q[0]))):.3g} rad over "
+                        f"{plan.duration:.3f} s", logging.WARNING)
 
     def _trip(self, reason: str, **fields) -> None:
         self.fault = reason
@@ -646,10 +704,11 @@ class Cycle:
         the hold pose, through the drive logic."""
         st, cmd = self.state, self.command
         how = 0
+        plan_tau = self._zeros                      # CSP: the plan's torque goes in the offset
         servo_plan = self._servo_step(st) if self.servo is not None and advance else None
         if self.motion is not None:                 # a motion, or the stop of a servo session that just ended
             m, k = self.motion, self._k
-            plan_q, plan_tau, how = m.q[k], m.tau_ff[k], ck.HOLD_PLAN
+            plan_q, plan_off, how = m.q[k], m.tau_ff[k], ck.HOLD_PLAN
             if not advance:
                 pass
             elif k + 1 >= m.samples:
@@ -658,31 +717,45 @@ class Cycle:
                 self._event(f"{m.name}: done ({m.duration:.3f} s)")
             else:
                 self._k = k + 1
+                h = self._handover
+                if h is not None and h.old is m and self._k >= h.k1:
+                    self.motion, self._k, self._handover = h.successor, 0, None
         elif servo_plan is not None:
-            plan_q, plan_tau, how = servo_plan
+            plan_q, plan_tau, plan_off, how = servo_plan
         else:
-            plan_q, plan_tau = self.hold, self.hold_torque
+            plan_q, plan_off = self.hold, self.hold_torque
         if not self.want_power or self.quick_stop:
             # not holding actively: keep the reference on the measured position so enabling never jumps
             how |= ck.FOLLOW if self.quick_stop else ck.FOLLOW | ck.HOLD_FOLLOWS
-        bits = ck.command(st.statusword, self._intent(), plan_q, plan_tau, st.q, how, self.hold,
-                          cmd.target_position, cmd.target_torque, cmd.controlword)
+        bits = ck.command(st.statusword, self._intent(), plan_q, plan_tau, plan_off, st.q, how, self.hold,
+                          self.torque_limit, cmd.target_position, cmd.target_torque, cmd.torque_offset,
+                          cmd.controlword)
         self._bits = bits | (self._bits & _FRESH)
         if self._reset_pulse:
             self._reset_pulse -= 1
             if self._reset_pulse < self._reset_high:
                 cmd.controlword[:] = cia402.CW_FAULT_RESET
-        if bits & ck.NON_FINITE:
-            # cannot happen with checked plans and finite measurements; never send it if it does
+        if bits & (ck.NON_FINITE | ck.OVER_TORQUE):
+            # cannot happen with checked plans, setpoints and compensation; never send it if it does
+            what = "non-finite setpoint refused" if bits & ck.NON_FINITE else self._over_torque_text()
             cmd.target_position[:] = np.where(np.isfinite(st.q), st.q, 0.0)
             cmd.target_torque[:] = 0.0
+            cmd.torque_offset[:] = 0.0
             cmd.controlword[:] = cia402.CW_QUICK_STOP
             if self.fault is None:
-                self._trip("non-finite setpoint refused")
+                self._trip(what)
 
-    def _servo_step(self, st) -> tuple[np.ndarray, np.ndarray, int] | None:
-        """This cycle's plan from the servo session: a checked setpoint, the last one held; None when the session
-        ended (hold there, or its stop ramp as the motion) or quick-stopped (the setpoints stopped)."""
+    def _over_torque_text(self) -> str:
+        cmd = self.command
+        total = cmd.target_torque + cmd.torque_offset
+        j = int(np.argmax(np.abs(total) - self.torque_limit))
+        return (f"torque refused: joint {j + 1}'s target torque {cmd.target_torque[j]:.4g} + offset "
+                f"{cmd.torque_offset[j]:.4g} N m is beyond its limit {self.torque_limit[j]:.4g} N m")
+
+    def _servo_step(self, st) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+        """This cycle's plan from the servo session (position, target torque, torque offset, how): a checked
+        setpoint, the last one held; None when the session ended (hold there, or its stop ramp as the motion),
+        quick-stopped (the setpoints stopped) or its compensation would break a torque limit (held in CSP)."""
         step = self.servo.next(st.q, st.qd)
         if step.kind == STOP:
             self.request_quick_stop(step.reason)
@@ -694,11 +767,22 @@ class Cycle:
             self._hold_log.hit("servo: no new setpoint this cycle; holding the last one",
                                missed_cycles=self.servo.missed_cycles)
         if self.servo.mode == MODE_TORQUE:
+            offset = self._zeros
+            kinds = self.servo.compensate
+            if kinds:
+                comp = self.compensation
+                j = comp.compute(st.q, st.qd, step.values, self.torque_limit, kinds)
+                if j >= 0:
+                    self.end_servo(f"compensation refused: joint {j + 1}'s setpoint {step.values[j]:.4g} + "
+                                   f"{' and '.join(kinds)} {comp.torque[j]:.4g} N m is beyond its torque limit "
+                                   f"{self.torque_limit[j]:.4g} N m", logging.WARNING, ramp=None)
+                    return None
+                offset = comp.torque
             self.command.mode[:] = int(Mode.CST)
-            return st.q, step.values, ck.FOLLOW | ck.HOLD_FOLLOWS
+            return st.q, step.values, offset, ck.FOLLOW | ck.HOLD_FOLLOWS
         if step.kind == TRACK and self.gravity is not None:    # a held setpoint keeps its feed-forward
             self.hold_torque[:] = self.gravity(step.values.copy())
-        return step.values, self.hold_torque, ck.HOLD_PLAN
+        return step.values, self._zeros, self.hold_torque, ck.HOLD_PLAN
 
     def _publish(self, fresh: bool) -> None:
         """The STATE message of this cycle (stale ones repeat the last sample; none before the first sample:

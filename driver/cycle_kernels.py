@@ -19,7 +19,8 @@ from firmware_bridge.cia402 import State
 RESET, QUICK_STOP, OFF, POWER = 0, 1, 2, 3
 # bits of drive_logic's result
 ALL_ENABLED = 1 << 0        # every drive is OPERATION ENABLED
-NON_FINITE = 1 << 1         # a target position or torque is NaN or infinite
+NON_FINITE = 1 << 1         # a target position, torque or torque offset is NaN or infinite
+OVER_TORQUE = 1 << 2        # a joint's target torque + torque offset is beyond its torque limit
 FAULTED_SHIFT = 8           # (first faulted joint + 1) << FAULTED_SHIFT, 0 when none
 # how `command` takes its targets (bits)
 HOLD_PLAN = 1 << 0          # the plan is a motion's sample: the hold position follows it
@@ -57,7 +58,8 @@ _OE_MASK, _OE_VALUE = cia402.STATE_PATTERNS[State.OPERATION_ENABLED]
 
 
 @numba.njit(cache=True, nogil=True)
-def _drive_logic(statusword, intent, table, faulted, target_position, target_torque, controlword_out):
+def _drive_logic(statusword, intent, table, faulted, target_position, target_torque, torque_offset, torque_limit,
+                 controlword_out):
     result = ALL_ENABLED
     first = 0
     for j in range(statusword.shape[0]):
@@ -68,40 +70,47 @@ def _drive_logic(statusword, intent, table, faulted, target_position, target_tor
             result &= ~ALL_ENABLED
         if first == 0 and faulted[i]:
             first = j + 1
-        if not (np.isfinite(target_position[j]) and np.isfinite(target_torque[j])):
+        if not (np.isfinite(target_position[j]) and np.isfinite(target_torque[j]) and np.isfinite(torque_offset[j])):
             result |= NON_FINITE
+        elif abs(target_torque[j] + torque_offset[j]) > torque_limit[j]:
+            result |= OVER_TORQUE
     return result | (first << FAULTED_SHIFT)
 
 
 def drive_logic(statusword: np.ndarray, intent: int, target_position: np.ndarray, target_torque: np.ndarray,
-                controlword_out: np.ndarray) -> int:
+                torque_offset: np.ndarray, torque_limit: np.ndarray, controlword_out: np.ndarray) -> int:
     """Fill controlword_out (n,) for `intent` (RESET, QUICK_STOP, OFF, POWER) from the drives' statuswords;
-    return ALL_ENABLED | NON_FINITE | (first faulted joint + 1) << FAULTED_SHIFT, as bits."""
-    return _drive_logic(statusword, intent, CONTROLWORD, FAULTED, target_position, target_torque, controlword_out)
+    return ALL_ENABLED | NON_FINITE | OVER_TORQUE (target torque + offset beyond torque_limit (n,) N m) |
+    (first faulted joint + 1) << FAULTED_SHIFT, as bits."""
+    return _drive_logic(statusword, intent, CONTROLWORD, FAULTED, target_position, target_torque, torque_offset,
+                        torque_limit, controlword_out)
 
 
 @numba.njit(cache=True, nogil=True)
-def _command(statusword, intent, table, faulted, plan_q, plan_tau, measured, how, hold, target_position,
-             target_torque, controlword_out):
+def _command(statusword, intent, table, faulted, plan_q, plan_tau, plan_offset, measured, how, hold, torque_limit,
+             target_position, target_torque, torque_offset, controlword_out):
     for j in range(target_position.shape[0]):
         p = plan_q[j]
         target_position[j] = p
         target_torque[j] = plan_tau[j]
+        torque_offset[j] = plan_offset[j]
         if how & HOLD_PLAN:
             hold[j] = p
         if how & FOLLOW:
             if how & HOLD_FOLLOWS:
                 hold[j] = measured[j]
             target_position[j] = measured[j]
-    return _drive_logic(statusword, intent, table, faulted, target_position, target_torque, controlword_out)
+    return _drive_logic(statusword, intent, table, faulted, target_position, target_torque, torque_offset,
+                        torque_limit, controlword_out)
 
 
-def command(statusword: np.ndarray, intent: int, plan_q: np.ndarray, plan_tau: np.ndarray, measured: np.ndarray,
-            how: int, hold: np.ndarray, target_position: np.ndarray, target_torque: np.ndarray,
-            controlword_out: np.ndarray) -> int:
-    """The cycle's command in one call: target position (rad) and torque (N m) from the plan (a motion's sample,
-    or the hold position and its torque), the hold position (HOLD_PLAN, HOLD_FOLLOWS) and the measured position
-    (FOLLOW) as `how` says, element by element (plan_q may be `hold` itself); then drive_logic over the result
-    (its bits are returned)."""
-    return _command(statusword, intent, CONTROLWORD, FAULTED, plan_q, plan_tau, measured, how, hold, target_position,
-                    target_torque, controlword_out)
+def command(statusword: np.ndarray, intent: int, plan_q: np.ndarray, plan_tau: np.ndarray, plan_offset: np.ndarray,
+            measured: np.ndarray, how: int, hold: np.ndarray, torque_limit: np.ndarray, target_position: np.ndarray,
+            target_torque: np.ndarray, torque_offset: np.ndarray, controlword_out: np.ndarray) -> int:
+    """The cycle's command in one call: target position (rad), target torque and torque offset (N m) from the plan
+    (a motion's sample or the hold position with their feed-forward as the offset; a torque servo setpoint as the
+    target torque with its compensation as the offset), the hold position (HOLD_PLAN, HOLD_FOLLOWS) and the
+    measured position (FOLLOW) as `how` says, element by element (plan_q may be `hold` itself); then drive_logic
+    over the result, the torques against torque_limit (n,) N m (its bits are returned)."""
+    return _command(statusword, intent, CONTROLWORD, FAULTED, plan_q, plan_tau, plan_offset, measured, how, hold,
+                    torque_limit, target_position, target_torque, torque_offset, controlword_out)

@@ -44,6 +44,7 @@ from firmware_bridge import stream
 from driver import authenticator, servo_shaping
 from driver.allocator import return_freed_memory
 from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, make_thresholds
+from driver.compensation import Compensation
 from driver.command_server import RECEIVE_QUEUE, REPLY_QUEUE, CommandServer
 from driver.commands import Commands
 from driver.cycle import INTAKE_SHARE, Cycle, DriverFault
@@ -188,7 +189,9 @@ class Driver:
                            torque_limit=model.tau_max, intake_share=intake_share)
         self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
                                               self.watch_model.joint_torque_per_amp())
-        self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir))
+        self.cycle.monitor.back_off = self._back_off
+        self.cycle.compensation = Compensation(self.planning_model, watch.compensate, watch.friction_smoothing)
+        self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir, watch.feed_forward_friction))
         self.planner = Planner()
         self.command_server: CommandServer | None = None
         self._switch_interval = sys.getswitchinterval()
@@ -225,6 +228,16 @@ class Driver:
         except InputError as exc:
             raise InputError(f"{where}{exc}") from None
         return used, provenance, thresholds
+
+    def _back_off(self, q: np.ndarray, tau_ext: np.ndarray):
+        """The back-off reaction's motion from q along tau_ext, planned with the planning model (payload included)
+        and checked (driver.motion.MotionError when a limit refuses it)."""
+        from driver.back_off import BackOff, plan_back_off
+        from driver.motion import with_feed_forward
+
+        setting, model = BackOff(self.watch.back_off_distance, self.watch.back_off_speed), self.planning_model
+        plan = plan_back_off(model, q, tau_ext, setting, self.cycle.rate_hz)
+        return with_feed_forward(plan, model, self.watch.feed_forward_friction)
 
     def _observer(self, model: Model):
         from driver.observer import MomentumObserver
@@ -478,6 +491,7 @@ class Driver:
                 self.planning_model = before
                 raise InputError(f"set_payload refused: {exc}") from None
             self.payload = chi
+            self.cycle.compensation.use(model)           # torque servo's gravity with the payload
             self.cycle.flags_extra = stream.FLAG_PAYLOAD if mass > 0 else 0
             self.cycle.monitor.observer = observer       # starts afresh with the payload in its model
 
@@ -521,9 +535,12 @@ class Driver:
         m = self.model
         return ServoLimits(m.q_min, m.q_max, m.qd_max, m.qdd_max, self.cycle.torque_limit, tuple(m.joint_names))
 
-    def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2) -> dict:
+    def start_servo(self, mode: str, timeout_cycles: int, buffer_cycles: int = 2, compensate=None) -> dict:
         """Begin servo mode in `mode` ("position" or "torque"); setpoints come on the servo socket and carry the
-        session token of the reply (only this reply names it)."""
+        session token of the reply (only this reply names it). compensate (torque mode): the model's terms added to
+        the client's torque (driver.compensation.KINDS; None: [model] compensate)."""
+        from driver.compensation import kinds_of
+
         import secrets
 
         from driver.servo import ServoSession
@@ -531,11 +548,15 @@ class Driver:
 
         limits = self._servo_limits()
         token = secrets.randbits(64) or 1
+        kinds = self.cycle.compensation.kinds if compensate is None else kinds_of(compensate, "servo: compensate")
+        if mode != "torque":
+            kinds = ()
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
-                               timeout_cycles, buffer_cycles, token=token, intake_share=self.cycle.intake_share)
+                               timeout_cycles, buffer_cycles, token=token, compensate=kinds,
+                               intake_share=self.cycle.intake_share)
         self.cycle.submit(lambda: self.cycle.start_servo(session))
         return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles,
-                "buffer_cycles": buffer_cycles, "token": token}
+                "buffer_cycles": buffer_cycles, "token": token, "compensate": list(kinds)}
 
     # -- threads -------------------------------------------------------------------------------------
     def _serve_commands(self) -> None:

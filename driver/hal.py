@@ -13,10 +13,10 @@ import numpy as np
 
 from firmware_bridge.runtime.transport_contract import SAMPLE_FIELDS, Arm, ArmCommand, ArmState, LinkError
 from firmware_bridge import cia402
-from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB
+from firmware_bridge.units import INT32_MAX, INT32_MIN, TORQUE_LSB, JointScaling, WireValueError
 
 __all__ = ["Arm", "ArmCommand", "ArmState", "LinkError", "SAMPLE_FIELDS", "command_to_wire", "copy_sample",
-           "raw_to_si"]
+           "raw_to_si", "unsendable"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -50,24 +50,47 @@ def raw_to_si(position, velocity, current, statusword, error_code, mode, counts_
 
 
 _TORQUE_PER_RAW = 1.0 / TORQUE_LSB      # as JointScaling.torque_to_raw scales
+OFFSET_MNM = _TORQUE_PER_RAW            # torque offset units per N m on serial and the gateway (mN m, int32)
 
 
 @numba.njit(cache=True, nogil=True)
-def command_to_wire(controlword, mode, q, tau, counts_per_rad, cw_out, mode_out, pos_out, tau_out) -> int:
+def command_to_wire(controlword, mode, q, tau, offset, counts_per_rad, offset_per_nm, offset_max, cw_out, mode_out,
+                    pos_out, tau_out, off_out) -> int:
     """A command's per-joint values in wire units, as JointScaling rounds them (target position rad -> counts,
-    target torque N m -> mN m; controlword and mode as they are), into the out arrays (a frame's or an image's
-    columns); -1, or the first joint whose target is not finite or does not fit int32 (the caller sends
-    nothing of that command). One call for serial, CAN and the gateway."""
+    target torque N m -> mN m, torque offset N m -> its units: offset_per_nm (n,) units per N m, an integer in
+    [-offset_max - 1, offset_max]; controlword and mode as they are), into the out arrays (a frame's or an
+    image's columns); -1, or the first joint whose target or offset is not finite or does not fit (the caller
+    sends nothing of that command). One call for serial, CAN and the gateway."""
     for j in range(q.shape[0]):
         p = np.rint(q[j] * counts_per_rad[j])
         t = np.rint(tau[j] * _TORQUE_PER_RAW)
-        if not (INT32_MIN <= p <= INT32_MAX and INT32_MIN <= t <= INT32_MAX):   # False for NaN too
+        o = np.rint(offset[j] * offset_per_nm[j])
+        if not (INT32_MIN <= p <= INT32_MAX and INT32_MIN <= t <= INT32_MAX
+                and -offset_max - 1 <= o <= offset_max):   # False for NaN too
             return j
         cw_out[j] = controlword[j]
         mode_out[j] = mode[j]
         pos_out[j] = np.int64(p)
         tau_out[j] = np.int64(t)
+        off_out[j] = np.int64(o)
     return -1
+
+
+def unsendable(command: ArmCommand, counts_per_rad: np.ndarray, offset_per_nm: np.ndarray, offset_max: int,
+               offset_unit: str = "mN m") -> str:
+    """Why command_to_wire refused a command, in words: JointScaling's message for a target (it names the field,
+    the joint and the value), else the torque offset's."""
+    try:
+        JointScaling(counts_per_rad).position_to_counts(command.target_position)
+        JointScaling.torque_to_raw(command.target_torque)
+    except WireValueError as exc:
+        return str(exc)
+    with np.errstate(invalid="ignore", over="ignore"):
+        raw = np.rint(command.torque_offset * offset_per_nm)
+        bad = ~((raw >= -offset_max - 1) & (raw <= offset_max))
+    j = int(np.flatnonzero(bad)[0]) if bad.any() else 0
+    return (f"torque_offset: joint {j + 1}: {float(command.torque_offset[j])!r} N m cannot be sent (an integer in "
+            f"[{-offset_max - 1}, {offset_max}] {offset_unit})")
 
 
 def copy_sample(src, dst) -> None:

@@ -1,7 +1,8 @@
 """Motions the driver executes, planned and checked against the limits as a whole before anything moves.
 
 A `PlannedMotion` is sampled once, at the cycle rate, when the command arrives: position setpoints and a
-torque feed-forward per cycle. The cycle then only indexes arrays (no planning, no allocation at 1 kHz).
+torque feed-forward per cycle (`feed_forward_torque`: the model's rigid body, rotor inertia, gravity and payload,
+and its identified Coulomb and viscous friction, the Coulomb term's sign smoothed so the torque is continuous). The cycle then only indexes arrays (no planning, no allocation at 1 kHz).
 Every plan goes through `ident.model.limits.check_motion` (position, velocity, acceleration, the inverse-dynamics
 torque of the model with its payload) and refuses the whole motion with the joint, quantity and time of
 the first violation. Nothing non-finite is ever planned.
@@ -17,6 +18,7 @@ the first violation. Nothing non-finite is ever planned.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -39,6 +41,7 @@ MAX_MOTION_S = 600.0         # default bound on a motion's duration (s): refused
 MAX_SAMPLES_IN = 100_000     # the most samples a sampled trajectory may give
 BLEND_S = 2.0                # s: the default blend of a trajectory that does not start and end at rest
 MAX_BLEND_S = 60.0
+FRICTION_SMOOTHING = 0.01    # rad/s: the width of the tanh that stands for sign(qd) in the feed-forward's Coulomb term
 
 
 class MotionError(InputError):
@@ -58,6 +61,7 @@ class PlannedMotion:
     tau_ff: np.ndarray
     segments: tuple[tuple[str, int], ...]
     preempt: bool = False        # asked to take over from a running motion (driver.blending)
+    friction: bool = True        # tau_ff holds the model's friction (with_feed_forward)
 
     @property
     def samples(self) -> int:
@@ -70,21 +74,42 @@ class PlannedMotion:
     def progress(self, k: int) -> dict:
         """How far the motion is at its k-th setpoint: elapsed_s and duration_s (s), fraction (0..1), and the
         segment it is in with the time that segment began (segment_start_s)."""
-        k = min(max(int(k), 0), self.samples - 1)
-        name, first = self.segments[0]
-        for label, start in self.segments:
-            if start <= k:
-                name, first = label, start
-        return {"name": self.name, "elapsed_s": k / self.rate_hz, "duration_s": self.duration,
-                "fraction": k / max(self.samples - 1, 1), "segment": name, "segment_start_s": first / self.rate_hz}
+        return progress_of(self.name, self.rate_hz, self.samples, self.segments, k)
+
+
+def progress_of(name: str, rate_hz: float, samples: int, segments: tuple, k: int) -> dict:
+    """PlannedMotion.progress of a motion of `samples` setpoints with these segments, at its k-th setpoint."""
+    k = min(max(int(k), 0), samples - 1)
+    segment, first = segments[0]
+    for label, start in segments:
+        if start <= k:
+            segment, first = label, start
+    return {"name": name, "elapsed_s": k / rate_hz, "duration_s": (samples - 1) / rate_hz,
+            "fraction": k / max(samples - 1, 1), "segment": segment, "segment_start_s": first / rate_hz}
 
 
 def rigid_body_model(model: Model) -> Model:
-    """The model without friction and torque offset: the feed-forward a CSP drive adds to its own friction
-    compensation (the rigid body, rotor inertia and gravity)."""
+    """The model without friction and torque offset: the rigid body, rotor inertia and gravity (the feed-forward's
+    part from the inverse dynamics)."""
     chi = model.standard_parameters().reshape(model.n, 14).copy()
     chi[:, 11:14] = 0.0
     return model.with_parameters(chi.reshape(-1))
+
+
+def feed_forward_torque(model: Model, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray,
+                        friction: bool = True) -> np.ndarray:
+    """The torque (K, n) N m the drives get as their CSP torque offset along (q, qd, qdd) (K, n): the rigid body with
+    rotor inertia, gravity and payload (rigid_body_model), plus the model's Coulomb and viscous friction,
+    fc tanh(qd / FRICTION_SMOOTHING) + fv qd. The tanh makes the torque continuous through zero velocity (within
+    1 % of fc from 2.6 times FRICTION_SMOOTHING on), so a joint at rest or reversing gets no step. The friction
+    offset is left out: a constant the drives' integrators hold, and it would step at the motion's ends where the
+    hold's feed-forward (gravity) takes over. friction False: the rigid body alone (for drives that compensate
+    friction themselves)."""
+    tau = dynamics.rnea(rigid_body_model(model), q, qd, qdd)
+    if not friction:
+        return tau
+    fc, fv = model.drive[:, 1], model.drive[:, 2]
+    return tau + fc * np.tanh(np.asarray(qd) / FRICTION_SMOOTHING) + fv * qd
 
 
 def _finite_pose(model: Model, name: str, q) -> np.ndarray:
@@ -171,15 +196,30 @@ def _motion(model: Model, name: str, rate_hz: float, parts) -> PlannedMotion:
     for p in parts:
         starts.append((p[0], k))
         k += p[1].shape[0]
-    tau_ff = dynamics.rnea(rigid_body_model(model), q, qd, qdd)
+    tau_ff = _checked_feed_forward(model, name, rate_hz, q, qd, qdd, True)
+    for a in (q, qd, qdd):
+        a.setflags(write=False)
+    return PlannedMotion(name, float(rate_hz), q, qd, qdd, tau_ff, tuple(starts))
+
+
+def _checked_feed_forward(model: Model, name: str, rate_hz: float, q, qd, qdd, friction: bool) -> np.ndarray:
+    tau_ff = feed_forward_torque(model, q, qd, qdd, friction)
     over = np.abs(tau_ff) > model.tau_max       # the torque sent: checked itself, not only the model's whole torque
     if over.any():
         k, j = np.argwhere(over)[0]
         raise MotionError(f"{name}: joint {j + 1}'s torque feed-forward {tau_ff[k, j]:.4g} N m at t = {k / rate_hz:.3f} s "
                           f"is outside its torque limit {model.tau_max[j]:.4g} N m")
-    for a in (q, qd, qdd, tau_ff):
-        a.setflags(write=False)
-    return PlannedMotion(name, float(rate_hz), q, qd, qdd, tau_ff, tuple(starts))
+    tau_ff.setflags(write=False)
+    return tau_ff
+
+
+def with_feed_forward(plan: PlannedMotion, model: Model, friction: bool) -> PlannedMotion:
+    """The plan with its torque feed-forward with or without the model's friction (feed_forward_torque), checked
+    against the torque limits again; the plan itself when it already is so."""
+    if plan.friction == friction:
+        return plan
+    tau_ff = _checked_feed_forward(model, plan.name, plan.rate_hz, plan.q, plan.qd, plan.qdd, friction)
+    return dataclasses.replace(plan, tau_ff=tau_ff, friction=friction)
 
 
 def _cycle_times(duration: float, rate_hz: float) -> np.ndarray:

@@ -69,6 +69,13 @@ def only_keys(req: dict, allowed: tuple[str, ...]) -> None:
 
 
 def plan_request(raw: bytes, model, q_now, rate_hz: float, bounds) -> motion.PlannedMotion:
+    """The motion a request asks for, planned and checked, its feed-forward with the model's friction or without
+    (bounds.friction)."""
+    return motion.with_feed_forward(_plan_request(raw, model, q_now, rate_hz, bounds), model,
+                                    bounds.friction)
+
+
+def _plan_request(raw: bytes, model, q_now, rate_hz: float, bounds) -> motion.PlannedMotion:
     """Decode `raw`, check its arguments, plan it against the model from q_now (bounds: planner.PlanBounds)."""
     req = decode_request(raw)
     cmd = req["cmd"]

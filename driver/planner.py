@@ -45,11 +45,12 @@ PLAN_TIMEOUT_S = 60.0          # the longest a plan may take (the largest allowe
 
 @dataclass(frozen=True)
 class PlanBounds:
-    """What a plan may be: its longest duration (s) and where trajectory files may be read from (None: no
-    files; only the trajectory inline)."""
+    """What a plan may be: its longest duration (s), where trajectory files may be read from (None: no
+    files; only the trajectory inline), and whether its torque feed-forward holds the model's friction."""
 
     max_motion_s: float = MAX_MOTION_S
     trajectory_dir: str | None = None
+    friction: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ class Planner:
                 "busy": None if self._pending is None else self._pending[0]}
 
 
-def _load_plan(path: str, name: str, rate_hz: float, segments, preempt: bool = False):
+def _load_plan(path: str, name: str, rate_hz: float, segments, preempt: bool = False, friction: bool = True):
     from driver.motion import PlannedMotion
 
     try:
@@ -220,7 +221,8 @@ def _load_plan(path: str, name: str, rate_hz: float, segments, preempt: bool = F
     finally:
         _unlink(path)           # the mapping stays valid; nothing is left behind
     q, qd, qdd, tau = arr
-    return PlannedMotion(name, rate_hz, q, qd, qdd, tau, tuple((str(n), int(k)) for n, k in segments), bool(preempt))
+    return PlannedMotion(name, rate_hz, q, qd, qdd, tau, tuple((str(n), int(k)) for n, k in segments), bool(preempt),
+                         bool(friction))
 
 
 def _unlink(path: str) -> None:
@@ -287,7 +289,8 @@ def _serve(jobs: Connection, answers: Connection, folder: str) -> None:
             count += 1
             path = os.path.join(folder, f"plan-{count}.npy")
             np.save(path, np.stack([plan.q, plan.qd, plan.qdd, plan.tau_ff]))
-            answer = ("plan", path, plan.name, plan.rate_hz, [(n, int(k)) for n, k in plan.segments], plan.preempt)
+            answer = ("plan", path, plan.name, plan.rate_hz, [(n, int(k)) for n, k in plan.segments], plan.preempt,
+                      plan.friction)
         except InputError as exc:
             answer = ("error", str(exc))
         except MemoryError:

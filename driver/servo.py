@@ -103,8 +103,9 @@ class ServoSession:
 
     def __init__(self, mode: int, sock: zmq.Socket, limits: ServoLimits, dt: float, q_start: np.ndarray,
                  timeout_cycles: int = DEFAULT_TIMEOUT_CYCLES, buffer_cycles: int = DEFAULT_BUFFER_CYCLES,
-                 token: int = 0, intake_share: float = INTAKE_SHARE):
+                 token: int = 0, compensate: tuple[str, ...] = (), intake_share: float = INTAKE_SHARE):
         self.mode, self.sock, self.limits, self.dt = mode, sock, limits, dt
+        self.compensate = tuple(compensate) if mode != MODE_POSITION else ()   # torque: the model's terms added
         self.token = int(token)
         self.timeout_cycles = int(timeout_cycles)
         self.intake_ns = int(intake_share * dt * 1e9)     # the cycle's time for reading setpoints
@@ -361,7 +362,7 @@ class ServoSession:
         lat = self.latency_ns[:k] / 1e3
         buffered = None if self.buffer is None else {"depth": self.buffer.depth, **self.buffer.counts.as_dict()}
         skipped = 0 if self.buffer is None else self.buffer.counts.skipped
-        return {"mode": self.mode_name, "received": self.received, "accepted": self.accepted, "buffer": buffered,
+        return {"mode": self.mode_name, "compensate": list(self.compensate), "received": self.received, "accepted": self.accepted, "buffer": buffered,
                 "malformed": self.malformed, "refused_version": self.refused_version,
                 "refused_token": self.refused_token,
                 "dropped": skipped + self.superseded, "lost": self.lost, "bridged_cycles": self.bridged_cycles,

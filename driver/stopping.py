@@ -43,17 +43,35 @@ def plan_stop(model, m: planning.PlannedMotion, k: int) -> planning.PlannedMotio
     qd = qd_o * v[:, None]
     qdd = qdd_o * (v**2)[:, None] + qd_o * dv[:, None]
     planning._checked(model, tau, q, qd, qdd, "stop")
-    return planning._motion(model, "stop", r, [("stop", q, qd, qdd)])
+    stop = planning._motion(model, "stop", r, [("stop", q, qd, qdd)])
+    return planning.with_feed_forward(stop, model, m.friction)           # as the motion it stops
 
 
-def joined(m: planning.PlannedMotion, k0: int, k1: int, successor: planning.PlannedMotion) -> planning.PlannedMotion:
-    """The setpoints k0..k1-1 of motion m (segment "hand-over"), then `successor` (a stop, or a blend into a new
-    trajectory, planned from m's setpoint k1); named as the successor, its segments after."""
-    values = {name: np.concatenate([getattr(m, name)[k0:k1], getattr(successor, name)])
-              for name in ("q", "qd", "qdd", "tau_ff")}
-    for a in values.values():
-        a.setflags(write=False)
-    head = (("hand-over", 0),) if k1 > k0 else ()
-    segments = head + tuple((name, k + (k1 - k0)) for name, k in successor.segments)
-    return planning.PlannedMotion(successor.name, m.rate_hz, values["q"], values["qd"], values["qdd"],
-                                  values["tau_ff"], segments)
+class HandOver:
+    """Motion m runs on from its setpoint k0 up to k1 - 1 (segment "hand-over"), then `successor` (a stop, or a blend
+    into a new trajectory, planned from m's setpoint k1) from its first setpoint. Nothing is copied: the cycle
+    switches from m to the successor when it reaches k1, so a hand-over costs the cycle the same whatever the
+    successor's length. Reported as one motion named as the successor, its segments after the hand-over's."""
+
+    __slots__ = ("old", "k0", "k1", "successor")
+
+    def __init__(self, m: planning.PlannedMotion, k0: int, k1: int, successor: planning.PlannedMotion):
+        if not 0 <= k0 <= k1 < m.samples:
+            raise ValueError(f"hand-over: setpoints {k0}..{k1} outside the motion's 0..{m.samples - 1}")
+        self.old, self.k0, self.k1, self.successor = m, k0, k1, successor
+
+    @property
+    def samples(self) -> int:
+        return self.k1 - self.k0 + self.successor.samples
+
+    @property
+    def segments(self) -> tuple:
+        head = (("hand-over", 0),) if self.k1 > self.k0 else ()
+        return head + tuple((name, k + (self.k1 - self.k0)) for name, k in self.successor.segments)
+
+    def progress(self, k: int) -> dict:
+        """The progress at the old motion's setpoint k (k0 <= k < k1): PlannedMotion.progress of the joined motion."""
+        s = self.successor
+        return planning.progress_of(s.name, s.rate_hz, self.samples, self.segments, k - self.k0)
+
+

@@ -67,10 +67,12 @@ extern "C" {
 #define ARMID_CAN_RPDO1_MODE_MAPPING 0x60600008  /* 0x6060:00, 8 bits */
 #define ARMID_CAN_RPDO1_MODE_OFFSET 6  /* byte offset of mode (int8, no unit) */
 #define ARMID_CAN_RPDO2_COB_BASE 0x300  /* RPDO2 COB-ID = base + node id */
-#define ARMID_CAN_RPDO2_DLC 4  /* RPDO2 payload bytes */
+#define ARMID_CAN_RPDO2_DLC 6  /* RPDO2 payload bytes */
 #define ARMID_CAN_RPDO2_ENABLED 1  /* RPDO2 valid by default */
 #define ARMID_CAN_RPDO2_TARGET_TORQUE_MAPPING 0x20020020  /* 0x2002:00, 32 bits */
 #define ARMID_CAN_RPDO2_TARGET_TORQUE_OFFSET 0  /* byte offset of target_torque (int32, mN m) */
+#define ARMID_CAN_RPDO2_TORQUE_OFFSET_MAPPING 0x60B20010  /* 0x60B2:00, 16 bits */
+#define ARMID_CAN_RPDO2_TORQUE_OFFSET_OFFSET 4  /* byte offset of torque_offset (int16, per mille of 0x6076) */
 
 /* ---- firmware_bridge.cia402 ---- */
 #define ARMID_CIA402_CONTROLWORD 0x6040  /* object index 0x6040 */
@@ -138,19 +140,19 @@ extern "C" {
 #define ARMID_CIA402_STATE_FAULT_VALUE 8  /* statusword & mask == value: FAULT */
 
 /* ---- firmware_bridge.gateway ---- */
-#define ARMID_GW_LAYOUT_VERSION 1  /* input register 0; hosts refuse other versions */
+#define ARMID_GW_LAYOUT_VERSION 2  /* input register 0; hosts refuse other versions */
 #define ARMID_GW_INPUT_BASE 0  /* first input register (function 4) */
 #define ARMID_GW_HOLDING_BASE 0x400  /* first holding register (functions 3, 6, 16) */
 #define ARMID_GW_INPUT_MIRROR_BASE 0x800  /* the input image as read-only holding registers (3, 23) */
 #define ARMID_GW_INPUT_HEADER_SIZE 8  /* registers */
 #define ARMID_GW_INPUT_DRIVE_STRIDE 12  /* registers per drive block */
 #define ARMID_GW_HOLDING_HEADER_SIZE 2  /* registers */
-#define ARMID_GW_HOLDING_DRIVE_STRIDE 6  /* registers per drive block */
+#define ARMID_GW_HOLDING_DRIVE_STRIDE 8  /* registers per drive block */
 #define ARMID_GW_MAX_DRIVES 64  /* drives per gateway */
 #define ARMID_GW_SCALING_BASE 0x1000  /* first scaling input register (function 4, read-only) */
 #define ARMID_GW_SCALING_DRIVE_STRIDE 8  /* scaling registers per drive block */
 #define ARMID_GW_DRIVES_PER_READ 9  /* drives whose inputs fit one read of 125 registers */
-#define ARMID_GW_DRIVES_PER_WRITE 20  /* drives whose outputs fit one write of 123 registers */
+#define ARMID_GW_DRIVES_PER_WRITE 15  /* drives whose outputs fit one write of 123 registers */
 #define ARMID_GW_DRIVES_PER_EXCHANGE 9  /* drives whose whole exchange fits one function 23 */
 #define ARMID_GW_STATUS_DATA_VALID 1  /* gateway_status bit */
 #define ARMID_GW_STATUS_WATCHDOG_EXPIRED 2  /* gateway_status bit */
@@ -174,13 +176,14 @@ extern "C" {
 #define ARMID_GW_HOLD_DRV_MODE 1  /* holding drive block offset, i16, - */
 #define ARMID_GW_HOLD_DRV_TARGET_POSITION 2  /* holding drive block offset, i32 high word first, counts */
 #define ARMID_GW_HOLD_DRV_TARGET_TORQUE 4  /* holding drive block offset, i32 high word first, mN m */
+#define ARMID_GW_HOLD_DRV_TORQUE_OFFSET 6  /* holding drive block offset, i32 high word first, mN m */
 #define ARMID_GW_SCALE_DRV_COUNTS_PER_REV 0  /* scaling drive block offset, u32 high word first, counts */
 #define ARMID_GW_SCALE_DRV_GEAR_NUMERATOR 2  /* scaling drive block offset, i32 high word first, motor rev */
 #define ARMID_GW_SCALE_DRV_GEAR_DENOMINATOR 4  /* scaling drive block offset, u32 high word first, joint rev */
 #define ARMID_GW_SCALE_DRV_TORQUE_CONSTANT 6  /* scaling drive block offset, u32 high word first, uN m/A */
 
 /* ---- firmware_bridge.serial_protocol ---- */
-#define ARMID_SERIAL_VERSION 1  /* protocol version (header byte 0) */
+#define ARMID_SERIAL_VERSION 2  /* protocol version (header byte 0) */
 #define ARMID_SERIAL_HEADER_SIZE 6  /* bytes: version, type, seq, length */
 #define ARMID_SERIAL_CRC_SIZE 4  /* bytes of CRC-32 after the payload */
 #define ARMID_SERIAL_MAX_JOINTS 64  /* largest n_joints */
@@ -312,12 +315,13 @@ typedef struct {
     armid_serial_state_joint_t joints[];  /* n_joints records */
 } armid_serial_state_t;
 
-/* command_joint: 11 bytes */
+/* command_joint: 15 bytes */
 typedef struct {
     uint16_t controlword;  /* -: CiA 402 controlword (0x6040) */
     int8_t mode;  /* -: modes of operation (0x6060): 0, 8 CSP, 10 CST */
     int32_t target_position;  /* count: target position (0x607A), motor counts */
     int32_t target_torque;  /* mN m: target torque, mN m (0x2002 as on CAN; not CiA 402's per-mille 0x6071); CSP: feed-forward */
+    int32_t torque_offset;  /* mN m: torque offset, mN m (0x60B2's role; on CAN in per mille): CSP adds it to the position loop's torque, CST to the target torque */
 } armid_serial_command_joint_t;
 
 /* command: 1 bytes */
@@ -343,7 +347,7 @@ _Static_assert(sizeof(armid_serial_hello_ack_t) == 9, "armid_serial_hello_ack_t:
 _Static_assert(sizeof(armid_serial_heartbeat_t) == 8, "armid_serial_heartbeat_t: 8 bytes on the wire");
 _Static_assert(sizeof(armid_serial_state_joint_t) == 17, "armid_serial_state_joint_t: 17 bytes on the wire");
 _Static_assert(sizeof(armid_serial_state_t) == 13, "armid_serial_state_t: 13 bytes on the wire");
-_Static_assert(sizeof(armid_serial_command_joint_t) == 11, "armid_serial_command_joint_t: 11 bytes on the wire");
+_Static_assert(sizeof(armid_serial_command_joint_t) == 15, "armid_serial_command_joint_t: 15 bytes on the wire");
 _Static_assert(sizeof(armid_serial_command_t) == 1, "armid_serial_command_t: 1 bytes on the wire");
 _Static_assert(sizeof(armid_serial_fault_t) == 5, "armid_serial_fault_t: 5 bytes on the wire");
 #endif

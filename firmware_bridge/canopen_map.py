@@ -11,7 +11,11 @@ Units on the wire are firmware_bridge.units': position counts, velocity counts/s
 CiA 402's own current and torque objects (0x6071, 0x6077, 0x6078) count in per mille of the rated value,
 too coarse for identification (0.1 % of a 120 N m joint is 0.12 N m), so the PDOs carry manufacturer
 objects in int32: 0x2000 current actual (uA), 0x2001 torque actual (mN m), 0x2002 target torque (mN m).
-The standard objects stay readable and writable by SDO in per mille of 0x6075 / 0x6076.
+The standard objects stay readable and writable by SDO in per mille of 0x6075 / 0x6076. The torque offset is
+CiA 402's own 0x60B2 (INTEGER16, per mille of 0x6076), mapped in RPDO2 after the target torque: in CSP the
+drive adds it to its position loop's torque, in CST to the target torque (a host sends the model's feed-forward
+or its gravity and friction compensation there). A drive whose RPDO2 maps the target torque alone (revision 1
+of this dictionary) is refused by the host at start, naming the map: its RPDO2 is never sent 6 bytes.
 
 `python -m firmware_bridge.canopen_map eds` prints the EDS; `... doc` prints the tables of docs/reference/wire-can.md.
 """
@@ -57,7 +61,7 @@ def type_range(data_type: int) -> tuple[int, int]:
 DEVICE_TYPE_VALUE = 0x00020192     # CiA 402 (0x192), servo drive (0x0002)
 VENDOR_ID = 0x00000000             # placeholder: no CiA-assigned vendor id yet
 PRODUCT_CODE = 0x41524D31          # "ARM1"
-REVISION_NUMBER = 0x00010000       # major 1, minor 0 (CiA 301: major changes break the OD)
+REVISION_NUMBER = 0x00020000       # major 2, minor 0 (CiA 301: major changes break the OD; 2: 0x60B2 in RPDO2)
 DEVICE_NAME = "armid joint drive"
 DEFAULT_HEARTBEAT_MS = 100         # 0x1017 default
 
@@ -234,13 +238,14 @@ _CW = Mapped(cia402.CONTROLWORD, 0, UNSIGNED16, "controlword", "")
 _TPOS = Mapped(cia402.TARGET_POSITION, 0, INTEGER32, "target_position", "counts")
 _MODE = Mapped(cia402.MODES_OF_OPERATION, 0, INTEGER8, "mode", "")
 _TTQ = Mapped(TARGET_TORQUE_MNM, 0, INTEGER32, "target_torque", "mN m")
+_TOFF = Mapped(cia402.TORQUE_OFFSET, 0, INTEGER16, "torque_offset", "per mille of 0x6076")
 
 TPDO1 = PdoDef(True, 1, (_SW, _POS, _MODE_DISPLAY))
 TPDO2 = PdoDef(True, 2, (_VEL, _CUR))
 TPDO3 = PdoDef(True, 3, (_TQ, _FERR), enabled=False)   # a host enables it by SDO (0x1802 sub 1 bit 31)
 TPDO4 = PdoDef(True, 4, (_TIME,))     # when the sample was latched, on the drive's clock: PDOs carry no time
 RPDO1 = PdoDef(False, 1, (_CW, _TPOS, _MODE))
-RPDO2 = PdoDef(False, 2, (_TTQ,))
+RPDO2 = PdoDef(False, 2, (_TTQ, _TOFF))
 TPDOS: tuple[PdoDef, ...] = (TPDO1, TPDO2, TPDO3, TPDO4)
 RPDOS: tuple[PdoDef, ...] = (RPDO1, RPDO2)
 PDOS: tuple[PdoDef, ...] = TPDOS + RPDOS
@@ -411,6 +416,8 @@ OBJECTS: tuple[Obj, ...] = tuple([
         Var(1, "Motor revolutions", UNSIGNED32, "ro", None),
         Var(2, "Shaft revolutions", UNSIGNED32, "ro", None),
     )),
+    _var(cia402.TORQUE_OFFSET, "Torque offset", INTEGER16, "rw", "0", pdo=True, unit="per mille of 0x6076",
+         description="Added to the position loop's torque in CSP and to the target torque in CST"),
     _var(cia402.FOLLOWING_ERROR_ACTUAL, "Following error actual value", INTEGER32, "ro", "0", pdo=True, unit="counts"),
     _var(cia402.SUPPORTED_DRIVE_MODES, "Supported drive modes", UNSIGNED32, "ro",
          f"0x{cia402.SUPPORTED_MODE_BITS[8] | cia402.SUPPORTED_MODE_BITS[10]:08X}"),

@@ -39,7 +39,7 @@ import numpy as np
 from firmware_bridge import cia402
 from firmware_bridge.canopen_map import CURRENT_ACTUAL_UA, TARGET_TORQUE_MNM, TORQUE_ACTUAL_MNM
 
-LAYOUT_VERSION = 1          # input register 0; a host refuses any other value
+LAYOUT_VERSION = 2          # input register 0; a host refuses any other value (2: torque_offset in each holding block)
 INPUT_BASE = 0x0000         # first input register (function 4)
 HOLDING_BASE = 0x0400       # first holding register (functions 3/6/16): a request to the wrong table fails
 MAX_READ_REGISTERS = 125    # Modbus limit of one read (functions 3, 4)
@@ -126,8 +126,10 @@ HOLDING_DRIVE: tuple[Field, ...] = (
           cia402.MODES_OF_OPERATION, allowed=_MODES),
     Field("target_position", 2, "i32", "counts", "target position (CSP)", cia402.TARGET_POSITION),
     Field("target_torque", 4, "i32", "mN m", "target torque (CST; torque feed-forward in CSP)", TARGET_TORQUE_MNM),
+    Field("torque_offset", 6, "i32", "mN m", "torque offset (0x60B2 in mN m): CSP adds it to the position loop's "
+          "torque, CST to the target torque", cia402.TORQUE_OFFSET),
 )
-HOLDING_DRIVE_STRIDE = 6
+HOLDING_DRIVE_STRIDE = 8
 
 SCALING_DRIVE: tuple[Field, ...] = (
     Field("counts_per_rev", 0, "u32", "counts", "motor encoder counts per motor revolution",
@@ -203,7 +205,8 @@ class InputImage:
 
 @dataclass
 class OutputImage:
-    """What the host commands: watchdog words and (n,) int64 arrays in wire units (counts, mN m)."""
+    """What the host commands: watchdog words and (n,) int64 arrays in wire units (counts, mN m).
+    torque_offset defaults to zeros."""
 
     watchdog: int
     watchdog_timeout_ms: int
@@ -211,6 +214,11 @@ class OutputImage:
     mode: np.ndarray
     target_position: np.ndarray
     target_torque: np.ndarray
+    torque_offset: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.torque_offset is None:
+            self.torque_offset = np.zeros(np.shape(self.controlword), np.int64)
 
     @property
     def n(self) -> int:

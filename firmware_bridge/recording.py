@@ -81,9 +81,11 @@ class RecordingError(InputError):
 
 @dataclass(frozen=True)
 class StateLog:
-    """The state messages of one recording. `states` is a structured array (N,) with the fields of the
-    version-1 state message (seq, flags, device_time_ns, host_time_ns, q, qd, current, torque (N, n),
-    statusword, error_code, mode); units as in docs/reference/stream.md."""
+    """The state messages of one recording. `states` is a structured array (N,) with the fields of the state
+    message (seq, flags, device_time_ns, host_time_ns, q, qd, current, torque, tau_ext (N, n), statusword,
+    error_code, mode); units as in docs/reference/stream.md. tau_ext comes from the /external_torque message
+    written with each state (the same log time and sequence); `external_torque` counts the states that had one
+    (0 for a recording made before the stream carried it: tau_ext is then 0)."""
 
     path: str
     joint_names: tuple[str, ...]
@@ -92,6 +94,7 @@ class StateLog:
     skipped: int             # /armid/state messages that did not fit the layout of the first one
     cut_note: str            # why reading ended early ('' for a complete file)
     metadata: dict
+    external_torque: int = 0  # states whose tau_ext was read from /external_torque
 
     @property
     def n(self) -> int:
@@ -129,6 +132,9 @@ def read_recording(path: str | Path) -> StateLog:
         schemas: dict[int, Schema] = {}
         channels: dict[int, Channel] = {}
         blobs: list[bytes] = []
+        keys: list[tuple[int, int]] = []          # (log_time, sequence) of each state message
+        ext_blobs: list[bytes] = []
+        ext_keys: list[tuple[int, int]] = []
         state_schema: Schema | None = None
         names_message: tuple[Schema, bytes] | None = None
         topics: dict[str, int] = {}
@@ -154,6 +160,11 @@ def read_recording(path: str | Path) -> StateLog:
                             and channel.message_encoding == schema.MESSAGE_ENCODING:
                         state_schema = state_schema or found
                         blobs.append(record.data)
+                        keys.append((record.log_time, record.sequence))
+                    elif channel.topic == schema.TOPIC_EXTERNAL_TORQUE and found is not None \
+                            and found.name == schema.JOINT_STATE[0]:
+                        ext_blobs.append(record.data)
+                        ext_keys.append((record.log_time, record.sequence))
                     elif channel.topic == schema.TOPIC_JOINT_STATES and names_message is None and found is not None:
                         names_message = (found, record.data)
                 elif isinstance(record, Metadata):
@@ -184,14 +195,34 @@ def read_recording(path: str | Path) -> StateLog:
                     + (f"; {cut_note}" if cut_note else ""))
     n = _joint_count(path, state_schema, blobs)
     records, index = schema.arm_state_layout(n).decode(blobs)
-    states = np.zeros(len(records), dtype=stream.state_dtype(n))    # tau_ext: 0 (its own topic in the file)
+    states = np.zeros(len(records), dtype=stream.state_dtype(n))
     states["magic"] = stream.MAGIC
     states["n"] = n
     for name in states.dtype.names:
         if name not in ("magic", "n") and name in records.dtype.names:
             states[name] = records[name]
-    return StateLog(str(path), _joint_names(names_message, n), states, complete, len(blobs) - len(index), cut_note,
-                    metadata)
+    names = _joint_names(names_message, n)
+    matched = _external_torque(states, np.array(keys, dtype=np.int64).reshape(-1, 2)[index], ext_blobs,
+                               np.array(ext_keys, dtype=np.int64).reshape(-1, 2), names)
+    return StateLog(str(path), names, states, complete, len(blobs) - len(index), cut_note, metadata, matched)
+
+
+def _external_torque(states: np.ndarray, keys: np.ndarray, blobs: list[bytes], ext_keys: np.ndarray,
+                     names: tuple[str, ...]) -> int:
+    """tau_ext of the states from the /external_torque messages of the same (log time, sequence); the count set.
+    Messages of another layout (other joints) are left out; states without one keep tau_ext 0."""
+    if not blobs:
+        return 0
+    records, index = schema.joint_state_layout(list(names), position=False, velocity=False).decode(blobs)
+    if not len(index):
+        return 0
+    ext = ext_keys[index]
+    order = np.lexsort((ext[:, 1], ext[:, 0]))
+    ext, effort = ext[order], records["effort"][order]
+    at = np.minimum(np.searchsorted(ext[:, 0], keys[:, 0]), len(ext) - 1)
+    hit = (ext[at, 0] == keys[:, 0]) & (ext[at, 1] == keys[:, 1])
+    states["tau_ext"][hit] = effort[at[hit]]
+    return int(hit.sum())
 
 
 def _joint_count(path: Path, found: Schema, blobs: list[bytes]) -> int:

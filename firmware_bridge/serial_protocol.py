@@ -32,7 +32,7 @@ from firmware_bridge.runtime.counters import Counters
 from firmware_bridge.units import WireValueError
 from firmware_bridge.wire import Field, Record, check_array, check_scalar
 
-VERSION = 1                  # protocol version, byte 0 of every frame
+VERSION = 2                  # protocol version, byte 0 of every frame (2: COMMAND carries torque_offset)
 MAX_JOINTS = 64              # n_joints above this is refused (bounds the buffers of both sides)
 DEFAULT_WATCHDOG_US = 100_000  # host silence (us) after which the device quick-stops enabled drives
 CRC32_POLY_REFLECTED = 0xEDB88320
@@ -103,12 +103,18 @@ class State:
 
 @dataclass(kw_only=True, eq=False)
 class Command:
-    """Host -> device: every joint's controlword, mode and targets (wire units)."""
+    """Host -> device: every joint's controlword, mode and targets (wire units). torque_offset (mN m, CiA 402's
+    0x60B2 in mN m) defaults to zeros, one per joint."""
     controlword: np.ndarray
     mode: np.ndarray
     target_position: np.ndarray
     target_torque: np.ndarray
+    torque_offset: np.ndarray | None = None
     seq: int = 0
+
+    def __post_init__(self):
+        if self.torque_offset is None:
+            self.torque_offset = np.zeros(np.size(self.target_torque), np.int64)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -201,6 +207,7 @@ SPECS: dict[MsgType, MessageSpec] = {s.type: s for s in (
                     Field("mode", "int8", "-", "modes of operation (0x6060): 0, 8 CSP, 10 CST"),
                     Field("target_position", "int32", "count", "target position (0x607A), motor counts"),
                     Field("target_torque", "int32", "mN m", "target torque, mN m (0x2002 as on CAN; not CiA 402's per-mille 0x6071); CSP: feed-forward"),
+                    Field("torque_offset", "int32", "mN m", "torque offset, mN m (0x60B2's role; on CAN in per mille): CSP adds it to the position loop's torque, CST to the target torque"),
                 ))),
     MessageSpec(MsgType.FAULT, Fault, "device", "a drive entered FAULT", Record("fault", (
         Field("joint", "uint8", "-", "joint index, 0-based"),
@@ -339,11 +346,11 @@ class FrameEncoder:
         return out
 
 
-def encode_command(seq: int, controlword, mode, target_position, target_torque) -> bytes:
+def encode_command(seq: int, controlword, mode, target_position, target_torque, torque_offset=None) -> bytes:
     """Host helper: wire bytes of one COMMAND for n joints ((n,) arrays in wire units: controlword,
-    mode (0x6060), target_position (counts), target_torque (mN m))."""
+    mode (0x6060), target_position (counts), target_torque (mN m), torque_offset (mN m, default zeros))."""
     return encode(Command(controlword=controlword, mode=mode, target_position=target_position,
-                          target_torque=target_torque), seq)
+                          target_torque=target_torque, torque_offset=torque_offset), seq)
 
 
 # -- decoding ------------------------------------------------------------------------------------------

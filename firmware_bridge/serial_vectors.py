@@ -57,10 +57,16 @@ def golden_cases() -> list[tuple[str, Message]]:
                                 position=(k16 - 8) * 1_000_003, velocity=k16 * -4099, current=k16 * 250_001, seq=40_000)),
         ("command_6_csp", Command(controlword=np.full(6, cia402.CW_ENABLE_OPERATION), mode=np.full(6, csp),
                                   target_position=np.array([0, 65_536, -65_536, I32_MAX, I32_MIN, 42]),
-                                  target_torque=np.array([0, 1500, -1500, 0, 250, -7]), seq=7)),
+                                  target_torque=np.array([0, 1500, -1500, 0, 250, -7]),
+                                  torque_offset=np.array([0, 0, 0, 0, 0, 0]), seq=7)),
+        ("command_6_csp_offset", Command(controlword=np.full(6, cia402.CW_ENABLE_OPERATION), mode=np.full(6, csp),
+                                         target_position=np.array([1000, -2000, 3000, 0, 5, -6]),
+                                         target_torque=np.zeros(6, int),
+                                         torque_offset=np.array([12_345, -48_000, 1, -1, I32_MAX, I32_MIN]), seq=8)),
         ("command_2_cst_shutdown", Command(controlword=np.array([cia402.CW_SHUTDOWN, cia402.CW_FAULT_RESET]),
                                            mode=np.array([cst, 0]), target_position=np.array([-1, 0]),
-                                           target_torque=np.array([-12_345, I32_MAX]), seq=256)),
+                                           target_torque=np.array([-12_345, I32_MAX]),
+                                           torque_offset=np.array([2_500, -2_500]), seq=256)),
         ("fault", Fault(joint=5, error_code=0x8611, statusword=_FAULT, seq=3)),
     ]
 

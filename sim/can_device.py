@@ -79,13 +79,15 @@ _COUNT_NAMES = ("sync_length", "rpdo_length", "rpdo_value", "rpdo_not_operationa
                 "extended_id")
 MALFORMED = ("sync_length", "rpdo_length", "rpdo_value", "sdo_length", "nmt_length", "extended_id")
 _TPDO_FIELDS = tuple(p.fields for p in cm.TPDOS)
-_COMMANDS = ("controlword", "mode", "target_position", "target_torque")    # what RPDO1 + RPDO2 carry
+_COMMANDS = ("controlword", "mode", "target_position", "target_torque", "torque_offset")   # RPDO1 + RPDO2
 
 
-def rpdo_commands(pdo: cm.PdoDef, data: bytes | bytearray, counts_per_rad: float) -> dict[str, float | int]:
+def rpdo_commands(pdo: cm.PdoDef, data: bytes | bytearray, counts_per_rad: float,
+                  rated_torque: float = 0.0) -> dict[str, float | int]:
     """The commands an RPDO payload carries, in Simulator.set_commands' arguments and units: controlword,
-    mode, target_position (rad), target_torque (N m). CanFrameError (naming the PDO and field) for a payload
-    of the wrong length or a mode the drive does not have; then nothing is commanded."""
+    mode, target_position (rad), target_torque (N m), torque_offset (N m: 0x60B2 per mille of rated_torque,
+    N m, the drive's 0x6076). CanFrameError (naming the PDO and field) for a payload of the wrong length, a
+    mode the drive does not have, or an offset on a drive without a rated torque; then nothing is commanded."""
     values = pdo.unpack(data)
     out: dict[str, float | int] = {}
     for e, v in zip(pdo.entries, values):
@@ -99,6 +101,11 @@ def rpdo_commands(pdo: cm.PdoDef, data: bytes | bytearray, counts_per_rad: float
             out["target_position"] = v / counts_per_rad
         elif e.field == "target_torque":
             out["target_torque"] = v * 1e-3
+        elif e.field == "torque_offset":
+            if v and not rated_torque > 0:
+                raise cm.CanFrameError(f"{pdo.name}: torque_offset: {v} per mille of a rated torque (0x6076) this "
+                                       f"drive does not have")
+            out["torque_offset"] = v * 1e-3 * rated_torque
         else:
             raise cm.CanFrameError(f"{pdo.name}: {e.field}: not a command this device takes")
     return out
@@ -200,6 +207,7 @@ class _Drive:
     mode: int = 0
     target_counts: int = 0
     target_torque: float = 0.0
+    torque_offset: float = 0.0
 
     def remember(self, commands: dict, counts_per_rad: float) -> None:
         """Keep what the host commanded (Simulator.set_commands arguments) for SDO read-back."""
@@ -211,6 +219,8 @@ class _Drive:
             self.target_counts = int(round(commands["target_position"] * counts_per_rad))
         if "target_torque" in commands:
             self.target_torque = float(commands["target_torque"])
+        if "torque_offset" in commands:
+            self.torque_offset = float(commands["torque_offset"])
 
 
 CAN_DEVICE_OPTIONS = OptionSet(
@@ -618,7 +628,7 @@ class CanDevice(DeviceSide):
             self._counts.add("rpdo_length")
             return
         try:
-            commands = rpdo_commands(pdef, data, self.scaling.counts_per_rad[d.joint])
+            commands = rpdo_commands(pdef, data, self.scaling.counts_per_rad[d.joint], self.rated_torque[d.joint])
         except cm.CanFrameError:
             self._counts.add("rpdo_value")
             return
@@ -635,9 +645,10 @@ class CanDevice(DeviceSide):
 
     def target_refusal(self, joint: int, commands: dict) -> str | None:
         """Why drive `joint` refuses these commands (Simulator.set_commands arguments), or None: a target
-        outside the joint's limits (sim.drive_targets.target_refusal)."""
+        outside the joint's limits, a torque offset beyond them alone or with the target torque
+        (sim.drive_targets.target_refusal)."""
         return target_refusal(commands.get("target_position"), commands.get("target_torque"), *self._limits,
-                              self.sim.model.joint_names, first_joint=joint)
+                              self.sim.model.joint_names, first_joint=joint, offset=commands.get("torque_offset"))
 
     def _on_sdo_request(self, d: _Drive, can_id: int, data: bytearray, timestamp: float) -> None:
         if len(data) != 8:

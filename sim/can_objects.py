@@ -103,6 +103,8 @@ _COMMAND_OBJECTS: dict[int, Callable] = {
     cia402.MODES_OF_OPERATION: lambda dev, d: d.mode,
     cia402.TARGET_POSITION: lambda dev, d: d.target_counts,
     cm.TARGET_TORQUE_MNM: lambda dev, d: round(d.target_torque * 1e3),
+    cia402.TORQUE_OFFSET: lambda dev, d: _per_mille(d.torque_offset, dev.rated_torque[d.joint])
+    if dev.rated_torque[d.joint] > 0 else 0,
     cia402.TARGET_TORQUE: lambda dev, d: _per_mille(d.target_torque, dev.rated_torque[d.joint])
     if dev.rated_torque[d.joint] > 0 else 0,
 }
@@ -113,6 +115,8 @@ _COMMAND_WRITES: dict[int, Callable] = {
     cia402.MODES_OF_OPERATION: lambda dev, j, v: {"mode": v},
     cia402.TARGET_POSITION: lambda dev, j, v: {"target_position": v / dev.scaling.counts_per_rad[j]},
     cm.TARGET_TORQUE_MNM: lambda dev, j, v: {"target_torque": v * 1e-3},
+    cia402.TORQUE_OFFSET: lambda dev, j, v: {"torque_offset": v * 1e-3 * dev.rated_torque[j]}
+    if dev.rated_torque[j] > 0 else {"torque_offset": math.nan},
     cia402.TARGET_TORQUE: lambda dev, j, v: {"target_torque": v * 1e-3 * dev.rated_torque[j]}
     if dev.rated_torque[j] > 0 else {"target_torque": math.nan},
 }

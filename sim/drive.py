@@ -144,7 +144,10 @@ class DriveConfig:
     """Tuning and protection of the drives; scalars apply to every joint, or give n values.
 
     bandwidth (rad/s): velocity-loop crossover for the inertia J; integral_corner (rad/s): PI zero;
-    position_gain (1/s); inertia (kg m^2): the drive's load-inertia setting. Defaults: J from
+    position_gain (1/s); inertia (kg m^2): the drive's load-inertia setting. friction_feedforward: the drive adds
+    the model's Coulomb and viscous friction at the reference velocity; acceleration_feedforward: the drive adds
+    J times the reference acceleration (set both off for a host that sends its model's torque, friction included,
+    as the CSP torque offset: the armid driver does; on, they count twice). Defaults: J from
     default_inertia() (the smallest M_jj + Ia over the workspace, reduced by r >= 1 for strongly coupled
     arms), integral_corner = position_gain = 60 / r; following_error_window (rad), following_error_timeout (s);
     quick_stop_deceleration (rad/s^2, default the model's qdd_max, 10 where that is unbounded);
@@ -158,6 +161,7 @@ class DriveConfig:
     position_gain: float | tuple | None = None
     inertia: float | tuple | None = None
     friction_feedforward: bool = True
+    acceleration_feedforward: bool = True
     following_error_window: float | tuple = 0.05
     following_error_timeout: float | tuple = 0.01
     quick_stop_deceleration: float | tuple | None = None
@@ -192,6 +196,7 @@ class Drives:
         p[:, dc.KV] = _per_joint("bandwidth", cfg.bandwidth, n)
         p[:, dc.KI] = _per_joint("integral_corner", 60.0 / r if cfg.integral_corner is None else cfg.integral_corner, n)
         p[:, dc.KP] = _per_joint("position_gain", 60.0 / r if cfg.position_gain is None else cfg.position_gain, n)
+        p[:, dc.KA] = 1.0 if cfg.acceleration_feedforward else 0.0
         if cfg.friction_feedforward:
             p[:, dc.FC], p[:, dc.FV] = model.drive[:, 1], model.drive[:, 2]
         p[:, dc.VS] = 0.01
@@ -339,12 +344,15 @@ class Drives:
                 self.kind[j] = dc.OFF
 
     def control(self, target_position: np.ndarray, target_torque: np.ndarray, position: np.ndarray,
-                velocity_ff: np.ndarray | None = None, acceleration_ff: np.ndarray | None = None) -> np.ndarray:
+                velocity_ff: np.ndarray | None = None, acceleration_ff: np.ndarray | None = None,
+                torque_offset: np.ndarray | None = None) -> np.ndarray:
         """Torque (n,) N m from the targets and the measured position; fills ferr, velocity, flags.
         velocity_ff (rad/s), acceleration_ff (rad/s^2): the CSP feed-forward of an interpolated reference
-        (both or neither; without them the drive differentiates target_position)."""
+        (both or neither; without them the drive differentiates target_position). torque_offset (n,) N m
+        (0x60B2, default none): added to the position loop's torque in CSP, to the target torque in CST."""
         given = velocity_ff is not None
-        dc.control(self.kind, target_position, target_torque, position, self.dt, self.params, self.st,
+        dc.control(self.kind, target_position, target_torque, self._no_ff if torque_offset is None else torque_offset,
+                   position, self.dt, self.params, self.st,
                    self.tau, self.ferr, self.velocity, self.flags, velocity_ff if given else self._no_ff,
                    acceleration_ff if given else self._no_ff, given)
         return self.tau

@@ -2,18 +2,21 @@
 
 Per joint, the drive runs one of four laws (the state machine in sim.drive picks it):
   OFF   no torque (drive disabled, brake on).
-  CST   tau = target torque, saturated at the torque limit. Leaving the software position limits is a fault.
+  CST   tau = target torque + torque offset, saturated at the torque limit. Leaving the software position limits
+        is a fault.
   CSP   cascaded position / velocity loop with feed-forward:
           ref  = target position clamped to the software limits, approached no faster than QSD can stop
           vff  = (ref_k - ref_k-1) / dt,  aff = (vff_k - vff_k-1) / dt   (clamped to qd_max, qdd_max)
           ev   = vff + KP (ref - p) - v
-          tau  = J (aff + KV ev) + I + fc tanh(vff / VS) + fv vff + target torque (torque feed-forward)
+          tau  = J (KA aff + KV ev) + I + fc tanh(vff / VS) + fv vff + torque offset + target torque
           I'   = J KV KI ev   (PI velocity loop; the integrator is frozen while the torque saturates)
         KV is the velocity-loop bandwidth (rad/s) for a joint of inertia J, KI the PI corner (rad/s), KP the
-        position gain (1/s). Where a bus cycle spans several loop ticks, ref, vff and aff come from the
+        position gain (1/s), KA 1 or 0: the drive's own acceleration feed-forward on or off (off when the host
+        sends the model's torque, which holds the inertia's share). Where a bus cycle spans several loop ticks, ref, vff and aff come from the
         interpolant of the cycles' targets (interpolant, tick_references: vff, aff its mean velocity and
-        acceleration over each tick), the differences above only where a limit clamps the reference. The target torque acts as the torque offset (CiA 402 0x60B2): a host with a
-        model sends its inverse dynamics there.
+        acceleration over each tick), the differences above only where a limit clamps the reference. The torque
+        offset (CiA 402 0x60B2) is where a host with a model sends its inverse dynamics; the target torque
+        (0x2002) still adds in CSP, as the torque feed-forward field of hosts older than the offset.
   RAMP  quick stop / hold: a velocity reference ramps from the current velocity to zero at the quick-stop
         deceleration QSD, its integral is the position reference, and the CSP cascade follows it.
 The velocity the drive uses (and reports) is the backward difference of the measured positions.
@@ -30,8 +33,8 @@ from firmware_bridge.cia402 import CW_FAULT_RESET, SW_FOLLOWING_ERROR, SW_INTERN
 OFF, CSP, CST, RAMP = 0, 1, 2, 3
 
 # parameter table columns (n, NPARAM)
-KP, KV, KI, J, FC, FV, VS, QLO, QHI, TMAX, VMAX, AMAX, FEW, FET, QSD, VSTOP = range(16)
-NPARAM = 16
+KP, KV, KI, J, FC, FV, VS, QLO, QHI, TMAX, VMAX, AMAX, FEW, FET, QSD, VSTOP, KA = range(17)
+NPARAM = 17
 # state table columns (n, NSTATE)
 PREV_REF, PREV_VFF, INTEG, RAMP_P, RAMP_V, FE_TIME, P_PREV, KIND_PREV, STILL_TIME, LAST_TAU = range(10)
 NSTATE = 10
@@ -52,8 +55,9 @@ def _clamp(x, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags, vff_in, aff_in, ff_given):
+def control(kind, target_pos, target_tau, offset, p, dt, prm, st, tau, ferr, vel, flags, vff_in, aff_in, ff_given):
     """One control cycle for every joint: torque (N m), following error (rad), velocity (rad/s), flags.
+    offset (n,) N m: the torque offset, added in CSP and CST (not while ramping to a stop).
     ff_given: the CSP velocity and acceleration feed-forward are vff_in (rad/s), aff_in (rad/s^2) (the
     interpolant's, see interpolate) wherever no limit clamps the reference; otherwise backward differences
     of the references."""
@@ -85,7 +89,7 @@ def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags,
         if k == OFF:
             st[j, INTEG] = 0.0
         elif k == CST:
-            t = target_tau[j]
+            t = target_tau[j] + offset[j]
             if p[j] < prm[j, QLO] or p[j] > prm[j, QHI]:
                 fl |= F_LIMIT_FAULT
         else:
@@ -114,7 +118,8 @@ def control(kind, target_pos, target_tau, p, dt, prm, st, tau, ferr, vel, flags,
                 if abs(aff) > prm[j, AMAX]:
                     aff = _clamp(aff, -prm[j, AMAX], prm[j, AMAX])
                     fl |= F_LIMIT_ACTIVE
-                tff = target_tau[j]
+                tff = target_tau[j] + offset[j]
+                aff *= prm[j, KA]
             else:
                 rv = st[j, RAMP_V]
                 dv = prm[j, QSD] * dt

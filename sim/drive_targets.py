@@ -182,11 +182,20 @@ def target_limits(model, counts_per_rad: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def target_refusal(position: np.ndarray | None, torque: np.ndarray | None, lo: np.ndarray, hi: np.ndarray,
-                   tau_max: np.ndarray, joint_names, first_joint: int = 0) -> str | None:
-    """Why targets are refused, or None: a target position (rad or m) outside [lo, hi] or a target torque
-    (N m or N) beyond +-tau_max, naming the first joint (first_joint: the index of position[0], for one
-    drive's targets) and the value. lo, hi, tau_max: per joint, already widened by half a wire unit."""
-    for name, value, low, high in (("target_position", position, lo, hi), ("target_torque", torque, -tau_max, tau_max)):
+                   tau_max: np.ndarray, joint_names, first_joint: int = 0,
+                   offset: np.ndarray | None = None) -> str | None:
+    """Why targets are refused, or None: a target position (rad or m) outside [lo, hi], or a target torque
+    (N m or N), a torque offset, or the two together (what the drive would apply), beyond +-tau_max, naming
+    the first joint (first_joint: the index of position[0], for one drive's targets) and the value. lo, hi,
+    tau_max: per joint, already widened by half a wire unit (the sum by one unit)."""
+    checks = [("target_position", position, lo, hi), ("target_torque", torque, -tau_max, tau_max)]
+    if offset is not None:
+        checks.append(("torque_offset", offset, -tau_max, tau_max))
+        if torque is not None:
+            total = np.asarray(torque, dtype=float) + np.asarray(offset, dtype=float)
+            wide = tau_max + 0.5 * TORQUE_LSB
+            checks.append(("target_torque + torque_offset", total, -wide, wide))
+    for name, value, low, high in checks:
         if value is None:
             continue
         value = np.atleast_1d(np.asarray(value, dtype=float))
@@ -241,21 +250,23 @@ class DeviceTargets:
         self.commanded[:] = position
         self.applied[:] = position
 
-    def arrived(self, controlword, mode, target: np.ndarray, torque: np.ndarray) -> None:
-        """An accepted frame's commands (InputError from the simulator leaves nothing changed)."""
+    def arrived(self, controlword, mode, target: np.ndarray, torque: np.ndarray, offset: np.ndarray) -> None:
+        """An accepted frame's commands: target position (rad), target torque and torque offset (N m)
+        (InputError from the simulator leaves nothing changed)."""
         if self.setpoints is None:
-            self.sim.set_commands(controlword=controlword, mode=mode, target_position=target, target_torque=torque)
+            self.sim.set_commands(controlword=controlword, mode=mode, target_position=target, target_torque=torque,
+                                  torque_offset=offset)
             self._received(target)
         else:
             self.sim.set_commands(controlword=controlword, mode=mode)
-            self.setpoints.push(target, torque)
+            self.setpoints.push(target, torque, offset)
         np.equal(mode, cia402.Mode.CSP, out=self.csp)
 
     def after_cycle(self) -> None:
         if self.setpoints is not None:
             got = self.setpoints.take()
             if got is not None:
-                self.sim.set_commands(target_position=got[0], target_torque=got[1])
+                self.sim.set_commands(target_position=got[0], target_torque=got[1], torque_offset=got[2])
                 self._received(got[0])
         target = self.streams.cycle(self.csp)
         following = self.streams.following

@@ -80,7 +80,8 @@ _TIMEOUT = gw.holding_address("watchdog_timeout_ms") - gw.HOLDING_BASE
 # the rows of the value arrays _fill_inputs fills and _write reads (gw.*_into keep the Field tables' order)
 assert tuple(f.name for f in gw.INPUT_DRIVE) == ("statusword", "mode_display", "error_code", "position", "velocity",
                                                  "current", "torque")
-assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
+assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque",
+                                                  "torque_offset")
 _WIRE_MAX = float(INT32_MAX)
 _SW_FAULT = int(cia402.SW_FAULT)
 _DATA_VALID, _DRIVE_FAULT = gw.STATUS_DATA_VALID, gw.STATUS_DRIVE_FAULT
@@ -194,7 +195,7 @@ class GatewayDevice(StepOrFreeRun):
         # a write: the holding image decoded into these (gw.decode_outputs_into)
         self._out_header = np.zeros(len(gw.HOLDING_HEADER), np.int64)
         self._out_drives = np.zeros((len(gw.HOLDING_DRIVE), n), np.int64)
-        self._out_rows = tuple(self._out_drives)       # controlword, mode, target_position, target_torque
+        self._out_rows = tuple(self._out_drives)       # controlword, mode, target_position, target_torque, offset
         self._snapshot: _Snapshot | None = None
         self._encoded_from: _Snapshot | None = None
         # compile (or load from numba's cache) the kernels now, not at the first cycle or the first write
@@ -291,17 +292,18 @@ class GatewayDevice(StepOrFreeRun):
         new = self._holding.copy()
         new[offset:offset + len(values)] = values
         written = range(offset, offset + len(values))
-        header, (controlword, mode, position, torque) = self._out_header, self._out_rows
+        header, (controlword, mode, position, torque, offset) = self._out_header, self._out_rows
         try:
             gw.decode_outputs_into(new, header, self._out_drives)
             if _TIMEOUT in written and header[1] == 0 and self._holding[_TIMEOUT] != 0:
                 raise gw.GatewayError("watchdog_timeout_ms: 0 would switch the host watchdog off")
             target = self._scaling.counts_to_position(position)
             torque = self._scaling.raw_to_torque(torque)
-            refusal = target_refusal(target, torque, *self._limits, self._sim.model.joint_names)
+            offset = self._scaling.raw_to_torque(offset)
+            refusal = target_refusal(target, torque, *self._limits, self._sim.model.joint_names, offset=offset)
             if refusal is not None:
                 raise gw.GatewayError(refusal)
-            self.drive_targets.arrived(controlword, mode, target, torque)
+            self.drive_targets.arrived(controlword, mode, target, torque, offset)
         except (gw.GatewayError, InputError) as exc:
             self.refused_writes += 1
             self.last_refusal = str(exc)

@@ -95,7 +95,8 @@ class LocalSimArm(Arm):
 
     def write(self, command: ArmCommand) -> None:
         self.sim.set_commands(controlword=command.controlword, mode=command.mode,
-                              target_position=command.target_position, target_torque=command.target_torque)
+                              target_position=command.target_position, target_torque=command.target_torque,
+                              torque_offset=command.torque_offset)
 
     def link_stats(self) -> dict:
         return {"transport": "sim", "reads": self._reads, "device_cycle": int(self._last_cycle),

@@ -141,7 +141,8 @@ SERIAL_DEVICE_OPTIONS = OptionSet(
            doc="host silence that quick-stops enabled drives (a HELLO may change it within 1 ms .. 10 s)"),
     Option("heartbeat_s", "number", 0.1, low=0, above=True, unit="s", doc="period of the device's HEARTBEAT"),
     Option("state_queue", "integer", 8, low=1, high=_MAX_QUEUED,
-           doc="STATE frames that may wait for the line before new ones are skipped (counted: tx_skipped)"),
+           doc="STATE frames that may wait for the line before new ones are skipped (counted: tx_skipped); "
+               "free-running only: a host-clocked device sends the STATE of every cycle"),
     Option("step_on_command", "flag", False,
            doc="host-clocked: each COMMAND runs one simulator cycle (false: the simulator's own clock)"),
     Option("target_buffer", "integer", None, low=0, high=MAX_DEPTH, unit="cycles", nullable=True,
@@ -279,7 +280,7 @@ class SerialDevice(StepOrFreeRun):
         self._follow_targets()
         sc = self.scaling
         with self._tx_cond:    # a busy line: skip this cycle's state before paying for its conversion
-            line_busy = len(self._tx) >= self.state_queue
+            line_busy = len(self._tx) >= self._state_bound()
             if line_busy:
                 self.counters.tx_skipped += 1
         if not line_busy:
@@ -333,9 +334,17 @@ class SerialDevice(StepOrFreeRun):
                              error_code=s.error_code.copy(),   # the sample is reused by the next cycle
                              position=pos, velocity=vel, current=cur), skippable=True)
 
+    def _state_bound(self) -> int:
+        """STATE frames that may wait for the line. Free-running, state_queue: a busy line skips the newest, as a
+        board that samples on its own clock does. Host-clocked, every cycle was asked for by a COMMAND and its STATE
+        goes out (up to _MAX_QUEUED): after the process was not scheduled for a while, the COMMANDs that waited
+        run their cycles back to back, and a skipped STATE would be a sample lost to identification (bridged, or a
+        gap that cuts the recording) that the chain made, not the arm."""
+        return _MAX_QUEUED if self.step_on_command else self.state_queue
+
     def _queue(self, msg: sp.Message, skippable: bool = False) -> None:
         with self._tx_cond:
-            if len(self._tx) >= (self.state_queue if skippable else _MAX_QUEUED):
+            if len(self._tx) >= (self._state_bound() if skippable else _MAX_QUEUED):
                 self.counters.tx_skipped += 1
                 return
             self._tx.append(msg)
@@ -414,7 +423,8 @@ class SerialDevice(StepOrFreeRun):
             return
         sc = self.scaling
         target, torque = sc.counts_to_position(msg.target_position), sc.raw_to_torque(msg.target_torque)
-        refusal = target_refusal(target, torque, *self._limits, self.sim.model.joint_names)
+        offset = sc.raw_to_torque(msg.torque_offset)
+        refusal = target_refusal(target, torque, *self._limits, self.sim.model.joint_names, offset=offset)
         if refusal is not None:
             self.counters.rejected += 1
             self.counters.out_of_limits += 1
@@ -423,7 +433,7 @@ class SerialDevice(StepOrFreeRun):
             return
         with self._target_lock:
             try:
-                self.drive_targets.arrived(msg.controlword, msg.mode, target, torque)
+                self.drive_targets.arrived(msg.controlword, msg.mode, target, torque, offset)
             except InputError as exc:
                 self.counters.rejected += 1
                 self.last_refusal = str(exc)

@@ -55,6 +55,20 @@ def effort_delay(rate_hz: float) -> float:
     return 0.5 / float(rate_hz)
 
 
+def _seed_sequences(seed: int | None) -> list:
+    """The generators' seeds of a Simulator(seed=seed): the plant's sensors, fault injection, the clock."""
+    return np.random.SeedSequence(seed).spawn(3)
+
+
+def current_noise(seed: int, count: int, n: int, current_std: float) -> np.ndarray:
+    """The current sensors' noise (count, n) A of a Simulator(seed=seed) whose sensors add current_std A of noise
+    and no position noise (NoiseConfig's default): row k is the noise in the sample of cycle k (row 0 the sample
+    taken at start), as long as nothing restarted its sensors (a teleport). With it, a recording of the simulator
+    splits into its noise and the rest, sample by sample, whatever carried it (benchmarks/bench_chain_bias.py)."""
+    rng = np.random.default_rng(_seed_sequences(seed)[0])      # the plant's generator, as Simulator seeds it
+    return current_std * rng.standard_normal((int(count), int(n)))
+
+
 DRIVE_LOOP_MIN_HZ = 1000.0   # the drives' control loops never run slower than this (see the module docstring)
 
 
@@ -179,7 +193,7 @@ class Simulator:
         self.loop_dt = self.dt / self.loop_ticks
         self.realtime = bool(realtime)
         self.brakes = bool(brakes)
-        seeds = np.random.SeedSequence(seed).spawn(3)
+        seeds = _seed_sequences(seed)
         mechanics = mismatched_model(self.model, mismatch, None if seed is None else seed + 7919)
         self.mismatch = float(mismatch)
         self.plant = Plant(mechanics, dt=self.loop_dt, substeps=substeps, integrator=integrator, friction=friction,
@@ -197,8 +211,9 @@ class Simulator:
         self._cmd_mode = np.zeros(n, np.int8)
         self._cmd_pos = self.plant.q.copy()
         self._cmd_tau = np.zeros(n)
+        self._cmd_off = np.zeros(n)
         self._cw, self._mode = self._cmd_cw.copy(), self._cmd_mode.copy()
-        self._tpos, self._ttau = self._cmd_pos.copy(), self._cmd_tau.copy()
+        self._tpos, self._ttau, self._toff = self._cmd_pos.copy(), self._cmd_tau.copy(), self._cmd_off.copy()
         # the cycle's working sample and the published copy
         self._sample = SimState.empty(n)
         self._published = SimState.empty(n)
@@ -331,11 +346,13 @@ class Simulator:
 
     # -- the interface the transports call every cycle ---------------------------------------------
     def set_commands(self, *, controlword=None, mode=None, target_position=None, target_torque=None,
-                     joint: int | None = None) -> None:
+                     torque_offset=None, joint: int | None = None) -> None:
         """Write the drives' command inputs; they act at the next cycle. Thread-safe.
 
         controlword (0x6040, 0..0xFFFF), mode (modes of operation 0x6060: 0, Mode.CSP or Mode.CST),
-        target_position (rad, 0x607A), target_torque (N m, 0x6071; in CSP the torque feed-forward).
+        target_position (rad, 0x607A), target_torque (N m, 0x6071; in CSP the torque feed-forward of hosts
+        older than the offset), torque_offset (N m, 0x60B2: added to the position loop's torque in CSP, to the
+        target torque in CST).
         With joint=None each given argument is an (n,) array; with joint=j (0-based) a scalar for drive j.
         Arguments left None keep their value. A non-finite target or an unknown mode raises InputError
         naming the joint, and nothing is written.
@@ -346,6 +363,7 @@ class Simulator:
         md = None if mode is None else self._checked("mode", mode, j, integer=True)
         pos = None if target_position is None else self._checked("target_position", target_position, j)
         tq = None if target_torque is None else self._checked("target_torque", target_torque, j)
+        to = None if torque_offset is None else self._checked("torque_offset", torque_offset, j)
         if cw is not None and ((cw < 0) | (cw > 0xFFFF)).any():
             raise InputError(f"controlword: {self._at(cw, (cw < 0) | (cw > 0xFFFF), j)}: expected 0..0xFFFF")
         if md is not None:
@@ -364,6 +382,16 @@ class Simulator:
                 self._cmd_pos[sel] = pos
             if tq is not None:
                 self._cmd_tau[sel] = tq
+            if to is not None:
+                self._cmd_off[sel] = to
+
+    def commanded(self) -> dict[str, np.ndarray]:
+        """Copies of the drives' command inputs as last written (set_commands' names and units: controlword,
+        mode, target_position rad, target_torque and torque_offset N m). Thread-safe."""
+        with self._io_lock:
+            return {"controlword": self._cmd_cw.copy(), "mode": self._cmd_mode.copy(),
+                    "target_position": self._cmd_pos.copy(), "target_torque": self._cmd_tau.copy(),
+                    "torque_offset": self._cmd_off.copy()}
 
     def read_state(self, out: SimState | None = None) -> SimState:
         """A consistent copy of the latest sample (into out when given: no allocation). Thread-safe."""
@@ -483,6 +511,7 @@ class Simulator:
             self._mode[:] = self._cmd_mode
             self._tpos[:] = self._cmd_pos
             self._ttau[:] = self._cmd_tau
+            self._toff[:] = self._cmd_off
             calls, self._calls = (self._calls, []) if self._calls else ((), self._calls)
         for fn, box, _ in calls:
             try:
@@ -503,7 +532,7 @@ class Simulator:
         if plant.wrench_link >= 0 and 0 <= self._wrench_until <= self._sample.cycle:
             plant.clear_wrench()
         if self.loop_ticks == 1:
-            plant.advance(drives.control(self._tpos, self._ttau, self._sample.position))
+            plant.advance(drives.control(self._tpos, self._ttau, self._sample.position, torque_offset=self._toff))
         else:
             self._ticks()
         self._pos_prev[:] = self._sample.position
@@ -536,7 +565,8 @@ class Simulator:
         self._flags_any[:] = 0
         position = self._sample.position
         for i in range(k):
-            tau = drives.control(self._tick_ref[i], self._ttau, position, self._tick_vff[i], self._tick_aff[i])
+            tau = drives.control(self._tick_ref[i], self._ttau, position, self._tick_vff[i], self._tick_aff[i],
+                                 self._toff)
             plant.advance(tau)
             self._tau_sum += plant.tau
             self._flags_any |= drives.flags

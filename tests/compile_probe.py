@@ -1,7 +1,7 @@
 """Run in a fresh interpreter (tests/test_warm_start.py): a free-running simulated arm behind a pty and the driver
 on it, in this process. After Driver.start() has returned (the driver said it is ready), every numba kernel of
 ours that any code then compiles or loads gets a new signature; this counts them while the driver enables, moves,
-runs a servo session, quick-stops and disables, and prints one JSON line: the new signatures by kernel and the
+runs servo sessions (position, torque, torque with gravity and friction compensation), quick-stops and disables, and prints one JSON line: the new signatures by kernel and the
 driver's faults.
 """
 from __future__ import annotations
@@ -80,16 +80,15 @@ def main() -> None:
             time.sleep(0.005)
         while driver.cycle.motion is not None and time.monotonic() < deadline:
             time.sleep(0.01)
-        for mode in ("position", "torque"):
-            reply = _call(cmd, cmd="servo", mode=mode, timeout_cycles=2000)
+        for mode, extra in (("position", {}), ("torque", {}), ("torque", {"compensate": ["gravity", "friction"]})):
+            reply = _call(cmd, cmd="servo", mode=mode, timeout_cycles=2000, **extra)
             if not reply.get("ok"):
                 faults.append(f"servo {mode}: {reply}")
                 continue
             push.connect(reply["endpoint"])
             q = driver.cycle.hold.copy()
             for k in range(50):
-                values = q if mode == "position" else driver.gravity_torque(q) if hasattr(driver, "gravity_torque") \
-                    else np.zeros(model.n)
+                values = q if mode == "position" else np.zeros(model.n)   # torque: the compensation's, or none
                 push.send(servo_wire.encode(servo_wire.MODES[mode], reply["token"], k + 1, time.time_ns(), values))
                 time.sleep(0.002)
             _call(cmd, cmd="servo_stop")

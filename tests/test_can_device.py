@@ -379,10 +379,11 @@ def test_constructor_refuses_bad_options():
 
 # -- RPDO decoding properties -------------------------------------------------------------------------
 @settings(max_examples=300, deadline=None)
-@given(pdo=st.sampled_from(cm.RPDOS), data=st.binary(max_size=10), cpr=st.floats(1.0, 1e8))
-def test_rpdo_commands_of_random_bytes_never_raise_anything_but_a_frame_error(pdo, data, cpr):
+@given(pdo=st.sampled_from(cm.RPDOS), data=st.binary(max_size=10), cpr=st.floats(1.0, 1e8),
+       rated=st.floats(1.0, 1000.0))
+def test_rpdo_commands_of_random_bytes_never_raise_anything_but_a_frame_error(pdo, data, cpr, rated):
     try:
-        out = rpdo_commands(pdo, data, cpr)
+        out = rpdo_commands(pdo, data, cpr, rated)
     except cm.CanFrameError as exc:
         assert pdo.name in str(exc)
         assert len(data) != pdo.dlc or "mode" in str(exc)
@@ -393,6 +394,14 @@ def test_rpdo_commands_of_random_bytes_never_raise_anything_but_a_frame_error(pd
         assert out["mode"] in (0, 8, 10)
     if "target_position" in out:
         assert out["target_position"] == int.from_bytes(data[2:6], "little", signed=True) / cpr
+    if "torque_offset" in out:       # 0x60B2: int16 per mille of the rated torque
+        assert out["torque_offset"] == int.from_bytes(data[4:6], "little", signed=True) * 1e-3 * rated
+
+
+def test_an_offset_for_a_drive_without_a_rated_torque_is_a_frame_error_naming_0x6076():
+    with pytest.raises(cm.CanFrameError, match=r"RPDO2: torque_offset: 5 per mille .*0x6076"):
+        rpdo_commands(cm.RPDO2, cm.RPDO2.pack([0, 5]), 1000.0, 0.0)
+    assert rpdo_commands(cm.RPDO2, cm.RPDO2.pack([7, 0]), 1000.0, 0.0) == {"target_torque": 7e-3, "torque_offset": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -414,22 +423,24 @@ def test_random_rpdo_frames_become_commands_only_when_whole_and_valid(operationa
         dev.targets.forget(other.joint)
     d = dev.drives[joint]
     # the simulator's pending command inputs (private: the only place a half-applied frame would show)
-    before = [a.copy() for a in (sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau)]
+    before = [a.copy() for a in (sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau, sim._cmd_off)]
     counts = dev.counts
     dev._on_rpdo(d, pdo, pdo.cob_id(d.node.id), bytearray(data), 0.0)
     dev._latch_rpdos()
-    after = [sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau]
+    after = [sim._cmd_cw, sim._cmd_mode, sim._cmd_pos, sim._cmd_tau, sim._cmd_off]
     try:
-        expected = rpdo_commands(pdo, data, dev.scaling.counts_per_rad[joint])
+        expected = rpdo_commands(pdo, data, dev.scaling.counts_per_rad[joint], dev.rated_torque[joint])
     except cm.CanFrameError:
         assert all(np.array_equal(b, a) for b, a in zip(before, after))
         key = "rpdo_length" if len(data) != pdo.dlc else "rpdo_value"
         assert dev.counts[key] == counts[key] + 1
         return
     model, half_count = sim.model, 0.5 / dev.scaling.counts_per_rad[joint]
-    pos, tq = expected.get("target_position"), expected.get("target_torque")
+    pos, tq, off = expected.get("target_position"), expected.get("target_torque"), expected.get("torque_offset")
     if ((pos is not None and not model.q_min[joint] - half_count <= pos <= model.q_max[joint] + half_count)
-            or (tq is not None and abs(tq) > model.tau_max[joint] + 5e-4)):
+            or (tq is not None and abs(tq) > model.tau_max[joint] + 5e-4)
+            or (off is not None and abs(off) > model.tau_max[joint] + 5e-4)
+            or (off is not None and abs(tq + off) > model.tau_max[joint] + 1e-3)):
         assert all(np.array_equal(b, a) for b, a in zip(before, after))    # refused whole: nothing moves
         assert dev.counts["rpdo_out_of_limits"] == counts["rpdo_out_of_limits"] + 1
         return
@@ -438,6 +449,7 @@ def test_random_rpdo_frames_become_commands_only_when_whole_and_valid(operationa
         assert sim._cmd_cw[joint] == expected["controlword"]
     if "target_torque" in expected:
         assert sim._cmd_tau[joint] == expected["target_torque"]
+        assert sim._cmd_off[joint] == expected["torque_offset"]
     others = [k for k in range(6) if k != joint]
     assert all(np.array_equal(b[others], a[others]) for b, a in zip(before, after))
 
@@ -467,7 +479,7 @@ def test_cst_target_torque_by_rpdo2_reaches_the_motor_current_and_a_stalled_csp_
     node.nmt.state = "OPERATIONAL"
     start = cm.TPDO1.unpack(rig.sync(node.tpdo[1]))[1]
     torque_mnm = 1500                                            # 1.5 N m on joint 5
-    send_rpdo(rig, cm.RPDO2, 5, [torque_mnm])
+    send_rpdo(rig, cm.RPDO2, 5, [torque_mnm, 0])
     for cw in (0x06, 0x0F, 0x0F):                                # shutdown, enable (3 + 4), hold
         send_rpdo(rig, cm.RPDO1, 5, [cw, start, int(Mode.CST)])
         rig.sync(node.tpdo[1])
@@ -479,7 +491,7 @@ def test_cst_target_torque_by_rpdo2_reaches_the_motor_current_and_a_stalled_csp_
     assert abs(cur * 1e-6 - torque_mnm * 1e-3 / per_amp) < 5 * 0.002     # current noise: 2 mA std
 
     # CSP with the joint stuck: the reference runs away from the position, the drive faults (0x8611)
-    send_rpdo(rig, cm.RPDO2, 5, [0])
+    send_rpdo(rig, cm.RPDO2, 5, [0, 0])
     send_rpdo(rig, cm.RPDO1, 5, [0x0F, cm.TPDO1.unpack(bytes(node.tpdo[1].data))[1], int(Mode.CSP)])
     rig.sync(node.tpdo[1])
     rig.sim.faults.stall(4)
@@ -534,7 +546,7 @@ def csp_run(drop_targets=(), n_cycles=130, extrapolated=None) -> dict:
             counts = np.round(q * cpr).astype(int).tolist()
             for j, nid in enumerate(dev.node_ids()):
                 send_rpdo(rig, cm.RPDO1, nid, [cw, counts[j], int(Mode.CSP)])
-                send_rpdo(rig, cm.RPDO2, nid, [0])
+                send_rpdo(rig, cm.RPDO2, nid, [0, 0])
 
         def sync():
             rig.net.bus.send(can.Message(arbitration_id=cm.SYNC_COB_ID, data=b"", is_extended_id=False))
@@ -829,11 +841,11 @@ def test_an_rpdo_with_a_target_outside_the_limits_is_refused_whole_counted_and_n
         beyond = round((sim.model.q_max[0] + 0.01) * dev.scaling.counts_per_rad[0])
         step(cm.RPDO1, [0x06, 2 ** 31 - 1, int(Mode.CSP)])          # also a shutdown: refused with it
         step(cm.RPDO1, [0x0F, beyond, int(Mode.CSP)])
-        step(cm.RPDO2, [round(sim.model.tau_max[0] * 1000) + 10], n=100)
+        step(cm.RPDO2, [round(sim.model.tau_max[0] * 1000) + 10, 0], n=100)
         with pytest.raises(SdoAbortedError) as aborted:
             node.sdo[0x607A].raw = 2 ** 31 - 1
         assert aborted.value.code == 0x06090030
-        step(cm.RPDO2, [0], n=50)
+        step(cm.RPDO2, [0, 0], n=50)
         s = sim.read_state()
     finally:
         rig.close()

@@ -129,7 +129,9 @@ def test_pack_refuses_values_outside_their_type_naming_the_field():
     with pytest.raises(cm.CanFrameError, match="RPDO1: mode"):
         cm.RPDO1.pack([0, 0, 128])
     with pytest.raises(cm.CanFrameError, match="RPDO2: target_torque"):
-        cm.RPDO2.pack([1.5])
+        cm.RPDO2.pack([1.5, 0])
+    with pytest.raises(cm.CanFrameError, match="RPDO2: torque_offset"):
+        cm.RPDO2.pack([0, 40_000])             # INTEGER16 per mille
     with pytest.raises(cm.CanFrameError, match="expected 3 values"):
         cm.TPDO1.pack([0, 0])
 

@@ -585,6 +585,7 @@ def test_write_sends_the_rpdos_then_sync_and_the_next_begin_cycle_sends_none(mod
         command.mode[:] = 8
         command.target_position[:] = np.linspace(-0.5, 0.5, model.n)
         command.target_torque[:] = np.linspace(-40.0, 40.0, model.n)
+        command.torque_offset[:] = np.linspace(-3.0, 2.0, model.n)
         arm.write(command)
         arm.begin_cycle()
         arm.begin_cycle()
@@ -593,12 +594,19 @@ def test_write_sends_the_rpdos_then_sync_and_the_next_begin_cycle_sends_none(mod
             got.append((msg.arbitration_id, bytes(msg.data)))
         counts = arm.scaling.position_to_counts(command.target_position)       # the reference conversion and codec
         torque = arm.scaling.torque_to_raw(command.target_torque)
+        # the torque offset in per mille of each drive's rated torque (not read: the model's torque limit)
+        per_mille = np.rint(command.torque_offset * 1000.0 / model.tau_max).astype(int)
         want = [(p.cob_id(nid), p.pack(values)) for j, nid in enumerate(arm.node_ids)
-                for p, values in ((cm.RPDO1, [0x0F, int(counts[j]), 8]), (cm.RPDO2, [int(torque[j])]))]
+                for p, values in ((cm.RPDO1, [0x0F, int(counts[j]), 8]),
+                                  (cm.RPDO2, [int(torque[j]), int(per_mille[j])]))]
         assert got == want + [(cm.SYNC_COB_ID, b"")] * 2
         assert arm.link_stats()["syncs"] == 2
         command.target_torque[4] = 3e6                   # 3e9 mN m: no int32
         with pytest.raises(LinkError, match="torque: joint 5"):
+            arm.write(command)
+        command.target_torque[4] = 0.0
+        command.torque_offset[2] = 40.0 * model.tau_max[2]    # 40000 per mille: no INTEGER16
+        with pytest.raises(LinkError, match=r"torque_offset: joint 3: .* \[-32768, 32767\] per mille"):
             arm.write(command)
         assert spy.recv(0.2) is None and arm.link_stats()["syncs"] == 2
     finally:

@@ -43,7 +43,7 @@ def test_drive_logic_matches_the_state_machine_for_any_statusword(words, intent,
     if bad is not None:
         tt[n - 1] = bad
     out = np.zeros(n, np.uint16)
-    bits = ck.drive_logic(sw, intent, tp, tt, out)
+    bits = ck.drive_logic(sw, intent, tp, tt, np.zeros(n), np.full(n, np.inf), out)
     states = [cia402.state_of(int(w)) for w in words]
     assert out.tolist() == [_expected_controlword(intent, s) for s in states]
     assert bool(bits & ck.ALL_ENABLED) == all(s is State.OPERATION_ENABLED for s in states)

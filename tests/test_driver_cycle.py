@@ -196,3 +196,34 @@ def test_a_non_finite_setpoint_is_never_written(rig, model):
     rig.tick(10)
     assert rig.cycle.fault == "non-finite setpoint refused"
     assert np.isfinite(rig.cycle.command.target_position).all()
+
+
+@pytest.mark.parametrize("lead", [0, 1, 37])
+def test_a_hand_over_runs_the_motion_to_its_setpoint_then_the_successor_without_copying(rig, model, lead):
+    """replace_motion (a stop or a preempting blend) only notes the hand-over: the motion object keeps running up to
+    the planned setpoint, then the successor object runs from its first setpoint; the written targets are exactly
+    the old motion's up to the hand-over and then the successor's, and progress counts as one joined motion."""
+    from driver import stopping
+
+    rig.enable()
+    goal = np.array([0.3, -0.2, 0.25, 0.1, 0.4, -0.3])
+    m = motion.plan_move(model, rig.cycle.hold.copy(), goal, rig.cycle.rate_hz)
+    rig.cycle.submit(lambda: rig.cycle.start_motion(m))
+    rig.tick(200)
+    k0 = rig.cycle._k
+    stop = stopping.plan_stop(model, m, k0 + lead)
+    assert rig.cycle.submit(lambda: rig.cycle.replace_motion(m, k0 + lead, stop)) is True
+    expected = np.vstack([m.q[k0:k0 + lead], stop.q[:20]])
+    progress = rig.cycle.motion_progress()
+    assert progress["name"] == "stop" and progress["elapsed_s"] == 0.0
+    assert progress["segment"] == ("hand-over" if lead else "stop")
+    assert progress["duration_s"] == pytest.approx((lead + stop.samples - 1) / rig.cycle.rate_hz)
+    written = []
+    for k in range(lead + 20):
+        assert rig.cycle.motion is (m if k < lead else stop)
+        rig.tick()
+        written.append(rig.cycle.command.target_position.copy())
+    np.testing.assert_array_equal(np.array(written), expected)
+    assert rig.cycle.motion_progress()["segment"] == "stop"
+    with pytest.raises(DriverFault, match="planned from setpoint"):      # the cycle is past the planned start
+        rig.cycle.replace_motion(stop, 3, stop)

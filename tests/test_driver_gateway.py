@@ -235,7 +235,7 @@ def test_a_gateway_that_never_answers_the_handshake_raises_one_link_error_at_the
 
 
 @pytest.mark.parametrize("words, message", [
-    ([2] + image_words()[1:], "layout_version (input register 0x0000) = 2, this host speaks version 1"),
+    ([1] + image_words()[1:], "layout_version (input register 0x0000) = 1, this host speaks version 2"),
     (image_words(n=5), "the gateway serves 5 drives, the model generic6 has 6 joints"),
 ])
 def test_a_gateway_of_another_layout_or_size_is_refused_at_open(model, arms, static_gateway, words, message):
@@ -600,7 +600,7 @@ def test_a_command_the_layout_cannot_carry_is_counted_never_sent_and_the_next_go
     cmd.mode[4] = 7
     arm.write(cmd)
     assert wait_for(lambda: arm.counts["unsendable_commands"] >= 1)
-    assert "drive 5 mode (register 0x041b) = 7: expected 0, 1, 8, 9, 10" in arm.link_stats()["last_error"]
+    assert "drive 5 mode (register 0x0423) = 7: expected 0, 1, 8, 9, 10" in arm.link_stats()["last_error"]
     far = np.zeros(N)
     far[1] = 1e6                                   # rad: far beyond int32 counts
     arm.write(_command(model, far, np.zeros(N), cia402.CW_SHUTDOWN))

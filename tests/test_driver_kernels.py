@@ -61,7 +61,8 @@ def test_copy_sample_copies_every_field_into_a_message():
 
 
 def _command_in_numpy(how, plan_q, plan_tau, measured, hold):
-    """The cycle's target rules as driver/cycle.py wrote them before the kernel (the oracle)."""
+    """The cycle's target rules as driver/cycle.py wrote them before the kernel (the oracle); the torque offset is
+    the plan's as it is."""
     target_position, target_torque = plan_q.copy(), plan_tau.copy()
     if how & ck.HOLD_PLAN:
         hold[:] = target_position
@@ -81,29 +82,34 @@ def _command_in_numpy(how, plan_q, plan_tau, measured, hold):
 def test_command_kernel_sets_the_targets_and_hold_as_the_numpy_rules_and_reports_drive_logic(
         how, intent, plan_is_hold, statusword, seed, nan_at):
     rng = np.random.default_rng(seed)
-    hold, measured, plan_tau = rng.normal(size=N), rng.normal(size=N), rng.normal(size=N)
+    hold, measured, plan_tau, plan_off = rng.normal(size=N), rng.normal(size=N), rng.normal(size=N), rng.normal(size=N)
+    limit = rng.uniform(0.5, 3.0, N)
     plan_q = hold if plan_is_hold else rng.normal(size=N)     # with no motion the cycle plans from hold itself
     if nan_at is not None:
         measured[nan_at] = np.nan
     sw = np.array(statusword, np.uint16)
     hold_ref = hold.copy()
     tp_ref, tt_ref = _command_in_numpy(how, plan_q.copy() if plan_is_hold else plan_q, plan_tau, measured, hold_ref)
-    tp, tt, cw = np.zeros(N), np.zeros(N), np.zeros(N, np.uint16)
-    bits = ck.command(sw, intent, plan_q, plan_tau, measured, how, hold, tp, tt, cw)
+    tp, tt, to, cw = np.zeros(N), np.zeros(N), np.zeros(N), np.zeros(N, np.uint16)
+    bits = ck.command(sw, intent, plan_q, plan_tau, plan_off, measured, how, hold, limit, tp, tt, to, cw)
     np.testing.assert_array_equal(tp, tp_ref)
     np.testing.assert_array_equal(tt, tt_ref)
+    np.testing.assert_array_equal(to, plan_off)
     np.testing.assert_array_equal(hold, hold_ref)
     cw_ref = np.zeros(N, np.uint16)
-    assert bits == ck.drive_logic(sw, intent, tp_ref, tt_ref, cw_ref)
+    assert bits == ck.drive_logic(sw, intent, tp_ref, tt_ref, plan_off, limit, cw_ref)
     np.testing.assert_array_equal(cw, cw_ref)
+    finite = np.isfinite(tp_ref)
     assert bool(bits & ck.NON_FINITE) == (nan_at is not None and bool(how & ck.FOLLOW))
+    # the sum sent, target torque + offset, against each joint's limit (where the target is finite)
+    assert bool(bits & ck.OVER_TORQUE) == bool(np.any(finite & (np.abs(tt_ref + plan_off) > limit)))
 
 
 def test_gateway_write_copy_copies_every_field_of_the_command():
-    dst = [np.zeros(N, np.uint16), np.zeros(N, np.int8), np.zeros(N), np.zeros(N)]
+    dst = [np.zeros(N, np.uint16), np.zeros(N, np.int8), np.zeros(N), np.zeros(N), np.zeros(N)]
     cw = np.full(N, 0x0F, np.uint16)
     cw[2] = 0x80
-    src = [cw, np.full(N, 8, np.int8), np.linspace(-1, 1, N), np.linspace(2, 3, N)]
+    src = [cw, np.full(N, 8, np.int8), np.linspace(-1, 1, N), np.linspace(2, 3, N), np.linspace(-4, 5, N)]
     _keep_command(*src, *dst)
     for a, b in zip(src, dst):
         np.testing.assert_array_equal(a, b)
@@ -116,16 +122,21 @@ def test_gateway_command_fields_send_a_latched_fault_reset_once_then_clear_it():
     counts_per_rad = np.full(N, 1000.0)
     latch = np.zeros(N, bool)
     latch[2] = True
-    sent, fields = np.zeros(N, np.uint16), np.zeros((4, N), np.int64)
-    assert _command_fields(cw, mode, q, tau, counts_per_rad, latch, sent, fields) == -1
+    off, per_nm = np.linspace(-2.0, 3.0, N), np.full(N, 1000.0)
+    sent, fields = np.zeros(N, np.uint16), np.zeros((5, N), np.int64)
+    assert _command_fields(cw, mode, q, tau, off, counts_per_rad, per_nm, latch, sent, fields) == -1
     assert fields[0].tolist() == [0x0F, 0x0F, 0x80, 0x0F, 0x0F, 0x0F] and not latch.any()
     assert fields[2].tolist() == np.rint(q * 1000).astype(int).tolist()
     assert fields[3].tolist() == np.rint(tau * 1000).astype(int).tolist()       # mN m
-    assert _command_fields(cw, mode, q, tau, counts_per_rad, latch, sent, fields) == -1
+    assert fields[4].tolist() == np.rint(off * 1000).astype(int).tolist()       # torque offset, mN m
+    assert _command_fields(cw, mode, q, tau, off, counts_per_rad, per_nm, latch, sent, fields) == -1
     assert fields[0].tolist() == [0x0F] * N
     latch[4] = True                                   # a command that cannot be sent keeps the latch for the next
     q[1] = np.nan
-    assert _command_fields(cw, mode, q, tau, counts_per_rad, latch, sent, fields) == 1 and latch[4]
+    assert _command_fields(cw, mode, q, tau, off, counts_per_rad, per_nm, latch, sent, fields) == 1 and latch[4]
+    q[1] = 0.0
+    off[3] = 3e6                                      # 3e9 mN m: beyond int32
+    assert _command_fields(cw, mode, q, tau, off, counts_per_rad, per_nm, latch, sent, fields) == 3 and latch[4]
 
 
 @pytest.fixture()

@@ -32,9 +32,10 @@ def test_a_planned_stop_continues_the_motion_then_rests_on_its_path(model):
     assert np.abs(off_path).max() < 1e-9
     assert np.all(np.diff((stop.q - q0) @ direction) >= -1e-12)             # never backwards
     assert np.abs(stop.qdd).max(axis=0).max() <= model.qdd_max.max()
-    joined = stopping.joined(m, k - 10, k, stop)
-    np.testing.assert_array_equal(joined.q[:10], m.q[k - 10:k])
-    assert joined.segments == (("hand-over", 0), ("stop", 10))
+    handover = stopping.HandOver(m, k - 10, k, stop)
+    assert handover.samples == 10 + stop.samples
+    assert handover.segments == (("hand-over", 0), ("stop", 10))
+    assert handover.progress(k - 10)["segment"] == "hand-over" and handover.progress(k)["segment"] == "stop"
 
 
 def test_stop_brings_a_running_motion_to_rest_with_the_drives_enabled(model):
@@ -44,8 +45,9 @@ def test_stop_brings_a_running_motion_to_rest_with_the_drives_enabled(model):
             assert arm.request("stop")["stopped"] is False          # nothing runs: nothing to do
             arm.enable()
             q0 = arm.latest().q.copy()
-            reply = arm.move_to(q1, speed=0.5)
-            time.sleep(0.25 * reply["duration"])
+            arm.move_to(q1, speed=0.5)
+            # a tenth of the way on the arm's own stream (a loaded machine may start the motion late)
+            assert wait_until(lambda: ((arm.latest().q - q0) / (q1 - q0)).min() > 0.1, 10.0)
             stopped = arm.request("stop")
             assert stopped["stopped"] is True and stopped["duration"] > 0
             arm.wait_motion(10.0)
@@ -54,7 +56,7 @@ def test_stop_brings_a_running_motion_to_rest_with_the_drives_enabled(model):
             assert status["enabled"] and not status["fault"] and status["motion"] is None
             q = arm.latest().q
             travelled = (q - q0) / (q1 - q0)
-            assert 0.05 < travelled.min() and travelled.max() < 0.9     # stopped on the way, short of the goal
+            assert 0.1 < travelled.min() and travelled.max() < 0.9      # stopped on the way, short of the goal
             np.testing.assert_allclose(travelled, travelled.mean(), atol=0.02)   # on the move's straight path
 
 

@@ -18,7 +18,10 @@ The chain checks, per transport:
   REST_TOLERANCE) and sweeps
   each joint over the range the commanded samples sweep;
 - identification produced a result: finite parameters, at least MIN_MEANINGFUL well identified, a
-  validation RMS per joint.
+  validation RMS per joint;
+- the run split into the simulator's noise (known from the demo's --seed and each sample's device time,
+  sim.noise_split) and the rest: every recorded current carries its own cycle's noise, and the recording with the
+  noise removed identifies the truth within 1 sigma (the bias the chain itself adds).
 And the statistics, on all three in the default run (see the comment above the test for what kept CAN's and
 the gateway's opt-in until 23 Nov 2026): the base
 parameters whose reported relative standard deviation is at most the product's "well identified" bound
@@ -29,6 +32,7 @@ z-score.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -52,6 +56,7 @@ FAST = ["--periods", "0.25"]
 PERIODS = 0.25
 MIN_MEANINGFUL = 3     # fewer well-identified parameters than this: the excitation reached nothing
 MIN_FRESH = 0.5        # fraction of the driver's cycles that must carry a new sample
+SEED = 11             # the simulator's noise: any but 0, the seed the chain's simulator ran with whatever the demo said
 REST_TOLERANCE = 0.02  # rad: the simulated drives' loops, tuned for 1 kHz, hold joint 3 in a limit cycle up to
                        # 13 mrad off its target at CAN's 250 Hz (docs/guides/demo.md); their following-error window is 0.05
 
@@ -104,7 +109,8 @@ def demo_run(request, tmp_path_factory) -> DemoRun:
     out = tmp_path_factory.mktemp("e2e") / f"{transport}-{clocking}"
     so, se = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-        code = cli.main(["demo", "-o", str(out), "--transport", transport, "--clocking", clocking, *FAST, "--quiet"])
+        code = cli.main(["demo", "-o", str(out), "--transport", transport, "--clocking", clocking, *FAST, "--quiet",
+                         "--seed", str(SEED)])
     log = read_recording(out / "run.mcap") if (out / "run.mcap").is_file() else None
     return DemoRun(transport, clocking, out, code, so.getvalue(), se.getvalue(), log)
 
@@ -226,9 +232,87 @@ def _check_within_3_sigma(demo_run: DemoRun, truth) -> None:
         # Known and not yet explained: on the process chains (not in-process, where 200 recordings through each
         # transport's codec and clocking show joint 6's drive terms unbiased) Ia6 came out at -4.2 to -4.3 sigma with
         # fc6 and fv6 near +-2 in 2 of 4 fresh-clone runs. Reported as an expected failure while it is found; any
-        # other term beyond 3 sigma, or joint 6 beyond 5, fails.
+        # other term beyond 3 sigma, or joint 6 beyond 5, fails. Not seen in 15 later runs, whose chain added at most
+        # 0.3 sigma (docs/design/science.md); when it shows again, the noise-free test of the same run below says
+        # whether the chain made it (a bias of its own) or the noise did (a sigma too small).
         pytest.xfail(f"joint 6's drive terms on the process chain: {said}")
     assert len(groups) <= 1 and every.max() <= 4.0, said
+
+
+# -- the chain split into the simulator's noise and the rest (sim.noise_split) ---------------------------------
+def _noise(demo_run: DemoRun, samples: np.ndarray) -> np.ndarray:
+    from sim import NoiseConfig
+    from sim.noise_split import noise_torques
+
+    plan = chain.plan_for(demo_run.transport, clocking=demo_run.clocking)
+    model = load_model("generic6")
+    return noise_torques(samples, seed=SEED, current_std=NoiseConfig().current_std, rate_hz=plan.sim_rate_hz,
+                         torque_per_amp=model.joint_torque_per_amp())
+
+
+def test_every_recorded_sample_carries_the_current_noise_the_simulator_drew_at_that_samples_device_time(demo_run):
+    """The simulator's current noise is known per cycle (its seed, the demo's --seed), so the pairing of every
+    recorded current with its own device time through the transport, the driver and the recorder is checked
+    sample by sample: the high-passed effort regressed on the noise drawn at that cycle gives 1, on the noise of
+    the cycle before or after 0, each within 5 standard errors of the regression (the drives' own effort ripple
+    is the rest of the high-passed effort; 0.03-0.09 on serial and the gateway at 1 kHz; CAN at 250 Hz and the
+    free-running chains ripple too much for the check, 0.13-1.4, and skip it)."""
+    import scipy.signal
+    from sim.noise_split import fresh_samples
+
+    _ran(demo_run)
+    s = fresh_samples(demo_run.log.states)
+    s = s[len(s) // 10:]               # the arm moving and at rest, from well after the start
+    rough = s["torque"] - scipy.signal.savgol_filter(s["torque"], 31, 3, axis=0)
+    period_ns = 1e9 / chain.plan_for(demo_run.transport, clocking=demo_run.clocking).sim_rate_hz
+
+    def slope(shift: int) -> tuple[np.ndarray, np.ndarray]:
+        moved = s.copy()
+        moved["device_time_ns"] += int(round(shift * period_ns))
+        noise = _noise(demo_run, moved)
+        x = noise - scipy.signal.savgol_filter(noise, 31, 3, axis=0)
+        b = np.sum(rough * x, axis=0) / np.sum(x ** 2, axis=0)
+        rest = rough - b * x
+        return b, np.sqrt(np.mean(rest ** 2, axis=0) / np.sum(x ** 2, axis=0))
+
+    b, se = slope(0)
+    if not np.all(se < 0.15):           # 5 standard errors must still tell 1 from 0
+        # CAN at 250 Hz: the current averaged over the drives' four loop ticks ripples 0.13-0.25 noise units per
+        # sample; the noise-free identification below still fails on noise paired with the wrong cycle
+        pytest.skip(f"the noise is too small against the drives' effort ripple to check it per sample (se {se})")
+    assert np.all(np.abs(b - 1.0) < 5 * se), f"the noise of each sample's own cycle: slopes {b} (se {se})"
+    for shift in (-1, 1):
+        b, se = slope(shift)
+        assert np.all(np.abs(b) < 5 * se), f"the noise {shift:+d} cycle: slopes {b} (se {se})"
+
+
+def test_without_the_simulators_noise_the_chains_recording_identifies_the_truth_within_one_sigma(demo_run, truth):
+    """The systematic part of the chain's estimate: the same excitation.npz with the noise of every sample
+    subtracted, identified as `armid identify` did, against the truth in the noisy run's reported sigmas. Anything
+    the chain does to the samples (timing, pairing, held or skipped targets, stamps, the recording) that biases the
+    estimate stays; the noise, which decides the 3-sigma criterion run by run, goes. Measured on the lockstep
+    chains: at most 0.3 sigma on every well-identified base parameter (15 serial and gateway runs; the same motion
+    in process with the noise off: 0.43). A simulator process stopped for 50 ms every 0.7 s made it 0.9-1.6, the
+    free-running serial chain 2.0 in one run (docs/design/science.md)."""
+    from ident.fit import excitation as excitation_file
+    from ident.fit.batch import identify
+    from ident.fit.preprocess import load_recording
+    from sim.noise_split import window
+
+    _ran(demo_run)
+    names, true_values = truth
+    model = load_model("generic6")
+    rec = load_recording(demo_run.out / "excitation.npz")
+    samples = window(demo_run.log.states, rec.q)
+    clean = dataclasses.replace(rec, tau=rec.tau - _noise(demo_run, samples))
+    fit = identify(model, clean, trajectory=excitation_file.load(demo_run.out / "excitation.toml"),
+                   base=base_parameters(model)).fit
+    doc = json.loads((demo_run.out / "result.json").read_text())
+    _, meaningful = z_scores(doc, true_values)
+    z_clean = (fit.beta - true_values) / np.array([r["std"] for r in doc["base_parameters"]])
+    listed = ", ".join(f"{n} {v:+.2f}" for n, v, m in zip(names, z_clean, meaningful) if m)
+    assert np.abs(z_clean[meaningful]).max() <= 1.0, \
+        f"{demo_run.transport} {demo_run.clocking}: the chain's own bias, noise removed: {listed}"
 
 
 # -- the chain's own pieces (fast) ----------------------------------------------------------------------------
@@ -246,6 +330,7 @@ def test_the_sims_ready_line_becomes_a_driver_config_that_the_driver_reads_back(
     assert cfg.transport == "serial" and cfg.rate_hz == plan.rate_hz and cfg.effort_delay_s == 0.5e-3
     assert cfg.transport_options == {"port": "/dev/pts/7", "baudrate": 3000000, "device_watchdog_ms": 2000}
     assert cfg.endpoints.state == "ipc:///tmp/x-state" and cfg.endpoints.commands == "ipc:///tmp/x-commands"
+    assert cfg.watch.feed_forward_friction is False      # `armid sim`'s drives compensate friction themselves
     with pytest.raises(chain.ChainError, match="printed no address"):
         chain.transport_options("gateway", "something else")
 

@@ -155,7 +155,7 @@ def _csp_sim(model, depth: int) -> tuple[Simulator, DeviceTargets]:
     q0 = sim.read_state().position.copy()
     csp = np.full(model.n, int(Mode.CSP))
     for cw in (cia402.CW_SHUTDOWN, cia402.CW_ENABLE_OPERATION, cia402.CW_ENABLE_OPERATION, cia402.CW_ENABLE_OPERATION):
-        targets.arrived(np.full(model.n, cw), csp, q0, np.zeros(model.n))
+        targets.arrived(np.full(model.n, cw), csp, q0, np.zeros(model.n), np.zeros(model.n))
         targets.after_cycle()
         sim.step(1)
     assert sim.read_state().states() == [State.OPERATION_ENABLED] * model.n
@@ -170,7 +170,7 @@ def _run(rig, targets: np.ndarray, arrivals: list[int]) -> np.ndarray:
     q, i = [], 0
     for count in arrivals:
         for _ in range(count):
-            device.arrived(cw, csp, targets[i], zero)
+            device.arrived(cw, csp, targets[i], zero, zero)
             i += 1
         device.after_cycle()
         sim.step(1)

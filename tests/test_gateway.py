@@ -48,7 +48,7 @@ def test_six_drives_fit_one_read_and_one_write_and_the_documented_maxima_are_tig
     assert gw.input_count(6) <= gw.MAX_READ_REGISTERS and gw.holding_count(6) <= gw.MAX_WRITE_REGISTERS
     assert gw.input_count(gw.DRIVES_PER_READ) <= 125 < gw.input_count(gw.DRIVES_PER_READ + 1)
     assert gw.holding_count(gw.DRIVES_PER_WRITE) <= 123 < gw.holding_count(gw.DRIVES_PER_WRITE + 1)
-    assert (gw.DRIVES_PER_READ, gw.DRIVES_PER_WRITE) == (9, 20)
+    assert (gw.DRIVES_PER_READ, gw.DRIVES_PER_WRITE) == (9, 15)
 
 
 @pytest.mark.parametrize("group,size", [(gw.INPUT_HEADER, gw.INPUT_HEADER_SIZE), (gw.INPUT_DRIVE, gw.INPUT_DRIVE_STRIDE),
@@ -132,7 +132,8 @@ def _inputs(n=6, **changes):
 
 
 @pytest.mark.parametrize("image,message", [
-    (_outputs(mode=np.array([8, 8, 7, 8, 8, 8])), r"drive 3 mode \(register 0x040f\) = 7: expected 0, 1, 8, 9, 10"),
+    (_outputs(mode=np.array([8, 8, 7, 8, 8, 8])), r"drive 3 mode \(register 0x0413\) = 7: expected 0, 1, 8, 9, 10"),
+    (_outputs(torque_offset=np.array([0, 0, 0, 2 ** 31, 0, 0])), r"drive 4 torque_offset \(register 0x0420\)"),
     (_outputs(target_position=np.array([0, 0, 0, 0, 2 ** 31, 0])), r"drive 5 target_position .*-2147483648\.\.2147483647"),
     (_outputs(controlword=np.array([0, -1, 0, 0, 0, 0])), r"drive 2 controlword .* = -1"),
     (_outputs(target_torque=np.array([0, 0, np.nan, 0, 0, 0])), r"target_torque: expected integers"),
@@ -154,7 +155,10 @@ def test_impossible_values_are_refused_naming_field_drive_and_register(image, me
 def test_a_host_refuses_another_layout_version_before_reading_anything_else():
     words = gw.encode_inputs(_inputs()).tolist()
     words[0] = gw.LAYOUT_VERSION + 1
-    with pytest.raises(gw.GatewayError, match=r"layout_version .* = 2, this host speaks version 1"):
+    with pytest.raises(gw.GatewayError, match=r"layout_version .* = 3, this host speaks version 2"):
+        gw.decode_inputs(words)
+    words[0] = 1                      # a gateway of the layout before the torque offset (holding blocks of 6)
+    with pytest.raises(gw.GatewayError, match=r"layout_version .* = 1, this host speaks version 2"):
         gw.decode_inputs(words)
 
 

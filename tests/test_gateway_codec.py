@@ -20,7 +20,9 @@ IN_HEADER = (("gateway_status", 2, "H"), ("refused_writes", 3, "H"), ("cycle_cou
 IN_DRIVE = (("statusword", 0, "H"), ("mode_display", 1, "h"), ("error_code", 2, "H"), ("position", 4, "i"),
             ("velocity", 6, "i"), ("current", 8, "i"), ("torque", 10, "i"))
 OUT_HEADER = (("watchdog", 0, "H"), ("watchdog_timeout_ms", 1, "H"))
-OUT_DRIVE = (("controlword", 0, "H"), ("mode", 1, "h"), ("target_position", 2, "i"), ("target_torque", 4, "i"))
+OUT_DRIVE = (("controlword", 0, "H"), ("mode", 1, "h"), ("target_position", 2, "i"), ("target_torque", 4, "i"),
+             ("torque_offset", 6, "i"))
+LAYOUT, OUT_STRIDE = 2, 8      # layout version 2: each holding block ends with the torque offset
 MODES = (0, 1, 8, 9, 10)          # CiA 402 modes of operation the layout allows
 
 
@@ -40,12 +42,12 @@ def input_words(img: gw.InputImage) -> list[int]:
     header = {"gateway_status": img.gateway_status, "refused_writes": img.refused_writes,
               "cycle_counter": img.cycle_counter, "timestamp_us": img.timestamp_us}
     words = struct_words(8, 12, header, IN_DRIVE, vars(img), img.n, IN_HEADER)
-    words[0], words[1] = 1, img.n                       # layout version, drive count
+    words[0], words[1] = LAYOUT, img.n                  # layout version, drive count
     return words
 
 
 def output_words(img: gw.OutputImage) -> list[int]:
-    return struct_words(2, 6, vars(img), OUT_DRIVE, vars(img), img.n, OUT_HEADER)
+    return struct_words(2, OUT_STRIDE, vars(img), OUT_DRIVE, vars(img), img.n, OUT_HEADER)
 
 
 u16, i16, i8 = st.integers(0, 0xFFFF), st.integers(-0x8000, 0x7FFF), st.integers(-128, 127)
@@ -64,7 +66,7 @@ def input_images(draw):
 def output_images(draw):
     n = draw(st.integers(1, gw.MAX_DRIVES))
     col = lambda s: np.array(draw(st.lists(s, min_size=n, max_size=n)), dtype=np.int64)  # noqa: E731
-    return gw.OutputImage(draw(u16), draw(u16), col(u16), col(st.sampled_from(MODES)), col(i32), col(i32))
+    return gw.OutputImage(draw(u16), draw(u16), col(u16), col(st.sampled_from(MODES)), col(i32), col(i32), col(i32))
 
 
 def in_arrays(img: gw.InputImage) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +87,7 @@ def test_input_images_of_1_to_64_drives_encode_to_the_struct_words_and_decode_ba
     header, drives = in_arrays(img)
     out = np.zeros(gw.input_count(img.n), np.uint16)
     assert gw.encode_inputs_into(header, drives, out).tolist() == expected
-    assert header[:2].tolist() == [1, img.n]
+    assert header[:2].tolist() == [LAYOUT, img.n]
     back_h, back_d = np.zeros(6, np.int64), np.zeros((7, img.n), np.int64)
     gw.decode_inputs_into(expected, back_h, back_d)
     assert np.array_equal(back_h, header) and np.array_equal(back_d, drives)
@@ -101,7 +103,7 @@ def test_output_images_of_1_to_64_drives_encode_to_the_struct_words_and_decode_b
     header, drives = out_arrays(img)
     out = np.full(gw.holding_count(img.n), 0xABCD, np.uint16)       # garbage from before: all overwritten
     assert gw.encode_outputs_into(header, drives, out).tolist() == expected
-    back_h, back_d = np.zeros(2, np.int64), np.zeros((4, img.n), np.int64)
+    back_h, back_d = np.zeros(2, np.int64), np.zeros((5, img.n), np.int64)
     gw.decode_outputs_into(expected, back_h, back_d)
     assert np.array_equal(back_h, header) and np.array_equal(back_d, drives)
     decoded = gw.decode_outputs(expected, img.n)
@@ -113,22 +115,24 @@ def test_one_input_image_gives_the_words_computed_by_hand_from_the_register_tabl
                         statusword=np.array([0x0237]), mode_display=np.array([-1]), error_code=np.array([0x1000]),
                         position=np.array([65536]), velocity=np.array([-1]), current=np.array([-65536]),
                         torque=np.array([0x7FFFFFFF]))
-    by_hand = [1, 1, 5, 2, 0x0001, 0x0002, 0x0001, 0x1170,      # 70000 us = 0x00011170
+    by_hand = [2, 1, 5, 2, 0x0001, 0x0002, 0x0001, 0x1170,      # 70000 us = 0x00011170
                0x0237, 0xFFFF, 0x1000, 0, 0x0001, 0x0000, 0xFFFF, 0xFFFF, 0xFFFF, 0x0000, 0x7FFF, 0xFFFF]
     assert gw.encode_inputs(img).tolist() == by_hand
     header, drives = np.zeros(6, np.int64), np.zeros((7, 1), np.int64)
     gw.decode_inputs_into(by_hand, header, drives)
-    assert header.tolist() == [1, 1, 5, 2, 65538, 70000]
+    assert header.tolist() == [2, 1, 5, 2, 65538, 70000]
     assert drives[:, 0].tolist() == [0x0237, -1, 0x1000, 65536, -1, -65536, 2 ** 31 - 1]
 
 
 def test_one_output_image_gives_the_words_computed_by_hand_from_the_register_table():
     img = gw.OutputImage(watchdog=0x1234, watchdog_timeout_ms=100, controlword=np.array([0x000F, 0x0080]),
                          mode=np.array([8, 10]), target_position=np.array([-2, -2 ** 31]),
-                         target_torque=np.array([0x12345678, 1000]))
-    by_hand = [0x1234, 100, 0x000F, 8, 0xFFFF, 0xFFFE, 0x1234, 0x5678, 0x0080, 10, 0x8000, 0x0000, 0x0000, 0x03E8]
+                         target_torque=np.array([0x12345678, 1000]), torque_offset=np.array([-48000, 0x01020304]))
+    by_hand = [0x1234, 100, 0x000F, 8, 0xFFFF, 0xFFFE, 0x1234, 0x5678, 0xFFFF, 0x4480,     # -48000 = 0xFFFF4480
+               0x0080, 10, 0x8000, 0x0000, 0x0000, 0x03E8, 0x0102, 0x0304]
     assert gw.encode_outputs(img).tolist() == by_hand
-    assert gw.decode_outputs(by_hand).target_position.tolist() == [-2, -2 ** 31]
+    back = gw.decode_outputs(by_hand)
+    assert back.target_position.tolist() == [-2, -2 ** 31] and back.torque_offset.tolist() == [-48000, 0x01020304]
 
 
 # -- refusals: the full text, the same through the public functions and the *_into path -------------------------
@@ -137,7 +141,7 @@ IN_RANGES = {"statusword": (0, 0, 0xFFFF), "mode_display": (1, -128, 127), "erro
              "position": (4, -2 ** 31, 2 ** 31 - 1), "velocity": (6, -2 ** 31, 2 ** 31 - 1),
              "current": (8, -2 ** 31, 2 ** 31 - 1), "torque": (10, -2 ** 31, 2 ** 31 - 1)}
 OUT_RANGES = {"controlword": (0, 0, 0xFFFF), "target_position": (2, -2 ** 31, 2 ** 31 - 1),
-              "target_torque": (4, -2 ** 31, 2 ** 31 - 1)}
+              "target_torque": (4, -2 ** 31, 2 ** 31 - 1), "torque_offset": (6, -2 ** 31, 2 ** 31 - 1)}
 N = 3
 
 
@@ -174,7 +178,7 @@ def test_a_value_outside_its_fields_range_is_refused_naming_field_drive_and_regi
     value = lo - 1 if beyond == "below" else hi + 1
     img = good_inputs() if block == "input" else good_outputs()
     getattr(img, name)[1] = value                     # drive 2
-    base, header, stride = (0, 8, 12) if block == "input" else (1024, 2, 6)
+    base, header, stride = (0, 8, 12) if block == "input" else (1024, 2, OUT_STRIDE)
     expected = (f"gateway {block} image: drive 2 {name} (register {base + header + stride + off:#06x}) = {value}: "
                 f"expected {lo}..{hi}")
     assert both_encodings(img) == (expected, expected)
@@ -183,7 +187,7 @@ def test_a_value_outside_its_fields_range_is_refused_naming_field_drive_and_regi
 def test_an_unknown_mode_is_refused_listing_the_modes_of_the_layout():
     img = good_outputs()
     img.mode[2] = 7
-    expected = "gateway holding image: drive 3 mode (register 0x040f) = 7: expected 0, 1, 8, 9, 10"
+    expected = "gateway holding image: drive 3 mode (register 0x0413) = 7: expected 0, 1, 8, 9, 10"
     assert both_encodings(img) == (expected, expected)
 
 
@@ -191,7 +195,7 @@ def test_the_first_bad_value_is_named_header_first_then_field_by_field():
     img = good_outputs()
     img.mode[0] = 7                                   # field 2, drive 1
     img.controlword[2] = -1                           # field 1, drive 3: comes first
-    expected = "gateway holding image: drive 3 controlword (register 0x040e) = -1: expected 0..65535"
+    expected = "gateway holding image: drive 3 controlword (register 0x0412) = -1: expected 0..65535"
     assert both_encodings(img) == (expected, expected)
     img.watchdog = 70000                              # a header field before any drive field
     assert both_encodings(img)[0] == "gateway holding image: watchdog (register 0x0400) = 70000: expected 0..65535"
@@ -219,8 +223,8 @@ def both_decodings(words, n=N) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("change, expected", [
-    (lambda w: w.__setitem__(0, 2), "gateway input image: layout_version (register 0x0000) = 2, this host speaks "
-                                    "version 1"),
+    (lambda w: w.__setitem__(0, 1), "gateway input image: layout_version (register 0x0000) = 1, this host speaks "
+                                    "version 2"),             # a gateway of the layout before the torque offset
     (lambda w: w.__setitem__(1, 2), "gateway input image: drive_count (register 0x0001) = 2, but 44 registers were "
                                     "read"),
     (lambda w: w.__setitem__(1, 0), "gateway input image: drive_count (register 0x0001) = 0: expected 1..64"),
@@ -240,11 +244,14 @@ def test_bad_input_words_are_refused_with_the_same_text_on_both_paths(change, ex
 
 def test_bad_holding_words_are_refused_with_the_same_text_on_both_paths():
     words = gw.encode_outputs(good_outputs()).tolist()
-    words[2 + 6 * 2 + 1] = 0xFFF9                    # drive 3's mode: -7
-    expected = "gateway holding image: drive 3 mode (register 0x040f) = -7: expected 0, 1, 8, 9, 10"
+    words[2 + OUT_STRIDE * 2 + 1] = 0xFFF9            # drive 3's mode: -7
+    expected = "gateway holding image: drive 3 mode (register 0x0413) = -7: expected 0, 1, 8, 9, 10"
     assert refusal(gw.decode_outputs, words, N) == expected
-    assert refusal(gw.decode_outputs_into, words, np.zeros(2, np.int64), np.zeros((4, N), np.int64)) == expected
-    assert refusal(gw.decode_outputs, words[:-6], N) == "gateway holding image: 14 registers hold 2 drives, expected 3"
+    assert refusal(gw.decode_outputs_into, words, np.zeros(2, np.int64), np.zeros((5, N), np.int64)) == expected
+    assert refusal(gw.decode_outputs, words[:-8], N) == "gateway holding image: 18 registers hold 2 drives, expected 3"
+    # a host of layout 1 wrote blocks of 6 registers: 3 of them are no whole number of blocks of 8
+    assert refusal(gw.decode_outputs, words[:2 + 6 * 3], N) == ("gateway holding image: 20 registers is not a header "
+                                                                "of 2 plus whole drive blocks of 8")
 
 
 def test_buffers_of_the_wrong_shape_or_type_are_refused_not_written_past():
@@ -264,4 +271,4 @@ def test_buffers_of_the_wrong_shape_or_type_are_refused_not_written_past():
 
 def test_field_rows_follow_the_tables():
     assert [gw.field_row(gw.INPUT_DRIVE, name) for name, _, _ in IN_DRIVE] == list(range(7))
-    assert [gw.field_row(gw.HOLDING_DRIVE, name) for name, _, _ in OUT_DRIVE] == list(range(4))
+    assert [gw.field_row(gw.HOLDING_DRIVE, name) for name, _, _ in OUT_DRIVE] == list(range(5))

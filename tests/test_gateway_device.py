@@ -601,17 +601,20 @@ def quiet_rig(model):
 
 
 def _acceptable(words: list[int], previous_timeout: int, model) -> bool:
-    """The documented rule, written from the doc: modes 0, 8, 10; targets within q limits and tau_max;
+    """The documented rule, written from the doc: modes 0, 8, 10; targets within q limits, target torque, torque
+    offset and their sum within tau_max;
     the watchdog time not switched off."""
     modes = [w - 0x10000 * (w >= 0x8000) for w in words[gw.HOLDING_HEADER_SIZE + 1::gw.HOLDING_DRIVE_STRIDE]]
     if not set(modes) <= {0, 8, 10}:
         return False
     image = gw.decode_outputs(words, N)
     q = image.target_position / (2 ** 17 * model.gear_ratio / (2 * np.pi))
-    tau = image.target_torque * 1e-3
+    tau, offset = image.target_torque * 1e-3, image.torque_offset * 1e-3
     half = np.pi / (2 ** 17 * np.abs(model.gear_ratio))
     if np.any(q < model.q_min - half) or np.any(q > model.q_max + half) or np.any(np.abs(tau) > model.tau_max + 5e-4):
         return False
+    if np.any(np.abs(offset) > model.tau_max + 5e-4) or np.any(np.abs(tau + offset) > model.tau_max + 1e-3):
+        return False                       # the offset alone, and what the drive would apply: target + offset
     return not (image.watchdog_timeout_ms == 0 and previous_timeout != 0)
 
 

@@ -18,6 +18,7 @@ from ident.fit import excitation
 from ident.fit.excitation import FourierTrajectory
 from ident.model import load_model
 from ident.online.service import IdentService
+from ident.outputs.fleet_drift import family_wise_sigma
 from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,8 +103,10 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
         est = [m for t, m in out.got if t == b"estimate"][-1]
         assert est["names"] == svc.identifier.base.names and len(est["theta"]) == svc.identifier.p
         # batch WLS over the buffered window (the same samples, the same low-pass) agrees with the online
-        # estimate within 2 % and within 3 of its sigma on the well-excited parameters: those the batch
-        # identifies to better than 1 % (relative standard deviation)
+        # estimate on the well-excited parameters (those the batch identifies to better than 1 %, relative
+        # standard deviation): the two are estimates of the same arm, so their difference stays within the
+        # sum of their standard deviations (whatever their correlation) times the family-wise threshold
+        # at which one run in a thousand would fail by chance
         assert svc.identifier.fit.joint_sigma is not None          # the first pass set Gautier's weights
         # the batch fit runs in the service's worker process: its first fit in a fresh checkout compiles the
         # regressor's kernels there (tens of seconds on a loaded machine)
@@ -114,10 +117,12 @@ def test_service_identifies_while_the_arm_moves_and_answers_commands(model, tmp_
         online = svc.identifier.rls.theta
         well = [k for k, r in enumerate(rows) if r["relative_std_pct"] is not None and r["relative_std_pct"] < 1.0]
         assert len(well) >= 10
+        online_std = np.sqrt(np.diag(svc.identifier.rls.covariance()))
+        z = family_wise_sigma(1e-3, len(well))
         for k in well:
             value, std = rows[k]["value"], rows[k]["std"]
-            assert online[k] == pytest.approx(value, rel=0.02), rows[k]["name"]
-            assert abs(online[k] - value) < 3 * std, rows[k]["name"]
+            bound = z * (std + online_std[k])
+            assert abs(online[k] - value) < bound, (rows[k]["name"], online[k], value, std, online_std[k])
         status = _req(svc.bound["commands"], cmd="status")
         assert status["ok"] and status["counters"]["rows"] >= rows_after_motion and status["malformed"] == 0
         assert status["counters"]["gaps"] == 0
@@ -354,8 +359,10 @@ def test_identify_now_runs_in_a_worker_while_the_stream_and_the_commands_go_on(m
         truth = svc.identifier.base.from_standard(model.standard_parameters())   # the stream's own arm
         well = [k for k, r in enumerate(rows) if r["relative_std_pct"] is not None and r["relative_std_pct"] < 1.0]
         assert len(well) >= 10
+        z = family_wise_sigma(1e-3, len(well))           # one run in a thousand fails by chance
         for k in well:                                   # the fit of the buffered samples: the arm's values
-            assert rows[k]["value"] == pytest.approx(truth[k], rel=0.02), rows[k]["name"]
+            value, std = rows[k]["value"], rows[k]["std"]
+            assert abs(value - truth[k]) < z * std, (rows[k]["name"], value, truth[k], std)
         assert svc.identifier.counters.samples > before          # the stream was read meanwhile
         flowing.clear()
         streamer.join(5)

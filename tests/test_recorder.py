@@ -613,3 +613,39 @@ def test_a_damaged_length_is_one_recording_error_never_an_allocation(tmp_path, o
     with pytest.raises(RecordingError, match=re.escape(expected)) as err:
         read_recording(path)
     assert str(path) in str(err.value) and time.monotonic() - t0 < 10
+
+
+def _without_topic(src, dst, topic):
+    """A copy of the MCAP file src at dst without the messages of `topic` (a recording made before it existed)."""
+    from mcap.writer import Writer
+
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        reader = make_reader(f)
+        w = Writer(out)
+        w.start(profile=schema.PROFILE, library="test")
+        schemas, channels = {}, {}
+        for sch, channel, message in reader.iter_messages(log_time_order=False):
+            if channel.topic == topic:
+                continue
+            if sch.id not in schemas:
+                schemas[sch.id] = w.register_schema(sch.name, sch.encoding, sch.data)
+            if channel.id not in channels:
+                channels[channel.id] = w.register_channel(channel.topic, channel.message_encoding, schemas[sch.id])
+            w.add_message(channels[channel.id], log_time=message.log_time, publish_time=message.publish_time,
+                          data=message.data, sequence=message.sequence)
+        w.finish()
+
+
+def test_the_external_torque_is_read_back_and_recordings_without_it_still_load(tmp_path):
+    rng = np.random.default_rng(3)
+    payloads = [payload(7, seq, rng=rng) for seq in range(60)]
+    write_synthetic(tmp_path / "r.mcap", payloads, NAMES7, chunk_seconds=0.01)
+    states = [stream.decode_state(p) for p in payloads]
+    log = read_recording(tmp_path / "r.mcap")
+    assert log.external_torque == 60
+    np.testing.assert_array_equal(log.states["tau_ext"], np.array([s["tau_ext"] for s in states]))
+    assert np.abs(log.states["tau_ext"]).min() > 0
+    _without_topic(tmp_path / "r.mcap", tmp_path / "old.mcap", schema.TOPIC_EXTERNAL_TORQUE)
+    old = read_recording(tmp_path / "old.mcap")
+    assert old.external_torque == 0 and not old.states["tau_ext"].any()
+    np.testing.assert_array_equal(old.states["q"], log.states["q"])

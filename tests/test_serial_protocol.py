@@ -87,11 +87,36 @@ def test_cobs_framing_matches_the_published_examples():
 
 def test_heartbeat_bytes_follow_the_documented_layout_built_by_hand():
     t, seq = 0x1122334455667788, 0xBEEF
-    body = bytes([1, 3]) + seq.to_bytes(2, "little") + (8).to_bytes(2, "little") + t.to_bytes(8, "little")
+    body = bytes([2, 3]) + seq.to_bytes(2, "little") + (8).to_bytes(2, "little") + t.to_bytes(8, "little")
     frame = body + crc32_bitwise(body).to_bytes(4, "little")
     assert sp.encode_frame(sp.Heartbeat(time_us=t), seq) == frame
     back = sp.decode(wire(frame))
     assert isinstance(back, sp.Heartbeat) and back.time_us == t and back.seq == seq
+
+
+def test_command_bytes_with_the_torque_offset_follow_the_documented_layout_built_by_hand():
+    le = lambda v, k: int(v).to_bytes(k, "little", signed=v < 0)  # noqa: E731
+    joints = [(0x000F, 8, 123_456, 0, -48_000), (0x000F, 10, -1, 2_500, 2 ** 31 - 1)]
+    payload = le(len(joints), 1)
+    for cw, mode, pos, tq, off in joints:
+        payload += le(cw, 2) + le(mode, 1) + le(pos, 4) + le(tq, 4) + le(off, 4)
+    body = bytes([2, 5]) + le(300, 2) + le(len(payload), 2) + payload
+    frame = body + le(crc32_bitwise(body), 4)
+    cols = [np.array(c) for c in zip(*joints)]
+    msg = sp.Command(controlword=cols[0], mode=cols[1], target_position=cols[2], target_torque=cols[3],
+                     torque_offset=cols[4])
+    assert sp.encode_frame(msg, 300) == frame
+    back = sp.decode_frame(frame)
+    assert back.torque_offset.tolist() == [-48_000, 2 ** 31 - 1] and back.target_torque.tolist() == [0, 2_500]
+
+
+def test_a_command_of_the_protocol_before_the_offset_is_dropped_for_its_version_never_misread():
+    """Version 1 sent COMMAND joints of 11 bytes (no torque_offset): such a frame, CRC and all, is counted as
+    `version` and dropped, and the decoder names the version it spoke."""
+    payload = bytes([1]) + struct.pack("<Hbii", 0x0F, 8, 1000, 1500)
+    dec = sp.StreamDecoder()
+    assert dec.feed(wire(raw_frame(1, 5, 0, payload))) == []
+    assert dec.counters.version == 1 and dec.other_version == 1
 
 
 def test_state_bytes_follow_the_documented_layout_built_by_hand():
@@ -100,7 +125,7 @@ def test_state_bytes_follow_the_documented_layout_built_by_hand():
     payload = le(123_456_789, 8) + le(42, 4) + le(len(joints), 1)
     for sw, mode, err, pos, vel, cur in joints:
         payload += le(sw, 2) + le(mode, 1) + le(err, 2) + le(pos, 4) + le(vel, 4) + le(cur, 4)
-    body = bytes([1, 4]) + le(9, 2) + le(len(payload), 2) + payload
+    body = bytes([2, 4]) + le(9, 2) + le(len(payload), 2) + payload
     frame = body + le(crc32_bitwise(body), 4)
     cols = list(zip(*joints))
     msg = sp.State(timestamp_us=123_456_789, cycle=42, statusword=cols[0], mode_display=cols[1], error_code=cols[2],
@@ -173,15 +198,15 @@ def _state_payload(n: int, joints: int) -> bytes:
     (wire(b"\x01\x03\x00\x00\x00"), "truncated"),
     (wire(STATE0[:20] + bytes([STATE0[20] ^ 0x10]) + STATE0[21:]), "crc"),
     (wire(STATE0[:-7]), "crc"),                                             # lost bytes
-    (wire(raw_frame(2, 3, 0, bytes(8))), "version"),
-    (wire(raw_frame(1, 99, 0, bytes(8))), "unknown_type"),
-    (wire(raw_frame(1, 3, 0, bytes(8), length=9)), "length"),
-    (wire(raw_frame(1, 3, 0, bytes(7))), "length"),
-    (wire(raw_frame(1, 4, 0, _state_payload(6, 5))), "length"),
-    (wire(raw_frame(1, 4, 0, _state_payload(0, 0))), "value"),
-    (wire(raw_frame(1, 4, 0, _state_payload(65, 0))), "value"),
-    (wire(raw_frame(1, 4, 0, _state_payload(65, 65))), "overflow"),               # longer than any valid frame
-    (wire(raw_frame(1, 2, 0, struct.pack("<BII", 1, 1000, 0) + struct.pack("<Id", 1, float("nan")))), "value"),
+    (wire(raw_frame(1, 3, 0, bytes(8))), "version"),                    # an older peer
+    (wire(raw_frame(2, 99, 0, bytes(8))), "unknown_type"),
+    (wire(raw_frame(2, 3, 0, bytes(8), length=9)), "length"),
+    (wire(raw_frame(2, 3, 0, bytes(7))), "length"),
+    (wire(raw_frame(2, 4, 0, _state_payload(6, 5))), "length"),
+    (wire(raw_frame(2, 4, 0, _state_payload(0, 0))), "value"),
+    (wire(raw_frame(2, 4, 0, _state_payload(65, 0))), "value"),
+    (wire(raw_frame(2, 4, 0, _state_payload(65, 65))), "overflow"),               # longer than any valid frame
+    (wire(raw_frame(2, 2, 0, struct.pack("<BII", 1, 1000, 0) + struct.pack("<Id", 1, float("nan")))), "value"),
 ])
 def test_stream_decoder_counts_and_drops_each_kind_of_bad_frame_then_resynchronises(bad, reason):
     dec = sp.StreamDecoder()

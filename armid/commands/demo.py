@@ -61,7 +61,8 @@ def register(sub) -> None:
                    help="play the excitation K times slower (default 1, the designed speed; see docs/guides/demo.md)")
     p.add_argument("--current-noise", type=float, default=DEFAULT_CURRENT_NOISE,
                    help=f"--in-process: current sensor noise, A (default {DEFAULT_CURRENT_NOISE})")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the sensors")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the simulated sensors' noise (the simulator's --seed; --in-process: of its runs)")
     p.add_argument("--currents", action="store_true",
                    help=f"--in-process: record motor currents instead of torques, add a run with a {PAYLOAD_MASS:g} kg "
                         "payload and identify the drive gains too")
@@ -194,7 +195,8 @@ def _run_chain(args: argparse.Namespace) -> int:
     background = _compile_ahead(out / "processes", verbose)
     try:
         with chain.Chain(out / "processes", plan, model=model_arg) as c:
-            where = steps(f"start the simulator (armid sim --transport {plan.name}, real time)", c.start_sim)
+            where = steps(f"start the simulator (armid sim --transport {plan.name}, real time)",
+                          lambda: c.start_sim(seed=args.seed))
             if verbose:
                 print("      " + " ".join(f"{k}={v}" for k, v in where.items()), file=sys.stderr)
             steps(f"start the driver (armid driver, {plan.rate_hz:g} Hz, transport {plan.name})", c.start_driver)

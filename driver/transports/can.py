@@ -4,8 +4,8 @@ The host is the SYNC master. At open(), over SDO: each node's device type (0x100
 radian (0x608F encoder resolution, 0x6091 gear ratio: checked against the model and `counts_per_rev`), its
 PDO configuration (read back and compared with firmware_bridge.canopen_map), the producer heartbeat time
 (0x1017) (driver/transports/can_setup.py); then NMT start and one SYNC whose TPDOs must come back (the
-handshake). In the cycle: write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to
-every drive and then SYNC, so the drives latch the command at once and answer with TPDO1 (statusword, position,
+handshake); each drive's rated torque (0x6076), the unit of its torque offset (0x60B2, per mille). In the cycle:
+write() sends RPDO1 (controlword, target position, mode) and RPDO2 (target torque, torque offset) to every drive and then SYNC, so the drives latch the command at once and answer with TPDO1 (statusword, position,
 mode display), TPDO2 (velocity, current)
 and TPDO4 (0x1013, their time stamp at the SYNC); the cycle waits for that answer (pump_new) and publishes it
 at once. begin_cycle() sends a SYNC of its own only when no write() sent one since its last call (before the
@@ -52,7 +52,7 @@ import can
 import canopen
 import numpy as np
 
-from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si
+from driver.hal import Arm, ArmCommand, ArmState, LinkError, command_to_wire, raw_to_si, unsendable
 from driver.transports.can_setup import CAN_OPTIONS, CanOptionError, can_options, configure_drive, sdo
 from driver.transports.link_pump import LinkPump
 from driver.transports.sample_ring import oldest_unread, unread_held
@@ -61,7 +61,7 @@ from firmware_bridge import cia402
 from firmware_bridge.can_socket import tune_udp_multicast, udp_receive_drops
 from firmware_bridge.runtime.log_throttle import Throttle
 from firmware_bridge.runtime.rt_timing import name_os_thread
-from firmware_bridge.units import CURRENT_LSB, JointScaling, WireValueError
+from firmware_bridge.units import CURRENT_LSB, JointScaling
 
 EDS_PATH = Path(str(resources.files("firmware_bridge") / "armid_drive.eds"))   # package data
 SUPERVISE_PERIOD_S = 0.05
@@ -77,6 +77,7 @@ _PER_DRIVE = len(_TPDOS)            # bits per drive in the mask of frames recei
 _STAT_NAMES = ("syncs", "samples", "tpdo_frames", "bad_length", "bad_value", "incomplete_samples",
                "emcy", "nmt_restarts", "reconnects", "send_errors", "samples_overwritten", "own_frames",
                "canopen_errors", "extended_id")
+_OFFSET_MAX = cm.type_range(cm.INTEGER16)[1]    # 0x60B2 is INTEGER16
 SAMPLE_RING = 1024                  # complete samples kept until read (4 s at 250 Hz; a stalled cycle thread overran 64)
 RX_POLL_S = 0.01                    # the receive thread's longest wait in one recv (it sees a stop this soon)
 PUMP_STANDBY_S = 0.02               # the receive thread leaves the bus to the cycle this long after the cycle's pump
@@ -154,7 +155,12 @@ class CanArm(Arm):
         # call, each record's bytes then copied into its drive's preallocated payload
         self._rpdo_records = [np.zeros(n, p.dtype) for p in _RPDOS]
         r1, r2 = self._rpdo_records
-        self._rpdo_columns = (r1["controlword"], r1["mode"], r1["target_position"], r2["target_torque"])
+        self._rpdo_columns = (r1["controlword"], r1["mode"], r1["target_position"], r2["target_torque"],
+                              r2["torque_offset"])
+        # the torque offset's unit: per mille of each drive's rated torque (0x6076, read at open(); the model's
+        # torque limit until then)
+        tau_max = np.asarray(model.tau_max, dtype=float)
+        self._offset_per_nm = np.where(np.isfinite(tau_max) & (tau_max > 0), 1000.0 / tau_max, 0.0)
         self._rpdo_copies = [(self._rpdo_codec.payloads[k][j], memoryview(rec.view(np.uint8))[j * p.dlc:(j + 1) * p.dlc])
                              for j in range(n) for k, (p, rec) in enumerate(zip(_RPDOS, self._rpdo_records))]
         self._counts_per_rad = np.ascontiguousarray(self.scaling.counts_per_rad, dtype=np.float64)
@@ -198,8 +204,7 @@ class CanArm(Arm):
         cycles (a compile there stalls the cycle for seconds and trips its watchdog): a zero command into the
         RPDO records and the ring's first row into a scratch sample; nothing is sent."""
         c = ArmCommand(self.n)
-        command_to_wire(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
-                        *self._rpdo_columns)
+        self._to_wire(c)
         r, out = self._ring[0], ArmState(self.n)
         raw_to_si(r[1], r[3], r[4], r[0], self._error_code, r[2], self._counts_per_rad, CURRENT_LSB,
                   self.torque_per_amp, out.floats, out.words, out.mode)
@@ -254,6 +259,11 @@ class CanArm(Arm):
         returns its counts per joint radian."""
         drive = configure_drive(j, node, self.model_scaling.counts_per_rad[j], self.heartbeat_ms, (*_TPDOS, *_RPDOS),
                                 _CLOCK_TPDO, self._bus_options)
+        rated = self._sdo(j, node, cia402.RATED_TORQUE, 0)
+        if rated <= 0:
+            raise CanOptionError(f"can: joint {j + 1} (node {node.id}): rated torque (0x6076) is {rated} mN m: the "
+                                 f"torque offset (0x60B2, per mille of it) cannot be sent")
+        self._offset_per_nm[j] = 1e6 / rated          # per mille per N m
         node.emcy.add_callback(lambda e, j=j: self._on_emcy(j, e))
         bound_emcy_lists(node.emcy)
         node.nmt.add_heartbeat_callback(lambda state, j=j: self._on_heartbeat(j, state))
@@ -563,22 +573,21 @@ class CanArm(Arm):
         """RPDO1 (controlword, target position, mode) and RPDO2 (target torque) to every drive, then SYNC: the
         drives latch the command at once and answer (pump_new waits for that answer; the next begin_cycle() sends
         no SYNC of its own)."""
-        cw, mode, position, torque = self._rpdo_columns
-        bad = command_to_wire(command.controlword, command.mode, command.target_position, command.target_torque,
-                            self._counts_per_rad, cw, mode, position, torque)
-        if bad >= 0:          # the field and the value, as JointScaling words them
-            try:
-                self.scaling.position_to_counts(command.target_position)
-                self.scaling.torque_to_raw(command.target_torque)
-            except WireValueError as exc:
-                raise LinkError(f"can: command not sent: {exc}") from None
-            raise LinkError(f"can: joint {bad + 1}: command not sent: a target does not fit int32")
+        if self._to_wire(command) >= 0:          # the field, the joint and the value
+            raise LinkError(f"can: command not sent: "
+                            f"{unsendable(command, self._counts_per_rad, self._offset_per_nm, _OFFSET_MAX, 'per mille')}")
         for payload, record in self._rpdo_copies:
             payload[:] = record
         self._send(self._cycle_frames)
         self._synced = True
         with self._lock:
             self._stats["syncs"] += 1
+
+    def _to_wire(self, command: ArmCommand) -> int:
+        """The command into the RPDO records (driver.hal.command_to_wire): -1, or the first joint that does not fit."""
+        return command_to_wire(command.controlword, command.mode, command.target_position, command.target_torque,
+                               command.torque_offset, self._counts_per_rad, self._offset_per_nm, _OFFSET_MAX,
+                               *self._rpdo_columns)
 
     def link_stats(self) -> dict:
         """Frame counters, dropped frames by reason, our own frames a bus returned (own_frames: ignored), canopen

@@ -69,13 +69,13 @@ from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
 from pymodbus.pdu.register_message import ReadWriteMultipleRegistersRequest, ReadWriteMultipleRegistersResponse
 
-from driver.hal import (Arm, ArmCommand, ArmState, LinkError, bad_drive_text, command_to_wire, first_bad_drive,
-                        raw_to_si)
+from driver.hal import (OFFSET_MNM, Arm, ArmCommand, ArmState, LinkError, bad_drive_text, command_to_wire,
+                        first_bad_drive, raw_to_si, unsendable)
 from firmware_bridge.runtime.rt_timing import name_os_thread
 from driver.transports.sample_ring import StateRing
 from firmware_bridge import cia402
 from firmware_bridge import gateway as gw
-from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling, WireValueError
+from firmware_bridge.units import CURRENT_LSB, ENCODER_COUNTS_PER_REV, JointScaling
 from firmware_bridge.runtime.errors import InputError
 from firmware_bridge.runtime.options import Option, OptionSet, Values
 from firmware_bridge.runtime.log_throttle import Throttle
@@ -129,32 +129,37 @@ class _NoAnswer(Exception):
 
 
 @numba.njit(cache=True, nogil=True)
-def _keep_command(controlword, mode, target_position, target_torque, cw_out, mode_out, position_out, torque_out):
-    """write()'s copy of a command into the queue (one call instead of four numpy calls per cycle)."""
+def _keep_command(controlword, mode, target_position, target_torque, torque_offset, cw_out, mode_out, position_out,
+                  torque_out, offset_out):
+    """write()'s copy of a command into the queue (one call instead of five numpy calls per cycle)."""
     for j in range(controlword.shape[0]):
         cw_out[j] = controlword[j]
         mode_out[j] = mode[j]
         position_out[j] = target_position[j]
         torque_out[j] = target_torque[j]
+        offset_out[j] = torque_offset[j]
 
 
 _CW_FAULT_RESET = int(cia402.CW_FAULT_RESET)
 # the rows of the holding image's drive values (gw.encode_outputs_into), as _command_fields fills them
-assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque")
+assert tuple(f.name for f in gw.HOLDING_DRIVE) == ("controlword", "mode", "target_position", "target_torque",
+                                                  "torque_offset")
+_OFFSET_MAX = gw.HOLDING_DRIVE[4].bounds[1]
 
 
 @numba.njit(cache=True, nogil=True)
-def _command_fields(controlword, mode, target_position, target_torque, counts_per_rad, reset_latch, latched, fields):
-    """The kept command in wire units into fields (4, n) int64 (controlword, mode, target position in counts,
-    target torque in mN m: driver.hal.command_to_wire), a latched fault reset (reset_latch, cleared once a command
+def _command_fields(controlword, mode, target_position, target_torque, torque_offset, counts_per_rad, offset_per_nm,
+                    reset_latch, latched, fields):
+    """The kept command in wire units into fields (5, n) int64 (controlword, mode, target position in counts,
+    target torque and torque offset in mN m: driver.hal.command_to_wire), a latched fault reset (reset_latch, cleared once a command
     carries it) standing in for a controlword without the reset bit (latched (n,): the controlwords sent). -1, or
     the first joint whose target is not finite or does not fit int32 (nothing of it is to be sent, and the latch
     waits for the next command)."""
     for j in range(controlword.shape[0]):
         cw = controlword[j]
         latched[j] = _CW_FAULT_RESET if reset_latch[j] and not cw & _FAULT_RESET_BIT else cw
-    bad = command_to_wire(latched, mode, target_position, target_torque, counts_per_rad, fields[0], fields[1],
-                          fields[2], fields[3])
+    bad = command_to_wire(latched, mode, target_position, target_torque, torque_offset, counts_per_rad, offset_per_nm,
+                          _OFFSET_MAX, fields[0], fields[1], fields[2], fields[3], fields[4])
     if bad < 0:
         reset_latch[:] = False
     return bad
@@ -248,6 +253,7 @@ class GatewayArm(Arm):
         self._counts_per_rad = np.ascontiguousarray(self.scaling.counts_per_rad, dtype=np.float64)
         self._out_header = np.array([0, opts.watchdog_ms], dtype=np.int64)      # watchdog, watchdog_timeout_ms
         self._fields = np.zeros((len(gw.HOLDING_DRIVE), self.n), dtype=np.int64)
+        self._offset_per_nm = np.full(self.n, OFFSET_MNM)
         self._latched_cw = np.zeros(self.n, dtype=np.uint16)     # the controlwords sent (fault reset latched)
         self._words = np.zeros(gw.holding_count(self.n), dtype=np.uint16)
         # an image: decoded into _in_header / _in_drives (gw.decode_inputs_into), then into SI by raw_to_si
@@ -324,8 +330,9 @@ class GatewayArm(Arm):
         """Compile (or load from numba's cache) the link's kernels here, not in its first exchanges (a compile
         there stalls the cycle for seconds): one command and one image of zeros through them."""
         c = self._cmds[0]
-        _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
-                        np.zeros(self.n, dtype=bool), self._latched_cw, self._fields)
+        _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, c.torque_offset,
+                        self._counts_per_rad, self._offset_per_nm, np.zeros(self.n, dtype=bool), self._latched_cw,
+                        self._fields)
         gw.encode_outputs_into(self._out_header, self._fields, self._words)
         words = gw.encode_inputs_into(self._in_header, self._in_drives, np.zeros(self._input_count, np.uint16))
         for image in (words, words.astype(np.int64)):   # as function 23 (_ExchangeResponse) and 4 hand them over
@@ -418,7 +425,8 @@ class GatewayArm(Arm):
             self._drop_unsent(COMMAND_QUEUE - 1)       # the link is COMMAND_QUEUE exchanges behind
             c = self._cmds[self._written % COMMAND_QUEUE]
             _keep_command(command.controlword, command.mode, command.target_position, command.target_torque,
-                          c.controlword, c.mode, c.target_position, c.target_torque)
+                          command.torque_offset, c.controlword, c.mode, c.target_position, c.target_torque,
+                          c.torque_offset)
             self._written += 1
             self._have_cmd = True
         if not self._cycle_exchanges() or self._handed_over or not self._io.acquire(blocking=False):
@@ -755,8 +763,9 @@ class GatewayArm(Arm):
                 self._sent += 1
                 if self._sent != self._written:     # more queued: the next exchange starts right after this one
                     self._tick.set()
-                bad = _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, self._counts_per_rad,
-                                      self._reset_latch, self._latched_cw, self._fields)
+                bad = _command_fields(c.controlword, c.mode, c.target_position, c.target_torque, c.torque_offset,
+                                      self._counts_per_rad, self._offset_per_nm, self._reset_latch, self._latched_cw,
+                                      self._fields)
                 if bad >= 0:
                     return self._not_sent(self._unsendable(c))
         self._carrying = False
@@ -782,10 +791,5 @@ class GatewayArm(Arm):
         self.last_error = f"command not sent: {reason}"
 
     def _unsendable(self, command: ArmCommand) -> str:
-        """Why a command's targets cannot be sent (JointScaling's message, naming the value and the joint)."""
-        try:
-            self.scaling.position_to_counts(command.target_position)
-            self.scaling.torque_to_raw(command.target_torque)
-        except WireValueError as exc:
-            return str(exc)
-        return "a target does not fit int32 after scaling"
+        """Why a command's targets cannot be sent (naming the field, the value and the joint)."""
+        return unsendable(command, self._counts_per_rad, self._offset_per_nm, _OFFSET_MAX)

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import numpy as np
 from cobs import cobs
 
-from driver.hal import ArmCommand, command_to_wire
+from driver.hal import OFFSET_MNM, ArmCommand, command_to_wire, unsendable
 from firmware_bridge import serial_protocol as sp
-from firmware_bridge.units import JointScaling, WireValueError
+from firmware_bridge.units import INT32_MAX, WireValueError
 
 _CRC = struct.Struct("<I")
 _SEQ = struct.Struct("<H")
@@ -50,22 +50,25 @@ class CommandEncoder:
         rec["header"]["length"] = sp.SPECS[sp.MsgType.COMMAND].payload_size(n)
         rec["fixed"]["n_joints"] = n
         joints = self._record["joints"][0]
-        self._columns = (joints["controlword"], joints["mode"], joints["target_position"], joints["target_torque"])
+        self._columns = (joints["controlword"], joints["mode"], joints["target_position"], joints["target_torque"],
+                         joints["torque_offset"])
+        self._offset_per_nm = np.full(n, OFFSET_MNM)
         self._body = memoryview(self._bytes)[:-sp.CRC_SIZE]
         self._crc_at = dt.itemsize - sp.CRC_SIZE
         c = ArmCommand(n)         # compile (or load) the conversion now, not at the cycle's first command
-        command_to_wire(c.controlword, c.mode, c.target_position, c.target_torque, self.counts_per_rad, *self._columns)
+        self._to_wire(c)
+
+    def _to_wire(self, command) -> int:
+        return command_to_wire(command.controlword, command.mode, command.target_position, command.target_torque,
+                               command.torque_offset, self.counts_per_rad, self._offset_per_nm, INT32_MAX,
+                               *self._columns)
 
     def encode(self, seq: int, command) -> bytes:
         """Wire bytes (0x00, COBS frame, 0x00) of command (driver.hal.ArmCommand) with sequence number seq.
-        WireValueError, naming the joint, for a target that is not finite or does not fit int32."""
-        cw, mode, pos, tau = self._columns
-        bad = command_to_wire(command.controlword, command.mode, command.target_position, command.target_torque,
-                            self.counts_per_rad, cw, mode, pos, tau)
-        if bad >= 0:   # the standard conversion names the value and the joint
-            JointScaling(self.counts_per_rad).position_to_counts(command.target_position)
-            JointScaling.torque_to_raw(command.target_torque)
-            raise WireValueError(f"joint {bad + 1}: target does not fit int32 after scaling")
+        WireValueError, naming the field and the joint, for a target or offset that is not finite or does not
+        fit int32."""
+        if self._to_wire(command) >= 0:
+            raise WireValueError(unsendable(command, self.counts_per_rad, self._offset_per_nm, INT32_MAX))
         _SEQ.pack_into(self._bytes, 2, seq & 0xFFFF)
         _CRC.pack_into(self._bytes, self._crc_at, zlib.crc32(self._body))
         return b"\0" + cobs.encode(self._bytes) + b"\0"

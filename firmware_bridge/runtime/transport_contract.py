@@ -70,19 +70,22 @@ SAMPLE_FIELDS = ("q", "qd", "current", "torque", "statusword", "error_code", "mo
 @dataclass
 class ArmCommand:
     """What the drives should do this cycle, (n,) arrays: controlword (0x6040), mode (0x6060), target
-    position (rad, 0x607A), target torque (N m, 0x6071; in CSP the torque feed-forward)."""
+    position (rad, 0x607A), target torque (N m, 0x6071: CST), torque offset (N m, 0x60B2: added to the position
+    loop's torque in CSP, to the target torque in CST; the model's feed-forward or compensation)."""
 
     n: int
     controlword: np.ndarray = field(init=False)
     mode: np.ndarray = field(init=False)
     target_position: np.ndarray = field(init=False)
     target_torque: np.ndarray = field(init=False)
+    torque_offset: np.ndarray = field(init=False)
 
     def __post_init__(self):
         self.controlword = np.zeros(self.n, np.uint16)
         self.mode = np.zeros(self.n, np.int8)
         self.target_position = np.zeros(self.n)
         self.target_torque = np.zeros(self.n)
+        self.torque_offset = np.zeros(self.n)
 
 
 class Arm(abc.ABC):
