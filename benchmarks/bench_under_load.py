@@ -15,8 +15,12 @@ Per configuration, over --seconds of moves back and forth (speed 0.8) measured o
   lag           command-to-motion lag (cycles, median and max over the moves' middle parts);
   servo held    a normal-priority Python client streaming position setpoints at 1 kHz for 2 s: cycles the
                 driver held the last setpoint / cycles of the session;
-  quick_stop    cycles from the driver's message count in a status reply right before quick_stop is sent during
-                a move, with another process flooding status requests, to the first message without FLAG_MOVING;
+  quick_stop    with another process flooding status requests: end to end, the messages from the driver's
+                count in a status reply right before quick_stop is sent during a move to the first message
+                without FLAG_MOVING (the client's own delays included); in the driver, over QUICK_STOPS
+                quick stops (at rest, enabled again after each), the messages from the one the driver was at
+                when it read the request (the reply's read_seq) to the first that carries it (its seq), p50
+                and p99;
   driver CPU    the driver process's CPU time / wall time.
 """
 from __future__ import annotations
@@ -46,6 +50,7 @@ from ident.model import load_model                       # noqa: E402
 CONFIGS = {"alone-rt": (0, 0, True), "chains-rt": (2, 0, True), "tickers-rt": (0, 4, True),
            "both-rt": (2, 4, True), "alone": (0, 0, False), "chains": (2, 0, False), "tickers": (0, 4, False)}
 GOAL = np.array([0.25, -0.15, 0.2, 0.1, -0.2, 0.3])
+QUICK_STOPS = 100
 FLOOD = """
 import json, sys, zmq
 sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -109,7 +114,14 @@ def _quick_stop_cycles(client, run, tap, model) -> float:
         tap.reach(client.status()["seq"])
         seq, flags, _, _ = tap.arrays(mark)
         stopped = np.flatnonzero(((flags & stream.FLAG_MOVING) == 0) & (seq > sent_seq))
-        return float(seq[stopped[0]] - sent_seq) if stopped.size else float("nan")
+        end_to_end = float(seq[stopped[0]] - sent_seq) if stopped.size else float("nan")
+        client.fault_reset()
+        in_driver = []
+        for _ in range(QUICK_STOPS):
+            client.enable()
+            reply = client.request("quick_stop")
+            in_driver.append(reply["seq"] - reply["read_seq"])
+        return end_to_end, float(np.percentile(in_driver, 50)), float(np.percentile(in_driver, 99))
     finally:
         flooder.kill()
         flooder.wait(5)
@@ -158,7 +170,7 @@ def run_config(name: str, seconds: float, workdir: Path) -> dict:
                     out[key] = measure()
                 except Exception as exc:  # noqa: BLE001 - a fault or a refusal under load: reported, not fatal
                     print(f"# {name}: {key}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-                    out[key] = float("nan")
+                    out[key] = float("nan") if key == "servo_held" else (float("nan"),) * 3
                     client.fault_reset()
                     client.enable()
         fresh = (flags & stream.FLAG_STALE) == 0
@@ -209,8 +221,9 @@ def main() -> int:
         print(_line(f"{name} lag median", r["lag_cycles"][0], "cycles", ref["lag_cycles"][0]))
         print(_line(f"{name} lag max", r["lag_cycles"][1], "cycles", ref["lag_cycles"][1]))
         print(_line(f"{name} servo setpoints held", 100 * r["servo_held"], "%", 100 * ref["servo_held"]))
-        print(_line(f"{name} quick_stop under a request flood", r["quick_stop_cycles"], "cycles",
-                    ref["quick_stop_cycles"]))
+        for i, what in enumerate(("end to end", "in the driver p50", "in the driver p99")):
+            print(_line(f"{name} quick_stop under a request flood, {what}", r["quick_stop_cycles"][i], "cycles",
+                        ref["quick_stop_cycles"][i]))
         print(_line(f"{name} driver CPU", 100 * r["driver_cpu"], "% of a core", 100 * ref["driver_cpu"]))
         print(f"# {name}: {r['moves']} moves, {r['moves_unmeasured']} whose lag the tap could not measure")
     print("# raw: " + json.dumps(results))

@@ -157,12 +157,17 @@ class Commands:
         return {}
 
     def disable(self, req: dict) -> dict:
-        self.driver.cycle.submit(self.driver.cycle.disable)
-        return {}
+        return self._urgent(self.driver.cycle.disable)
 
     def quick_stop(self, req: dict) -> dict:
-        self.driver.cycle.submit(self.driver.cycle.request_quick_stop)
-        return {}
+        return self._urgent(self.driver.cycle.request_quick_stop)
+
+    def _urgent(self, fn) -> dict:
+        """Ahead of everything the cycle has queued (driver.cycle.Cycle.urgent): read_seq, the state messages
+        published when the driver read the request; seq, the first message that carries its effect."""
+        cycle = self.driver.cycle
+        read_seq = cycle.seq
+        return {"seq": cycle.urgent(fn), "read_seq": read_seq}
 
     def stop(self, req: dict) -> dict:
         """A controlled stop along the running motion's path, the drives staying enabled (driver.stopping);

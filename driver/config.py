@@ -10,6 +10,8 @@
     trajectory_dir = "trajectories"  # the only folder run_trajectory {"file": ...} reads (relative: next to
                                 # this file); without it, trajectories come inline ("samples")
     max_motion_s = 600          # the longest motion a command may plan (s)
+    intake_share = 0.1          # of each period, the most the cycle spends on queued requests, and again on
+                                # servo setpoints (0.01-0.5): a flood waits for the next cycles, counted
 
     [transport]
     name = "serial"             # sim | serial | can | gateway
@@ -62,7 +64,7 @@ from pathlib import Path
 from driver.back_off import MAX_DISTANCE, MAX_SPEED
 from driver.collision import REACTIONS, Watch
 from driver.compensation import KINDS
-from driver.cycle import CLOCKS
+from driver.cycle import CLOCKS, INTAKE_SHARE, INTAKE_SHARE_RANGE
 from driver.daemon import Curve, Endpoints, Metrics, Record
 from driver.motion import MAX_MOTION_S
 from driver.realtime import PRIORITY_RANGE, THREADS, Realtime
@@ -100,10 +102,11 @@ class DriverConfig:
     max_motion_s: float = MAX_MOTION_S
     metrics: Metrics | None = None
     watch: Watch = Watch()
+    intake_share: float = INTAKE_SHARE
 
 
 _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms", "trajectory_dir",
-                        "max_motion_s"}, "transport": None,
+                        "max_motion_s", "intake_share"}, "transport": None,
              "zmq": {"state", "commands", "servo", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
              "metrics": {"address", "allow_remote"},
@@ -180,10 +183,12 @@ def load_config(path: str | Path) -> DriverConfig:
     max_motion = _positive(src, "driver.max_motion_s", drv.get("max_motion_s", MAX_MOTION_S))
     if max_motion > MAX_MOTION_LIMIT_S:
         raise ConfigError(src, "driver.max_motion_s", f"at most {MAX_MOTION_LIMIT_S:g} s", max_motion)
+    intake = _within(src, "driver.intake_share", drv.get("intake_share", INTAKE_SHARE), *INTAKE_SHARE_RANGE,
+                     "of the period")
     return DriverConfig(model, rate, watchdog, name, tr, endpoints, src, clock,
                         _record(src, path.parent, data.get("record")), float(delay) / 1000.0,
                         _realtime(src, data.get("realtime")), trajectory_dir, max_motion,
-                        _metrics(src, data.get("metrics")), _watch(src, path.parent, data))
+                        _metrics(src, data.get("metrics")), _watch(src, path.parent, data), intake)
 
 
 def _watch(src: str, base: Path, data: dict) -> Watch:

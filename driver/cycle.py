@@ -5,7 +5,11 @@ One thread runs `Cycle` at rate_hz (1 kHz by default). Each cycle:
   2. supervise: the watchdog (no new device data for longer than watchdog_s while the link is up),
      drive faults (a drive in FAULT or FAULT REACTION ACTIVE) -> the driver's fault state: the motion is
      aborted, the other drives get a quick stop, a health event is recorded;
-  3. run the requests queued by other threads (enable, move, fault reset, ...), at a cycle boundary;
+  3. run the requests queued by other threads (enable, move, fault reset, ...), at a cycle boundary, for at
+     most `intake_share` of the period (the rest wait for the next cycles, counted in `requests_deferred`);
+     a quick stop or a disable (`urgent`) does not queue behind them: the cycle takes it first thing, before
+     the samples of a burst are published (so the first message after it carries it), and reports the seq of
+     that message;
   4. write the command: per drive the controlword that walks the CiA 402 state machine towards what is
      wanted, CSP with the current setpoint (the planned motion's, or the hold position) and its torque
      feed-forward as the drives' torque offset (0x60B2); in torque servo mode CST with the client's target
@@ -75,8 +79,9 @@ ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest 
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
-REQUEST_SHARE = 0.1           # of the period, the most a cycle spends running queued requests (one at least): a
+INTAKE_SHARE = 0.1            # of the period, the most a cycle spends running queued requests (one at least): a
                               # flood of commands waits for the next cycles instead of stretching this one
+INTAKE_SHARE_RANGE = (0.01, 0.5)   # [driver] intake_share: at least ~10 us at 1 kHz, at most half the period
 RESET_PHASE_S = 0.005         # each phase (0, then bit 7) of the fault-reset pulse: several device cycles,
                               # since devices latch only their newest command per cycle
 
@@ -98,9 +103,12 @@ class Cycle:
                  publish: Callable[[bytes, memoryview | bytes], None] | None = None,
                  spin_s: float = DEFAULT_SPIN_S, on_event: Callable[[str], None] | None = None,
                  gravity: Callable[[np.ndarray], np.ndarray] | None = None, clock: str = "host",
-                 torque_limit: np.ndarray | None = None):
+                 torque_limit: np.ndarray | None = None, intake_share: float = INTAKE_SHARE):
         if not (rate_hz > 0):
             raise ValueError(f"rate_hz: expected a positive number, got {rate_hz!r}")
+        lo, hi = INTAKE_SHARE_RANGE
+        if isinstance(intake_share, bool) or not isinstance(intake_share, (int, float)) or not lo <= intake_share <= hi:
+            raise ValueError(f"intake_share: expected a fraction of the period {lo:g}..{hi:g}, got {intake_share!r}")
         if clock not in CLOCKS:
             raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
         if not isinstance(arm, Arm):
@@ -112,7 +120,8 @@ class Cycle:
         self.arm, self.n = arm, arm.n
         self.rate_hz, self.period_ns = float(rate_hz), int(round(1e9 / rate_hz))
         self.watchdog_ns = int(watchdog_s * 1e9)
-        self._request_ns = int(REQUEST_SHARE * self.period_ns)    # a cycle's time for other threads' requests
+        self.intake_share = float(intake_share)        # of the period: requests here, servo setpoints (driver.servo)
+        self._request_ns = int(self.intake_share * self.period_ns)    # a cycle's time for other threads' requests
         self.spin_ns = int(spin_s * 1e9)
         self.publish = publish or (lambda topic, payload: None)
         self.on_event = on_event or (lambda text: None)
@@ -166,6 +175,9 @@ class Cycle:
         self._late_log = Throttle(_log, logging.WARNING, TROUBLE_LOG_INTERVAL_S)
         self.lateness_ns = np.zeros(LATENESS_WINDOW, np.int64)
         self._requests: deque[tuple[Callable[[], object], Future]] = deque()
+        self._urgent: deque[tuple[Callable[[], object], Future]] = deque()   # quick stop, disable: first thing
+        self.requests_deferred = 0      # cycles whose request time ran out with requests left (run in later cycles)
+        self.urgent_taken = 0           # quick stops and disables taken ahead of everything
         self._last_fresh_ns = 0
         self._have_sample = False
         self._stop = threading.Event()
@@ -309,13 +321,27 @@ class Cycle:
     def submit(self, fn: Callable[[], object], timeout: float = 2.0) -> object:
         """Run fn in the cycle thread at the next cycle boundary and return its result (or raise its
         exception). Runs at once when the cycle thread is not running (synchronous use in tests)."""
+        if fn == self.request_quick_stop or fn == self.disable:    # ahead of anything queued (a flood)
+            self.urgent(fn, timeout)
+            return None
         if not self.running:
             return fn()
         fut: Future = Future()
-        if fn == self.request_quick_stop or fn == self.disable:    # ahead of anything queued (a flood)
-            self._requests.appendleft((fn, fut))
-        else:
-            self._requests.append((fn, fut))
+        self._requests.append((fn, fut))
+        return self._wait(fut, timeout)
+
+    def urgent(self, fn: Callable[[], object], timeout: float = 2.0) -> int:
+        """Run fn (a quick stop or a disable) ahead of everything: first thing in the cycle's next work, before
+        the queued requests and before the samples of a burst are published. Returns the seq of the first
+        state message that carries its effect (runs at once when the cycle thread is not running)."""
+        if not self.running:
+            fn()
+            return self.seq
+        fut: Future = Future()
+        self._urgent.append((fn, fut))
+        return self._wait(fut, timeout)
+
+    def _wait(self, fut: Future, timeout: float) -> object:
         try:
             return fut.result(timeout)
         except FutureTimeout:
@@ -325,9 +351,23 @@ class Cycle:
                               f"(cycles run: {self.cycles}; is the machine overloaded?)") from None
 
     def _fail_requests(self, exc: BaseException) -> None:
-        while self._requests:
-            _, fut = self._requests.popleft()
-            if not fut.done():
+        for queue in (self._urgent, self._requests):
+            while queue:
+                _, fut = queue.popleft()
+                if not fut.done():
+                    fut.set_exception(exc)
+
+    def _take_urgent(self) -> None:
+        """Run the urgent requests (quick stop, disable) now; each one's result is the seq of the next message."""
+        while self._urgent:
+            fn, fut = self._urgent.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            self.urgent_taken += 1
+            try:
+                fn()
+                fut.set_result(self.seq)
+            except BaseException as exc:  # noqa: BLE001 - handed to the requester
                 fut.set_exception(exc)
 
     def _event(self, text: str, level: int = logging.INFO, **fields) -> None:
@@ -408,8 +448,8 @@ class Cycle:
         session = self.servo
         if session is None:
             return
-        self.servo = None
-        self.servo_ended = {**session.stats(), "ended": reason}
+        self.servo_ended = {**session.stats(), "ended": reason}    # first: a status from another thread between
+        self.servo = None                                         # the two sees the ended session, never none
         self.servo_totals = session.totals(self.servo_totals)
         self.hold[:] = session.last if session.mode == MODE_POSITION else self.state.q
         stopping = session.stop_ramp(ramp == "setpoint") if ramp else None
@@ -490,6 +530,8 @@ class Cycle:
         """Read, supervise, run the requests, compute the command, publish (then send the command when send)."""
         arm, st = self.arm, self.state
         now_mono = time.perf_counter_ns()
+        if self._urgent:
+            self._take_urgent()
         try:
             arm.begin_cycle()
             if self._backlog is not None and self._backlog() > 1:
@@ -507,15 +549,19 @@ class Cycle:
         self._supervise(fresh, now_mono)
         if self.monitor is not None:
             self._watch(fresh)
+        if self._urgent:                # came while the cycle read the drives
+            self._take_urgent()
         stop_ns = time.perf_counter_ns() + self._request_ns
-        while self._requests and time.perf_counter_ns() <= stop_ns:     # the rest at the next cycle
+        while self._requests:           # one at least, then for at most the request time: the rest next cycle
             fn, fut = self._requests.popleft()
-            if not fut.set_running_or_notify_cancel():
-                continue                # the requester gave up waiting: never act on it late
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the requester
-                fut.set_exception(exc)
+            if fut.set_running_or_notify_cancel():      # else the requester gave up waiting: never act on it late
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the requester
+                    fut.set_exception(exc)
+            if self._requests and time.perf_counter_ns() > stop_ns:
+                self.requests_deferred += 1
+                break
         # on the device's clock one target goes out per device sample: a stale cycle (the device's sample is
         # late, not necessarily missing) neither advances a motion nor queues a second copy of a target in the
         # device's setpoint buffer, unless the drives are being stopped or reset
@@ -536,6 +582,8 @@ class Cycle:
             while backlog() > keep and self.arm.read(st):
                 self._took_sample(time.perf_counter_ns())
                 self.caught_up += 1
+                if self._urgent:            # a quick stop does not wait for the burst's end
+                    self._take_urgent()
                 self._publish(True)
                 if self.clock == "device":      # each device cycle gets its own target, in order
                     self._command()

@@ -47,7 +47,7 @@ from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, 
 from driver.compensation import Compensation
 from driver.command_server import RECEIVE_QUEUE, REPLY_QUEUE, CommandServer
 from driver.commands import Commands
-from driver.cycle import Cycle, DriverFault
+from driver.cycle import INTAKE_SHARE, Cycle, DriverFault
 from driver.motion import MAX_MOTION_S
 from driver.planner import PlanBounds, Planner
 from driver.requests import MAX_REQUEST_BYTES
@@ -141,14 +141,16 @@ class Driver:
                  watchdog_s: float = 0.01, context: zmq.Context | None = None, clock: str = "auto",
                  record: Record | None = None, effort_delay_s: float = 0.0, realtime: Realtime | None = None,
                  trajectory_dir: str | None = None, max_motion_s: float = MAX_MOTION_S,
-                 metrics: Metrics | None = None, watch: Watch = Watch()):
+                 metrics: Metrics | None = None, watch: Watch = Watch(), intake_share: float = INTAKE_SHARE):
         """effort_delay_s: how late the drives' current and torque are against their positions (s), from the
         config; reported in status and recorded with the data so that identification aligns them.
         realtime: the [realtime] settings applied at start (None: the threads keep what they inherit).
         trajectory_dir: the only folder `run_trajectory {"file": ...}` reads from (None: files refused);
         max_motion_s: the longest motion a command may plan (s); metrics: serve the health as Prometheus
         metrics (driver.metrics) at its address; watch: [model] and [collision] (driver.collision.Watch): the
-        observer's model (default: `model`), its gains, the feed-forward's model, collision detection."""
+        observer's model (default: `model`), its gains, the feed-forward's model, collision detection.
+        intake_share: the most of each period the cycle spends on queued requests, and again on servo setpoints
+        (the rest wait for the next cycles, counted)."""
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
         for label, endpoint in (("commands", endpoints.commands), ("servo", endpoints.servo_endpoint)):
@@ -184,7 +186,7 @@ class Driver:
             clock = "device" if arm.streams_on_own_clock else "host"
         self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish, clock=clock,
                            gravity=self._gravity,
-                           torque_limit=model.tau_max)
+                           torque_limit=model.tau_max, intake_share=intake_share)
         self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
                                               self.watch_model.joint_torque_per_amp())
         self.cycle.monitor.back_off = self._back_off
@@ -550,7 +552,8 @@ class Driver:
         if mode != "torque":
             kinds = ()
         session = ServoSession(MODES[mode], self._servo, limits, 1.0 / self.cycle.rate_hz, self.cycle.hold.copy(),
-                               timeout_cycles, buffer_cycles, token=token, compensate=kinds)
+                               timeout_cycles, buffer_cycles, token=token, compensate=kinds,
+                               intake_share=self.cycle.intake_share)
         self.cycle.submit(lambda: self.cycle.start_servo(session))
         return {"endpoint": self.bound["servo"], "mode": mode, "timeout_cycles": timeout_cycles,
                 "buffer_cycles": buffer_cycles, "token": token, "compensate": list(kinds)}
@@ -571,6 +574,7 @@ class Driver:
                "cycle_rate_hz": (cycles - last.get("cycles", cycles)) / dt,
                "sample_rate_hz": (fresh - last.get("fresh", fresh)) / dt,
                "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns, "caught_up": c.caught_up,
+               "requests_deferred": c.requests_deferred, "urgent": c.urgent_taken,
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),
                "drive_states": self.status(realtime)["drive_states"], "recording": self._recording_health(),

@@ -6,7 +6,8 @@ Only the session that started servo mode streams: each setpoint carries the sess
 command's reply; others (a wrong token, the token-less version 1) are counted and never used.
 
 Each cycle (`ServoSession.next`, in the cycle thread) reads the setpoints that have arrived (for at most
-INTAKE_SHARE of the period: a flood waits in the socket) into a setpoint
+`intake_share` of the period, INTAKE_SHARE by default, the driver's `[driver] intake_share`: a flood waits in
+the socket, and the cycles that stopped reading at that bound are counted, `intake_deferred_cycles`) into a setpoint
 buffer (firmware_bridge.runtime.setpoint_buffer, `buffer_cycles` deep, default 2) and takes the oldest: one setpoint per
 cycle, in order, so that a client whose setpoints cross the machine with jitter gets each one carried out, not
 the newest of a burst and then a repeat (0: no buffer, the newest each cycle). Before it is used it is checked
@@ -102,12 +103,13 @@ class ServoSession:
 
     def __init__(self, mode: int, sock: zmq.Socket, limits: ServoLimits, dt: float, q_start: np.ndarray,
                  timeout_cycles: int = DEFAULT_TIMEOUT_CYCLES, buffer_cycles: int = DEFAULT_BUFFER_CYCLES,
-                 token: int = 0, compensate: tuple[str, ...] = ()):
+                 token: int = 0, compensate: tuple[str, ...] = (), intake_share: float = INTAKE_SHARE):
         self.mode, self.sock, self.limits, self.dt = mode, sock, limits, dt
         self.compensate = tuple(compensate) if mode != MODE_POSITION else ()   # torque: the model's terms added
         self.token = int(token)
         self.timeout_cycles = int(timeout_cycles)
-        self.intake_ns = int(INTAKE_SHARE * dt * 1e9)     # the cycle's time for reading setpoints
+        self.intake_ns = int(intake_share * dt * 1e9)     # the cycle's time for reading setpoints
+        self.intake_deferred = 0                 # cycles that stopped reading at that time (setpoints left waiting)
         n = q_start.shape[0]
         self.n = n
         self.last = np.array(q_start, dtype=float) if mode == MODE_POSITION else np.zeros(n)   # the drives' target
@@ -155,6 +157,7 @@ class ServoSession:
         read = 0
         while True:                         # until the socket is empty or the budget spent (MIN_INTAKE at least)
             if read >= MIN_INTAKE and time.perf_counter_ns() > stop_ns:
+                self.intake_deferred += 1
                 break
             read += 1
             try:
@@ -363,7 +366,7 @@ class ServoSession:
                 "malformed": self.malformed, "refused_version": self.refused_version,
                 "refused_token": self.refused_token,
                 "dropped": skipped + self.superseded, "lost": self.lost, "bridged_cycles": self.bridged_cycles,
-                "missed_cycles": self.missed_cycles,
+                "missed_cycles": self.missed_cycles, "intake_deferred_cycles": self.intake_deferred,
                 "timeout_cycles": self.timeout_cycles, "last_error": self.last_error,
                 "latency_us": None if k == 0 else {"p50": float(np.percentile(lat, 50)),
                                                     "p99": float(np.percentile(lat, 99)), "max": float(lat.max())}}

@@ -4,9 +4,16 @@ RealtimeClock keeps an absolute schedule t0 + k / rate on time.perf_counter. Eac
 deadline with the driver's timer (firmware_bridge/runtime/rt_timing.py: an absolute clock_nanosleep, the thread's timer slack set
 to 1 ns by start(), so the wake-up comes within the scheduler's latency) and, only when `spin` > 0, busy-waits
 the last `spin` seconds (holding the GIL and a core: the simulator shares the machine with the driver in every
-test and demo, so by default it does not). Lateness is the wake-up time minus the deadline. A tick missed
-by more than `max_behind` seconds (e.g. the process was suspended) re-bases the schedule instead of running a
-burst of catch-up ticks, and counts as `rebased`: the ticks in between are lost, not run late.
+test and demo, so by default it does not). Lateness is the wake-up time minus the deadline.
+
+A process that was not scheduled wakes periods late. The schedule stays absolute: each wait() after a late one
+returns at once until the ticks the process missed have run (`caught_up` counts those run half a period or
+more late: a missed period's tick, not only a late wake-up), so the physics loses no time. The work is bounded: one tick per wait(), and a wake-up later than
+`max_behind` seconds (a suspended process, or ticks that cost more than a period and never catch up) re-bases
+the schedule instead, counts as `rebased` with the ticks given up in `skipped`, and logs a warning (throttled).
+
+`timer` replaces the host's clock (an object with now() -> s on time.perf_counter's scale and
+sleep_until(deadline_s, spin_s)): a test drives the schedule with a clock of its own, a stall included.
 
 A real device's crystal is not the host's: `drift_ppm` stretches the period on the host's clock by that many
 parts per million (positive: the device runs slow), and `jitter_s` moves each wake-up by a normally
@@ -16,6 +23,7 @@ tick; only when its ticks happen on the host's clock changes.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -24,6 +32,10 @@ import numpy as np
 
 from firmware_bridge.runtime.rt_timing import name_os_thread, reduce_timer_slack, sleep_until
 from firmware_bridge.runtime.errors import InputError
+from firmware_bridge.runtime.log_throttle import Throttle
+
+_log = logging.getLogger(__name__)
+REBASE_LOG_INTERVAL_S = 10.0    # re-based schedules: the first logged, then one line per interval with a count
 
 
 @dataclass(frozen=True)
@@ -37,10 +49,25 @@ class LatenessStats:
     mean: float
     rebased: int
     window: int
+    caught_up: int = 0      # ticks run half a period or more after their deadline (missed ones, run in full)
+    skipped: int = 0        # ticks given up when the schedule was re-based (later than max_behind)
 
     def __str__(self) -> str:
         return (f"{self.count} ticks, lateness p50 {self.p50 * 1e6:.1f} us, p99 {self.p99 * 1e6:.1f} us, "
-                f"max {self.max * 1e6:.1f} us, rebased {self.rebased}")
+                f"max {self.max * 1e6:.1f} us, caught up {self.caught_up}, rebased {self.rebased} "
+                f"({self.skipped} ticks skipped)")
+
+
+class HostTimer:
+    """The host's clock for RealtimeClock: time.perf_counter and the driver's absolute sleep."""
+
+    @staticmethod
+    def now() -> float:
+        return time.perf_counter()
+
+    @staticmethod
+    def sleep_until(deadline_s: float, spin_s: float = 0.0) -> None:
+        sleep_until(int(deadline_s * 1e9), int(spin_s * 1e9))
 
 
 MAX_DRIFT_PPM = 10_000.0        # 1 %: beyond any crystal; larger values are typing errors
@@ -51,7 +78,8 @@ class RealtimeClock:
     """Ticks at rate_hz. Use from one thread: start(), then wait() before every cycle."""
 
     def __init__(self, rate_hz: float = 1000.0, *, spin: float = 0.0, history: int = 1 << 18,
-                 max_behind: float = 0.1, drift_ppm: float = 0.0, jitter_s: float = 0.0, seed: int | None = None):
+                 max_behind: float = 0.1, drift_ppm: float = 0.0, jitter_s: float = 0.0, seed: int | None = None,
+                 timer=None):
         if not (isinstance(rate_hz, (int, float)) and math.isfinite(rate_hz) and rate_hz > 0):
             raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
         if isinstance(drift_ppm, bool) or not (isinstance(drift_ppm, (int, float)) and abs(drift_ppm) <= MAX_DRIFT_PPM):
@@ -70,28 +98,40 @@ class RealtimeClock:
         self._max = 0.0
         self._sum = 0.0
         self._rebased = 0
+        self._caught_up = 0
+        self._skipped = 0
         self._deadline = 0.0
+        self.timer = HostTimer() if timer is None else timer
+        self._rebase_log = Throttle(_log, logging.WARNING, REBASE_LOG_INTERVAL_S)
 
     def start(self) -> None:
         """Begin the schedule: the first deadline is one period from now. Call it from the ticking thread (its
         timer slack is reduced here)."""
         name_os_thread()
         reduce_timer_slack()
-        self._deadline = time.perf_counter() + self.period
+        self._deadline = self.timer.now() + self.period
 
     def wait(self) -> float:
-        """Block until the next deadline; returns the lateness (s) of this wake-up."""
+        """Block until the next deadline; returns the lateness (s) of this wake-up. A deadline already past
+        returns at once (a missed tick, run now); one past by more than max_behind re-bases the schedule."""
         deadline = self._deadline
         if self.jitter_s > 0.0:
             deadline += self.jitter_s * float(np.clip(self._rng.standard_normal(), -3.0, 3.0))
-        sleep_until(int(deadline * 1e9), int(self.spin * 1e9))
-        now = time.perf_counter()
+        self.timer.sleep_until(deadline, self.spin)
+        now = self.timer.now()
         late = max(now - deadline, 0.0)
         self._record(late)
         if late > self.max_behind:
+            skipped = int(late / self.period)
             self._rebased += 1
+            self._skipped += skipped
+            self._rebase_log.hit("simulator clock: woke %.1f ms late, more than %.1f ms: %d ticks skipped, not "
+                                 "caught up (the process was not scheduled, or a tick costs more than a period)",
+                                 late * 1e3, self.max_behind * 1e3, skipped, skipped_ticks=self._skipped)
             self._deadline = now + self.period
         else:
+            if late >= 0.5 * self.period:       # a missed period's tick, not only a late wake-up
+                self._caught_up += 1
             self._deadline = self._deadline + self.period
         return late
 
@@ -106,10 +146,10 @@ class RealtimeClock:
         """Lateness statistics so far (p50/p99 over the last `history` ticks)."""
         k = min(self._count, self._late.shape[0])
         if k == 0:
-            return LatenessStats(0, 0.0, 0.0, 0.0, 0.0, self._rebased, 0)
+            return LatenessStats(0, 0.0, 0.0, 0.0, 0.0, self._rebased, 0, self._caught_up, self._skipped)
         p50, p99 = np.percentile(self._late[:k], [50, 99])
         return LatenessStats(self._count, float(p50), float(p99), self._max, self._sum / self._count,
-                             self._rebased, k)
+                             self._rebased, k, self._caught_up, self._skipped)
 
 
 class FastClock:

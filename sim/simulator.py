@@ -90,11 +90,12 @@ TRANSPORTS: dict[str, str] = registered()
 SimTransport = DeviceSide     # the device sides' base, by its former name
 
 _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
-# A real-time simulator woken later than this many periods (its process was not scheduled) skips the ticks it
-# missed instead of running them back to back: a burst of catch-up ticks found no targets (the host answers each
-# sample with one), then the targets came in a burst, and a following-error fault came from the hold between
-# them (0x8611 on a machine at load 6). A device that skips ticks is, to the host, one whose samples are late.
-REBASE_PERIODS = 3
+# A real-time simulator woken late (its process was not scheduled) runs the ticks it missed back to back, each a
+# whole drive cycle with the targets the drives held then (the setpoint buffer's, then the drives' own
+# continuation and hold, as after a late host): the physics loses no time and jumps nowhere. Woken later than
+# this many periods, it gives the missed ticks up instead (sim.clock: counted as skipped, and logged), so that a
+# process whose ticks cost more than a period cannot spiral into an ever longer burst.
+CATCH_UP_PERIODS = 100
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
 
 
@@ -171,7 +172,9 @@ class Simulator:
     with a model that is not the arm's.
     clock_drift_ppm, clock_jitter_us: the internal real-time clock's drift against the host's (ppm, positive:
     slow) and the standard deviation of each tick's wake-up jitter (us), as a device's own crystal and
-    interrupt latency (sim.clock.RealtimeClock); they apply to the free-running simulator only.
+    interrupt latency (sim.clock.RealtimeClock); they apply to the free-running simulator only. clock_timer: the
+    free-running simulator's time source in place of the host's (sim.clock.RealtimeClock's `timer`: a test's
+    own clock, a stall included).
     """
 
     def __init__(self, model: Model | str = "generic6", transport: "DeviceSide | str | None" = None, *,
@@ -179,7 +182,7 @@ class Simulator:
                  noise: NoiseConfig | None = None, friction: FrictionConfig | None = None,
                  drive: DriveConfig | None = None, integrator: str = "rk4", seed: int | None = 0, q0=None,
                  brakes: bool = True, external_clock: bool | None = None, clock_drift_ppm: float = 0.0,
-                 clock_jitter_us: float = 0.0, mismatch: float = 0.0, **transport_options):
+                 clock_jitter_us: float = 0.0, mismatch: float = 0.0, clock_timer=None, **transport_options):
         self.model = model if isinstance(model, Model) else load_model(model)
         n = self.n = self.model.n
         if isinstance(rate_hz, bool) or not (isinstance(rate_hz, (int, float)) and 1.0 <= rate_hz <= 10_000.0):
@@ -200,7 +203,8 @@ class Simulator:
         if isinstance(clock_jitter_us, bool) or not isinstance(clock_jitter_us, (int, float)):
             raise InputError(f"clock jitter: expected a number of us, got {clock_jitter_us!r}")
         self.clock = (RealtimeClock(self.rate_hz, drift_ppm=clock_drift_ppm, jitter_s=clock_jitter_us * 1e-6,
-                                    seed=seeds[2], max_behind=REBASE_PERIODS / self.rate_hz)
+                                    seed=seeds[2], max_behind=CATCH_UP_PERIODS / self.rate_hz,
+                                    timer=clock_timer)
                       if self.realtime else FastClock())
         # commands (written by any thread under _io_lock, latched by the cycle)
         self._cmd_cw = np.zeros(n, np.uint16)
