@@ -41,7 +41,7 @@ import numpy as np
 import zmq
 
 from firmware_bridge import stream
-from driver import authenticator, servo_shaping
+from driver import authenticator, motion, servo_shaping
 from driver.allocator import return_freed_memory
 from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, make_thresholds
 from driver.compensation import Compensation
@@ -333,6 +333,7 @@ class Driver:
             self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
             self.cycle.warm_up()                    # and every kernel of the cycle, before it runs (and before READY)
             servo_shaping.warm_up(self._servo_limits(), self.cycle.hold)      # servo's, on the limits' arrays
+            motion.warm_up(self.planning_model, self.cycle.rate_hz)   # stops, blends, back-offs planned here
             self._switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL_S)
             gc.collect()

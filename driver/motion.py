@@ -150,6 +150,19 @@ def _checked(model: Model, t: np.ndarray, q, qd, qdd, what: str) -> None:
         raise MotionError(f"{what} refused: {exc}") from None
 
 
+def warm_up(model: Model, rate_hz: float) -> None:
+    """Compile (or load from numba's cache) the kernels planning calls in this process (the driver plans a stop, a
+    preempting blend and a back-off beside its cycle): a short move at the middle of the position limits, with and
+    without friction in its feed-forward. A move a limit refuses has compiled them as well."""
+    mid = 0.5 * (model.q_min + model.q_max)
+    q0 = np.where(np.isfinite(mid), mid, 0.0)
+    try:
+        plan = plan_move(model, q0, q0 + 1e-3, rate_hz, name="warm-up")
+        with_feed_forward(plan, model, not plan.friction)
+    except MotionError:
+        pass
+
+
 def plan_move(model: Model, q_from, q_to, rate_hz: float, *, speed: float = 1.0, name: str = "move_to",
               max_s: float = MAX_MOTION_S) -> PlannedMotion:
     """A rest-to-rest synchronised quintic from q_from to q_to (rad), at `speed` (0 < speed <= 1) of the

@@ -1,7 +1,7 @@
 """Run in a fresh interpreter (tests/test_warm_start.py): a free-running simulated arm behind a pty and the driver
 on it, in this process. After Driver.start() has returned (the driver said it is ready), every numba kernel of
 ours that any code then compiles or loads gets a new signature; this counts them while the driver enables, moves,
-runs servo sessions (position, torque, torque with gravity and friction compensation), quick-stops and disables, and prints one JSON line: the new signatures by kernel and the
+stops a move along its path, runs servo sessions (position, torque, torque with gravity and friction compensation), quick-stops and disables, and prints one JSON line: the new signatures by kernel and the
 driver's faults.
 """
 from __future__ import annotations
@@ -78,6 +78,16 @@ def main() -> None:
         deadline = time.monotonic() + 60
         while driver.cycle.motion is None and time.monotonic() < deadline and reply.get("ok"):
             time.sleep(0.005)
+        while driver.cycle.motion is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # a stop along the path: planned in this process, beside the cycle (as a preempting blend or a back-off)
+        reply = _call(cmd, cmd="move_to", q=(driver.cycle.hold - 0.05).tolist(), speed=0.5)
+        while driver.cycle.motion is None and time.monotonic() < deadline and reply.get("ok"):
+            time.sleep(0.005)
+        time.sleep(0.1)
+        reply = _call(cmd, cmd="stop")
+        if not reply.get("ok"):
+            faults.append(f"stop: {reply}")
         while driver.cycle.motion is not None and time.monotonic() < deadline:
             time.sleep(0.01)
         for mode, extra in (("position", {}), ("torque", {}), ("torque", {"compensate": ["gravity", "friction"]})):

@@ -22,6 +22,8 @@ def pytest_runtestloop(session):
         return
     import time
 
+    from driver import motion
+    from ident.model import load_model
     from sim import Simulator
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -29,6 +31,7 @@ def pytest_runtestloop(session):
     if reporter is not None:
         reporter.write_line("compiling the simulator's kernels (cached after the first run) ...")
     Simulator("generic6", seed=0).step(2)
+    motion.warm_up(load_model("generic6"), 1000.0)      # the planning's (a driver stepped by hand plans in-process)
     if reporter is not None:
         reporter.write_line(f"kernels ready in {time.monotonic() - started:.1f} s")
 
