@@ -180,6 +180,7 @@ class CollisionMonitor:
         self._last_ns: int | None = None   # the device time of the last sample the observer took
         self.restarts = 0                  # restarts after a gap in the samples
         self.back_off = None               # (q, tau_ext) -> the back-off motion (PlannedMotion); the daemon sets it
+        self.back_off_setting = None       # driver.back_off.BackOff: its distance and speed (shown in status)
 
     def warm_up(self, q: np.ndarray, qd: np.ndarray, current: np.ndarray, tau_ext: np.ndarray) -> None:
         """Compile (or load from numba's cache) the kernels `watch` calls, for the types of the arrays the cycle
@@ -258,5 +259,7 @@ class CollisionMonitor:
         return out
 
     def status(self) -> dict:
+        b = self.back_off_setting
         return {**self.thresholds.as_dict(), "gains": self.observer.gains.tolist(), "collisions": self.collisions,
-                "last": self.last, "latched": self.latched, "restarts": self.restarts}
+                "last": self.last, "latched": self.latched, "restarts": self.restarts,
+                "back_off": None if b is None else {"distance": b.distance, "speed": b.speed}}

@@ -42,7 +42,8 @@ __all__ = ["Commands", "CommandError", "URGENT", "PLANNING"]
 URGENT = ("quick_stop", "disable")          # answered before anything else waiting (driver.command_server)
 PLANNING = ("move_to", "run_trajectory")    # planned in the planner process by the command server
 FIELDS = {"set_payload": ("mass", "com", "inertia"), "servo": ("mode", "timeout_cycles", "buffer_cycles", "compensate"),
-          "set_collision": ("contact", "collision", "reaction", "enabled")}   # the rest take none
+          "set_collision": ("contact", "collision", "reaction", "enabled", "back_off_distance",
+                            "back_off_speed")}   # the rest take none
 SMALL_REQUEST_BYTES = 64 * 1024             # larger requests can only be motions: decoded by the planner
 
 
@@ -231,7 +232,8 @@ class Commands:
 
     def set_collision(self, req: dict) -> dict:
         if len(req) == 1:
-            raise CommandError("set_collision: expected at least one of contact, collision, reaction, enabled")
+            raise CommandError("set_collision: expected at least one of contact, collision, reaction, enabled, "
+                               "back_off_distance, back_off_speed")
         levels = {}
         for key in ("contact", "collision"):
             if key in req:
@@ -243,6 +245,9 @@ class Commands:
         enabled = req.get("enabled")
         if enabled is not None and not isinstance(enabled, bool):
             raise CommandError("set_collision: enabled: expected true or false")
+        for key in ("back_off_distance", "back_off_speed"):
+            if key in req:
+                levels[key] = number(req, key, 0.0)
         return {"collision": self.driver.set_collision(reaction=reaction, enabled=enabled, **levels)}
 
 

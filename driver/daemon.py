@@ -42,6 +42,7 @@ import zmq
 
 from firmware_bridge import stream
 from driver import authenticator, motion, servo_shaping
+from driver.back_off import BackOff
 from driver.allocator import return_freed_memory
 from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, make_thresholds
 from driver.compensation import Compensation
@@ -190,6 +191,7 @@ class Driver:
         self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
                                               self.watch_model.joint_torque_per_amp())
         self.cycle.monitor.back_off = self._back_off
+        self.cycle.monitor.back_off_setting = BackOff(watch.back_off_distance, watch.back_off_speed)
         self.cycle.compensation = Compensation(self.planning_model, watch.compensate, watch.friction_smoothing)
         self.commands = Commands(self, PlanBounds(float(max_motion_s), trajectory_dir, watch.feed_forward_friction))
         self.planner = Planner(spare=True)     # the process keep_spare() started ahead, when there is one
@@ -232,10 +234,10 @@ class Driver:
     def _back_off(self, q: np.ndarray, tau_ext: np.ndarray):
         """The back-off reaction's motion from q along tau_ext, planned with the planning model (payload included)
         and checked (driver.motion.MotionError when a limit refuses it)."""
-        from driver.back_off import BackOff, plan_back_off
+        from driver.back_off import plan_back_off
         from driver.motion import with_feed_forward
 
-        setting, model = BackOff(self.watch.back_off_distance, self.watch.back_off_speed), self.planning_model
+        setting, model = self.cycle.monitor.back_off_setting, self.planning_model
         plan = plan_back_off(model, q, tau_ext, setting, self.cycle.rate_hz)
         return with_feed_forward(plan, model, self.watch.feed_forward_friction)
 
@@ -245,10 +247,15 @@ class Driver:
         w = self.watch
         return MomentumObserver(model, self.cycle.rate_hz, _listed(w.gains), w.friction_smoothing)
 
-    def set_collision(self, contact=None, collision=None, reaction=None, enabled=None) -> dict:
-        """Replace the collision thresholds or reaction (the rest kept); refused (InputError) while the arm moves if
-        it would make detection less strict (driver.collision.check_change). Returns the new settings."""
+    def set_collision(self, contact=None, collision=None, reaction=None, enabled=None, back_off_distance=None,
+                      back_off_speed=None) -> dict:
+        """Replace the collision thresholds, reaction or back-off distance and speed (the rest kept); refused
+        (InputError) while the arm moves if it would make detection less strict (driver.collision.check_change) or
+        the back-off longer or faster. Returns the new settings."""
         mon, n = self.cycle.monitor, self.model.n
+        was = mon.back_off_setting
+        back = BackOff(was.distance if back_off_distance is None else back_off_distance,
+                       was.speed if back_off_speed is None else back_off_speed)
         old = mon.thresholds
         new = make_thresholds(n, self.watch_model.tau_max,
                               contact=old.contact if contact is None else contact,
@@ -259,9 +266,15 @@ class Driver:
             new = Thresholds(new.contact, new.collision, new.reaction, new.enabled, old.source)
 
         def apply():
-            check_change(mon.thresholds, new, self.cycle.motion is not None or self.cycle.servo is not None)
-            mon.thresholds = new
-            _log.warning("collision settings changed: %s", new.as_dict(), extra={"collision": new.as_dict()})
+            moving = self.cycle.motion is not None or self.cycle.servo is not None
+            check_change(mon.thresholds, new, moving)
+            current = mon.back_off_setting
+            for key in ("distance", "speed"):
+                if moving and getattr(back, key) > getattr(current, key):
+                    raise InputError(f"set_collision: a longer or faster back-off (back_off_{key} "
+                                     f"{getattr(current, key):g} -> {getattr(back, key):g}) is refused while the arm moves")
+            mon.thresholds, mon.back_off_setting = new, back
+            _log.warning("collision settings changed: %s", mon.status(), extra={"collision": new.as_dict()})
 
         self.cycle.submit(apply)
         return mon.status()

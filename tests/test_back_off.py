@@ -178,3 +178,39 @@ def test_a_joint_pushed_towards_its_limit_backs_off_no_further_than_the_limit(mo
         np.maximum(top, rig.sim.read_truth().q, out=top)
     assert np.all(top <= model.q_max) and rig.cycle.fault is None
     assert rig.sim.read_truth().q[5] == pytest.approx(model.q_max[5] - LIMIT_MARGIN, abs=1e-4)
+
+
+def test_the_back_off_is_changed_at_run_time_shown_in_status_and_not_lengthened_while_moving(model):
+    """set_collision takes back_off_distance and back_off_speed: checked like the config's, shown in the collision
+    status, refused while the arm moves when they make the back-off longer or faster (shorter or slower is taken),
+    and the next back-off uses them."""
+    from driver.commands import Commands
+
+    rig = _rig(model)
+    cmds = Commands(rig.driver)
+    status = cmds.handle({"cmd": "collision"})["collision"]
+    assert status["back_off"] == {"distance": DISTANCE, "speed": SPEED}
+    bad = cmds.handle({"cmd": "set_collision", "back_off_distance": 5.0})
+    assert not bad["ok"] and "back_off_distance: expected a number more than 0 and at most 0.2 rad" in bad["error"]
+    rig.enable()
+    rig.excite()
+    rig.step(50)
+    longer = cmds.handle({"cmd": "set_collision", "back_off_distance": 2 * DISTANCE})
+    assert not longer["ok"] and "refused while the arm moves" in longer["error"], longer
+    faster = cmds.handle({"cmd": "set_collision", "back_off_speed": 2 * SPEED})
+    assert not faster["ok"] and "back_off_speed" in faster["error"], faster
+    shorter = cmds.handle({"cmd": "set_collision", "back_off_distance": DISTANCE / 2, "back_off_speed": SPEED / 2})
+    assert shorter["ok"], shorter
+    assert shorter["collision"]["back_off"] == {"distance": DISTANCE / 2, "speed": SPEED / 2}
+    rig.cycle.submit(rig.cycle.disable)
+    rig.step(5)
+    assert cmds.handle({"cmd": "set_collision", "back_off_distance": DISTANCE / 4})["ok"]   # at rest: taken
+    rig.enable()
+    rig.step(300)
+    true = _collide(rig)
+    _planned(rig)
+    plan = rig.cycle.motion
+    assert plan is not None and plan.name == "back_off"
+    moved = plan.q[-1] - plan.q[0]
+    np.testing.assert_allclose(moved, DISTANCE / 4 * true / np.abs(true).max(), atol=0.02 * DISTANCE / 4)
+    assert np.abs(plan.qd).max() <= SPEED / 2
