@@ -49,13 +49,19 @@ def test_move_duration_is_set_by_the_binding_limit(model):
     assert slow.duration > m.duration * 1.35
 
 
-def test_feed_forward_is_the_rigid_body_inverse_dynamics(model):
+def test_feed_forward_is_the_inverse_dynamics_with_smoothed_friction_and_without_the_offset(model):
     m = motion.plan_move(model, np.zeros(6), np.full(6, -0.2), RATE)
-    rigid = motion.rigid_body_model(model)
-    np.testing.assert_allclose(m.tau_ff, dynamics.rnea(rigid, m.q, m.qd, m.qdd), rtol=1e-12, atol=1e-12)
-    # friction and offset are the drive's business: the feed-forward differs from the full model by them
-    full = dynamics.rnea(model, m.q, m.qd, m.qdd)
-    assert np.abs(full - m.tau_ff).max() > 1e-3
+    rigid = dynamics.rnea(motion.rigid_body_model(model), m.q, m.qd, m.qdd)
+    # without friction (drives that compensate it): the rigid body with rotor inertia and gravity alone
+    np.testing.assert_allclose(motion.with_feed_forward(m, model, False).tau_ff, rigid, rtol=1e-12, atol=1e-12)
+    # with it: the full model's inverse dynamics (friction fc sign(qd) + fv qd + offset) less the offset, where the
+    # joints move fast enough for tanh(qd / FRICTION_SMOOTHING) to be sign(qd) to rounding; continuous at rest
+    full = dynamics.rnea(model, m.q, m.qd, m.qdd) - model.drive[:, 3]
+    fast = np.abs(m.qd) > 20 * motion.FRICTION_SMOOTHING
+    assert fast.sum() > m.samples                  # most of the move
+    np.testing.assert_allclose(m.tau_ff[fast], full[fast], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(m.tau_ff[0], rigid[0], rtol=1e-12, atol=1e-12)      # at rest: no friction step
+    assert np.abs(full - rigid).max() > 1e-3       # the friction is really there
 
 
 def test_move_outside_the_position_limits_is_refused_naming_the_joint(model):
