@@ -14,14 +14,15 @@ import pytest  # noqa: E402
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session):
-    """Compile (or load from numba's disk cache) the simulator's and the dynamics' kernels once, before the
-    first test: a first-call compile inside a test's bounded wait (a CAN SYNC answer, a pty read) would
-    otherwise time out on a fresh checkout. Here, outside any test, the per-test time limit does not count a
+    """Compile (or load from numba's disk cache) the simulator's, the planning's and the dynamics' kernels once,
+    before the first test: a first-call compile inside a test's bounded wait (a CAN SYNC answer, a pty read, a
+    CLI subprocess) would otherwise time out on a fresh checkout. Here, outside any test, the per-test time limit does not count a
     cold compile on a busy machine (minutes) against the first test."""
     if not session.items or session.config.option.collectonly:
         return
     import time
 
+    from armid.commands.warmup import warm_ident
     from driver import motion
     from ident.model import load_model
     from sim import Simulator
@@ -29,9 +30,10 @@ def pytest_runtestloop(session):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     started = time.monotonic()
     if reporter is not None:
-        reporter.write_line("compiling the simulator's kernels (cached after the first run) ...")
+        reporter.write_line("compiling the simulator's and the dynamics' kernels (cached after the first run) ...")
     Simulator("generic6", seed=0).step(2)
     motion.warm_up(load_model("generic6"), 1000.0)      # the planning's (a driver stepped by hand plans in-process)
+    warm_ident()            # the dynamics, base parameters and RLS: a CLI subprocess (excite design) loads them cached
     if reporter is not None:
         reporter.write_line(f"kernels ready in {time.monotonic() - started:.1f} s")
 
