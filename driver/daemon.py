@@ -281,9 +281,11 @@ class Driver:
 
     # -- life cycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the planner process, open the link, bind the sockets, start the cycle, wait (at most
-        PLANNER_START_S) until the planner has loaded its kernels, start the command server. With lock_memory
-        the driver's threads start with THREAD_STACK_BYTES stacks."""
+        """Start the planner process, bind the sockets, load every kernel, open the link, start the cycle, wait
+        (at most PLANNER_START_S) until the planner has loaded its kernels, start the command server. The link opens
+        last, right before the cycle writes to it: a drive or gateway whose host watchdog counts from the first
+        exchange never waits on the driver's own start-up. With lock_memory the driver's threads start with
+        THREAD_STACK_BYTES stacks."""
         locking = self.realtime is not None and self.realtime.lock_memory
         stack = threading.stack_size(THREAD_STACK_BYTES) if locking else None
         try:
@@ -296,44 +298,23 @@ class Driver:
         return_freed_memory()       # a flood of large requests must not leave the process larger for good
         self.planner.start()        # it loads its kernels meanwhile, at a lower priority than the cycle's
         try:
-            self.arm.open()
+            self._bind()
+            self._prepare()
         except BaseException:
-            self.planner.close()
-            raise
-        _log.info("transport opened: %s", type(self.arm).__name__)
-        try:
-            self._pub = self._ctx.socket(zmq.PUB)
-            self._pub.setsockopt(zmq.LINGER, 0)
-            self._pub.setsockopt(zmq.SNDHWM, 10000)
-            self._pub.bind(self.endpoints.state)
-            self._rep = self._ctx.socket(zmq.ROUTER)
-            self._rep.setsockopt(zmq.LINGER, 0)
-            self._rep.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_REQUEST_BYTES)   # beyond: ZeroMQ drops the client
-            self._rep.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)    # what a flooding client can queue in us
-            self._rep.setsockopt(zmq.SNDHWM, REPLY_QUEUE)      # replies to a client that never reads them
-            self._rep.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a reply that cannot go is counted, not lost unseen
-            if self.endpoints.curve is not None:
-                self._secure(self._rep, self.endpoints.curve)
-            self._rep.bind(self.endpoints.commands)
-            self._servo = self._ctx.socket(zmq.PULL)
-            self._servo.setsockopt(zmq.LINGER, 0)
-            self._servo.setsockopt(zmq.RCVHWM, 1000)
-            self._servo.setsockopt(zmq.MAXMSGSIZE, 4096)        # a setpoint is 32 + 8 n bytes
-            if self.endpoints.curve is not None:
-                self._secure(self._servo, self.endpoints.curve)
-            self._servo.bind(self.endpoints.servo_endpoint)
-        except (zmq.ZMQError, EndpointError, authenticator.AuthenticatorError) as exc:
             self._close_sockets()
             self.planner.close()
-            self.arm.close()
-            if isinstance(exc, EndpointError):
-                raise
-            raise EndpointError(f"cannot bind: {exc}" if isinstance(exc, zmq.ZMQError) else str(exc)) from None
-        self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
-                      "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT),
-                      "servo": self._servo.getsockopt_string(zmq.LAST_ENDPOINT)}
-        try:    # from here on a failure (a refused [realtime] setting, a kernel that does not compile, the
-                # metrics port taken) stops what was started: nothing is powered yet
+            self._restore_realtime()
+            raise
+        try:
+            self.arm.open()
+        except BaseException:
+            self._close_sockets()
+            self.planner.close()
+            self._restore_realtime()
+            raise
+        _log.info("transport opened: %s", type(self.arm).__name__)
+        try:    # from here on a failure (a refused [realtime] setting, the metrics port taken) stops what was
+                # started: nothing is powered yet
             if self.record is not None:
                 inproc = f"inproc://armid-record-{id(self)}"
                 self._pub.bind(inproc)
@@ -343,21 +324,10 @@ class Driver:
                 self._recorder.start()
             self.started_at = time.time()
             self._stop.clear()
-            self._gravity(np.zeros(self.model.n))   # load the compiled kernel now, not inside the first enable
-            self.cycle.warm_up()                    # and every kernel of the cycle, before it runs (and before READY)
-            servo_shaping.warm_up(self._servo_limits(), self.cycle.hold)      # servo's, on the limits' arrays
-            motion.warm_up(self.planning_model, self.cycle.rate_hz)   # stops, blends, back-offs planned here
             self._switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-            gc.collect()
-            gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
-            self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
-            warn = _log.warning
-            if self.realtime is not None and self.realtime.lock_memory:
-                # before the cycle runs: locking the process's mappings (hundreds of MB with numba) stalls every
-                # thread that faults meanwhile, for tens of ms
-                self._rt_applied = rt.apply(replace(self.realtime, priority=None, cpus=None), {}, warn)
             self.cycle.start()
+            warn = _log.warning
             self._rt_threads = self._realtime_threads()
             if self.realtime is not None:
                 chosen = {k: v for k, v in self._rt_threads.items() if k in self.realtime.threads}
@@ -393,6 +363,56 @@ class Driver:
             self.stop()
             raise
 
+    def _bind(self) -> None:
+        """The state PUB, the commands ROUTER and the servo PULL, bound (CURVE-secured when configured)."""
+        try:
+            self._pub = self._ctx.socket(zmq.PUB)
+            self._pub.setsockopt(zmq.LINGER, 0)
+            self._pub.setsockopt(zmq.SNDHWM, 10000)
+            self._pub.bind(self.endpoints.state)
+            self._rep = self._ctx.socket(zmq.ROUTER)
+            self._rep.setsockopt(zmq.LINGER, 0)
+            self._rep.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_REQUEST_BYTES)   # beyond: ZeroMQ drops the client
+            self._rep.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)    # what a flooding client can queue in us
+            self._rep.setsockopt(zmq.SNDHWM, REPLY_QUEUE)      # replies to a client that never reads them
+            self._rep.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a reply that cannot go is counted, not lost unseen
+            if self.endpoints.curve is not None:
+                self._secure(self._rep, self.endpoints.curve)
+            self._rep.bind(self.endpoints.commands)
+            self._servo = self._ctx.socket(zmq.PULL)
+            self._servo.setsockopt(zmq.LINGER, 0)
+            self._servo.setsockopt(zmq.RCVHWM, 1000)
+            self._servo.setsockopt(zmq.MAXMSGSIZE, 4096)        # a setpoint is 32 + 8 n bytes
+            if self.endpoints.curve is not None:
+                self._secure(self._servo, self.endpoints.curve)
+            self._servo.bind(self.endpoints.servo_endpoint)
+        except (zmq.ZMQError, authenticator.AuthenticatorError) as exc:
+            raise EndpointError(f"cannot bind: {exc}" if isinstance(exc, zmq.ZMQError) else str(exc)) from None
+        self.bound = {"state": self._pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                      "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT),
+                      "servo": self._servo.getsockopt_string(zmq.LAST_ENDPOINT)}
+
+    def _prepare(self) -> None:
+        """Everything slow that the cycle needs, done before the link opens: every kernel the cycle, servo and the
+        planning in this process call, compiled or loaded from numba's cache; the garbage collector's long-lived
+        objects frozen; with lock_memory, the process's memory locked (it stalls every thread that faults
+        meanwhile, for tens of ms)."""
+        self._gravity(np.zeros(self.model.n))   # the compiled kernel, not inside the first enable
+        self.cycle.warm_up()                    # every kernel of the cycle, before it runs (and before READY)
+        servo_shaping.warm_up(self._servo_limits(), self.cycle.hold)      # servo's, on the limits' arrays
+        motion.warm_up(self.planning_model, self.cycle.rate_hz)   # stops, blends, back-offs planned here
+        gc.collect()
+        gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
+        self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object
+        if self.realtime is not None and self.realtime.lock_memory:
+            self._rt_applied = rt.apply(replace(self.realtime, priority=None, cpus=None), {}, _log.warning)
+
+    def _restore_realtime(self) -> None:
+        if self._rt_applied is not None:
+            self._rt_applied.restore()
+            self._rt_applied = None
+        gc.unfreeze()
+
     def stop(self, timeout: float = 3.0) -> None:
         """Bring the drives to rest and disable them, then stop the threads and close everything."""
         if self.supervision is not None:
@@ -423,10 +443,7 @@ class Driver:
         self.planner.close()
         sys.setswitchinterval(self._switch_interval)
         self.arm.close()
-        if self._rt_applied is not None:
-            self._rt_applied.restore()
-            self._rt_applied = None
-        gc.unfreeze()
+        self._restore_realtime()
 
     def _realtime_threads(self) -> dict[str, int | list[int]]:
         """Native thread ids by [realtime] label, of the threads that exist: the cycle, libzmq's I/O threads

@@ -730,7 +730,8 @@ class Rig:
         self.states: list[dict] = []
         self.health: list[dict] = []
         assert self.until(lambda m: not m["flags"] & stream.FLAG_STALE)    # the first sample is in
-        if any(state_of(int(w)) is State.FAULT for w in self.newest()["statusword"]):
+        if self.driver.cycle.fault is not None or any(state_of(int(w)) is State.FAULT
+                                                       for w in self.newest()["statusword"]):
             self.recover()                                                  # left so by an earlier test
             assert self.call(cmd="disable")["ok"]
 
@@ -800,6 +801,31 @@ def rig(model, sim_process):
     yield r
     r.close()
     sim_process.ask("frames", faults={"silent": False, "drop": 0.0})
+
+
+def test_a_slow_start_up_never_keeps_the_gateways_host_watchdog_waiting(model, sim_process, monkeypatch):
+    """The driver loads its kernels (and, with lock_memory, locks its memory) before it opens the link: the
+    gateway's host watchdog counts from the handshake, so a start-up slower than the watchdog must not lie between
+    the handshake and the cycle's first write. On the old order (open, then load) this start-up, held up 1 s while
+    the watchdog is 300 ms, came up with the gateway's drives quick-stopped."""
+    from driver import daemon
+
+    real = daemon.motion.warm_up
+
+    def slow_warm_up(*args, **kwargs):
+        real(*args, **kwargs)
+        time.sleep(1.0)             # a cold numba cache, or a busy machine
+
+    monkeypatch.setattr(daemon.motion, "warm_up", slow_warm_up)
+    arm = GatewayArm(model, host="127.0.0.1", port=sim_process.port, reconnect_ms=100, watchdog_ms=300)
+    driver = Driver(model, arm, endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"), watchdog_s=0.5)
+    driver.start()
+    try:
+        assert wait_for(lambda: driver.cycle.cycles >= 200)          # the cycle has written for 200 ms and more
+        assert driver.cycle.fault is None, driver.cycle.fault
+        assert arm.link_stats()["watchdog_expired"] == 0
+    finally:
+        driver.stop()
 
 
 def _stale_messages_repeat_the_last_sample(states: list[dict]) -> tuple[int, int]:
