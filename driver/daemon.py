@@ -296,6 +296,7 @@ class Driver:
 
     def _start(self) -> None:
         return_freed_memory()       # a flood of large requests must not leave the process larger for good
+        self.arm.check_reachable()  # a wrong address fails now, not after the kernels below are loaded
         self.planner.start()        # it loads its kernels meanwhile, at a lower priority than the cycle's
         try:
             self._bind()

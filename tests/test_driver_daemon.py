@@ -244,3 +244,34 @@ def test_sigterm_disables_the_drives_before_the_daemon_exits(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.mark.parametrize("transport, options, named", [
+    ("serial", lambda tmp: {"port": str(tmp / "no-such-tty")}, "no-such-tty"),
+    ("gateway", lambda tmp: {"host": "127.0.0.1", "port": _closed_port()}, "cannot connect to 127.0.0.1:"),
+])
+def test_a_link_that_is_not_there_fails_start_before_any_kernel_is_loaded(model, tmp_path, monkeypatch, transport,
+                                                                         options, named):
+    """The link opens last (a device's watchdog counts from its handshake), but a wrong port or host still fails
+    at once: the driver checks that the far end is there before it loads its kernels (seconds on a cold cache)."""
+    from driver import daemon
+    from driver.hal import LinkError
+    from driver.transports import open_arm
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a kernel was loaded before the link was checked")
+
+    monkeypatch.setattr(daemon.motion, "warm_up", loaded)
+    arm = open_arm(transport, model, **options(tmp_path))
+    driver = Driver(model, arm, endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"))
+    with pytest.raises(LinkError, match=named):
+        driver.start()
+    driver.stop()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:          # bound, never listening: a connection to it is refused
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -303,6 +303,7 @@ class GatewayArm(Arm):
         naming the gateway when it cannot be reached or does not match the model."""
         if self._thread is not None:
             return
+        self._warm_up()             # before the handshake: the gateway's host watchdog counts from it
         opts = self.options
         deadline = time.monotonic() + opts.handshake_timeout_ms / 1000
         attempts = 0
@@ -320,11 +321,20 @@ class GatewayArm(Arm):
             except LinkError:
                 self._close_client()
                 raise
-        self._warm_up()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="armid-gateway-link", daemon=True)
         self._thread.start()
         _log.info("%s: connected, %d drives", self.where, self.n, extra={"endpoint": f"{opts.host}:{opts.port}"})
+
+    def check_reachable(self) -> None:
+        """The gateway accepts a TCP connection (closed again at once: no Modbus request, so its host watchdog
+        does not start)."""
+        opts = self.options
+        try:
+            socket.create_connection((opts.host, opts.port), timeout=opts.timeout_ms / 1000).close()
+        except OSError as exc:
+            self.counts["connect_failures"] += 1
+            raise self._down(f"cannot connect to {opts.host}:{opts.port}: {exc}") from None
 
     def _warm_up(self) -> None:
         """Compile (or load from numba's cache) the link's kernels here, not in its first exchanges (a compile

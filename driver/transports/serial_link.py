@@ -200,6 +200,11 @@ class SerialArm(Arm):
         self._thread = threading.Thread(target=self._run, name="armid-serial-link", daemon=True)
         self._thread.start()
 
+    def check_reachable(self) -> None:
+        """A port given as a path must exist (a URL such as socket:// is left to open())."""
+        if "://" not in self.port and not os.path.exists(self.port):
+            raise LinkError(f"serial port {self.port}: cannot open: no such file or device")
+
     def close(self) -> None:
         """Stop the link thread (bounded) and close the port. Idempotent."""
         self._stop.set()

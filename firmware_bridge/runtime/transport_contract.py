@@ -129,6 +129,12 @@ class Arm(abc.ABC):
     def close(self) -> None:
         """Release the link (idempotent)."""
 
+    def check_reachable(self) -> None:
+        """Raise LinkError naming the link when its far end is plainly not there (no such port, a refused
+        connection), without a handshake: nothing here starts a device's watchdog. The driver calls it first, so
+        a wrong address fails at once, and opens the link only when its cycle is ready to keep it. Default:
+        nothing to check before open()."""
+
     @abc.abstractmethod
     def begin_cycle(self) -> None:
         """Start a cycle (CAN: transmit SYNC)."""
