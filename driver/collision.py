@@ -186,7 +186,8 @@ class CollisionMonitor:
         """Compile (or load from numba's cache) the kernels `watch` calls, for the types of the arrays the cycle
         passes, on a scratch observer and scratch output: this monitor and tau_ext are left as they were."""
         o = self.observer
-        scratch = MomentumObserver(o.model, 1.0 / o.dt, o.gains)
+        scratch = MomentumObserver(o.model, 1.0 / o.dt, o.gains, float(o.friction[0, 3]),
+                                   (o.friction[:, 4], o.friction[:, 5]))
         out = np.zeros_like(tau_ext)
         scratch.update(q, qd, np.multiply(current, self.torque_per_amp), out)
         ok.contact_levels(out, self.thresholds.contact, self.thresholds.collision)
