@@ -2,8 +2,8 @@
 
 Prints `name: value unit (reference: value unit, ratio x)`; run with `python benchmarks/bench_gateway.py [seconds]`
 (`--codec`: the codec's lines only).
-  * exchange: a pymodbus sync client on 127.0.0.1 writes the whole output image (38 registers) and reads the
-    whole input image (80 registers) of the 6-drive arm, as a host does each cycle (against the simulated
+  * exchange: a pymodbus sync client on 127.0.0.1 writes the whole output image (50 registers: 2 of header, 8 per
+    drive) and reads the whole input image (80 registers) of the 6-drive arm, as a host does each cycle (against the simulated
     gateway in one function-23 request of its input mirror, against the bare server functions 16 and 4), for `seconds` (default 5) per set-up, in turns (5 rounds; medians). Ours: the simulated gateway in front of the real-time simulator
     (1 kHz, six drives enabled in CSP, every write checked and applied, inputs refreshed every cycle);
     reference: a bare pymodbus server with a plain register store of the same size (no checks, no
@@ -134,7 +134,8 @@ def bench_round_trip(model, seconds: float, rounds: int = 5) -> None:
                 beside.append(round_trips(port, outputs, seconds / rounds))
     finally:
         bare.stop()
-    name = "gateway exchange (write 38 + read 80 registers; ours: one function 23, bare: 16 + 4)"
+    name = (f"gateway exchange (write {gw.holding_count(N)} + read {gw.input_count(N)} registers; ours: one function 23, "
+            f"bare: 16 + 4)")
     report(name, float(np.median(ours)), "/s", "bare pymodbus server, plain register store", float(np.median(alone)))
     report(name, float(np.median(ours)), "/s", "the same bare server beside the same real-time simulator",
            float(np.median(beside)))
@@ -338,7 +339,7 @@ def bench_codec(calls: int = 20000, cold_calls: int = 2000) -> None:
     buffer = np.zeros(gw.holding_count(N), np.uint16)
     in_header, in_drives = np.zeros(len(gw.INPUT_HEADER), np.int64), np.zeros((len(gw.INPUT_DRIVE), N), np.int64)
     assert gw.encode_outputs_into(header, fields, buffer).tolist() == structured_encode_outputs(outputs).tolist()
-    cases = (("encode 38 holding words", lambda: gw.encode_outputs_into(header, fields, buffer).tolist(),
+    cases = ((f"encode {gw.holding_count(N)} holding words", lambda: gw.encode_outputs_into(header, fields, buffer).tolist(),
               lambda: structured_encode_outputs(outputs).tolist()),
              ("decode 80 input words", lambda: gw.decode_inputs_into(words, in_header, in_drives),
               lambda: structured_decode_inputs(words, N)))
@@ -347,9 +348,9 @@ def bench_codec(calls: int = 20000, cold_calls: int = 2000) -> None:
             k = calls if not gap else cold_calls
             report(f"gateway codec, {what}{tag}", _per_call(ours, k, gap), "us CPU per call",
                    "the numpy structured-dtype codec it replaced", _per_call(old, k, gap))
-    report("gateway codec, the 38 words as pymodbus's list of ints: uint16 .tolist()", _per_call(buffer.tolist, calls, 0),
+    report(f"gateway codec, the {gw.holding_count(N)} words as pymodbus's list of ints: uint16 .tolist()", _per_call(buffer.tolist, calls, 0),
            "us", "array.array('H', buffer.tobytes())", _per_call(lambda: array.array("H", buffer.tobytes()), calls, 0))
-    report("gateway codec, the 38 words as pymodbus's list of ints: uint16 .tolist()", _per_call(buffer.tolist, calls, 0),
+    report(f"gateway codec, the {gw.holding_count(N)} words as pymodbus's list of ints: uint16 .tolist()", _per_call(buffer.tolist, calls, 0),
            "us", "list(buffer) (numpy scalars)", _per_call(lambda: list(buffer), calls, 0))
 
 

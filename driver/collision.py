@@ -23,10 +23,11 @@ the rule:
     the RMS per joint of the measured torque minus the model's over the identification's rows):
         contact = CONTACT_SIGMA * rms,  collision = COLLISION_SIGMA * rms
   * without them (a catalogue model): NOMINAL_CONTACT and NOMINAL_COLLISION times each joint's torque limit.
-Both are floored at MIN_THRESHOLD_NM. Why 10 and 20: the observer passes, up to its gains' band, what the fit
-leaves out (friction near zero speed, whose rows the fit drops; the sensors' noise); over 10 minutes of full-speed
-excitation of the simulated arm its largest excursion was 3 to 10 times that RMS per joint (benchmarks/
-bench_collision.py), so 20 times leaves a margin of about 2.
+Both are floored at MIN_THRESHOLD_NM. Why 10 and 20: the observer passes, up to its gains' band, what the model
+does not hold (the friction near zero speed that the near-rest fit does not catch; the sensors' noise); over 10
+minutes of full-speed excitation of the simulated arm its largest excursion was 2 to 5 times that RMS per joint
+with the friction near rest, 3 to 10 times without it (benchmarks/bench_collision.py), so 20 times leaves a margin
+of 4, or 2 without it.
 
 At run time (`set_collision`): lowering thresholds is always allowed; raising any, or changing the reaction, is
 refused while a motion or servo session runs (the arm would be less protected mid-motion than when it started).
@@ -186,7 +187,8 @@ class CollisionMonitor:
         """Compile (or load from numba's cache) the kernels `watch` calls, for the types of the arrays the cycle
         passes, on a scratch observer and scratch output: this monitor and tau_ext are left as they were."""
         o = self.observer
-        scratch = MomentumObserver(o.model, 1.0 / o.dt, o.gains)
+        scratch = MomentumObserver(o.model, 1.0 / o.dt, o.gains, float(o.friction[0, 3]),
+                                   (o.friction[:, 4], o.friction[:, 5]))
         out = np.zeros_like(tau_ext)
         scratch.update(q, qd, np.multiply(current, self.torque_per_amp), out)
         ok.contact_levels(out, self.thresholds.contact, self.thresholds.collision)

@@ -212,7 +212,7 @@ class Driver:
     @staticmethod
     def _watch_model(model: Model, watch: Watch, rate_hz: float) -> tuple[Model, dict, Thresholds]:
         """The observer's model, its provenance and the collision thresholds (InputError naming the field)."""
-        from driver.model_source import load_watch_model, model_provenance, residual_rms
+        from driver.model_source import load_watch_model, model_provenance, near_rest_friction, residual_rms
         from driver.observer import gains_array
 
         if watch.model is None:
@@ -224,6 +224,9 @@ class Driver:
             gains_array(list(watch.gains) if isinstance(watch.gains, tuple) else watch.gains, used.n, rate_hz,
                         "model.observer_gains")
             rms = residual_rms(provenance["result"], used)
+            rest = near_rest_friction(provenance["result"], used)
+            provenance["near_rest_friction"] = None if rest is None else {
+                "excess": rest[0].tolist(), "velocity": rest[1].tolist()}
             thresholds = make_thresholds(used.n, used.tau_max, contact=_listed(watch.contact),
                                          collision=_listed(watch.collision), reaction=watch.reaction,
                                          enabled=watch.detect, residual_rms=rms)
@@ -245,7 +248,9 @@ class Driver:
         from driver.observer import MomentumObserver
 
         w = self.watch
-        return MomentumObserver(model, self.cycle.rate_hz, _listed(w.gains), w.friction_smoothing)
+        rest = self.model_provenance.get("near_rest_friction")
+        return MomentumObserver(model, self.cycle.rate_hz, _listed(w.gains), w.friction_smoothing,
+                                None if rest is None else (rest["excess"], rest["velocity"]))
 
     def set_collision(self, contact=None, collision=None, reaction=None, enabled=None, back_off_distance=None,
                       back_off_speed=None) -> dict:

@@ -3,7 +3,7 @@
 An identified model is the model.toml that `armid identify --consistent` writes; the result.json beside it holds
 the identification's residual statistics (fit.residual_rms_measured: the RMS per joint of the measured torque,
 unfiltered, minus the model's over the fit's rows), from which collision thresholds may be derived
-(driver/collision.py). A shipped model or any other model file works too; it then has no residual statistics.
+(driver/collision.py), and the friction near rest (fit.near_rest_friction) that the observer adds to the model's. A shipped model or any other model file works too; it then has no residual statistics.
 """
 from __future__ import annotations
 
@@ -59,6 +59,28 @@ def residual_rms(result_path: str | None, model: Model) -> np.ndarray | None:
         raise InputError(f"{result_path}: fit.residual_rms_measured: expected {model.n} positive numbers for the "
                          f"joints {', '.join(model.joint_names)}")
     return rms
+
+
+def near_rest_friction(result_path: str | None, model: Model) -> tuple[np.ndarray, np.ndarray] | None:
+    """(fs, vs) (n,) N m, rad/s: fit.near_rest_friction (excess, velocity) of the result.json at result_path, the
+    friction near rest the identification found on the samples its fit left out (ident.fit.near_rest); None when
+    there is no file or no such entry. InputError naming the file when it is malformed."""
+    if result_path is None:
+        return None
+    try:
+        doc = json.loads(Path(result_path).read_text())
+        entry = doc["fit"].get("near_rest_friction")
+        if entry is None:
+            return None
+        fs, vs = (np.asarray(entry[k], dtype=float) for k in ("excess", "velocity"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{result_path}: cannot read the friction near rest (fit.near_rest_friction): "
+                         f"{exc}") from None
+    if (fs.shape != (model.n,) or vs.shape != (model.n,) or not np.all(np.isfinite(fs) & (fs >= 0))
+            or not np.all(np.isfinite(vs) & (vs > 0))):
+        raise InputError(f"{result_path}: fit.near_rest_friction: expected excess (N m, >= 0) and velocity (rad/s, "
+                         f"> 0) of {model.n} numbers each")
+    return fs, vs
 
 
 def load_watch_model(source: str, driver_model: Model) -> tuple[Model, dict]:

@@ -9,7 +9,10 @@ Each joint's estimate follows its external torque as a first-order lag of time c
 tau_ext reaches 1 - 1/e of it after 1 / gains[j] s (10 ms at 100 1/s), and noise in the measured torque is low-
 passed at gains[j] / 2 pi Hz. tau_m is the motors' torque at the joints (current * gear ratio * torque constant).
 The model's friction (fc, fv, offset) is taken as identified, the sign of the Coulomb term smoothed over
-friction_smoothing rad/s.
+friction_smoothing rad/s; near_rest (fs, vs), when given, adds the friction near rest that the identification
+found on the samples its fit leaves out (ident.fit.near_rest; result.json's fit.near_rest_friction): the
+excess fs exp(-(qd/vs)^2) over fc, in N m and rad/s per joint. Without it the observer passes that excess as a
+burst at each velocity reversal.
 """
 from __future__ import annotations
 
@@ -37,11 +40,27 @@ def gains_array(gains, n: int, rate_hz: float, what: str = "observer gains") -> 
     return arr
 
 
+def near_rest_table(near_rest, n: int) -> np.ndarray:
+    """(n, 2) columns fs (N m), vs (rad/s) of the friction near rest (None: fs 0); InputError unless fs holds n
+    finite numbers >= 0 and vs n positive ones."""
+    if near_rest is None:
+        return np.column_stack([np.zeros(n), np.ones(n)])
+    try:
+        fs, vs = (np.asarray(x, dtype=float) for x in near_rest)
+    except (TypeError, ValueError):
+        fs = vs = np.zeros(0)
+    if (fs.shape != (n,) or vs.shape != (n,) or not np.all(np.isfinite(fs) & (fs >= 0))
+            or not np.all(np.isfinite(vs) & (vs > 0))):
+        raise InputError(f"near_rest friction: expected (excess, velocity) of {n} numbers each, excess >= 0 N m and "
+                         f"velocity > 0 rad/s, got {near_rest!r}")
+    return np.column_stack([fs, vs])
+
+
 class MomentumObserver:
     """The observer over `model` at rate_hz (its parameter table and friction are read once)."""
 
     def __init__(self, model: Model, rate_hz: float, gains=DEFAULT_GAIN,
-                 friction_smoothing: float = DEFAULT_FRICTION_SMOOTHING):
+                 friction_smoothing: float = DEFAULT_FRICTION_SMOOTHING, near_rest=None):
         n = self.n = model.n
         if not (isinstance(friction_smoothing, (int, float)) and math.isfinite(friction_smoothing)
                 and friction_smoothing > 0):
@@ -52,9 +71,10 @@ class MomentumObserver:
         self._chain = (model.joint_type, model.placement_R, model.placement_p, model.axis,
                        np.ascontiguousarray(model.gravity))
         self._P = model.params_matrix()
-        self.friction = np.empty((n, 4))
+        self.friction = np.empty((n, 6))
         self.friction[:, :3] = model.drive[:, 1:4]          # fc, fv, offset
         self.friction[:, 3] = friction_smoothing
+        self.friction[:, 4:] = near_rest_table(near_rest, n)
         self._state = np.zeros((3, n))
         self._p, self._beta = np.zeros(n), np.zeros(n)
         self.started = False

@@ -15,8 +15,10 @@ and needs no acceleration. dM/dt qd is M's derivative along qd by a central diff
 integral stepped by the previous residual (forward Euler), r_k = tau_ext (1 - (1 - K dt)^k) for a step in tau_ext
 on an exact model: the response the gains predict.
 
-f(v) = fc tanh(v / v_eps) + fv v + offset (the identified Coulomb, viscous and offset terms; tanh of width v_eps
-in place of sign(v), so that a joint at rest does not switch between +fc and -fc on the encoder's noise).
+f(v) = (fc + fs exp(-(v / vs)^2)) tanh(v / v_eps) + fv v + offset (the identified Coulomb, viscous and offset
+terms, and the friction near rest identified on the samples the fit leaves out, ident.fit.near_rest: fs = 0 when
+there is none; tanh of width v_eps in place of sign(v), so that a joint at rest does not switch between +fc and
+-fc on the encoder's noise).
 """
 from __future__ import annotations
 
@@ -72,14 +74,16 @@ def momentum_terms(jtype, Rpl, ppl, axis, grav, P, q, qd, h, p_out, beta_out):
 def observer_step(jtype, Rpl, ppl, axis, grav, P, friction, gains, dt, q, qd, tau_m, started, state, p, beta,
                   out):
     """One step of the observer at a new sample: q (rad), qd (rad/s), tau_m (N m) the motors' torque; friction
-    (n, 4): fc, fv, offset, v_eps; gains (n,) 1/s; state (3, n) kept between steps (INTEGRAL, RESIDUAL, BIAS);
+    (n, 6): fc, fv, offset, v_eps, fs, vs; gains (n,) 1/s; state (3, n) kept between steps (INTEGRAL, RESIDUAL, BIAS);
     p, beta (n,) scratch. started False: the observer starts here (residual 0). The estimate goes into out (n,)
     and the residual row of state."""
     n = q.shape[0]
     momentum_terms(jtype, Rpl, ppl, axis, grav, P, q, qd, DERIVATIVE_STEP_S, p, beta)
     for j in range(n):
         v = qd[j]
-        b = beta[j] + friction[j, 0] * np.tanh(v / friction[j, 3]) + friction[j, 1] * v + friction[j, 2]
+        x = v / friction[j, 5]
+        b = (beta[j] + (friction[j, 0] + friction[j, 4] * np.exp(-x * x)) * np.tanh(v / friction[j, 3])
+             + friction[j, 1] * v + friction[j, 2])
         if not started:
             state[INTEGRAL, j] = p[j]
             state[RESIDUAL, j] = 0.0

@@ -170,6 +170,30 @@ def test_the_driver_loads_an_identified_model_and_derives_its_thresholds(model, 
         Rig(model, Watch(model="puma560"))
 
 
+def test_the_driver_gives_its_observer_the_friction_near_rest_of_the_identification(model, tmp_path):
+    folder = tmp_path / "ident-out"
+    folder.mkdir()
+    write_model(model, folder / "model.toml", header="identified by armid from run.mcap: physically consistent")
+    fs, vs = [0.6, 1.0, 0.4, 0.2, 0.1, 0.09], [0.05, 0.05, 0.05, 0.04, 0.05, 0.06]
+    fit = {"residual_rms_measured": [0.3, 0.4, 0.2, 0.05, 0.05, 0.03],
+           "near_rest_friction": {"excess": fs, "velocity": vs, "units": ["N m", "rad/s"]}}
+    (folder / "result.json").write_text(json.dumps({"model": {"joints": list(model.joint_names)}, "fit": fit}))
+    rig = Rig(model, Watch(model=str(folder / "model.toml"), detect=True))
+    friction = rig.cycle.monitor.observer.friction
+    np.testing.assert_array_equal(friction[:, 4], fs)
+    np.testing.assert_array_equal(friction[:, 5], vs)
+    assert rig.driver.health(1.0, {})["model"]["near_rest_friction"] == {"excess": fs, "velocity": vs}
+    # without the entry (an older result.json): the model's friction alone
+    del fit["near_rest_friction"]
+    (folder / "result.json").write_text(json.dumps({"model": {"joints": list(model.joint_names)}, "fit": fit}))
+    rig = Rig(model, Watch(model=str(folder / "model.toml"), detect=True))
+    assert not rig.cycle.monitor.observer.friction[:, 4].any()
+    fit["near_rest_friction"] = {"excess": fs[:5], "velocity": vs}
+    (folder / "result.json").write_text(json.dumps({"model": {"joints": list(model.joint_names)}, "fit": fit}))
+    with pytest.raises(InputError, match="result.json: fit.near_rest_friction: expected excess"):
+        Rig(model, Watch(model=str(folder / "model.toml"), detect=True))
+
+
 def test_the_config_takes_model_and_collision_sections(tmp_path):
     from driver.config import ConfigError, load_config
 

@@ -44,6 +44,7 @@ from ident.fit.preprocess import (DECIMATION_TAPS_PER_FACTOR, MAX_BRIDGED_SAMPLE
                               bridge_short_gaps, check_effort_delay, decimation_filter, decimation_index,
                               estimate_bandwidth, load_recording, nominal_rate, Samples, prepare, segment, slow_rows,
                               split_at_gaps, _fir_decimate)
+from ident.fit.near_rest import near_rest_friction
 from ident.fit.resample import Mended, mend_sampling
 
 # rad/s: rows of a joint slower than this are left out. The model's Coulomb friction is fc sign(qd); real drives
@@ -59,6 +60,7 @@ SLOW_WEIGHT = 1e-2
 NEAR_REST = 0.5   # ... of its filter's weight falls on samples slower than this fraction of the slow threshold
 DECIMATION_PER_BANDWIDTH = 20.0  # the decimation filter's cut-off is about this many excitation bandwidths
 CHUNK_BYTES = 128 << 20          # the standard regressor is built this many bytes of samples at a time
+MAX_REST_SAMPLES = 5000          # per segment: full-rate samples near rest kept for the friction near rest
 
 
 class StepError(InputError):
@@ -140,6 +142,16 @@ class Rows:
     bandwidth_source: str = "estimated"
     lost_device_samples: int | None = None   # device samples lost before the recording, as it says (None: silent)
     segment_id: np.ndarray | None = None     # (N',) which uniformly sampled segment each row comes from
+    rest: tuple | None = None   # (qd (M, n), W (M, n, b), y_measured (M, n)) at full-rate samples near rest
+
+    def near_rest(self, beta: np.ndarray, gains: np.ndarray | None, slow_velocity: float):
+        """(fs, vs) (n,) N m, rad/s: the friction near rest of ident.fit.near_rest on the samples the fit left
+        out, against the fitted beta; None when no samples near rest were kept."""
+        if self.rest is None or len(self.rest[0]) == 0:
+            return None
+        qd, W, y = self.rest
+        torque = y * gains if self.kind == "current" and gains is not None else y
+        return near_rest_friction(qd, torque - estimate.predict(W, beta), slow_velocity)
 
     def gaps_note(self) -> str:
         """"in 3 uniformly sampled segments (...)" when the recording was cut at gaps, else ""."""
@@ -246,7 +258,8 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
                 samples=rec.N, effort_delay=rec.effort_delay, segments=len(parts), unused_samples=sum(short),
                 bridged_samples=bridged, y_measured=cat("y_measured"), W_motion=cat("W_motion"), mended=mended,
                 bandwidth_source=source, lost_device_samples=rec.lost_samples,
-                segment_id=np.concatenate([np.full(len(p.t), k) for k, p in enumerate(parts)]))
+                segment_id=np.concatenate([np.full(len(p.t), k) for k, p in enumerate(parts)]),
+                rest=tuple(np.concatenate([p.rest[i] for p in parts]) for i in range(3)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -259,6 +272,19 @@ class _SegmentRows:
     y_measured: np.ndarray
     W_motion: np.ndarray    # (N', n, b): the base regressor of the motion low-passed by the decimation filter
     slow: np.ndarray        # (N', n) bool: rows left out (slow_window)
+    rest: tuple             # (qd (M, n), W (M, n, b), y_measured (M, n)): full-rate samples near rest (rest_samples)
+
+
+def rest_samples(model: Model, base: BaseParameters, s: Samples, slow_velocity: float) -> tuple:
+    """(qd, W, y_measured) at the full-rate samples where some joint is slower than slow_velocity (at most
+    MAX_REST_SAMPLES of them, evenly spread): the samples the fit leaves out, on which ident.fit.near_rest
+    identifies the friction near rest after the fit."""
+    index = np.flatnonzero(np.any(np.abs(s.qd) < slow_velocity, axis=1))
+    if len(index) > MAX_REST_SAMPLES:
+        index = index[np.linspace(0, len(index) - 1, MAX_REST_SAMPLES).astype(int)]
+    measured = s.y if s.y_measured is None else s.y_measured
+    W = np.take(dynamics.regressor(model, s.q[index], s.qd[index], s.qdd[index]), base.indices, axis=2)
+    return s.qd[index], W, measured[index]
 
 
 def slow_window(qd: np.ndarray, threshold: float, h: np.ndarray | None, index: np.ndarray) -> np.ndarray:
@@ -324,7 +350,7 @@ def _segment_rows(model: Model, base: BaseParameters, s: Samples, factor: int, w
     at_rows = np.take(dynamics.regressor(model, *motion), base.indices, axis=2)
     steps.add(f"regressor ({role})", time.perf_counter() - started)
     return _SegmentRows(s.t[index], s.q[index], s.qd[index], W, y, measured[index], at_rows,
-                        slow_window(s.qd, slow_velocity, h, index))
+                        slow_window(s.qd, slow_velocity, h, index), rest_samples(model, base, s, slow_velocity))
 
 
 @dataclass(frozen=True, eq=False)
@@ -351,7 +377,9 @@ class Identification:
     identified; None for torque data); gains_std when identified; scale_note says what fixed the scale.
     residual_rms_measured (n,) N m: the WLS residual on the fit rows against the torque as measured (not
     filtered), beside fit.residual_rms against the filtered rows; warnings: what the checks after the fit found
-    suspicious (ident.fit.checks), [] when nothing.
+    suspicious (ident.fit.checks), [] when nothing. near_rest: (fs, vs) (n,) N m and rad/s, the friction near rest
+    (a Stribeck excess fs exp(-(qd/vs)^2) sign(qd)) identified after the fit on the samples it left out
+    (ident.fit.near_rest); None when the recording had none.
     """
 
     model: Model
@@ -369,6 +397,7 @@ class Identification:
     seconds: dict[str, float]
     residual_rms_measured: np.ndarray | None = None
     warnings: list[str] = field(default_factory=list)
+    near_rest: tuple | None = None    # (fs, vs) (n,) N m, rad/s: friction near rest (ident.fit.near_rest)
     choices: list[str] = field(default_factory=list)     # the automatic choices and why (ident.fit.choices)
 
     @property
@@ -529,6 +558,8 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
             val = Validation(vrows, estimate.predict(vrows.W, fit.beta), rms, rel, rms_m, rel_m)
     residual_measured = measured_errors(rows.model_regressor(), rows.measured_torque(gains), fit.beta,
                                         rows.mask)[0]
+    with steps("friction near rest"):
+        rest = rows.near_rest(fit.beta, gains, slow_velocity)
     with steps("checks"):
         found = fit_warnings(base.names, fit.beta, fit.std, fit.cond, model.tau_max,
                              _velocity_bound(model, rows), None if val is None else val.relative,
@@ -546,7 +577,7 @@ def identify(model: Model, data: str | Path | Recording, *, validate: str | Path
     return Identification(model=model, base=base, rows=rows, fit=fit, ols=ols, gains=gains, gains_std=gains_std,
                           scale_note=note, consistent=cons, validation=val, trajectory=trajectory,
                           slow_velocity=slow_velocity, seconds=steps.seconds, residual_rms_measured=residual_measured,
-                          warnings=found, choices=chosen)
+                          warnings=found, choices=chosen, near_rest=rest)
 
 
 def measured_errors(W: np.ndarray, y: np.ndarray, beta: np.ndarray,

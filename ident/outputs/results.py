@@ -101,7 +101,10 @@ def result_document(ident: Identification, out_dir: str | Path | None = None,
         "fit": {"method": "wls", "cond": _num(fit.cond), "sigma_joint": _nums(fit.sigma_joint),
                 "residual_rms": _nums(fit.residual_rms), "ols_residual_rms": _nums(ident.ols.residual_rms),
                 "residual_rms_measured": None if ident.residual_rms_measured is None
-                else _nums(ident.residual_rms_measured), "units": "N m"},
+                else _nums(ident.residual_rms_measured), "units": "N m",
+                "near_rest_friction": None if ident.near_rest is None
+                else {"excess": _nums(ident.near_rest[0]), "velocity": _nums(ident.near_rest[1]),
+                      "units": ["N m", "rad/s"]}},
         "warnings": list(ident.warnings),
         "seconds": {k: round(v, 4) for k, v in ident.seconds.items()},
     }
