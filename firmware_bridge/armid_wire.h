@@ -33,46 +33,46 @@ extern "C" {
 #define ARMID_CAN_TPDO1_DLC 7  /* TPDO1 payload bytes */
 #define ARMID_CAN_TPDO1_ENABLED 1  /* TPDO1 valid by default */
 #define ARMID_CAN_TPDO1_STATUSWORD_MAPPING 0x60410010  /* 0x6041:00, 16 bits */
-#define ARMID_CAN_TPDO1_STATUSWORD_BYTE 0  /* byte offset of statusword (uint16, no unit) */
+#define ARMID_CAN_TPDO1_STATUSWORD_OFFSET 0  /* byte offset of statusword (uint16, no unit) */
 #define ARMID_CAN_TPDO1_POSITION_ACTUAL_MAPPING 0x60640020  /* 0x6064:00, 32 bits */
-#define ARMID_CAN_TPDO1_POSITION_ACTUAL_BYTE 2  /* byte offset of position_actual (int32, counts) */
+#define ARMID_CAN_TPDO1_POSITION_ACTUAL_OFFSET 2  /* byte offset of position_actual (int32, counts) */
 #define ARMID_CAN_TPDO1_MODE_DISPLAY_MAPPING 0x60610008  /* 0x6061:00, 8 bits */
-#define ARMID_CAN_TPDO1_MODE_DISPLAY_BYTE 6  /* byte offset of mode_display (int8, no unit) */
+#define ARMID_CAN_TPDO1_MODE_DISPLAY_OFFSET 6  /* byte offset of mode_display (int8, no unit) */
 #define ARMID_CAN_TPDO2_COB_BASE 0x280  /* TPDO2 COB-ID = base + node id */
 #define ARMID_CAN_TPDO2_DLC 8  /* TPDO2 payload bytes */
 #define ARMID_CAN_TPDO2_ENABLED 1  /* TPDO2 valid by default */
 #define ARMID_CAN_TPDO2_VELOCITY_ACTUAL_MAPPING 0x606C0020  /* 0x606C:00, 32 bits */
-#define ARMID_CAN_TPDO2_VELOCITY_ACTUAL_BYTE 0  /* byte offset of velocity_actual (int32, counts/s) */
+#define ARMID_CAN_TPDO2_VELOCITY_ACTUAL_OFFSET 0  /* byte offset of velocity_actual (int32, counts/s) */
 #define ARMID_CAN_TPDO2_CURRENT_ACTUAL_MAPPING 0x20000020  /* 0x2000:00, 32 bits */
-#define ARMID_CAN_TPDO2_CURRENT_ACTUAL_BYTE 4  /* byte offset of current_actual (int32, uA) */
+#define ARMID_CAN_TPDO2_CURRENT_ACTUAL_OFFSET 4  /* byte offset of current_actual (int32, uA) */
 #define ARMID_CAN_TPDO3_COB_BASE 0x380  /* TPDO3 COB-ID = base + node id */
 #define ARMID_CAN_TPDO3_DLC 8  /* TPDO3 payload bytes */
 #define ARMID_CAN_TPDO3_ENABLED 0  /* TPDO3 valid by default */
 #define ARMID_CAN_TPDO3_TORQUE_ACTUAL_MAPPING 0x20010020  /* 0x2001:00, 32 bits */
-#define ARMID_CAN_TPDO3_TORQUE_ACTUAL_BYTE 0  /* byte offset of torque_actual (int32, mN m) */
+#define ARMID_CAN_TPDO3_TORQUE_ACTUAL_OFFSET 0  /* byte offset of torque_actual (int32, mN m) */
 #define ARMID_CAN_TPDO3_FOLLOWING_ERROR_ACTUAL_MAPPING 0x60F40020  /* 0x60F4:00, 32 bits */
-#define ARMID_CAN_TPDO3_FOLLOWING_ERROR_ACTUAL_BYTE 4  /* byte offset of following_error_actual (int32, counts) */
+#define ARMID_CAN_TPDO3_FOLLOWING_ERROR_ACTUAL_OFFSET 4  /* byte offset of following_error_actual (int32, counts) */
 #define ARMID_CAN_TPDO4_COB_BASE 0x480  /* TPDO4 COB-ID = base + node id */
 #define ARMID_CAN_TPDO4_DLC 4  /* TPDO4 payload bytes */
 #define ARMID_CAN_TPDO4_ENABLED 1  /* TPDO4 valid by default */
 #define ARMID_CAN_TPDO4_TIME_STAMP_MAPPING 0x10130020  /* 0x1013:00, 32 bits */
-#define ARMID_CAN_TPDO4_TIME_STAMP_BYTE 0  /* byte offset of time_stamp (uint32, us) */
+#define ARMID_CAN_TPDO4_TIME_STAMP_OFFSET 0  /* byte offset of time_stamp (uint32, us) */
 #define ARMID_CAN_RPDO1_COB_BASE 0x200  /* RPDO1 COB-ID = base + node id */
 #define ARMID_CAN_RPDO1_DLC 7  /* RPDO1 payload bytes */
 #define ARMID_CAN_RPDO1_ENABLED 1  /* RPDO1 valid by default */
 #define ARMID_CAN_RPDO1_CONTROLWORD_MAPPING 0x60400010  /* 0x6040:00, 16 bits */
-#define ARMID_CAN_RPDO1_CONTROLWORD_BYTE 0  /* byte offset of controlword (uint16, no unit) */
+#define ARMID_CAN_RPDO1_CONTROLWORD_OFFSET 0  /* byte offset of controlword (uint16, no unit) */
 #define ARMID_CAN_RPDO1_TARGET_POSITION_MAPPING 0x607A0020  /* 0x607A:00, 32 bits */
-#define ARMID_CAN_RPDO1_TARGET_POSITION_BYTE 2  /* byte offset of target_position (int32, counts) */
+#define ARMID_CAN_RPDO1_TARGET_POSITION_OFFSET 2  /* byte offset of target_position (int32, counts) */
 #define ARMID_CAN_RPDO1_MODE_MAPPING 0x60600008  /* 0x6060:00, 8 bits */
-#define ARMID_CAN_RPDO1_MODE_BYTE 6  /* byte offset of mode (int8, no unit) */
+#define ARMID_CAN_RPDO1_MODE_OFFSET 6  /* byte offset of mode (int8, no unit) */
 #define ARMID_CAN_RPDO2_COB_BASE 0x300  /* RPDO2 COB-ID = base + node id */
 #define ARMID_CAN_RPDO2_DLC 6  /* RPDO2 payload bytes */
 #define ARMID_CAN_RPDO2_ENABLED 1  /* RPDO2 valid by default */
 #define ARMID_CAN_RPDO2_TARGET_TORQUE_MAPPING 0x20020020  /* 0x2002:00, 32 bits */
-#define ARMID_CAN_RPDO2_TARGET_TORQUE_BYTE 0  /* byte offset of target_torque (int32, mN m) */
+#define ARMID_CAN_RPDO2_TARGET_TORQUE_OFFSET 0  /* byte offset of target_torque (int32, mN m) */
 #define ARMID_CAN_RPDO2_TORQUE_OFFSET_MAPPING 0x60B20010  /* 0x60B2:00, 16 bits */
-#define ARMID_CAN_RPDO2_TORQUE_OFFSET_BYTE 4  /* byte offset of torque_offset (int16, per mille of 0x6076) */
+#define ARMID_CAN_RPDO2_TORQUE_OFFSET_OFFSET 4  /* byte offset of torque_offset (int16, per mille of 0x6076) */
 
 /* ---- firmware_bridge.cia402 ---- */
 #define ARMID_CIA402_CONTROLWORD 0x6040  /* object index 0x6040 */

@@ -567,8 +567,7 @@ def c_constants() -> list[tuple[str, int, str]]:
         for off, e in zip(p.offsets(), p.entries):
             f = e.field.upper()
             out.append((f"{n}_{f}_MAPPING", e.mapping_word, f"0x{e.index:04X}:{e.subindex:02X}, {e.bits} bits"))
-            # _BYTE, not _OFFSET: a field may itself be an offset (torque_offset, 0x60B2)
-            out.append((f"{n}_{f}_BYTE", off, f"byte offset of {e.field} ({_TYPE_NAME[e.data_type]}, "
+            out.append((f"{n}_{f}_OFFSET", off, f"byte offset of {e.field} ({_TYPE_NAME[e.data_type]}, "
                                                 f"{e.unit or 'no unit'})"))
     return out
 
