@@ -51,7 +51,7 @@ def _fit(model, base, traj, rec):
     return f.beta, f.std, f.relative_std_pct
 
 
-def in_process(transport: str, seed: int, current_std: float):
+def in_process(transport: str, seed: int, current_std: float, clocking: str = "lockstep"):
     """The demo's excitation motion on sim.Simulator in this process, as the chain runs it (see the docstring)."""
     from armid import chain
     from armid.commands import demo
@@ -64,7 +64,7 @@ def in_process(transport: str, seed: int, current_std: float):
     from sim.transport_recording import through_wire, wire_scaling
 
     model, _, _, traj = _setup()
-    rate = chain.plan_for(transport).sim_rate_hz
+    rate = chain.plan_for(transport, clocking=clocking).sim_rate_hz
     t_s, q_s = demo.excitation_samples(traj, PERIODS)
     path = curve(t_s, q_s)
     rest = int(REST_S * rate)
@@ -87,7 +87,7 @@ def in_process(transport: str, seed: int, current_std: float):
                      f"in process ({transport}, seed {seed})", effort_delay(rate))
 
 
-def chain_run(transport: str, seed: int, out: Path):
+def chain_run(transport: str, seed: int, out: Path, clocking: str = "lockstep"):
     """`armid demo` on the chain; (z-ready result document, excitation Recording, its noise-free twin) or None."""
     from armid import chain, cli
     from firmware_bridge.recording import read_recording
@@ -97,7 +97,7 @@ def chain_run(transport: str, seed: int, out: Path):
 
     model = _setup()[0]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = cli.main(["demo", "-o", str(out), "--transport", transport, "--periods", str(PERIODS), "--quiet",
+        code = cli.main(["demo", "-o", str(out), "--transport", transport, "--clocking", clocking, "--periods", str(PERIODS), "--quiet",
                          "--seed", str(seed)])
     if code != 0 or not (out / "result.json").is_file():
         return None
@@ -105,7 +105,7 @@ def chain_run(transport: str, seed: int, out: Path):
     rec = load_recording(out / "excitation.npz")
     samples = window(read_recording(out / "run.mcap").states, rec.q)
     noise = noise_torques(samples, seed=seed, current_std=NoiseConfig().current_std,
-                          rate_hz=chain.plan_for(transport).sim_rate_hz, torque_per_amp=model.joint_torque_per_amp())
+                          rate_hz=chain.plan_for(transport, clocking=clocking).sim_rate_hz, torque_per_amp=model.joint_torque_per_amp())
     return doc, rec, dataclasses.replace(rec, tau=rec.tau - noise)
 
 
@@ -117,6 +117,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=4, help="chain runs (seeds 1..RUNS) per transport")
     ap.add_argument("--transports", default="serial,gateway")
+    ap.add_argument("--clocking", default="lockstep", choices=("lockstep", "free"),
+                    help="the simulator in lockstep with the driver, or free-running on its own clock")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the chain runs' folders here")
     args = ap.parse_args()
     from sim import NoiseConfig
@@ -125,13 +127,13 @@ def main() -> None:
     names = list(base.names)
     cols = [names.index(n) for n in TERMS if n in names]
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-chain-bias-"))
-    print(f"chain: armid demo --clocking lockstep --periods {PERIODS:g} --seed 1..{args.runs}; reference: the same "
+    print(f"chain: armid demo --clocking {args.clocking} --periods {PERIODS:g} --seed 1..{args.runs}; reference: the same "
           f"motion and seeds in process; z = (estimate - truth) / reported std")
     for transport in args.transports.split(","):
         zc, zc_clean, zi, zi_clean, secs = [], [], [], [], []
         for seed in range(1, args.runs + 1):
             started = time.perf_counter()
-            got = chain_run(transport, seed, root / f"{transport}-{seed}")
+            got = chain_run(transport, seed, root / f"{transport}-{seed}", args.clocking)
             secs.append(time.perf_counter() - started)
             if got is None:
                 print(f"{transport} seed {seed}: the demo failed (folder {root / f'{transport}-{seed}'})")
@@ -143,11 +145,11 @@ def main() -> None:
             value = np.array([r["value"] for r in doc["base_parameters"]])
             zc.append(np.where(ok, (value - truth) / std, np.nan))
             zc_clean.append(np.where(ok, (_fit(model, base, traj, clean)[0] - truth) / std, np.nan))
-            noisy = in_process(transport, seed, NoiseConfig().current_std)
+            noisy = in_process(transport, seed, NoiseConfig().current_std, args.clocking)
             b, s, pct = _fit(model, base, traj, noisy)
             ok_i = pct <= 10
             zi.append(np.where(ok_i, (b - truth) / s, np.nan))
-            quiet = in_process(transport, seed, 0.0)
+            quiet = in_process(transport, seed, 0.0, args.clocking)
             zi_clean.append(np.where(ok_i, (_fit(model, base, traj, quiet)[0] - truth) / s, np.nan))
             print(f"{transport} seed {seed}: chain max |z| {np.nanmax(np.abs(zc[-1])):.2f}, noise removed "
                   f"{np.nanmax(np.abs(zc_clean[-1])):.2f}; in process {np.nanmax(np.abs(zi[-1])):.2f}, noise off "
@@ -155,7 +157,7 @@ def main() -> None:
         if not zc:
             continue
         zc, zc_clean, zi, zi_clean = (np.array(x) for x in (zc, zc_clean, zi, zi_clean))
-        print(f"\n{transport} lockstep, {len(zc)} runs: z mean +- spread over the runs")
+        print(f"\n{transport} {args.clocking}, {len(zc)} runs: z mean +- spread over the runs")
         print(f"  {'term':8s} {'chain':>14s} {'in process':>14s}   {'chain, noise removed':>22s} {'in process, noise off':>22s}")
         for c in cols:
             print(f"  {names[c]:8s} {_stats(zc[:, c][np.isfinite(zc[:, c])]):>14s} "
