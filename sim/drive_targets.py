@@ -175,9 +175,9 @@ class TargetStreams:
             k = KEPT if len(stamps) == KEPT and stamps[-1] - stamps[0] == KEPT - 1 else 2
             x = extrapolate(stamps[-k:], values[-k:], now)
         elif self._misses[j] <= self.max_extrapolated + self.coast:     # buffer run dry: on at the last step
-            x = self.target[j] + self._step[j]
-            if self._step[j] != 0.0 and abs(self._step[j]) <= self.max_step[j] and self.lo[j] <= x <= self.hi[j]:
-                self.target[j] = x
+            on = self.target[j] + self._step[j]
+            if self._step[j] != 0.0 and abs(self._step[j]) <= self.max_step[j] and self.lo[j] <= on <= self.hi[j]:
+                self.target[j] = on
                 c.extrapolated += 1
                 return
         if x != values[-1] and abs(x - values[-1]) <= self.max_step[j] * (now - stamps[-1]):
@@ -236,7 +236,7 @@ STILL_FRACTION = 0.01     # a target this fraction of a joint's maximum velocity
                           # rest: the setpoint buffer may drop it (firmware_bridge.runtime.setpoint_buffer)
 FREE_RUNNING_DEPTH = 3    # a free-running device's setpoint buffer: jitter of two cycles costs nothing (with 2,
                           # a loaded 2-core machine ran 3 % of the cycles without a target)
-COAST_S = 0.1             # s: how long a drive whose setpoint buffer ran dry goes on at its last velocity (hosts
+COAST_S = 0.05            # s: how long a drive whose setpoint buffer ran dry goes on at its last velocity (hosts
                           # 29 ms late were seen on a loaded 2-core machine), within the joints' limits
 def setpoints_for_device(depth: int | None, host_clocked: bool, where: str) -> TargetBuffer | None:
     """The setpoint buffer of a device side: `depth` cycles (0: none), by default FREE_RUNNING_DEPTH when the
