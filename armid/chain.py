@@ -109,15 +109,8 @@ FREE_DRIFT_PPM = 100.0
 FREE_JITTER_US = 20.0
 CLOCKINGS = ("lockstep", "free")
 _FREE_CLOCK_ARGS = ("--clock-drift-ppm", f"{FREE_DRIFT_PPM:g}", "--clock-jitter-us", f"{FREE_JITTER_US:g}")
-# The simulator is a process a loaded machine may not schedule for 100 ms; it then runs the ticks it missed back to
-# back, faster than its writer can send their STATEs, and with the board's 8-frame queue it skipped them: samples
-# the host never saw and never sent targets for, and the drives, continuing the stream over the gap, came back to
-# it tens of mrad away (a following-error fault). A board whose ticks come on time never queues that many, so the
-# chain's serial board keeps every STATE of such a burst (state_queue = FREE_STATE_QUEUE).
-FREE_STATE_QUEUE = 256
 FREE_PLANS = {
-    "serial": dataclasses.replace(PLANS["serial"], sim_args=("--option", "watchdog_s=2", "--option",
-                                                             f"state_queue={FREE_STATE_QUEUE}", *_FREE_CLOCK_ARGS),
+    "serial": dataclasses.replace(PLANS["serial"], sim_args=("--option", "watchdog_s=2", *_FREE_CLOCK_ARGS),
                                   clock="auto", lockstep=False),
     "can": PLANS["can"],
     "gateway": dataclasses.replace(PLANS["gateway"], rate_hz=FREE_GATEWAY_HZ, sim_rate_hz=FREE_GATEWAY_HZ,

@@ -16,13 +16,7 @@ frame before its application has updated it. The device hands every target it re
     continuations), each at its own cycle (sim.drive_control.extrapolate): on the cubic through the last
     EXACT_DEGREE + 1 where they came one per cycle, else on the line through the last two (if they came
     within WINDOW cycles), for up to `max_extrapolated` misses in a row, then holds the last received target. Only a new target ends a run of misses; a
-    repeated frame does not. A drive with a setpoint buffer (free-running: its host's targets are consumed from
-    a queue, DeviceTargets) then coasts for up to `coast` more misses: it goes on at the velocity of its last
-    step (the line of its own last two targets), as a drive's interpolation does when its buffer runs dry,
-    and then holds where it is, never at an older target behind it. Holding in mid-motion stops the arm within
-    a cycle: it overshoots and reverses, and a velocity reversal shorter than the identification's filters
-    carries friction that no filtered velocity describes (one host 29 ms late put mXR2 at +5 sigma, noise
-    removed; benchmarks/bench_chain_bias.py). A continuation that would move the target faster than the joint's maximum
+    repeated frame does not. A continuation that would move the target faster than the joint's maximum
     velocity from the last received one (a host that stepped its target is not moving at that speed) is
     not followed either: the drive holds.
 
@@ -74,20 +68,13 @@ class TargetStreams:
 
     max_extrapolated: misses in a row for which a drive continues its received targets, before it holds the
     last one (0: hold at once). max_step (n,): the most a joint moves in one cycle (rad or m: its maximum
-    velocity times the cycle; None: unbounded); a continuation beyond it is not followed. coast: misses after
-    those for which the drive goes on at its last step, within [lo, hi] (rad or m, per joint), then holds where
-    it is (0: no coasting, the last received target is held).
+    velocity times the cycle; None: unbounded); a continuation beyond it is not followed.
     """
 
-    def __init__(self, n: int, max_extrapolated: int = 4, max_step: np.ndarray | None = None, coast: int = 0,
-                 lo: np.ndarray | None = None, hi: np.ndarray | None = None):
-        for name, value in (("max_extrapolated", max_extrapolated), ("coast", coast)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
-        self.n, self.max_extrapolated, self.coast = n, max_extrapolated, coast
-        self.lo = np.full(n, -np.inf) if lo is None else np.array(lo, dtype=float)
-        self.hi = np.full(n, np.inf) if hi is None else np.array(hi, dtype=float)
-        self._step = np.zeros(n)                    # each drive's last step (rad per cycle), for coasting
+    def __init__(self, n: int, max_extrapolated: int = 4, max_step: np.ndarray | None = None):
+        if isinstance(max_extrapolated, bool) or not isinstance(max_extrapolated, int) or max_extrapolated < 0:
+            raise ValueError(f"max_extrapolated: expected an integer >= 0, got {max_extrapolated!r}")
+        self.n, self.max_extrapolated = n, max_extrapolated
         self.max_step = np.full(n, np.inf) if max_step is None else np.array(max_step, dtype=float)
         self.counts = TargetCounts()
         self._lock = threading.Lock()
@@ -132,9 +119,7 @@ class TargetStreams:
                     if self._values[j]:
                         self._forget(j)
                     continue
-                before, was = self.target[j], self.following[j]
                 self._follow(j, pending)
-                self._step[j] = self.target[j] - before if was else 0.0
         return self.target
 
     def _follow(self, j: int, pending: list[float]) -> None:
@@ -174,26 +159,18 @@ class TargetStreams:
             # that lags and catches up) amplifies their timing errors eightfold
             k = KEPT if len(stamps) == KEPT and stamps[-1] - stamps[0] == KEPT - 1 else 2
             x = extrapolate(stamps[-k:], values[-k:], now)
-        elif self._misses[j] <= self.max_extrapolated + self.coast:     # buffer run dry: on at the last step
-            on = self.target[j] + self._step[j]
-            if self._step[j] != 0.0 and abs(self._step[j]) <= self.max_step[j] and self.lo[j] <= on <= self.hi[j]:
-                self.target[j] = on
-                c.extrapolated += 1
-                return
         if x != values[-1] and abs(x - values[-1]) <= self.max_step[j] * (now - stamps[-1]):
             self.target[j] = x
             c.extrapolated += 1
         else:
-            if not self.coast:           # a drive that coasts holds where it is, never behind it
-                self.target[j] = values[-1]
+            self.target[j] = values[-1]
             c.held += 1
 
 
-def streams_for(sim, coast: int = 0) -> TargetStreams:
+def streams_for(sim) -> TargetStreams:
     """The target streams of a Simulator's drives: its DriveConfig's extrapolated_targets, each joint's maximum
-    velocity (the model's qd_max) over one cycle; `coast` cycles of coasting within the joints' limits."""
-    return TargetStreams(sim.n, sim.drives.config.extrapolated_targets, np.asarray(sim.model.qd_max) * sim.dt,
-                         coast, sim.model.q_min, sim.model.q_max)
+    velocity (the model's qd_max) over one cycle."""
+    return TargetStreams(sim.n, sim.drives.config.extrapolated_targets, np.asarray(sim.model.qd_max) * sim.dt)
 
 
 def target_limits(model, counts_per_rad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -236,8 +213,6 @@ STILL_FRACTION = 0.01     # a target this fraction of a joint's maximum velocity
                           # rest: the setpoint buffer may drop it (firmware_bridge.runtime.setpoint_buffer)
 FREE_RUNNING_DEPTH = 3    # a free-running device's setpoint buffer: jitter of two cycles costs nothing (with 2,
                           # a loaded 2-core machine ran 3 % of the cycles without a target)
-COAST_S = 0.05            # s: how long a drive whose setpoint buffer ran dry goes on at its last velocity (hosts
-                          # 29 ms late were seen on a loaded 2-core machine), within the joints' limits
 def setpoints_for_device(depth: int | None, host_clocked: bool, where: str) -> TargetBuffer | None:
     """The setpoint buffer of a device side: `depth` cycles (0: none), by default FREE_RUNNING_DEPTH when the
     device runs on its own clock and none when the host clocks it (one cycle per command: nothing to absorb)."""
@@ -262,12 +237,11 @@ class DeviceTargets:
 
     def __init__(self, sim, setpoints: TargetBuffer | None):
         self.sim = sim
-        self.streams = streams_for(sim, 0 if setpoints is None else int(round(COAST_S / sim.dt)))
+        self.streams = streams_for(sim)
         self.setpoints = setpoints
         if setpoints is not None:        # drop a burst's excess only where it moves nothing: never a jump
             setpoints.still = np.asarray(sim.model.qd_max, dtype=float) * sim.dt * STILL_FRACTION
-            # the late targets of every cycle the drive went on without one (extrapolated, coasted) go
-            setpoints.extrapolated = self.streams.max_extrapolated + self.streams.coast
+            setpoints.extrapolated = self.streams.max_extrapolated
         self.commanded = sim.read_state().position.copy()   # the last target received (rad)
         self.applied = self.commanded.copy()               # the targets the simulator has (rad)
         self.csp = np.zeros(sim.n, dtype=bool)             # the last accepted frame's mode is CSP

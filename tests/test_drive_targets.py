@@ -66,32 +66,6 @@ def test_a_stream_without_new_targets_is_continued_from_received_ones_only_a_bou
     assert ts.cycle(streaming)[0] == 1.0
 
 
-def test_a_drive_that_coasts_goes_on_at_its_last_step_within_its_limits_then_holds_where_it_is():
-    """With coast (a free-running drive's setpoint buffer ran dry): after the LIMIT cycles on the cubic, COAST more
-    on the drive's own last step, then it holds where it got to, never the last received target behind it (a
-    step back in mid-motion stops the arm, which overshoots and reverses). A coast that would leave the joint's
-    limits holds at once."""
-    coast = 5
-    ts = TargetStreams(1, max_extrapolated=LIMIT, coast=coast)
-    streaming = np.array([True])
-    for k in range(20):
-        ts.receive(0, moving(k))
-        ts.cycle(streaming)
-    got = [float(ts.cycle(streaming)[0]) for _ in range(LIMIT + coast + 3)]
-    step = got[LIMIT - 1] - got[LIMIT - 2]
-    np.testing.assert_allclose(np.diff(got[LIMIT - 1:LIMIT + coast]), step, rtol=0, atol=1e-12)
-    assert got[LIMIT + coast:] == [got[LIMIT + coast - 1]] * 3 and got[-1] > moving(19) + coast * step
-    assert ts.counts.extrapolated == LIMIT + coast and ts.counts.held == 3
-    fenced = TargetStreams(1, max_extrapolated=LIMIT, coast=coast, hi=np.array([got[LIMIT - 1] + 0.5 * step]))
-    for k in range(20):
-        fenced.receive(0, moving(k))
-        fenced.cycle(streaming)
-    fenced_got = [float(fenced.cycle(streaming)[0]) for _ in range(LIMIT + 2)]
-    assert fenced_got[LIMIT:] == [fenced_got[LIMIT - 1]] * 2 == [got[LIMIT - 1]] * 2
-    with pytest.raises(ValueError, match="coast"):
-        TargetStreams(1, coast=-1)
-
-
 def test_misses_between_new_targets_never_feed_the_continuation_with_its_own_values():
     """Every other cycle lost: each continuation is the line through the last two received targets at their own
     cycles (a cubic through targets that did not come one per cycle amplifies their timing errors), never

@@ -23,8 +23,7 @@ Rules, per drive cycle (`take`):
         the drive extrapolates up to that many missed cycles in a row, sim.drive_targets): when it comes late,
         its time has passed and the drive already went where it leads, so the oldest beyond the depth go, up
         to one per such cycle. A host late by a few cycles (the common case on a loaded machine) costs no
-        lasting latency, in motion or not. Only the cycles of the dry spell just ended count: a cycle whose
-        target never comes (a sample the host never saw) must not cost a later, punctual target;
+        lasting latency, in motion or not;
       - a target within `still` of the next one (the arm is at rest there). A longer stall in the middle of a
         motion (the drive held after `extrapolated` misses) is carried out in full, one target per cycle, as
         the host sent it (dropping it would step the target by the whole backlog: 73 mrad for 150 ms at
@@ -111,7 +110,6 @@ class TargetBuffer:
             while len(queue) > self.max_queued and np.all(np.abs(queue[1][0] - queue[0][0]) <= self.still):
                 queue.popleft()
                 self.counts.skipped += 1
-        self._owed = 0      # the dry spell is over: a target of it that did not come with this burst never will
         self.counts.consumed += 1
         return queue.popleft()
 
