@@ -208,11 +208,12 @@ def test_the_well_identified_parameters_lie_within_the_family_wise_bound_of_the_
     _check_family_wise(demo_run, truth)
 
 
-# The free-running runs' chain checks run by default; their statistics only with `-m e2e` (the lead decides when
-# they join the default run). At load 9-13 two well-identified terms lay beyond 3 sigma in 2 of 3 serial runs and
-# 1 of 4 gateway runs: a host late by more than the drives' setpoint buffer made them hold an older target in
-# mid-motion, and the arm's reversal biased friction and inertia (docs/reference/simulator.md); the drives now
-# coast through such a stall.
+# The free-running runs (chain checks and statistics) are opt-in, `-m e2e`. At load 9-13 two well-identified terms
+# lay beyond 3 sigma in 2 of 3 serial runs and 1 of 4 gateway runs, and one serial run's own bias, noise removed,
+# was 3.9 sigma: a host late by more than the simulated drives' setpoint buffer and extrapolation (3 + 4 cycles)
+# makes them hold their last received target in mid-motion, behind the one they had extrapolated to; the arm stops,
+# reverses and saturates its torques, and the friction of a reversal shorter than the filters biases friction and
+# inertia (docs/design/science.md; benchmarks/bench_chain_bias.py --late-host reproduces it in process).
 
 
 @pytest.mark.e2e
@@ -288,8 +289,8 @@ def test_without_the_simulators_noise_the_chains_recording_identifies_the_truth_
     the chain does to the samples (timing, pairing, held or skipped targets, stamps, the recording) that biases the
     estimate stays; the noise, which decides the 3-sigma criterion run by run, goes. Measured on the lockstep
     chains: at most 0.3 sigma on every well-identified base parameter (15 serial and gateway runs; the same motion
-    in process with the noise off: 0.43). A simulator process stopped for 50 ms every 0.7 s made it 0.9-1.6, the
-    free-running serial chain 2.0 in one run (docs/design/science.md)."""
+    in process with the noise off: 0.43). A simulator process stopped for 50 ms every 0.7 s made it 0.9-1.6; a
+    free-running chain whose host is late in mid-motion 2.0-3.9 (docs/design/science.md)."""
     from ident.fit import excitation as excitation_file
     from ident.fit.batch import identify
     from ident.fit.preprocess import load_recording
