@@ -287,7 +287,7 @@ def test_without_the_simulators_noise_the_chains_recording_identifies_the_truth_
     """The systematic part of the chain's estimate: the same excitation.npz with the noise of every sample
     subtracted, identified as `armid identify` did, against the truth in the noisy run's reported sigmas. Anything
     the chain does to the samples (timing, pairing, held or skipped targets, stamps, the recording) that biases the
-    estimate stays; the noise, which decides the 3-sigma criterion run by run, goes. Measured on the lockstep
+    estimate stays; the noise, which decides the statistics criterion run by run, goes. Measured on the lockstep
     chains: at most 0.3 sigma on every well-identified base parameter (15 serial and gateway runs; the same motion
     in process with the noise off: 0.43). A simulator process stopped for 50 ms every 0.7 s made it 0.9-1.6; a
     free-running chain whose host is late in mid-motion 2.0-3.9 (docs/design/science.md)."""
