@@ -10,7 +10,13 @@ Printed per drive term of each joint (Ia, fc, fv) and over all well-identified b
   (sim.noise_split: the noise of each sample is known from the seed and the sample's device time), identified
   again, in the noisy run's sigmas. A chain that adds nothing gives what the in-process noise-free run gives.
 
-    python benchmarks/bench_chain_bias.py [--runs 4] [--transports serial,gateway] [--keep DIR]
+    python benchmarks/bench_chain_bias.py [--runs 4] [--transports serial,gateway] [--clocking free] [--keep DIR]
+
+With --late-host MS: the mechanism behind the free-running chains' own bias under load, in process and without
+noise: the free-running serial board's drives (sim.drive_targets, setpoint buffer of 3 cycles) along the same
+excitation with a host that sends nothing for MS and then every target it owes at once.
+
+    python benchmarks/bench_chain_bias.py --late-host 10,29,50
 """
 from __future__ import annotations
 
@@ -51,7 +57,7 @@ def _fit(model, base, traj, rec):
     return f.beta, f.std, f.relative_std_pct
 
 
-def in_process(transport: str, seed: int, current_std: float):
+def in_process(transport: str, seed: int, current_std: float, clocking: str = "lockstep"):
     """The demo's excitation motion on sim.Simulator in this process, as the chain runs it (see the docstring)."""
     from armid import chain
     from armid.commands import demo
@@ -64,7 +70,7 @@ def in_process(transport: str, seed: int, current_std: float):
     from sim.transport_recording import through_wire, wire_scaling
 
     model, _, _, traj = _setup()
-    rate = chain.plan_for(transport).sim_rate_hz
+    rate = chain.plan_for(transport, clocking=clocking).sim_rate_hz
     t_s, q_s = demo.excitation_samples(traj, PERIODS)
     path = curve(t_s, q_s)
     rest = int(REST_S * rate)
@@ -87,7 +93,69 @@ def in_process(transport: str, seed: int, current_std: float):
                      f"in process ({transport}, seed {seed})", effort_delay(rate))
 
 
-def chain_run(transport: str, seed: int, out: Path):
+def late_host(seed: int, current_std: float, stall_ms: float, at_s: float = 3.0):
+    """The demo's excitation on a free-running serial board's drives in process (sim.drive_targets.DeviceTargets
+    with its setpoint buffer): one target per cycle, except that the host sends nothing for stall_ms from at_s
+    into the motion and then every target it owes at once, as a host that was not scheduled does. Recording of
+    positions and torques (N m), effort_delay set."""
+    from armid.commands import demo
+    from driver.waypoints import curve
+    from firmware_bridge import cia402
+    from firmware_bridge.cia402 import Mode
+    from ident.fit.preprocess import Recording
+    from sim import NoiseConfig, Simulator
+    from sim.drive_targets import DeviceTargets, setpoints_for_device
+    from sim.simulator import effort_delay
+
+    model, _, _, traj = _setup()
+    rate = 1000.0
+    t_s, q_s = demo.excitation_samples(traj, PERIODS)
+    path = curve(t_s, q_s)
+    rest = int(REST_S * rate)
+    t = (np.arange(int(t_s[-1] * rate) + 2 * rest) - rest + 1) / rate
+    q_ref = path(np.clip(t, 0.0, t_s[-1]))
+    sim = Simulator(model, noise=NoiseConfig(current_std=current_std), seed=seed, q0=q_ref[0], rate_hz=rate)
+    n, zero, csp = model.n, np.zeros(model.n), np.full(model.n, int(Mode.CSP))
+    device = DeviceTargets(sim, setpoints_for_device(None, False, "late host"))
+    for cw in (cia402.CW_SHUTDOWN,) + (cia402.CW_ENABLE_OPERATION,) * 5:
+        device.arrived(np.full(n, cw), csp, q_ref[0], zero, zero)
+        sim.step(1)
+        device.after_cycle()
+    start, stop = rest + int(at_s * rate), rest + int(at_s * rate) + int(round(stall_ms * rate / 1000.0))
+    q, tau, owed = np.empty((len(t), n)), np.empty((len(t), n)), []
+    enable = np.full(n, cia402.CW_ENABLE_OPERATION)
+    for k in range(len(t)):
+        owed.append(k)
+        if not start <= k < stop:
+            for m in owed:
+                device.arrived(enable, csp, q_ref[m], zero, zero)
+            owed = []
+        s = sim.step(1)
+        q[k], tau[k] = s.position, s.torque
+        device.after_cycle()
+    return Recording(np.arange(len(t)) / rate, q, tau, None, None, f"late host ({stall_ms:g} ms)", effort_delay(rate))
+
+
+def late_host_bias(stalls_ms: list[float]) -> None:
+    """Print the in-process late-host replica's bias, noise off, in the sigmas of the undisturbed noisy run."""
+    from sim import NoiseConfig
+
+    model, base, truth, traj = _setup()
+    _, s, pct = _fit(model, base, traj, late_host(1, NoiseConfig().current_std, 0.0))
+    ok = pct <= 10
+    names = list(base.names)
+    ref = None
+    for stall in [0.0, *stalls_ms]:
+        z = (_fit(model, base, traj, late_host(1, 0.0, stall))[0] - truth) / s
+        worst = np.argsort(-np.abs(np.where(ok, z, 0.0)))[:4]
+        top = np.abs(z[ok]).max()
+        ref = top if ref is None else ref
+        print(f"late host {stall:g} ms at 3 s, noise off, max |z|: {top:.2f} sigma (reference: host on time "
+              f"{ref:.2f} sigma, ratio {top / ref:.2f} x); worst " + ", ".join(f"{names[k]} {z[k]:+.2f}" for k in worst),
+              flush=True)
+
+
+def chain_run(transport: str, seed: int, out: Path, clocking: str = "lockstep"):
     """`armid demo` on the chain; (z-ready result document, excitation Recording, its noise-free twin) or None."""
     from armid import chain, cli
     from firmware_bridge.recording import read_recording
@@ -97,7 +165,7 @@ def chain_run(transport: str, seed: int, out: Path):
 
     model = _setup()[0]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = cli.main(["demo", "-o", str(out), "--transport", transport, "--periods", str(PERIODS), "--quiet",
+        code = cli.main(["demo", "-o", str(out), "--transport", transport, "--clocking", clocking, "--periods", str(PERIODS), "--quiet",
                          "--seed", str(seed)])
     if code != 0 or not (out / "result.json").is_file():
         return None
@@ -105,7 +173,7 @@ def chain_run(transport: str, seed: int, out: Path):
     rec = load_recording(out / "excitation.npz")
     samples = window(read_recording(out / "run.mcap").states, rec.q)
     noise = noise_torques(samples, seed=seed, current_std=NoiseConfig().current_std,
-                          rate_hz=chain.plan_for(transport).sim_rate_hz, torque_per_amp=model.joint_torque_per_amp())
+                          rate_hz=chain.plan_for(transport, clocking=clocking).sim_rate_hz, torque_per_amp=model.joint_torque_per_amp())
     return doc, rec, dataclasses.replace(rec, tau=rec.tau - noise)
 
 
@@ -117,21 +185,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=4, help="chain runs (seeds 1..RUNS) per transport")
     ap.add_argument("--transports", default="serial,gateway")
+    ap.add_argument("--clocking", default="lockstep", choices=("lockstep", "free"),
+                    help="the simulator in lockstep with the driver, or free-running on its own clock")
+    ap.add_argument("--late-host", default=None, metavar="MS[,MS]",
+                    help="instead of the chain: the in-process free-running drives with a host silent this long")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the chain runs' folders here")
     args = ap.parse_args()
     from sim import NoiseConfig
 
+    if args.late_host:
+        late_host_bias([float(x) for x in args.late_host.split(",")])
+        return
     model, base, truth, traj = _setup()
     names = list(base.names)
     cols = [names.index(n) for n in TERMS if n in names]
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-chain-bias-"))
-    print(f"chain: armid demo --clocking lockstep --periods {PERIODS:g} --seed 1..{args.runs}; reference: the same "
+    print(f"chain: armid demo --clocking {args.clocking} --periods {PERIODS:g} --seed 1..{args.runs}; reference: the same "
           f"motion and seeds in process; z = (estimate - truth) / reported std")
     for transport in args.transports.split(","):
         zc, zc_clean, zi, zi_clean, secs = [], [], [], [], []
         for seed in range(1, args.runs + 1):
             started = time.perf_counter()
-            got = chain_run(transport, seed, root / f"{transport}-{seed}")
+            got = chain_run(transport, seed, root / f"{transport}-{seed}", args.clocking)
             secs.append(time.perf_counter() - started)
             if got is None:
                 print(f"{transport} seed {seed}: the demo failed (folder {root / f'{transport}-{seed}'})")
@@ -143,11 +218,11 @@ def main() -> None:
             value = np.array([r["value"] for r in doc["base_parameters"]])
             zc.append(np.where(ok, (value - truth) / std, np.nan))
             zc_clean.append(np.where(ok, (_fit(model, base, traj, clean)[0] - truth) / std, np.nan))
-            noisy = in_process(transport, seed, NoiseConfig().current_std)
+            noisy = in_process(transport, seed, NoiseConfig().current_std, args.clocking)
             b, s, pct = _fit(model, base, traj, noisy)
             ok_i = pct <= 10
             zi.append(np.where(ok_i, (b - truth) / s, np.nan))
-            quiet = in_process(transport, seed, 0.0)
+            quiet = in_process(transport, seed, 0.0, args.clocking)
             zi_clean.append(np.where(ok_i, (_fit(model, base, traj, quiet)[0] - truth) / s, np.nan))
             print(f"{transport} seed {seed}: chain max |z| {np.nanmax(np.abs(zc[-1])):.2f}, noise removed "
                   f"{np.nanmax(np.abs(zc_clean[-1])):.2f}; in process {np.nanmax(np.abs(zi[-1])):.2f}, noise off "
@@ -155,7 +230,7 @@ def main() -> None:
         if not zc:
             continue
         zc, zc_clean, zi, zi_clean = (np.array(x) for x in (zc, zc_clean, zi, zi_clean))
-        print(f"\n{transport} lockstep, {len(zc)} runs: z mean +- spread over the runs")
+        print(f"\n{transport} {args.clocking}, {len(zc)} runs: z mean +- spread over the runs")
         print(f"  {'term':8s} {'chain':>14s} {'in process':>14s}   {'chain, noise removed':>22s} {'in process, noise off':>22s}")
         for c in cols:
             print(f"  {names[c]:8s} {_stats(zc[:, c][np.isfinite(zc[:, c])]):>14s} "

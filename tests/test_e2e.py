@@ -23,11 +23,11 @@ The chain checks, per transport:
   sim.noise_split) and the rest: every recorded current carries its own cycle's noise, and the recording with the
   noise removed identifies the truth within 1 sigma (the bias the chain itself adds).
 And the statistics, on all three in the default run (see the comment above the test for what kept CAN's and
-the gateway's opt-in until 23 Nov 2026): the base
-parameters whose reported relative standard deviation is at most the product's "well identified" bound
-(ident.outputs.results.BADLY_IDENTIFIED_PCT, 10 %) lie within 3 reported sigma of the simulator's truth (the
-generic6 model it runs), at most one of them beyond (a joint's drive terms counted as one) and none beyond 4; the assertion message lists every
-z-score.
+the gateway's opt-in): the base parameters whose reported relative standard deviation is at most the product's
+"well identified" bound (ident.outputs.results.BADLY_IDENTIFIED_PCT, 10 %) lie within the family-wise bound of
+the simulator's truth (the generic6 model it runs): the number of reported sigmas that all m of them stay within
+with probability 1 - FALSE_FAILURE when the sigmas are honest (ident.outputs.fleet_drift.family_wise_sigma, about
+4.2 for m = 34); the assertion message lists every z-score.
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +49,7 @@ from ident.fit import excitation
 from ident.model.base_params import base_parameters
 from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
+from ident.outputs.fleet_drift import family_wise_sigma
 from ident.outputs.results import BADLY_IDENTIFIED_PCT
 
 FAST = ["--periods", "0.25"]
@@ -57,6 +57,7 @@ PERIODS = 0.25
 MIN_MEANINGFUL = 3     # fewer well-identified parameters than this: the excitation reached nothing
 MIN_FRESH = 0.5        # fraction of the driver's cycles that must carry a new sample
 SEED = 11             # the simulator's noise: any but 0, the seed the chain's simulator ran with whatever the demo said
+FALSE_FAILURE = 1e-3   # the statistics test's chance of failing a run whose sigmas are honest and estimate unbiased
 REST_TOLERANCE = 0.02  # rad: the simulated drives' loops, tuned for 1 kHz, hold joint 3 in a limit cycle up to
                        # 13 mrad off its target at CAN's 250 Hz (docs/guides/demo.md); their following-error window is 0.05
 
@@ -189,54 +190,50 @@ def z_scores(doc: dict, true_values: np.ndarray) -> tuple[np.ndarray, np.ndarray
 # CAN's was opt-in for its drives' bias at 250 Hz (fv2/fv3 +2 to +5 sigma: the linear interpolation of the targets
 # between the drives' 1 kHz loop ticks, docs/reference/simulator.md); with the drives' cubic interpolation it passed 12 of 12
 # runs at load 2.6-5.5, max |z| 1.7-2.7 (docs/guides/demo.md).
-def test_the_well_identified_parameters_lie_within_3_reported_sigma_of_the_simulators_truth(demo_run, truth):
-    """With honest sigmas each well-identified parameter falls outside 3 sigma with probability 0.27 %, so
-    demanding that none of ~34 does would fail 9 % of correct runs. The test asks what honest sigmas give
-    with probability 99.4 %: at most one outside 3 sigma (a joint's drive terms, estimated together, as one),
-    none outside 4 (a bias like the half-period effort
-    lag it caught put one at 9.7). It holds for every term, friction included: joint 3's Coulomb friction came out
-    2.5-3.4 sigma high while rows whose decimation window spanned a reversal were kept (their filtered effort
-    carried the friction near rest, which fc sign(qd) does not describe; ident.fit.batch.slow_window).
-    Free-running runs: test_on_a_free_running_chain_the_well_identified_parameters_lie_within_3_sigma."""
+def test_the_well_identified_parameters_lie_within_the_family_wise_bound_of_the_simulators_truth(demo_run, truth):
+    """Every well-identified base parameter within family_wise_sigma(FALSE_FAILURE, m) reported sigmas of the
+    truth, m the number of them (about 4.2 sigma for 34): with honest sigmas all m stay inside with probability at
+    least 1 - FALSE_FAILURE (Sidak's bound holds for correlated estimates too), so one failure in a thousand
+    correct runs; a bias of the size this test has caught (the half-period effort lag: 9.7 sigma) still fails.
+    It holds for every term, friction and joint 6's drive terms included, with no exception: an earlier rule
+    (at most one term beyond 3, none beyond 4) failed about 0.6 % of correct runs, and its allowance for joint 6
+    (Ia6 at -4.2 and -4.3 sigma in two runs, never reproduced in the later runs) turned out to be the noise: the
+    same runs' noise-free estimates (the test below) show the lockstep chains add 0.3 sigma at most, and Ia6 at
+    -2.75 and -3.14 in two of them came out -0.07 with the noise removed. Joint 3's Coulomb friction, 2.5-3.4
+    sigma high while rows whose decimation window spanned a reversal were kept, is unbiased since
+    (ident.fit.batch.slow_window).
+    Free-running runs: test_on_a_free_running_chain_the_well_identified_parameters_lie_within_the_bound."""
     if demo_run.clocking == "free":
         pytest.skip("a free-running run's statistics are checked under -m e2e (see the comment below)")
-    _check_within_3_sigma(demo_run, truth)
+    _check_family_wise(demo_run, truth)
 
 
-# The free-running runs' chain checks run by default; their statistics only with `-m e2e`: at load 9-13 two
-# well-identified terms lay beyond 3 sigma in 2 of 3 serial runs and 1 of 4 gateway runs (max |z| 3.4-4.1;
-# lockstep runs beside them passed), a bias under load not explained yet.
+# The free-running runs (chain checks and statistics) are opt-in, `-m e2e`. At load 9-13 two well-identified terms
+# lay beyond 3 sigma in 2 of 3 serial runs and 1 of 4 gateway runs, and one serial run's own bias, noise removed,
+# was 3.9 sigma: a host late by more than the simulated drives' setpoint buffer and extrapolation (3 + 4 cycles)
+# makes them hold their last received target in mid-motion, behind the one they had extrapolated to; the arm stops,
+# reverses and saturates its torques, and the friction of a reversal shorter than the filters biases friction and
+# inertia (docs/design/science.md; benchmarks/bench_chain_bias.py --late-host reproduces it in process).
 
 
 @pytest.mark.e2e
-def test_on_a_free_running_chain_the_well_identified_parameters_lie_within_3_sigma(demo_run, truth):
+def test_on_a_free_running_chain_the_well_identified_parameters_lie_within_the_bound(demo_run, truth):
     """The criterion above, on the free-running runs (opt-in: see the comment above)."""
     if demo_run.clocking != "free":
         pytest.skip("lockstep runs: checked by the test above")
-    _check_within_3_sigma(demo_run, truth)
+    _check_family_wise(demo_run, truth)
 
 
-def _check_within_3_sigma(demo_run: DemoRun, truth) -> None:
+def _check_family_wise(demo_run: DemoRun, truth) -> None:
     _ran(demo_run)
     names, true_values = truth
     z, meaningful = z_scores(json.loads((demo_run.out / "result.json").read_text()), true_values)
     assert meaningful.sum() >= MIN_MEANINGFUL
     listed = ", ".join(f"{n} {v:+.1f}" for n, v, m in zip(names, z, meaningful) if m)
     every = np.abs(z[meaningful])
-    # a joint's drive terms (Ia, fc, fv, offset) are estimated from the same columns of the rows and move together
-    # (one noisy joint put Ia6, fc6 and fv6 at +3.0, -3.2 and +3.1 at once): they count as one outside 3 sigma
-    groups = {re.sub(r"^(Ia|fc|fv|offset)(\d+)$", r"drive\2", n) for n, v in zip(np.array(names)[meaningful], every)
-              if v > 3.0}
-    said = f"{demo_run.transport} {demo_run.clocking}: max |z| {every.max():.1f} over {every.size} parameters: {listed}"
-    if groups == {"drive6"} and 4.0 < every.max() <= 5.0:
-        # Known and not yet explained: on the process chains (not in-process, where 200 recordings through each
-        # transport's codec and clocking show joint 6's drive terms unbiased) Ia6 came out at -4.2 to -4.3 sigma with
-        # fc6 and fv6 near +-2 in 2 of 4 fresh-clone runs. Reported as an expected failure while it is found; any
-        # other term beyond 3 sigma, or joint 6 beyond 5, fails. Not seen in 15 later runs, whose chain added at most
-        # 0.3 sigma (docs/design/science.md); when it shows again, the noise-free test of the same run below says
-        # whether the chain made it (a bias of its own) or the noise did (a sigma too small).
-        pytest.xfail(f"joint 6's drive terms on the process chain: {said}")
-    assert len(groups) <= 1 and every.max() <= 4.0, said
+    bound = family_wise_sigma(FALSE_FAILURE, every.size)
+    assert every.max() <= bound, (f"{demo_run.transport} {demo_run.clocking}: max |z| {every.max():.1f} over "
+                                  f"{every.size} parameters (bound {bound:.2f}): {listed}")
 
 
 # -- the chain split into the simulator's noise and the rest (sim.noise_split) ---------------------------------
@@ -290,10 +287,10 @@ def test_without_the_simulators_noise_the_chains_recording_identifies_the_truth_
     """The systematic part of the chain's estimate: the same excitation.npz with the noise of every sample
     subtracted, identified as `armid identify` did, against the truth in the noisy run's reported sigmas. Anything
     the chain does to the samples (timing, pairing, held or skipped targets, stamps, the recording) that biases the
-    estimate stays; the noise, which decides the 3-sigma criterion run by run, goes. Measured on the lockstep
+    estimate stays; the noise, which decides the statistics criterion run by run, goes. Measured on the lockstep
     chains: at most 0.3 sigma on every well-identified base parameter (15 serial and gateway runs; the same motion
-    in process with the noise off: 0.43). A simulator process stopped for 50 ms every 0.7 s made it 0.9-1.6, the
-    free-running serial chain 2.0 in one run (docs/design/science.md)."""
+    in process with the noise off: 0.43). A simulator process stopped for 50 ms every 0.7 s made it 0.9-1.6; a
+    free-running chain whose host is late in mid-motion 2.0-3.9 (docs/design/science.md)."""
     from ident.fit import excitation as excitation_file
     from ident.fit.batch import identify
     from ident.fit.preprocess import load_recording

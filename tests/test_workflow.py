@@ -9,8 +9,9 @@ machine's sake only: the stream and command endpoints are free ports instead of 
 hold those), the watchdogs are 2 s as in the demo's chain (the machine is shared with the rest of the suite,
 and the deploy file's 50 and 100 ms are for an arm's own controller PC), and the excitation design gets
 fewer optimiser iterations (--max-iter) to keep the suite short.
-The end is checked as the end-to-end tests check a recording: the well-identified base parameters within 3
-sigma of the simulator's truth (tests/test_e2e.py's criterion).
+The end is checked as the end-to-end tests check a recording: every well-identified base parameter within the
+family-wise bound of the simulator's truth (tests/test_e2e.py's criterion: one failure in a thousand runs whose
+sigmas are honest).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ import pytest
 
 from ident.model.base_params import base_parameters
 from ident.model import load_model
-from test_e2e import z_scores
+from ident.outputs.fleet_drift import family_wise_sigma
+from test_e2e import FALSE_FAILURE, z_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN_ITERATIONS = "15"
@@ -169,5 +171,6 @@ def test_the_readme_commissioning_workflow_runs_as_written_on_the_free_running_s
     z, meaningful = z_scores(json.loads((tmp_path / "out" / "result.json").read_text()), truth)
     outside = np.abs(z[meaningful])
     assert meaningful.sum() >= 10
-    assert (outside > 3.0).sum() <= 1 and outside.max() <= 4.0, f"max |z| {outside.max():.1f} of {meaningful.sum()}"
+    bound = family_wise_sigma(FALSE_FAILURE, int(meaningful.sum()))
+    assert outside.max() <= bound, f"max |z| {outside.max():.1f} of {meaningful.sum()} (bound {bound:.2f})"
     assert "setpoint buffer" in user.log("sim")            # the simulator ran free, and said what its buffer did
