@@ -61,7 +61,6 @@ def in_process(transport: str, seed: int, current_std: float, clocking: str = "l
     """The demo's excitation motion on sim.Simulator in this process, as the chain runs it (see the docstring)."""
     from armid import chain
     from armid.commands import demo
-    from driver.waypoints import curve
     from firmware_bridge import cia402
     from firmware_bridge.cia402 import Mode
     from ident.fit.preprocess import Recording
@@ -71,11 +70,8 @@ def in_process(transport: str, seed: int, current_std: float, clocking: str = "l
 
     model, _, _, traj = _setup()
     rate = chain.plan_for(transport, clocking=clocking).sim_rate_hz
-    t_s, q_s = demo.excitation_samples(traj, PERIODS)
-    path = curve(t_s, q_s)
-    rest = int(REST_S * rate)
-    t = (np.arange(int(t_s[-1] * rate) + 2 * rest) - rest + 1) / rate
-    q_ref = path(np.clip(t, 0.0, t_s[-1]))
+    q_ref = demo.excitation_targets(traj, PERIODS, rate, REST_S)
+    t = np.arange(len(q_ref)) / rate
     sim = Simulator(model, noise=NoiseConfig(current_std=current_std), seed=seed, q0=q_ref[0], rate_hz=rate)
     n = model.n
     sim.set_commands(mode=np.full(n, int(Mode.CSP)), target_position=q_ref[0],
@@ -99,16 +95,12 @@ def late_host(seed: int, current_std: float, stall_ms: float, at_s: float = 3.0,
     at once, as a host that was not scheduled does. Recording of positions and torques (N m), effort_delay set,
     the late samples marked when mark (as the driver flags them), else not."""
     from armid.commands import demo
-    from driver.waypoints import curve
     from sim.late_host import late_host_recording
 
     model, _, _, traj = _setup()
     rate = 1000.0
-    t_s, q_s = demo.excitation_samples(traj, PERIODS)
-    rest = int(REST_S * rate)
-    t = (np.arange(int(t_s[-1] * rate) + 2 * rest) - rest + 1) / rate
-    q_ref = curve(t_s, q_s)(np.clip(t, 0.0, t_s[-1]))
-    return late_host_recording(model, q_ref, rate_hz=rate, stall_at=rest + int(at_s * rate),
+    q_ref = demo.excitation_targets(traj, PERIODS, rate, REST_S)
+    return late_host_recording(model, q_ref, rate_hz=rate, stall_at=int(REST_S * rate) + int(at_s * rate),
                                stall=int(round(stall_ms * rate / 1000.0)), current_std=current_std, seed=seed,
                                mark=mark)
 
