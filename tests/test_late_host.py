@@ -147,3 +147,34 @@ def test_the_late_flag_is_a_driver_flag_bit_in_the_c_header():
     assert stream.FLAG_LATE < 1 << stream.LOST_SHIFT
     assert len({v for k, v in vars(stream).items() if k.startswith("FLAG_") and k != "FLAG_DOCS"}) == len(stream.FLAG_DOCS)
     assert "#define ARMID_STREAM_FLAG_LATE 0x100 " in c_header.HEADER_PATH.read_text()
+
+
+def test_the_driver_flags_late_every_sample_of_a_burst_longer_than_the_drives_slack():
+    """The cycle's own arm (tests/test_cycle_intake.py's LockstepArm: samples handed over by the test, kept until
+    read): a burst of at most LATE_AFTER_CYCLES waiting samples is published plain; a longer one (the cycle was
+    not scheduled while the device went on) is published with FLAG_LATE on each of its samples, and the next
+    ordinary cycle is not."""
+    from driver.cycle import LATE_AFTER_CYCLES, Cycle
+    from sim import Simulator
+    from sim.late_host import drive_slack
+    from ident.model import load_model
+    from test_cycle_intake import LockstepArm
+
+    assert LATE_AFTER_CYCLES == drive_slack(Simulator(load_model("generic6")))
+    arm, sent = LockstepArm(), []
+    cycle = Cycle(arm, rate_hz=100.0, watchdog_s=60.0, clock="device",
+                  publish=lambda topic, payload: topic == stream.TOPIC_STATE and sent.append(
+                      int(stream.decode_state(bytes(payload))["flags"])))
+    late = lambda: [bool(f & stream.FLAG_LATE) for f in sent if not f & stream.FLAG_STALE]   # noqa: E731
+    arm.push(1)
+    cycle.step()
+    arm.push(LATE_AFTER_CYCLES)               # a host silent for the drives' slack: they did not hold
+    cycle.step()
+    assert late() == [False] * (LATE_AFTER_CYCLES + 1) and cycle.late_samples == 0
+    sent.clear()
+    arm.push(LATE_AFTER_CYCLES + 1)           # one cycle more: they held a stale target
+    cycle.step()
+    arm.push(1)
+    cycle.step()
+    assert late() == [True] * (LATE_AFTER_CYCLES + 1) + [False]
+    assert cycle.late_samples == LATE_AFTER_CYCLES + 1
