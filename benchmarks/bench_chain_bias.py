@@ -14,9 +14,11 @@ Printed per drive term of each joint (Ia, fc, fv) and over all well-identified b
 
 With --late-host MS: the mechanism behind the free-running chains' own bias under load, in process and without
 noise: the free-running serial board's drives (sim.drive_targets, setpoint buffer of 3 cycles) along the same
-excitation with a host that sends nothing for MS and then every target it owes at once.
+excitation with a host that sends nothing for MS and then every target it owes at once (sim.late_host), each
+identified with its late samples kept (as before the LATE flag) and with them marked as the driver flags them and
+cut (ident.fit.preprocess.cut_windows).
 
-    python benchmarks/bench_chain_bias.py --late-host 10,29,50
+    python benchmarks/bench_chain_bias.py --late-host 0,10,29
 """
 from __future__ import annotations
 
@@ -114,7 +116,7 @@ def late_host_bias(stalls_ms: list[float]) -> None:
     ok = pct <= 10
     names = list(base.names)
     ref = None
-    for stall in [0.0, *stalls_ms]:
+    for stall in dict.fromkeys([0.0, *stalls_ms]):
         for mark, how in ((False, "kept (before)"), (True, "late windows cut")):
             if stall == 0.0 and mark:
                 continue

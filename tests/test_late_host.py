@@ -62,7 +62,7 @@ def test_a_29_ms_late_host_biases_the_fit_unless_its_marked_window_is_cut(setup)
     assert t1 - t0 == pytest.approx(29 / RATE + LATE_SETTLE_S, abs=1.5 / RATE)
     assert cut.rows.segments == 2
     note = cut.rows.gaps_note()
-    assert "1 window(s)" in note and "targets late" in note and "in 2 uniformly sampled segments" in note
+    assert "1 window, " in note and "targets late" in note and "in 2 uniformly sampled segments" in note
 
 
 def test_a_host_on_time_or_within_the_drives_slack_loses_nothing(setup):

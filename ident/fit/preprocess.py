@@ -691,7 +691,8 @@ class LateCut:
     def note(self) -> str:
         if not self.windows:
             return ""
-        return (f"{len(self.windows)} window(s), {self.seconds:.3f} s ({self.samples} samples), cut where the "
+        count = f"{len(self.windows)} window" + ("s" if len(self.windows) > 1 else "")
+        return (f"{count}, {self.seconds:.3f} s ({self.samples} samples), cut where the "
                 f"drives got their targets late (stream flag LATE: the host was behind by more than their setpoint "
                 f"buffer and extrapolation, they held a stale target) with {LATE_SETTLE_S * 1e3:g} ms after each "
                 f"and the filters' support on either side")
