@@ -61,11 +61,16 @@ def test_a_29_ms_late_host_biases_the_fit_unless_its_marked_window_is_cut(setup)
     assert t0 == pytest.approx(REST_S + 3.0 - 1.0 / RATE + 0.0, abs=1.5 / RATE)
     assert t1 - t0 == pytest.approx(29 / RATE + LATE_SETTLE_S, abs=1.5 / RATE)
     assert cut.rows.segments == 2
+    from ident.outputs.results import result_document
+
+    data = result_document(cut)["data"]
+    assert data["late_cut_samples"] == 60 and data["late_windows_s"] == [[pytest.approx(t0), pytest.approx(t1)]]
     note = cut.rows.gaps_note()
     assert "1 window, " in note and "targets late" in note and "in 2 uniformly sampled segments" in note
 
 
 def test_a_host_on_time_or_within_the_drives_slack_loses_nothing(setup):
+    from ident.outputs.results import result_document
     from sim.late_host import drive_slack
     from sim import Simulator
     from ident.model import load_model
@@ -78,6 +83,7 @@ def test_a_host_on_time_or_within_the_drives_slack_loses_nothing(setup):
         assert not rec.late.any()
         assert result.rows.late_cut.windows == () and result.rows.segments == 1
         assert "targets late" not in result.rows.gaps_note()
+        assert result_document(result)["data"]["late_windows_s"] == []
         assert _max_z(result, truth, std, ok) < 1.0
 
 
