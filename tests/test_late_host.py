@@ -151,7 +151,8 @@ def test_the_late_flag_is_a_driver_flag_bit_in_the_c_header():
     from firmware_bridge import c_header
 
     assert stream.FLAG_LATE < 1 << stream.LOST_SHIFT
-    assert len({v for k, v in vars(stream).items() if k.startswith("FLAG_") and k != "FLAG_DOCS"}) == len(stream.FLAG_DOCS)
+    bits = {v for k, v in vars(stream).items() if k.startswith("FLAG_") and k != "FLAG_DOCS"}
+    assert len(bits) == len(stream.FLAG_DOCS)
     assert "#define ARMID_STREAM_FLAG_LATE 0x100 " in c_header.HEADER_PATH.read_text()
 
 
@@ -184,3 +185,38 @@ def test_the_driver_flags_late_every_sample_of_a_burst_longer_than_the_drives_sl
     cycle.step()
     assert late() == [True] * (LATE_AFTER_CYCLES + 1) + [False]
     assert cycle.late_samples == LATE_AFTER_CYCLES + 1
+
+
+def test_the_online_service_leaves_late_samples_and_their_settle_time_out():
+    """The live service (real ZeroMQ on 127.0.0.1): 200 samples at 1 kHz, 20..29 flagged LATE; those and the
+    LATE_SETTLE_S after them never reach the identifier, and the gap they leave is counted as one."""
+    import time
+
+    import zmq
+
+    from ident.model import load_model
+    from ident.online.service import IdentService
+    from waiting import wait_until
+
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    svc = IdentService(load_model("generic6"), state_endpoint=f"tcp://127.0.0.1:{port}",
+                       publish_endpoint="tcp://127.0.0.1:*", command_endpoint="tcp://127.0.0.1:*")
+    svc.start()
+    try:
+        msg = stream.StateMessage(6)
+        time.sleep(0.3)                                  # let the subscription reach the publisher
+        for k in range(200):
+            msg.set_header(k, stream.FLAG_LATE if 20 <= k < 30 else 0, k * 1_000_000, time.time_ns())
+            msg.q[:] = 0.001 * k
+            pub.send_multipart((stream.TOPIC_STATE, bytes(msg.buffer)))
+        settle = int(round(LATE_SETTLE_S * RATE))
+        assert wait_until(lambda: svc.messages == 200, 10)
+        assert svc.late == 10 + settle
+        assert wait_until(lambda: svc.identifier.counters.samples == 200 - 10 - settle, 10)
+        assert wait_until(lambda: svc.identifier.counters.gaps == 1, 10)    # set after samples, in the same push
+        assert svc.identifier.counters.lost == 10 + settle
+    finally:
+        svc.stop()
+        pub.close(0)
