@@ -109,6 +109,13 @@ def test_cut_windows_merge_overlapping_runs_and_split_like_a_gap():
     assert [(p.start, p.stop) for p in pieces] == [(0, 500), (525 + settle, 1500), (1502 + settle, 2000)]
     assert cut_windows(_rec(None)).windows == () and cut_windows(_rec(np.zeros(2000, bool))).windows == ()
     assert [(p.start, p.stop) for p in split_at_gaps(rec)] == [(0, 2000)]
+    from ident.fit.batch import StepError, identify
+    from ident.model import load_model
+
+    t = np.arange(2000) / RATE
+    q = np.sin(2 * np.pi * 0.5 * t[:, None] + np.arange(6))
+    with pytest.raises(StepError, match="synthetic: every sample lies in a window the recording marks late"):
+        identify(load_model("generic6"), Recording(t, q, q, None, None, "synthetic", late=np.ones(2000, dtype=bool)))
 
 
 def test_late_marks_are_checked_and_kept_in_npz(tmp_path):

@@ -258,6 +258,9 @@ def _run_chain(args: argparse.Namespace) -> int:
           f"time-reversed motion")
     print(figures.line())
     gaps = [f"{data['bridged_samples']} lost samples bridged across short gaps"] if data["bridged_samples"] else []
+    if data["late_cut_samples"]:
+        gaps.append(f"{data['late_cut_samples']} samples in {len(data['late_windows_s'])} window(s) cut where the "
+                    f"drives got their targets late")
     if data["segments"] > 1:
         gaps.append(f"cut into {data['segments']} uniformly sampled segments at longer ones, each filtered apart")
     gaps = ", ".join(gaps) or "no sample lost"

@@ -40,10 +40,10 @@ from ident.fit.excitation import FourierTrajectory, excitation_bandwidth
 from ident.fit.checks import fit_warnings, outlier_joint_warnings
 from ident.fit.choices import automatic_choices
 from ident.model import Model
-from ident.fit.preprocess import (DECIMATION_TAPS_PER_FACTOR, MAX_BRIDGED_SAMPLES, LateCut, Recording, TooFewSamples,
-                              bridge_short_gaps, check_effort_delay, cut_windows, decimation_filter, decimation_index,
-                              estimate_bandwidth, load_recording, nominal_rate, Samples, prepare, segment, slow_rows,
-                              split_at_gaps, _fir_decimate)
+from ident.fit.preprocess import (DECIMATION_TAPS_PER_FACTOR, MAX_BRIDGED_SAMPLES, LateCut, PreprocessError,
+                              Recording, TooFewSamples, bridge_short_gaps, check_effort_delay, cut_windows,
+                              decimation_filter, decimation_index, estimate_bandwidth, load_recording, nominal_rate,
+                              Samples, prepare, segment, slow_rows, split_at_gaps, _fir_decimate)
 from ident.fit.near_rest import near_rest_friction
 from ident.fit.resample import Mended, mend_sampling
 
@@ -219,6 +219,9 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
         filled, bridged = bridge_short_gaps(mended_rec, max_bridged)
         late = cut_windows(rec)
         pieces = split_at_gaps(filled, late.windows)
+        if not pieces:
+            raise PreprocessError(f"{rec.source}: every sample lies in a window the recording marks late (the drives "
+                                  f"got their targets too late): nothing to identify; record again")
         longest = max(pieces, key=len)
         if bandwidth_hz is None:
             bandwidth_hz = estimate_bandwidth(filled.q[longest.index], rate)
