@@ -14,9 +14,11 @@ Printed per drive term of each joint (Ia, fc, fv) and over all well-identified b
 
 With --late-host MS: the mechanism behind the free-running chains' own bias under load, in process and without
 noise: the free-running serial board's drives (sim.drive_targets, setpoint buffer of 3 cycles) along the same
-excitation with a host that sends nothing for MS and then every target it owes at once.
+excitation with a host that sends nothing for MS and then every target it owes at once (sim.late_host), each
+identified with its late samples kept (as before the LATE flag) and with them marked as the driver flags them and
+cut (ident.fit.preprocess.cut_windows).
 
-    python benchmarks/bench_chain_bias.py --late-host 10,29,50
+    python benchmarks/bench_chain_bias.py --late-host 0,10,29
 """
 from __future__ import annotations
 
@@ -61,7 +63,6 @@ def in_process(transport: str, seed: int, current_std: float, clocking: str = "l
     """The demo's excitation motion on sim.Simulator in this process, as the chain runs it (see the docstring)."""
     from armid import chain
     from armid.commands import demo
-    from driver.waypoints import curve
     from firmware_bridge import cia402
     from firmware_bridge.cia402 import Mode
     from ident.fit.preprocess import Recording
@@ -71,11 +72,8 @@ def in_process(transport: str, seed: int, current_std: float, clocking: str = "l
 
     model, _, _, traj = _setup()
     rate = chain.plan_for(transport, clocking=clocking).sim_rate_hz
-    t_s, q_s = demo.excitation_samples(traj, PERIODS)
-    path = curve(t_s, q_s)
-    rest = int(REST_S * rate)
-    t = (np.arange(int(t_s[-1] * rate) + 2 * rest) - rest + 1) / rate
-    q_ref = path(np.clip(t, 0.0, t_s[-1]))
+    q_ref = demo.excitation_targets(traj, PERIODS, rate, REST_S)
+    t = np.arange(len(q_ref)) / rate
     sim = Simulator(model, noise=NoiseConfig(current_std=current_std), seed=seed, q0=q_ref[0], rate_hz=rate)
     n = model.n
     sim.set_commands(mode=np.full(n, int(Mode.CSP)), target_position=q_ref[0],
@@ -93,47 +91,20 @@ def in_process(transport: str, seed: int, current_std: float, clocking: str = "l
                      f"in process ({transport}, seed {seed})", effort_delay(rate))
 
 
-def late_host(seed: int, current_std: float, stall_ms: float, at_s: float = 3.0):
-    """The demo's excitation on a free-running serial board's drives in process (sim.drive_targets.DeviceTargets
-    with its setpoint buffer): one target per cycle, except that the host sends nothing for stall_ms from at_s
-    into the motion and then every target it owes at once, as a host that was not scheduled does. Recording of
-    positions and torques (N m), effort_delay set."""
+def late_host(seed: int, current_std: float, stall_ms: float, at_s: float = 3.0, mark: bool = True):
+    """The demo's excitation on a free-running serial board's drives in process (sim.late_host): one target per
+    cycle, except that the host sends nothing for stall_ms from at_s into the motion and then every target it owes
+    at once, as a host that was not scheduled does. Recording of positions and torques (N m), effort_delay set,
+    the late samples marked when mark (as the driver flags them), else not."""
     from armid.commands import demo
-    from driver.waypoints import curve
-    from firmware_bridge import cia402
-    from firmware_bridge.cia402 import Mode
-    from ident.fit.preprocess import Recording
-    from sim import NoiseConfig, Simulator
-    from sim.drive_targets import DeviceTargets, setpoints_for_device
-    from sim.simulator import effort_delay
+    from sim.late_host import late_host_recording
 
     model, _, _, traj = _setup()
     rate = 1000.0
-    t_s, q_s = demo.excitation_samples(traj, PERIODS)
-    path = curve(t_s, q_s)
-    rest = int(REST_S * rate)
-    t = (np.arange(int(t_s[-1] * rate) + 2 * rest) - rest + 1) / rate
-    q_ref = path(np.clip(t, 0.0, t_s[-1]))
-    sim = Simulator(model, noise=NoiseConfig(current_std=current_std), seed=seed, q0=q_ref[0], rate_hz=rate)
-    n, zero, csp = model.n, np.zeros(model.n), np.full(model.n, int(Mode.CSP))
-    device = DeviceTargets(sim, setpoints_for_device(None, False, "late host"))
-    for cw in (cia402.CW_SHUTDOWN,) + (cia402.CW_ENABLE_OPERATION,) * 5:
-        device.arrived(np.full(n, cw), csp, q_ref[0], zero, zero)
-        sim.step(1)
-        device.after_cycle()
-    start, stop = rest + int(at_s * rate), rest + int(at_s * rate) + int(round(stall_ms * rate / 1000.0))
-    q, tau, owed = np.empty((len(t), n)), np.empty((len(t), n)), []
-    enable = np.full(n, cia402.CW_ENABLE_OPERATION)
-    for k in range(len(t)):
-        owed.append(k)
-        if not start <= k < stop:
-            for m in owed:
-                device.arrived(enable, csp, q_ref[m], zero, zero)
-            owed = []
-        s = sim.step(1)
-        q[k], tau[k] = s.position, s.torque
-        device.after_cycle()
-    return Recording(np.arange(len(t)) / rate, q, tau, None, None, f"late host ({stall_ms:g} ms)", effort_delay(rate))
+    q_ref = demo.excitation_targets(traj, PERIODS, rate, REST_S)
+    return late_host_recording(model, q_ref, rate_hz=rate, stall_at=int(REST_S * rate) + int(at_s * rate),
+                               stall=int(round(stall_ms * rate / 1000.0)), current_std=current_std, seed=seed,
+                               mark=mark)
 
 
 def late_host_bias(stalls_ms: list[float]) -> None:
@@ -145,14 +116,19 @@ def late_host_bias(stalls_ms: list[float]) -> None:
     ok = pct <= 10
     names = list(base.names)
     ref = None
-    for stall in [0.0, *stalls_ms]:
-        z = (_fit(model, base, traj, late_host(1, 0.0, stall))[0] - truth) / s
-        worst = np.argsort(-np.abs(np.where(ok, z, 0.0)))[:4]
-        top = np.abs(z[ok]).max()
-        ref = top if ref is None else ref
-        print(f"late host {stall:g} ms at 3 s, noise off, max |z|: {top:.2f} sigma (reference: host on time "
-              f"{ref:.2f} sigma, ratio {top / ref:.2f} x); worst " + ", ".join(f"{names[k]} {z[k]:+.2f}" for k in worst),
-              flush=True)
+    for stall in dict.fromkeys([0.0, *stalls_ms]):
+        for mark, how in ((False, "kept (before)"), (True, "late windows cut")):
+            if stall == 0.0 and mark:
+                continue
+            rec = late_host(1, 0.0, stall, mark=mark)
+            z = (_fit(model, base, traj, rec)[0] - truth) / s
+            worst = np.argsort(-np.abs(np.where(ok, z, 0.0)))[:4]
+            top = np.abs(z[ok]).max()
+            ref = top if ref is None else ref
+            cut = int(rec.late.sum()) if mark else 0
+            print(f"late host {stall:g} ms at 3 s, {how}, {cut} samples marked, noise off, max |z|: {top:.2f} sigma "
+                  f"(reference: host on time {ref:.2f} sigma, ratio {top / ref:.2f} x); worst "
+                  + ", ".join(f"{names[k]} {z[k]:+.2f}" for k in worst), flush=True)
 
 
 def chain_run(transport: str, seed: int, out: Path, clocking: str = "lockstep"):

@@ -79,6 +79,8 @@ ANSWER_WINDOW = 0.75          # clock "host" with an answering arm: the longest 
 START_TOLERANCE = 0.01        # rad: a motion starts only where the arm is (within this)
 _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycle's sample is new
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
+LATE_AFTER_CYCLES = 7         # samples behind (a backlog) beyond which the drives have held a stale target: a
+                              # free-running device's setpoint buffer (3) plus the drives' extrapolation (4)
 INTAKE_SHARE = 0.1            # of the period, the most a cycle spends running queued requests (one at least): a
                               # flood of commands waits for the next cycles instead of stretching this one
 INTAKE_SHARE_RANGE = (0.01, 0.5)   # [driver] intake_share: at least ~10 us at 1 kHz, at most half the period
@@ -165,6 +167,9 @@ class Cycle:
         self.stale = 0
         self.overruns = 0
         self.caught_up = 0              # samples published without their own cycle (they came in a burst)
+        self.late_after = LATE_AFTER_CYCLES   # a backlog longer than this: the burst's samples are flagged LATE
+        self.late_samples = 0           # samples published with FLAG_LATE
+        self._late_flag = 0             # FLAG_LATE while a burst answered too late is being published
         self._lost_source: Callable[[], int] | None = arm.lost_samples
         self._lost_seen = 0             # the source's count when the last message was published
         self.samples_lost = 0           # device samples lost, as the messages reported them
@@ -568,6 +573,7 @@ class Cycle:
         per_sample = self.clock == "device"
         self._command(advance=fresh or not per_sample)
         self._publish(fresh)
+        self._late_flag = 0                 # a late burst ends with the newest sample, flagged with it
         if send and (fresh or not per_sample or self.quick_stop or self._reset_pulse):
             self._send()    # after publishing: the write wakes the device side (a simulator, a pty's worker),
                             # which may preempt this thread; the sample is then already on its way
@@ -578,6 +584,8 @@ class Cycle:
         every sample, with backlog(): two STATEs in one burst of the serial line, an answer later than the
         host clock's window). The cycle's work then runs on the newest; nothing is lost between two cycles."""
         st, backlog = self.state, self._backlog
+        if backlog() > self.late_after:     # the drives ran out of targets: ident leaves these samples out
+            self._late_flag = stream.FLAG_LATE
         try:
             while backlog() > keep and self.arm.read(st):
                 self._took_sample(time.perf_counter_ns())
@@ -805,6 +813,9 @@ class Cycle:
             flags |= stream.FLAG_FAULT
         if not fresh:
             flags |= stream.FLAG_STALE
+        elif self._late_flag:
+            flags |= self._late_flag
+            self.late_samples += 1
         elif self._lost_source is not None:
             lost = self._lost_source() - self._lost_seen
             if lost > 0:                 # shown on the first new sample after the loss

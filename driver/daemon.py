@@ -611,6 +611,7 @@ class Driver:
                "cycle_rate_hz": (cycles - last.get("cycles", cycles)) / dt,
                "sample_rate_hz": (fresh - last.get("fresh", fresh)) / dt,
                "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns, "caught_up": c.caught_up,
+               "late_samples": c.late_samples,
                "requests_deferred": c.requests_deferred, "urgent": c.urgent_taken,
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),

@@ -227,6 +227,7 @@ extern "C" {
 #define ARMID_STREAM_FLAG_LOST 32  /* flags bit: device samples were lost before this message (their count: lost_samples(flags)) */
 #define ARMID_STREAM_FLAG_CONTACT 64  /* flags bit: a joint's external torque estimate is over its contact threshold */
 #define ARMID_STREAM_FLAG_COLLISION 128  /* flags bit: a collision was detected and not cleared (the estimate is over a collision threshold, or has been since the reaction and not yet back under the contact thresholds) */
+#define ARMID_STREAM_FLAG_LATE 0x100  /* flags bit: the drives got the target answering this sample too late (the driver was behind by more than the drives' setpoint buffer and extrapolation): they held a stale target, not identification data */
 #define ARMID_STREAM_DRIVER_FLAGS_MASK 0xFFFF  /* flags bits of the driver's FLAG_* */
 #define ARMID_STREAM_LOST_SHIFT 16  /* flags >> this: device samples lost before this message */
 #define ARMID_STREAM_LOST_MAX 0xFFFF  /* the lost-sample count saturates here */

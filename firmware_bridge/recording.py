@@ -258,8 +258,9 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
     starting at 0), q (rad), tau (N m) or current (A), qd (rad/s), effort_delay (s, () array: the driver's
     configured lag of the effort behind the positions, from the recording's metadata, 0 if it says nothing),
     lost_samples (() array: the device samples the driver never received, the sum of the messages' lost-sample
-    counts; absent when a message of stream version 1, which has no such count, is among them); and notes on
-    what was left out.
+    counts; absent when a message of stream version 1, which has no such count, is among them), late ((N,) bool,
+    only when some message has the LATE flag: the drives got the target answering that sample too late); and
+    notes on what was left out.
 
     STALE samples (no new device data: the values repeat) and samples whose device time does not
     increase are dropped; seq gaps are reported, never filled in."""
@@ -287,13 +288,17 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
     fresh = (s["flags"] & stream.FLAG_STALE) == 0
     if (~fresh).any():
         notes.append(f"{int((~fresh).sum())} STALE samples (no new device data) left out")
-    s = s[fresh]
+    late = (s["flags"] & stream.FLAG_LATE) != 0
+    s, late = s[fresh], _carried(late, fresh)
     dev = s["device_time_ns"]
     later = np.ones(len(s), dtype=bool)
     later[1:] = dev[1:] > np.maximum.accumulate(dev)[:-1]
     if (~later).any():
         notes.append(f"{int((~later).sum())} samples whose device time does not increase left out")
-    s = s[later]
+    s, late = s[later], _carried(late, later)
+    if late.any():
+        notes.append(f"{int(late.sum())} samples marked LATE (the drives got their targets too late and held a stale "
+                     f"one): kept, marked in the array late, cut out by identification")
     if len(s) == 0:
         raise RecordingError(f"{log.path}: no fresh samples to convert")
     array, _ = EFFORTS[effort]
@@ -304,7 +309,19 @@ def identification_arrays(log: StateLog, effort: str = "torque") -> tuple[dict[s
            "effort_delay": np.array(_effort_delay(log))}
     if lost is not None:
         out["lost_samples"] = np.array(lost)
+    if late.any():
+        out["late"] = late
     return out, notes
+
+
+def _carried(marks: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """marks (N,) at the kept samples (keep (N,) bool); a left-out sample's mark goes to the next kept one (the
+    last one at the end), so that no mark is lost with the samples left out."""
+    kept = np.flatnonzero(keep)
+    out = np.zeros(len(kept), dtype=bool)
+    if len(kept):
+        out[np.minimum(np.searchsorted(kept, np.flatnonzero(marks)), len(kept) - 1)] = True
+    return out
 
 
 def _effort_delay(log: StateLog) -> float:
@@ -344,7 +361,7 @@ def write_identification(arrays: dict[str, np.ndarray], out: str | Path) -> None
     try:
         with os.fdopen(fd, "wb") as f:
             if suffix == ".npz":
-                extra = {k: arrays[k] for k in ("effort_delay", "lost_samples") if k in arrays}
+                extra = {k: arrays[k] for k in ("effort_delay", "lost_samples", "late") if k in arrays}
                 np.savez(f, t=arrays["t"], q=arrays["q"], qd=arrays["qd"], **{effort: arrays[effort]}, **extra)
             else:
                 table = np.column_stack([arrays["t"], arrays["q"], arrays[effort], arrays["qd"]])

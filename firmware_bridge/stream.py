@@ -40,6 +40,7 @@ FLAG_PAYLOAD = 1 << 4
 FLAG_LOST = 1 << 5
 FLAG_CONTACT = 1 << 6
 FLAG_COLLISION = 1 << 7
+FLAG_LATE = 1 << 8
 FLAG_DOCS = {
     FLAG_ENABLED: "every drive is OPERATION ENABLED",
     FLAG_MOVING: "a motion command is being executed",
@@ -50,6 +51,8 @@ FLAG_DOCS = {
     FLAG_CONTACT: "a joint's external torque estimate is over its contact threshold",
     FLAG_COLLISION: "a collision was detected and not cleared (the estimate is over a collision threshold, or "
                     "has been since the reaction and not yet back under the contact thresholds)",
+    FLAG_LATE: "the drives got the target answering this sample too late (the driver was behind by more than "
+               "the drives' setpoint buffer and extrapolation): they held a stale target, not identification data",
 }
 LOST_SHIFT = 16            # flags bits 16-31: how many (saturates at LOST_MAX)
 LOST_MAX = 0xFFFF

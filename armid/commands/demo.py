@@ -170,6 +170,18 @@ def excitation_samples(traj, periods: float, rate_hz: float = SAMPLE_RATE_HZ) ->
     return t + LEAD_IN, reference(traj, t, end=end)
 
 
+def excitation_targets(traj, periods: float, rate_hz: float, rest_s: float = 0.0) -> np.ndarray:
+    """The demo's excitation as the driver's run_trajectory gives it to the drives: one target per cycle at
+    rate_hz (q (K, n) rad) on the driver's clamped cubic through excitation_samples (driver.waypoints.curve),
+    with rest_s at rest before and after the motion (the first target is one cycle after the rest)."""
+    from driver.waypoints import curve
+
+    t_s, q_s = excitation_samples(traj, periods)
+    rest = int(rest_s * rate_hz)
+    t = (np.arange(int(t_s[-1] * rate_hz) + 2 * rest) - rest + 1) / rate_hz
+    return curve(t_s, q_s)(np.clip(t, 0.0, t_s[-1]))
+
+
 def _run_chain(args: argparse.Namespace) -> int:
     from armid import chain
     from armid.commands.identify import load_trajectory
@@ -246,6 +258,9 @@ def _run_chain(args: argparse.Namespace) -> int:
           f"time-reversed motion")
     print(figures.line())
     gaps = [f"{data['bridged_samples']} lost samples bridged across short gaps"] if data["bridged_samples"] else []
+    if data["late_cut_samples"]:
+        gaps.append(f"{data['late_cut_samples']} samples in {len(data['late_windows_s'])} window(s) cut where the "
+                    f"drives got their targets late")
     if data["segments"] > 1:
         gaps.append(f"cut into {data['segments']} uniformly sampled segments at longer ones, each filtered apart")
     gaps = ", ".join(gaps) or "no sample lost"

@@ -40,10 +40,10 @@ from ident.fit.excitation import FourierTrajectory, excitation_bandwidth
 from ident.fit.checks import fit_warnings, outlier_joint_warnings
 from ident.fit.choices import automatic_choices
 from ident.model import Model
-from ident.fit.preprocess import (DECIMATION_TAPS_PER_FACTOR, MAX_BRIDGED_SAMPLES, Recording, TooFewSamples,
-                              bridge_short_gaps, check_effort_delay, decimation_filter, decimation_index,
-                              estimate_bandwidth, load_recording, nominal_rate, Samples, prepare, segment, slow_rows,
-                              split_at_gaps, _fir_decimate)
+from ident.fit.preprocess import (DECIMATION_TAPS_PER_FACTOR, MAX_BRIDGED_SAMPLES, LateCut, PreprocessError,
+                              Recording, TooFewSamples, bridge_short_gaps, check_effort_delay, cut_windows,
+                              decimation_filter, decimation_index, estimate_bandwidth, load_recording, nominal_rate,
+                              Samples, prepare, segment, slow_rows, split_at_gaps, _fir_decimate)
 from ident.fit.near_rest import near_rest_friction
 from ident.fit.resample import Mended, mend_sampling
 
@@ -142,6 +142,7 @@ class Rows:
     bandwidth_source: str = "estimated"
     lost_device_samples: int | None = None   # device samples lost before the recording, as it says (None: silent)
     segment_id: np.ndarray | None = None     # (N',) which uniformly sampled segment each row comes from
+    late_cut: LateCut | None = None         # the windows cut where the drives got their targets late
     rest: tuple | None = None   # (qd (M, n), W (M, n, b), y_measured (M, n)) at full-rate samples near rest
 
     def near_rest(self, beta: np.ndarray, gains: np.ndarray | None, slow_velocity: float):
@@ -160,9 +161,13 @@ class Rows:
             parts.append(self.mended.note())
         if self.bridged_samples:
             parts.append(f"{self.bridged_samples} lost samples bridged across short gaps")
+        late = self.late_cut is not None and self.late_cut.windows
+        if late:
+            parts.append(self.late_cut.note())
         if self.segments > 1 or self.unused_samples:
             unused = f"; {self.unused_samples} samples in shorter ones unused" if self.unused_samples else ""
-            parts.append(f"in {self.segments} uniformly sampled segments (cut where more samples were lost, each "
+            where = "more samples were lost or targets came late" if late else "more samples were lost"
+            parts.append(f"in {self.segments} uniformly sampled segments (cut where {where}, each "
                          f"filtered and decimated apart{unused})")
         return ", ".join(parts)
 
@@ -212,7 +217,11 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
     with steps(label):
         rate = nominal_rate(mended_rec.t, rec.source)
         filled, bridged = bridge_short_gaps(mended_rec, max_bridged)
-        pieces = split_at_gaps(filled)
+        late = cut_windows(rec)
+        pieces = split_at_gaps(filled, late.windows)
+        if not pieces:
+            raise PreprocessError(f"{rec.source}: every sample lies in a window the recording marks late (the drives "
+                                  f"got their targets too late): nothing to identify; record again")
         longest = max(pieces, key=len)
         if bandwidth_hz is None:
             bandwidth_hz = estimate_bandwidth(filled.q[longest.index], rate)
@@ -220,7 +229,7 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
     for piece in pieces:
         try:
             with steps(label):
-                part = filled if len(pieces) == 1 else segment(filled, piece)
+                part = filled if len(piece) == filled.N else segment(filled, piece)
                 # the default cut-off: a noise filter
                 prepared.append((len(piece), prepare(part, bandwidth_hz=bandwidth_hz, cutoff_hz=cutoff_hz)))
         except StepError as exc:
@@ -258,7 +267,7 @@ def recording_rows(model: Model, base: BaseParameters, rec: Recording, *, bandwi
                 samples=rec.N, effort_delay=rec.effort_delay, segments=len(parts), unused_samples=sum(short),
                 bridged_samples=bridged, y_measured=cat("y_measured"), W_motion=cat("W_motion"), mended=mended,
                 bandwidth_source=source, lost_device_samples=rec.lost_samples,
-                segment_id=np.concatenate([np.full(len(p.t), k) for k, p in enumerate(parts)]),
+                segment_id=np.concatenate([np.full(len(p.t), k) for k, p in enumerate(parts)]), late_cut=late,
                 rest=tuple(np.concatenate([p.rest[i] for p in parts]) for i in range(3)))
 
 

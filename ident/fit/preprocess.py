@@ -97,8 +97,10 @@ class Recording(_JointSamples):
     group delay). `prepare` aligns the effort with the motion. clock_hz: the logger's nominal sample rate (Hz)
     when the file states it (the rate `ident.fit.resample` resamples uneven samples to), else None. lost_samples:
     the device samples the recording says were lost before they reached it (the driver's count, stream v2's
-    lost-sample field), None when it says nothing. Constructing one checks shapes, finiteness, time order, the
-    delay, the clock and the lost count.
+    lost-sample field), None when it says nothing. late (N,) bool or None: the samples at which the drives got
+    their targets too late (the stream's LATE flag: the host was behind by more than the drives' setpoint buffer
+    and extrapolation, so they held a stale target); identification cuts them out (cut_windows). Constructing one
+    checks shapes, finiteness, time order, the delay, the clock, the lost count and the late marks.
     """
 
     t: np.ndarray
@@ -110,6 +112,7 @@ class Recording(_JointSamples):
     effort_delay: float = 0.0
     clock_hz: float | None = None
     lost_samples: int | None = None
+    late: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         fields = {"t": self.t, "q": self.q, "tau": self.tau, "current": self.current, "qd": self.qd}
@@ -121,6 +124,8 @@ class Recording(_JointSamples):
             object.__setattr__(self, "clock_hz", check_clock(self.clock_hz, self.source))
         if self.lost_samples is not None:
             object.__setattr__(self, "lost_samples", check_lost_samples(self.lost_samples, self.source))
+        if self.late is not None:
+            object.__setattr__(self, "late", check_late(self.late, self.t.shape[0], self.source))
 
     @property
     def kind(self) -> str:
@@ -163,6 +168,21 @@ def check_clock(value, source: str = "recording") -> float:
         raise PreprocessError(f"{source}: clock_hz: expected a sampling rate in (0, {MAX_CLOCK_HZ:g}] Hz, "
                               f"got {value!r}")
     return rate
+
+
+def check_late(value, N: int, source: str = "recording") -> np.ndarray:
+    """The late marks (N,) as a read-only bool array; PreprocessError naming the source when they are not one
+    mark (0/1 or bool) per sample."""
+    arr = np.asarray(value)
+    if arr.shape != (N,):
+        raise PreprocessError(f"{source}: late: expected one mark per sample ({N},), got shape {arr.shape}")
+    if arr.dtype != bool:
+        if arr.dtype.kind not in "iuf" or not np.isin(arr, (0, 1)).all():
+            raise PreprocessError(f"{source}: late: expected 0 or 1 per sample, got other values")
+        arr = arr != 0
+    arr = np.array(arr, dtype=bool)
+    arr.setflags(write=False)
+    return arr
 
 
 def check_lost_samples(value, source: str = "recording") -> int:
@@ -290,7 +310,8 @@ def _load_mcap(path: Path, effort: str) -> Recording:
     arrays, _ = mcap_recording.identification_arrays(mcap_recording.read_recording(path), effort)
     return Recording(t=arrays["t"], q=arrays["q"], tau=arrays.get("tau"), current=arrays.get("current"),
                      qd=arrays["qd"], source=str(path), effort_delay=float(arrays["effort_delay"]),
-                     lost_samples=int(arrays["lost_samples"]) if "lost_samples" in arrays else None)
+                     lost_samples=int(arrays["lost_samples"]) if "lost_samples" in arrays else None,
+                     late=arrays.get("late"))
 
 
 MAX_NPZ_BYTES = 2 << 30    # the arrays of one NPZ recording, uncompressed (an hour at 1 kHz of 12 joints: ~1 GB)
@@ -339,16 +360,16 @@ def _load_npz(path: Path) -> Recording:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise PreprocessError(f"{path}: not a readable NPZ file: {exc}") from None
-    known = ("t", "q", "tau", "current", "qd", "effort_delay", "clock_hz", "lost_samples")
+    known = ("t", "q", "tau", "current", "qd", "effort_delay", "clock_hz", "lost_samples", "late")
     unknown = sorted(set(arrays) - set(known))
     if unknown:
         raise PreprocessError(f"{path}: unknown array(s) {', '.join(unknown)}: expected t, q, tau or current, qd, "
-                              "effort_delay, clock_hz, lost_samples")
+                              "effort_delay, clock_hz, lost_samples, late")
     for name in ("t", "q"):
         if name not in arrays:
             raise PreprocessError(f"{path}: missing array {name!r}")
     for name, arr in arrays.items():
-        if arr.dtype.kind not in "iuf":
+        if arr.dtype.kind not in "iuf" and not (name == "late" and arr.dtype == bool):
             raise PreprocessError(f"{path}: array {name!r}: expected real numbers, got dtype {arr.dtype}")
     scalars = {}
     for name, unit in (("effort_delay", "s"), ("clock_hz", "Hz"), ("lost_samples", "samples")):
@@ -359,7 +380,7 @@ def _load_npz(path: Path) -> Recording:
     clock = None if scalars["clock_hz"] is None else check_clock(scalars["clock_hz"], f"{path}")
     lost = None if scalars["lost_samples"] is None else check_lost_samples(scalars["lost_samples"], f"{path}")
     return Recording(arrays["t"], arrays["q"], arrays.get("tau"), arrays.get("current"), arrays.get("qd"), str(path),
-                     check_effort_delay(scalars["effort_delay"] or 0.0, f"{path}"), clock, lost)
+                     check_effort_delay(scalars["effort_delay"] or 0.0, f"{path}"), clock, lost, arrays.get("late"))
 
 
 _HEADER = re.compile(r"^(t|q|tau|i|qd)(\d*)$")
@@ -629,16 +650,72 @@ class Segment:
         return self.stop - self.start
 
 
-def split_at_gaps(rec: Recording) -> list[Segment]:
+def split_at_gaps(rec: Recording, cut: list[tuple[float, float]] | tuple = ()) -> list[Segment]:
     """The uniformly sampled stretches of a recording, in order: it is cut wherever an interval exceeds the
     median interval by more than SAMPLING_JITTER (samples were lost there: a dropped frame, a stalled
     process). Filtering, differentiating or decimating across a long gap would invent the motion in it;
-    each stretch is treated on its own instead (bridge_short_gaps fills the short ones first). Raises
-    PreprocessError on a burst (nominal_rate)."""
+    each stretch is treated on its own instead (bridge_short_gaps fills the short ones first). The samples
+    inside the time windows `cut` ([(t0, t1)] s, both ends included: cut_windows) are left out the same way.
+    Raises PreprocessError on a burst (nominal_rate)."""
     rate = nominal_rate(rec.t, rec.source)
     cuts = np.flatnonzero(np.diff(rec.t) > (1.0 + SAMPLING_JITTER) / rate) + 1
     bounds = [0, *cuts.tolist(), rec.N]
-    return [Segment(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    segments = [Segment(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    if not cut:
+        return segments
+    inside = np.zeros(rec.N, dtype=bool)
+    for t0, t1 in cut:
+        inside |= (rec.t >= t0) & (rec.t <= t1)
+    out = []
+    for seg in segments:
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], (~inside[seg.index]).astype(np.int8), [0]])))
+        out += [Segment(seg.start + int(a), seg.start + int(b)) for a, b in zip(edges[::2], edges[1::2])]
+    return out
+
+
+LATE_SETTLE_S = 0.03   # s after a late window: the drives' position loops catching up with the stream again
+
+
+@dataclass(frozen=True)
+class LateCut:
+    """What cut_windows cut: `windows` time windows [(t0, t1)] s around the samples marked late, `samples` of
+    the recording's samples inside them."""
+
+    windows: tuple
+    samples: int
+
+    @property
+    def seconds(self) -> float:
+        return float(sum(t1 - t0 for t0, t1 in self.windows))
+
+    def note(self) -> str:
+        if not self.windows:
+            return ""
+        count = f"{len(self.windows)} window" + ("s" if len(self.windows) > 1 else "")
+        return (f"{count}, {self.seconds:.3f} s ({self.samples} samples), cut where the "
+                f"drives got their targets late (stream flag LATE: the host was behind by more than their setpoint "
+                f"buffer and extrapolation, they held a stale target) with {LATE_SETTLE_S * 1e3:g} ms after each "
+                f"and the filters' support on either side")
+
+
+def cut_windows(rec: Recording, settle_s: float = LATE_SETTLE_S) -> LateCut:
+    """The time windows to leave out of identification: each run of samples marked late (Recording.late), from
+    its first sample to settle_s after its last (the drives' answer to the targets arriving in a burst). Cut
+    like a gap (split_at_gaps), every segment is filtered apart and loses its filter edges, so the filters'
+    support on either side of a window goes with it. No marks: no windows."""
+    if rec.late is None or not rec.late.any():
+        return LateCut((), 0)
+    marks = np.concatenate([[0], rec.late.astype(np.int8), [0]])
+    starts, stops = np.flatnonzero(np.diff(marks) == 1), np.flatnonzero(np.diff(marks) == -1) - 1
+    windows = []
+    for a, b in zip(starts, stops):
+        t0, t1 = float(rec.t[a]), float(rec.t[b]) + settle_s
+        if windows and t0 <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], max(t1, windows[-1][1]))
+        else:
+            windows.append((t0, t1))
+    inside = sum(int(np.count_nonzero((rec.t >= t0) & (rec.t <= t1))) for t0, t1 in windows)
+    return LateCut(tuple(windows), inside)
 
 
 def bridge_short_gaps(rec: Recording, max_missing: int = MAX_BRIDGED_SAMPLES) -> tuple[Recording, int]:

@@ -51,7 +51,7 @@ from firmware_bridge.runtime.errors import InputError
 from ident.model import Model
 from ident.online import OnlineIdentifier
 from ident.fit.batch import identify
-from ident.fit.preprocess import Recording, check_effort_delay
+from ident.fit.preprocess import LATE_SETTLE_S, Recording, check_effort_delay
 from ident.online.payload_tracking import OnlinePayload, cusum
 from ident.outputs.results import result_document
 
@@ -162,6 +162,8 @@ class IdentService:
         self._rate = float(identifier_options.get("rate_hz", 1000.0))
         self._last_index: int | None = None
         self.repeated = 0
+        self.late = 0                   # samples left out: flagged LATE, or within LATE_SETTLE_S after one
+        self._late_until_ns = None      # device time up to which samples are left out (after a LATE one)
         self.malformed = 0
         self.messages = 0
         self.stream_state = "waiting"
@@ -309,6 +311,9 @@ class IdentService:
         self.repeated += int(rec.shape[0] - new.sum())
         self._last_index = int(index[-1])
         rec, index = rec[new], index[new]
+        keep = self._not_late(rec)
+        if keep is not None:
+            rec, index = rec[keep], index[keep]
         cap, start = self._seq.shape[0], 0
         while start < index.shape[0]:
             if self._k == cap:
@@ -323,6 +328,23 @@ class IdentService:
             self._tau[k:k + c] = rec["torque"][part]
             self._k = k + c
             start += c
+
+    def _not_late(self, rec: np.ndarray) -> np.ndarray | None:
+        """(M,) bool: the samples to keep, None for all. Samples flagged LATE (the drives got their targets too
+        late) and those up to LATE_SETTLE_S after the last of them are left out, counted in `late`, as the batch
+        fit cuts them (ident.fit.preprocess.cut_windows): the gap they leave restarts the identifier's window."""
+        late = (rec["flags"] & stream.FLAG_LATE) != 0
+        if self._late_until_ns is None and not late.any():
+            return None
+        t = rec["device_time_ns"].astype(np.int64)
+        settle = int(LATE_SETTLE_S * 1e9)
+        until = np.maximum.accumulate(np.where(late, t + settle, np.iinfo(np.int64).min))
+        if self._late_until_ns is not None:
+            until = np.maximum(until, self._late_until_ns)
+        drop = late | (t <= until)
+        self._late_until_ns = int(until[-1]) if until[-1] > t[-1] else None
+        self.late += int(drop.sum())
+        return ~drop
 
     def _driver_health(self, payload: bytes) -> None:
         """The driver's health message: adopt its effort_delay_s (the first time, or when it changed)."""
@@ -473,7 +495,8 @@ class IdentService:
 
     def _health(self, pub: zmq.Socket, text: str, state: str | None = None) -> None:
         msg = {"time": time.time(), "stream": state or self.stream_state, "text": text, "messages": self.messages,
-               "malformed": self.malformed, "repeated": self.repeated, "counters": self.identifier.counters.as_dict()}
+               "malformed": self.malformed, "repeated": self.repeated, "late": self.late,
+               "counters": self.identifier.counters.as_dict()}
         _log.log(logging.WARNING if msg["stream"] == "stopped" else logging.INFO, "stream %s: %s", msg["stream"], text)
         pub.send_multipart((TOPIC_HEALTH, json.dumps(msg).encode()))
 
@@ -517,7 +540,7 @@ class IdentService:
                 c = self.identifier.counters
                 return {"ok": True, "model": self.model.name, "stream": self.stream_state, "frozen": self.identifier.frozen,
                         "counters": vars(c), "messages": self.messages, "malformed": self.malformed,
-                        "repeated": self.repeated,
+                        "repeated": self.repeated, "late": self.late,
                         "parameters": self.identifier.p, "delay_samples": self.identifier.delay,
                         "effort_delay_s": self.identifier.effort_delay if self._delay_known else None,
                         "effort_delay_source": self._delay_origin, "waiting": self.waiting,

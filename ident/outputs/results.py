@@ -92,6 +92,9 @@ def result_document(ident: Identification, out_dir: str | Path | None = None,
                  "resampling": None if rows.mended is None else rows.mended.as_dict(),
                  "cutoff_hz": rows.cutoff_hz, "effort_delay_s": rows.effort_delay, "segments": rows.segments,
                  "unused_samples": rows.unused_samples, "bridged_samples": rows.bridged_samples,
+                 "late_windows_s": [] if rows.late_cut is None else [[_num(a), _num(b)]
+                                                                     for a, b in rows.late_cut.windows],
+                 "late_cut_samples": 0 if rows.late_cut is None else int(rows.late_cut.samples),
                  "lost_device_samples": rows.lost_device_samples, "dropped_samples": dropped_samples(rows), "decimation": rows.factor, "rows": int(len(rows.t)),
                  "rows_used_per_joint": [int(r) for r in fit.rows], "slow_velocity_rad_s": ident.slow_velocity},
         "base_parameters": [
