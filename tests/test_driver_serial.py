@@ -771,6 +771,8 @@ def test_simulator_killed_is_a_link_fault_and_the_driver_recovers_when_it_is_bac
         assert _call(cmd, cmd="move_to", q=goal)["ok"]
         assert _wait(lambda: driver.cycle.motion is None, 20)
         assert _wait(lambda: np.abs(_newest(sub)["q"] - goal).max() < 2e-3, 5)
-        assert driver.arm.link_stats()["reconnects"] == 1
+        # one reconnection brought it back; a starved machine may lose the new link once more while the fresh
+        # simulator starts (a handshake answered late), which the driver then survives the same way
+        assert driver.arm.link_stats()["reconnects"] >= 1
     finally:
         health.close(0)
