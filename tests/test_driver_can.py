@@ -36,7 +36,9 @@ from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE_HZ = 200.0
-WATCHDOG_S = 0.4
+WATCHDOG_S = 2.0           # the driver and the simulated drives share this process at normal priority: beside other
+                           # real-time work (SCHED_FIFO chains) it has been starved for 400 ms; only the silent-bus
+                           # test is about the watchdog, and it trips a 2 s one the same way
 AT_GOAL = 2e-3             # rad
 SPEED = 0.2
 LOCAL = Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
