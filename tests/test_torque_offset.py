@@ -5,6 +5,7 @@ simulated drives add it in CSP and in CST; the driver sends the plan's feed-forw
 following error on the same trajectory."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 
@@ -39,6 +40,21 @@ def model():
     m = load_model("generic6")
     dynamics.gravity_torques(m, np.zeros((1, m.n)))
     return m
+
+
+@contextlib.contextmanager
+def _can_simulator(model):
+    """A running simulator whose drives sit on a fresh python-can virtual channel: (channel, device, simulator)."""
+    channel = f"armid-test-torque-offset-{next(_channels)}-{time.monotonic_ns()}"
+    bus = can.Bus(interface="virtual", channel=channel)
+    dev = CanDevice(bus=bus, heartbeat_ms=50)
+    sim = Simulator(model, transport=dev, seed=4)
+    sim.start()
+    try:
+        yield channel, dev, sim
+    finally:
+        sim.stop()
+        bus.shutdown()
 
 
 def _send_until_applied(arm, sim, expected: np.ndarray) -> np.ndarray:
@@ -91,17 +107,9 @@ def test_the_offset_crosses_the_gateway_in_mn_m(model):
 
 
 def test_the_offset_crosses_can_as_0x60b2_in_per_mille_of_each_drives_rated_torque(model):
-    channel = f"armid-test-torque-offset-{next(_channels)}-{time.monotonic_ns()}"
-    bus = can.Bus(interface="virtual", channel=channel)
-    dev = CanDevice(bus=bus, heartbeat_ms=50)
-    sim = Simulator(model, transport=dev, seed=4)
-    sim.start()
-    try:
+    with _can_simulator(model) as (channel, dev, sim):
         got = _send_until_applied(CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0,
                                          boot_timeout_s=10.0), sim, OFFSET)
-    finally:
-        sim.stop()
-        bus.shutdown()
     # the drive's 0x6076 is its rated torque in mN m (the model's torque limit); the host sends per mille of it
     rated_mnm = np.round(model.tau_max * 1e3)
     per_mille = np.rint(OFFSET * 1e6 / rated_mnm)
@@ -112,12 +120,7 @@ def test_the_offset_crosses_can_as_0x60b2_in_per_mille_of_each_drives_rated_torq
 def test_a_can_drive_of_the_previous_dictionary_is_refused_at_open_naming_rpdo2(model):
     """A drive whose RPDO2 maps the target torque alone (the dictionary before 0x60B2) cannot take the offset: the
     driver reads the map at open and refuses it, naming the map, so it never sends that drive a 6-byte RPDO2."""
-    channel = f"armid-test-torque-offset-{next(_channels)}-{time.monotonic_ns()}"
-    bus = can.Bus(interface="virtual", channel=channel)
-    dev = CanDevice(bus=bus, heartbeat_ms=50)
-    sim = Simulator(model, transport=dev, seed=4)
-    sim.start()
-    try:
+    with _can_simulator(model) as (channel, dev, sim):
         node = dev.drives[2].node                      # joint 3: mapping 0x1601 with one entry, as revision 1 had
         node.set_data(cm.RPDO2.mapping_index, 0, bytes([1]), check_writable=False)
         arm = CanArm(model, interface="virtual", channel=channel, sdo_timeout_s=2.0, boot_timeout_s=10.0)
@@ -125,9 +128,6 @@ def test_a_can_drive_of_the_previous_dictionary_is_refused_at_open_naming_rpdo2(
                                                  r"\['0x2002:00', '0x60B2:00'\]"):
             arm.open()
         assert arm.network is None                     # closed again: nothing left running
-    finally:
-        sim.stop()
-        bus.shutdown()
 
 
 # -- the simulated drives apply it -------------------------------------------------------------------------------
