@@ -475,8 +475,11 @@ def test_a_late_answer_is_handed_to_the_link_thread_which_sends_what_was_queued_
         arm.write(_command(model, np.full(N, 0.01 * k), np.zeros(N), cia402.CW_ENABLE_OPERATION))
     assert wait_for(lambda: len(server.full_writes()) >= 4 and not arm._handed_over)
     # the cycle pipelines again: at once, or, when the link thread's idle exchange (after IDLE_EXCHANGE_S without a
-    # cycle, as the wait above can be on a loaded machine) holds the connection just then, a cycle later
+    # cycle, as the wait above can be on a loaded machine) holds the connection just then, a cycle later. Each
+    # cycle starts once the link thread has let go of the connection, as a real cycle a period later would find it
+    # (a loop without a pause could run all its cycles before that thread is scheduled once)
     for last in range(4, 24):
+        assert wait_for(lambda: not arm._io.locked())
         arm.begin_cycle()
         arm.write(_command(model, np.full(N, 0.01 * last), np.zeros(N), cia402.CW_ENABLE_OPERATION))
         if arm._in_flight is not None:
