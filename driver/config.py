@@ -64,7 +64,7 @@ from pathlib import Path
 from driver.back_off import MAX_DISTANCE, MAX_SPEED
 from driver.collision import REACTIONS, Watch
 from driver.compensation import KINDS
-from driver.cycle import CLOCKS, INTAKE_SHARE, INTAKE_SHARE_RANGE
+from driver.cycle import CLOCKS, INTAKE_SHARE, INTAKE_SHARE_RANGE, LATE_AFTER_CYCLES, LATE_AFTER_RANGE
 from driver.daemon import Curve, Endpoints, Metrics, Record
 from driver.motion import MAX_MOTION_S
 from driver.realtime import PRIORITY_RANGE, THREADS, Realtime
@@ -103,10 +103,12 @@ class DriverConfig:
     metrics: Metrics | None = None
     watch: Watch = Watch()
     intake_share: float = INTAKE_SHARE
+    late_after_cycles: int = LATE_AFTER_CYCLES
 
 
 _SECTIONS = {"driver": {"model", "rate_hz", "watchdog_ms", "clock", "effort_delay_ms", "trajectory_dir",
-                        "max_motion_s", "intake_share"}, "transport": None,
+                        "max_motion_s", "intake_share",
+                        "late_after_cycles"}, "transport": None,
              "zmq": {"state", "commands", "servo", "curve"}, "record": {"path", "chunk_seconds", "overwrite"},
              "realtime": {"priority", "threads", "cpus", "lock_memory", "required"},
              "metrics": {"address", "allow_remote"},
@@ -185,10 +187,15 @@ def load_config(path: str | Path) -> DriverConfig:
         raise ConfigError(src, "driver.max_motion_s", f"at most {MAX_MOTION_LIMIT_S:g} s", max_motion)
     intake = _within(src, "driver.intake_share", drv.get("intake_share", INTAKE_SHARE), *INTAKE_SHARE_RANGE,
                      "of the period")
+    late_after = drv.get("late_after_cycles", LATE_AFTER_CYCLES)
+    if isinstance(late_after, bool) or not isinstance(late_after, int) or \
+            not LATE_AFTER_RANGE[0] <= late_after <= LATE_AFTER_RANGE[1]:
+        raise ConfigError(src, "driver.late_after_cycles",
+                          "a whole number of cycles {}..{}".format(*LATE_AFTER_RANGE), late_after)
     return DriverConfig(model, rate, watchdog, name, tr, endpoints, src, clock,
                         _record(src, path.parent, data.get("record")), float(delay) / 1000.0,
                         _realtime(src, data.get("realtime")), trajectory_dir, max_motion,
-                        _metrics(src, data.get("metrics")), _watch(src, path.parent, data), intake)
+                        _metrics(src, data.get("metrics")), _watch(src, path.parent, data), intake, late_after)
 
 
 def _watch(src: str, base: Path, data: dict) -> Watch:

@@ -81,6 +81,7 @@ _FRESH = 1 << 30                # cycle-side bit beside drive_logic's: this cycl
 LATENESS_WINDOW = 4096        # cycles kept for the lateness percentiles
 LATE_AFTER_CYCLES = 7         # samples behind (a backlog) beyond which the drives have held a stale target: a
                               # free-running device's setpoint buffer (3) plus the drives' extrapolation (4)
+LATE_AFTER_RANGE = (1, 1000)  # [driver] late_after_cycles: what a real drive's buffer and extrapolation may span
 INTAKE_SHARE = 0.1            # of the period, the most a cycle spends running queued requests (one at least): a
                               # flood of commands waits for the next cycles instead of stretching this one
 INTAKE_SHARE_RANGE = (0.01, 0.5)   # [driver] intake_share: at least ~10 us at 1 kHz, at most half the period
@@ -105,12 +106,16 @@ class Cycle:
                  publish: Callable[[bytes, memoryview | bytes], None] | None = None,
                  spin_s: float = DEFAULT_SPIN_S, on_event: Callable[[str], None] | None = None,
                  gravity: Callable[[np.ndarray], np.ndarray] | None = None, clock: str = "host",
-                 torque_limit: np.ndarray | None = None, intake_share: float = INTAKE_SHARE):
+                 torque_limit: np.ndarray | None = None, intake_share: float = INTAKE_SHARE,
+                 late_after: int = LATE_AFTER_CYCLES):
         if not (rate_hz > 0):
             raise ValueError(f"rate_hz: expected a positive number, got {rate_hz!r}")
         lo, hi = INTAKE_SHARE_RANGE
         if isinstance(intake_share, bool) or not isinstance(intake_share, (int, float)) or not lo <= intake_share <= hi:
             raise ValueError(f"intake_share: expected a fraction of the period {lo:g}..{hi:g}, got {intake_share!r}")
+        lo, hi = LATE_AFTER_RANGE
+        if isinstance(late_after, bool) or not isinstance(late_after, int) or not lo <= late_after <= hi:
+            raise ValueError(f"late_after: expected a whole number of cycles {lo}..{hi}, got {late_after!r}")
         if clock not in CLOCKS:
             raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
         if not isinstance(arm, Arm):
@@ -167,7 +172,7 @@ class Cycle:
         self.stale = 0
         self.overruns = 0
         self.caught_up = 0              # samples published without their own cycle (they came in a burst)
-        self.late_after = LATE_AFTER_CYCLES   # a backlog longer than this: the burst's samples are flagged LATE
+        self.late_after = late_after    # a backlog longer than this: the burst's samples are flagged LATE
         self.late_samples = 0           # samples published with FLAG_LATE
         self._late_flag = 0             # FLAG_LATE while a burst answered too late is being published
         self._lost_source: Callable[[], int] | None = arm.lost_samples

@@ -48,7 +48,7 @@ from driver.collision import CollisionMonitor, Thresholds, Watch, check_change, 
 from driver.compensation import Compensation
 from driver.command_server import RECEIVE_QUEUE, REPLY_QUEUE, CommandServer
 from driver.commands import Commands
-from driver.cycle import INTAKE_SHARE, Cycle, DriverFault
+from driver.cycle import INTAKE_SHARE, LATE_AFTER_CYCLES, Cycle, DriverFault
 from driver.motion import MAX_MOTION_S
 from driver.planner import PlanBounds, Planner
 from driver.requests import MAX_REQUEST_BYTES
@@ -142,7 +142,8 @@ class Driver:
                  watchdog_s: float = 0.01, context: zmq.Context | None = None, clock: str = "auto",
                  record: Record | None = None, effort_delay_s: float = 0.0, realtime: Realtime | None = None,
                  trajectory_dir: str | None = None, max_motion_s: float = MAX_MOTION_S,
-                 metrics: Metrics | None = None, watch: Watch = Watch(), intake_share: float = INTAKE_SHARE):
+                 metrics: Metrics | None = None, watch: Watch = Watch(), intake_share: float = INTAKE_SHARE,
+                 late_after_cycles: int = LATE_AFTER_CYCLES):
         """effort_delay_s: how late the drives' current and torque are against their positions (s), from the
         config; reported in status and recorded with the data so that identification aligns them.
         realtime: the [realtime] settings applied at start (None: the threads keep what they inherit).
@@ -151,7 +152,8 @@ class Driver:
         metrics (driver.metrics) at its address; watch: [model] and [collision] (driver.collision.Watch): the
         observer's model (default: `model`), its gains, the feed-forward's model, collision detection.
         intake_share: the most of each period the cycle spends on queued requests, and again on servo setpoints
-        (the rest wait for the next cycles, counted)."""
+        (the rest wait for the next cycles, counted). late_after_cycles: the cycles the drives ride through
+        without a new target (their setpoint buffer and extrapolation); a longer backlog marks its samples LATE."""
         if arm.n != model.n:
             raise InputError(f"the transport reports {arm.n} joints, the model {model.name} has {model.n}")
         for label, endpoint in (("commands", endpoints.commands), ("servo", endpoints.servo_endpoint)):
@@ -187,7 +189,7 @@ class Driver:
             clock = "device" if arm.streams_on_own_clock else "host"
         self.cycle = Cycle(arm, rate_hz=rate_hz, watchdog_s=watchdog_s, publish=self._publish, clock=clock,
                            gravity=self._gravity,
-                           torque_limit=model.tau_max, intake_share=intake_share)
+                           torque_limit=model.tau_max, intake_share=intake_share, late_after=late_after_cycles)
         self.cycle.monitor = CollisionMonitor(self._observer(self.watch_model), thresholds,
                                               self.watch_model.joint_torque_per_amp())
         self.cycle.monitor.back_off = self._back_off
@@ -611,7 +613,7 @@ class Driver:
                "cycle_rate_hz": (cycles - last.get("cycles", cycles)) / dt,
                "sample_rate_hz": (fresh - last.get("fresh", fresh)) / dt,
                "cycles": cycles, "fresh_samples": fresh, "stale_cycles": c.stale, "overruns": c.overruns, "caught_up": c.caught_up,
-               "late_samples": c.late_samples,
+               "late_samples": c.late_samples, "late_after_cycles": c.late_after,
                "requests_deferred": c.requests_deferred, "urgent": c.urgent_taken,
                "lateness": c.lateness_percentiles(), "fault": c.fault, "enabled": c.enabled(),
                "moving": c.motion is not None, "link": self.arm.link_stats(),

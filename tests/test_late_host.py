@@ -194,6 +194,36 @@ def test_the_driver_flags_late_every_sample_of_a_burst_longer_than_the_drives_sl
     assert cycle.late_samples == LATE_AFTER_CYCLES + 1
 
 
+def test_the_drives_slack_comes_from_the_config_and_a_bad_one_is_refused_naming_the_key(tmp_path):
+    """Real drives buffer and extrapolate for as many cycles as their firmware does: `[driver] late_after_cycles`
+    sets the backlog beyond which the cycle flags LATE (a burst of 3 is late for drives that ride through 2)."""
+    from driver.config import ConfigError, load_config
+    from driver.cycle import LATE_AFTER_CYCLES, Cycle
+    from test_cycle_intake import LockstepArm
+
+    path = tmp_path / "driver.toml"
+    path.write_text('[driver]\nlate_after_cycles = 2\n[transport]\nname = "sim"\n')
+    cfg = load_config(path)
+    assert cfg.late_after_cycles == 2
+    arm, sent = LockstepArm(), []
+    cycle = Cycle(arm, rate_hz=100.0, watchdog_s=60.0, clock="device", late_after=cfg.late_after_cycles,
+                  publish=lambda topic, payload: topic == stream.TOPIC_STATE and sent.append(
+                      int(stream.decode_state(bytes(payload))["flags"])))
+    arm.push(1)
+    cycle.step()
+    arm.push(3)
+    cycle.step()
+    assert cycle.late_samples == 3
+    path.write_text('[driver]\n[transport]\nname = "sim"\n')
+    assert load_config(path).late_after_cycles == LATE_AFTER_CYCLES
+    for bad in ("0", "1001", "2.5", "true", '"seven"'):
+        path.write_text(f'[driver]\nlate_after_cycles = {bad}\n[transport]\nname = "sim"\n')
+        with pytest.raises(ConfigError, match=r"driver\.late_after_cycles: expected a whole number of cycles 1\.\.1000"):
+            load_config(path)
+    with pytest.raises(ValueError, match="late_after"):
+        Cycle(LockstepArm(), clock="device", late_after=0)
+
+
 def test_the_online_service_leaves_late_samples_and_their_settle_time_out():
     """The live service (real ZeroMQ on 127.0.0.1): 200 samples at 1 kHz, 20..29 flagged LATE; those and the
     LATE_SETTLE_S after them never reach the identifier, and the gap they leave is counted as one."""

@@ -46,7 +46,8 @@ def _run(args: argparse.Namespace) -> int:
     driver = Driver(model, arm, endpoints=cfg.endpoints, rate_hz=cfg.rate_hz, watchdog_s=cfg.watchdog_s,
                     clock=cfg.clock, record=record, effort_delay_s=cfg.effort_delay_s,
                     realtime=realtime, trajectory_dir=cfg.trajectory_dir, max_motion_s=cfg.max_motion_s,
-                    metrics=cfg.metrics, watch=cfg.watch, intake_share=cfg.intake_share)
+                    metrics=cfg.metrics, watch=cfg.watch, intake_share=cfg.intake_share,
+                    late_after_cycles=cfg.late_after_cycles)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
