@@ -336,19 +336,20 @@ def _effort_delay(log: StateLog) -> float:
 
 
 def csv_header(arrays: dict[str, np.ndarray]) -> list[str]:
-    """Column names of the identification CSV for these arrays: t, q1..qn, tau1..taun or i1..in, qd1..qdn."""
+    """Column names of the identification CSV for these arrays: t, q1..qn, tau1..taun or i1..in, qd1..qdn, and
+    late (0 or 1) when the arrays carry the LATE marks."""
     n = arrays["q"].shape[1]
     effort = "tau" if "tau" in arrays else "current"
     prefix = EFFORTS["torque" if effort == "tau" else "current"][1]
     return (["t"] + [f"q{j + 1}" for j in range(n)] + [f"{prefix}{j + 1}" for j in range(n)]
-            + [f"qd{j + 1}" for j in range(n)])
+            + [f"qd{j + 1}" for j in range(n)] + (["late"] if "late" in arrays else []))
 
 
 def write_identification(arrays: dict[str, np.ndarray], out: str | Path) -> None:
     """Write the arrays as CSV (every float with 17 significant digits: exact) or NPZ, by the suffix of
     `out`; the file appears complete or not at all. NPZ keeps effort_delay and lost_samples when the arrays have
-    them; CSV states lost_samples in a comment line before its header and leaves effort_delay out (give
-    `armid identify --effort-delay`)."""
+    them, and late; CSV states lost_samples in a comment line before its header, has a column late (0 or 1) when
+    there are marks, and leaves effort_delay out (give `armid identify --effort-delay`)."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in (".csv", ".npz"):
@@ -364,7 +365,8 @@ def write_identification(arrays: dict[str, np.ndarray], out: str | Path) -> None
                 extra = {k: arrays[k] for k in ("effort_delay", "lost_samples", "late") if k in arrays}
                 np.savez(f, t=arrays["t"], q=arrays["q"], qd=arrays["qd"], **{effort: arrays[effort]}, **extra)
             else:
-                table = np.column_stack([arrays["t"], arrays["q"], arrays[effort], arrays["qd"]])
+                late = [arrays["late"].astype(np.float64)] if "late" in arrays else []
+                table = np.column_stack([arrays["t"], arrays["q"], arrays[effort], arrays["qd"], *late])
                 lead = f"# lost_samples = {int(arrays['lost_samples'])}\n" if "lost_samples" in arrays else ""
                 np.savetxt(f, table, fmt="%.17g", delimiter=",", header=lead + ",".join(csv_header(arrays)),
                            comments="")

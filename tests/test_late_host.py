@@ -118,7 +118,7 @@ def test_cut_windows_merge_overlapping_runs_and_split_like_a_gap():
         identify(load_model("generic6"), Recording(t, q, q, None, None, "synthetic", late=np.ones(2000, dtype=bool)))
 
 
-def test_late_marks_are_checked_and_kept_in_npz(tmp_path):
+def test_late_marks_are_checked_and_kept_in_npz_and_csv(tmp_path):
     with pytest.raises(PreprocessError, match=r"synthetic: late: expected one mark per sample \(2000,\)"):
         _rec(np.zeros(10, dtype=bool))
     with pytest.raises(PreprocessError, match="synthetic: late: expected 0 or 1"):
@@ -129,9 +129,19 @@ def test_late_marks_are_checked_and_kept_in_npz(tmp_path):
     late[100:120] = True
     rec = _rec(late)
     arrays = {"t": rec.t, "q": rec.q, "tau": rec.tau, "qd": rec.q, "effort_delay": np.array(0.0), "late": late}
-    write_identification(arrays, tmp_path / "r.npz")
-    back = load_recording(tmp_path / "r.npz")
-    assert np.array_equal(back.late, late)
+    for name in ("r.npz", "r.csv"):
+        write_identification(arrays, tmp_path / name)
+        back = load_recording(tmp_path / name)
+        assert np.array_equal(back.late, late), name
+    assert (tmp_path / "r.csv").read_text().splitlines()[0].endswith(",qd2,late")
+    del arrays["late"]                               # no marks: no column, and the reader says none
+    write_identification(arrays, tmp_path / "plain.csv")
+    assert load_recording(tmp_path / "plain.csv").late is None
+    lines = (tmp_path / "r.csv").read_text().splitlines()
+    lines[3] = lines[3][:-1] + "0.5"                 # the third data row (line 4): a mark that is neither 0 nor 1
+    (tmp_path / "bad.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(PreprocessError, match=r"bad\.csv: line 4, column late: expected 0 or 1, got 0\.5"):
+        load_recording(tmp_path / "bad.csv")
 
 
 def test_the_recording_reader_carries_the_late_flag_past_the_samples_it_leaves_out():

@@ -383,18 +383,21 @@ def _load_npz(path: Path) -> Recording:
                      check_effort_delay(scalars["effort_delay"] or 0.0, f"{path}"), clock, lost, arrays.get("late"))
 
 
-_HEADER = re.compile(r"^(t|q|tau|i|qd)(\d*)$")
+_HEADER = re.compile(r"^(t|late|q|tau|i|qd)(\d*)$")   # t and late: one column each
+
+
+_SINGLE = ("t", "late")      # the columns without a joint number
 
 
 def _parse_header(path: Path, header: list[str], line: int) -> tuple[int, dict[str, list[int]]]:
-    """Columns by array: {"t": [c], "q": [c1..cn], "tau" or "current": [...], "qd": [...]} and n."""
+    """Columns by array: {"t": [c], "q": [c1..cn], "tau" or "current": [...], "qd": [...], "late": [c]} and n."""
     groups: dict[str, dict[int, int]] = {}
     for c, raw in enumerate(header):
         name = raw.strip()
         m = _HEADER.match(name)
-        if not m or (m.group(1) == "t") != (m.group(2) == "") or m.group(2).startswith("0"):
+        if not m or (m.group(1) in _SINGLE) != (m.group(2) == "") or m.group(2).startswith("0"):
             raise PreprocessError(f"{path}: line {line}, column {c + 1}: unknown column name {quoted(name)}: expected "
-                                  "t, q1..qn, tau1..taun or i1..in, optional qd1..qdn")
+                                  "t, q1..qn, tau1..taun or i1..in, optional qd1..qdn and late")
         key = {"i": "current"}.get(m.group(1), m.group(1))
         index = int(m.group(2)) - 1 if m.group(2) else 0
         if index in groups.setdefault(key, {}):
@@ -409,9 +412,9 @@ def _parse_header(path: Path, header: list[str], line: int) -> tuple[int, dict[s
         raise PreprocessError(f"{path}: line {line}: both torque (tau1..) and current (i1..) columns: keep one")
     if "tau" not in groups and "current" not in groups:
         raise PreprocessError(f"{path}: line {line}: missing columns tau1..tau{n} (N m) or i1..i{n} (A)")
-    columns: dict[str, list[int]] = {"t": [groups["t"][0]]}
+    columns: dict[str, list[int]] = {key: [groups[key][0]] for key in _SINGLE if key in groups}
     for key, got in groups.items():
-        if key == "t":
+        if key in _SINGLE:
             continue
         missing = [_column(key, j) for j in range(n) if j not in got]
         if missing:
@@ -553,12 +556,17 @@ def _load_csv(path: Path) -> Recording:
         body = [number for number, _ in _data_lines(path)[1:]]
         return f"line {body[k]}" if k < len(body) else f"sample {k}"
 
-    arrays = {name: (data[:, cols[0]] if name == "t" else data[:, cols]) for name, cols in columns.items()}
+    arrays = {name: (data[:, cols[0]] if name in _SINGLE else data[:, cols]) for name, cols in columns.items()}
+    if "late" in arrays:
+        bad = np.flatnonzero(~np.isin(arrays["late"], (0.0, 1.0)))
+        if bad.size:
+            raise PreprocessError(f"{path}: {locate(int(bad[0]))}, column late: expected 0 or 1, got "
+                                  f"{float(arrays['late'][bad[0]]):g}")
     fields = {"t": arrays["t"], "q": arrays["q"], "tau": arrays.get("tau"), "current": arrays.get("current"),
               "qd": arrays.get("qd")}
     checked = _check_arrays(str(path), fields, locate)
     return Recording(checked["t"], checked["q"], checked.get("tau"), checked.get("current"), checked.get("qd"),
-                     str(path), delay, clock, lost)
+                     str(path), delay, clock, lost, late=arrays.get("late"))
 
 
 def _diagnose_csv(path: Path, rows: list[tuple[int, str]], header: list[str]) -> None:
