@@ -249,6 +249,7 @@ def test_sigterm_disables_the_drives_before_the_daemon_exits(tmp_path):
 @pytest.mark.parametrize("transport, options, named", [
     ("serial", lambda tmp: {"port": str(tmp / "no-such-tty")}, "no-such-tty"),
     ("gateway", lambda tmp: {"host": "127.0.0.1", "port": _closed_port()}, "cannot connect to 127.0.0.1:"),
+    ("can", lambda tmp: {"interface": "socketcan", "channel": "armid-nocan9"}, "cannot open the CAN bus.*armid-nocan9"),
 ])
 def test_a_link_that_is_not_there_fails_start_before_any_kernel_is_loaded(model, tmp_path, monkeypatch, transport,
                                                                          options, named):

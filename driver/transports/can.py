@@ -238,15 +238,24 @@ class CanArm(Arm):
         _log.info("can: %s opened: drives %s started", self._bus_options.get("channel", "bus"),
                   ", ".join(str(n) for n in self.node_ids), extra={"node_ids": list(self.node_ids)})
 
+    def check_reachable(self) -> None:
+        """The bus opens (an interface that is not there fails here), and is shut again at once: no frame is sent,
+        so no drive is configured or started."""
+        self._open_bus().shutdown()
+
+    def _open_bus(self) -> can.BusABC:
+        """A python-can bus with the transport's options; LinkError naming them when it cannot be opened."""
+        try:
+            return can.Bus(**self._bus_options)
+        except (can.CanError, OSError, ValueError, ImportError) as exc:
+            opts = ", ".join(f"{k}={v!r}" for k, v in self._bus_options.items())
+            raise LinkError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
+
     def _connect(self) -> None:
         """Open the python-can bus for the network (canopen's connect() without its notifier: this transport reads
         the bus itself and hands canopen its frames through Network.notify, as canopen documents for that case)."""
-        opts = ", ".join(f"{k}={v!r}" for k, v in self._bus_options.items())
-        try:
-            bus = can.Bus(**self._bus_options)
-        except (can.CanError, OSError, ValueError, ImportError) as exc:
-            self.network.bus = None
-            raise LinkError(f"can: cannot open the CAN bus ({opts}): {exc}") from None
+        self.network.bus = None
+        bus = self._open_bus()
         self._own_sent = 0
         self._bus_tuning = tune_udp_multicast(bus, own_ids=self._own_ids)
         self.network.bus = bus
