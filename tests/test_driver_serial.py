@@ -710,7 +710,7 @@ def hil(model, tmp_path):
     link = tmp_path / "armid-arm"
     procs = [_start_sim(link)]
     d = Driver(model, SerialArm(model, str(link), reconnect_s=0.1, device_watchdog_ms=500), endpoints=LOCAL,
-               watchdog_s=0.3)
+               watchdog_s=2.0)
     d.start()
     cmd, sub = _client(d.bound["commands"]), _sub(d.bound["state"])
     try:

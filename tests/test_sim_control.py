@@ -162,7 +162,7 @@ def test_a_payload_attached_from_outside_changes_the_running_simulators_torques_
     link = tmp_path / "armid-arm"
     proc, endpoint = _start_sim(link)
     drv = Driver(model, SerialArm(model, str(link), reconnect_s=0.1, device_watchdog_ms=500),
-                 endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"), watchdog_s=0.3)
+                 endpoints=Endpoints("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"), watchdog_s=2.0)
     drv.start()
     commands, sub = _socket(zmq.REQ, drv.bound["commands"]), _socket(zmq.SUB, drv.bound["state"], stream.TOPIC_STATE)
     control = _socket(zmq.REQ, endpoint)
