@@ -213,7 +213,7 @@ class SerialDevice(StepOrFreeRun):
         self.path = self._link.path
         log.info("serial device: the host opens %s", self.path)
         self._stop.clear()
-        self._last_host = time.monotonic()
+        self._last_host = self.sim.device_time()
         self._next_heartbeat = 0.0
         self._threads = [threading.Thread(target=self._reader, name="armid-serial-rx", daemon=True),
                          threading.Thread(target=self._writer, name="armid-serial-tx", daemon=True)]
@@ -260,6 +260,11 @@ class SerialDevice(StepOrFreeRun):
         opens (the pty's slave path, or the port given) and the baud rate."""
         return {"port": self.path, "baudrate": self.baudrate}
 
+    def ready_for_tick(self) -> bool:
+        """True when the next tick has its target and the line room for its STATE: a simulator catching up
+        sends its samples no faster than the line carries them, so none is skipped that the host would answer."""
+        return len(self._tx) < self._state_bound() and self.drive_targets.ready()
+
     @property
     def rx_counters(self) -> sp.DecoderCounters:
         """Frames received from the host: good ones and drops by reason."""
@@ -298,10 +303,11 @@ class SerialDevice(StepOrFreeRun):
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.heartbeat_s
             self._queue(sp.Heartbeat(time_us=int(round(s.time * 1e6))))
-        if not self._tripped and now - self._last_host > self.watchdog_s and ((sw & _OE_MASK) == _OE_VALUE).any():
+        silent = self.sim.device_time() - self._last_host    # on the device's clock: its own stall is not silence
+        if not self._tripped and silent > self.watchdog_s and ((sw & _OE_MASK) == _OE_VALUE).any():
             self._tripped = True
             self.counters.watchdog_trips += 1
-            log.error("serial device: watchdog: no frame from the host for %.3f s: quick stop", now - self._last_host)
+            log.error("serial device: watchdog: no frame from the host for %.3f s: quick stop", silent)
             self.sim.set_commands(controlword=np.full(self.sim.n, cia402.CW_QUICK_STOP))
 
     def _follow_targets(self) -> None:
@@ -396,7 +402,7 @@ class SerialDevice(StepOrFreeRun):
 
     def _handle(self, msg: sp.Message) -> None:
         if isinstance(msg, (sp.Command, sp.Heartbeat, sp.Hello)):
-            self._last_host = time.monotonic()
+            self._last_host = self.sim.device_time()
             self._tripped = False
         if isinstance(msg, sp.Command):
             self._command(msg)
