@@ -139,25 +139,28 @@ class RealtimeClock:
         if self.jitter_s > 0.0:
             deadline += self.jitter_s * float(np.clip(self._rng.standard_normal(), -3.0, 3.0))
         timer = self.timer
+        behind = timer.now() >= deadline        # the deadline passed before this tick came to wait for it
         timer.sleep_until(deadline, self.spin)
         now = timer.now()
-        late = now - deadline
-        if late < 0.5 * self.period:            # on time: a late wake-up, not a missed period
-            self._window_start = None
-            self._record(max(late, 0.0))
-            self._deadline += self.period
-            return max(late, 0.0)
-        if self._window_start is None:          # a catch-up begins
-            self._window_start, self._window_late, self._link_answers = now, late, True
+        late = max(now - deadline, 0.0)
+        if not behind:
+            # on the schedule again (or never off it); a catch-up ends once the tick also has what it needs from
+            # the host: the answers to its last samples, still on their way, are the next ticks' targets
+            if self._window_start is not None and (ready is None or not self._link_answers or ready()):
+                self._window_start = None
+        elif self._window_start is None:
+            if late >= 0.5 * self.period:       # a missed period's tick, not only a late wake-up: a catch-up
+                self._window_start, self._window_late, self._link_answers = now, late, True
         elif now - self._window_start >= self.window:
             if late >= self._window_late:       # a whole window without progress: it never catches up
                 return self._rebase(now, late)
             self._window_start, self._window_late = now, late
-        if ready is not None and self._link_answers and not ready():
+        if self._window_start is not None and ready is not None and self._link_answers and not ready():
             now = self._wait_link(ready, now)
             late = now - deadline
         self._record(late)
-        self._caught_up += 1
+        if late >= 0.5 * self.period:
+            self._caught_up += 1
         self._deadline += self.period
         return late
 
