@@ -14,13 +14,16 @@ stopped. While it catches up, wait(ready) also waits for the link (bounded): `re
 has what its next tick needs from the host (the target of that tick, room on the line for its sample). A real
 device's host answered each sample within its cycle, so a tick the device missed gets the target the host sends
 in answer to the missed samples, not a hold; the catch-up then runs as fast as the host answers. A wait that
-runs out (the host does not answer: it is silent or stopped too) ends the waiting for the rest of that catch-up:
-the ticks run back to back with what the drives have, as a real drive's do when its host goes silent.
+runs out (the host is slow to answer) runs the tick with what the device has; the next tick waits again.
 
 The work is bounded by convergence, not by a fixed lateness: a catch-up that did not shrink its backlog over a
-whole window of `window` seconds (ticks that cost more than a period, or a process starved for longer than it
-runs) never will. Then the schedule is re-based instead, counted as `rebased` with the ticks given up in
-`skipped`, and a warning is logged (throttled).
+whole window (`window` seconds, or the backlog it began with if that is longer: a longer stall is given as long
+to show progress, so that a host slowed down for a while by other work does not end it) never will: ticks that
+cost more than a period, a process starved for longer than it runs, or a host that answers slower than real
+time (silent, or starved itself). Then the schedule is re-based instead, counted as `rebased` with the ticks
+given up in `skipped`, and a warning is logged (throttled): the arm's time pauses where it stood, which moves
+nothing, where running the ticks without the host's targets would hold the drives in the middle of a motion and
+skip the samples the line cannot carry.
 
 `timer` replaces the host's clock (an object with now() -> s on time.perf_counter's scale and
 sleep_until(deadline_s, spin_s)): a test drives the schedule with a clock of its own, a stall included.
@@ -110,7 +113,7 @@ class RealtimeClock:
         self.link_wait = LINK_WAIT_PERIODS * self.period if link_wait is None else float(link_wait)
         self._window_start = None       # the catch-up under way: when its current window began (timer's s) ...
         self._window_late = 0.0         # ... and its backlog then (s)
-        self._link_answers = True       # the host answered every wait of this catch-up so far
+        self._window_len = self.window  # the catch-up's window: `window`, or its first backlog if that is longer
         self._link_waits = 0
         self._late = np.zeros(int(history))
         self._count = 0
@@ -143,19 +146,19 @@ class RealtimeClock:
         timer.sleep_until(deadline, self.spin)
         now = timer.now()
         late = max(now - deadline, 0.0)
-        if not behind:
-            # on the schedule again (or never off it); a catch-up ends once the tick also has what it needs from
-            # the host: the answers to its last samples, still on their way, are the next ticks' targets
-            if self._window_start is not None and (ready is None or not self._link_answers or ready()):
-                self._window_start = None
-        elif self._window_start is None:
+        if self._window_start is not None and not behind and (ready is None or ready()):
+            # on the schedule again, and the tick has what it needs from the host (the answers to the last samples,
+            # still on their way, are the next ticks' targets): the catch-up is over
+            self._window_start = None
+        if self._window_start is None:
             if late >= 0.5 * self.period:       # a missed period's tick, not only a late wake-up: a catch-up
-                self._window_start, self._window_late, self._link_answers = now, late, True
-        elif now - self._window_start >= self.window:
+                self._window_start, self._window_late = now, late
+                self._window_len = max(self.window, late)      # as long to show progress as it is behind
+        elif now - self._window_start >= self._window_len:
             if late >= self._window_late:       # a whole window without progress: it never catches up
                 return self._rebase(now, late)
             self._window_start, self._window_late = now, late
-        if self._window_start is not None and ready is not None and self._link_answers and not ready():
+        if self._window_start is not None and ready is not None and not ready():
             now = self._wait_link(ready, now)
             late = now - deadline
         self._record(late)
@@ -165,7 +168,7 @@ class RealtimeClock:
         return late
 
     def _wait_link(self, ready, now: float) -> float:
-        """Wait (bounded by link_wait) until ready(); one that runs out ends the waiting for this catch-up."""
+        """Wait until ready(), at most link_wait (then the tick runs with what the device has)."""
         self._link_waits += 1
         limit = now + self.link_wait
         step = self.period / _LINK_POLLS_PER_PERIOD
@@ -173,8 +176,7 @@ class RealtimeClock:
             self.timer.sleep_until(min(now + step, limit), 0.0)
             now = self.timer.now()
             if ready():
-                return now
-        self._link_answers = False
+                break
         return now
 
     def _rebase(self, now: float, late: float) -> float:
@@ -185,7 +187,7 @@ class RealtimeClock:
         self._window_start = None
         self._rebase_log.hit("simulator clock: %.1f ms behind and not catching up over %.0f ms: %d ticks skipped "
                              "(ticks cost more than a period, or the process is starved for longer than it runs)",
-                             late * 1e3, self.window * 1e3, skipped, skipped_ticks=self._skipped)
+                             late * 1e3, self._window_len * 1e3, skipped, skipped_ticks=self._skipped)
         self._deadline = now + self.period
         return late
 
