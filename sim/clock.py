@@ -95,8 +95,8 @@ class RealtimeClock:
     """Ticks at rate_hz. Use from one thread: start(), then wait() before every cycle."""
 
     def __init__(self, rate_hz: float = 1000.0, *, spin: float = 0.0, history: int = 1 << 18,
-                 window: float | None = None, link_wait: float | None = None, drift_ppm: float = 0.0, jitter_s: float = 0.0, seed: int | None = None,
-                 timer=None):
+                 window: float | None = None, link_wait: float | None = None, drift_ppm: float = 0.0,
+                 jitter_s: float = 0.0, seed: int | None = None, timer=None):
         if not (isinstance(rate_hz, (int, float)) and math.isfinite(rate_hz) and rate_hz > 0):
             raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
         if isinstance(drift_ppm, bool) or not (isinstance(drift_ppm, (int, float)) and abs(drift_ppm) <= MAX_DRIFT_PPM):
@@ -109,6 +109,10 @@ class RealtimeClock:
         self._rng = np.random.default_rng(seed)
         self.period = (1.0 + self.drift_ppm * 1e-6) / float(rate_hz)
         self.spin = float(spin)
+        for name, value in (("window", window), ("link_wait", link_wait)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0.0 <= value < math.inf):
+                raise InputError(f"simulator clock: {name}: expected a number of s >= 0 or None, got {value!r}")
         self.window = CATCH_UP_WINDOW_PERIODS * self.period if window is None else float(window)
         self.link_wait = LINK_WAIT_PERIODS * self.period if link_wait is None else float(link_wait)
         self._window_start = None       # the catch-up under way: when its current window began (timer's s) ...
@@ -186,7 +190,8 @@ class RealtimeClock:
         self._skipped += skipped
         self._window_start = None
         self._rebase_log.hit("simulator clock: %.1f ms behind and not catching up over %.0f ms: %d ticks skipped "
-                             "(ticks cost more than a period, or the process is starved for longer than it runs)",
+                             "(ticks cost more than a period, the process is starved for longer than it runs, or the "
+                             "host answers slower than real time)",
                              late * 1e3, self._window_len * 1e3, skipped, skipped_ticks=self._skipped)
         self._deadline = now + self.period
         return late

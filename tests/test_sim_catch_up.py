@@ -22,6 +22,7 @@ import pytest
 
 from firmware_bridge import cia402
 from firmware_bridge.cia402 import Mode, State
+from firmware_bridge.runtime.errors import InputError
 from ident.model import load_model
 from sim import Simulator
 from sim.clock import CATCH_UP_WINDOW_PERIODS, LINK_WAIT_PERIODS, RealtimeClock
@@ -314,3 +315,10 @@ def test_the_clock_without_a_stall_counts_nothing_caught_up_and_waits_for_nothin
     stats = clock.stats()
     assert max(late) == 0.0 and stats.caught_up == 0 and stats.skipped == 0 and stats.waited == 0
     assert clock.link_wait == LINK_WAIT_PERIODS * PERIOD
+
+
+@pytest.mark.parametrize("kwargs", [{"window": -1.0}, {"window": float("nan")}, {"link_wait": "3"}, {"link_wait": True}])
+def test_impossible_catch_up_settings_are_refused_naming_them(kwargs):
+    (name,) = kwargs
+    with pytest.raises(InputError, match=name):
+        RealtimeClock(RATE_HZ, **kwargs)
