@@ -39,8 +39,8 @@ from firmware_bridge.runtime.options import Option, OptionSet
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH
 from sim.device_contract import StepOrFreeRun
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
-from sim.host_silence import HostSilence
 from sim.faults import Fate
+from sim.host_silence import HostSilence
 
 log = logging.getLogger(__name__)
 TROUBLE_LOG_INTERVAL_S = 10.0   # refused commands, failed reads/writes: the first logged, then one line per interval

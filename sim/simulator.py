@@ -43,7 +43,7 @@ from firmware_bridge.cia402 import State, state_of
 from firmware_bridge.runtime.errors import InputError
 from ident.model import Model, load_model
 from sim.device_contract import DeviceSide, device_class, registered
-from sim.clock import FastClock, LatenessStats, RealtimeClock
+from sim.clock import CATCH_UP_WINDOW_PERIODS, FastClock, LatenessStats, RealtimeClock
 from sim import drive_control as dc
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
@@ -97,6 +97,8 @@ _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
 # targets that had arrived by then), so each missed tick waits, bounded, for the device side to say it has them
 # (DeviceSide.ready_for_tick); without them the drives continue and hold as after a late host. Only a catch-up
 # that does not converge is given up (sim.clock: counted as skipped, and logged).
+CATCH_UP_PERIODS = CATCH_UP_WINDOW_PERIODS   # former name: no longer a bound on a stall, the shortest window in
+                                             # which a catch-up must show progress
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
 
 
