@@ -10,20 +10,19 @@ A process that was not scheduled wakes periods late. A real device is hardware: 
 lets the simulator come back as if it had run. The schedule stays absolute: each wait() after a late one returns
 at once until the ticks the process missed have run (`caught_up` counts those run half a period or more late: a
 missed period's tick, not only a late wake-up), so the physics loses no time, however long the process was
-stopped. While it catches up, wait(ready) also waits for the link (bounded): `ready()` says whether the device
-has what its next tick needs from the host (the target of that tick, room on the line for its sample). A real
-device's host answered each sample within its cycle, so a tick the device missed gets the target the host sends
-in answer to the missed samples, not a hold; the catch-up then runs as fast as the host answers. A wait that
-runs out (the host is slow to answer) runs the tick with what the device has; the next tick waits again.
+stopped. While it catches up, wait(ready) also waits for the link: `ready()` says whether the device has what
+its next tick needs from the host (the target of that tick, room on the line for its sample). A real device's
+host answered each sample within its cycle, so a tick the device missed gets the target the host sends in answer
+to the missed samples, never a hold; the catch-up then runs as fast as the host answers.
 
 The work is bounded by convergence, not by a fixed lateness: a catch-up that did not shrink its backlog over a
 whole window (`window` seconds, or the backlog it began with if that is longer: a longer stall is given as long
 to show progress, so that a host slowed down for a while by other work does not end it) never will: ticks that
 cost more than a period, a process starved for longer than it runs, or a host that answers slower than real
-time (silent, or starved itself). Then the schedule is re-based instead, counted as `rebased` with the ticks
-given up in `skipped`, and a warning is logged (throttled): the arm's time pauses where it stood, which moves
-nothing, where running the ticks without the host's targets would hold the drives in the middle of a motion and
-skip the samples the line cannot carry.
+time (silent, or starved itself: a tick waits for its answer until its window ends). Then the schedule is
+re-based instead, counted as `rebased` with the ticks given up in `skipped`, and a warning is logged
+(throttled): the arm's time pauses where it stood, which moves nothing, where running the ticks without the
+host's targets would hold the drives in the middle of a motion and skip the samples the line cannot carry.
 
 `timer` replaces the host's clock (an object with now() -> s on time.perf_counter's scale and
 sleep_until(deadline_s, spin_s)): a test drives the schedule with a clock of its own, a stall included.
@@ -64,7 +63,7 @@ class LatenessStats:
     window: int
     caught_up: int = 0      # ticks run half a period or more after their deadline (missed ones, run in full)
     skipped: int = 0        # ticks given up when the schedule was re-based (a catch-up that did not converge)
-    waited: int = 0         # caught-up ticks that waited for the host's answer (ready(), bounded by link_wait)
+    waited: int = 0         # caught-up ticks that waited for the host's answer (ready())
 
     def __str__(self) -> str:
         return (f"{self.count} ticks, lateness p50 {self.p50 * 1e6:.1f} us, p99 {self.p99 * 1e6:.1f} us, "
@@ -85,7 +84,6 @@ class HostTimer:
 
 
 CATCH_UP_WINDOW_PERIODS = 50  # a catch-up must shrink its backlog over every window of this many periods
-LINK_WAIT_PERIODS = 3         # a catching-up tick waits at most this long for the host (a setpoint buffer's slack)
 _LINK_POLLS_PER_PERIOD = 8    # how often a tick waiting for the host looks again
 MAX_DRIFT_PPM = 10_000.0        # 1 %: beyond any crystal; larger values are typing errors
 MAX_JITTER_PERIODS = 0.3        # the standard deviation of the wake-up jitter, in periods
@@ -95,7 +93,7 @@ class RealtimeClock:
     """Ticks at rate_hz. Use from one thread: start(), then wait() before every cycle."""
 
     def __init__(self, rate_hz: float = 1000.0, *, spin: float = 0.0, history: int = 1 << 18,
-                 window: float | None = None, link_wait: float | None = None, drift_ppm: float = 0.0,
+                 window: float | None = None, drift_ppm: float = 0.0,
                  jitter_s: float = 0.0, seed: int | None = None, timer=None):
         if not (isinstance(rate_hz, (int, float)) and math.isfinite(rate_hz) and rate_hz > 0):
             raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
@@ -109,12 +107,10 @@ class RealtimeClock:
         self._rng = np.random.default_rng(seed)
         self.period = (1.0 + self.drift_ppm * 1e-6) / float(rate_hz)
         self.spin = float(spin)
-        for name, value in (("window", window), ("link_wait", link_wait)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not 0.0 <= value < math.inf):
-                raise InputError(f"simulator clock: {name}: expected a number of s >= 0 or None, got {value!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float))
+                                   or not 0.0 <= window < math.inf):
+            raise InputError(f"simulator clock: window: expected a number of s >= 0 or None, got {window!r}")
         self.window = CATCH_UP_WINDOW_PERIODS * self.period if window is None else float(window)
-        self.link_wait = LINK_WAIT_PERIODS * self.period if link_wait is None else float(link_wait)
         self._window_start = None       # the catch-up under way: when its current window began (timer's s) ...
         self._window_late = 0.0         # ... and its backlog then (s)
         self._window_len = self.window  # the catch-up's window: `window`, or its first backlog if that is longer
@@ -139,9 +135,9 @@ class RealtimeClock:
 
     def wait(self, ready=None) -> float:
         """Block until the next deadline; returns the lateness (s) of this wake-up. A deadline already past
-        returns at once (a missed tick, run now), after waiting up to link_wait for ready() (a callable -> bool,
-        or None) to say the device has what the tick needs from the host; a catch-up that stopped converging
-        re-bases the schedule (module docstring)."""
+        returns at once (a missed tick, run now), once ready() (a callable -> bool, or None) says the device has
+        what the tick needs from the host; a catch-up that stopped converging re-bases the schedule (module
+        docstring)."""
         deadline = self._deadline
         if self.jitter_s > 0.0:
             deadline += self.jitter_s * float(np.clip(self._rng.standard_normal(), -3.0, 3.0))
@@ -163,18 +159,23 @@ class RealtimeClock:
                 return self._rebase(now, late)
             self._window_start, self._window_late = now, late
         if self._window_start is not None and ready is not None and not ready():
-            now = self._wait_link(ready, now)
-            late = now - deadline
+            self._link_waits += 1
+            while True:                         # wait for the host's answer while the catch-up progresses
+                now = self._wait_link(ready, now, self._window_start + self._window_len)
+                late = now - deadline
+                if ready():
+                    break
+                if late >= self._window_late:   # a whole window without progress, this tick still unanswered
+                    return self._rebase(now, late)
+                self._window_start, self._window_late = now, late
         self._record(late)
         if late >= 0.5 * self.period:
             self._caught_up += 1
         self._deadline += self.period
         return late
 
-    def _wait_link(self, ready, now: float) -> float:
-        """Wait until ready(), at most link_wait (then the tick runs with what the device has)."""
-        self._link_waits += 1
-        limit = now + self.link_wait
+    def _wait_link(self, ready, now: float, limit: float) -> float:
+        """Wait until ready(), or until limit (timer's s); returns the time then."""
         step = self.period / _LINK_POLLS_PER_PERIOD
         while now < limit:
             self.timer.sleep_until(min(now + step, limit), 0.0)
