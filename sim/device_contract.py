@@ -70,9 +70,9 @@ class DeviceSide(abc.ABC):
 
     def ready_for_tick(self) -> bool:
         """Whether the device has what its next tick needs from the host. A free-running simulator that missed
-        ticks (its process was not scheduled) runs each as soon as this says so, or after a bounded wait
-        (sim.clock.RealtimeClock.wait): a real device, never late, would have had the host's answer to each
-        missed sample by then. Called from the simulator's thread. Default: True (nothing to wait for)."""
+        ticks (its process was not scheduled) runs each as soon as this says so (sim.clock.RealtimeClock.wait:
+        a catch-up that makes no progress is given up): a real device, never late, would have had the host's
+        answer to each missed sample by then. Called from the simulator's thread. Default: True (nothing to wait for)."""
         return True
 
 

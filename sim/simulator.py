@@ -94,9 +94,9 @@ _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
 # A real-time simulator woken late (its process was not scheduled) comes back as if it had run, as real drives,
 # which are hardware and never late, would have: it runs every tick it missed, each a whole drive cycle, with the
 # targets the drives would have had at it. Those are the host's answers to the samples of the missed ticks (or the
-# targets that had arrived by then), so each missed tick waits, bounded, for the device side to say it has them
-# (DeviceSide.ready_for_tick); without them the drives continue and hold as after a late host. Only a catch-up
-# that does not converge is given up (sim.clock: counted as skipped, and logged).
+# targets that had arrived by then), so each missed tick waits for the device side to say it has them
+# (DeviceSide.ready_for_tick). Only a catch-up that does not converge is given up (sim.clock: counted as skipped,
+# and logged): the arm's time then pauses where it stood.
 CATCH_UP_PERIODS = CATCH_UP_WINDOW_PERIODS   # former name: no longer a bound on a stall, the shortest window in
                                              # which a catch-up must show progress
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
