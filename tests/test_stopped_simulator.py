@@ -94,9 +94,11 @@ def test_a_simulator_stopped_in_a_fast_motion_catches_up_without_a_fault_or_a_ju
     print(f"ticks missed at least {missed}: caught up {ran} ({clock['waited'] - before['waited']} waited for the "
           f"driver), given up {given_up} in {clock['rebased'] - before['rebased']} re-based catch-ups")
     assert ran + given_up >= missed, clock
-    # the arm moved continuously: in no device cycle did a joint move more than its maximum velocity allows (a
-    # sample the line did not carry spans its cycles). Printed beside it: the largest step against the planned
-    # motions' fastest cycle, which the drives track (a late target and its catch-up add a few tens of percent)
+    # the arm moved continuously: in no device cycle did a joint move more than twice the planned motions' fastest
+    # cycle (a sample the line did not carry spans its cycles). The drives track a reference that moves at most
+    # that much per cycle; a target the driver sent late (the driver starved by other work, not the simulator)
+    # and the drives' catch-up after it added up to 41 % on this machine. A jump of the plant, a backlog of
+    # targets taken at once, moves it several times as far.
     fresh = (flags & stream.FLAG_STALE) == 0
     cycles = np.rint(np.diff(device_ns[fresh]) * 1e-9 * RATE_HZ)
     assert (cycles >= 1).all(), "device samples out of order"
@@ -104,4 +106,4 @@ def test_a_simulator_stopped_in_a_fast_motion_catches_up_without_a_fault_or_a_ju
     planned_step = np.max([np.abs(np.diff(p, axis=0)).max(axis=0) for p in planned], axis=0)
     print(f"largest step per device cycle / the plan's: {np.round(step / planned_step, 2)}; samples the line did "
           f"not carry: {int((cycles - 1).sum())}")
-    assert (step <= np.asarray(load_model("generic6").qd_max) / RATE_HZ).all(), step
+    assert (step <= 2.0 * planned_step).all(), step / planned_step
