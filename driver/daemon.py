@@ -400,15 +400,21 @@ class Driver:
                       "commands": self._rep.getsockopt_string(zmq.LAST_ENDPOINT),
                       "servo": self._servo.getsockopt_string(zmq.LAST_ENDPOINT)}
 
+    def warm_up(self) -> None:
+        """Compile (or load from numba's disk cache) every kernel the cycle, servo and the planning in this process
+        call, on scratch arrays, without starting anything: what start() does first (a compile inside the running
+        cycle would stall it for seconds)."""
+        self._gravity(np.zeros(self.model.n))   # the compiled kernel, not inside the first enable
+        self.cycle.warm_up()                    # every kernel of the cycle, before it runs (and before READY)
+        servo_shaping.warm_up(self._servo_limits(), self.cycle.hold)      # servo's, on the limits' arrays
+        motion.warm_up(self.planning_model, self.cycle.rate_hz)   # stops, blends, back-offs planned here
+
     def _prepare(self) -> None:
         """Everything slow that the cycle needs, done before the link opens: every kernel the cycle, servo and the
         planning in this process call, compiled or loaded from numba's cache; the garbage collector's long-lived
         objects frozen; with lock_memory, the process's memory locked (it stalls every thread that faults
         meanwhile, for tens of ms)."""
-        self._gravity(np.zeros(self.model.n))   # the compiled kernel, not inside the first enable
-        self.cycle.warm_up()                    # every kernel of the cycle, before it runs (and before READY)
-        servo_shaping.warm_up(self._servo_limits(), self.cycle.hold)      # servo's, on the limits' arrays
-        motion.warm_up(self.planning_model, self.cycle.rate_hz)   # stops, blends, back-offs planned here
+        self.warm_up()
         gc.collect()
         gc.freeze()   # long-lived objects leave the collector's sight: shorter pauses in the cycle
         self._gc_frozen = gc.get_freeze_count()     # once: it walks every frozen object

@@ -90,62 +90,89 @@ def _spawn(folder: str) -> tuple[subprocess.Popen, Connection, Connection]:
     return proc, send, conn
 
 
-# -- a process started ahead ---------------------------------------------------------------------------------
+# -- processes started ahead, and handed back ---------------------------------------------------------------
+@dataclass
+class _Spare:
+    folder: str
+    proc: subprocess.Popen
+    send: Connection
+    conn: Connection
+    ready: bool               # its ready message was read already (a process handed back by a driver)
+
+
+SPARES_KEPT = 2                 # at most this many idle planner processes wait for the next driver
 _spare_lock = threading.Lock()
-_spare: tuple[str, subprocess.Popen, Connection, Connection] | None = None     # (folder, process, jobs, answers)
+_spares: list[_Spare] = []
 _keeping = False
-_spare_pid = 0                  # the process that started the spare (a forked child must not stop it)
+_spare_pid = 0                  # the process that started the spares (a forked child must not stop them)
 
 
 def keep_spare(on: bool = True) -> None:
-    """Keep (on) one planner process started ahead in this process, loading its kernels meanwhile: the next
-    Driver to start takes it, ready or nearly so, instead of waiting for a fresh one, and another is started
-    for the one after. For a process that starts drivers one after another (a test run); a daemon that starts
-    one driver gains nothing. keep_spare(False) stops the spare. Planner() alone (spare=False) never takes one."""
-    global _keeping
+    """Keep (on) a planner process started ahead in this process, loading its kernels meanwhile: the next Driver
+    to start takes it, ready or nearly so, instead of waiting for a fresh one, and a stopping driver hands its
+    process back, idle and ready, for the one after (at most SPARES_KEPT wait). For a process that starts drivers
+    one after another (a test run); a daemon that starts one driver gains nothing. keep_spare(False) stops the
+    spares. Planner() alone (spare=False) never takes one."""
+    global _keeping, _spare_pid
     with _spare_lock:
         _keeping = on
-        if on and _spare is None:
+        if on and not _spares:
+            _spare_pid = os.getpid()
             _start_spare()
         elif not on:
-            _stop_spare()
+            while _spares:
+                _end(_spares.pop())
 
 
 def _start_spare() -> None:
-    global _spare, _spare_pid
     folder = _mkdir()
-    _spare, _spare_pid = (folder, *_spawn(folder)), os.getpid()
+    _spares.append(_Spare(folder, *_spawn(folder), ready=False))
 
 
-def _stop_spare() -> None:
-    global _spare
-    if _spare is None:
-        return
-    folder, proc, send, conn = _spare
-    _spare = None
-    send.close()
-    conn.close()
-    proc.kill()
+def _end(spare: _Spare) -> None:
+    spare.send.close()
+    spare.conn.close()
+    spare.proc.kill()
     try:
-        proc.wait(5.0)
+        spare.proc.wait(5.0)
     except subprocess.TimeoutExpired:
         pass
-    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(spare.folder, ignore_errors=True)
 
 
-def _take_spare() -> tuple[str, subprocess.Popen, Connection, Connection] | None:
-    """The spare process (then the next one is started), or None when none is kept or it has ended."""
-    global _spare
+def _take_spare() -> _Spare | None:
+    """A spare process, one that a driver handed back first (then, when none is left, the next one is started);
+    None when none is kept."""
     with _spare_lock:
-        if not _keeping or _spare is None:
+        if not _keeping or os.getpid() != _spare_pid:
             return None
-        if _spare[1].poll() is not None:        # it ended (killed from outside): start afresh
-            _stop_spare()
+        for spare in [s for s in _spares if s.proc.poll() is not None]:     # ended (killed from outside)
+            _spares.remove(spare)
+            _end(spare)
+        if not _spares:
             _start_spare()
             return None
-        taken, _spare = _spare, None
-        _start_spare()
+        _spares.sort(key=lambda s: s.ready)
+        taken = _spares.pop()
+        if not _spares:
+            _start_spare()
         return taken
+
+
+def _hand_back(spare: _Spare) -> bool:
+    """Keep a stopping driver's planner process (idle, ready, nothing unread on its pipe) for the next driver:
+    True when kept; False when the caller must end it (no spares kept, or SPARES_KEPT wait already)."""
+    with _spare_lock:
+        if not _keeping or os.getpid() != _spare_pid or len(_spares) >= SPARES_KEPT:
+            return False
+        try:
+            left = os.listdir(spare.folder)               # what a job left (a plan never mapped): not the next's
+        except OSError:
+            return False
+        for name in left:
+            _unlink(os.path.join(spare.folder, name))
+        _spares.append(spare)
+        return True
 
 
 def _stop_at_exit() -> None:
@@ -167,6 +194,7 @@ class Planner:
         self._conn: Connection | None = None         # answers come on this one
         self._dir: str | None = None
         self._pending: tuple[str, float] | None = None     # (command, deadline) of the job in flight
+        self.ready = False                           # the process has loaded its kernels (its ready message read)
         self._jobs = 0
         self.restarts = 0
         self.timeouts = 0
@@ -176,11 +204,12 @@ class Planner:
         """Start the process (its imports and kernels load in the background: the first job waits). A planner
         made with spare=True takes the process that keep_spare() started ahead, when there is one."""
         if self._dir is None and self._spare and (taken := _take_spare()) is not None:
-            self._dir, self._proc, self._send, self._conn = taken
-        else:
-            if self._dir is None:
-                self._dir = _mkdir()
-            self._proc, self._send, self._conn = _spawn(self._dir)
+            self._dir, self._proc, self._send, self._conn = taken.folder, taken.proc, taken.send, taken.conn
+            self.ready = taken.ready
+            return
+        if self._dir is None:
+            self._dir = _mkdir()
+        self._proc, self._send, self._conn = _spawn(self._dir)
         self.ready = False
 
     def wait_ready(self, timeout_s: float) -> bool:
@@ -204,6 +233,13 @@ class Planner:
         return True
 
     def close(self) -> None:
+        """End the process; one taken as a spare (spare=True) goes back to the spares instead when it is ready and
+        idle (keep_spare)."""
+        if (self._spare and self.ready and self._pending is None and self._proc is not None
+                and self._proc.poll() is None and not self._conn.poll(0)
+                and _hand_back(_Spare(self._dir, self._proc, self._send, self._conn, ready=True))):
+            self._dir = self._proc = self._send = self._conn = None
+            return
         self._kill()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)

@@ -14,28 +14,44 @@ import pytest  # noqa: E402
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session):
-    """Compile (or load from numba's disk cache) the simulator's, the planning's and the dynamics' kernels once,
-    before the first test: a first-call compile inside a test's bounded wait (a CAN SYNC answer, a pty read, a
-    CLI subprocess) would otherwise time out on a fresh checkout. Here, outside any test, the per-test time limit does not count a
-    cold compile on a busy machine (minutes) against the first test."""
+    """Compile (or load from numba's disk cache) the simulator's, the driver's, the planning's and the dynamics'
+    kernels once, before the first test: a first-call compile inside a test's bounded wait (a CAN SYNC answer, a
+    pty read, a CLI subprocess) would otherwise time out on a fresh checkout. Here, outside any test, the per-test
+    time limit does not count a cold compile on a busy machine (minutes) against the first test. Two processes
+    share the compile (tests/warm_kernels.py): numba compiles on one core."""
     if not session.items or session.config.option.collectonly:
         return
     import time
 
-    from armid.commands.warmup import warm_ident
-    from driver import motion
-    from ident.model import load_model
-    from sim import Simulator
+    import warm_kernels
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     started = time.monotonic()
     if reporter is not None:
-        reporter.write_line("compiling the simulator's and the dynamics' kernels (cached after the first run) ...")
-    Simulator("generic6", seed=0).step(2)
-    motion.warm_up(load_model("generic6"), 1000.0)      # the planning's (a driver stepped by hand plans in-process)
-    warm_ident()            # the dynamics, base parameters and RLS: a CLI subprocess (excite design) loads them cached
+        reporter.write_line("compiling the simulator's, the driver's and the dynamics' kernels (cached after the "
+                            "first run) ...")
+    if warm_kernels.helper_half_cached():       # a warm cache: loading all of them here is quicker
+        warm_kernels.warm_here()
+        warm_kernels.warm_helper_half()
+        if reporter is not None:
+            reporter.write_line(f"kernels ready in {time.monotonic() - started:.1f} s")
+        return
+    helper = warm_kernels.start_helper()
+    try:
+        warm_kernels.warm_here()
+    except BaseException:
+        helper.kill()
+        helper.communicate()
+        raise
+    here = time.monotonic() - started
+    done, said = warm_kernels.finish_helper(helper)
+    if not done:                    # its half in this process then: the tests need the kernels either way
+        if reporter is not None:
+            reporter.write_line(f"{said}; compiling its kernels here")
+        warm_kernels.warm_helper_half()
     if reporter is not None:
-        reporter.write_line(f"kernels ready in {time.monotonic() - started:.1f} s")
+        reporter.write_line(f"kernels ready in {time.monotonic() - started:.1f} s (this process {here:.1f} s, the "
+                            f"helper process {said if done else 'failed'})")
 
 
 @pytest.fixture(scope="session", autouse=True)

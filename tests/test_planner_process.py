@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from driver.planner import PlanBounds, Planner, PlanJob
+from driver.planner import PlanBounds, Planner, PlanJob, keep_spare
 from ident.model import load_model
 from waiting import wait_until  # noqa: E402  (tests/ is on sys.path)
 
@@ -99,3 +99,35 @@ def test_a_planner_started_from_a_real_time_thread_plans_at_the_default_policy()
     finally:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         p.close()
+
+
+def _planned(planner, model, goal) -> None:
+    planner.submit("move_to", _move(model, goal))
+    answer = []
+    assert wait_until(lambda: answer.append(planner.collect()) or answer[-1] is not None, timeout=60.0)
+    assert not isinstance(answer[-1], str), answer[-1]
+    np.testing.assert_allclose(answer[-1].q[-1], goal, atol=1e-9)
+
+
+def test_a_stopped_drivers_planner_goes_back_ready_and_the_next_driver_plans_with_it(model):
+    """With spares kept (the test session keeps them: conftest.py), a driver's idle, ready planner process is
+    handed back when it stops and the next driver takes it, ready at once; one that is still busy is ended."""
+    keep_spare(True)
+    first = Planner(timeout_s=30.0, spare=True)
+    first.start()
+    try:
+        assert first.wait_ready(120.0)
+        _planned(first, model, [0.05] * 6)
+        recycled = first._proc
+    finally:
+        first.close()
+    assert recycled.poll() is None, "the idle, ready planner process was ended instead of handed back"
+    second = Planner(timeout_s=30.0, spare=True)
+    second.start()
+    try:
+        assert second._proc is recycled and second.ready
+        _planned(second, model, [-0.05] * 6)
+        second.submit("move_to", _move(model, [0.1] * 6))       # busy when it stops: ended, not handed back
+    finally:
+        second.close()
+    assert recycled.wait(10.0) is not None

@@ -16,10 +16,19 @@ from ident.model import kernels, spatial
 from ident.model.robot import Model
 
 _ZERO3 = np.zeros(3)
+_ZERO3.setflags(write=False)      # read-only as every kernel input is (_read_only)
+
+
+def _read_only(a, dtype=np.float64) -> np.ndarray:
+    """A contiguous read-only view of a: what every kernel of this module gets for an input array, so that numba
+    compiles one version of it whether the caller's array was writable or not (it types the two apart)."""
+    view = np.ascontiguousarray(a, dtype=dtype).view()
+    view.flags.writeable = False
+    return view
 
 
 def _batch(model: Model, name: str, x, n: int | None = None) -> tuple[np.ndarray, bool]:
-    """(N, n) contiguous float64 view of x, and whether x was a single sample."""
+    """(N, n) contiguous float64 read-only view of x (_read_only), and whether x was a single sample."""
     n = model.n if n is None else n
     arr = np.asarray(x, dtype=np.float64)
     single = arr.ndim == 1
@@ -30,7 +39,7 @@ def _batch(model: Model, name: str, x, n: int | None = None) -> tuple[np.ndarray
     if not np.isfinite(arr).all():
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ValueError(f"{name}: non-finite value at sample {bad[0]}, joint {bad[1] + 1}")
-    return np.ascontiguousarray(arr), single
+    return _read_only(arr), single
 
 
 def _samples(model: Model, **arrays) -> tuple[list[np.ndarray], bool]:
@@ -46,11 +55,12 @@ def _samples(model: Model, **arrays) -> tuple[list[np.ndarray], bool]:
 
 
 def _chain(model: Model):
-    return model.joint_type, model.placement_R, model.placement_p, model.axis
+    return (_read_only(model.joint_type, np.int64), _read_only(model.placement_R), _read_only(model.placement_p),
+            _read_only(model.axis))
 
 
 def _gravity(model: Model, gravity: bool) -> np.ndarray:
-    return np.ascontiguousarray(model.gravity) if gravity else _ZERO3
+    return _read_only(model.gravity) if gravity else _ZERO3
 
 
 def rnea(model: Model, q, qd, qdd, params: np.ndarray | None = None, *, gravity: bool = True,
@@ -96,7 +106,8 @@ def rnea(model: Model, q, qd, qdd, params: np.ndarray | None = None, *, gravity:
     """
     (Q, QD, QDD), single = _samples(model, q=q, qd=qd, qdd=qdd)
     out = np.empty_like(Q)
-    kernels.rnea(*_chain(model), _gravity(model, gravity), model.params_matrix(params), Q, QD, QDD, drive, out)
+    kernels.rnea(*_chain(model), _gravity(model, gravity), _read_only(model.params_matrix(params)), Q, QD, QDD, drive,
+                 out)
     return out[0] if single else out
 
 
@@ -142,7 +153,7 @@ def regressor(model: Model, q, qd, qdd, out: np.ndarray | None = None) -> np.nda
         out = np.empty(shape)
     elif out.shape != shape or out.dtype != np.float64 or not out.flags.c_contiguous:
         raise ValueError(f"out: expected a C-contiguous float64 array of shape {shape}")
-    kernels.regressor(*_chain(model), np.ascontiguousarray(model.gravity), Q, QD, QDD, out)
+    kernels.regressor(*_chain(model), _read_only(model.gravity), Q, QD, QDD, out)
     return out[0] if single else out
 
 
@@ -187,7 +198,7 @@ def mass_matrix(model: Model, q, params: np.ndarray | None = None, *, drive: boo
     """
     Q, single = _batch(model, "q", q)
     out = np.empty((Q.shape[0], model.n, model.n))
-    kernels.mass_matrix(*_chain(model), model.params_matrix(params), Q, drive, out)
+    kernels.mass_matrix(*_chain(model), _read_only(model.params_matrix(params)), Q, drive, out)
     return out[0] if single else out
 
 
@@ -313,7 +324,7 @@ def forward_dynamics(model: Model, q, qd, tau, params: np.ndarray | None = None,
     (Q, QD, TAU), single = _samples(model, q=q, qd=qd, tau=tau)
     out = np.empty_like(Q)
     ok = np.empty(Q.shape[0], dtype=np.bool_)
-    kernels.forward_dynamics(*_chain(model), np.ascontiguousarray(model.gravity), model.params_matrix(params),
+    kernels.forward_dynamics(*_chain(model), _read_only(model.gravity), _read_only(model.params_matrix(params)),
                              Q, QD, TAU, drive, out, ok)
     if not ok.all():
         s = int(np.argmin(ok))
@@ -426,8 +437,8 @@ def flange_kinematics(model: Model, q) -> tuple[np.ndarray, np.ndarray]:
     Q, single = _batch(model, "q", q)
     pose = np.empty((Q.shape[0], 4, 4))
     jac = np.empty((Q.shape[0], 6, model.n))
-    kernels.flange_kinematics(*_chain(model), np.ascontiguousarray(model.flange_R),
-                              np.ascontiguousarray(model.flange_p), Q, pose, jac)
+    kernels.flange_kinematics(*_chain(model), _read_only(model.flange_R),
+                              _read_only(model.flange_p), Q, pose, jac)
     return (pose[0], jac[0]) if single else (pose, jac)
 
 
@@ -480,7 +491,8 @@ def wrench_torques(model: Model, q, link: int, point, force, moment=(0.0, 0.0, 0
             raise ValueError(f"{name}: expected 3 finite numbers, got {np.asarray(v).tolist()!r}")
         vectors.append(arr)
     out = np.empty_like(Q)
-    kernels.wrench_torques(*_chain(model), Q, int(link) - 1, vectors[0], np.concatenate(vectors[1:]), out)
+    kernels.wrench_torques(*_chain(model), Q, int(link) - 1, _read_only(vectors[0]),
+                           _read_only(np.concatenate(vectors[1:])), out)
     return out[0] if single else out
 
 
@@ -550,7 +562,8 @@ def load_regressor(model: Model, q, qd, qdd, *, gravity: bool = True) -> np.ndar
     """
     (Q, QD, QDD), single = _samples(model, q=q, qd=qd, qdd=qdd)
     out = np.empty((Q.shape[0], model.n, 10))
-    kernels.load_regressor(*_chain(model), _gravity(model, gravity), flange_to_link_matrix(model), Q, QD, QDD, out)
+    kernels.load_regressor(*_chain(model), _gravity(model, gravity), _read_only(flange_to_link_matrix(model)), Q, QD,
+                           QDD, out)
     return out[0] if single else out
 
 
