@@ -150,8 +150,16 @@ def test_a_start_that_fails_after_binding_stops_the_planner_the_link_and_the_soc
         assert planner._proc is None and not d.cycle.running
         assert d._pub is None and d._rep is None and d._servo is None
         again = zmq.Context.instance().socket(zmq.PUB)
-        try:
-            again.bind(d.bound["state"])                 # the endpoint is free again
+
+        def binds() -> bool:
+            try:
+                again.bind(d.bound["state"])
+            except zmq.ZMQError:
+                return False
+            return True
+
+        try:        # the endpoint is free again: libzmq releases a closed socket's port in its I/O thread, soon after
+            assert wait_until(binds, 5.0, 0.01)
         finally:
             again.close(0)
     finally:
