@@ -6,23 +6,11 @@ to 1 ns by start(), so the wake-up comes within the scheduler's latency) and, on
 the last `spin` seconds (holding the GIL and a core: the simulator shares the machine with the driver in every
 test and demo, so by default it does not). Lateness is the wake-up time minus the deadline.
 
-A process that was not scheduled wakes periods late. A real device is hardware: it is never late, so the clock
-lets the simulator come back as if it had run. The schedule stays absolute: each wait() after a late one returns
-at once until the ticks the process missed have run (`caught_up` counts those run half a period or more late: a
-missed period's tick, not only a late wake-up), so the physics loses no time, however long the process was
-stopped. While it catches up, wait(ready) also waits for the link: `ready()` says whether the device has what
-its next tick needs from the host (the target of that tick, room on the line for its sample). A real device's
-host answered each sample within its cycle, so a tick the device missed gets the target the host sends in answer
-to the missed samples, never a hold; the catch-up then runs as fast as the host answers.
-
-The work is bounded by convergence, not by a fixed lateness: a catch-up that did not shrink its backlog over a
-whole window (`window` seconds, or the backlog it began with if that is longer: a longer stall is given as long
-to show progress, so that a host slowed down for a while by other work does not end it) never will: ticks that
-cost more than a period, a process starved for longer than it runs, or a host that answers slower than real
-time (silent, or starved itself: a tick waits for its answer until its window ends). Then the schedule is
-re-based instead, counted as `rebased` with the ticks given up in `skipped`, and a warning is logged
-(throttled): the arm's time pauses where it stood, which moves nothing, where running the ticks without the
-host's targets would hold the drives in the middle of a motion and skip the samples the line cannot carry.
+A process that was not scheduled wakes periods late. The schedule stays absolute: each wait() after a late one
+returns at once until the ticks the process missed have run (`caught_up` counts those run half a period or
+more late: a missed period's tick, not only a late wake-up), so the physics loses no time. The work is bounded: one tick per wait(), and a wake-up later than
+`max_behind` seconds (a suspended process, or ticks that cost more than a period and never catch up) re-bases
+the schedule instead, counts as `rebased` with the ticks given up in `skipped`, and logs a warning (throttled).
 
 `timer` replaces the host's clock (an object with now() -> s on time.perf_counter's scale and
 sleep_until(deadline_s, spin_s)): a test drives the schedule with a clock of its own, a stall included.
@@ -62,13 +50,12 @@ class LatenessStats:
     rebased: int
     window: int
     caught_up: int = 0      # ticks run half a period or more after their deadline (missed ones, run in full)
-    skipped: int = 0        # ticks given up when the schedule was re-based (a catch-up that did not converge)
-    waited: int = 0         # caught-up ticks that waited for the host's answer (ready())
+    skipped: int = 0        # ticks given up when the schedule was re-based (later than max_behind)
 
     def __str__(self) -> str:
         return (f"{self.count} ticks, lateness p50 {self.p50 * 1e6:.1f} us, p99 {self.p99 * 1e6:.1f} us, "
-                f"max {self.max * 1e6:.1f} us, caught up {self.caught_up} ({self.waited} waited for the host), "
-                f"rebased {self.rebased} ({self.skipped} ticks skipped)")
+                f"max {self.max * 1e6:.1f} us, caught up {self.caught_up}, rebased {self.rebased} "
+                f"({self.skipped} ticks skipped)")
 
 
 class HostTimer:
@@ -83,8 +70,6 @@ class HostTimer:
         sleep_until(int(deadline_s * 1e9), int(spin_s * 1e9))
 
 
-CATCH_UP_WINDOW_PERIODS = 50  # a catch-up must shrink its backlog over every window of this many periods
-_LINK_POLLS_PER_PERIOD = 8    # how often a tick waiting for the host looks again
 MAX_DRIFT_PPM = 10_000.0        # 1 %: beyond any crystal; larger values are typing errors
 MAX_JITTER_PERIODS = 0.3        # the standard deviation of the wake-up jitter, in periods
 
@@ -93,8 +78,8 @@ class RealtimeClock:
     """Ticks at rate_hz. Use from one thread: start(), then wait() before every cycle."""
 
     def __init__(self, rate_hz: float = 1000.0, *, spin: float = 0.0, history: int = 1 << 18,
-                 window: float | None = None, drift_ppm: float = 0.0,
-                 jitter_s: float = 0.0, seed: int | None = None, timer=None):
+                 max_behind: float = 0.1, drift_ppm: float = 0.0, jitter_s: float = 0.0, seed: int | None = None,
+                 timer=None):
         if not (isinstance(rate_hz, (int, float)) and math.isfinite(rate_hz) and rate_hz > 0):
             raise InputError(f"rate_hz: expected a positive number, got {rate_hz!r}")
         if isinstance(drift_ppm, bool) or not (isinstance(drift_ppm, (int, float)) and abs(drift_ppm) <= MAX_DRIFT_PPM):
@@ -107,14 +92,7 @@ class RealtimeClock:
         self._rng = np.random.default_rng(seed)
         self.period = (1.0 + self.drift_ppm * 1e-6) / float(rate_hz)
         self.spin = float(spin)
-        if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float))
-                                   or not 0.0 <= window < math.inf):
-            raise InputError(f"simulator clock: window: expected a number of s >= 0 or None, got {window!r}")
-        self.window = CATCH_UP_WINDOW_PERIODS * self.period if window is None else float(window)
-        self._window_start = None       # the catch-up under way: when its current window began (timer's s) ...
-        self._window_late = 0.0         # ... and its backlog then (s)
-        self._window_len = self.window  # the catch-up's window: `window`, or its first backlog if that is longer
-        self._link_waits = 0
+        self.max_behind = float(max_behind)
         self._late = np.zeros(int(history))
         self._count = 0
         self._max = 0.0
@@ -133,68 +111,28 @@ class RealtimeClock:
         reduce_timer_slack()
         self._deadline = self.timer.now() + self.period
 
-    def wait(self, ready=None) -> float:
+    def wait(self) -> float:
         """Block until the next deadline; returns the lateness (s) of this wake-up. A deadline already past
-        returns at once (a missed tick, run now), once ready() (a callable -> bool, or None) says the device has
-        what the tick needs from the host; a catch-up that stopped converging re-bases the schedule (module
-        docstring)."""
+        returns at once (a missed tick, run now); one past by more than max_behind re-bases the schedule."""
         deadline = self._deadline
         if self.jitter_s > 0.0:
             deadline += self.jitter_s * float(np.clip(self._rng.standard_normal(), -3.0, 3.0))
-        timer = self.timer
-        behind = timer.now() >= deadline        # the deadline passed before this tick came to wait for it
-        timer.sleep_until(deadline, self.spin)
-        now = timer.now()
+        self.timer.sleep_until(deadline, self.spin)
+        now = self.timer.now()
         late = max(now - deadline, 0.0)
-        if self._window_start is not None and not behind and (ready is None or ready()):
-            # on the schedule again, and the tick has what it needs from the host (the answers to the last samples,
-            # still on their way, are the next ticks' targets): the catch-up is over
-            self._window_start = None
-        if self._window_start is None:
-            if late >= 0.5 * self.period:       # a missed period's tick, not only a late wake-up: a catch-up
-                self._window_start, self._window_late = now, late
-                self._window_len = max(self.window, late)      # as long to show progress as it is behind
-        elif now - self._window_start >= self._window_len:
-            if late >= self._window_late:       # a whole window without progress: it never catches up
-                return self._rebase(now, late)
-            self._window_start, self._window_late = now, late
-        if self._window_start is not None and ready is not None and not ready():
-            self._link_waits += 1
-            while True:                         # wait for the host's answer while the catch-up progresses
-                now = self._wait_link(ready, now, self._window_start + self._window_len)
-                late = now - deadline
-                if ready():
-                    break
-                if late >= self._window_late:   # a whole window without progress, this tick still unanswered
-                    return self._rebase(now, late)
-                self._window_start, self._window_late = now, late
         self._record(late)
-        if late >= 0.5 * self.period:
-            self._caught_up += 1
-        self._deadline += self.period
-        return late
-
-    def _wait_link(self, ready, now: float, limit: float) -> float:
-        """Wait until ready(), or until limit (timer's s); returns the time then."""
-        step = self.period / _LINK_POLLS_PER_PERIOD
-        while now < limit:
-            self.timer.sleep_until(min(now + step, limit), 0.0)
-            now = self.timer.now()
-            if ready():
-                break
-        return now
-
-    def _rebase(self, now: float, late: float) -> float:
-        skipped = int(late / self.period)
-        self._record(late)
-        self._rebased += 1
-        self._skipped += skipped
-        self._window_start = None
-        self._rebase_log.hit("simulator clock: %.1f ms behind and not catching up over %.0f ms: %d ticks skipped "
-                             "(ticks cost more than a period, the process is starved for longer than it runs, or the "
-                             "host answers slower than real time)",
-                             late * 1e3, self._window_len * 1e3, skipped, skipped_ticks=self._skipped)
-        self._deadline = now + self.period
+        if late > self.max_behind:
+            skipped = int(late / self.period)
+            self._rebased += 1
+            self._skipped += skipped
+            self._rebase_log.hit("simulator clock: woke %.1f ms late, more than %.1f ms: %d ticks skipped, not "
+                                 "caught up (the process was not scheduled, or a tick costs more than a period)",
+                                 late * 1e3, self.max_behind * 1e3, skipped, skipped_ticks=self._skipped)
+            self._deadline = now + self.period
+        else:
+            if late >= 0.5 * self.period:       # a missed period's tick, not only a late wake-up
+                self._caught_up += 1
+            self._deadline = self._deadline + self.period
         return late
 
     def _record(self, late: float) -> None:
@@ -208,11 +146,10 @@ class RealtimeClock:
         """Lateness statistics so far (p50/p99 over the last `history` ticks)."""
         k = min(self._count, self._late.shape[0])
         if k == 0:
-            return LatenessStats(0, 0.0, 0.0, 0.0, 0.0, self._rebased, 0, self._caught_up, self._skipped,
-                                 self._link_waits)
+            return LatenessStats(0, 0.0, 0.0, 0.0, 0.0, self._rebased, 0, self._caught_up, self._skipped)
         p50, p99 = np.percentile(self._late[:k], [50, 99])
         return LatenessStats(self._count, float(p50), float(p99), self._max, self._sum / self._count,
-                             self._rebased, k, self._caught_up, self._skipped, self._link_waits)
+                             self._rebased, k, self._caught_up, self._skipped)
 
 
 class FastClock:
@@ -223,7 +160,7 @@ class FastClock:
     def start(self) -> None:
         pass
 
-    def wait(self, ready=None) -> float:
+    def wait(self) -> float:
         return 0.0
 
     def stats(self) -> LatenessStats:

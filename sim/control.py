@@ -5,8 +5,7 @@ A ZeroMQ REP socket takes one JSON object per request and answers one:
     {"cmd": "attach", "mass": 1.5, "com": [0.0, 0.0, 0.08], "inertia": [XX, XY, XZ, YY, YZ, ZZ]}
     {"cmd": "swap", ...the same fields...}       replace the payload attached
     {"cmd": "detach"}
-    {"cmd": "status"}                            the payload attached (or null), the push acting, the cycle and time,
-                                                 the real-time clock's catch-up counts
+    {"cmd": "status"}                            the payload attached (or null), the push acting, the cycle and time
     {"cmd": "push", "link": 3, "force": [0.0, 40.0, 0.0], "point": [0.1, 0.0, 0.0], "moment": [0, 0, 0],
      "duration": 0.2}                            an external wrench on a link (Simulator.apply_wrench)
     {"cmd": "release"}                           end the push
@@ -188,10 +187,7 @@ class ControlServer:
         if cmd == "status":
             s = self.sim.read_state()
             pushing = self.push if self.sim.plant.wrench_link >= 0 else None
-            c = self.sim.lateness()
-            clock = {"caught_up": c.caught_up, "waited": c.waited, "rebased": c.rebased, "skipped": c.skipped}
-            return {"ok": True, "payload": self.payload, "push": pushing, "cycle": s.cycle, "time": s.time,
-                    "clock": clock}
+            return {"ok": True, "payload": self.payload, "push": pushing, "cycle": s.cycle, "time": s.time}
         if cmd == "push":
             args = push_of(req, self.sim.n)
             self.sim.apply_wrench(**args)

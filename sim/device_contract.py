@@ -31,13 +31,12 @@ class DeviceSide(abc.ABC):
       may_clock_simulator  clocks_simulator() says whether this device, as configured, steps the simulator
                            itself (CAN on SYNC; serial and gateway when host-clocked)
       buffers_setpoints    setpoint_buffer() gives the buffer of streamed targets that absorbs the host's
-                           arrival jitter on a free-running device (serial, gateway); ready_for_tick() says
-                           whether the next tick has its target (a simulator that missed ticks waits for it)
+                           arrival jitter on a free-running device (serial, gateway)
     """
 
     CAPABILITIES: ClassVar[dict[str, tuple[str, ...]]] = {
         "may_clock_simulator": ("clocks_simulator",),
-        "buffers_setpoints": ("setpoint_buffer", "ready_for_tick"),
+        "buffers_setpoints": ("setpoint_buffer",),
     }
     may_clock_simulator: ClassVar[bool] = False
     buffers_setpoints: ClassVar[bool] = False
@@ -67,13 +66,6 @@ class DeviceSide(abc.ABC):
     def setpoint_buffer(self) -> TargetBuffer | None:
         """The buffer of streamed targets in front of the drives, None without one. Default: None."""
         return None
-
-    def ready_for_tick(self) -> bool:
-        """Whether the device has what its next tick needs from the host. A free-running simulator that missed
-        ticks (its process was not scheduled) runs each as soon as this says so (sim.clock.RealtimeClock.wait:
-        a catch-up that makes no progress is given up): a real device, never late, would have had the host's
-        answer to each missed sample by then. Called from the simulator's thread. Default: True (nothing to wait for)."""
-        return True
 
 
 def registered() -> dict[str, str]:
@@ -108,7 +100,3 @@ class StepOrFreeRun(DeviceSide):
     def setpoint_buffer(self) -> TargetBuffer | None:
         """The setpoint buffer in front of the drives (free-running), None without one."""
         return self.setpoints
-
-    def ready_for_tick(self) -> bool:
-        """True when the drives' next tick has its target (sim.drive_targets.DeviceTargets.ready)."""
-        return self.drive_targets.ready()

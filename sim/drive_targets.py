@@ -246,11 +246,6 @@ class DeviceTargets:
         self.applied = self.commanded.copy()               # the targets the simulator has (rad)
         self.csp = np.zeros(sim.n, dtype=bool)             # the last accepted frame's mode is CSP
 
-    def ready(self) -> bool:
-        """Whether the next cycle has its target: no setpoint buffer (each target acts on arrival), no drive
-        streaming CSP targets, or the buffer has one for it (TargetBuffer.ready). Reads only: safe beside arrived()."""
-        return self.setpoints is None or not self.csp.any() or self.setpoints.ready()
-
     def start_from(self, position: np.ndarray) -> None:
         self.commanded[:] = position
         self.applied[:] = position

@@ -22,11 +22,11 @@ simulated arm's CiA 402 process image in the layout of firmware_bridge.gateway.
 * Scaling, read-only input registers from gw.SCALING_BASE: per drive the encoder counts per motor
   revolution, the gear ratio (numerator, denominator) and the motor torque constant, so that a Modbus-only
   host needs no model file.
-* Host watchdog: when the host has not written the watchdog register for watchdog_timeout_ms (sim.host_silence:
-  on the device's own clock and the host's alike, so neither the simulator's own stall nor its catch-up reads as
-  the host's silence), every OPERATION ENABLED drive gets a quick stop, its controlword register then reads
-  quick stop, and the status bit stays set until the next watchdog write. The watchdog runs only once a host has
-  written (before that no host was ever there to be missed).
+* Host watchdog: when the host has not written the watchdog register for watchdog_timeout_ms (wall clock,
+  time.monotonic, so it means the same in real-time and fast mode), every OPERATION ENABLED drive gets a
+  quick stop, its controlword register then reads quick stop, and the status bit stays set until the next
+  watchdog write. The watchdog runs only once a host has written (before that no host was ever there to
+  be missed).
 * Host-clocked (step_on_exchange=True): the gateway has no clock of its own; every accepted write request
   that carries process data (function 23's write part, or 16, 6, 22, reaching past the two watchdog words)
   runs exactly one simulator cycle, after the write is applied and before anything is read: a function-23
@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import NamedTuple
 
 import numba
@@ -65,7 +66,6 @@ from firmware_bridge.runtime.options import Option, OptionSet
 from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH
 from sim.device_contract import StepOrFreeRun
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
-from sim.host_silence import HostSilence
 from sim.faults import Fate
 
 _log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class GatewayDevice(StepOrFreeRun):
         self._lock = threading.Lock()           # the holding image, the watchdog
         self._holding = np.zeros(0, np.int64)
         self._inputs: list[int] = []
-        self._host: HostSilence | None = None   # since the host's last watchdog write
+        self._last_watchdog = 0.0
         self._expired = False
         self._server: ModbusServerThread | None = None
 
@@ -216,7 +216,7 @@ class GatewayDevice(StepOrFreeRun):
         self._holding = gw.encode_outputs(gw.OutputImage(
             0, self._timeout_ms, np.zeros(self._n, np.int64), state.mode_display.astype(np.int64),
             self._scaling.position_to_counts(state.position), np.zeros(self._n, np.int64))).astype(np.int64)
-        self._host, self._expired, self._host_seen = HostSilence(self._sim), False, False
+        self._last_watchdog, self._expired, self._host_seen = time.monotonic(), False, False
         self.drive_targets.start_from(state.position)
         device = register_device(self._holding.tolist(), self._inputs, action=self._action, mirror=True,
                                  scaling=self._scaling_words)
@@ -311,8 +311,7 @@ class GatewayDevice(StepOrFreeRun):
         self._holding = new
         self._host_seen = True
         if _WATCHDOG in written:
-            self._host.heard()
-            self._expired = False
+            self._last_watchdog, self._expired = time.monotonic(), False
         return None
 
     @property
@@ -352,11 +351,11 @@ class GatewayDevice(StepOrFreeRun):
     def _watchdog(self, statusword: np.ndarray) -> bool:
         """Quick-stop the enabled drives once the host watchdog has run out; True while it has."""
         timeout_ms = self._holding[_TIMEOUT] if len(self._holding) else 0
-        if timeout_ms == 0 or not self._host_seen or self._host.silent() <= timeout_ms / 1000:
+        if timeout_ms == 0 or not self._host_seen or time.monotonic() - self._last_watchdog <= timeout_ms / 1000:
             return self._expired
         enabled = (statusword & _OE_MASK) == _OE_VALUE
         with self._lock:
-            if self._host.silent() <= self._holding[_TIMEOUT] / 1000:
+            if time.monotonic() - self._last_watchdog <= self._holding[_TIMEOUT] / 1000:
                 return self._expired   # the host wrote it meanwhile
             self._expired = True
             if enabled.any():

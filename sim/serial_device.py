@@ -40,7 +40,6 @@ from firmware_bridge.runtime.setpoint_buffer import MAX_DEPTH
 from sim.device_contract import StepOrFreeRun
 from sim.drive_targets import DeviceTargets, setpoints_for_device, target_limits, target_refusal
 from sim.faults import Fate
-from sim.host_silence import HostSilence
 
 log = logging.getLogger(__name__)
 TROUBLE_LOG_INTERVAL_S = 10.0   # refused commands, failed reads/writes: the first logged, then one line per interval
@@ -179,6 +178,7 @@ class SerialDevice(StepOrFreeRun):
         self._tx: deque = deque()
         self._tx_cond = threading.Condition()
         self._seq = 0
+        self._last_host = 0.0
         self._tripped = False
         self._faulted = np.zeros(0, dtype=bool)   # (n,) drives in FAULT at the last statusword change
         self._last_sw = b""
@@ -200,7 +200,6 @@ class SerialDevice(StepOrFreeRun):
         self._limits = target_limits(sim.model, self.scaling.counts_per_rad)
         self.drive_targets = DeviceTargets(sim, self.setpoints)
         self.targets = self.drive_targets.streams
-        self._host = HostSilence(sim)
         self._target_lock = threading.Lock()            # a COMMAND's targets against the cycle's continuation
         self.last_refusal = ""
 
@@ -214,7 +213,7 @@ class SerialDevice(StepOrFreeRun):
         self.path = self._link.path
         log.info("serial device: the host opens %s", self.path)
         self._stop.clear()
-        self._host.heard()
+        self._last_host = time.monotonic()
         self._next_heartbeat = 0.0
         self._threads = [threading.Thread(target=self._reader, name="armid-serial-rx", daemon=True),
                          threading.Thread(target=self._writer, name="armid-serial-tx", daemon=True)]
@@ -261,11 +260,6 @@ class SerialDevice(StepOrFreeRun):
         opens (the pty's slave path, or the port given) and the baud rate."""
         return {"port": self.path, "baudrate": self.baudrate}
 
-    def ready_for_tick(self) -> bool:
-        """True when the next tick has its target and the line room for its STATE: a simulator catching up
-        sends its samples no faster than the line carries them, so none is skipped that the host would answer."""
-        return len(self._tx) < self._state_bound() and self.drive_targets.ready()
-
     @property
     def rx_counters(self) -> sp.DecoderCounters:
         """Frames received from the host: good ones and drops by reason."""
@@ -304,11 +298,10 @@ class SerialDevice(StepOrFreeRun):
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.heartbeat_s
             self._queue(sp.Heartbeat(time_us=int(round(s.time * 1e6))))
-        silent = self._host.silent()        # the simulator's own stall or catch-up is not the host's silence
-        if not self._tripped and silent > self.watchdog_s and ((sw & _OE_MASK) == _OE_VALUE).any():
+        if not self._tripped and now - self._last_host > self.watchdog_s and ((sw & _OE_MASK) == _OE_VALUE).any():
             self._tripped = True
             self.counters.watchdog_trips += 1
-            log.error("serial device: watchdog: no frame from the host for %.3f s: quick stop", silent)
+            log.error("serial device: watchdog: no frame from the host for %.3f s: quick stop", now - self._last_host)
             self.sim.set_commands(controlword=np.full(self.sim.n, cia402.CW_QUICK_STOP))
 
     def _follow_targets(self) -> None:
@@ -403,7 +396,7 @@ class SerialDevice(StepOrFreeRun):
 
     def _handle(self, msg: sp.Message) -> None:
         if isinstance(msg, (sp.Command, sp.Heartbeat, sp.Hello)):
-            self._host.heard()
+            self._last_host = time.monotonic()
             self._tripped = False
         if isinstance(msg, sp.Command):
             self._command(msg)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -43,7 +42,7 @@ from firmware_bridge.cia402 import State, state_of
 from firmware_bridge.runtime.errors import InputError
 from ident.model import Model, load_model
 from sim.device_contract import DeviceSide, device_class, registered
-from sim.clock import CATCH_UP_WINDOW_PERIODS, FastClock, LatenessStats, RealtimeClock
+from sim.clock import FastClock, LatenessStats, RealtimeClock
 from sim import drive_control as dc
 from sim.drive import SUPPORTED_MODES, DriveConfig, Drives, joint_index
 from sim.faults import FaultInjection
@@ -91,14 +90,12 @@ TRANSPORTS: dict[str, str] = registered()
 SimTransport = DeviceSide     # the device sides' base, by its former name
 
 _MODE_VALUES = np.array([int(m) for m in SUPPORTED_MODES])
-# A real-time simulator woken late (its process was not scheduled) comes back as if it had run, as real drives,
-# which are hardware and never late, would have: it runs every tick it missed, each a whole drive cycle, with the
-# targets the drives would have had at it. Those are the host's answers to the samples of the missed ticks (or the
-# targets that had arrived by then), so each missed tick waits for the device side to say it has them
-# (DeviceSide.ready_for_tick). Only a catch-up that does not converge is given up (sim.clock: counted as skipped,
-# and logged): the arm's time then pauses where it stood.
-CATCH_UP_PERIODS = CATCH_UP_WINDOW_PERIODS   # former name: no longer a bound on a stall, the shortest window in
-                                             # which a catch-up must show progress
+# A real-time simulator woken late (its process was not scheduled) runs the ticks it missed back to back, each a
+# whole drive cycle with the targets the drives held then (the setpoint buffer's, then the drives' own
+# continuation and hold, as after a late host): the physics loses no time and jumps nowhere. Woken later than
+# this many periods, it gives the missed ticks up instead (sim.clock: counted as skipped, and logged), so that a
+# process whose ticks cost more than a period cannot spiral into an ever longer burst.
+CATCH_UP_PERIODS = 100
 _QUEUED_CALL_TIMEOUT = 5.0  # s a caller waits for the running cycle thread to apply a queued call
 
 
@@ -206,7 +203,8 @@ class Simulator:
         if isinstance(clock_jitter_us, bool) or not isinstance(clock_jitter_us, (int, float)):
             raise InputError(f"clock jitter: expected a number of us, got {clock_jitter_us!r}")
         self.clock = (RealtimeClock(self.rate_hz, drift_ppm=clock_drift_ppm, jitter_s=clock_jitter_us * 1e-6,
-                                    seed=seeds[2], timer=clock_timer)
+                                    seed=seeds[2], max_behind=CATCH_UP_PERIODS / self.rate_hz,
+                                    timer=clock_timer)
                       if self.realtime else FastClock())
         # commands (written by any thread under _io_lock, latched by the cycle)
         self._cmd_cw = np.zeros(n, np.uint16)
@@ -302,10 +300,9 @@ class Simulator:
 
     def _run(self) -> None:
         self.clock.start()
-        ready = None if self.transport is None else self.transport.ready_for_tick
         try:
             while not self._stop.is_set():
-                self.clock.wait(ready)
+                self.clock.wait()
                 with self._step_lock:
                     self._cycle()
         except BaseException as exc:  # the plant or a callback failed: record, wake waiters, stop stepping
@@ -470,15 +467,6 @@ class Simulator:
             self.plant.set_state(q, qd)
             self._restart_sensors()
         self._between_cycles(place)
-
-    def device_time(self) -> float:
-        """The device's own clock (s), for its host watchdogs. On the real-time clock, the simulated time: a
-        process that was not scheduled lost none of the device's time (a device's crystal is never stopped), so
-        its own stall never reads as the host's silence. Otherwise (fast, external clock) the host's monotonic
-        clock, so that a watchdog means the same at any speed. Any thread."""
-        if self.realtime and not self.external_clock:
-            return self._sample.time
-        return time.monotonic()
 
     def lateness(self) -> LatenessStats:
         """The real-time clock's lateness statistics (zeros in fast or external-clock mode)."""

@@ -206,7 +206,7 @@ def test_the_device_clock_drifts_by_its_ppm_and_jitters_within_3_sigma_without_a
     after the last on the schedule, and each wake-up moves by at most 3 sigma of jitter around it."""
     asked = []
     monkeypatch.setattr(clock, "sleep_until", lambda deadline_ns, spin_ns: asked.append(deadline_ns * 1e-9))
-    c = clock.RealtimeClock(1000.0, drift_ppm=200.0, jitter_s=20e-6, seed=4, window=1e9)
+    c = clock.RealtimeClock(1000.0, drift_ppm=200.0, jitter_s=20e-6, seed=4, max_behind=1e9)
     c.start()
     start = c._deadline
     for _ in range(2000):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import threading
 import time
 import tty
 from collections import deque
@@ -22,7 +21,6 @@ from firmware_bridge.cia402 import Mode, State
 from firmware_bridge.units import JointScaling
 from firmware_bridge.runtime.errors import InputError
 from sim import Simulator
-from sim.clock import HostTimer
 from sim.serial_device import SerialDevice
 
 TIMEOUT = 30.0   # s: the bound of every wait (never reached when things work)
@@ -286,45 +284,6 @@ def test_watchdog_quick_stops_the_drives_when_the_host_goes_quiet(rig):
     # back: the host must enable the drives again
     host.enable_csp()
     assert dev.counters.watchdog_trips == 1
-
-
-class _StallOnce(HostTimer):
-    """The host's clock for a free-running simulator whose thread, once `stall` is set, stops for `stall_s` after
-    a wake-up (its process was not scheduled) and then sets `resumed`."""
-
-    def __init__(self, stall_s: float):
-        self.stall_s, self.stall, self.resumed = stall_s, threading.Event(), threading.Event()
-
-    def sleep_until(self, deadline_s: float, spin_s: float = 0.0) -> None:
-        super().sleep_until(deadline_s, spin_s)
-        if self.stall.is_set() and not self.resumed.is_set():
-            time.sleep(self.stall_s)
-            self.resumed.set()
-
-
-def test_a_simulator_that_was_not_scheduled_does_not_take_its_own_stall_for_the_hosts_silence():
-    """The device's host watchdog runs on the device's own clock: a real board is never stopped, so a simulator
-    whose thread was not scheduled for three times the watchdog time (the host silent meanwhile, as a host that
-    answers samples is) goes on with its drives enabled; the host's silence on the device's clock still trips
-    it (test_watchdog_quick_stops_the_drives_when_the_host_goes_quiet)."""
-    timer = _StallOnce(1.5)
-    dev = SerialDevice(watchdog_s=0.5)
-    sim = Simulator("generic6", transport=dev, realtime=True, seed=1, clock_timer=timer)
-    sim.warm_up()
-    sim.start()
-    host = Host(dev.path)
-    try:
-        host.hello()
-        host.enable_csp()
-        timer.stall.set()
-        assert timer.resumed.wait(TIMEOUT)
-        seen = host.states
-        host.wait("samples after the stall", lambda: host.states > seen + 400)
-        assert host.states_are(State.OPERATION_ENABLED), host.state.statusword
-        assert dev.counters.watchdog_trips == 0
-    finally:
-        host.close()
-        sim.stop()
 
 
 def test_device_on_a_port_opened_by_name_through_pyserial():

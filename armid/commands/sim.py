@@ -102,8 +102,6 @@ def _run(args: argparse.Namespace) -> int:
         if control is not None:
             control.stop()
         sim.stop()
-        if args.realtime:
-            log.info("clock: %s", sim.lateness())
         setpoints = sim.transport.setpoint_buffer()
         if setpoints is not None:
             c = setpoints.counts

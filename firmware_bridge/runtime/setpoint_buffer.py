@@ -91,11 +91,6 @@ class TargetBuffer:
             self.counts.skipped += 1
             self._queue.popleft()
 
-    def ready(self) -> bool:
-        """Whether take() would give this cycle a setpoint without an underrun: one is queued, or the buffer is
-        still priming (it keeps the last setpoint then, by rule, whatever arrives)."""
-        return bool(self._queue) or not self._running
-
     def take(self) -> tuple | None:
         """The setpoint of this cycle, or None when the last one is kept (priming, underrun)."""
         queue = self._queue
